@@ -1,0 +1,30 @@
+# Two entry points on a fresh machine: `make demo` (the main job) and `make test`.
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+export XLA_PYTHON_CLIENT_PREALLOCATE = false
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+.PHONY: install install-test demo test lint format
+install: $(BIN)/python
+	$(BIN)/pip install -q -e .
+
+install-test: $(BIN)/python
+	$(BIN)/pip install -q -e '.[test]'
+
+demo: install
+	$(BIN)/python scripts/demo.py
+
+lint: install-test
+	$(BIN)/ruff check jaxrl_frontier scripts configs tests
+	$(BIN)/ruff format --check jaxrl_frontier scripts configs tests
+
+format:
+	$(BIN)/ruff check --fix jaxrl_frontier scripts configs tests
+	$(BIN)/ruff format jaxrl_frontier scripts configs tests
+
+test: install-test lint
+	$(BIN)/python -m pytest -q tests

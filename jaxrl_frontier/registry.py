@@ -1,0 +1,77 @@
+"""Registry: a named table of callables, the one mechanism for swappable parts.
+
+Every swappable piece of the codebase (weight functions, advantage estimators, tasks,
+aggregations, model families) is an entry in a `Registry`, registered in its defining
+module with the `register` decorator. Configs name entries by string; an unknown name is
+an error that lists the known ones, so a typo in a sweep fails at setup, not mid-run.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class Registry:
+    """Name -> callable table.
+
+    >>> WEIGHTS = Registry("weight function")
+    >>> @WEIGHTS.register("pg")
+    ... def pg(stats, adv): ...
+    >>> WEIGHTS.get("pg") is pg
+    True
+    """
+
+    def __init__(self, kind: str):
+        self.kind = kind
+        self._entries: dict[str, Callable[..., Any]] = {}
+
+    def register(self, name: str) -> Callable[[F], F]:
+        """Decorator registering `fn` under `name`; the function is returned unchanged."""
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"{self.kind} registry: a name must be a non-empty string, got {name!r}")
+
+        def decorator(fn: F) -> F:
+            if name in self._entries:
+                raise ValueError(
+                    f"{self.kind} registry: duplicate name {name!r} "
+                    f"(already registered to {self._entries[name].__qualname__})"
+                )
+            self._entries[name] = fn
+            return fn
+
+        return decorator
+
+    def get(self, name: str) -> Callable[..., Any]:
+        """The callable registered under `name`; `KeyError` listing the known names if absent."""
+        try:
+            return self._entries[name]
+        except KeyError:
+            close = difflib.get_close_matches(str(name), self._entries, n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise KeyError(
+                f"unknown {self.kind} {name!r}. Known {self.kind}s: {', '.join(self.names())}.{hint}"
+            ) from None
+
+    def names(self) -> list[str]:
+        """Sorted registered names."""
+        return sorted(self._entries)
+
+    def doc(self, name: str) -> str:
+        """The docstring of an entry (formula, config keys, paper)."""
+        return self.get(name).__doc__ or ""
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._entries
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names())
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __repr__(self) -> str:
+        return f"Registry({self.kind!r}, names={self.names()})"

@@ -1,0 +1,36 @@
+import pytest
+
+from jaxrl_frontier.registry import Registry
+
+
+def test_register_get_names_and_doc():
+    reg = Registry("widget")
+
+    @reg.register("b")
+    def b():
+        """formula b"""
+        return 2
+
+    @reg.register("a")
+    def a():
+        return 1
+
+    assert reg.get("a") is a and reg.get("b")() == 2
+    assert reg.names() == ["a", "b"]
+    assert reg.doc("b") == "formula b"
+    assert "a" in reg and "z" not in reg and len(reg) == 2
+
+
+def test_unknown_name_lists_known_names():
+    reg = Registry("widget")
+    reg.register("ppo_clip")(lambda: None)
+    reg.register("pg")(lambda: None)
+    with pytest.raises(KeyError, match=r"unknown widget 'ppo_clp'.*pg, ppo_clip.*Did you mean 'ppo_clip'"):
+        reg.get("ppo_clp")
+
+
+def test_duplicate_name_is_an_error():
+    reg = Registry("widget")
+    reg.register("x")(lambda: None)
+    with pytest.raises(ValueError, match="duplicate name 'x'"):
+        reg.register("x")(lambda: None)
