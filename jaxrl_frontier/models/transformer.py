@@ -1,0 +1,369 @@
+"""A decoder-only transformer covering the Llama, Qwen2 and Qwen3 shapes, in Flax NNX.
+
+    x = embed(tokens)
+    for each layer:  x = x + Attn(RMSNorm(x));  x = x + SwiGLU(RMSNorm(x))
+    logits = RMSNorm(x) @ W_out          (W_out = embed^T when embeddings are tied)
+
+- Attention: grouped-query (num_kv_heads divides num_heads), RoPE in the rotate-half
+  convention of the Hugging Face implementations, optional qkv bias (Qwen2), optional
+  per-head RMSNorm of q and k before RoPE (Qwen3).
+- Padding: prompts are left-padded; `attention_mask` is 1 on real tokens. Positions count
+  real tokens only (`cumsum(mask) - 1`), so a left-padded prompt sees the same positions as
+  the unpadded one and gets the same logits.
+- KV cache (`KVCache`): slots along the sequence axis, written for all rows at the same
+  slot index. With left-padded prompts every row's next token lands in the same slot, so
+  causality in slot space is causality in time; `valid` masks padding slots.
+- Parameters are kept in `param_dtype` (f32) and cast to `dtype` (bf16 or f32) for compute;
+  softmax, norms and logits are computed in f32.
+- Every parameter carries `logical_axes` metadata (`vocab`, `embed`, `heads`, `kv_heads`,
+  `mlp`, or None); `jaxrl_frontier.sharding` maps these names to mesh axes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+_NEG_INF = -1e30  # finite, so a fully masked (padding) query row gives a uniform softmax, not NaN
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """Architecture hyperparameters (names follow Hugging Face's config.json)."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int | None = None  # None -> hidden_size // num_heads
+    rope_theta: float = 10000.0
+    # None, or a sorted tuple of (key, value) items of HF's rope_scaling dict (hashable).
+    rope_scaling: tuple[tuple[str, Any], ...] | None = None
+    rms_norm_eps: float = 1e-6
+    tie_word_embeddings: bool = False
+    qkv_bias: bool = False  # Qwen2
+    qk_norm: bool = False  # Qwen3
+    max_position_embeddings: int = 4096
+    dtype: str = "float32"  # compute dtype: float32 | bfloat16
+    param_dtype: str = "float32"
+    family: str = "llama"  # llama | qwen2 | qwen3 (the HF architecture written back on save)
+
+    def __post_init__(self):
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"num_heads={self.num_heads} must be a multiple of num_kv_heads={self.num_kv_heads}"
+            )
+        if self.dtype not in ("float32", "bfloat16"):
+            raise ValueError(f"dtype={self.dtype!r}; allowed: 'float32', 'bfloat16'")
+
+    @property
+    def resolved_head_dim(self) -> int:
+        return self.head_dim or self.hidden_size // self.num_heads
+
+    @property
+    def compute_dtype(self):
+        return jnp.dtype(self.dtype)
+
+    def replace(self, **kwargs) -> ModelConfig:
+        return dataclasses.replace(self, **kwargs)
+
+    def num_params(self) -> int:
+        d, f, v, hd = (
+            self.hidden_size,
+            self.intermediate_size,
+            self.vocab_size,
+            self.resolved_head_dim,
+        )
+        attn = d * hd * (self.num_heads * 2 + self.num_kv_heads * 2)
+        if self.qkv_bias:
+            attn += hd * (self.num_heads + 2 * self.num_kv_heads)
+        if self.qk_norm:
+            attn += 2 * hd
+        layer = attn + 3 * d * f + 2 * d
+        emb = v * d * (1 if self.tie_word_embeddings else 2)
+        return self.num_layers * layer + emb + d
+
+
+@flax.struct.dataclass
+class KVCache:
+    """Per-layer keys and values for incremental decoding.
+
+    k, v:  [L, B, S, K, Dh]  (S cache slots, K kv heads)
+    valid: [B, S] bool       slot holds a real (non-padding) token
+    index: int32 []          next slot to write (the same for every row)
+    """
+
+    k: jax.Array
+    v: jax.Array
+    valid: jax.Array
+    index: jax.Array
+
+    @property
+    def max_len(self) -> int:
+        return self.k.shape[2]
+
+
+def init_cache(cfg: ModelConfig, batch_size: int, max_len: int, dtype=None) -> KVCache:
+    """An empty cache of `max_len` slots (prompt + generated tokens)."""
+    dtype = dtype or cfg.compute_dtype
+    shape = (cfg.num_layers, batch_size, max_len, cfg.num_kv_heads, cfg.resolved_head_dim)
+    return KVCache(
+        k=jnp.zeros(shape, dtype),
+        v=jnp.zeros(shape, dtype),
+        valid=jnp.zeros((batch_size, max_len), bool),
+        index=jnp.zeros((), jnp.int32),
+    )
+
+
+def positions_from_mask(attention_mask: jax.Array) -> jax.Array:
+    """[B, T] positions of real tokens (0, 1, ...), padding slots get 0."""
+    return jnp.maximum(jnp.cumsum(attention_mask, axis=-1) - 1, 0).astype(jnp.int32)
+
+
+# ----------------------------------------------------------------------------- RoPE
+
+
+def rope_inv_freq(cfg: ModelConfig) -> jax.Array:
+    """[Dh/2] inverse frequencies, with HF's `linear` and `llama3` scaling."""
+    hd = cfg.resolved_head_dim
+    inv_freq = 1.0 / (cfg.rope_theta ** (jnp.arange(0, hd, 2, dtype=jnp.float32) / hd))
+    scaling = dict(cfg.rope_scaling or ())
+    kind = scaling.get("rope_type", scaling.get("type", "default"))
+    if kind == "default":
+        return inv_freq
+    if kind == "linear":
+        return inv_freq / scaling["factor"]
+    if kind == "llama3":
+        factor = scaling["factor"]
+        low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
+        old_len = scaling["original_max_position_embeddings"]
+        wavelen = 2 * math.pi / inv_freq
+        scaled = jnp.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
+        smooth = (old_len / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = (wavelen >= old_len / high) & (wavelen <= old_len / low)
+        return jnp.where(medium, smoothed, scaled)
+    raise ValueError(
+        f"rope_scaling type {kind!r} is not supported; supported: default, linear, llama3"
+    )
+
+
+def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: jax.Array) -> jax.Array:
+    """x [B, T, H, Dh], positions [B, T] -> x rotated (rotate-half convention)."""
+    angles = positions[..., None].astype(jnp.float32) * inv_freq  # [B, T, Dh/2]
+    cos = jnp.cos(jnp.concatenate([angles, angles], -1))[:, :, None, :]
+    sin = jnp.sin(jnp.concatenate([angles, angles], -1))[:, :, None, :]
+    x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
+    rotated = jnp.concatenate([-x2, x1], axis=-1)
+    return (x * cos + rotated * sin).astype(x.dtype)
+
+
+# ----------------------------------------------------------------------------- layers
+
+
+def _param(rngs: nnx.Rngs, shape, axes, dtype, init="normal") -> nnx.Param:
+    if init == "normal":
+        value = 0.02 * jax.random.normal(rngs.params(), shape, dtype)
+    elif init == "ones":
+        value = jnp.ones(shape, dtype)
+    else:
+        value = jnp.zeros(shape, dtype)
+    return nnx.Param(value, logical_axes=axes)
+
+
+class RMSNorm(nnx.Module):
+    def __init__(self, dim: int, eps: float, param_dtype, rngs: nnx.Rngs):
+        self.weight = _param(rngs, (dim,), (None,), param_dtype, init="ones")
+        self.eps = eps
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        x32 = x.astype(jnp.float32)
+        x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        return (self.weight[...].astype(jnp.float32) * x32).astype(x.dtype)
+
+
+class Attention(nnx.Module):
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+        d, h, k, hd = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.resolved_head_dim
+        pd = jnp.dtype(cfg.param_dtype)
+        self.cfg = cfg
+        self.q_proj = _param(rngs, (d, h, hd), ("embed", "heads", None), pd)
+        self.k_proj = _param(rngs, (d, k, hd), ("embed", "kv_heads", None), pd)
+        self.v_proj = _param(rngs, (d, k, hd), ("embed", "kv_heads", None), pd)
+        self.o_proj = _param(rngs, (h, hd, d), ("heads", None, "embed"), pd)
+        if cfg.qkv_bias:
+            self.q_bias = _param(rngs, (h, hd), ("heads", None), pd, init="zeros")
+            self.k_bias = _param(rngs, (k, hd), ("kv_heads", None), pd, init="zeros")
+            self.v_bias = _param(rngs, (k, hd), ("kv_heads", None), pd, init="zeros")
+        if cfg.qk_norm:
+            self.q_norm = RMSNorm(hd, cfg.rms_norm_eps, pd, rngs)
+            self.k_norm = RMSNorm(hd, cfg.rms_norm_eps, pd, rngs)
+
+    def __call__(self, x, positions, inv_freq, attn_bias, kv=None):
+        """x [B, T, D]; attn_bias [B, 1, 1, T, S] additive.
+
+        kv: None, or (k_all, v_all, layer, index) with the caches of every layer
+        [L, B, S, K, Dh]; the new keys/values are written in place at (layer, :, index).
+        Returns (out [B, T, D], (k_all, v_all) or None).
+        """
+        cfg, dt = self.cfg, self.cfg.compute_dtype
+        q = jnp.einsum("btd,dhk->bthk", x, self.q_proj[...].astype(dt))
+        k = jnp.einsum("btd,dhk->bthk", x, self.k_proj[...].astype(dt))
+        v = jnp.einsum("btd,dhk->bthk", x, self.v_proj[...].astype(dt))
+        if cfg.qkv_bias:
+            q = q + self.q_bias[...].astype(dt)
+            k = k + self.k_bias[...].astype(dt)
+            v = v + self.v_bias[...].astype(dt)
+        if cfg.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = apply_rope(q, positions, inv_freq)
+        k = apply_rope(k, positions, inv_freq)
+        new_kv = None
+        if kv is not None:
+            k_all, v_all, layer, index = kv
+            start = (layer, 0, index, 0, 0)
+            k_all = jax.lax.dynamic_update_slice(k_all, k[None].astype(k_all.dtype), start)
+            v_all = jax.lax.dynamic_update_slice(v_all, v[None].astype(v_all.dtype), start)
+            k, v, new_kv = k_all[layer], v_all[layer], (k_all, v_all)
+        b, t, h, hd = q.shape
+        kvh = k.shape[2]
+        q = q.reshape(b, t, kvh, h // kvh, hd)  # group query heads by their kv head
+        scores = jnp.einsum(
+            "btkgd,bskd->bkgts", q, k.astype(dt), preferred_element_type=jnp.float32
+        )
+        scores = scores / math.sqrt(hd) + attn_bias
+        probs = jax.nn.softmax(scores, axis=-1).astype(dt)
+        out = jnp.einsum("bkgts,bskd->btkgd", probs, v.astype(dt)).reshape(b, t, h, hd)
+        out = jnp.einsum("bthk,hkd->btd", out, self.o_proj[...].astype(dt))
+        return out, new_kv
+
+
+class MLP(nnx.Module):
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+        d, f, pd = cfg.hidden_size, cfg.intermediate_size, jnp.dtype(cfg.param_dtype)
+        self.dtype = cfg.compute_dtype
+        self.gate_proj = _param(rngs, (d, f), ("embed", "mlp"), pd)
+        self.up_proj = _param(rngs, (d, f), ("embed", "mlp"), pd)
+        self.down_proj = _param(rngs, (f, d), ("mlp", "embed"), pd)
+
+    def __call__(self, x, hidden_mask=None):
+        dt = self.dtype
+        h = jax.nn.silu(x @ self.gate_proj[...].astype(dt)) * (x @ self.up_proj[...].astype(dt))
+        if hidden_mask is not None:  # [B, F] fixed dropout mask (Dropout-GRPO rollouts)
+            h = h * hidden_mask[:, None, :].astype(dt)
+        return h @ self.down_proj[...].astype(dt)
+
+
+class Block(nnx.Module):
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+        pd = jnp.dtype(cfg.param_dtype)
+        self.input_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, pd, rngs)
+        self.attn = Attention(cfg, rngs)
+        self.post_attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, pd, rngs)
+        self.mlp = MLP(cfg, rngs)
+
+    def __call__(self, x, positions, inv_freq, attn_bias, kv=None, hidden_mask=None):
+        a, new_kv = self.attn(self.input_norm(x), positions, inv_freq, attn_bias, kv)
+        x = x + a
+        x = x + self.mlp(self.post_attn_norm(x), hidden_mask)
+        return x, new_kv
+
+
+# ----------------------------------------------------------------------------- model
+
+
+class Transformer(nnx.Module):
+    """Decoder LM. `model(tokens, attention_mask)` -> logits [B, T, V] (f32)."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        pd = jnp.dtype(cfg.param_dtype)
+        self.cfg = cfg
+        self.embed = _param(rngs, (cfg.vocab_size, cfg.hidden_size), ("vocab", "embed"), pd)
+        self.layers = nnx.List([Block(cfg, rngs) for _ in range(cfg.num_layers)])
+        self.final_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, pd, rngs)
+        if not cfg.tie_word_embeddings:
+            self.lm_head = _param(rngs, (cfg.hidden_size, cfg.vocab_size), ("embed", "vocab"), pd)
+
+    def __call__(
+        self,
+        tokens: jax.Array,
+        attention_mask: jax.Array | None = None,
+        *,
+        positions: jax.Array | None = None,
+        cache: KVCache | None = None,
+        mlp_mask: jax.Array | None = None,
+    ):
+        """Logits for `tokens`.
+
+        Args:
+          tokens: int32 [B, T].
+          attention_mask: [B, T], 1 on real tokens (prompts left-padded); None = all real.
+          positions: int32 [B, T]; default `positions_from_mask(attention_mask)`. With a
+            cache, pass the true positions of the new tokens.
+          cache: a `KVCache`; the T new tokens are written at slots [index, index + T).
+          mlp_mask: optional [L, B, F] multiplicative mask on the MLP hidden units, held
+            fixed over a rollout (Dropout-GRPO).
+
+        Returns:
+          logits f32 [B, T, V]; with a cache, (logits, updated cache).
+        """
+        hidden, new_cache = self.hidden_states(
+            tokens, attention_mask, positions=positions, cache=cache, mlp_mask=mlp_mask
+        )
+        logits = self.logits(hidden)
+        return logits if cache is None else (logits, new_cache)
+
+    def hidden_states(
+        self, tokens, attention_mask=None, *, positions=None, cache=None, mlp_mask=None
+    ):
+        """Final-normed hidden states [B, T, D] (and the updated cache, or None)."""
+        cfg = self.cfg
+        b, t = tokens.shape
+        if attention_mask is None:
+            attention_mask = jnp.ones((b, t), jnp.int32)
+        if positions is None:
+            positions = positions_from_mask(attention_mask)
+        real = attention_mask.astype(bool)
+        if cache is None:
+            key_valid, offset = real, 0
+        else:
+            key_valid = jax.lax.dynamic_update_slice_in_dim(cache.valid, real, cache.index, 1)
+            offset = cache.index
+        s = key_valid.shape[1]
+        # query i sits in slot offset + i; it sees valid slots up to its own
+        causal = (offset + jnp.arange(t))[:, None] >= jnp.arange(s)[None, :]  # [T, S]
+        allowed = causal[None] & key_valid[:, None, :]  # [B, T, S]
+        attn_bias = jnp.where(allowed, 0.0, _NEG_INF).astype(jnp.float32)[:, None, None]
+
+        inv_freq = rope_inv_freq(cfg)
+        x = self.embed[...].astype(cfg.compute_dtype)[tokens]
+        kv_all = None if cache is None else (cache.k, cache.v)
+        for i, layer in enumerate(self.layers):
+            kv = None if cache is None else (*kv_all, i, cache.index)
+            hm = None if mlp_mask is None else mlp_mask[i]
+            x, kv_all = layer(x, positions, inv_freq, attn_bias, kv, hm)
+        hidden = self.final_norm(x)
+        if cache is None:
+            return hidden, None
+        k_all, v_all = kv_all
+        return hidden, KVCache(k=k_all, v=v_all, valid=key_valid, index=cache.index + t)
+
+    def output_embedding(self) -> jax.Array:
+        """[D, V] output projection (the transposed input embedding when tied)."""
+        return self.embed[...].T if self.cfg.tie_word_embeddings else self.lm_head[...]
+
+    def logits(self, hidden: jax.Array) -> jax.Array:
+        """hidden [..., D] -> f32 logits [..., V]."""
+        w = self.output_embedding().astype(self.cfg.compute_dtype)
+        return jnp.einsum("...d,dv->...v", hidden, w, preferred_element_type=jnp.float32)
+
+    def init_cache(self, batch_size: int, max_len: int, dtype=None) -> KVCache:
+        return init_cache(self.cfg, batch_size, max_len, dtype)
