@@ -1,0 +1,525 @@
+"""The loss: aggregation (Z), the w(p) policy-gradient surrogate, KL to the reference,
+entropy bonus, and OPD distributional losses on logits.
+
+ALIGNMENT. Every [B, T] per-token statistic is aligned with `tokens`:
+`x[b, t]` is about `tokens[b, t]` given `tokens[b, :t]`. Model logits are not: `logits[:, t]`
+predicts token t + 1. `token_logprobs`, `token_entropy` and the distillation losses do the
+shift (logits at t - 1 predict token t) and put 0 in column 0, which is never a completion
+token. `teacher_logits` are the teacher's raw output on the same tokens (unshifted, like
+the student's `apply_fn` output).
+
+The total loss, with `agg` the configured aggregation and m the completion mask:
+
+    L = pg_coef      * agg(-sg(w * A) * exp(l - sg(l)))      # value -wA, grad -(1/Z) w A grad l
+      + kl_coef      * agg(k(l - l_ref))                     # unless kl_in_reward
+      - entropy_coef * agg(H)
+      + distill_coef * agg(D(student, teacher))
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from jaxrl_frontier.objectives.advantages import ADVANTAGES
+from jaxrl_frontier.objectives.stats import TokenStats
+from jaxrl_frontier.objectives.weights import WEIGHTS
+from jaxrl_frontier.registry import Registry
+
+Array = jax.Array
+sg = jax.lax.stop_gradient
+
+AGGREGATIONS = Registry("aggregation")
+KL_ESTIMATORS = Registry("kl estimator")
+DISTILL_LOSSES = Registry("distillation loss")
+
+
+# ----------------------------------------------------------------------------- alignment
+
+
+def _shift_right(x_bt: Array) -> Array:
+    """Prepend a zero column and drop the last: position t - 1's value lands on column t."""
+    pad = jnp.zeros_like(x_bt[:, :1])
+    return jnp.concatenate([pad, x_bt[:, :-1]], axis=1)
+
+
+def token_logprobs(logits_btv: Array, tokens_bt: Array) -> Array:
+    """logp[b, t] = log p(tokens[b, t] | tokens[b, :t]) from logits[b, t - 1]; logp[:, 0] = 0.
+
+    [B, T, V], [B, T] int -> [B, T] float32. Gathers the logit and subtracts the logsumexp,
+    so no [B, T, V] log-softmax is materialised.
+    """
+    z = logits_btv[:, :-1].astype(jnp.float32)
+    z_y = jnp.take_along_axis(z, tokens_bt[:, 1:, None], axis=-1)[..., 0]
+    return _shift_right(jnp.pad(z_y - jax.nn.logsumexp(z, axis=-1), ((0, 0), (0, 1))))
+
+
+def token_entropy(logits_btv: Array) -> Array:
+    """H[b, t] = entropy of p(. | tokens[b, :t]) (from logits[b, t - 1]); H[:, 0] = 0. [B, T]."""
+    l = jax.nn.log_softmax(logits_btv.astype(jnp.float32), axis=-1)
+    return _shift_right(-jnp.sum(jnp.exp(l) * l, axis=-1))
+
+
+# ----------------------------------------------------------------------------- aggregations
+# fn(x_bt, mask_bt, **kwargs) -> scalar. "Rows" are rows with at least one valid token.
+
+
+def _valid_rows(mask_bt: Array) -> Array:
+    return jnp.maximum(jnp.sum(jnp.sum(mask_bt, axis=1) > 0), 1).astype(jnp.float32)
+
+
+@AGGREGATIONS.register("token_mean")
+def token_mean(x_bt: Array, mask_bt: Array) -> Array:
+    """sum m*L / sum m: every valid token of the batch counts once (DAPO). Config keys: none."""
+    return jnp.sum(mask_bt * x_bt) / jnp.maximum(jnp.sum(mask_bt), 1.0)
+
+
+@AGGREGATIONS.register("seq_mean_token_mean")
+def seq_mean_token_mean(x_bt: Array, mask_bt: Array) -> Array:
+    """mean_b (sum_t m*L / sum_t m): each sequence counts once (GRPO, GSPO). Config keys: none."""
+    per_row = jnp.sum(mask_bt * x_bt, axis=1) / jnp.maximum(jnp.sum(mask_bt, axis=1), 1.0)
+    return jnp.sum(per_row) / _valid_rows(mask_bt)
+
+
+@AGGREGATIONS.register("seq_mean_token_sum")
+def seq_mean_token_sum(x_bt: Array, mask_bt: Array) -> Array:
+    """mean_b (sum_t m*L): longer sequences weigh more. Config keys: none."""
+    return jnp.sum(mask_bt * x_bt) / _valid_rows(mask_bt)
+
+
+@AGGREGATIONS.register("seq_mean_token_sum_norm")
+def seq_mean_token_sum_norm(
+    x_bt: Array, mask_bt: Array, max_completion_len: int | None = None
+) -> Array:
+    """mean_b (sum_t m*L) / C, C a constant: the max completion length (Dr. GRPO).
+
+    Config keys: max_completion_len=None (None: the row width T, also a constant).
+    Liu et al. 2025 (Dr. GRPO).
+    """
+    C = x_bt.shape[1] if max_completion_len is None else max_completion_len
+    return jnp.sum(mask_bt * x_bt) / _valid_rows(mask_bt) / C
+
+
+# ----------------------------------------------------------------------------- KL to reference
+# fn(d_bt) -> k_bt with d = l - l_ref (masked to 0 by the caller).
+
+
+@KL_ESTIMATORS.register("k1")
+def k1(d_bt: Array) -> Array:
+    """k1 = d (unbiased for KL(pi || ref), high variance, can be negative). Schulman 2020."""
+    return d_bt
+
+
+@KL_ESTIMATORS.register("k2")
+def k2(d_bt: Array) -> Array:
+    """k2 = d^2 / 2 (biased, low variance; its gradient is the true KL's). Schulman 2020."""
+    return 0.5 * d_bt**2
+
+
+@KL_ESTIMATORS.register("k3")
+def k3(d_bt: Array) -> Array:
+    """k3 = exp(-d) + d - 1 (unbiased, >= 0), with -d clamped to [-20, 20] and the result
+    to [-10, 10] (GRPO's low-variance KL). Schulman 2020; Shao et al. 2024."""
+    neg_d = jnp.clip(-d_bt, -20.0, 20.0)
+    return jnp.clip(jnp.exp(neg_d) - neg_d - 1.0, -10.0, 10.0)
+
+
+def kl_to_ref(stats: TokenStats, estimator: str = "k3") -> Array:
+    """Per-token KL estimate to the reference, [B, T], 0 on masked positions."""
+    d = jnp.where(stats.mask > 0, stats.logp - stats.ref_logp, 0.0)
+    return stats.mask * KL_ESTIMATORS.get(estimator)(d)
+
+
+def kl_reward_penalty(stats: TokenStats, beta: float, estimator: str = "k1") -> Array:
+    """The KL folded into the reward: R_t -= beta * k(l_rollout - l_ref), [B, T] (to add).
+
+    Uses old_logp (the rollout policy) and is constant (no gradient): add it to per-token
+    rewards before the return / advantage estimate, and set `kl_in_reward=True`.
+    """
+    d = jnp.where(stats.mask > 0, stats.old_logp - stats.ref_logp, 0.0)
+    return -beta * stats.mask * sg(KL_ESTIMATORS.get(estimator)(d))
+
+
+# ----------------------------------------------------------------------------- distillation
+# fn(logits_btv, teacher_logits_btv, tokens_bt, **kwargs) -> per-token loss [B, T], aligned.
+
+
+def _kl(la: Array, lb: Array) -> Array:
+    """KL(a || b) over the last axis from log-probs; 0 * log 0 = 0."""
+    pa = jnp.exp(la)
+    return jnp.sum(jnp.where(pa > 0, pa * (la - lb), 0.0), axis=-1)
+
+
+def _support(logits_s: Array, logits_t: Array, top_k: int | None) -> tuple[Array, Array]:
+    """Student and teacher log-probs on the full vocabulary, or on the teacher's top-k
+    support plus one bucket holding the rest of the mass ([..., k + 1])."""
+    ls = jax.nn.log_softmax(logits_s.astype(jnp.float32), axis=-1)
+    lt = jax.nn.log_softmax(logits_t.astype(jnp.float32), axis=-1)
+    if top_k is None:
+        return ls, lt
+    _, idx = jax.lax.top_k(lt, top_k)
+
+    def lump(l):
+        top = jnp.take_along_axis(l, idx, axis=-1)
+        rest = jnp.log(jnp.clip(1.0 - jnp.sum(jnp.exp(top), axis=-1, keepdims=True), 1e-20, 1.0))
+        return jnp.concatenate([top, rest], axis=-1)
+
+    return lump(ls), lump(lt)
+
+
+def _predictive(logits_btv: Array) -> Array:
+    """Positions that predict a token: logits[:, :-1] (their loss lands on column t + 1)."""
+    return logits_btv[:, :-1]
+
+
+def _aligned(per_pos_b_tm1: Array) -> Array:
+    return _shift_right(jnp.pad(per_pos_b_tm1, ((0, 0), (0, 1))))
+
+
+@DISTILL_LOSSES.register("forward_kl")
+def forward_kl(
+    logits_btv: Array, teacher_logits_btv: Array, tokens_bt: Array, top_k: int | None = None
+) -> Array:
+    """Forward KL(p_T || p_S) per position (mode covering; supervised KD on student states).
+
+    Config keys: top_k=None (teacher's top-k support, rest lumped into one bucket).
+    Hinton et al. 2015; Agarwal et al. 2024 (GKD).
+    """
+    del tokens_bt
+    ls, lt = _support(_predictive(logits_btv), _predictive(teacher_logits_btv), top_k)
+    return _aligned(_kl(lt, ls))
+
+
+@DISTILL_LOSSES.register("reverse_kl")
+def reverse_kl(
+    logits_btv: Array, teacher_logits_btv: Array, tokens_bt: Array, top_k: int | None = None
+) -> Array:
+    """Reverse KL(p_S || p_T) per position (mode seeking), the full-vocabulary form of OPD.
+
+    Config keys: top_k=None.  Gu et al. 2024 (MiniLLM); Agarwal et al. 2024 (GKD).
+    """
+    del tokens_bt
+    ls, lt = _support(_predictive(logits_btv), _predictive(teacher_logits_btv), top_k)
+    return _aligned(_kl(ls, lt))
+
+
+@DISTILL_LOSSES.register("jsd")
+def jsd(
+    logits_btv: Array,
+    teacher_logits_btv: Array,
+    tokens_bt: Array,
+    beta: float = 0.5,
+    top_k: int | None = None,
+) -> Array:
+    """Generalised JSD(beta): M = beta p_T + (1 - beta) p_S,
+    JSD = beta KL(p_T || M) + (1 - beta) KL(p_S || M); beta = 0 is forward KL and beta = 1
+    reverse KL by convention (the formula itself vanishes there).
+    Config keys: beta=0.5, top_k=None.  Agarwal et al. 2024 (GKD).
+    """
+    if beta == 0.0:
+        return forward_kl(logits_btv, teacher_logits_btv, tokens_bt, top_k=top_k)
+    if beta == 1.0:
+        return reverse_kl(logits_btv, teacher_logits_btv, tokens_bt, top_k=top_k)
+    ls, lt = _support(_predictive(logits_btv), _predictive(teacher_logits_btv), top_k)
+    lm = jnp.logaddexp(jnp.log(beta) + lt, jnp.log1p(-beta) + ls)
+    return _aligned(beta * _kl(lt, lm) + (1.0 - beta) * _kl(ls, lm))
+
+
+@DISTILL_LOSSES.register("cr_opd")
+def cr_opd(
+    logits_btv: Array,
+    teacher_logits_btv: Array,
+    tokens_bt: Array,
+    eta: float = 1.0,
+    top_k: int | None = None,
+) -> Array:
+    """CR-OPD, counterfactual routed OPD: route the mass a negatively scored sampled token
+    loses toward teacher-supported alternatives the student can reach.
+
+    Chosen form (the survey leaves it open). At each position, with y the sampled token and
+    p_S (held constant), p_T the student and teacher distributions:
+      removed mass   Delta = eta * max(p_S(y) - p_T(y), 0)       (> 0 iff a_t = l_T - l_S < 0)
+      routing        rho(v) ∝ sqrt(p_T(v) p_S(v)) for v != y      (0 if the teacher gives v no
+                     mass or the student cannot reach it; only the teacher's top-k if top_k)
+      target         q = p_S - Delta e_y + Delta rho               (a distribution, constant)
+      loss           KL(q || p_S^theta)
+    Its logit gradient is p_S - q = Delta (e_y - rho): y is pushed down by exactly Delta and
+    that mass goes to rho, not spread over the whole vocabulary in proportion to p_S as the
+    sampled-token OPD gradient does. Positively scored tokens (Delta = 0) contribute 0, so
+    combine with the `opd` advantage surrogate for their signal.
+    Config keys: eta=1.0 (fraction of the gap moved), top_k=None.
+    Zhang 2026 (A Formula-Driven Survey and Research Agenda for On-Policy Distillation).
+    """
+    ls = jax.nn.log_softmax(_predictive(logits_btv).astype(jnp.float32), axis=-1)
+    lt = jax.nn.log_softmax(_predictive(teacher_logits_btv).astype(jnp.float32), axis=-1)
+    ps, pt = sg(jnp.exp(ls)), jnp.exp(lt)
+    onehot_y = jax.nn.one_hot(tokens_bt[:, 1:], ls.shape[-1], dtype=ps.dtype)
+    ps_y, pt_y = jnp.sum(ps * onehot_y, -1), jnp.sum(pt * onehot_y, -1)
+    delta = eta * jnp.maximum(ps_y - pt_y, 0.0)
+    score = jnp.sqrt(pt * ps) * (1.0 - onehot_y)
+    if top_k is not None:
+        kth = jax.lax.top_k(lt, top_k)[0][..., -1:]
+        score = score * (lt >= kth)
+    total = jnp.sum(score, -1, keepdims=True)
+    rho = score / jnp.maximum(total, 1e-30)
+    delta = jnp.where(total[..., 0] > 0, delta, 0.0)[..., None]
+    q = sg(jnp.clip(ps - delta * onehot_y + delta * rho, 0.0, 1.0))
+    lq = jnp.log(jnp.maximum(q, 1e-30))
+    return _aligned(jnp.sum(jnp.where(q > 0, q * (lq - ls), 0.0), axis=-1))
+
+
+# ----------------------------------------------------------------------------- config
+
+DEFAULTS: Mapping[str, Any] = {
+    "weight": "pg",
+    "weight_kwargs": {},
+    "aggregation": "token_mean",
+    "aggregation_kwargs": {},
+    "pg_coef": 1.0,
+    "kl_coef": 0.0,
+    "kl_estimator": "k3",
+    "kl_in_reward": False,
+    "entropy_coef": 0.0,
+    "distill": None,
+    "distill_coef": 1.0,
+    "distill_kwargs": {},
+    # Read by the trainer, not by the loss; validated here so one check covers the section.
+    "advantage": "grpo",
+    "advantage_kwargs": {},
+}
+
+
+def default_config():
+    """A fresh `config.objective` ConfigDict with every key at its default."""
+    from ml_collections import config_dict
+
+    cfg = config_dict.ConfigDict({k: v for k, v in DEFAULTS.items() if v is not None})
+    cfg.distill = config_dict.placeholder(str)  # None, but overridable from the command line
+    return cfg
+
+
+class ObjectiveConfigError(ValueError):
+    """A bad `config.objective`: the message names the key and the allowed values."""
+
+
+def _get(cfg: Any, key: str) -> Any:
+    value = cfg[key] if key in cfg else DEFAULTS[key]
+    if key.endswith("_kwargs"):
+        value = {} if value is None else value
+        return dict(value.to_dict() if hasattr(value, "to_dict") else value)
+    return value
+
+
+def hparam_names(fn: Callable) -> list[str]:
+    """The config keys an entry accepts: its parameters that have defaults."""
+    return [
+        p.name
+        for p in inspect.signature(fn).parameters.values()
+        if p.default is not inspect.Parameter.empty
+    ]
+
+
+def _lookup(registry: Registry, cfg_key: str, name: str) -> Callable:
+    try:
+        return registry.get(name)
+    except KeyError as e:
+        raise KeyError(f"config.objective.{cfg_key}: {e.args[0]}") from None
+
+
+def _check_kwargs(fn: Callable, name: str, cfg_key: str, kwargs: Mapping[str, Any]) -> None:
+    allowed = hparam_names(fn)
+    for key in kwargs:
+        if key not in allowed:
+            raise ObjectiveConfigError(
+                f"config.objective.{cfg_key}: unknown key {key!r} for {name!r}; "
+                f"allowed keys: {', '.join(allowed) or '(none)'}"
+            )
+
+
+def required_fields(cfg: Any) -> dict[str, tuple[str, ...]]:
+    """Which optional inputs the configured objective needs: {'what needs it': fields}."""
+    need: dict[str, tuple[str, ...]] = {}
+    weight = _get(cfg, "weight")
+    need[f"weight {weight!r}"] = getattr(WEIGHTS.get(weight), "requires", ())
+    if _get(cfg, "kl_coef") and not _get(cfg, "kl_in_reward"):
+        need["kl_coef > 0"] = ("ref_logp",)
+    if _get(cfg, "distill"):
+        need[f"distill {_get(cfg, 'distill')!r}"] = ("teacher_logits",)
+    return need
+
+
+def validate_objective_config(cfg: Any, available: Iterable[str] | None = None) -> None:
+    """Check a `config.objective` (ConfigDict or mapping) before any tracing.
+
+    Unknown top-level keys, unknown registry names (KeyError listing the known ones), kwargs
+    an entry does not accept (naming the key and the allowed keys), and, when `available`
+    (the batch keys / TokenStats fields at hand) is given, inputs the objective needs that
+    are missing (naming the field and who needs it).
+    """
+    keys = cfg.keys() if hasattr(cfg, "keys") else cfg
+    for key in keys:
+        if key not in DEFAULTS:
+            raise ObjectiveConfigError(
+                f"config.objective: unknown key {key!r}; allowed keys: {', '.join(DEFAULTS)}"
+            )
+    for cfg_key, registry in (
+        ("weight", WEIGHTS),
+        ("aggregation", AGGREGATIONS),
+        ("distill", DISTILL_LOSSES),
+        ("advantage", ADVANTAGES),
+    ):
+        name = _get(cfg, cfg_key)
+        if name is None:
+            continue
+        fn = _lookup(registry, cfg_key, name)
+        kw_key = f"{cfg_key}_kwargs"
+        _check_kwargs(fn, name, kw_key, _get(cfg, kw_key))
+    _lookup(KL_ESTIMATORS, "kl_estimator", _get(cfg, "kl_estimator"))
+    if available is not None:
+        _check_available(cfg, set(available))
+
+
+def _check_available(cfg: Any, present: set[str]) -> None:
+    for who, fields in required_fields(cfg).items():
+        for field in fields:
+            if field not in present:
+                raise ObjectiveConfigError(
+                    f"config.objective: {who} needs {field!r}, which is missing "
+                    f"(present: {', '.join(sorted(present))})"
+                )
+
+
+# ----------------------------------------------------------------------------- the loss
+
+
+def _token_mean(x_bt: Array, mask_bt: Array) -> Array:
+    return sg(token_mean(x_bt, mask_bt))
+
+
+def objective_loss(
+    stats: TokenStats,
+    adv: Array,
+    cfg: Any,
+    *,
+    logits: Array | None = None,
+    teacher_logits: Array | None = None,
+    tokens: Array | None = None,
+) -> tuple[Array, dict[str, Array]]:
+    """The total objective from token statistics: (loss scalar, metrics dict of scalars).
+
+    stats: TokenStats [B, T] (stats.logp differentiable); adv: [B, T] (a sequence advantage
+    broadcast over tokens, or a token-level one); logits: student logits [B, T, V] (entropy,
+    distillation); teacher_logits: [B, T, V]; tokens: [B, T] (needed by 'cr_opd').
+    See the module docstring for L. Metrics (token means over valid tokens):
+    loss, pg_loss, kl_loss, entropy, distill_loss; clip_frac (w == 0: dropped by a clip or
+    mask), ratio_clip_frac (r outside [1 - eps_low, 1 + eps_high] of the weight's kwargs,
+    0.2 by default), approx_kl (k3 of old vs new: r - 1 - log r), kl_ref, weight_mean,
+    ratio_mean, adv_mean.
+    """
+    validate_objective_config(cfg)
+    present = {f for f in ("ref_logp", "teacher_logp", "sc_logp") if getattr(stats, f) is not None}
+    present |= {"logits"} if logits is not None else set()
+    present |= {"teacher_logits"} if teacher_logits is not None else set()
+    _check_available(cfg, present | {"logp", "old_logp", "mask"})
+
+    m = stats.mask.astype(jnp.float32)
+    aggregate = AGGREGATIONS.get(_get(cfg, "aggregation"))
+    agg_kwargs = _get(cfg, "aggregation_kwargs")
+
+    def agg(x_bt):
+        return aggregate(x_bt, m, **agg_kwargs)
+
+    # Policy gradient: w held constant; exp(l - sg(l)) is 1 in value and grad l in gradient,
+    # so the value reads -w A and the gradient is exactly -(1/Z) w A grad l.
+    weight_kwargs = _get(cfg, "weight_kwargs")
+    w = sg(WEIGHTS.get(_get(cfg, "weight"))(stats, adv, **weight_kwargs))
+    wA = jnp.where(m > 0, w * adv, 0.0)
+    pg_bt = -sg(wA) * jnp.exp(stats.logp - sg(stats.logp))
+    pg_loss = agg(pg_bt)
+    loss = _get(cfg, "pg_coef") * pg_loss
+    metrics = {"pg_loss": pg_loss}
+
+    if stats.ref_logp is not None:
+        kl_bt = kl_to_ref(stats, _get(cfg, "kl_estimator"))
+        metrics["kl_ref"] = _token_mean(kl_to_ref(stats, "k3"), m)
+        if _get(cfg, "kl_coef") and not _get(cfg, "kl_in_reward"):
+            kl_loss = agg(kl_bt)
+            loss = loss + _get(cfg, "kl_coef") * kl_loss
+            metrics["kl_loss"] = kl_loss
+
+    if logits is not None:
+        ent_bt = token_entropy(logits)
+        if _get(cfg, "entropy_coef"):
+            ent = agg(ent_bt)
+            loss = loss - _get(cfg, "entropy_coef") * ent
+        metrics["entropy"] = _token_mean(ent_bt, m)
+
+    distill = _get(cfg, "distill")
+    if distill:
+        if logits is None:
+            raise ObjectiveConfigError(
+                f"config.objective: distill {distill!r} needs the student logits"
+            )
+        if distill == "cr_opd" and tokens is None:
+            raise ObjectiveConfigError("config.objective: distill 'cr_opd' needs `tokens`")
+        d_bt = DISTILL_LOSSES.get(distill)(
+            logits, teacher_logits, tokens, **_get(cfg, "distill_kwargs")
+        )
+        distill_loss = agg(d_bt)
+        loss = loss + _get(cfg, "distill_coef") * distill_loss
+        metrics["distill_loss"] = distill_loss
+
+    # Diagnostics (constant): how far the policy moved, and how much the weight dropped.
+    d = jnp.where(m > 0, sg(stats.logp) - stats.old_logp, 0.0)
+    r = jnp.exp(d)
+    eps_low = weight_kwargs.get("eps_low", 0.2)
+    eps_high = weight_kwargs.get("eps_high", 0.2)
+    metrics.update(
+        loss=loss,
+        clip_frac=_token_mean((w == 0).astype(jnp.float32), m),
+        ratio_clip_frac=_token_mean(
+            ((r > 1 + eps_high) | (r < 1 - eps_low)).astype(jnp.float32), m
+        ),
+        approx_kl=_token_mean(r - 1.0 - d, m),
+        weight_mean=_token_mean(w, m),
+        ratio_mean=_token_mean(r, m),
+        adv_mean=_token_mean(adv, m),
+    )
+    return loss, metrics
+
+
+def loss_fn(
+    params: Any,
+    batch: Mapping[str, Array],
+    cfg: Any,
+    *,
+    apply_fn: Callable[[Any, Array, Array], Array],
+) -> tuple[Array, dict[str, Array]]:
+    """The trainer's entry point: forward, token log-probs, then `objective_loss`.
+
+    apply_fn(params, tokens [B, T], attention_mask [B, T]) -> logits [B, T, V].
+    batch: tokens, attention_mask, loss_mask, old_logp, advantages (all [B, T]); optional
+    ref_logp, teacher_logp, sc_logp [B, T] and teacher_logits [B, T, V].
+    """
+    tokens = batch["tokens"]
+    logits = apply_fn(params, tokens, batch["attention_mask"])
+    stats = TokenStats(
+        logp=token_logprobs(logits, tokens),
+        old_logp=batch["old_logp"],
+        mask=batch["loss_mask"],
+        ref_logp=batch.get("ref_logp"),
+        teacher_logp=batch.get("teacher_logp"),
+        sc_logp=batch.get("sc_logp"),
+    )
+    return objective_loss(
+        stats,
+        batch["advantages"],
+        cfg,
+        logits=logits,
+        teacher_logits=batch.get("teacher_logits"),
+        tokens=tokens,
+    )
