@@ -1,0 +1,127 @@
+"""Scoring completions with a task's reward function, safely.
+
+A reward function is Python run on untrusted model output: one that raises (a checker bug, a
+pathological completion) must not kill a multi-hour run. Here a raising or malformed reward
+scores 0 on every component for that completion, is counted in `n_failed` (log it as a
+metric), and the step goes on. The first failure is logged with its exception.
+
+`RewardScorer` is the interface the trainer calls; `InProcessScorer` is the only one for now.
+A process-pool scorer (sandboxed code execution, crash isolation; ROADMAP item 3) will
+implement the same `__call__` and be swapped in by config.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
+
+import numpy as np
+
+from jaxrl_frontier.tasks.base import Example, Task
+from jaxrl_frontier.tasks.pipeline import unbatch
+
+log = logging.getLogger(__name__)
+
+
+class RewardScorer(Protocol):
+    """Scores completions: (examples, completions) -> (rewards float32 [N, K], n_failed)."""
+
+    reward_names: tuple[str, ...]
+
+    def __call__(
+        self, examples: Sequence[Example] | Mapping[str, Any], completions: Sequence[str]
+    ) -> tuple[np.ndarray, int]: ...
+
+
+def _align(
+    examples: Sequence[Example] | Mapping[str, Any], completions: Sequence[str]
+) -> list[Example]:
+    """One example per completion.
+
+    Accepts a list of examples or a pipeline batch (dict of lists). With P examples and P*G
+    completions, each example is repeated G times: rows are prompt-major, rows p*G..p*G+G-1
+    are the G completions of prompt p (the rollout layout).
+    """
+    if isinstance(examples, Mapping):
+        examples = unbatch(examples)
+    p, n = len(examples), len(completions)
+    if p == 0 or n % p:
+        raise ValueError(
+            f"score_completions: {n} completions for {p} examples; need N = P * G (prompt-major)"
+        )
+    g = n // p
+    return [ex for ex in examples for _ in range(g)]
+
+
+def _score_one(task: Task, example: Example, completion: str) -> list[float]:
+    """The reward vector in `task.reward_names` order; raises if the reward is malformed."""
+    out = task.reward(example, completion)
+    if set(out) != set(task.reward_names):
+        raise ValueError(
+            f"{type(task).__name__}.reward returned keys {sorted(out)}, "
+            f"expected {list(task.reward_names)}"
+        )
+    values = [float(out[k]) for k in task.reward_names]
+    bad = [k for k, v in zip(task.reward_names, values, strict=True) if not math.isfinite(v)]
+    if bad:
+        raise ValueError(f"{type(task).__name__}.reward returned non-finite {bad}")
+    return values
+
+
+def score_completions(
+    task: Task,
+    examples: Sequence[Example] | Mapping[str, Any],
+    completions: Sequence[str],
+    *,
+    warn: bool = True,
+) -> tuple[np.ndarray, int]:
+    """Rewards float32 [N, K] (columns in `task.reward_names` order) and the failure count.
+
+    N = len(completions); `examples` has N or N / G entries (see `_align`). A completion whose
+    reward raises or returns wrong keys / non-finite values gets 0.0 on every component and is
+    counted in `n_failed`; with `warn`, the first such failure of this call is logged.
+    """
+    rows = _align(examples, completions)
+    k = len(task.reward_names)
+    rewards = np.zeros((len(completions), k), dtype=np.float32)
+    n_failed = 0
+    for i, (ex, completion) in enumerate(zip(rows, completions, strict=True)):
+        try:
+            rewards[i] = _score_one(task, ex, completion)
+        except Exception as e:  # any checker failure is contained, by design
+            if n_failed == 0 and warn:
+                log.warning(
+                    "reward of task %r raised on completion %d (%r...): %r; scoring it 0 and "
+                    "counting failures (later ones are not logged)",
+                    getattr(task, "name", type(task).__name__),
+                    i,
+                    completion[:80],
+                    e,
+                    exc_info=e,
+                )
+            n_failed += 1
+    return rewards, n_failed
+
+
+class InProcessScorer:
+    """`RewardScorer` running the task's reward in this process, with failures contained.
+
+    Logs the first failure over its lifetime (a persistently broken checker would otherwise
+    flood the log every step); the per-call `n_failed` is what belongs in the metrics.
+    """
+
+    def __init__(self, task: Task):
+        self.task = task
+        self.reward_names = tuple(task.reward_names)
+        self._warned = False
+
+    def __call__(
+        self, examples: Sequence[Example] | Mapping[str, Any], completions: Sequence[str]
+    ) -> tuple[np.ndarray, int]:
+        rewards, n_failed = score_completions(
+            self.task, examples, completions, warn=not self._warned
+        )
+        self._warned = self._warned or n_failed > 0
+        return rewards, n_failed
