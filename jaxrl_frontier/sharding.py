@@ -102,7 +102,9 @@ def state_shardings(state: nnx.State, mesh: Mesh, rules=DEFAULT_RULES):
 
     def one(var):
         meta = var.get_metadata() if hasattr(var, "get_metadata") else {}
-        spec = logical_to_spec(meta.get("logical_axes"), var[...].shape, mesh, rules)
+        # get_value, not var[...]: the state may be abstract (ShapeDtypeStruct leaves, from
+        # nnx.eval_shape), which cannot be indexed
+        spec = logical_to_spec(meta.get("logical_axes"), var.get_value().shape, mesh, rules)
         return var.replace(NamedSharding(mesh, spec))
 
     return jax.tree.map(one, state, is_leaf=_is_var)

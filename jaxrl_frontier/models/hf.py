@@ -1,0 +1,566 @@
+"""Hugging Face checkpoints (config.json + safetensors) <-> `Transformer`, both directions.
+
+    model = hf.load("/ckpt/Qwen3-0.6B", mesh=mesh, dtype="bfloat16")
+    logits = model(tokens, attention_mask)          # [B, T, V]
+    hf.save(model, "/out/policy", dtype="bfloat16")  # transformers / vLLM load this
+
+Supported architectures live in the `ARCHITECTURES` registry (HF `architectures[0]` ->
+`Architecture`): LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM. All three share
+the tensor names of `model.layers.{i}...`; they differ in config fields (qkv bias, qk-norm).
+
+Layout conversion (HF Linear weights are [out, in]; ours are [in, out] split into heads):
+
+    q_proj  [H*Dh, D] -> [D, H, Dh]     k_proj, v_proj [K*Dh, D] -> [D, K, Dh]
+    o_proj  [D, H*Dh] -> [H, Dh, D]     gate/up [F, D] -> [D, F]   down [D, F] -> [F, D]
+    lm_head [V, D]    -> [D, V]         embed [V, D], norms [D], biases [H*Dh] -> [H, Dh]
+
+Loading never materialises the model on one device: the model is built abstractly
+(`nnx.eval_shape`), each tensor is read once to host memory (one tensor at a time) and
+placed with `jax.make_array_from_callback`, so each device receives only its own shard.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_dtypes  # noqa: F401  registers bfloat16 with numpy, so safetensors can read BF16
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh, SingleDeviceSharding
+from safetensors import safe_open
+from safetensors.numpy import save_file
+
+from jaxrl_frontier.models.transformer import ModelConfig, Transformer
+from jaxrl_frontier.registry import Registry
+from jaxrl_frontier.sharding import DEFAULT_RULES, state_shardings
+
+CONFIG_FILE = "config.json"
+SINGLE_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+_SHARD_NAME = "model-{:05d}-of-{:05d}.safetensors"
+_SHARD_RE = re.compile(r"model-\d{5}-of-\d{5}\.safetensors")
+# Tensors some checkpoints carry that hold no parameters of ours (old Llama exports).
+_IGNORED = re.compile(r".*rotary_emb\.inv_freq$")
+
+# ----------------------------------------------------------------------------- architectures
+
+ARCHITECTURES = Registry("Hugging Face architecture")
+
+
+def _require(hf: dict, key: str):
+    if key not in hf:
+        raise ValueError(f"config.json: missing required key {key!r}")
+    return hf[key]
+
+
+def _rope_from_hf(hf: dict) -> tuple[float, tuple[tuple[str, Any], ...] | None]:
+    """(rope_theta, rope_scaling items) from either config style.
+
+    transformers < 5 writes `rope_theta` and `rope_scaling` at the top level; transformers
+    5 writes one `rope_parameters` dict holding `rope_theta` and the scaling fields.
+    """
+    params = dict(hf.get("rope_parameters") or {})
+    theta = float(hf.get("rope_theta", params.pop("rope_theta", 10000.0)))
+    scaling = dict(hf.get("rope_scaling") or params)
+    if "type" in scaling and "rope_type" not in scaling:  # the pre-4.45 key
+        scaling["rope_type"] = scaling.pop("type")
+    scaling.pop("type", None)
+    kind = scaling.get("rope_type", "default")
+    if kind == "default":
+        return theta, None
+    if kind not in ("linear", "llama3"):
+        raise ValueError(
+            f"config.json: rope_scaling type {kind!r} is not supported; supported: "
+            "default, linear, llama3"
+        )
+    return theta, tuple(sorted(scaling.items()))
+
+
+@dataclasses.dataclass(frozen=True)
+class Architecture:
+    """One supported HF architecture: how its config.json maps to a `ModelConfig`.
+
+    qkv_bias: "always" (Qwen2: q/k/v carry biases, no config key) or "never" (Llama,
+      Qwen3; `attention_bias=True` there also adds an o_proj bias, which we do not have).
+    """
+
+    name: str  # HF `architectures[0]`, e.g. "Qwen3ForCausalLM"
+    model_type: str  # HF `model_type`, also our `ModelConfig.family`
+    qkv_bias: str  # "always" | "never"
+    qk_norm: bool
+    default_max_positions: int
+
+    def config_from_hf(self, hf: dict) -> ModelConfig:
+        """config.json dict -> ModelConfig (unsupported options raise, naming the key)."""
+        if hf.get("hidden_act", "silu") != "silu":
+            raise ValueError(
+                f"config.json: hidden_act={hf['hidden_act']!r}; only 'silu' is supported"
+            )
+        if self.qkv_bias == "never" and hf.get("attention_bias", False):
+            raise ValueError(
+                f"config.json: attention_bias=True is not supported for {self.name} "
+                "(it adds an o_proj bias the Transformer does not have)"
+            )
+        if hf.get("mlp_bias", False):
+            raise ValueError(f"config.json: mlp_bias=True is not supported for {self.name}")
+        if hf.get("use_sliding_window", False):
+            raise ValueError(
+                f"config.json: use_sliding_window=True is not supported for {self.name}"
+            )
+        theta, scaling = _rope_from_hf(hf)
+        heads = int(_require(hf, "num_attention_heads"))
+        head_dim = hf.get("head_dim")
+        return ModelConfig(
+            vocab_size=int(_require(hf, "vocab_size")),
+            hidden_size=int(_require(hf, "hidden_size")),
+            intermediate_size=int(_require(hf, "intermediate_size")),
+            num_layers=int(_require(hf, "num_hidden_layers")),
+            num_heads=heads,
+            num_kv_heads=int(hf.get("num_key_value_heads") or heads),
+            head_dim=None if head_dim is None else int(head_dim),
+            rope_theta=theta,
+            rope_scaling=scaling,
+            rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+            tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+            qkv_bias=self.qkv_bias == "always",
+            qk_norm=self.qk_norm,
+            max_position_embeddings=int(
+                hf.get("max_position_embeddings", self.default_max_positions)
+            ),
+            family=self.model_type,
+        )
+
+    def config_to_hf(self, cfg: ModelConfig, torch_dtype: str) -> dict:
+        """ModelConfig -> config.json dict, in the pre-5 key style every loader reads."""
+        hf = {
+            "architectures": [self.name],
+            "model_type": self.model_type,
+            "vocab_size": cfg.vocab_size,
+            "hidden_size": cfg.hidden_size,
+            "intermediate_size": cfg.intermediate_size,
+            "num_hidden_layers": cfg.num_layers,
+            "num_attention_heads": cfg.num_heads,
+            "num_key_value_heads": cfg.num_kv_heads,
+            "head_dim": cfg.resolved_head_dim,
+            "hidden_act": "silu",
+            "rms_norm_eps": cfg.rms_norm_eps,
+            "rope_theta": cfg.rope_theta,
+            "rope_scaling": dict(cfg.rope_scaling) if cfg.rope_scaling else None,
+            "max_position_embeddings": cfg.max_position_embeddings,
+            "tie_word_embeddings": cfg.tie_word_embeddings,
+            "attention_dropout": 0.0,
+            # both spellings: transformers >= 5 reads `dtype`, older versions and vLLM `torch_dtype`
+            "torch_dtype": torch_dtype,
+            "dtype": torch_dtype,
+        }
+        if self.qkv_bias == "never":
+            hf["attention_bias"] = False
+        if self.model_type == "llama":
+            hf["mlp_bias"] = False
+        else:
+            hf["use_sliding_window"] = False
+        return hf
+
+
+for _arch in (
+    Architecture("LlamaForCausalLM", "llama", "never", False, 2048),
+    Architecture("Qwen2ForCausalLM", "qwen2", "always", False, 32768),
+    Architecture("Qwen3ForCausalLM", "qwen3", "never", True, 32768),
+):
+    ARCHITECTURES.register(_arch.name)(_arch)
+
+
+def architecture_for(hf: dict) -> Architecture:
+    """The registry entry for a config.json dict (by `architectures[0]`, else `model_type`)."""
+    names = hf.get("architectures") or []
+    if names:
+        name = names[0]
+    else:  # some exports omit `architectures`; fall back to model_type
+        by_type = {ARCHITECTURES.get(n).model_type: n for n in ARCHITECTURES}
+        name = by_type.get(hf.get("model_type"), f"model_type={hf.get('model_type')!r}")
+    if name not in ARCHITECTURES:
+        raise ValueError(
+            f"unsupported architecture {name!r}; supported: {', '.join(ARCHITECTURES.names())}"
+        )
+    return ARCHITECTURES.get(name)
+
+
+def _architecture_for_family(family: str) -> Architecture:
+    for name in ARCHITECTURES:
+        if ARCHITECTURES.get(name).model_type == family:
+            return ARCHITECTURES.get(name)
+    raise ValueError(
+        f"ModelConfig.family={family!r} has no HF architecture; known: "
+        f"{sorted(ARCHITECTURES.get(n).model_type for n in ARCHITECTURES)}"
+    )
+
+
+def config_from_hf(hf: dict) -> ModelConfig:
+    """A config.json dict -> ModelConfig (compute and parameter dtypes f32)."""
+    return architecture_for(hf).config_from_hf(hf)
+
+
+def config_to_hf(cfg: ModelConfig, torch_dtype: str | None = None) -> dict:
+    """ModelConfig -> a config.json dict that transformers and vLLM load."""
+    return _architecture_for_family(cfg.family).config_to_hf(cfg, torch_dtype or cfg.param_dtype)
+
+
+# ----------------------------------------------------------------------------- tensor map
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorSpec:
+    """One HF tensor and the parameter it fills.
+
+    linear=True: HF stores [out, in]; ours is the transpose, reshaped to `shape`.
+    linear=False: same element order, only reshaped (embeddings, norms, biases).
+    """
+
+    hf_name: str
+    path: tuple  # nnx state path, e.g. ("layers", 0, "attn", "q_proj")
+    hf_shape: tuple[int, ...]
+    shape: tuple[int, ...]
+    linear: bool
+
+    def to_ours(self, w: np.ndarray) -> np.ndarray:
+        """HF array -> our layout (a view when possible: no copy of the tensor)."""
+        return w.T.reshape(self.shape) if self.linear else w.reshape(self.shape)
+
+    def to_hf(self, w: np.ndarray) -> np.ndarray:
+        if self.linear:
+            return w.reshape(self.hf_shape[::-1]).T
+        return w.reshape(self.hf_shape)
+
+
+def tensor_specs(cfg: ModelConfig) -> list[TensorSpec]:
+    """Every tensor of an HF checkpoint of this config, in HF's order."""
+    d, f, v = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
+    h, k, hd = cfg.num_heads, cfg.num_kv_heads, cfg.resolved_head_dim
+    specs = [TensorSpec("model.embed_tokens.weight", ("embed",), (v, d), (v, d), False)]
+    for i in range(cfg.num_layers):
+        pre, at = f"model.layers.{i}.", ("layers", i, "attn")
+        specs += [
+            TensorSpec(
+                pre + "input_layernorm.weight",
+                ("layers", i, "input_norm", "weight"),
+                (d,),
+                (d,),
+                False,
+            ),
+            TensorSpec(
+                pre + "self_attn.q_proj.weight", (*at, "q_proj"), (h * hd, d), (d, h, hd), True
+            ),
+            TensorSpec(
+                pre + "self_attn.k_proj.weight", (*at, "k_proj"), (k * hd, d), (d, k, hd), True
+            ),
+            TensorSpec(
+                pre + "self_attn.v_proj.weight", (*at, "v_proj"), (k * hd, d), (d, k, hd), True
+            ),
+            TensorSpec(
+                pre + "self_attn.o_proj.weight", (*at, "o_proj"), (d, h * hd), (h, hd, d), True
+            ),
+        ]
+        if cfg.qkv_bias:
+            specs += [
+                TensorSpec(
+                    pre + "self_attn.q_proj.bias", (*at, "q_bias"), (h * hd,), (h, hd), False
+                ),
+                TensorSpec(
+                    pre + "self_attn.k_proj.bias", (*at, "k_bias"), (k * hd,), (k, hd), False
+                ),
+                TensorSpec(
+                    pre + "self_attn.v_proj.bias", (*at, "v_bias"), (k * hd,), (k, hd), False
+                ),
+            ]
+        if cfg.qk_norm:
+            specs += [
+                TensorSpec(
+                    pre + "self_attn.q_norm.weight", (*at, "q_norm", "weight"), (hd,), (hd,), False
+                ),
+                TensorSpec(
+                    pre + "self_attn.k_norm.weight", (*at, "k_norm", "weight"), (hd,), (hd,), False
+                ),
+            ]
+        mlp = ("layers", i, "mlp")
+        specs += [
+            TensorSpec(
+                pre + "post_attention_layernorm.weight",
+                ("layers", i, "post_attn_norm", "weight"),
+                (d,),
+                (d,),
+                False,
+            ),
+            TensorSpec(pre + "mlp.gate_proj.weight", (*mlp, "gate_proj"), (f, d), (d, f), True),
+            TensorSpec(pre + "mlp.up_proj.weight", (*mlp, "up_proj"), (f, d), (d, f), True),
+            TensorSpec(pre + "mlp.down_proj.weight", (*mlp, "down_proj"), (d, f), (f, d), True),
+        ]
+    specs.append(TensorSpec("model.norm.weight", ("final_norm", "weight"), (d,), (d,), False))
+    if not cfg.tie_word_embeddings:
+        specs.append(TensorSpec("lm_head.weight", ("lm_head",), (v, d), (d, v), True))
+    return specs
+
+
+# ----------------------------------------------------------------------------- reading
+
+
+def read_config(path: str | os.PathLike) -> dict:
+    """The config.json dict of a checkpoint directory."""
+    file = os.path.join(path, CONFIG_FILE)
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"checkpoint directory {str(path)!r} does not exist")
+    if not os.path.isfile(file):
+        raise FileNotFoundError(f"no {CONFIG_FILE} in checkpoint directory {str(path)!r}")
+    with open(file) as fh:
+        return json.load(fh)
+
+
+def _weight_map(path: str) -> dict[str, str]:
+    """{tensor name: safetensors file name} from the index, the single file, or a glob."""
+    index = os.path.join(path, INDEX_FILE)
+    if os.path.isfile(index):
+        with open(index) as fh:
+            weight_map = json.load(fh)["weight_map"]
+        for file in sorted(set(weight_map.values())):
+            if not os.path.isfile(os.path.join(path, file)):
+                raise FileNotFoundError(
+                    f"{INDEX_FILE} in {path!r} names {file!r}, which is missing"
+                )
+        return weight_map
+    files = sorted(f for f in os.listdir(path) if f.endswith(".safetensors"))
+    if not files:
+        others = sorted(
+            f for f in os.listdir(path) if f.endswith((".bin", ".pt", ".pth", ".msgpack"))
+        )
+        hint = f" (found {others}: re-save with safe_serialization=True)" if others else ""
+        raise FileNotFoundError(f"no *.safetensors files in checkpoint directory {path!r}{hint}")
+    weight_map = {}
+    for file in files:
+        with safe_open(os.path.join(path, file), framework="numpy") as f:
+            weight_map.update({name: file for name in f.keys()})
+    return weight_map
+
+
+def _iter_tensors(
+    path: str, names: list[str], weight_map: dict[str, str]
+) -> Iterator[tuple[str, np.ndarray]]:
+    """(name, host array) one at a time, each file opened once."""
+    by_file: dict[str, list[str]] = {}
+    for name in names:
+        by_file.setdefault(weight_map[name], []).append(name)
+    for file, file_names in by_file.items():
+        with safe_open(os.path.join(path, file), framework="numpy") as f:
+            for name in file_names:
+                yield name, f.get_tensor(name)
+
+
+def _check_tensor_names(
+    path: str, specs: list[TensorSpec], weight_map: dict[str, str], cfg: ModelConfig
+):
+    expected = {s.hf_name for s in specs}
+    missing = [s.hf_name for s in specs if s.hf_name not in weight_map]
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise KeyError(
+            f"tensor {missing[0]!r}{more} is missing from the safetensors files in {path!r} "
+            f"(files: {sorted(set(weight_map.values()))})"
+        )
+    # A tied checkpoint may still store lm_head (a copy of the embedding): ignore it.
+    extra = [
+        n
+        for n in weight_map
+        if n not in expected
+        and not _IGNORED.match(n)
+        and not (cfg.tie_word_embeddings and n == "lm_head.weight")
+    ]
+    if extra:
+        raise ValueError(
+            f"{path!r} holds tensors this {cfg.family} config does not use: {sorted(extra)[:5]}"
+            f"{' ...' if len(extra) > 5 else ''} (config.json and weights disagree?)"
+        )
+
+
+def load(
+    path: str | os.PathLike,
+    *,
+    mesh: Mesh | None = None,
+    dtype: Any = None,
+    param_dtype: Any = None,
+    rules=DEFAULT_RULES,
+) -> Transformer:
+    """A `Transformer` with the weights of an HF checkpoint directory.
+
+    Args:
+      path: directory with config.json and model.safetensors (or sharded files plus
+        model.safetensors.index.json).
+      mesh: place parameters sharded by their logical axes on this mesh; None puts them
+        on the default device.
+      dtype: compute dtype ("float32" or "bfloat16"); default float32.
+      param_dtype: parameter storage dtype; default float32 whatever the checkpoint holds.
+      rules: logical-axis -> mesh-axis rules (`jaxrl_frontier.sharding.DEFAULT_RULES`).
+
+    Returns:
+      the model; `model(tokens [B, T], attention_mask [B, T])` -> logits [B, T, V].
+    """
+    path = os.fspath(path)
+    cfg = config_from_hf(read_config(path)).replace(
+        dtype=jnp.dtype(dtype or "float32").name,
+        param_dtype=jnp.dtype(param_dtype or "float32").name,
+    )
+    specs = tensor_specs(cfg)
+    weight_map = _weight_map(path)
+    _check_tensor_names(path, specs, weight_map, cfg)
+
+    # Abstract model: shapes and logical axes, no memory.
+    abstract = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
+    graphdef, state = nnx.split(abstract)
+    if mesh is not None:
+        shardings = dict(nnx.to_flat_state(state_shardings(state, mesh, rules)))
+    variables = dict(nnx.to_flat_state(state))
+    by_name = {s.hf_name: s for s in specs}
+    default = SingleDeviceSharding(jax.devices()[0])
+    pd = np.dtype(cfg.param_dtype)
+
+    for name, w in _iter_tensors(path, list(by_name), weight_map):
+        spec = by_name[name]
+        if tuple(w.shape) != spec.hf_shape:
+            raise ValueError(
+                f"tensor {name!r} in {weight_map[name]!r}: expected shape {spec.hf_shape} "
+                f"(from config.json), found {tuple(w.shape)}"
+            )
+        host = spec.to_ours(w)  # a view of the host array
+        sharding = shardings[spec.path].get_value() if mesh is not None else default
+        # Each device's callback copies (and casts) only its own slice of the host array.
+        arr = jax.make_array_from_callback(
+            spec.shape, sharding, lambda idx, host=host: np.asarray(host[idx], dtype=pd)
+        )
+        variables[spec.path].set_value(arr)
+    return nnx.merge(graphdef, state)
+
+
+# ----------------------------------------------------------------------------- writing
+
+
+def _parse_size(size: int | str) -> int:
+    """5_000_000, "5GB", "500MB", "10KB" -> bytes (decimal units, as transformers uses)."""
+    if isinstance(size, int):
+        return size
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMG]i?B|B)?\s*", str(size), re.IGNORECASE)
+    if not m:
+        raise ValueError(f"max_shard_size={size!r}; use bytes (int) or e.g. '5GB', '500MB'")
+    unit = (m.group(2) or "B").upper()
+    mult = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
+    return int(float(m.group(1)) * mult[unit])
+
+
+def _to_host(x: jax.Array) -> np.ndarray:
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:  # multi-host: gather
+        from jax.experimental import multihost_utils
+
+        return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+    return np.asarray(jax.device_get(x))
+
+
+def save(
+    model: Transformer,
+    path: str | os.PathLike,
+    *,
+    dtype: Any = None,
+    max_shard_size: int | str = "5GB",
+    base_config: dict | None = None,
+) -> None:
+    """Write `model` as an HF checkpoint: config.json plus model.safetensors, or
+    model-0000i-of-0000n.safetensors and model.safetensors.index.json when the weights
+    exceed `max_shard_size`.
+
+    Args:
+      dtype: dtype of the saved tensors (e.g. "bfloat16" for serving); default the
+        parameter dtype.
+      base_config: an original config.json dict whose other keys (bos/eos ids, ...) are
+        kept; the architecture fields are overwritten from `model.cfg`.
+
+    Tensors are fetched to host one shard file at a time. With several processes every
+    process must call `save` (gathering is collective); only process 0 writes.
+    """
+    path = os.fspath(path)
+    cfg = model.cfg
+    out_dtype = np.dtype(jnp.dtype(dtype or cfg.param_dtype))
+    specs = tensor_specs(cfg)
+    variables = dict(nnx.to_flat_state(nnx.state(model, nnx.Param)))
+
+    # Plan the shard files from shapes alone (greedy, in HF tensor order).
+    limit = _parse_size(max_shard_size)
+    groups: list[list[TensorSpec]] = [[]]
+    used = 0
+    for spec in specs:
+        nbytes = math.prod(spec.hf_shape) * out_dtype.itemsize
+        if groups[-1] and used + nbytes > limit:
+            groups.append([])
+            used = 0
+        groups[-1].append(spec)
+        used += nbytes
+
+    writer = jax.process_index() == 0
+    if writer:
+        os.makedirs(path, exist_ok=True)
+        # Remove an earlier save's weight files so no stale shard is left next to the new ones.
+        for f in os.listdir(path):
+            if f in (SINGLE_FILE, INDEX_FILE) or _SHARD_RE.fullmatch(f):
+                os.remove(os.path.join(path, f))
+
+    names = (
+        [SINGLE_FILE]
+        if len(groups) == 1
+        else [_SHARD_NAME.format(i + 1, len(groups)) for i in range(len(groups))]
+    )
+    weight_map, total = {}, 0
+    for file, group in zip(names, groups):
+        tensors = {}
+        for spec in group:
+            w = _to_host(variables[spec.path].get_value())
+            tensors[spec.hf_name] = np.ascontiguousarray(spec.to_hf(w).astype(out_dtype))
+            weight_map[spec.hf_name] = file
+            total += tensors[spec.hf_name].nbytes
+        if writer:
+            save_file(tensors, os.path.join(path, file), metadata={"format": "pt"})
+        del tensors
+
+    if not writer:
+        return
+    if len(groups) > 1:
+        with open(os.path.join(path, INDEX_FILE), "w") as fh:
+            json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, fh, indent=2)
+    hf = dict(base_config or {})
+    # Drop the transformers-5 rope spelling of the base: ours (rope_theta/rope_scaling) wins.
+    hf.pop("rope_parameters", None)
+    hf.update(config_to_hf(cfg, out_dtype.name))
+    with open(os.path.join(path, CONFIG_FILE), "w") as fh:
+        json.dump(hf, fh, indent=2, sort_keys=True)
+
+
+def count_params(model: Transformer) -> int:
+    """Number of parameter elements of `model`."""
+    return sum(
+        math.prod(v.get_value().shape) for _, v in nnx.to_flat_state(nnx.state(model, nnx.Param))
+    )
+
+
+__all__ = [
+    "ARCHITECTURES",
+    "Architecture",
+    "TensorSpec",
+    "config_from_hf",
+    "config_to_hf",
+    "count_params",
+    "load",
+    "read_config",
+    "save",
+    "tensor_specs",
+]
