@@ -1,0 +1,298 @@
+"""Run outputs: TensorBoard + JSONL scalars, JSONL rollout dumps, a console progress line.
+
+Nothing here needs TensorFlow or torch: event files are written with the `tensorboard`
+package's own `EventFileWriter` and protos. Every run writes machine-readable JSONL next to the
+event files (`metrics.jsonl`, `rollouts.jsonl`) so reports and sweeps never parse TensorBoard.
+
+Multi-host: only process 0 writes (`jax.process_index() == 0`); on other processes the writers
+are no-ops that create no files, so every process can call them unconditionally.
+
+Callers hand over host values: `jax.device_get` the step's metrics once at a log step
+(metrics stay on device in between), then call `write_scalars`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+import numpy as np
+
+METRICS_FILE = "metrics.jsonl"
+ROLLOUTS_FILE = "rollouts.jsonl"
+
+
+def _is_writer(process_index: int | None) -> bool:
+    if process_index is None:
+        import jax  # deferred: pure-logging users and tests need no backend
+
+        process_index = jax.process_index()
+    return process_index == 0
+
+
+def _to_float(name: str, value: Any) -> float:
+    arr = np.asarray(value)
+    if arr.size != 1:
+        raise ValueError(f"metric {name!r} must be a scalar, got shape {arr.shape}")
+    return float(arr.reshape(()))
+
+
+def _json_number(x: float) -> float | None:
+    # Strict JSON has no NaN/Infinity (jq, JS and many readers reject them): write null.
+    # The event file keeps the exact non-finite value.
+    return x if math.isfinite(x) else None
+
+
+class MetricsWriter:
+    """Scalars to TensorBoard event files and `metrics.jsonl`; text to TensorBoard.
+
+    `metrics.jsonl` holds one JSON object per `write_scalars` call:
+    {"step": int, "time": unix seconds, "<name>": float | null, ...} (null = NaN/inf).
+    Use "/" in names to group them in TensorBoard ("reward/correctness").
+    """
+
+    def __init__(
+        self, logdir: str | Path, *, process_index: int | None = None, flush_secs: float = 30
+    ):
+        self.logdir = Path(logdir)
+        self.active = _is_writer(process_index)
+        self._events = None
+        self._jsonl: TextIO | None = None
+        self._closed = False
+        if self.active:
+            # Deferred imports: the event writer pulls in tensorboard's proto stack.
+            from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+            self.logdir.mkdir(parents=True, exist_ok=True)
+            self._events = EventFileWriter(str(self.logdir), flush_secs=flush_secs)
+            self._jsonl = open(self.logdir / METRICS_FILE, "a", encoding="utf-8")
+
+    def write_scalars(self, step: int, scalars: Mapping[str, Any]) -> None:
+        """Write each name -> scalar (Python/NumPy/JAX scalar or size-1 array) at `step`."""
+        self._check_open()
+        if not self.active:
+            return
+        from tensorboard.compat.proto import event_pb2, summary_pb2
+
+        values = {name: _to_float(name, v) for name, v in scalars.items()}
+        for k in ("step", "time"):
+            if k in values:
+                raise ValueError(f"metric name {k!r} collides with a reserved JSONL key")
+        now = time.time()
+        summary = summary_pb2.Summary(
+            value=[summary_pb2.Summary.Value(tag=k, simple_value=v) for k, v in values.items()]
+        )
+        self._events.add_event(event_pb2.Event(wall_time=now, step=int(step), summary=summary))
+        row = {"step": int(step), "time": now}
+        row.update({k: _json_number(v) for k, v in values.items()})
+        self._jsonl.write(json.dumps(row) + "\n")
+
+    def write_text(self, step: int, tag: str, text: str) -> None:
+        """A text summary (TensorBoard's Text tab), e.g. the resolved config or a sample."""
+        self._check_open()
+        if not self.active:
+            return
+        from tensorboard.compat.proto import event_pb2
+        from tensorboard.plugins.text.summary_v2 import text_pb
+
+        event = event_pb2.Event(wall_time=time.time(), step=int(step), summary=text_pb(tag, text))
+        self._events.add_event(event)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError(f"MetricsWriter for {self.logdir} is closed")
+
+    def flush(self) -> None:
+        if self.active and not self._closed:
+            self._events.flush()
+            self._jsonl.flush()
+
+    def close(self) -> None:
+        """Flush and close; later writes are an error. Safe to call twice."""
+        if self.active and not self._closed:
+            self._events.close()
+            self._jsonl.close()
+        self._closed = True
+
+    def __enter__(self) -> MetricsWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class RolloutLogger:
+    """Sampled rollouts to `rollouts.jsonl`, one JSON object per completion:
+
+    {"step", "prompt", "completion", "rewards": {name: float}, "advantage": float, **extra}
+    """
+
+    def __init__(self, logdir: str | Path, *, process_index: int | None = None):
+        self.path = Path(logdir) / ROLLOUTS_FILE
+        self.active = _is_writer(process_index)
+        self._file: TextIO | None = None
+        if self.active:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._file = open(self.path, "a", encoding="utf-8")
+
+    def write(
+        self,
+        step: int,
+        prompts: Sequence[str],
+        completions: Sequence[str],
+        rewards_nk: Any,
+        reward_names: Sequence[str],
+        advantages_n: Any,
+        *,
+        max_rows: int | None = None,
+        extra: Mapping[str, Sequence[Any]] | None = None,
+    ) -> None:
+        """Log N rollouts (the first `max_rows` if given).
+
+        prompts, completions: N strings (repeat each prompt G times for groups).
+        rewards_nk: [N, K] in `reward_names` order; advantages_n: [N] (a sequence advantage;
+        log the per-token mean for token-level estimators). extra: more per-row fields
+        (e.g. policy version), each a length-N sequence of JSON-able values.
+        """
+        if not self.active:
+            return
+        rewards_nk = np.asarray(rewards_nk, dtype=np.float64)
+        advantages_n = np.asarray(advantages_n, dtype=np.float64).reshape(-1)
+        n = len(completions)
+        if rewards_nk.shape != (n, len(reward_names)):
+            raise ValueError(
+                f"RolloutLogger: rewards shape {rewards_nk.shape}, expected ({n}, {len(reward_names)})"
+            )
+        sizes = {"prompts": len(prompts), "advantages": len(advantages_n)}
+        sizes.update({f"extra[{k!r}]": len(v) for k, v in (extra or {}).items()})
+        bad = {k: v for k, v in sizes.items() if v != n}
+        if bad:
+            raise ValueError(f"RolloutLogger: {n} completions but lengths {bad}")
+        rows = range(n if max_rows is None else min(n, max_rows))
+        for i in rows:
+            row = {
+                "step": int(step),
+                "prompt": prompts[i],
+                "completion": completions[i],
+                "rewards": {
+                    k: _json_number(float(v))
+                    for k, v in zip(reward_names, rewards_nk[i], strict=True)
+                },
+                "advantage": _json_number(float(advantages_n[i])),
+            }
+            for k, v in (extra or {}).items():
+                row[k] = v[i].item() if isinstance(v[i], np.generic) else v[i]
+            self._file.write(json.dumps(row, ensure_ascii=False) + "\n")
+        self._file.flush()  # rollouts are for humans reading a live run
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+            self.active = False
+
+
+def format_duration(seconds: float | None) -> str:
+    """Compact duration: 7s, 4m05s, 1h02m, 2d03h; '?' when unknown (None, NaN, inf, < 0)."""
+    if seconds is None or not math.isfinite(seconds) or seconds < 0:
+        return "?"
+    s = int(round(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
+def _format_value(x: float) -> str:
+    if not math.isfinite(x):
+        return str(x)
+    return f"{x:.4g}"
+
+
+class ProgressBar:
+    """One console line: step/total, percent, rate, ETA and a few chosen metrics.
+
+    On a TTY the line is redrawn in place (carriage return) at most every `tty_interval_s`;
+    otherwise (CI logs, files) a plain line is printed every `log_interval_s` and at the last
+    step, so logs stay readable. The rate is measured from the first `update` on, so the first
+    step's compilation time does not distort the ETA. Only process 0 should own one.
+
+        bar = ProgressBar(total=1000, metrics=("loss", "reward/correctness"))
+        bar.update(step, {"loss": 0.3, ...});  bar.close()
+    """
+
+    def __init__(
+        self,
+        total: int,
+        *,
+        metrics: Sequence[str] = (),
+        stream: TextIO | None = None,
+        tty_interval_s: float = 0.1,
+        log_interval_s: float = 30.0,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        if total < 1:
+            raise ValueError(f"ProgressBar: total must be >= 1, got {total}")
+        self.total = total
+        self.metrics = tuple(metrics)
+        self.stream = sys.stdout if stream is None else stream
+        self.is_tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.interval = tty_interval_s if self.is_tty else log_interval_s
+        self.clock = clock
+        self._start: tuple[float, int] | None = None  # (time, step) of the first update
+        self._last_print = -math.inf
+        self._width = 0
+        self._values: dict[str, float] = {}
+
+    def line(self, step: int, now: float) -> str:
+        """The progress text for `step` at clock time `now` (no I/O)."""
+        rate = None
+        if self._start is not None:
+            t0, s0 = self._start
+            if now > t0 and step > s0:
+                rate = (step - s0) / (now - t0)
+        eta = (self.total - step) / rate if rate else None
+        parts = [
+            f"step {step}/{self.total} ({100.0 * step / self.total:.1f}%)",
+            f"{rate:.2f} it/s" if rate else "? it/s",
+            f"eta {format_duration(eta)}",
+        ]
+        shown = [f"{k} {_format_value(self._values[k])}" for k in self.metrics if k in self._values]
+        if shown:
+            parts.append(" ".join(shown))
+        return " | ".join(parts)
+
+    def update(self, step: int, metrics: Mapping[str, Any] | None = None) -> None:
+        """Record progress at `step` (steps done); print if the interval has passed."""
+        now = self.clock()
+        if self._start is None:
+            self._start = (now, step)
+        for k in self.metrics:
+            if metrics is not None and k in metrics:
+                self._values[k] = _to_float(k, metrics[k])
+        if now - self._last_print < self.interval and step < self.total:
+            return
+        self._last_print = now
+        text = self.line(step, now)
+        if self.is_tty:
+            # Pad with spaces so a shorter line fully overwrites the previous one.
+            self.stream.write("\r" + text.ljust(self._width))
+            self._width = max(self._width, len(text))
+        else:
+            self.stream.write(text + "\n")
+        self.stream.flush()
+
+    def close(self) -> None:
+        """End the in-place line (TTY) so later output starts on a fresh line."""
+        if self.is_tty and self._width:
+            self.stream.write("\n")
+            self.stream.flush()
+            self._width = 0
