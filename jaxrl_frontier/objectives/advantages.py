@@ -116,6 +116,12 @@ def zero_variance_groups(rewards: Array) -> Array:
     return jnp.sum(zero_variance_mask(rewards)).astype(jnp.int32)
 
 
+def _zero_constant_groups(adv_pg: Array, rewards: Array) -> Array:
+    """0 on groups whose rewards are all equal: after a batch whitening they would get
+    -mean/std (exactly 0 only up to rounding, or not at all with token weighting)."""
+    return jnp.where(zero_variance_mask(rewards)[:, None], 0.0, adv_pg)
+
+
 def sequence_to_tokens(adv: Array, mask_bt: Array) -> Array:
     """Broadcast a sequence advantage [P, G] (or [B]) over tokens: [B, T] = adv[b] * mask."""
     return adv.reshape(-1, 1).astype(jnp.float32) * mask_bt
@@ -174,8 +180,9 @@ def rloo(rewards: Array, reward_weights: Sequence[float] | None = None) -> Array
     R = combine_rewards(rewards, reward_weights)
 
     def per_group(r_g):
+        # the centred form: exactly 0 on equal rewards (sum - r_i over G - 1 can round off)
         G = r_g.shape[0]
-        return r_g - (jnp.sum(r_g) - r_g) / (G - 1)
+        return G / (G - 1) * (r_g - jnp.mean(r_g))
 
     return jax.vmap(per_group)(R)
 
@@ -202,13 +209,14 @@ def reinforce_pp(
     A = whiten_batch(R - mean_g),  whiten(x) = (x - mean) / sqrt(var + 1e-8), mean and
     (unbiased) var over all valid tokens of the batch: pass `lengths` [P, G] (completion
     token counts) to weight each completion by its tokens; None counts each once.
+    Groups with all-equal rewards get exactly 0.
     Config keys: reward_weights=None, lengths=None.
     Hu 2025 (REINFORCE++: A Simple and Efficient Approach for Aligning LLMs).
     """
     R = combine_rewards(rewards, reward_weights)
     centred = jax.vmap(lambda r_g: r_g - jnp.mean(r_g))(R)
     n = jnp.ones_like(R) if lengths is None else jnp.asarray(lengths, jnp.float32)
-    return _weighted_whiten(centred, n, eps=1e-8, sqrt_var=True)
+    return _zero_constant_groups(_weighted_whiten(centred, n, eps=1e-8, sqrt_var=True), rewards)
 
 
 def _decoupled_components(rewards: Array) -> Array:
@@ -227,14 +235,17 @@ def gdpo(rewards: Array, reward_weights: Sequence[float] | None = None) -> Array
     """GDPO: decouple the reward components' group normalisation, then whiten the batch.
 
     A_k = (r_k - mean_g(r_k)) / (std_g(r_k) + 1e-4),  A = whiten_batch(sum_k w_k A_k),
-    whiten(x) = (x - mean) / (std + 1e-4) over all rows of the batch (std unbiased).
+    whiten(x) = (x - mean) / (std + 1e-4) over all rows of the batch (std unbiased);
+    groups with all-equal rewards (every component) get exactly 0.
     Config keys: reward_weights=None (w_k, default 1).
     GDPO (Group reward-Decoupled Policy Optimization), as described in the GD^2PO abstract.
     """
     _check_group(rewards)
     A_pgk = _decoupled_components(rewards)
     x = jnp.einsum("pgk,k->pg", A_pgk, _component_weights(A_pgk, reward_weights))
-    return _weighted_whiten(x, jnp.ones_like(x), eps=1e-4, sqrt_var=False)
+    return _zero_constant_groups(
+        _weighted_whiten(x, jnp.ones_like(x), eps=1e-4, sqrt_var=False), rewards
+    )
 
 
 @_register("gd2po", "group")
@@ -252,7 +263,9 @@ def gd2po(
     s = sum_k w_k A_k / (sum_k |w_k A_k| + 1e-6), drop only conflicts with |s| < tau.
     rho_g = kept fraction of the group (query-level reweighting);
     A = whiten(sum_k w_k A_k * rho_g * keep) over kept rows (token-weighted by `lengths`
-    [P, G] when given; whiten as in gdpo), and 0 on dropped rows.
+    [P, G] when given; whiten as in gdpo), and 0 on dropped rows. Groups whose rewards are
+    all equal also stay 0: they carry no signal, and whitening over kept rows (whose mean is
+    not 0 after filtering) would otherwise give them one.
     Config keys: reward_weights=None, mode='hard' ('hard' | 'soft'), tau=0.2, lengths=None.
     Liu et al. 2026 (GD^2PO: Mitigating Multi-Reward Conflicts via Group-Dynamic
     reward-Decoupled Policy Optimization).
@@ -272,7 +285,7 @@ def gd2po(
     rho_p1 = jnp.mean(keep, axis=1, keepdims=True)
     x = jnp.sum(wA_pgk, -1) * rho_p1 * keep
     n = keep if lengths is None else keep * jnp.asarray(lengths, jnp.float32)
-    return _weighted_whiten(x, n, eps=1e-4, sqrt_var=False) * keep
+    return _zero_constant_groups(_weighted_whiten(x, n, eps=1e-4, sqrt_var=False) * keep, rewards)
 
 
 # ----------------------------------------------------------------------------- token level

@@ -1,0 +1,332 @@
+"""The w(p) registry: each entry against a slow NumPy loop, and the gradient contract
+grad_logp L = -m w A / Z for every weight and every aggregation."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxrl_frontier.objectives import AGGREGATIONS, WEIGHTS, TokenStats, objective_loss
+from jaxrl_frontier.objectives.weights import required_stats
+
+B, T = 4, 7
+# prompt in columns 0-1 (left-padded), completions of lengths 5, 4, 2, 5.
+MASK = np.array(
+    [
+        [0, 0, 1, 1, 1, 1, 1],
+        [0, 0, 1, 1, 1, 1, 0],
+        [0, 0, 1, 1, 0, 0, 0],
+        [0, 0, 1, 1, 1, 1, 1],
+    ],
+    np.float32,
+)
+ADV_B = np.array([1.0, -1.0, 0.5, -2.0], np.float32)
+
+
+def make_stats(seed=0, spread=0.6):
+    rng = np.random.default_rng(seed)
+    old = np.log(rng.uniform(0.05, 0.95, (B, T))).astype(np.float32)
+    logp = (old + rng.normal(0, spread, (B, T))).clip(-8, 0).astype(np.float32)
+    teacher = np.log(rng.uniform(0.05, 0.95, (B, T))).astype(np.float32)
+    sc = (old + rng.normal(0, 0.5, (B, T))).astype(np.float32)
+    ref = np.log(rng.uniform(0.05, 0.95, (B, T))).astype(np.float32)
+    stats = TokenStats(
+        logp=jnp.asarray(logp),
+        old_logp=jnp.asarray(old),
+        mask=jnp.asarray(MASK),
+        ref_logp=jnp.asarray(ref),
+        teacher_logp=jnp.asarray(teacher),
+        sc_logp=jnp.asarray(sc),
+    )
+    adv = np.broadcast_to(ADV_B[:, None], (B, T)).astype(np.float32)
+    return stats, jnp.asarray(adv)
+
+
+def np_fields(stats):
+    return {k: np.asarray(v, np.float64) for k, v in vars(stats).items() if v is not None}
+
+
+# ----------------------------------------------------------------------------- NumPy references
+# Independent slow loops over rows and tokens, written from FORMULAS.md.
+
+
+def ref_weight(name, s, A, **kw):
+    m = s["mask"]
+    w = np.zeros((B, T))
+    for b in range(B):
+        valid = [t for t in range(T) if m[b, t] > 0]
+        n = len(valid)
+        if name == "gspo":
+            el, eh = kw.get("eps_low", 3e-4), kw.get("eps_high", 4e-4)
+            sb = math.exp(sum(s["logp"][b, t] - s["old_logp"][b, t] for t in valid) / n)
+        if name == "cppo":
+            P = dict(delta=0.2, w_min=0.8, delta_b_q=0.9, delta_b_min=0.02, delta_b_max=0.04)
+            P.update(kw)
+            allD = [
+                abs(math.exp(s["logp"][c, t]) - math.exp(s["old_logp"][c, t]))
+                for c in range(B)
+                for t in range(T)
+                if m[c, t] > 0
+            ]
+            db = min(max(np.quantile(allD, P["delta_b_q"]), P["delta_b_min"]), P["delta_b_max"])
+            S_prev = W_prev = 0.0
+        if name == "iw_opd":
+            a = [abs(s["teacher_logp"][b, t] - s["old_logp"][b, t]) for t in valid]
+            S, P_acc = max(sum(a), 1e-8), 0.0
+        for i, t in enumerate(valid):
+            l, lo, a_t = s["logp"][b, t], s["old_logp"][b, t], A[b, t]
+            r, p, mu = math.exp(l - lo), math.exp(l), math.exp(lo)
+            if name == "pg":
+                w[b, t] = 1.0
+            elif name in ("ppo_clip", "dual_clip"):
+                el, eh = kw.get("eps_low", 0.2), kw.get("eps_high", 0.2)
+                clipped = (a_t > 0 and r > 1 + eh) or (a_t < 0 and r < 1 - el)
+                if name == "dual_clip" and a_t < 0 and r > kw.get("c", 3.0):
+                    clipped = True
+                w[b, t] = 0.0 if clipped else r
+            elif name == "gspo":
+                clipped = (a_t > 0 and sb > 1 + eh) or (a_t < 0 and sb < 1 - el)
+                w[b, t] = 0.0 if clipped else sb
+            elif name == "cispo":
+                w[b, t] = min(max(r, 1 - kw.get("eps_low", 1.0)), 1 + kw.get("eps_high", 0.28))
+            elif name == "tis":
+                w[b, t] = min(r, kw.get("cap", 2.0))
+            elif name == "dppo":
+                dl, dh = kw.get("delta_low", 0.15), kw.get("delta_high", 0.15)
+                keep = not ((a_t > 0 and p - mu > dh) or (a_t < 0 and p - mu < -dl))
+                w[b, t] = min(r, kw.get("ratio_cap", 20.0)) if keep else 0.0
+            elif name == "drpo":
+                w[b, t] = r * (1 - np.sign(a_t) * mu * (r - 1) / kw.get("eps", 12.5))
+            elif name == "cppo":
+                wt = 1 - (1 - P["w_min"]) * i / max(n - 1, 1)
+                Z = wt * abs(p - mu)
+                c = min(P["delta"], P["delta"] + db * W_prev - S_prev)
+                keep = a_t * (r - 1) <= 0 or Z <= c
+                w[b, t] = r if keep else 0.0
+                S_prev, W_prev = S_prev + Z, W_prev + wt
+            elif name == "iw_opd":
+                w[b, t] = 1 + kw.get("gamma", 0.5) * (1 - P_acc / S)
+                P_acc += a[i]
+            elif name == "position_window":
+                w[b, t] = float(kw.get("start", 0.0) <= i / n < kw.get("end", 0.3))
+            elif name == "sc_grpo":
+                u = s["sc_logp"][b, t] - lo
+                w[b, t] = 1 + kw.get("coef", 1.0) * min(max(math.exp(u) - 1 - u, 0), 10)
+            elif name == "prob_power":
+                w[b, t] = p ** kw.get("alpha", 1.0)
+            else:
+                raise AssertionError(name)
+    return w
+
+
+CASES = [
+    ("pg", {}),
+    ("ppo_clip", {}),
+    ("ppo_clip", {"eps_low": 0.2, "eps_high": 0.28}),
+    ("dual_clip", {"c": 1.5}),
+    ("gspo", {}),
+    ("gspo", {"eps_low": 0.5, "eps_high": 0.5}),
+    ("cispo", {}),
+    ("cispo", {"eps_low": 0.2, "eps_high": 0.2}),
+    ("tis", {"cap": 1.5}),
+    ("dppo", {"delta_low": 0.1, "delta_high": 0.1}),
+    ("drpo", {"eps": 0.5}),
+    ("cppo", {}),
+    ("cppo", {"delta": 0.05, "delta_b_min": 0.0, "delta_b_max": 1.0}),
+    ("iw_opd", {"gamma": 0.5}),
+    ("position_window", {}),
+    ("position_window", {"start": 0.3, "end": 0.7}),
+    ("sc_grpo", {"coef": 0.5}),
+    ("prob_power", {"alpha": 0.5}),
+]
+
+
+def test_cases_cover_every_weight():
+    assert {n for n, _ in CASES} == set(WEIGHTS.names())
+
+
+@pytest.mark.parametrize("name,kw", CASES)
+def test_weight_matches_numpy_loop(name, kw):
+    stats, adv = make_stats()
+    w = np.asarray(WEIGHTS.get(name)(stats, adv, **kw))
+    expected = ref_weight(name, np_fields(stats), np.asarray(adv, np.float64), **kw)
+    np.testing.assert_allclose(w * MASK, expected, rtol=1e-5, atol=1e-6)
+    assert np.all(np.isfinite(w))
+
+
+def test_hand_computed_numbers():
+    """A few values worked out by hand (one row, tokens in columns 1..3)."""
+    mask = jnp.array([[0.0, 1.0, 1.0, 1.0]])
+    old = jnp.log(jnp.array([[1.0, 0.5, 0.5, 0.2]]))
+    new = jnp.log(jnp.array([[1.0, 0.75, 0.25, 0.2]]))  # r = 1.5, 0.5, 1.0
+    stats = TokenStats(logp=new, old_logp=old, mask=mask)
+    pos, neg = jnp.ones((1, 4)), -jnp.ones((1, 4))
+    # ppo: A>0 clips r=1.5 only; A<0 clips r=0.5 only.
+    np.testing.assert_allclose(WEIGHTS.get("ppo_clip")(stats, pos)[0, 1:], [0.0, 0.5, 1.0])
+    np.testing.assert_allclose(WEIGHTS.get("ppo_clip")(stats, neg)[0, 1:], [1.5, 0.0, 1.0])
+    # cispo(0.2, 0.2): clip(r) = 1.2, 0.8, 1.0 whatever A is.
+    w = WEIGHTS.get("cispo")(stats, neg, eps_low=0.2, eps_high=0.2)
+    np.testing.assert_allclose(w[0, 1:], [1.2, 0.8, 1.0], rtol=1e-6)
+    # dppo: p - mu = +0.25, -0.25, 0 -> A>0 drops the first, A<0 the second.
+    np.testing.assert_allclose(WEIGHTS.get("dppo")(stats, pos)[0, 1:], [0.0, 0.5, 1.0], rtol=1e-6)
+    np.testing.assert_allclose(WEIGHTS.get("dppo")(stats, neg)[0, 1:], [1.5, 0.0, 1.0], rtol=1e-6)
+    # drpo(eps=1), A>0: r (1 - mu (r - 1)) = 1.5 (1 - 0.25) = 1.125, 0.5 (1 + 0.25) = 0.625, 1.
+    w = WEIGHTS.get("drpo")(stats, pos, eps=1.0)
+    np.testing.assert_allclose(w[0, 1:], [1.125, 0.625, 1.0], rtol=1e-6)
+    # gspo: s = exp(mean log r) = (1.5 * 0.5 * 1) ** (1/3) on every token.
+    s = (0.75) ** (1 / 3)
+    w = WEIGHTS.get("gspo")(stats, pos, eps_low=0.5, eps_high=0.5)
+    np.testing.assert_allclose(w[0, 1:], [s, s, s], rtol=1e-6)
+    # position_window [0, 0.3) of 3 tokens: k/n = 0, 1/3, 2/3 -> only the first.
+    np.testing.assert_allclose(WEIGHTS.get("position_window")(stats, pos)[0, 1:], [1, 0, 0])
+    # prob_power(alpha=2): p^2.
+    w = WEIGHTS.get("prob_power")(stats, pos, alpha=2.0)
+    np.testing.assert_allclose(w[0, 1:], [0.5625, 0.0625, 0.04], rtol=1e-6)
+    # iw_opd(gamma=0.5), |a| = 1, 2, 1 -> P = 0, 1, 3, S = 4 -> 1.5, 1.375, 1.125.
+    teacher = old + jnp.array([[0.0, 1.0, -2.0, 1.0]])
+    st = TokenStats(logp=new, old_logp=old, mask=mask, teacher_logp=teacher)
+    np.testing.assert_allclose(WEIGHTS.get("iw_opd")(st, pos)[0, 1:], [1.5, 1.375, 1.125])
+
+
+# ----------------------------------------------------------------------------- gradient contract
+
+
+def _Z(aggregation, mask, C=None):
+    n_b = mask.sum(1, keepdims=True)
+    rows = (n_b > 0).sum()
+    return {
+        "token_mean": np.full_like(mask, mask.sum()),
+        "seq_mean_token_mean": np.broadcast_to(np.maximum(n_b, 1) * rows, mask.shape),
+        "seq_mean_token_sum": np.full_like(mask, rows),
+        "seq_mean_token_sum_norm": np.full_like(mask, rows * C),
+    }[aggregation]
+
+
+@pytest.mark.parametrize(
+    "aggregation",
+    ["token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm"],
+)
+@pytest.mark.parametrize("name,kw", CASES)
+def test_grad_is_minus_w_A_over_Z(name, kw, aggregation):
+    assert aggregation in AGGREGATIONS
+    stats, adv = make_stats(seed=1)
+    agg_kw = {"max_completion_len": 5} if aggregation.endswith("norm") else {}
+    cfg = {
+        "weight": name,
+        "weight_kwargs": kw,
+        "aggregation": aggregation,
+        "aggregation_kwargs": agg_kw,
+    }
+
+    def surrogate(logp):
+        return objective_loss(stats.replace(logp=logp), adv, cfg)[0]
+
+    grad = np.asarray(jax.jit(jax.grad(surrogate))(stats.logp))
+    w = np.asarray(WEIGHTS.get(name)(stats, adv, **kw))
+    expected = -MASK * w * np.asarray(adv) / _Z(aggregation, MASK, C=5)
+    np.testing.assert_allclose(grad, expected, rtol=1e-6, atol=1e-8)
+
+
+@pytest.mark.parametrize("name,kw", CASES)
+def test_weight_output_has_no_gradient(name, kw):
+    stats, adv = make_stats(seed=2)
+    g = jax.grad(lambda l: jnp.sum(WEIGHTS.get(name)(stats.replace(logp=l), adv, **kw)))(stats.logp)
+    assert np.all(np.asarray(g) == 0.0)
+
+
+@pytest.mark.parametrize("name,kw", CASES)
+def test_jit_and_vmap(name, kw):
+    stats, adv = make_stats(seed=3)
+    fn = WEIGHTS.get(name)
+    eager = fn(stats, adv, **kw)
+    jitted = jax.jit(lambda s, a: fn(s, a, **kw))(stats, adv)
+    np.testing.assert_allclose(jitted, eager, rtol=1e-6)
+    if name != "cppo":  # cppo's budget quantile is over the batch, so rows are coupled
+        batched = jax.vmap(lambda s, a: fn(s, a, **kw))(
+            jax.tree.map(lambda x: x[:, None], stats), adv[:, None]
+        )[:, 0]
+        np.testing.assert_allclose(batched, eager, rtol=1e-6)
+
+
+# ----------------------------------------------------------------------------- method properties
+
+
+def _grad_pg(stats, adv, weight, **kw):
+    cfg = {"weight": weight, "weight_kwargs": kw}
+    return np.asarray(
+        jax.grad(lambda l: objective_loss(stats.replace(logp=l), adv, cfg)[0])(stats.logp)
+    )
+
+
+def _ratio_stats(ratios):
+    """One row per ratio, one completion token each (column 1)."""
+    r = jnp.asarray(ratios, jnp.float32)
+    old = jnp.full((r.shape[0], 2), math.log(0.3))
+    new = old.at[:, 1].add(jnp.log(r))
+    mask = jnp.zeros_like(old).at[:, 1].set(1.0)
+    return TokenStats(logp=new, old_logp=old, mask=mask)
+
+
+RATIOS = [0.5, 0.79, 0.9, 1.0, 1.1, 1.21, 2.0, 4.0]
+
+
+def test_ppo_clip_zero_gradient_exactly_where_clipped():
+    stats = _ratio_stats(RATIOS)
+    r = np.array(RATIOS)
+    for sign in (1.0, -1.0):
+        adv = jnp.full(stats.mask.shape, sign)
+        g = _grad_pg(stats, adv, "ppo_clip")[:, 1]
+        clipped = (r > 1.2) if sign > 0 else (r < 0.8)
+        assert np.all(g[clipped] == 0.0)
+        assert np.all(g[~clipped] != 0.0)
+        np.testing.assert_allclose(g[~clipped], -sign * r[~clipped] / len(r), rtol=1e-6)
+
+
+def test_dual_clip_bounds_negative_advantage_tokens():
+    stats = _ratio_stats(RATIOS)
+    r = np.array(RATIOS)
+    adv = jnp.full(stats.mask.shape, -1.0)
+    g = _grad_pg(stats, adv, "dual_clip", c=3.0)[:, 1]
+    assert np.all(g[r > 3.0] == 0.0)  # beyond c the loss is the constant -c*A
+    assert np.all(g[(r >= 0.8) & (r <= 3.0)] != 0.0)
+    # the per-token gradient coefficient |w A| never exceeds c |A| for A < 0
+    w = np.asarray(WEIGHTS.get("dual_clip")(stats, adv, c=3.0))[:, 1]
+    assert np.all(w <= 3.0)
+    # for A > 0 dual clip is plain PPO
+    pos = jnp.ones_like(adv)
+    np.testing.assert_array_equal(
+        WEIGHTS.get("dual_clip")(stats, pos), WEIGHTS.get("ppo_clip")(stats, pos)
+    )
+
+
+def test_gspo_uses_the_sequence_ratio():
+    stats, adv = make_stats(seed=4, spread=0.01)
+    d = np.asarray(stats.logp - stats.old_logp) * MASK
+    s_b = np.exp(d.sum(1) / MASK.sum(1))
+    w = np.asarray(WEIGHTS.get("gspo")(stats, adv, eps_low=1.0, eps_high=10.0))
+    np.testing.assert_allclose(w, np.broadcast_to(s_b[:, None], (B, T)), rtol=1e-5)
+    # a row whose sequence ratio leaves the region in A's direction loses every token
+    shift_b1 = np.array([[0.01], [0.0], [2e-4], [-0.01]], np.float32)
+    moved = stats.replace(logp=stats.old_logp + shift_b1 * MASK)  # s_b = exp(shift_b)
+    w_pos = np.asarray(WEIGHTS.get("gspo")(moved, jnp.ones((B, T))))
+    w_neg = np.asarray(WEIGHTS.get("gspo")(moved, -jnp.ones((B, T))))
+    np.testing.assert_array_equal((w_pos == 0).all(1), [True, False, False, False])
+    np.testing.assert_array_equal((w_neg == 0).all(1), [False, False, False, True])
+    np.testing.assert_allclose(w_pos[1:3, 2], np.exp(shift_b1[1:3, 0]), rtol=1e-6)
+
+
+def test_cispo_keeps_every_token_gradient():
+    stats = _ratio_stats(RATIOS)
+    for sign in (1.0, -1.0):
+        adv = jnp.full(stats.mask.shape, sign)
+        g = _grad_pg(stats, adv, "cispo", eps_low=0.2, eps_high=0.2)[:, 1]
+        assert np.all(g != 0.0)
+        np.testing.assert_allclose(np.abs(g) * len(RATIOS), np.clip(RATIOS, 0.8, 1.2), rtol=1e-6)
+
+
+def test_required_stats_are_declared():
+    assert required_stats("iw_opd") == ("teacher_logp",)
+    assert required_stats("sc_grpo") == ("sc_logp",)
+    assert required_stats("ppo_clip") == ()
