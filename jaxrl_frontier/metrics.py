@@ -129,7 +129,10 @@ class MetricsWriter:
 class RolloutLogger:
     """Sampled rollouts to `rollouts.jsonl`, one JSON object per completion:
 
-    {"step", "prompt", "completion", "rewards": {name: float}, "advantage": float, **extra}
+    {"step", "prompt", "completion", "rewards": {name: float | null}, "advantage": float | null,
+     **extra}
+
+    `write` logs one rollout; `write_batch` logs rows of arrays as they leave the scorer.
     """
 
     def __init__(self, logdir: str | Path, *, process_index: int | None = None):
@@ -141,6 +144,32 @@ class RolloutLogger:
             self._file = open(self.path, "a", encoding="utf-8")
 
     def write(
+        self,
+        *,
+        step: int,
+        prompt: str,
+        completion: str,
+        rewards: Mapping[str, float],
+        advantage: float,
+        **extra: Any,
+    ) -> None:
+        """Log one rollout. `advantage`: the sequence advantage (per-token mean for token-level
+        estimators). `extra`: more JSON-able fields (e.g. policy_version=3)."""
+        if not self.active:
+            return
+        row = {
+            "step": int(step),
+            "prompt": prompt,
+            "completion": completion,
+            "rewards": {k: _json_number(_to_float(k, v)) for k, v in rewards.items()},
+            "advantage": _json_number(_to_float("advantage", advantage)),
+        }
+        for k, v in extra.items():  # (a name clash with the fields above is a TypeError)
+            row[k] = v.item() if isinstance(v, np.generic) else v
+        self._file.write(json.dumps(row, ensure_ascii=False) + "\n")
+        self._file.flush()  # rollouts are for humans reading a live run
+
+    def write_batch(
         self,
         step: int,
         prompts: Sequence[str],
@@ -155,9 +184,8 @@ class RolloutLogger:
         """Log N rollouts (the first `max_rows` if given).
 
         prompts, completions: N strings (repeat each prompt G times for groups).
-        rewards_nk: [N, K] in `reward_names` order; advantages_n: [N] (a sequence advantage;
-        log the per-token mean for token-level estimators). extra: more per-row fields
-        (e.g. policy version), each a length-N sequence of JSON-able values.
+        rewards_nk: [N, K] in `reward_names` order; advantages_n: [N]. extra: more per-row
+        fields, each a length-N sequence of JSON-able values.
         """
         if not self.active:
             return
@@ -173,22 +201,15 @@ class RolloutLogger:
         bad = {k: v for k, v in sizes.items() if v != n}
         if bad:
             raise ValueError(f"RolloutLogger: {n} completions but lengths {bad}")
-        rows = range(n if max_rows is None else min(n, max_rows))
-        for i in rows:
-            row = {
-                "step": int(step),
-                "prompt": prompts[i],
-                "completion": completions[i],
-                "rewards": {
-                    k: _json_number(float(v))
-                    for k, v in zip(reward_names, rewards_nk[i], strict=True)
-                },
-                "advantage": _json_number(float(advantages_n[i])),
-            }
-            for k, v in (extra or {}).items():
-                row[k] = v[i].item() if isinstance(v[i], np.generic) else v[i]
-            self._file.write(json.dumps(row, ensure_ascii=False) + "\n")
-        self._file.flush()  # rollouts are for humans reading a live run
+        for i in range(n if max_rows is None else min(n, max_rows)):
+            self.write(
+                step=step,
+                prompt=prompts[i],
+                completion=completions[i],
+                rewards=dict(zip(reward_names, rewards_nk[i], strict=True)),
+                advantage=advantages_n[i],
+                **{k: v[i] for k, v in (extra or {}).items()},
+            )
 
     def close(self) -> None:
         if self._file is not None:
@@ -227,13 +248,19 @@ class ProgressBar:
 
         bar = ProgressBar(total=1000, metrics=("loss", "reward/correctness"))
         bar.update(step, {"loss": 0.3, ...});  bar.close()
+
+    `initial` is the step a resumed run starts from: when > 0, a first line shows it at once;
+    `desc` prefixes the line (e.g. "sft", "rl"). Metrics passed to `update` are shown if
+    listed in `metrics`, or all of them (in the order given) when `metrics` is None.
     """
 
     def __init__(
         self,
         total: int,
         *,
-        metrics: Sequence[str] = (),
+        initial: int = 0,
+        desc: str = "",
+        metrics: Sequence[str] | None = None,
         stream: TextIO | None = None,
         tty_interval_s: float = 0.1,
         log_interval_s: float = 30.0,
@@ -242,7 +269,9 @@ class ProgressBar:
         if total < 1:
             raise ValueError(f"ProgressBar: total must be >= 1, got {total}")
         self.total = total
-        self.metrics = tuple(metrics)
+        self.initial = initial
+        self.desc = desc
+        self.metrics = None if metrics is None else tuple(metrics)
         self.stream = sys.stdout if stream is None else stream
         self.is_tty = bool(getattr(self.stream, "isatty", lambda: False)())
         self.interval = tty_interval_s if self.is_tty else log_interval_s
@@ -251,6 +280,10 @@ class ProgressBar:
         self._last_print = -math.inf
         self._width = 0
         self._values: dict[str, float] = {}
+        if not 0 <= initial <= total:
+            raise ValueError(f"ProgressBar: need 0 <= initial <= total, got {initial}, {total}")
+        if initial:
+            self._emit(self.line(initial, clock()))
 
     def line(self, step: int, now: float) -> str:
         """The progress text for `step` at clock time `now` (no I/O)."""
@@ -261,11 +294,12 @@ class ProgressBar:
                 rate = (step - s0) / (now - t0)
         eta = (self.total - step) / rate if rate else None
         parts = [
-            f"step {step}/{self.total} ({100.0 * step / self.total:.1f}%)",
+            f"{self.desc + ' ' if self.desc else ''}step {step}/{self.total} ({100.0 * step / self.total:.1f}%)",
             f"{rate:.2f} it/s" if rate else "? it/s",
             f"eta {format_duration(eta)}",
         ]
-        shown = [f"{k} {_format_value(self._values[k])}" for k in self.metrics if k in self._values]
+        names = self._values if self.metrics is None else self.metrics
+        shown = [f"{k} {_format_value(self._values[k])}" for k in names if k in self._values]
         if shown:
             parts.append(" ".join(shown))
         return " | ".join(parts)
@@ -275,13 +309,15 @@ class ProgressBar:
         now = self.clock()
         if self._start is None:
             self._start = (now, step)
-        for k in self.metrics:
-            if metrics is not None and k in metrics:
-                self._values[k] = _to_float(k, metrics[k])
+        for k, v in (metrics or {}).items():
+            if self.metrics is None or k in self.metrics:
+                self._values[k] = _to_float(k, v)
         if now - self._last_print < self.interval and step < self.total:
             return
         self._last_print = now
-        text = self.line(step, now)
+        self._emit(self.line(step, now))
+
+    def _emit(self, text: str) -> None:
         if self.is_tty:
             # Pad with spaces so a shorter line fully overwrites the previous one.
             self.stream.write("\r" + text.ljust(self._width))

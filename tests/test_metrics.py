@@ -66,7 +66,8 @@ def test_only_process_zero_writes(tmp_path):
     w.flush()
     w.close()
     r = RolloutLogger(tmp_path / "p1", process_index=1)
-    r.write(0, ["p"], ["c"], [[1.0]], ["correctness"], [0.0])
+    r.write_batch(0, ["p"], ["c"], [[1.0]], ["correctness"], [0.0])
+    r.write(step=0, prompt="p", completion="c", rewards={"correctness": 1.0}, advantage=0.0)
     r.close()
     assert not (tmp_path / "p1").exists()
 
@@ -79,26 +80,32 @@ def test_default_process_index_is_jax(tmp_path):
 
 def test_rollout_logger(tmp_path):
     log = RolloutLogger(tmp_path, process_index=0)
+    names = ("correctness", "format", "length")
     rewards = np.array([[1.0, 1.0, 0.5], [0.0, 1.0, 0.75]], np.float32)
-    log.write(
+    log.write_batch(
         7,
         ["1+1=", "1+1="],
         ["2", "3"],
         rewards,
-        ("correctness", "format", "length"),
+        names,
         np.array([0.5, -0.5]),
         extra={"policy_version": np.array([3, 3])},
     )
+    log.write_batch(8, ["a", "b"], ["x", "é"], rewards, names, [0, 0], max_rows=1)
     log.write(
-        8, ["a", "b"], ["x", "é"], rewards, ("correctness", "format", "length"), [0, 0], max_rows=1
+        step=9,
+        prompt="p",
+        completion="c",
+        rewards={"correctness": np.float32(1.0), "format": 1, "length": float("nan")},
+        advantage=0.25,
     )
     with pytest.raises(ValueError, match=r"rewards shape \(2, 3\), expected \(2, 2\)"):
-        log.write(9, ["a", "b"], ["x", "y"], rewards, ("a", "b"), [0, 0])
+        log.write_batch(9, ["a", "b"], ["x", "y"], rewards, ("a", "b"), [0, 0])
     with pytest.raises(ValueError, match="'prompts': 1"):
-        log.write(9, ["a"], ["x", "y"], rewards, ("correctness", "format", "length"), [0, 0])
+        log.write_batch(9, ["a"], ["x", "y"], rewards, names, [0, 0])
     log.close()
     rows = [json.loads(line) for line in (tmp_path / ROLLOUTS_FILE).read_text().splitlines()]
-    assert len(rows) == 3
+    assert len(rows) == 4
     assert rows[0] == {
         "step": 7,
         "prompt": "1+1=",
@@ -107,7 +114,8 @@ def test_rollout_logger(tmp_path):
         "advantage": 0.5,
         "policy_version": 3,
     }
-    assert rows[1]["advantage"] == -0.5 and rows[2]["step"] == 8
+    assert rows[1]["advantage"] == -0.5 and rows[2]["step"] == 8 and rows[2]["completion"] == "x"
+    assert rows[3]["rewards"] == {"correctness": 1.0, "format": 1.0, "length": None}
 
 
 @pytest.mark.parametrize(
@@ -174,6 +182,20 @@ def test_progress_bar_tty_redraws_in_place():
     assert "eta 15m40s" in text.split("\r")[-1]
 
 
+def test_progress_bar_resumed_desc_and_all_metrics():
+    clock, out = FakeClock(), io.StringIO()
+    bar = ProgressBar(100, initial=40, desc="rl", stream=out, log_interval_s=10, clock=clock)
+    bar.update(41, {"reward": 0.5, "loss": 2})  # metrics=None: show all, in the given order
+    clock.t += 10
+    bar.update(51, {"reward": 0.75})
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "rl step 40/100 (40.0%) | ? it/s | eta ?"
+    assert lines[1] == "rl step 41/100 (41.0%) | ? it/s | eta ? | reward 0.5 loss 2"
+    assert lines[2] == "rl step 51/100 (51.0%) | 1.00 it/s | eta 49s | reward 0.75 loss 2"
+
+
 def test_progress_bar_total_validated():
     with pytest.raises(ValueError, match="total must be >= 1"):
         ProgressBar(0)
+    with pytest.raises(ValueError, match="initial <= total"):
+        ProgressBar(10, initial=11)
