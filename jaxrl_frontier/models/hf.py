@@ -117,7 +117,8 @@ class Architecture:
             )
         theta, scaling = _rope_from_hf(hf)
         heads = int(_require(hf, "num_attention_heads"))
-        head_dim = hf.get("head_dim")
+        # explicit always (Qwen3 sets it apart from hidden / heads; Qwen2 configs omit it)
+        head_dim = int(hf.get("head_dim") or int(_require(hf, "hidden_size")) // heads)
         return ModelConfig(
             vocab_size=int(_require(hf, "vocab_size")),
             hidden_size=int(_require(hf, "hidden_size")),
@@ -125,7 +126,7 @@ class Architecture:
             num_layers=int(_require(hf, "num_hidden_layers")),
             num_heads=heads,
             num_kv_heads=int(hf.get("num_key_value_heads") or heads),
-            head_dim=None if head_dim is None else int(head_dim),
+            head_dim=head_dim,
             rope_theta=theta,
             rope_scaling=scaling,
             rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),

@@ -1,0 +1,118 @@
+"""Session-wide test setup: 8 fake CPU devices for the sharding tests.
+
+XLA reads the device count once, when jax first initialises its backend, so the flag must
+be in the environment before any test module imports jax. Tests that do not build a mesh
+are unaffected: arrays still default to device 0.
+"""
+
+import os
+
+_FLAG = "--xla_force_host_platform_device_count=8"
+if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+    # append rather than setdefault, so other XLA flags a user set are kept
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _FLAG).strip()
+
+import pytest  # noqa: E402  (after the flag on purpose: nothing above may import jax)
+
+# Tiny HF configs (f32, hidden 64, 2 layers, 4 heads, 2 kv heads, vocab 128) covering every
+# option the loader maps: rope scaling, tied embeddings, qkv bias, qk-norm, explicit head_dim.
+TINY = dict(
+    vocab_size=128,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+)
+HF_CASES = {
+    "llama": ("LlamaConfig", {}),
+    "llama_rope_llama3": (
+        "LlamaConfig",
+        dict(
+            rope_theta=500000.0,
+            rope_scaling=dict(
+                rope_type="llama3",
+                factor=4.0,
+                low_freq_factor=1.0,
+                high_freq_factor=4.0,
+                original_max_position_embeddings=8,
+            ),
+        ),
+    ),
+    "llama_rope_linear_tied": (
+        "LlamaConfig",
+        dict(rope_scaling=dict(rope_type="linear", factor=2.0), tie_word_embeddings=True),
+    ),
+    "qwen2": ("Qwen2Config", {}),
+    "qwen2_tied": ("Qwen2Config", dict(tie_word_embeddings=True)),
+    "qwen3": ("Qwen3Config", dict(head_dim=32)),  # head_dim != hidden / heads on purpose
+}
+
+
+def build_hf_model(case: str, seed: int = 0):
+    """A random tiny transformers model (eval mode, f32, eager attention) for `case`.
+
+    HF initialises norms to 1 and biases to 0, which would leave norm and bias mapping
+    untested; every parameter is redrawn (norms around 1) so each one moves the logits.
+    """
+    import torch
+    import transformers
+
+    cls_name, extra = HF_CASES[case]
+    config = getattr(transformers, cls_name)(**TINY, **extra, attn_implementation="eager")
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(1.0 + 0.2 * torch.randn_like(p))
+            else:
+                p.normal_(0.0, 0.1)
+    return model
+
+
+@pytest.fixture(scope="module")
+def hf_checkpoints(tmp_path_factory):
+    """case -> (checkpoint dir, torch model), built once per test module on first use."""
+    cache = {}
+
+    def get(case: str):
+        if case not in cache:
+            model = build_hf_model(case)
+            path = tmp_path_factory.mktemp(case)
+            model.save_pretrained(path)  # safetensors by default
+            cache[case] = (path, model)
+        return cache[case]
+
+    return get
+
+
+def left_padded_batch(batch: int = 4, length: int = 12, vocab: int = 128, seed: int = 0):
+    """(tokens, mask) int32 numpy [B, T]: row b has b*2 (mod T-1) left-padding slots."""
+    import numpy as np
+
+    rng = np.random.RandomState(seed)
+    tokens = rng.randint(0, vocab, size=(batch, length)).astype(np.int32)
+    pads = [(2 * b) % (length - 1) for b in range(batch)]
+    mask = np.array([[0] * p + [1] * (length - p) for p in pads], np.int32)
+    return tokens * mask, mask
+
+
+def hf_logits(model, tokens, mask):
+    """transformers logits [B, T, V] (numpy f32) with our left-padding positions.
+
+    HF derives no positions from the mask by itself, so pass cumsum(mask) - 1 (clipped at
+    0), the positions our Transformer uses.
+    """
+    import numpy as np
+    import torch
+
+    positions = np.maximum(np.cumsum(mask, -1) - 1, 0)
+    with torch.no_grad():
+        out = model(
+            input_ids=torch.as_tensor(tokens, dtype=torch.long),
+            attention_mask=torch.as_tensor(mask, dtype=torch.long),
+            position_ids=torch.as_tensor(positions, dtype=torch.long),
+        )
+    return out.logits.float().numpy()
