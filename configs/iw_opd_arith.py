@@ -1,0 +1,25 @@
+"""IW-OPD on 3-digit addition: OPD with prefix-discrepancy importance weights.
+
+    python scripts/train.py --config=configs/iw_opd_arith.py --workdir=runs/iw_opd_arith
+
+IW-OPD (2026): w_t = 1 + gamma * (1 - P_t / S), P_t the accumulated |teacher - student|
+discrepancy before t and S its row total: early tokens up-weighted, drifted ones down.
+"""
+
+from jaxrl_frontier import presets
+
+
+def get_config(arg=None):
+    c = presets.arithmetic("rl")
+    c.teacher.init = "checkpoint"
+    c.teacher.path = "runs/teacher_arith"
+    c.objective.advantage = "opd"
+    c.objective.advantage_kwargs = dict(estimator="immediate")
+    c.objective.weight = "iw_opd"
+    c.objective.weight_kwargs = dict(gamma=0.5)
+    c.objective.aggregation = "token_mean"
+    c.optimizer.update(lr=5e-4)
+    c.train.update(steps=200, minibatches=1, log_every=10, eval_every=50, checkpoint_every=50)
+    if arg == "runlocal":
+        presets.shrink(c)
+    return c

@@ -1,0 +1,28 @@
+"""On-policy distillation on 3-digit addition: a larger SFT teacher scores the student.
+
+    # teacher: a bigger model from the SFT path
+    python scripts/train.py --config=configs/sft_arith.py --workdir=runs/teacher_arith \
+        --config.model.hidden_size=256 --config.model.num_layers=4 --config.train.steps=1500
+    python scripts/train.py --config=configs/opd_arith.py --workdir=runs/opd_arith
+
+OPD (OPD survey, 2026): per-token reward a_t = log q_teacher(y_t) - log p_student(y_t) on the
+student's own samples (the sampled-token reverse KL), used as a token-level advantage
+with the policy-gradient weight w = 1 on fresh on-policy samples.
+"""
+
+from jaxrl_frontier import presets
+
+
+def get_config(arg=None):
+    c = presets.arithmetic("rl")
+    c.teacher.init = "checkpoint"
+    c.teacher.path = "runs/teacher_arith"
+    c.objective.advantage = "opd"
+    c.objective.advantage_kwargs = dict(estimator="immediate")
+    c.objective.weight = "pg"
+    c.objective.aggregation = "token_mean"
+    c.optimizer.update(lr=5e-4)
+    c.train.update(steps=200, minibatches=1, log_every=10, eval_every=50, checkpoint_every=50)
+    if arg == "runlocal":
+        presets.shrink(c)
+    return c

@@ -1,0 +1,21 @@
+"""SFT warm start: a tiny char model learns 3-digit addition from demonstrations.
+
+    python scripts/train.py --config=configs/sft_arith.py --workdir=runs/sft_arith
+    python scripts/train.py --config=configs/sft_arith.py:runlocal --workdir=/tmp/sft
+
+The budget puts greedy pass@1 near 50%, where the binary-reward group signal p(1-p) is
+largest for the RL stage that follows (configs/grpo_arith.py). The run ends by exporting
+the policy in Hugging Face format to <workdir>/export.
+"""
+
+from jaxrl_frontier import presets
+
+
+def get_config(arg=None):
+    c = presets.arithmetic("sft")
+    c.optimizer.update(lr=3e-3, warmup_steps=20, schedule="cosine")
+    c.train.update(steps=400, sft_batch=64, log_every=20, eval_every=100, checkpoint_every=100)
+    c.eval.update(num_prompts=256, pass_k=1)
+    if arg == "runlocal":
+        presets.shrink(c)
+    return c
