@@ -323,7 +323,7 @@ def test_opd_estimators_match_numpy():
 
 
 def test_opd_reward_expectation_is_reverse_kl_monte_carlo():
-    V, n = 6, 200_000
+    V, n = 6, 50_000
     k_s, k_t, k_y = jax.random.split(jax.random.key(0), 3)
     ls = jax.nn.log_softmax(jax.random.normal(k_s, (V,)))
     lt = jax.nn.log_softmax(jax.random.normal(k_t, (V,)))

@@ -269,7 +269,9 @@ def cr_opd(
     delta = jnp.where(total[..., 0] > 0, delta, 0.0)[..., None]
     q = sg(jnp.clip(ps - delta * onehot_y + delta * rho, 0.0, 1.0))
     lq = jnp.log(jnp.maximum(q, 1e-30))
-    return _aligned(jnp.sum(jnp.where(q > 0, q * (lq - ls), 0.0), axis=-1))
+    kl = jnp.sum(jnp.where(q > 0, q * (lq - ls), 0.0), axis=-1)
+    # where no mass is routed q = p_S: the loss and its gradient are 0, exactly not up to rounding
+    return _aligned(jnp.where(delta[..., 0] > 0, kl, 0.0))
 
 
 # ----------------------------------------------------------------------------- config
@@ -321,6 +323,11 @@ def hparam_names(fn: Callable) -> list[str]:
         for p in inspect.signature(fn).parameters.values()
         if p.default is not inspect.Parameter.empty
     ]
+
+
+def _defaults(fn: Callable) -> dict[str, Any]:
+    params = inspect.signature(fn).parameters.values()
+    return {p.name: p.default for p in params if p.default is not inspect.Parameter.empty}
 
 
 def _lookup(registry: Registry, cfg_key: str, name: str) -> Callable:
@@ -416,8 +423,8 @@ def objective_loss(
     distillation); teacher_logits: [B, T, V]; tokens: [B, T] (needed by 'cr_opd').
     See the module docstring for L. Metrics (token means over valid tokens):
     loss, pg_loss, kl_loss, entropy, distill_loss; clip_frac (w == 0: dropped by a clip or
-    mask), ratio_clip_frac (r outside [1 - eps_low, 1 + eps_high] of the weight's kwargs,
-    0.2 by default), approx_kl (k3 of old vs new: r - 1 - log r), kl_ref, weight_mean,
+    mask), ratio_clip_frac (token ratio r outside [1 - eps_low, 1 + eps_high], the weight's
+    own values or 0.2 for weights without them), approx_kl (k3 of old vs new: r - 1 - log r), kl_ref, weight_mean,
     ratio_mean, adv_mean.
     """
     validate_objective_config(cfg)
@@ -435,8 +442,8 @@ def objective_loss(
 
     # Policy gradient: w held constant; exp(l - sg(l)) is 1 in value and grad l in gradient,
     # so the value reads -w A and the gradient is exactly -(1/Z) w A grad l.
-    weight_kwargs = _get(cfg, "weight_kwargs")
-    w = sg(WEIGHTS.get(_get(cfg, "weight"))(stats, adv, **weight_kwargs))
+    weight_fn, weight_kwargs = WEIGHTS.get(_get(cfg, "weight")), _get(cfg, "weight_kwargs")
+    w = sg(weight_fn(stats, adv, **weight_kwargs))
     wA = jnp.where(m > 0, w * adv, 0.0)
     pg_bt = -sg(wA) * jnp.exp(stats.logp - sg(stats.logp))
     pg_loss = agg(pg_bt)
@@ -476,8 +483,8 @@ def objective_loss(
     # Diagnostics (constant): how far the policy moved, and how much the weight dropped.
     d = jnp.where(m > 0, sg(stats.logp) - stats.old_logp, 0.0)
     r = jnp.exp(d)
-    eps_low = weight_kwargs.get("eps_low", 0.2)
-    eps_high = weight_kwargs.get("eps_high", 0.2)
+    hp = {**_defaults(weight_fn), **weight_kwargs}
+    eps_low, eps_high = hp.get("eps_low", 0.2), hp.get("eps_high", 0.2)
     metrics.update(
         loss=loss,
         clip_frac=_token_mean((w == 0).astype(jnp.float32), m),

@@ -1,0 +1,391 @@
+"""Losses: alignment of log-probs/entropy, aggregations, KL estimators, distillation losses
+(against NumPy), CR-OPD's routed gradient, the assembled objective, and config errors."""
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxrl_frontier.objectives import (
+    AGGREGATIONS,
+    DISTILL_LOSSES,
+    KL_ESTIMATORS,
+    WEIGHTS,
+    ObjectiveConfigError,
+    TokenStats,
+    default_config,
+    kl_reward_penalty,
+    loss_fn,
+    objective_loss,
+    token_entropy,
+    token_logprobs,
+    validate_objective_config,
+)
+
+B, T, V = 3, 6, 7
+MASK = np.array([[0, 0, 1, 1, 1, 1], [0, 0, 0, 1, 1, 0], [0, 0, 1, 1, 1, 1]], np.float32)
+
+
+def np_log_softmax(z):
+    z = np.asarray(z, np.float64)
+    z = z - z.max(-1, keepdims=True)
+    return z - np.log(np.exp(z).sum(-1, keepdims=True))
+
+
+def data(seed=0):
+    rng = np.random.default_rng(seed)
+    logits = rng.normal(0, 1.5, (B, T, V)).astype(np.float32)
+    teacher = rng.normal(0, 1.5, (B, T, V)).astype(np.float32)
+    tokens = rng.integers(0, V, (B, T)).astype(np.int32)
+    return logits, teacher, tokens
+
+
+# ----------------------------------------------------------------------------- alignment
+
+
+def test_token_logprobs_and_entropy_alignment():
+    logits, _, tokens = data()
+    logp = np.asarray(token_logprobs(jnp.asarray(logits), jnp.asarray(tokens)))
+    ent = np.asarray(token_entropy(jnp.asarray(logits)))
+    for b in range(B):
+        assert logp[b, 0] == 0.0 and ent[b, 0] == 0.0
+        for t in range(1, T):
+            l = np_log_softmax(logits[b, t - 1])  # logits at t - 1 predict token t
+            np.testing.assert_allclose(logp[b, t], l[tokens[b, t]], rtol=1e-5)
+            np.testing.assert_allclose(ent[b, t], -(np.exp(l) * l).sum(), rtol=1e-5)
+
+
+# ----------------------------------------------------------------------------- aggregations
+
+
+def test_aggregations_match_numpy():
+    x = np.random.default_rng(1).normal(size=(B, T)).astype(np.float32)
+    mask = MASK.copy()
+    mask[1] = 0.0  # an empty row is not counted as a sequence
+    rows = [b for b in range(B) if mask[b].sum() > 0]
+    expected = {
+        "token_mean": (mask * x).sum() / mask.sum(),
+        "seq_mean_token_mean": np.mean([(mask[b] * x[b]).sum() / mask[b].sum() for b in rows]),
+        "seq_mean_token_sum": np.mean([(mask[b] * x[b]).sum() for b in rows]),
+        "seq_mean_token_sum_norm": np.mean([(mask[b] * x[b]).sum() for b in rows]) / 8,
+    }
+    assert set(expected) == set(AGGREGATIONS.names())
+    for name, value in expected.items():
+        kw = {"max_completion_len": 8} if name.endswith("norm") else {}
+        got = AGGREGATIONS.get(name)(jnp.asarray(x), jnp.asarray(mask), **kw)
+        np.testing.assert_allclose(got, value, rtol=1e-5, err_msg=name)
+    # C defaults to the row width
+    got = AGGREGATIONS.get("seq_mean_token_sum_norm")(jnp.asarray(x), jnp.asarray(mask))
+    np.testing.assert_allclose(got, expected["seq_mean_token_sum"] / T, rtol=1e-5)
+
+
+# ----------------------------------------------------------------------------- KL to reference
+
+
+def test_kl_estimators():
+    d = np.array([-30.0, -1.0, -0.1, 0.0, 0.5, 2.0, 30.0], np.float32)
+    k = {n: np.asarray(KL_ESTIMATORS.get(n)(jnp.asarray(d))) for n in ("k1", "k2", "k3")}
+    np.testing.assert_allclose(k["k1"], d)
+    np.testing.assert_allclose(k["k2"], d**2 / 2)
+    ref = [min(max(math.exp(min(max(-v, -20), 20)) + v - 1, -10), 10) for v in d]
+    np.testing.assert_allclose(k["k3"], ref, rtol=1e-5, atol=1e-6)
+    assert k["k3"][0] == 10.0 and np.all(k["k3"] >= 0)
+
+
+def test_kl_in_reward_penalty():
+    old = jnp.log(jnp.array([[0.5, 0.5, 0.2]]))
+    ref = jnp.log(jnp.array([[0.5, 0.25, 0.4]]))
+    stats = TokenStats(logp=old, old_logp=old, mask=jnp.array([[0.0, 1.0, 1.0]]), ref_logp=ref)
+    pen = kl_reward_penalty(stats, beta=0.1)
+    np.testing.assert_allclose(pen, [[0.0, -0.1 * math.log(2), -0.1 * math.log(0.5)]], rtol=1e-5)
+
+
+# ----------------------------------------------------------------------------- distillation
+
+
+def np_lumped(l, idx):
+    top = l[idx]
+    return np.concatenate([top, [np.log(max(1 - np.exp(top).sum(), 1e-20))]])
+
+
+def np_kl(la, lb):
+    pa = np.exp(la)
+    return float((pa * (la - lb)).sum())
+
+
+def np_distill(name, z_s, z_t, y, beta=0.5, top_k=None):
+    ls, lt = np_log_softmax(z_s), np_log_softmax(z_t)
+    if top_k is not None:
+        idx = np.argsort(-lt)[:top_k]
+        ls, lt = np_lumped(ls, idx), np_lumped(lt, idx)
+    if name == "forward_kl" or (name == "jsd" and beta == 0.0):
+        return np_kl(lt, ls)
+    if name == "reverse_kl" or (name == "jsd" and beta == 1.0):
+        return np_kl(ls, lt)
+    if name == "jsd":
+        m = beta * np.exp(lt) + (1 - beta) * np.exp(ls)
+        return beta * np_kl(lt, np.log(m)) + (1 - beta) * np_kl(ls, np.log(m))
+    raise AssertionError(name)
+
+
+@pytest.mark.parametrize(
+    "name,kw",
+    [
+        ("forward_kl", {}),
+        ("reverse_kl", {}),
+        ("jsd", {"beta": 0.5}),
+        ("jsd", {"beta": 0.1}),
+        ("jsd", {"beta": 0.0}),
+        ("jsd", {"beta": 1.0}),
+        ("forward_kl", {"top_k": 3}),
+        ("reverse_kl", {"top_k": 3}),
+        ("jsd", {"beta": 0.3, "top_k": 2}),
+    ],
+)
+def test_distill_losses_match_numpy(name, kw):
+    logits, teacher, tokens = data(2)
+    got = np.asarray(
+        DISTILL_LOSSES.get(name)(
+            jnp.asarray(logits), jnp.asarray(teacher), jnp.asarray(tokens), **kw
+        )
+    )
+    assert np.all(got[:, 0] == 0.0)
+    for b in range(B):
+        for t in range(1, T):
+            ref = np_distill(name, logits[b, t - 1], teacher[b, t - 1], tokens[b, t], **kw)
+            np.testing.assert_allclose(got[b, t], ref, rtol=1e-4, atol=1e-6)
+
+
+def test_distill_losses_vanish_when_student_equals_teacher():
+    logits, _, tokens = data(3)
+    for name in DISTILL_LOSSES.names():
+        got = DISTILL_LOSSES.get(name)(
+            jnp.asarray(logits), jnp.asarray(logits), jnp.asarray(tokens)
+        )
+        np.testing.assert_allclose(got, 0.0, atol=1e-5, err_msg=name)
+
+
+def np_cr_opd(z_s, z_t, y, eta=1.0, top_k=None):
+    """Returns (loss, target q, logit gradient Delta (e_y - rho))."""
+    ps, pt = np.exp(np_log_softmax(z_s)), np.exp(np_log_softmax(z_t))
+    delta = eta * max(ps[y] - pt[y], 0.0)
+    score = np.sqrt(pt * ps)
+    score[y] = 0.0
+    if top_k is not None:
+        support = np.zeros(len(ps), bool)
+        support[np.argsort(-pt)[:top_k]] = True
+        score = score * support
+    rho = score / score.sum() if score.sum() > 0 else np.zeros_like(score)
+    e_y = np.eye(len(ps))[y]
+    q = ps - delta * e_y + delta * rho
+    nz = q > 0
+    loss = float((q[nz] * (np.log(q[nz]) - np.log(ps[nz]))).sum())
+    return loss, q, delta * (e_y - rho)
+
+
+@pytest.mark.parametrize("kw", [{}, {"eta": 0.5}, {"top_k": 3}])
+def test_cr_opd_value_and_routed_gradient(kw):
+    logits, teacher, tokens = data(4)
+    fn = DISTILL_LOSSES.get("cr_opd")
+    got = np.asarray(fn(jnp.asarray(logits), jnp.asarray(teacher), jnp.asarray(tokens), **kw))
+    # the gradient of the summed loss w.r.t. the logits at t - 1 is Delta (e_y - rho)
+    grad = np.asarray(
+        jax.grad(lambda z: jnp.sum(fn(z, jnp.asarray(teacher), jnp.asarray(tokens), **kw)))(
+            jnp.asarray(logits)
+        )
+    )
+    n_routed = n_still = 0
+    for b in range(B):
+        for t in range(1, T):
+            loss, q, g = np_cr_opd(logits[b, t - 1], teacher[b, t - 1], tokens[b, t], **kw)
+            np.testing.assert_allclose(got[b, t], loss, rtol=1e-4, atol=1e-6)
+            np.testing.assert_allclose(grad[b, t - 1], g, rtol=1e-4, atol=1e-6)
+            np.testing.assert_allclose(q.sum(), 1.0, rtol=1e-9)
+            y = tokens[b, t]
+            p_s, p_t = (
+                np.exp(np_log_softmax(logits[b, t - 1])),
+                np.exp(np_log_softmax(teacher[b, t - 1])),
+            )
+            if p_t[y] >= p_s[y]:  # positively scored: no routing, no gradient
+                assert np.all(grad[b, t - 1] == 0.0)
+                n_still += 1
+            else:  # the sampled token is pushed down, its mass goes to the alternatives
+                assert grad[b, t - 1, y] > 0 and np.all(np.delete(grad[b, t - 1], y) <= 1e-7)
+                n_routed += 1
+    assert n_routed > 0 and n_still > 0
+    np.testing.assert_allclose(grad[:, -1], 0.0)
+
+
+# ----------------------------------------------------------------------------- the objective
+
+
+def stats_for(logits, tokens, seed=5):
+    rng = np.random.default_rng(seed)
+    logp = token_logprobs(jnp.asarray(logits), jnp.asarray(tokens))
+    noise = rng.normal(0, 0.3, (B, T)).astype(np.float32)
+    return TokenStats(
+        logp=logp,
+        old_logp=logp + noise * MASK,
+        mask=jnp.asarray(MASK),
+        ref_logp=logp - 0.2 * jnp.asarray(noise),
+        teacher_logp=logp + 0.5,
+    )
+
+
+ADV = jnp.asarray(np.broadcast_to(np.array([[1.0], [-0.5], [2.0]], np.float32), (B, T)))
+
+
+def test_objective_is_the_sum_of_its_parts():
+    logits, teacher, tokens = data(6)
+    stats = stats_for(logits, tokens)
+    cfg = {
+        "weight": "ppo_clip",
+        "aggregation": "seq_mean_token_mean",
+        "pg_coef": 0.7,
+        "kl_coef": 0.1,
+        "kl_estimator": "k2",
+        "entropy_coef": 0.01,
+        "distill": "jsd",
+        "distill_coef": 0.5,
+        "distill_kwargs": {"beta": 0.3},
+    }
+    loss, metrics = objective_loss(
+        stats, ADV, cfg, logits=jnp.asarray(logits), teacher_logits=jnp.asarray(teacher)
+    )
+    agg = lambda x: AGGREGATIONS.get("seq_mean_token_mean")(x, stats.mask)
+    w = WEIGHTS.get("ppo_clip")(stats, ADV)
+    pg = agg(-w * ADV)
+    d = stats.logp - stats.ref_logp
+    kl = agg(0.5 * d**2)
+    ent = agg(token_entropy(jnp.asarray(logits)))
+    dist = agg(DISTILL_LOSSES.get("jsd")(jnp.asarray(logits), jnp.asarray(teacher), None, beta=0.3))
+    np.testing.assert_allclose(metrics["pg_loss"], pg, rtol=1e-5)
+    np.testing.assert_allclose(metrics["kl_loss"], kl, rtol=1e-5)
+    np.testing.assert_allclose(metrics["distill_loss"], dist, rtol=1e-5)
+    np.testing.assert_allclose(loss, 0.7 * pg + 0.1 * kl - 0.01 * ent + 0.5 * dist, rtol=1e-5)
+    m = MASK > 0
+    r = np.exp(np.asarray(stats.logp - stats.old_logp))[m]
+    np.testing.assert_allclose(metrics["clip_frac"], np.mean(np.asarray(w)[m] == 0), rtol=1e-6)
+    np.testing.assert_allclose(metrics["approx_kl"], np.mean(r - 1 - np.log(r)), rtol=1e-4)
+    np.testing.assert_allclose(
+        metrics["ratio_clip_frac"], np.mean((r > 1.2) | (r < 0.8)), rtol=1e-6
+    )
+    for key in ("loss", "kl_ref", "entropy", "weight_mean", "ratio_mean", "adv_mean"):
+        assert np.isfinite(float(metrics[key])), key
+
+
+def test_kl_loss_gradient_is_k3_derivative():
+    logits, _, tokens = data(7)
+    stats = stats_for(logits, tokens)
+    cfg = {"pg_coef": 0.0, "kl_coef": 1.0, "kl_estimator": "k3"}
+    g = jax.grad(lambda l: objective_loss(stats.replace(logp=l), ADV, cfg)[0])(stats.logp)
+    d = np.asarray(stats.logp - stats.ref_logp)
+    np.testing.assert_allclose(g, MASK * (1 - np.exp(-d)) / MASK.sum(), rtol=1e-4, atol=1e-7)
+
+
+class ToyModel:
+    """A bigram model: logits[b, t] = E[tokens[b, t]] (no model code in objectives)."""
+
+    @staticmethod
+    def apply(params, tokens, attention_mask):
+        del attention_mask
+        return params["E"][tokens]
+
+
+def test_loss_fn_runs_the_forward_and_matches_objective_loss():
+    logits_unused, teacher, tokens = data(8)
+    del logits_unused
+    E = jax.random.normal(jax.random.key(0), (V, V))
+    params = {"E": E}
+    logits = ToyModel.apply(params, jnp.asarray(tokens), None)
+    logp = token_logprobs(logits, jnp.asarray(tokens))
+    batch = {
+        "tokens": jnp.asarray(tokens),
+        "attention_mask": jnp.ones((B, T), jnp.int32),
+        "loss_mask": jnp.asarray(MASK),
+        "old_logp": logp + 0.1 * jnp.asarray(MASK),
+        "advantages": ADV,
+        "teacher_logp": logp - 0.3,
+        "teacher_logits": jnp.asarray(teacher),
+    }
+    cfg = default_config()
+    cfg.weight = "iw_opd"
+    cfg.distill = "cr_opd"
+    cfg.distill_kwargs = {"eta": 0.5}
+    validate_objective_config(cfg, available=batch.keys())
+
+    @jax.jit
+    def step(params, batch):
+        return jax.value_and_grad(
+            lambda p: loss_fn(p, batch, cfg, apply_fn=ToyModel.apply), has_aux=True
+        )(params)
+
+    (loss, metrics), grads = step(params, batch)
+    stats = TokenStats(
+        logp=logp,
+        old_logp=batch["old_logp"],
+        mask=batch["loss_mask"],
+        teacher_logp=batch["teacher_logp"],
+    )
+    ref_loss, _ = objective_loss(
+        stats,
+        ADV,
+        cfg,
+        logits=logits,
+        teacher_logits=batch["teacher_logits"],
+        tokens=batch["tokens"],
+    )
+    np.testing.assert_allclose(loss, ref_loss, rtol=1e-5)
+    assert "distill_loss" in metrics and np.all(np.isfinite(np.asarray(grads["E"])))
+    assert np.any(np.asarray(grads["E"]) != 0)
+
+
+# ----------------------------------------------------------------------------- config errors
+
+
+def test_unknown_names_list_the_known_ones():
+    with pytest.raises(KeyError, match=r"config.objective.weight.*'ppo_clipp'.*ppo_clip"):
+        validate_objective_config({"weight": "ppo_clipp"})
+    with pytest.raises(KeyError, match=r"aggregation.*'mean'.*token_mean"):
+        validate_objective_config({"aggregation": "mean"})
+    with pytest.raises(KeyError, match=r"distill.*'kl'.*forward_kl"):
+        validate_objective_config({"distill": "kl"})
+    with pytest.raises(KeyError, match=r"kl_estimator.*'k4'.*k3"):
+        validate_objective_config({"kl_estimator": "k4"})
+    with pytest.raises(KeyError, match=r"advantage.*'grpoo'"):
+        validate_objective_config({"advantage": "grpoo"})
+
+
+def test_unknown_keys_are_named_with_the_allowed_ones():
+    with pytest.raises(ObjectiveConfigError, match=r"'eps'.*'ppo_clip'.*eps_low, eps_high"):
+        validate_objective_config({"weight": "ppo_clip", "weight_kwargs": {"eps": 0.2}})
+    with pytest.raises(ObjectiveConfigError, match=r"'beta'.*'forward_kl'.*top_k"):
+        validate_objective_config({"distill": "forward_kl", "distill_kwargs": {"beta": 0.5}})
+    with pytest.raises(ObjectiveConfigError, match=r"'C'.*max_completion_len"):
+        validate_objective_config(
+            {"aggregation": "seq_mean_token_sum_norm", "aggregation_kwargs": {"C": 4}}
+        )
+    with pytest.raises(ObjectiveConfigError, match=r"unknown key 'kl_coeff'.*kl_coef"):
+        validate_objective_config({"kl_coeff": 0.1})
+    cfg = default_config()
+    cfg.weight_kwargs.eps_hi = 0.28
+    cfg.weight = "ppo_clip"
+    with pytest.raises(ObjectiveConfigError, match="eps_hi"):
+        validate_objective_config(cfg)
+
+
+def test_missing_statistics_are_named():
+    logits, _, tokens = data(9)
+    stats = stats_for(logits, tokens).replace(teacher_logp=None)
+    with pytest.raises(ObjectiveConfigError, match=r"'iw_opd'.*'teacher_logp'"):
+        objective_loss(stats, ADV, {"weight": "iw_opd"})
+    with pytest.raises(ObjectiveConfigError, match=r"'sc_grpo'.*'sc_logp'"):
+        validate_objective_config({"weight": "sc_grpo"}, available=["tokens", "old_logp"])
+    with pytest.raises(ObjectiveConfigError, match=r"kl_coef.*'ref_logp'"):
+        objective_loss(stats.replace(ref_logp=None), ADV, {"kl_coef": 0.1})
+    with pytest.raises(ObjectiveConfigError, match=r"'reverse_kl'.*'teacher_logits'"):
+        objective_loss(stats, ADV, {"distill": "reverse_kl"}, logits=jnp.asarray(logits))
+    # the KL folded into the reward does not need ref_logp in the loss
+    objective_loss(stats.replace(ref_logp=None), ADV, {"kl_coef": 0.1, "kl_in_reward": True})
