@@ -1,0 +1,321 @@
+"""Sampler: greedy = uncached argmax, behaviour log-probs = teacher forcing, the sampling
+distribution (chi-square), stop tokens, padding invariance, sharding, no recompilation.
+
+Compiles are the cost here, so the tests share one tiny model and a few samplers whose
+static plans (greedy / sampled, max_new_tokens, n, batch bucket) are reused across tests.
+"""
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from jaxrl_frontier import sharding as shd
+from jaxrl_frontier.models.transformer import ModelConfig, Transformer
+from jaxrl_frontier.sampling import (
+    FinishReason,
+    Sampler,
+    SamplingParams,
+    mlp_dropout_mask,
+    sample_logits,
+    truncate_logits,
+)
+
+CFG = ModelConfig(
+    vocab_size=128,
+    hidden_size=64,
+    intermediate_size=128,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+)
+PAD = 0
+TN = 12  # max_new_tokens everywhere: one compiled decode length
+N = 2  # group size everywhere
+
+
+def make_model(seed: int = 0) -> Transformer:
+    model = Transformer(CFG, rngs=nnx.Rngs(seed))
+    # Sharpen the output layer (logit std ~1, top-2 gaps >> float error) so that argmax
+    # comparisons are not decided by rounding, while sampling stays genuinely random.
+    model.lm_head[...] = model.lm_head[...] * 8.0
+    return model
+
+
+def prompts(lengths, width=14, seed=0):
+    """Left-padded host prompts [P, width] of the given lengths (tokens 1..V-1, no pad)."""
+    rng = np.random.RandomState(seed)
+    tokens = np.zeros((len(lengths), width), np.int32)
+    mask = np.zeros((len(lengths), width), np.int32)
+    for i, n in enumerate(lengths):
+        tokens[i, width - n :] = rng.randint(1, CFG.vocab_size, size=n)
+        mask[i, width - n :] = 1
+    return tokens, mask
+
+
+@pytest.fixture(scope="module")
+def model():
+    return make_model()
+
+
+@pytest.fixture(scope="module")
+def sampler(model):
+    # 2 decode chunks of cache length (4 steps per check): the chunked path is the default one.
+    return Sampler(model, pad_id=PAD, batch_buckets=(4,), decode_chunks=2, steps_per_check=4)
+
+
+@pytest.fixture(scope="module")
+def forward(model):
+    graphdef, state = nnx.split(model)
+    fwd = jax.jit(lambda s, t, m: nnx.merge(graphdef, s)(t, m))
+    return lambda tokens, mask: np.asarray(fwd(state, jnp.asarray(tokens), jnp.asarray(mask)))
+
+
+def log_softmax_np(x):
+    x = x - x.max(-1, keepdims=True)
+    return x - np.log(np.exp(x).sum(-1, keepdims=True))
+
+
+def greedy_reference(forward, tokens, mask, tn):
+    """Token-by-token argmax of the full, uncached forward over the growing sequence."""
+    b, tp = tokens.shape
+    buf = np.concatenate([tokens, np.zeros((b, tn), np.int32)], 1)
+    buf_mask = np.concatenate([mask, np.zeros((b, tn), np.int32)], 1)
+    logps = np.zeros((b, tn), np.float32)
+    for i in range(tn):
+        logits = forward(buf, buf_mask)[:, tp + i - 1]  # causal: later (zero) slots unseen
+        buf[:, tp + i] = logits.argmax(-1)
+        buf_mask[:, tp + i] = 1
+        logps[:, i] = np.take_along_axis(log_softmax_np(logits), buf[:, tp + i, None], -1)[:, 0]
+    return buf[:, tp:], logps
+
+
+GREEDY = SamplingParams(max_new_tokens=TN, n=N, greedy=True)
+
+
+def test_greedy_equals_uncached_argmax(sampler, forward):
+    tokens, mask = prompts([3, 9, 14, 6])
+    ro = sampler.generate(tokens, mask, GREEDY, jax.random.key(0))
+    ref_tokens, ref_logp = greedy_reference(forward, tokens, mask, TN)
+    # n=2 greedy completions of a prompt are identical; rows are prompt-major
+    np.testing.assert_array_equal(np.asarray(ro.completion_tokens), np.repeat(ref_tokens, N, 0))
+    np.testing.assert_allclose(np.asarray(ro.policy_logp), np.repeat(ref_logp, N, 0), atol=1e-4)
+    np.testing.assert_array_equal(np.asarray(ro.sample_logp), 0.0)  # log q = log 1
+    np.testing.assert_array_equal(np.asarray(ro.lengths), TN)
+    assert ro.finish_reason_names() == ["length"] * (4 * N)
+    assert ro.prompt_tokens.shape == (4 * N, 16)  # left-padded to the prompt bucket
+
+
+def test_mixed_length_batch_matches_alone(sampler):
+    tokens, mask = prompts([2, 13, 7])
+    batch = sampler.generate(tokens, mask, GREEDY, jax.random.key(0))
+    for i in range(3):
+        alone = sampler.generate(tokens[i : i + 1], mask[i : i + 1], GREEDY, jax.random.key(0))
+        assert alone.completion_tokens.shape == (N, TN)  # batch padding rows dropped
+        np.testing.assert_array_equal(
+            np.asarray(alone.completion_tokens),
+            np.asarray(batch.completion_tokens[i * N : i * N + N]),
+        )
+
+
+def test_chunked_decode_equals_one_chunk(model, sampler):
+    tokens, mask = prompts([5, 11])
+    one = Sampler(model, pad_id=PAD, batch_buckets=(4,), decode_chunks=1, steps_per_check=1)
+    a = sampler.generate(tokens, mask, GREEDY, jax.random.key(0))
+    b = one.generate(tokens, mask, GREEDY, jax.random.key(0))
+    np.testing.assert_array_equal(np.asarray(a.completion_tokens), np.asarray(b.completion_tokens))
+    np.testing.assert_allclose(np.asarray(a.policy_logp), np.asarray(b.policy_logp), atol=1e-5)
+
+
+def test_eos_stops_row_and_masks_tail(sampler, forward):
+    tokens, mask = prompts([4, 10])
+    free = np.asarray(sampler.generate(tokens, mask, GREEDY, jax.random.key(0)).completion_tokens)
+    # EOS := the first token of row 0 that it has not produced before, at position p >= 2
+    row = free[0]
+    p = next(i for i in range(2, TN) if row[i] not in row[:i])
+    eos = int(row[p])
+    ro = sampler.generate(
+        tokens, mask, dataclasses.replace(GREEDY, eos_ids=(eos,)), jax.random.key(0)
+    )
+    out, cmask = np.asarray(ro.completion_tokens), np.asarray(ro.completion_mask)
+    for b in range(ro.completion_tokens.shape[0]):
+        hits = np.flatnonzero(free[b] == eos)
+        length = hits[0] + 1 if len(hits) else TN
+        assert int(ro.lengths[b]) == length
+        np.testing.assert_array_equal(out[b, :length], free[b, :length])
+        np.testing.assert_array_equal(out[b, length:], PAD)
+        np.testing.assert_array_equal(cmask[b], np.arange(TN) < length)
+        np.testing.assert_array_equal(np.asarray(ro.policy_logp)[b, length:], 0.0)
+        reason = FinishReason.STOP if len(hits) else FinishReason.LENGTH
+        assert int(ro.finish_reason[b]) == reason
+    assert int(ro.lengths[0]) == p + 1 and ro.finish_reason_names()[0] == "stop"
+
+
+def test_sampled_logps_match_teacher_forcing(sampler, forward):
+    """policy_logp = log softmax of an uncached forward over the produced sequence, and
+    sample_logp = the same under temperature + truncation; tails past a stop are masked."""
+    params = SamplingParams(
+        max_new_tokens=TN, n=N, temperature=0.7, top_k=20, top_p=0.9, min_p=0.02, stop_ids=(5, 9)
+    )
+    tokens, mask = prompts([3, 14, 8, 1], seed=1)
+    ro = sampler.generate(tokens, mask, params, jax.random.key(3))
+    seq = jax.device_get(ro.sequences())
+    tp = ro.prompt_tokens.shape[1]
+    assert seq.tokens.shape == (4 * N, tp + TN)
+    logits = forward(seq.tokens, seq.attention_mask)  # [B, T, V]
+    next_logp = np.take_along_axis(log_softmax_np(logits[:, :-1]), seq.tokens[:, 1:, None], -1)
+    expected = np.concatenate([np.zeros((4 * N, 1)), next_logp[..., 0]], 1) * seq.loss_mask
+    np.testing.assert_allclose(seq.old_logp, expected, atol=1e-4)
+    np.testing.assert_array_equal(seq.loss_mask[:, :tp], 0.0)
+    np.testing.assert_array_equal(seq.policy_mask, seq.loss_mask)
+
+    q = truncate_logits(jnp.asarray(logits[:, tp - 1 : -1]) / 0.7, 20, 0.9, 0.02)
+    q_logp = np.take_along_axis(log_softmax_np(np.asarray(q)), seq.tokens[:, tp:, None], -1)
+    cmask = np.asarray(ro.completion_mask)
+    np.testing.assert_allclose(np.asarray(ro.sample_logp), q_logp[..., 0] * cmask, atol=1e-4)
+
+    # stop tokens end rows; nothing is sampled after them
+    out, lengths = np.asarray(ro.completion_tokens), np.asarray(ro.lengths)
+    for b in range(4 * N):
+        body = out[b, : lengths[b]]
+        assert not np.isin(body[:-1], (5, 9)).any()
+        assert (int(ro.finish_reason[b]) == FinishReason.STOP) == bool(np.isin(body[-1], (5, 9)))
+        np.testing.assert_array_equal(out[b, lengths[b] :], PAD)
+    # a group's completions are independent draws
+    assert len({tuple(r) for r in out}) > 4
+
+
+def test_no_recompilation(sampler):
+    """Same shapes and static plan -> no new trace; temperature / stop ids are traced."""
+    a = SamplingParams(max_new_tokens=TN, n=N, temperature=0.7, top_k=20, top_p=0.9, min_p=0.02)
+    b = SamplingParams(
+        max_new_tokens=TN, n=N, temperature=1.3, top_k=20, top_p=0.5, min_p=0.1, eos_ids=(7,)
+    )
+    sampler.generate(*prompts([3, 5], seed=5), a, jax.random.key(0))
+    traces = dict(sampler.num_traces)
+    sizes = (sampler._prefill._cache_size(), sampler._decode._cache_size())
+    sampler.generate(*prompts([9, 2, 4], seed=6), b, jax.random.key(1))
+    sampler.generate(*prompts([12], seed=7), a, jax.random.key(2))
+    assert sampler.num_traces == traces
+    assert (sampler._prefill._cache_size(), sampler._decode._cache_size()) == sizes
+
+
+def test_sharded_greedy_equals_single_device(sampler):
+    if jax.device_count() < 8:
+        pytest.skip("needs XLA_FLAGS=--xla_force_host_platform_device_count=8")
+    mesh = shd.make_mesh((2, 2, 2))
+    sharded_model = shd.shard_model(make_model(), mesh)
+    assert "tensor" in str(sharded_model.layers[0].attn.q_proj[...].sharding.spec)
+    sharded = Sampler(sharded_model, pad_id=PAD, mesh=mesh, batch_buckets=(4,))
+    tokens, mask = prompts([6, 14, 2, 9], seed=2)
+    a = sharded.generate(tokens, mask, GREEDY, jax.random.key(0))
+    b = sampler.generate(tokens, mask, GREEDY, jax.random.key(0))
+    assert len(a.completion_tokens.sharding.device_set) == 8
+    np.testing.assert_array_equal(np.asarray(a.completion_tokens), np.asarray(b.completion_tokens))
+    np.testing.assert_allclose(np.asarray(a.policy_logp), np.asarray(b.policy_logp), atol=1e-4)
+
+
+def test_dropout_masks_fixed_per_row(model, forward):
+    """Each row samples under its own MLP mask; policy_logp is that sub-network's log-prob."""
+    drop = Sampler(model, pad_id=PAD, batch_buckets=(4,), decode_chunks=1)
+    params = SamplingParams(max_new_tokens=TN, n=4, greedy=True, dropout_rate=0.5)
+    tokens, mask = prompts([7], seed=3)
+    ro = drop.generate(tokens, mask, params, jax.random.key(4))
+    again = drop.generate(tokens, mask, params, jax.random.key(4))
+    np.testing.assert_array_equal(
+        np.asarray(ro.completion_tokens), np.asarray(again.completion_tokens)
+    )
+    assert len({tuple(r) for r in np.asarray(ro.completion_tokens)}) > 1  # greedy, yet diverse
+
+    seq = ro.sequences()
+    keys = jax.random.wrap_key_data(ro.dropout_keys)
+    mlp_mask = mlp_dropout_mask(keys, 0.5, CFG.num_layers, CFG.intermediate_size)
+    logits = np.asarray(model(seq.tokens, seq.attention_mask, mlp_mask=mlp_mask))
+    tok = np.asarray(seq.tokens)
+    next_logp = np.take_along_axis(log_softmax_np(logits[:, :-1]), tok[:, 1:, None], -1)[..., 0]
+    np.testing.assert_allclose(
+        np.asarray(seq.old_logp)[:, 1:], next_logp * np.asarray(seq.loss_mask)[:, 1:], atol=1e-4
+    )
+
+
+# ----------------------------------------------------------------------------- sample_logits
+
+
+def truncated_probs_np(logits, temperature, top_k, top_p, min_p):
+    """Reference: softmax(logits / T) restricted to the top-k, then top-p, then min-p set."""
+    z = logits / temperature
+    order = np.argsort(-z)
+    keep = np.ones_like(z, bool)
+    if top_k:
+        keep[order[top_k:]] = False
+    p = np.where(keep, np.exp(z - z.max()), 0.0)
+    p /= p.sum()
+    if top_p < 1:
+        mass = 0.0
+        for i in order:
+            if keep[i] and mass >= top_p:
+                keep[i] = False
+            mass += p[i]
+    p = np.where(keep, p, 0.0)
+    keep &= p >= min_p * p.max()
+    p = np.where(keep, p, 0.0)
+    return p / p.sum()
+
+
+def chi2_upper(df: int, z: float = 4.265) -> float:
+    """Wilson-Hilferty approximation of the chi-square upper quantile (z=4.265: p=1e-5)."""
+    a = 2.0 / (9.0 * df)
+    return df * (1.0 - a + z * math.sqrt(a)) ** 3
+
+
+LOGITS = np.array([2.0, 1.5, 1.2, 0.9, 0.4, 0.0, -0.3, -0.8, -1.5, -3.0], np.float32)
+
+
+@pytest.mark.parametrize(
+    "temperature, top_k, top_p, min_p",
+    [
+        (1.0, 0, 1.0, 0.0),
+        (0.6, 5, 1.0, 0.0),
+        (1.4, 0, 0.8, 0.0),
+        (1.0, 0, 1.0, 0.15),
+        (0.8, 6, 0.9, 0.05),
+    ],
+)
+def test_sample_logits_distribution(temperature, top_k, top_p, min_p):
+    num = 50_000
+    params = SamplingParams(
+        max_new_tokens=1, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p
+    )
+    logits = jnp.broadcast_to(jnp.asarray(LOGITS), (num, LOGITS.size))
+    tokens, logp = sample_logits(logits, jax.random.key(11), params)
+    tokens, logp = np.asarray(tokens), np.asarray(logp)
+    expected = truncated_probs_np(LOGITS.astype(np.float64), temperature, top_k, top_p, min_p)
+    counts = np.bincount(tokens, minlength=LOGITS.size)
+    kept = expected > 0
+    assert counts[~kept].sum() == 0, "a truncated token was sampled"
+    stat = np.sum((counts[kept] - num * expected[kept]) ** 2 / (num * expected[kept]))
+    assert stat < chi2_upper(int(kept.sum()) - 1), (stat, counts, num * expected)
+    np.testing.assert_allclose(logp, np.log(expected[tokens]), atol=1e-5)
+
+
+def test_greedy_sample_logits_and_errors(sampler):
+    logits = jnp.asarray(np.stack([LOGITS, LOGITS[::-1]]))
+    token, logp = sample_logits(
+        logits, jax.random.key(0), SamplingParams(max_new_tokens=1, greedy=True)
+    )
+    np.testing.assert_array_equal(np.asarray(token), [0, LOGITS.size - 1])
+    np.testing.assert_array_equal(np.asarray(logp), 0.0)
+    with pytest.raises(ValueError, match="top_p"):
+        SamplingParams(max_new_tokens=4, top_p=0.0)
+    too_long = prompts([4], width=9000)
+    with pytest.raises(ValueError, match=r"prompt length 9000 .* largest bucket 8192"):
+        sampler.generate(
+            np.ones_like(too_long[0]), np.ones_like(too_long[1]), GREEDY, jax.random.key(0)
+        )
+    with pytest.raises(ValueError, match="left-padded"):
+        tokens, mask = prompts([4])
+        sampler.generate(tokens, mask[:, ::-1], GREEDY, jax.random.key(0))
