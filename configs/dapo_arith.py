@@ -22,6 +22,4 @@ def get_config(arg=None):
     c.train.update(
         steps=300, epochs=1, minibatches=2, log_every=10, eval_every=100, checkpoint_every=50
     )
-    if arg == "runlocal":
-        presets.shrink(c)
-    return c
+    return presets.finish(c, arg)

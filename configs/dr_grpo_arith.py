@@ -17,6 +17,4 @@ def get_config(arg=None):
     c.objective.aggregation_kwargs = dict(max_completion_len=c.rollout.max_new_tokens)
     c.optimizer.update(lr=1e-3)
     c.train.update(steps=300, minibatches=2, log_every=10, eval_every=100, checkpoint_every=50)
-    if arg == "runlocal":
-        presets.shrink(c)
-    return c
+    return presets.finish(c, arg)

@@ -19,6 +19,4 @@ def get_config(arg=None):
     c.optimizer.update(lr=1e-3, max_grad_norm=1.0)
     c.train.update(steps=300, minibatches=2, log_every=10, eval_every=100, checkpoint_every=50)
     c.eval.update(num_prompts=256, pass_k=4)
-    if arg == "runlocal":
-        presets.shrink(c)
-    return c
+    return presets.finish(c, arg)

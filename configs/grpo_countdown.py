@@ -23,6 +23,4 @@ def get_config(arg=None):
     c.objective.reward_weights = dict(correctness=1.0, format=0.1)
     c.optimizer.update(lr=5e-4)
     c.train.update(steps=500, minibatches=2, log_every=10, eval_every=100, checkpoint_every=50)
-    if arg == "runlocal":
-        presets.shrink(c)
-    return c
+    return presets.finish(c, arg)

@@ -23,6 +23,4 @@ def get_config(arg=None):
     c.objective.aggregation = "token_mean"
     c.optimizer.update(lr=5e-4)
     c.train.update(steps=200, minibatches=1, log_every=10, eval_every=50, checkpoint_every=50)
-    if arg == "runlocal":
-        presets.shrink(c)
-    return c
+    return presets.finish(c, arg)

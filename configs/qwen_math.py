@@ -14,7 +14,7 @@ from jaxrl_frontier import presets
 
 def get_config(arg=None):
     c = presets.arithmetic("rl")
-    c.mesh = dict(data=1, fsdp=-1, tensor=1)
+    c.mesh.update(data=1, fsdp=-1, tensor=1)
     c.tokenizer.kind = "hf"
     c.tokenizer.path = "/models/Qwen2.5-0.5B-Instruct"
     c.model.init = "hf"
@@ -31,13 +31,11 @@ def get_config(arg=None):
     c.optimizer.update(lr=1e-6, warmup_steps=10, max_grad_norm=1.0, grad_accum=4)
     c.train.update(steps=500, minibatches=4, log_every=1, eval_every=50, checkpoint_every=25)
     c.eval.update(num_prompts=256, batch=64, pass_k=4)
-    if arg == "runlocal":
-        c.tokenizer.kind = "char"
-        c.tokenizer.path = ""
+    if arg == "runlocal":  # a tiny random model with the char tokenizer on the sample JSONL
+        c.tokenizer.update(kind="char", path="")
         c.model.dtype = "float32"
-        c.mesh = dict(data=-1, fsdp=1, tensor=1)
+        c.mesh.update(data=-1, fsdp=1, tensor=1)
         c.data.max_prompt_len = 160
         c.rollout.max_new_tokens = 16
         c.optimizer.grad_accum = 1
-        presets.shrink(c)
-    return c
+    return presets.finish(c, arg)

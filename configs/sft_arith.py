@@ -16,6 +16,4 @@ def get_config(arg=None):
     c.optimizer.update(lr=3e-3, warmup_steps=20, schedule="cosine")
     c.train.update(steps=400, sft_batch=64, log_every=20, eval_every=100, checkpoint_every=100)
     c.eval.update(num_prompts=256, pass_k=1)
-    if arg == "runlocal":
-        presets.shrink(c)
-    return c
+    return presets.finish(c, arg)

@@ -36,7 +36,8 @@ def base_config() -> ml_collections.ConfigDict:
     c.mode = "rl"  # rl | sft
     c.workdir = ""  # set by --workdir; a run resumes when it holds a checkpoint
 
-    c.mesh = dict(data=-1, fsdp=1, tensor=1)  # -1 takes the remaining devices
+    # -1 takes the remaining devices; num_devices=0 uses all, N > 0 the first N (tests, roles)
+    c.mesh = dict(data=-1, fsdp=1, tensor=1, num_devices=0)
 
     c.tokenizer = dict(kind="char", path="")  # char | hf (path to a tokenizer.json dir)
 
@@ -223,6 +224,12 @@ def _check_consistency(c: ml_collections.ConfigDict, num_devices: int | None) ->
     if num_devices is not None:
         from jaxrl_frontier import sharding
 
+        if c.mesh.num_devices > num_devices:
+            raise ConfigError(
+                f"config key 'mesh.num_devices' = {c.mesh.num_devices} but only {num_devices} "
+                "devices are available"
+            )
+        num_devices = c.mesh.num_devices or num_devices
         try:
             dims = sharding.resolve_mesh_shape([c.mesh[a] for a in sharding.MESH_AXES], num_devices)
         except ValueError as e:
@@ -242,3 +249,22 @@ def _check_consistency(c: ml_collections.ConfigDict, num_devices: int | None) ->
         )
     if c.tokenizer.kind == "hf" and not c.tokenizer.path:
         raise ConfigError("config key 'tokenizer.path' is required when tokenizer.kind='hf'")
+
+
+def resolve(config: Mapping) -> ml_collections.ConfigDict:
+    """`config` deep-merged over `base_config()`: a file may replace a whole section
+    (`c.mesh = dict(data=2)`) and still get the section's other keys at their defaults.
+    Unknown keys are kept, so `validate` can name them."""
+
+    def merge(base: dict, given: Mapping, prefix: str) -> dict:
+        out = dict(base)
+        for k, v in given.items():
+            key = f"{prefix}{k}"
+            if isinstance(v, Mapping) and isinstance(base.get(k), dict) and key not in FREE_FORM:
+                out[k] = merge(base[k], v, key + ".")
+            else:
+                out[k] = v.to_dict() if hasattr(v, "to_dict") else v
+        return out
+
+    given = config.to_dict() if hasattr(config, "to_dict") else dict(config)
+    return ml_collections.ConfigDict(merge(base_config().to_dict(), given, ""))

@@ -277,7 +277,7 @@ class Trainer:
     """Builds everything from a config and runs SFT or RL; `run()` returns a summary dict."""
 
     def __init__(self, config: ml_collections.ConfigDict, workdir: str | None = None):
-        config = ml_collections.ConfigDict(config)
+        config = config_lib.resolve(config)
         if workdir:
             config.workdir = workdir
         if not config.workdir:
@@ -289,7 +289,8 @@ class Trainer:
         self.is_main = jax.process_index() == 0
 
         # ---- mesh, tokenizer, task
-        self.mesh = sharding.make_mesh([c.mesh[a] for a in sharding.MESH_AXES])
+        devices = jax.devices()[: c.mesh.num_devices or None]
+        self.mesh = sharding.make_mesh([c.mesh[a] for a in sharding.MESH_AXES], devices)
         self.tokenizer = build_tokenizer(c)
         self.task = make_task(c.task.name, **c.task.kwargs.to_dict())
         self.reward_names = list(self.task.reward_names)
