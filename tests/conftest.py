@@ -116,3 +116,25 @@ def hf_logits(model, tokens, mask):
             position_ids=torch.as_tensor(positions, dtype=torch.long),
         )
     return out.logits.float().numpy()
+
+
+def random_model(cfg, seed: int = 0):
+    """A `Transformer` for `cfg` with every parameter random (norms around 1, biases
+    nonzero, std 0.2), so logits are O(1) and each parameter matters.
+
+    Built abstractly and filled from numpy: eager jax.random init would compile one kernel
+    per parameter shape, which dominates the runtime of these tiny tests.
+    """
+    import jax.numpy as jnp
+    import numpy as np
+    from flax import nnx
+
+    from jaxrl_frontier.models.transformer import Transformer
+
+    graphdef, state = nnx.split(nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0))))
+    rng = np.random.RandomState(seed)
+    for path, var in nnx.to_flat_state(state):
+        base = 1.0 if "norm" in path else 0.0
+        noise = 0.2 * rng.standard_normal(var.get_value().shape)
+        var.set_value(jnp.asarray(base + noise, jnp.float32))
+    return nnx.merge(graphdef, state)

@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import left_padded_batch
+from conftest import left_padded_batch, random_model
 from flax import nnx
 
 from jaxrl_frontier.models.transformer import (
@@ -41,20 +41,6 @@ CONFIGS = {
     "qwen2": ModelConfig(**BASE, qkv_bias=True, family="qwen2"),
     "qwen3": ModelConfig(**BASE, head_dim=32, qk_norm=True, family="qwen3"),
 }
-
-
-def random_model(cfg: ModelConfig, seed: int = 0) -> Transformer:
-    """A Transformer whose every parameter is perturbed (norms around 1, biases nonzero),
-    so logits are O(1) and each parameter matters."""
-    # Built abstractly and filled from numpy: eager jax.random init would compile one
-    # kernel per parameter shape, which dominates the runtime of these tiny tests.
-    graphdef, state = nnx.split(nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0))))
-    rng = np.random.RandomState(seed)
-    for path, var in nnx.to_flat_state(state):
-        shape = var.get_value().shape
-        base = 1.0 if "norm" in path else 0.0
-        var.set_value(jnp.asarray(base + 0.2 * rng.standard_normal(shape), jnp.float32))
-    return nnx.merge(graphdef, state)
 
 
 # Eager forwards compile every op separately (slow on shared CPUs); jit compiles once.
