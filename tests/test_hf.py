@@ -174,6 +174,9 @@ def test_bfloat16_save_and_load(hf_checkpoints, tmp_path):
     # dtype= sets the compute dtype only.
     fast = hf.load(path, dtype="bfloat16")
     assert fast.cfg.dtype == "bfloat16" and fast.embed.get_value().dtype == jnp.float32
+    # param_dtype= stores them in bf16 (as read from an f32 checkpoint).
+    small = hf.load(path, param_dtype="bfloat16")
+    assert small.cfg.param_dtype == "bfloat16" and small.embed.get_value().dtype == jnp.bfloat16
     tokens, mask = left_padded_batch()
     ref = _ours(model, tokens, mask)
     got = _ours(fast, tokens, mask)

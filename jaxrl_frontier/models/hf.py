@@ -427,7 +427,7 @@ def load(
     variables = dict(nnx.to_flat_state(state))
     by_name = {s.hf_name: s for s in specs}
     default = SingleDeviceSharding(jax.devices()[0])
-    pd = np.dtype(cfg.param_dtype)
+    pd = jnp.dtype(cfg.param_dtype)  # jnp: np.dtype does not know "bfloat16"
 
     for name, w in _iter_tensors(path, list(by_name), weight_map):
         spec = by_name[name]
