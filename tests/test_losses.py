@@ -387,5 +387,7 @@ def test_missing_statistics_are_named():
         objective_loss(stats.replace(ref_logp=None), ADV, {"kl_coef": 0.1})
     with pytest.raises(ObjectiveConfigError, match=r"'reverse_kl'.*'teacher_logits'"):
         objective_loss(stats, ADV, {"distill": "reverse_kl"}, logits=jnp.asarray(logits))
+    # distill '' is off, like None
+    validate_objective_config({"distill": ""}, available=["tokens"])
     # the KL folded into the reward does not need ref_logp in the loss
     objective_loss(stats.replace(ref_logp=None), ADV, {"kl_coef": 0.1, "kl_in_reward": True})

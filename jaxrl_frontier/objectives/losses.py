@@ -380,7 +380,7 @@ def validate_objective_config(cfg: Any, available: Iterable[str] | None = None) 
         ("advantage", ADVANTAGES),
     ):
         name = _get(cfg, cfg_key)
-        if name is None:
+        if not name:  # distill None or '' (off)
             continue
         fn = _lookup(registry, cfg_key, name)
         kw_key = f"{cfg_key}_kwargs"
