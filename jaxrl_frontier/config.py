@@ -18,6 +18,7 @@ import ml_collections
 # Subtrees whose keys are not fixed by the schema (checked against a signature instead).
 FREE_FORM = (
     "task.kwargs",
+    "objective.reward_weights",  # reward component -> weight, checked against the task's names
     "objective.advantage_kwargs",
     "objective.weight_kwargs",
     "objective.aggregation_kwargs",
@@ -121,6 +122,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.train.sft_batch = 64  # sequences per SFT step
 
     c.eval = dict(num_prompts=256, pass_k=4, batch=128)
+    c.eval.at_start = True  # RL: evaluate the starting policy at step 0 (off: faster tests)
     return c
 
 
@@ -144,7 +146,7 @@ def _flatten(cfg: Mapping, prefix: str = "") -> dict[str, Any]:
         key = f"{prefix}{k}"
         if key in FREE_FORM:
             out[key] = v
-        elif isinstance(v, Mapping):
+        elif isinstance(v, Mapping | ml_collections.ConfigDict):  # ConfigDict is no Mapping
             out.update(_flatten(v, key + "."))
         else:
             out[key] = v
@@ -199,6 +201,54 @@ def validate(config: ml_collections.ConfigDict, num_devices: int | None = None) 
                 f"config key {key!r} = {value!r}; allowed: {', '.join(map(repr, CHOICES[key]))}"
             )
     _check_consistency(config, num_devices)
+    _check_registries(config)
+
+
+def _check_task_kwargs(task_cls: type, kwargs: Mapping) -> None:
+    """`task.kwargs` keys against the task's __init__ (following **kwargs up the MRO)."""
+    allowed: list[str] = []
+    for cls in task_cls.__mro__:
+        if "__init__" not in vars(cls):
+            continue
+        params = list(inspect.signature(vars(cls)["__init__"]).parameters.values())[1:]
+        allowed += [p.name for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        if not any(p.kind is p.VAR_KEYWORD for p in params):
+            break
+    else:
+        return  # **kwargs all the way up: nothing to check against
+    for k in kwargs:
+        if k not in allowed:
+            raise ConfigError(
+                f"config key 'task.kwargs.{k}' is not a parameter of task "
+                f"{task_cls.__name__}; allowed: {', '.join(sorted(set(allowed)))}"
+            )
+
+
+def _check_registries(c: ml_collections.ConfigDict) -> None:
+    """Registry names and their kwargs (task, reward weights, objective) before anything is built."""
+    from jaxrl_frontier.objectives import losses
+    from jaxrl_frontier.tasks import TASKS
+
+    try:
+        task_cls = TASKS.get(c.task.name)
+    except KeyError as e:
+        raise ConfigError(f"config key 'task.name': {e.args[0]}") from None
+    _check_task_kwargs(task_cls, c.task.kwargs.to_dict())
+    names = list(task_cls.reward_names)
+    for k, v in c.objective.reward_weights.items():
+        if k not in names:
+            raise ConfigError(
+                f"config key 'objective.reward_weights.{k}': the task {c.task.name!r} has no "
+                f"reward {k!r}; its rewards: {', '.join(names)}"
+            )
+        if not _type_ok(v, 0.0):
+            raise ConfigError(f"config key 'objective.reward_weights.{k}' = {v!r} is not a number")
+    section = {k: v for k, v in c.objective.to_dict().items() if k in losses.DEFAULTS}
+    section["distill"] = section.get("distill") or None
+    try:
+        losses.validate_objective_config(section)
+    except (KeyError, ValueError) as e:  # both name config.objective.<key>
+        raise ConfigError(e.args[0] if e.args else str(e)) from None
 
 
 def _positive(config, *keys):

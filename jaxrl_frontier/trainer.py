@@ -606,6 +606,10 @@ class Trainer:
             lengths=np.asarray(rollout.lengths),
             r_pg=np.asarray(r_pg),
         )
+        if "teacher_logp" in batch:  # sampled-token reverse KL(student || teacher), per token
+            m = np.asarray(batch["loss_mask"])
+            gap = np.asarray(batch["old_logp"]) - np.asarray(batch["teacher_logp"])
+            info["reverse_kl"] = float((gap * m).sum() / max(m.sum(), 1.0))
         return batch, info
 
     def _combine_rewards(self, r_pgk):
@@ -670,7 +674,7 @@ class Trainer:
         if meta and meta.get("data") is not None:
             data.set_state(_decode_state(meta["data"]))
         start = int(self.state.step)
-        if start == 0:
+        if start == 0 and c.eval.at_start:
             ev = self.evaluate()
             self.history["eval"].append(dict(step=0, **ev))
             self.writer.write_scalars(0, ev)
@@ -739,6 +743,8 @@ class Trainer:
         scalars["perf/step_seconds"] = dt
         scalars["perf/tokens_per_second"] = float(info["lengths"].sum()) / max(dt, 1e-9)
         scalars["train/skipped_updates_total"] = float(self.state.skipped)
+        if "reverse_kl" in info:
+            scalars["opd/reverse_kl"] = info["reverse_kl"]
         return scalars
 
     def _log_rollouts(self, step, examples, info, batch):
