@@ -373,7 +373,7 @@ class Sampler:
             self._check_placement(nnx.state(model))
         # Python-side trace counters: they move only when jax traces (compiles) anew.
         self.num_traces = {"prefill": 0, "decode": 0}
-        self._prefill = jax.jit(self._prefill_impl, static_argnames=("plan",))
+        self._prefill = jax.jit(self._prefill_impl, static_argnames=("n", "use_dropout"))
         self._decode = jax.jit(self._decode_impl, static_argnames=("plan",))
 
     # -- weights ---------------------------------------------------------------------------
@@ -432,8 +432,8 @@ class Sampler:
         pair = jax.vmap(jax.random.split)(rows)  # [B, 2]
         return pair[:, 0], pair[:, 1]
 
-    def _mlp_mask(self, key, num_rows, dropout_rate, plan: _Plan):
-        if not plan.use_dropout:
+    def _mlp_mask(self, key, num_rows, dropout_rate, use_dropout: bool):
+        if not use_dropout:
             return None, None
         mask_keys, _ = self._row_keys(key, num_rows)
         cfg = self.cfg
@@ -442,7 +442,7 @@ class Sampler:
         )
         return self._constrain(mask, (None, "batch", "mlp")), mask_keys
 
-    def _prefill_impl(self, state, tokens, mask, key, dropout_rate, *, plan: _Plan):
+    def _prefill_impl(self, state, tokens, mask, key, dropout_rate, *, n: int, use_dropout: bool):
         """Prompts [P, Tp] -> (cache [P*n rows, Tp slots], last logits [P*n, V], lengths).
 
         Without dropout every completion of a prompt shares the prompt's keys and values, so
@@ -451,17 +451,16 @@ class Sampler:
         """
         self.num_traces["prefill"] += 1
         model = nnx.merge(self.graphdef, state)
-        n = plan.n
-        if plan.use_dropout and n > 1:
+        if use_dropout and n > 1:
             tokens, mask = jnp.repeat(tokens, n, axis=0), jnp.repeat(mask, n, axis=0)
         num_rows, tp = tokens.shape
-        mlp_mask, _ = self._mlp_mask(key, num_rows, dropout_rate, plan)
+        mlp_mask, _ = self._mlp_mask(key, num_rows, dropout_rate, use_dropout)
         cache = self._constrain_cache(model.init_cache(num_rows, tp))
         hidden, cache = model.hidden_states(tokens, mask, cache=cache, mlp_mask=mlp_mask)
         # Left padding: column Tp-1 is every row's last real prompt token.
         logits = model.logits(hidden[:, -1])  # [rows, V]
         prompt_len = jnp.sum(mask, axis=1, dtype=jnp.int32)
-        if not plan.use_dropout and n > 1:
+        if not use_dropout and n > 1:
             cache = KVCache(
                 k=jnp.repeat(cache.k, n, axis=1),
                 v=jnp.repeat(cache.v, n, axis=1),
@@ -492,7 +491,7 @@ class Sampler:
         model = nnx.merge(self.graphdef, state)
         num_rows, tp = cache.valid.shape
         tn, k = plan.max_new_tokens, plan.steps_per_check
-        mlp_mask, dropout_keys = self._mlp_mask(key, num_rows, dropout_rate, plan)
+        mlp_mask, dropout_keys = self._mlp_mask(key, num_rows, dropout_rate, plan.use_dropout)
         _, stream_keys = self._row_keys(key, num_rows)
 
         def sample(logits, step):
@@ -666,7 +665,13 @@ class Sampler:
         stop_ids = np.full((plan.num_stop_ids,), -1, np.int32)  # -1 never matches a token
         stop_ids[: len(params.all_stop_ids)] = params.all_stop_ids
         cache, logits0, prompt_len = self._prefill(
-            state, tokens_d, mask_d, key, f32(params.dropout_rate), plan=plan
+            state,
+            tokens_d,
+            mask_d,
+            key,
+            f32(params.dropout_rate),
+            n=plan.n,
+            use_dropout=plan.use_dropout,
         )
         out = self._decode(
             state,
