@@ -13,7 +13,7 @@ from jaxrl_frontier import presets
 
 def get_config(arg=None):
     c = presets.arithmetic("sft")
-    c.optimizer.update(lr=3e-3, warmup_steps=20, schedule="cosine")
-    c.train.update(steps=400, sft_batch=64, log_every=20, eval_every=100, checkpoint_every=100)
+    c.optimizer.update(lr=3e-3, warmup_steps=50, schedule="constant")
+    c.train.update(steps=420, sft_batch=128, log_every=20, eval_every=105, checkpoint_every=105)
     c.eval.update(num_prompts=256, pass_k=1)
     return presets.finish(c, arg)

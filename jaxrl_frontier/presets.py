@@ -13,7 +13,9 @@ import ml_collections
 
 from jaxrl_frontier.config import base_config
 
-ARITH_TASK = dict(max_digits=3, ops="+")
+# Zero-padded operands put each digit at a fixed position: a 2-layer model learns the
+# carries several times faster than from variable-width operands.
+ARITH_TASK = dict(max_digits=3, ops="+", prompt_template="{a:03d}{op}{b:03d}=")
 
 
 def arithmetic(mode: str, runlocal: bool = False) -> ml_collections.ConfigDict:

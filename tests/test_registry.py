@@ -25,7 +25,9 @@ def test_unknown_name_lists_known_names():
     reg = Registry("widget")
     reg.register("ppo_clip")(lambda: None)
     reg.register("pg")(lambda: None)
-    with pytest.raises(KeyError, match=r"unknown widget 'ppo_clp'.*pg, ppo_clip.*Did you mean 'ppo_clip'"):
+    with pytest.raises(
+        KeyError, match=r"unknown widget 'ppo_clp'.*pg, ppo_clip.*Did you mean 'ppo_clip'"
+    ):
         reg.get("ppo_clp")
 
 
