@@ -354,6 +354,13 @@ class Trainer:
     def _init_state(self, params) -> TrainState:
         repl = sharding.replicated(self.mesh)
         opt_state = jax.jit(self.tx.init)(params)
+        # Leaves not derived from a parameter (Adam's step count) come out on the default
+        # device only; replicate them over the mesh, or the sharded update rejects the state.
+        mesh_devices = set(self.mesh.devices.flat)
+        opt_state = jax.tree.map(
+            lambda x: x if x.sharding.device_set == mesh_devices else jax.device_put(x, repl),
+            opt_state,
+        )
         return TrainState(
             params=params,
             opt_state=opt_state,
@@ -641,11 +648,10 @@ class Trainer:
             a_pg = adv_lib.ADVANTAGES.get(name)(r_pgk if multi else r_pg, **kwargs)
             return adv_lib.sequence_to_tokens(a_pg.reshape(-1), mask)
         stats = _stats_for_advantage(batch)
-        if name == "opd_hybrid":
-            kwargs.setdefault(
-                "task_adv",
-                adv_lib.sequence_to_tokens(adv_lib.ADVANTAGES.get("grpo")(r_pg).reshape(-1), mask),
-            )
+        if name == "opd_hybrid":  # the verifier's part: GRPO on the sequence rewards
+            kwargs["seq_adv"] = adv_lib.ADVANTAGES.get("grpo")(r_pg)
+        if "group_size" in config_lib.keyword_names(adv_lib.ADVANTAGES.get(name)):
+            kwargs.setdefault("group_size", self.config.rollout.group_size)
         return adv_lib.ADVANTAGES.get(name)(stats, **kwargs) * mask
 
     def _run_rl(self, stop: StopRequest) -> dict[str, Any]:
