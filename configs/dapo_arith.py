@@ -18,7 +18,7 @@ def get_config(arg=None):
     c.objective.weight_kwargs = dict(eps_low=0.2, eps_high=0.28)
     c.objective.aggregation = "token_mean"
     c.objective.kl_coef = 0.0
-    c.optimizer.update(lr=1e-3)
+    c.optimizer.update(lr=1e-4, warmup_steps=5)
     c.train.update(
         steps=300, epochs=1, minibatches=2, log_every=10, eval_every=100, checkpoint_every=50
     )

@@ -15,6 +15,6 @@ def get_config(arg=None):
     c.objective.weight = "ppo_clip"
     c.objective.aggregation = "seq_mean_token_sum_norm"
     c.objective.aggregation_kwargs = dict(max_completion_len=c.rollout.max_new_tokens)
-    c.optimizer.update(lr=1e-3)
+    c.optimizer.update(lr=1e-4, warmup_steps=5)
     c.train.update(steps=300, minibatches=2, log_every=10, eval_every=100, checkpoint_every=50)
     return presets.finish(c, arg)

@@ -21,6 +21,6 @@ def get_config(arg=None):
     c.objective.advantage = "grpo"
     c.objective.weight = "ppo_clip"
     c.objective.reward_weights = dict(correctness=1.0, format=0.1)
-    c.optimizer.update(lr=5e-4)
+    c.optimizer.update(lr=1e-4, warmup_steps=5)
     c.train.update(steps=500, minibatches=2, log_every=10, eval_every=100, checkpoint_every=50)
     return presets.finish(c, arg)

@@ -21,6 +21,6 @@ def get_config(arg=None):
     c.objective.advantage_kwargs = dict(estimator="immediate")
     c.objective.weight = "pg"
     c.objective.aggregation = "token_mean"
-    c.optimizer.update(lr=5e-4)
+    c.optimizer.update(lr=1e-4, warmup_steps=5)
     c.train.update(steps=200, minibatches=1, log_every=10, eval_every=50, checkpoint_every=50)
     return presets.finish(c, arg)

@@ -94,7 +94,6 @@ def base_config() -> ml_collections.ConfigDict:
     c.objective.distill = ""  # '' | forward_kl | reverse_kl | jsd | cr_opd
     c.objective.distill_coef = 0.0
     c.objective.distill_kwargs = ml_collections.ConfigDict()
-    c.objective.opd_coef = 0.0  # hybrid: A_t = A_task + opd_coef * (l_teacher - l_student)
 
     c.optimizer = ml_collections.ConfigDict()
     c.optimizer.lr = 1e-4
@@ -163,6 +162,12 @@ def _type_ok(value, default) -> bool:
     if isinstance(default, str):
         return isinstance(value, str)
     return True
+
+
+def keyword_names(fn: Callable) -> list[str]:
+    """Names of the parameters of `fn` that can be passed by keyword."""
+    kinds = (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return [p.name for p in inspect.signature(fn).parameters.values() if p.kind in kinds]
 
 
 def check_kwargs(fn: Callable, kwargs: Mapping, key: str, *, skip: int = 0) -> None:
