@@ -1,0 +1,326 @@
+"""Speed benchmarks: `python scripts/bench.py <name> [options]`.
+
+Each benchmark is a function registered under a name with `@benchmark(name)`; it gets the
+parsed arguments and returns a JSON-able dict, written to `--out` (default
+artifacts/bench_<name>.json) and printed. Speed is measured here, never asserted in tests.
+
+    python scripts/bench.py sampler                      # ours vs transformers, roofline
+    python scripts/bench.py sampler --models tiny --batches 16 --repeats 3 --no-hf
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+BENCHMARKS: dict[str, tuple[Callable, Callable]] = {}  # name -> (add_arguments, run)
+
+
+def benchmark(name: str, add_arguments: Callable[[argparse.ArgumentParser], None]):
+    """Register `run(args) -> dict` as `bench.py <name>`; `add_arguments` adds its flags."""
+
+    def register(run):
+        if name in BENCHMARKS:
+            raise ValueError(f"benchmark {name!r} is registered twice")
+        BENCHMARKS[name] = (add_arguments, run)
+        return run
+
+    return register
+
+
+def _median_time(fn, repeats: int) -> tuple[float, list[float]]:
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), times
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x]
+
+
+# ----------------------------------------------------------------------------- sampler
+
+# Qwen2-shaped models (qkv bias, untied embeddings, GQA).
+SAMPLER_MODELS = {
+    "tiny": dict(
+        vocab_size=512,
+        hidden_size=256,
+        intermediate_size=768,
+        num_layers=4,
+        num_heads=8,
+        num_kv_heads=2,
+    ),
+    "25m": dict(  # 24.1M in the blocks + 2.1M embeddings = 26.2M parameters
+        vocab_size=2048,
+        hidden_size=512,
+        intermediate_size=1536,
+        num_layers=8,
+        num_heads=8,
+        num_kv_heads=2,
+    ),
+}
+
+
+def _sampler_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--models", default="tiny,25m", help=f"from {sorted(SAMPLER_MODELS)}")
+    p.add_argument("--batches", type=_ints, default=[16, 64])
+    p.add_argument("--prompt-len", type=int, default=16)
+    p.add_argument("--new-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=1.0)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--dtype", default="float32", help="compute dtype of our model")
+    p.add_argument("--decode-chunks", type=int, default=4)
+    p.add_argument("--steps-per-check", type=int, default=8)
+    p.add_argument("--roofline-batch", type=int, default=256)
+    p.add_argument(
+        "--roofline-new-tokens",
+        type=int,
+        default=32,
+        help="decode length for the roofline batch (the step time is what is compared)",
+    )
+    p.add_argument("--no-hf", action="store_true", help="skip transformers generate")
+    p.add_argument(
+        "--torch-threads",
+        type=int,
+        default=1,
+        help="torch intra-op threads (on a shared 2-core CPU, 2 threads is ~15x slower than 1)",
+    )
+
+
+def _build_model(name: str, dtype: str, seed: int = 0):
+    """A random Qwen2-shaped Transformer; weights drawn with numpy (fast, any size)."""
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from jaxrl_frontier.models.transformer import ModelConfig, Transformer
+
+    cfg = ModelConfig(
+        **SAMPLER_MODELS[name],
+        qkv_bias=True,
+        rope_theta=1_000_000.0,
+        family="qwen2",
+        dtype=dtype,
+        max_position_embeddings=4096,
+    )
+    model = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
+    rng = np.random.default_rng(seed)
+
+    def draw(path, x):
+        key = jax.tree_util.keystr(path)
+        if "norm" in key:
+            value = 1.0 + 0.1 * rng.standard_normal(x.shape)
+        else:
+            value = 0.05 * rng.standard_normal(x.shape)
+        return jnp.asarray(value, x.dtype)
+
+    nnx.update(model, jax.tree_util.tree_map_with_path(draw, nnx.state(model)))
+    return model
+
+
+def _matmul_peak_flops(n: int = 2048, repeats: int = 5) -> float:
+    """FLOP/s of a large f32 matmul on the default device (the roofline's peak)."""
+    import jax
+    import jax.numpy as jnp
+
+    a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
+    b = jax.random.normal(jax.random.key(1), (n, n), jnp.float32)
+    mm = jax.jit(lambda x, y: x @ y)
+    mm(a, b).block_until_ready()
+    t, _ = _median_time(lambda: mm(a, b).block_until_ready(), repeats)
+    return 2 * n**3 / t
+
+
+def _decode_step_flops(cfg, batch: int, cache_len: float) -> float:
+    """Matmul FLOPs of one decode step: 2 * params touched per token (the embedding is a
+    gather, the output layer a matmul) plus attention's q.k and p.v over the cache."""
+    per_token = cfg.num_params() - cfg.vocab_size * cfg.hidden_size * (
+        0 if cfg.tie_word_embeddings else 1
+    )
+    attn = 4 * cfg.num_layers * cfg.num_heads * cfg.resolved_head_dim * cache_len
+    return batch * (2 * per_token + attn)
+
+
+def _ours(model, batch: int, args, new_tokens: int) -> dict:
+    import jax
+
+    from jaxrl_frontier.sampling import Sampler, SamplingParams
+
+    sampler = Sampler(
+        model,
+        pad_id=0,
+        prompt_buckets=(args.prompt_len,),
+        decode_chunks=args.decode_chunks,
+        steps_per_check=args.steps_per_check,
+    )
+    rng = np.random.default_rng(batch)
+    tokens = rng.integers(1, model.cfg.vocab_size, (batch, args.prompt_len)).astype(np.int32)
+    mask = np.ones_like(tokens)
+    params = SamplingParams(max_new_tokens=new_tokens, temperature=args.temperature)
+    keys = iter(jax.random.split(jax.random.key(0), args.repeats + 1))
+
+    def run():
+        ro = sampler.generate(tokens, mask, params, next(keys))
+        jax.block_until_ready(ro)
+        return ro
+
+    t0 = time.perf_counter()
+    ro = run()
+    first = time.perf_counter() - t0
+    assert int(np.asarray(ro.lengths).min()) == new_tokens  # no EOS: every row runs to the end
+    median, times = _median_time(run, args.repeats)
+    return dict(
+        seconds=median,
+        tokens_per_s=batch * new_tokens / median,
+        compile_s=first - median,
+        times=times,
+        traces=dict(sampler.num_traces),
+    )
+
+
+def _hf_generate(model, batches: list[int], args) -> dict[int, dict]:
+    """transformers `generate` on the same weights, sampling at the same settings."""
+    import torch
+    import transformers
+
+    from jaxrl_frontier.models import hf
+
+    torch.set_num_threads(args.torch_threads)
+    out = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        hf.save(model, tmp, dtype="float32")
+        torch_model = transformers.AutoModelForCausalLM.from_pretrained(
+            tmp, dtype=torch.float32
+        ).eval()
+    for batch in batches:
+        rng = np.random.default_rng(batch)
+        tokens = rng.integers(1, model.cfg.vocab_size, (batch, args.prompt_len))
+        input_ids = torch.as_tensor(tokens, dtype=torch.long)
+        kwargs = dict(
+            attention_mask=torch.ones_like(input_ids),
+            do_sample=True,
+            temperature=args.temperature,
+            top_k=0,
+            top_p=1.0,
+            max_new_tokens=args.new_tokens,
+            min_new_tokens=args.new_tokens,  # no EOS stop: the same work as ours
+            pad_token_id=0,
+        )
+
+        def run(input_ids=input_ids, kwargs=kwargs):
+            with torch.inference_mode():
+                return torch_model.generate(input_ids, **kwargs)
+
+        assert run().shape == (batch, args.prompt_len + args.new_tokens)  # warm-up
+        median, times = _median_time(run, args.repeats)
+        out[batch] = dict(
+            seconds=median, tokens_per_s=batch * args.new_tokens / median, times=times
+        )
+    return out
+
+
+@benchmark("sampler", _sampler_args)
+def bench_sampler(args) -> dict:
+    """Generated tokens/s of `Sampler.generate` (median over repeats, compile apart) vs
+    transformers `generate` on the same weights, and the decode step vs the FLOP roofline."""
+    import jax
+
+    peak = _matmul_peak_flops()
+    result = dict(
+        device=str(jax.devices()[0]),
+        device_count=jax.device_count(),
+        cpu_count=os.cpu_count(),
+        jax=jax.__version__,
+        python=platform.python_version(),
+        matmul_peak_gflops=peak / 1e9,
+        settings=dict(
+            prompt_len=args.prompt_len,
+            new_tokens=args.new_tokens,
+            temperature=args.temperature,
+            repeats=args.repeats,
+            dtype=args.dtype,
+            decode_chunks=args.decode_chunks,
+            steps_per_check=args.steps_per_check,
+        ),
+        models={},
+    )
+    if not args.no_hf:
+        try:
+            import torch
+            import transformers
+
+            result["torch"], result["transformers"] = torch.__version__, transformers.__version__
+            result["torch_threads"] = torch.get_num_threads()
+        except ImportError:
+            args.no_hf = True
+    for name in args.models.split(","):
+        model = _build_model(name, args.dtype)
+        cfg = model.cfg
+        entry = dict(params=cfg.num_params(), config=SAMPLER_MODELS[name], batches={})
+        hf_results = {} if args.no_hf else _hf_generate(model, args.batches, args)
+        for batch in args.batches:
+            row = dict(ours=_ours(model, batch, args, args.new_tokens))
+            if batch in hf_results:
+                row["transformers"] = hf_results[batch]
+                row["speedup"] = row["ours"]["tokens_per_s"] / hf_results[batch]["tokens_per_s"]
+            entry["batches"][batch] = row
+            print(f"[{name}] batch {batch}: {json.dumps(row)}", file=sys.stderr)
+        # Roofline: one decode step at a large batch vs its FLOPs at the measured matmul peak.
+        rb, rt = args.roofline_batch, args.roofline_new_tokens
+        ours = _ours(model, rb, args, rt)
+        step_s = ours["seconds"] / rt  # prefill included: an upper bound on the step time
+        flops = _decode_step_flops(cfg, rb, args.prompt_len + rt / 2)
+        entry["roofline"] = dict(
+            batch=rb,
+            new_tokens=rt,
+            step_s=step_s,
+            step_gflops=flops / 1e9,
+            roofline_step_s=flops / peak,
+            step_over_roofline=step_s / (flops / peak),
+            tokens_per_s=ours["tokens_per_s"],
+            compile_s=ours["compile_s"],
+        )
+        print(f"[{name}] roofline: {json.dumps(entry['roofline'])}", file=sys.stderr)
+        result["models"][name] = entry
+    return result
+
+
+# ----------------------------------------------------------------------------- main
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="name", required=True, metavar="name")
+    for name, (add_arguments, run) in BENCHMARKS.items():
+        p = sub.add_parser(name, help=(run.__doc__ or "").strip().splitlines()[0])
+        p.add_argument(
+            "--out", default=None, help="JSON path (default artifacts/bench_<name>.json)"
+        )
+        add_arguments(p)
+    args = parser.parse_args(argv)
+    _, run = BENCHMARKS[args.name]
+    result = dict(benchmark=args.name, **run(args))
+    out = Path(args.out or f"artifacts/bench_{args.name}.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+    return result
+
+
+if __name__ == "__main__":
+    main()
