@@ -1,0 +1,226 @@
+"""SpeculativeSampler: the emitted tokens are exact policy samples (chi-square against the
+enumerated distribution), greedy equals the normal Sampler's greedy, a draft equal to the
+policy is always accepted, and the behaviour log-probs equal a teacher-forced forward.
+
+Compiles dominate the runtime: the policy and the "different" draft share an architecture
+(so the draft == policy check reuses the sampled compile), and one jitted uncached forward
+of a fixed shape serves both the enumeration and the teacher forcing.
+"""
+
+import itertools
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from jaxrl_frontier.models.transformer import ModelConfig, Transformer
+from jaxrl_frontier.sampling import FinishReason, Sampler, SamplingParams, truncate_logits
+from jaxrl_frontier.speculative import SpeculativeSampler, _generate, shallow_draft
+
+CFG = ModelConfig(
+    vocab_size=8, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4, num_kv_heads=2
+)
+PAD, TP = 0, 8  # prompt bucket
+PROMPT = np.array([[3, 1, 4, 1, 5]], np.int32)  # left-padded to TP by the samplers
+NUM_SAMPLES = 8000
+TN_DIST, K_DIST, STOP = 3, 2, 2
+SAMPLED = SamplingParams(
+    max_new_tokens=TN_DIST, n=NUM_SAMPLES, temperature=0.8, top_p=0.95, stop_ids=(STOP,)
+)
+FWD_LEN = 20  # every uncached forward is [64, FWD_LEN]: one compile
+
+
+def make_model(seed: int, cfg: ModelConfig = CFG) -> Transformer:
+    """Numpy-drawn weights; a sharp output layer (logit std ~1.5), so the distributions are
+    far from uniform and a wrong sampler shows in the chi-square."""
+    model = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
+    rng = np.random.RandomState(seed)
+
+    def draw(path, x):
+        name = jax.tree_util.keystr(path)
+        if "norm" in name:
+            value = 1.0 + 0.1 * rng.randn(*x.shape)
+        else:
+            value = (0.12 if "lm_head" in name else 0.1) * rng.randn(*x.shape)
+        return jnp.asarray(value, x.dtype)
+
+    nnx.update(model, jax.tree_util.tree_map_with_path(draw, nnx.state(model)))
+    return model
+
+
+@pytest.fixture(scope="module")
+def policy():
+    return make_model(0)
+
+
+@pytest.fixture(scope="module")
+def forward(policy):
+    """Uncached forward: numpy (tokens, mask) [<=64, <=FWD_LEN] -> numpy logits, padded to
+    one shape (rows and trailing masked columns; causal, so they change nothing)."""
+    graphdef, state = nnx.split(policy)
+    fwd = jax.jit(lambda s, t, m: nnx.merge(graphdef, s)(t, m))
+
+    def run(tokens, mask):
+        b, t = tokens.shape
+        pad = ((0, 64 - b), (0, FWD_LEN - t))
+        logits = fwd(state, jnp.asarray(np.pad(tokens, pad)), jnp.asarray(np.pad(mask, pad)))
+        return np.asarray(logits)[:b, :t]
+
+    return run
+
+
+def padded_prompt():
+    tokens = np.zeros((1, TP), np.int32)
+    tokens[0, TP - PROMPT.shape[1] :] = PROMPT[0]
+    return tokens, (tokens != 0).astype(np.int32)
+
+
+def log_softmax_np(x):
+    x = x - x.max(-1, keepdims=True)
+    return x - np.log(np.exp(x).sum(-1, keepdims=True))
+
+
+def chi2_upper(df: int, z: float = 4.265) -> float:
+    """Wilson-Hilferty approximation of the chi-square upper quantile (z=4.265: p=1e-5)."""
+    a = 2.0 / (9.0 * df)
+    return df * (1.0 - a + z * math.sqrt(a)) ** 3
+
+
+def sampling_probs(logits):
+    """The target distribution: softmax(truncate(logits / T)) with SAMPLED's settings."""
+    q = truncate_logits(jnp.asarray(logits) / SAMPLED.temperature, top_p=SAMPLED.top_p)
+    return np.exp(log_softmax_np(np.asarray(q, np.float64)))
+
+
+def exact_distribution(forward):
+    """{completion (ending at STOP or after TN_DIST tokens): probability}, by enumeration."""
+    v = CFG.vocab_size
+    prompt, mask = padded_prompt()
+    pairs = list(itertools.product(range(v), repeat=2))  # every (y0, y1)
+    tokens = np.concatenate([np.repeat(prompt, len(pairs), 0), np.array(pairs, np.int32)], 1)
+    masks = np.concatenate([np.repeat(mask, len(pairs), 0), np.ones((len(pairs), 2), np.int32)], 1)
+    probs = sampling_probs(forward(tokens, masks)[:, TP - 1 :])  # [V^2, 3, V]: y0, y1, y2
+    p0 = probs[0, 0]
+    p1 = {y0: probs[pairs.index((y0, 0)), 1] for y0 in range(v)}
+    p2 = {pair: probs[i, 2] for i, pair in enumerate(pairs)}
+    dist = {}
+    for y0 in range(v):
+        if y0 == STOP:
+            dist[(y0,)] = p0[y0]
+            continue
+        for y1 in range(v):
+            if y1 == STOP:
+                dist[(y0, y1)] = p0[y0] * p1[y0][y1]
+                continue
+            for y2 in range(v):
+                dist[(y0, y1, y2)] = p0[y0] * p1[y0][y1] * p2[(y0, y1)][y2]
+    return dist
+
+
+@pytest.fixture(scope="module")
+def sampled_rollout(policy):
+    """NUM_SAMPLES completions of PROMPT with a different draft (same architecture)."""
+    draft = make_model(1)
+    spec = SpeculativeSampler(policy, draft, pad_id=PAD, k=K_DIST, prompt_buckets=(TP,))
+    ro, stats = spec.generate(*padded_prompt(), SAMPLED, jax.random.key(0))
+    return jax.device_get(ro), jax.device_get(stats)
+
+
+def test_distribution_matches_policy(sampled_rollout, forward):
+    ro, stats = sampled_rollout
+    dist = exact_distribution(forward)
+    assert abs(sum(dist.values()) - 1.0) < 1e-6
+    counts = {}
+    for row, length in zip(ro.completion_tokens, ro.lengths):
+        key = tuple(int(y) for y in row[:length])
+        counts[key] = counts.get(key, 0) + 1
+    impossible = {key for key in counts if dist.get(key, 0.0) == 0.0}
+    assert not impossible, impossible  # e.g. a token top-p removes, or one after a stop
+    # chi-square over the completions, pooling the rare ones (expected count < 5) into one cell
+    expected = {key: NUM_SAMPLES * p for key, p in dist.items()}
+    big = [key for key, e in expected.items() if e >= 5]
+    rare_obs = NUM_SAMPLES - sum(counts.get(key, 0) for key in big)
+    rare_exp = NUM_SAMPLES - sum(expected[key] for key in big)
+    stat = sum((counts.get(key, 0) - expected[key]) ** 2 / expected[key] for key in big)
+    stat += (rare_obs - rare_exp) ** 2 / rare_exp
+    bound = chi2_upper(len(big))  # len(big) + 1 cells
+    print(f"chi-square {stat:.1f} < {bound:.1f} (df {len(big)}), stats {stats}")
+    assert stat < bound, (stat, bound)
+    # the rejection path was exercised, and speculation did save policy forwards
+    assert 0.2 < stats["acceptance_rate"] < 0.95, stats
+    assert stats["tokens_per_policy_forward"] > 1.2, stats
+    stopped = ro.finish_reason == FinishReason.STOP
+    np.testing.assert_array_equal(
+        stopped, ro.completion_tokens[np.arange(NUM_SAMPLES), ro.lengths - 1] == STOP
+    )
+
+
+def test_logps_match_teacher_forcing(sampled_rollout, forward):
+    ro, _ = sampled_rollout
+    # 64 rows, half of them stopped early (a stop token before TN_DIST)
+    stopped = np.flatnonzero(ro.lengths < TN_DIST)[:32]
+    rows = np.concatenate([stopped, np.flatnonzero(ro.lengths == TN_DIST)[: 64 - len(stopped)]])
+    assert len(stopped) == 32 and len(rows) == 64
+    ro = jax.tree.map(lambda x: x[rows], ro)
+    seq = ro.sequences()
+    logits = forward(seq.tokens, seq.attention_mask)
+    next_logp = np.take_along_axis(log_softmax_np(logits[:, :-1]), seq.tokens[:, 1:, None], -1)
+    expected = np.concatenate([np.zeros((64, 1)), next_logp[..., 0]], 1) * seq.loss_mask
+    np.testing.assert_allclose(seq.old_logp, expected, atol=1e-4)
+    # sample_logp: the same tokens under temperature + truncation
+    with np.errstate(divide="ignore"):  # log 0 on truncated tokens, never sampled
+        q = np.log(sampling_probs(logits[:, TP - 1 : -1]))
+    q_logp = np.take_along_axis(q, ro.completion_tokens[..., None], -1)[..., 0]
+    expected_q = np.where(ro.completion_mask == 1, q_logp, 0.0)
+    np.testing.assert_allclose(ro.sample_logp, expected_q, atol=1e-4)
+    for b in range(64):
+        np.testing.assert_array_equal(ro.completion_tokens[b, ro.lengths[b] :], PAD)
+
+
+def test_draft_equal_to_policy_is_always_accepted(policy):
+    spec = SpeculativeSampler(policy, policy, pad_id=PAD, k=K_DIST, prompt_buckets=(TP,))
+    compiled = _generate._cache_size()
+    _, stats = spec.generate(*padded_prompt(), SAMPLED, jax.random.key(1))
+    assert _generate._cache_size() == compiled  # same architecture and plan: no recompile
+    assert float(stats["acceptance_rate"]) == 1.0, stats
+    assert int(stats["rounds"]) == 1  # TN_DIST = 1 (prefill) + K_DIST + 1 (bonus)
+
+
+def test_greedy_equals_normal_sampler(policy):
+    prompts = np.array([[0, 0, 0, 2, 5, 1], [3, 6, 2, 2, 1, 4], [0, 0, 0, 0, 0, 6]], np.int32)
+    mask = (prompts != 0).astype(np.int32)
+    sampler = Sampler(policy, pad_id=PAD, prompt_buckets=(TP,), decode_chunks=1, steps_per_check=8)
+    spec = SpeculativeSampler(
+        policy, shallow_draft(policy, 1), pad_id=PAD, k=3, prompt_buckets=(TP,)
+    )
+    plain = SamplingParams(max_new_tokens=12, n=2, greedy=True)
+    ref = jax.device_get(sampler.generate(prompts, mask, plain, jax.random.key(0)))
+    # a stop token that some rows emit mid-way, so rows stop at different rounds
+    eos = int(ref.completion_tokens[0, 4])
+    params = SamplingParams(max_new_tokens=12, n=2, greedy=True, eos_ids=(eos,))
+    ref = jax.device_get(sampler.generate(prompts, mask, params, jax.random.key(0)))
+    ro, stats = jax.device_get(spec.generate(prompts, mask, params, jax.random.key(1)))
+    assert (ref.lengths < 12).any()
+    for name in ("completion_tokens", "completion_mask", "lengths", "finish_reason"):
+        np.testing.assert_array_equal(getattr(ro, name), getattr(ref, name), err_msg=name)
+    np.testing.assert_allclose(ro.policy_logp, ref.policy_logp, atol=1e-4)
+    np.testing.assert_array_equal(ro.sample_logp, 0.0)
+    np.testing.assert_array_equal(ro.prompt_tokens, ref.prompt_tokens)
+    assert 0.0 <= stats["acceptance_rate"] <= 1.0
+    assert ro.group_size == 2
+
+
+def test_shallow_draft_is_the_policy_cut_early(policy):
+    draft = shallow_draft(policy, 1)
+    assert draft.cfg.num_layers == 1 and draft.layers[0] is policy.layers[0]
+    assert draft.embed is policy.embed  # shared, not copied: it follows the policy's training
+    # exactly the policy's parameters without block 1: embedding, block 0, final norm, head
+    expected = [(p, v) for p, v in nnx.to_flat_state(nnx.state(policy)) if p[:2] != ("layers", 1)]
+    got = list(nnx.to_flat_state(nnx.state(draft)))
+    assert [p for p, _ in got] == [p for p, _ in expected]
+    assert all(a.get_value() is b.get_value() for (_, a), (_, b) in zip(got, expected))
+    with pytest.raises(ValueError, match="num_layers"):
+        shallow_draft(policy, 3)
