@@ -265,7 +265,7 @@ def bench_sampler(args) -> dict:
             import transformers
 
             result["torch"], result["transformers"] = torch.__version__, transformers.__version__
-            result["torch_threads"] = torch.get_num_threads()
+            result["torch_threads"] = args.torch_threads
         except ImportError:
             args.no_hf = True
     for name in args.models.split(","):
