@@ -219,7 +219,7 @@ def make_update_fn(graphdef, tx, loss_of, grad_accum: int, state_sharding, batch
 
     def update(state: TrainState, batch):
         loss, grads, metrics = _microbatch_grads(loss_of, state.params, batch, grad_accum)
-        grad_norm = optax.global_norm(grads)
+        grad_norm = optax.tree.norm(grads)
         finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
         updates, new_opt = tx.update(grads, state.opt_state, state.params)
         new_params = optax.apply_updates(state.params, updates)
@@ -408,7 +408,8 @@ class Trainer:
     def evaluate(self, num_prompts: int | None = None) -> dict[str, float]:
         """Held-out greedy pass@1 and sampled pass@k (k = eval.pass_k, temperature 1)."""
         c = self.config
-        n = num_prompts or c.eval.num_prompts
+        # at most the held-out split (a small local JSONL may hold only a few eval rows)
+        n = min(num_prompts or c.eval.num_prompts, self.task.num_examples("eval"))
         examples = eval_examples(self.task, n, c.seed)
         nnx.update(self.policy, self.state.params)
         greedy = self._solve_rate(
