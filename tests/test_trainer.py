@@ -1,0 +1,524 @@
+"""Trainer: sharded == single device, exact resume (SFT and RL), SIGTERM, learning signals,
+TensorBoard output, fault tolerance.
+
+Runs use the `runlocal` configs shrunk further (`FAST`): one device unless a test says
+otherwise, no step-0 eval, a 4-prompt greedy eval only at the last step. Every Trainer
+compiles its own jitted closures; the persistent compilation cache (enabled below, one
+temporary directory per session, shared with the subprocesses) turns every compile after
+the first of a given program into a cache read, which keeps this file within budget.
+"""
+
+import atexit
+import importlib.util
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import jax
+import ml_collections
+import numpy as np
+import pytest
+
+# Cheaper XLA CPU compiles (LLVM -O0 and no expensive passes; same float semantics): these
+# tests are compile-bound. Only effective if jax has not initialised its backend yet.
+_XLA_FAST_COMPILE = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
+
+
+def _enable_compilation_cache() -> str:
+    """One cache directory per test session (and its subprocesses, through the env)."""
+    if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
+        os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_XLA_FAST_COMPILE}".strip()
+    path = os.environ.get("JAX_COMPILATION_CACHE_DIR")
+    if not path:
+        path = tempfile.mkdtemp(prefix="jaxrl_test_jax_cache_")
+        atexit.register(shutil.rmtree, path, ignore_errors=True)
+        os.environ["JAX_COMPILATION_CACHE_DIR"] = path
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+    jax.config.update("jax_compilation_cache_dir", path)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    from jax.experimental.compilation_cache import compilation_cache
+
+    compilation_cache.reset_cache()  # re-read the settings if something compiled already
+    return path
+
+
+_enable_compilation_cache()
+
+from jaxrl_frontier import sharding  # noqa: E402
+from jaxrl_frontier import trainer as trainer_lib  # noqa: E402
+from jaxrl_frontier.checkpoint import Checkpointer  # noqa: E402
+from jaxrl_frontier.metrics import METRICS_FILE  # noqa: E402
+from jaxrl_frontier.trainer import (  # noqa: E402
+    Trainer,
+    encode_demonstrations,
+    make_update_fn,
+    objective_section,
+    rl_loss,
+)
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# Every run here uses the same tiny shapes, so that they share compiled programs: one
+# device, 1-digit addition ("3+4=" -> "7"), 8 prompts x 8 completions, no step-0 eval, an
+# 8-prompt greedy eval at the last step only.
+FAST = {
+    "mesh.num_devices": 1,
+    "task.kwargs.max_digits": 1,
+    "task.kwargs.ops": "+",
+    "task.kwargs.prompt_template": "{a}{op}{b}=",
+    "data.max_prompt_len": 5,  # BOS + "9+9="
+    "data.prompt_batch": 8,
+    "rollout.max_new_tokens": 3,  # "18" + EOS
+    "rollout.group_size": 8,
+    "train.minibatches": 1,
+    "train.sft_batch": 64,
+    "train.log_every": 1,
+    "train.eval_every": 10**6,
+    "train.checkpoint_every": 10**6,
+    "eval.at_start": False,
+    "eval.num_prompts": 8,  # 1-digit addition has 10 held-out prompts
+    "eval.batch": 8,
+    "eval.pass_k": 1,
+}
+# RL from scratch: a random policy is never correct, so shape the reward (format, length)
+# for non-zero advantages from the first step.
+RL = {
+    "objective.reward_weights": ml_collections.ConfigDict(
+        dict(correctness=1.0, format=0.5, length=0.1)
+    ),
+    "optimizer.lr": 5e-3,
+    "optimizer.warmup_steps": 0,
+}
+
+
+def get_config(name: str, overrides: dict | None = None) -> ml_collections.ConfigDict:
+    """configs/<name>.py:runlocal with dotted-key overrides."""
+    spec = importlib.util.spec_from_file_location(name, os.path.join(REPO, "configs", f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    c = module.get_config("runlocal")
+    for key, value in (overrides or {}).items():
+        *parents, leaf = key.split(".")
+        node = c
+        for p in parents:
+            node = node[p]
+        node[leaf] = value
+    return c
+
+
+def read_metrics(workdir) -> list[dict]:
+    with open(os.path.join(workdir, METRICS_FILE)) as f:
+        return [json.loads(line) for line in f]
+
+
+def series(rows: list[dict], key: str) -> dict[int, float]:
+    return {r["step"]: r[key] for r in rows if key in r}
+
+
+def host_leaves(tree) -> list[np.ndarray]:
+    return [np.asarray(x) for x in jax.tree.leaves(tree)]
+
+
+def run(name: str, workdir, overrides: dict) -> tuple[Trainer, dict]:
+    tr = Trainer(get_config(name, {**FAST, **overrides}), str(workdir))
+    return tr, tr.run()
+
+
+# ============================================================================ fixtures
+
+
+@pytest.fixture(scope="module")
+def grpo_run(tmp_path_factory):
+    """An uninterrupted 4-step GRPO run (the resume reference; TensorBoard test input)."""
+    workdir = tmp_path_factory.mktemp("grpo4")
+    tr, summary = run("grpo_arith", workdir, {**RL, "train.steps": 4, "train.checkpoint_every": 2})
+    return workdir, tr, summary
+
+
+@pytest.fixture(scope="module")
+def arith_teacher(tmp_path_factory):
+    """A small SFT model on 1-digit addition, exported to <workdir>/export (the OPD teacher)."""
+    workdir = tmp_path_factory.mktemp("teacher")
+    overrides = {
+        "train.steps": 150,
+        "optimizer.lr": 3e-3,
+        "optimizer.warmup_steps": 0,
+        "optimizer.schedule": "constant",
+    }
+    _, summary = run("sft_arith", workdir, overrides)
+    return workdir, summary
+
+
+# ============================================================================ sharding
+
+
+def test_one_rl_step_sharded_equals_single_device(tmp_path):
+    """A GRPO step on a data=2 x fsdp=2 x tensor=2 mesh gives the one-device parameters."""
+    common = {**RL, "train.steps": 1, "optimizer.lr": 1e-3}
+    single = Trainer(get_config("grpo_arith", {**FAST, **common}), str(tmp_path / "one"))
+    init = host_leaves(single.state.params)
+    single.evaluate = lambda num_prompts=None: {}  # eval is not under test: skip its compiles
+    single.run()
+    sharded_cfg = get_config(
+        "grpo_arith",
+        {**FAST, **common, "mesh.num_devices": 0, "mesh.data": 2, "mesh.fsdp": 2, "mesh.tensor": 2},
+    )
+    sharded = Trainer(sharded_cfg, str(tmp_path / "eight"))
+    assert sharded.mesh.devices.size == 8 and dict(sharded.mesh.shape) == dict(
+        data=2, fsdp=2, tensor=2
+    )
+    assert any(len(x.sharding.device_set) == 8 for x in jax.tree.leaves(sharded.state.params))
+    assert any(not x.sharding.is_fully_replicated for x in jax.tree.leaves(sharded.state.params)), (
+        "no parameter is sharded on the 2x2x2 mesh"
+    )
+    sharded.evaluate = lambda num_prompts=None: {}
+    sharded.run()
+
+    # same rollouts and rewards, then the same parameters
+    m1, m8 = read_metrics(tmp_path / "one"), read_metrics(tmp_path / "eight")
+    for key in ("reward/total", "reward/format", "rollout/response_length"):
+        assert series(m1, key) == series(m8, key), key
+    np.testing.assert_allclose(
+        series(m1, "train/loss")[1], series(m8, "train/loss")[1], rtol=0, atol=1e-5
+    )
+    a, b = host_leaves(single.state.params), host_leaves(sharded.state.params)
+    moved = max(float(np.abs(x - x0).max()) for x, x0 in zip(a, init))
+    assert moved > 1e-4, "the step did not change the parameters: the comparison is vacuous"
+    for x, y in zip(a, b):
+        np.testing.assert_allclose(x, y, rtol=0, atol=1e-5)
+
+
+# ============================================================================ resume
+
+
+def test_rl_resume_is_bitwise_identical(grpo_run, tmp_path):
+    ref_dir, ref, ref_summary = grpo_run
+    assert ref_summary["step"] == 4 and not ref_summary["stopped"]
+
+    _, first = run("grpo_arith", tmp_path, {**RL, "train.steps": 2, "train.checkpoint_every": 2})
+    assert first["step"] == 2
+    assert Checkpointer(str(tmp_path / "checkpoints")).latest_step() == 2
+    resumed, second = run(
+        "grpo_arith", tmp_path, {**RL, "train.steps": 4, "train.checkpoint_every": 2}
+    )
+    assert second["step"] == 4 and int(resumed.state.step) == 4
+
+    for x, y in zip(host_leaves(ref.state), host_leaves(resumed.state), strict=True):
+        np.testing.assert_array_equal(x, y)  # params, optimizer state, step, RNG, skipped
+    # the resumed steps logged exactly the uninterrupted run's numbers
+    want, got = read_metrics(ref_dir), read_metrics(tmp_path)
+    assert [r["step"] for r in got] == [1, 2, 2, 3, 4, 4]  # train rows + the final evals
+    for key in ("train/loss", "reward/total", "train/grad_norm"):
+        assert series(want, key) == series(got, key), key
+
+
+def test_sft_preempted_then_resumed_is_bitwise_identical(tmp_path):
+    """SFT (warmup + cosine schedule) stopped by SIGTERM after step 2 of 4, then resumed."""
+    overrides = {"train.steps": 4}  # the file's schedule: warmup + cosine
+    ref, ref_summary = run("sft_arith", tmp_path / "ref", overrides)
+    assert ref_summary == dict(stopped=False, step=4, history=ref.history)
+
+    tr = Trainer(get_config("sft_arith", {**FAST, **overrides}), str(tmp_path / "cut"))
+    write = tr.writer.write_scalars
+
+    def write_then_preempt(step, scalars):
+        write(step, scalars)
+        if step == 2:
+            signal.raise_signal(signal.SIGTERM)  # what a scheduler's preemption sends
+
+    tr.writer.write_scalars = write_then_preempt
+    stopped = tr.run()
+    assert stopped["stopped"] and stopped["step"] == 2
+    assert Checkpointer(str(tmp_path / "cut" / "checkpoints")).all_steps() == [2]
+    assert not os.path.exists(tmp_path / "cut" / "export")
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # handler restored after run()
+
+    resumed, summary = run("sft_arith", tmp_path / "cut", overrides)
+    assert summary["step"] == 4 and not summary["stopped"]
+    for x, y in zip(host_leaves(ref.state), host_leaves(resumed.state), strict=True):
+        np.testing.assert_array_equal(x, y)
+    assert series(read_metrics(tmp_path / "ref"), "train/nll") == series(
+        read_metrics(tmp_path / "cut"), "train/nll"
+    )
+    assert os.path.exists(tmp_path / "cut" / "export" / "config.json")
+
+
+def _train_cmd(workdir, steps: int) -> list[str]:
+    flags = {**FAST, "train.steps": steps, "train.checkpoint_every": 10**6}
+    return [
+        sys.executable,
+        os.path.join(REPO, "scripts", "train.py"),
+        "--config=configs/grpo_arith.py:runlocal",
+        f"--workdir={workdir}",
+        *(f"--config.{k}={v}" for k, v in flags.items()),
+    ]
+
+
+def test_sigterm_saves_and_the_same_command_resumes(tmp_path):
+    workdir = tmp_path / "run"
+    log = open(tmp_path / "log.txt", "w")
+    proc = subprocess.Popen(
+        _train_cmd(workdir, 10_000), cwd=REPO, stdout=subprocess.PIPE, stderr=log, text=True
+    )
+    try:
+        deadline = time.time() + 240
+        while True:  # wait until it is training (a few steps logged)
+            assert proc.poll() is None, open(tmp_path / "log.txt").read()[-3000:]
+            assert time.time() < deadline, "the training subprocess logged no steps"
+            metrics = workdir / METRICS_FILE
+            if metrics.exists() and len(series(read_metrics(workdir), "train/loss")) >= 3:
+                break
+            time.sleep(0.5)
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        log.close()
+    assert proc.returncode == 0, open(tmp_path / "log.txt").read()[-3000:]
+    summary = json.loads(out.strip().splitlines()[-1])
+    stop_step = summary["step"]
+    assert summary["stopped"] is True and 3 <= stop_step < 10_000
+    assert Checkpointer(str(workdir / "checkpoints")).latest_step() == stop_step
+    logged = sorted(series(read_metrics(workdir), "train/loss"))
+    assert logged == list(range(1, stop_step + 1))
+
+    proc = subprocess.run(
+        _train_cmd(workdir, stop_step + 2), cwd=REPO, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert summary["step"] == stop_step + 2 and summary["stopped"] is False
+    logged = sorted(series(read_metrics(workdir), "train/loss"))
+    assert logged == list(range(1, stop_step + 3))  # continued at stop_step + 1, no repeats
+    assert Checkpointer(str(workdir / "checkpoints")).latest_step() == stop_step + 2
+
+
+# ============================================================================ learning
+
+
+def test_grpo_raises_mean_reward(tmp_path):
+    """From scratch, correctness + format shaping: the format reward is learnt in ~30 steps."""
+    overrides = {**RL, "train.steps": 40}
+    _, summary = run("grpo_arith", tmp_path, overrides)
+    assert summary["step"] == 40
+    reward = series(read_metrics(tmp_path), "reward/total")
+    assert sorted(reward) == list(range(1, 41))
+    first = np.mean([reward[s] for s in range(1, 6)])
+    last = np.mean([reward[s] for s in range(36, 41)])
+    print(f"GRPO mean reward: first 5 steps {first:.3f}, last 5 steps {last:.3f}")
+    assert last > first + 0.2, (first, last)
+    fmt = series(read_metrics(tmp_path), "reward/format")
+    assert np.mean([fmt[s] for s in range(36, 41)]) > 0.6
+
+
+def test_opd_lowers_reverse_kl_to_the_teacher(arith_teacher, tmp_path):
+    teacher_dir, teacher_summary = arith_teacher
+    nll = series(read_metrics(teacher_dir), "train/nll")
+    assert nll[150] < 0.5 * nll[1], (nll[1], nll[150])  # the teacher learnt the task
+    assert os.path.exists(teacher_dir / "export" / "config.json")
+
+    overrides = {
+        **RL,
+        "teacher.init": "checkpoint",
+        "teacher.path": str(teacher_dir),
+        "train.steps": 40,
+    }
+    tr, summary = run("opd_arith", tmp_path, overrides)
+    assert summary["step"] == 40
+    assert tr.config.objective.advantage == "opd" and tr.config.objective.weight == "pg"
+    kl = series(read_metrics(tmp_path), "opd/reverse_kl")
+    assert sorted(kl) == list(range(1, 41))
+    first = np.mean([kl[s] for s in range(1, 6)])
+    last = np.mean([kl[s] for s in range(36, 41)])
+    print(f"OPD sampled-token reverse KL: first 5 steps {first:.3f}, last 5 steps {last:.3f}")
+    assert last < 0.75 * first, (first, last)
+
+
+# ============================================================================ outputs
+
+
+def test_tensorboard_event_files_hold_the_expected_tags(grpo_run):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    workdir, _, _ = grpo_run
+    acc = EventAccumulator(str(workdir))
+    acc.Reload()
+    tags = set(acc.Tags()["scalars"])
+    expected = {
+        "train/loss",
+        "train/grad_norm",
+        "train/update_skipped",
+        "train/skipped_updates_total",
+        "reward/total",
+        "reward/correctness",
+        "reward/format",
+        "reward/failed",
+        "eval/pass@1_greedy",
+        "perf/tokens_per_second",
+        "perf/step_seconds",
+        "rollout/response_length",
+        "rollout/zero_variance_groups",
+    }
+    assert expected <= tags, expected - tags
+    jsonl = read_metrics(workdir)
+    for tag in ("train/loss", "train/grad_norm", "reward/total", "rollout/response_length"):
+        events = acc.Scalars(tag)
+        assert [e.step for e in events] == [1, 2, 3, 4]
+        want = series(jsonl, tag)
+        for e in events:
+            assert np.isfinite(e.value)
+            np.testing.assert_allclose(e.value, want[e.step], rtol=1e-6)
+    (ev,) = acc.Scalars("eval/pass@1_greedy")
+    assert ev.step == 4 and 0.0 <= ev.value <= 1.0
+    assert all(e.value > 0 for e in acc.Scalars("perf/tokens_per_second"))
+    assert all(1.0 <= e.value <= 3.0 for e in acc.Scalars("rollout/response_length"))
+    assert [e.value for e in acc.Scalars("train/skipped_updates_total")] == [0.0] * 4
+
+
+# ============================================================================ faults
+
+
+def _synthetic_rl_batch(tr: Trainer, seed: int = 0) -> dict:
+    """A random batch of the runs' shape ([64, 5 + 3]), so the update compiles once."""
+    rng = np.random.RandomState(seed)
+    rows, t = 64, 8
+    loss_mask = np.zeros((rows, t), np.float32)
+    loss_mask[:, 5:] = 1.0
+    return dict(
+        tokens=rng.randint(4, tr.policy.cfg.vocab_size, size=(rows, t)).astype(np.int32),
+        attention_mask=np.ones((rows, t), np.int32),
+        loss_mask=loss_mask,
+        old_logp=np.full((rows, t), -2.0, np.float32) * loss_mask,
+        advantages=rng.randn(rows, 1).astype(np.float32) * loss_mask,
+    )
+
+
+def test_nonfinite_update_is_skipped_and_counted(tmp_path):
+    tr = Trainer(get_config("grpo_arith", {**FAST, **RL}), str(tmp_path))
+    keys = ["tokens", "attention_mask", "loss_mask", "old_logp", "advantages"]
+    update = make_update_fn(
+        tr.graphdef,
+        tr.tx,
+        rl_loss(tr.graphdef, objective_section(tr.config.objective)),
+        1,
+        tr.state_sharding,
+        {k: sharding.batch_sharding(tr.mesh, 2) for k in keys},
+    )
+    before = host_leaves(tr.state)  # the update donates the state: copy first
+    bad = _synthetic_rl_batch(tr)
+    bad["advantages"][3, 6] = np.nan
+    state, m = update(tr.state, sharding.shard_batch(bad, tr.mesh))
+    assert not np.isfinite(float(m["loss"]))
+    assert float(m["update_skipped"]) == 1.0 and int(state.skipped) == 1
+    after_bad = host_leaves(state)
+    n_params = len(jax.tree.leaves(state.params))
+    n_opt = len(jax.tree.leaves(state.opt_state))
+    for x, y in zip(before[: n_params + n_opt], after_bad[: n_params + n_opt]):
+        np.testing.assert_array_equal(x, y)  # params and optimizer state untouched
+
+    inf_grad = _synthetic_rl_batch(tr, seed=1)
+    inf_grad["old_logp"][0, 7] = -np.inf  # ratio exp(logp - old) = inf on one token
+    state, m = update(state, sharding.shard_batch(inf_grad, tr.mesh))
+    assert float(m["update_skipped"]) == 1.0 and int(state.skipped) == 2
+
+    good = _synthetic_rl_batch(tr, seed=2)
+    state, m = update(state, sharding.shard_batch(good, tr.mesh))
+    assert np.isfinite(float(m["loss"])) and float(m["update_skipped"]) == 0.0
+    assert int(state.skipped) == 2
+    moved = [
+        float(np.abs(x - np.asarray(y)).max())
+        for x, y in zip(before[:n_params], jax.tree.leaves(state.params))
+    ]
+    assert max(moved) > 1e-4
+
+
+def test_nonfinite_advantages_in_a_run_skip_that_step_and_go_on(tmp_path, monkeypatch):
+    original = Trainer._advantages
+    calls = []
+
+    def advantages(self, r_pg, r_pgk, batch):
+        calls.append(1)
+        a = original(self, r_pg, r_pgk, batch)
+        return a * np.nan if len(calls) == 2 else a
+
+    monkeypatch.setattr(Trainer, "_advantages", advantages)
+    tr, summary = run("grpo_arith", tmp_path, {**RL, "train.steps": 3})
+    assert summary["step"] == 3 and int(tr.state.skipped) == 1
+    rows = read_metrics(tmp_path)
+    assert series(rows, "train/update_skipped") == {1: 0.0, 2: 1.0, 3: 0.0}
+    assert series(rows, "train/skipped_updates_total") == {1: 0.0, 2: 1.0, 3: 1.0}
+    assert np.isfinite(series(rows, "train/loss")[3])
+
+
+def test_raising_reward_scores_zero_is_counted_and_the_run_goes_on(tmp_path):
+    tr = Trainer(get_config("grpo_arith", {**FAST, **RL, "train.steps": 2}), str(tmp_path))
+    real = tr.task.reward
+    calls = []  # (format reward it would have had, raised)
+
+    def flaky(example, completion):
+        raises = len(calls) % 3 == 0
+        calls.append((real(example, completion)["format"], raises))
+        if raises:
+            raise RuntimeError("checker bug")
+        return real(example, completion)
+
+    tr.task.reward = flaky
+    summary = tr.run()
+    assert summary["step"] == 2
+    rows = read_metrics(tmp_path)
+    n = 8 * 8  # prompts x group per step; the final eval's calls come after
+    failed, fmt = series(rows, "reward/failed"), series(rows, "reward/format")
+    for step in (1, 2):
+        chunk = calls[(step - 1) * n : step * n]
+        assert failed[step] == sum(r for _, r in chunk) > 0
+        np.testing.assert_allclose(fmt[step], np.mean([0.0 if r else f for f, r in chunk]))
+
+
+def test_bad_jsonl_row_names_file_and_line(tmp_path):
+    path = tmp_path / "math.jsonl"
+    good = json.dumps({"question": "1 + 1?", "answer": "#### 2"})
+    path.write_text(f"{good}\n{good}\n{{not json\n{good}\n")
+    c = get_config("qwen_math", {"mesh.num_devices": 1, "task.kwargs.path": str(path)})
+    with pytest.raises(ValueError, match=f"{path}:3"):
+        Trainer(c, str(tmp_path / "run"))
+
+
+# ============================================================================ helpers
+
+
+def test_encode_demonstrations_layout():
+    from jaxrl_frontier.models.tokenizer import CharTokenizer
+
+    tok = CharTokenizer()
+    b = encode_demonstrations(tok, ["1+2=", "10+20="], ["3", "30"], 8, 4)
+    assert b["tokens"].shape == (2, 12)
+    prompt = tok.encode("1+2=")
+    np.testing.assert_array_equal(b["tokens"][0, :8], [0, 0, 0, tok.bos_id, *prompt])
+    np.testing.assert_array_equal(b["tokens"][0, 8:], [*tok.encode("3"), tok.eos_id, 0, 0])
+    np.testing.assert_array_equal(b["attention_mask"][0], [0] * 3 + [1] * 7 + [0, 0])
+    np.testing.assert_array_equal(b["loss_mask"][1], [0] * 8 + [1, 1, 1, 0])
+    with pytest.raises(ValueError, match="max_new_tokens=4"):
+        encode_demonstrations(tok, ["1+2="], ["12345"], 8, 4)
+
+
+def test_trainer_needs_a_workdir():
+    from jaxrl_frontier.config import ConfigError
+
+    with pytest.raises(ConfigError, match="workdir"):
+        Trainer(get_config("grpo_arith", FAST))
+
+
+def test_train_function_runs_and_exports(tmp_path):
+    summary = trainer_lib.train(get_config("grpo_arith", {**FAST, "train.steps": 1}), str(tmp_path))
+    assert summary["step"] == 1 and summary["history"]["eval"][-1]["step"] == 1
+    assert os.path.exists(tmp_path / "export" / "config.json")
+    with open(tmp_path / "config.json") as f:
+        assert json.load(f)["train"]["steps"] == 1  # the resolved config is written
