@@ -42,6 +42,15 @@ k were accepted, not d_k either). Each round's first draft call therefore feeds 
 Everything is one jitted call: prefill of both models, then a `lax.while_loop` over rounds
 (a `lax.scan` over the k-1 single-token draft steps inside), until every row has stopped or
 holds max_new_tokens tokens. Shapes are static: the caches have Tp + Tn + k slots.
+
+Speed. A round costs k draft forwards plus one (k+1)-token policy forward and emits
+1 + (accepted) tokens per row; it pays off where a policy forward costs about the same for
+k+1 tokens as for one (memory-bound decoding on an accelerator) and the draft is much cheaper
+than the policy. On a CPU the (k+1)-token forward costs ~1.6x a one-token forward and the
+speed-up is not there (scripts/bench_speculative.py). Rows wait for the slowest row of the
+batch (the loop runs until every row is done). Not done yet: the plain Sampler's
+cache-growing decode chunks (attention here always reads all Tp + Tn + k slots), meshes,
+Dropout-GRPO masks, and batch buckets (each batch size compiles once).
 """
 
 from __future__ import annotations
