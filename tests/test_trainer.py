@@ -234,11 +234,12 @@ def test_sft_preempted_then_resumed_is_bitwise_identical(tmp_path):
             signal.raise_signal(signal.SIGTERM)  # what a scheduler's preemption sends
 
     tr.writer.write_scalars = write_then_preempt
+    handler = signal.getsignal(signal.SIGTERM)
     stopped = tr.run()
     assert stopped["stopped"] and stopped["step"] == 2
     assert Checkpointer(str(tmp_path / "cut" / "checkpoints")).all_steps() == [2]
     assert not os.path.exists(tmp_path / "cut" / "export")
-    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # handler restored after run()
+    assert signal.getsignal(signal.SIGTERM) is handler  # restored after run()
 
     resumed, summary = run("sft_arith", tmp_path / "cut", overrides)
     assert summary["step"] == 4 and not summary["stopped"]
