@@ -658,6 +658,8 @@ class Sampler:
             tokens_d, mask_d = jnp.asarray(tokens), jnp.asarray(mask)
         else:
             tokens_d, mask_d = shd.shard_batch((tokens, mask), self.mesh)
+        if not isinstance(key, jax.Array):
+            raise TypeError(f"key must be a jax.random key, got {type(key).__name__}")
         if not jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
             key = jax.random.wrap_key_data(key)
         state = self._weights()
