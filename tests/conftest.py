@@ -5,14 +5,32 @@ be in the environment before any test module imports jax. Tests that do not buil
 are unaffected: arrays still default to device 0.
 """
 
+import atexit
 import os
+import shutil
+import tempfile
 
 _FLAG = "--xla_force_host_platform_device_count=8"
 if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
     # append rather than setdefault, so other XLA flags a user set are kept
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _FLAG).strip()
 
-import pytest  # noqa: E402  (after the flag on purpose: nothing above may import jax)
+# Cheaper XLA CPU compiles (LLVM -O0, no expensive passes; same float semantics): the suite
+# is compile-bound on a 2-core CPU.
+_FAST_COMPILE = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
+if "xla_backend_optimization_level" not in os.environ["XLA_FLAGS"]:
+    os.environ["XLA_FLAGS"] += " " + _FAST_COMPILE
+
+# A persistent compilation cache, one directory per session, inherited by subprocesses
+# (CLI and notebook tests): every compile after the first of a program is a cache read.
+if not os.environ.get("JAX_COMPILATION_CACHE_DIR"):
+    _cache = tempfile.mkdtemp(prefix="jaxrl_test_jax_cache_")
+    atexit.register(shutil.rmtree, _cache, ignore_errors=True)
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = _cache
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+
+import pytest  # noqa: E402  (after the flags on purpose: nothing above may import jax)
 
 # Tiny HF configs (f32, hidden 64, 2 layers, 4 heads, 2 kv heads, vocab 128) covering every
 # option the loader maps: rope scaling, tied embeddings, qkv bias, qk-norm, explicit head_dim.

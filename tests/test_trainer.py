@@ -3,53 +3,23 @@ TensorBoard output, fault tolerance.
 
 Runs use the `runlocal` configs shrunk further (`FAST`): one device unless a test says
 otherwise, no step-0 eval, a 4-prompt greedy eval only at the last step. Every Trainer
-compiles its own jitted closures; the persistent compilation cache (enabled below, one
-temporary directory per session, shared with the subprocesses) turns every compile after
-the first of a given program into a cache read, which keeps this file within budget.
+compiles its own jitted closures; the persistent compilation cache (enabled in conftest.py,
+one temporary directory per session, shared with the subprocesses) turns every compile
+after the first of a given program into a cache read, which keeps this file within budget.
 """
 
-import atexit
 import importlib.util
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 
 import jax
 import ml_collections
 import numpy as np
 import pytest
-
-# Cheaper XLA CPU compiles (LLVM -O0 and no expensive passes; same float semantics): these
-# tests are compile-bound. Only effective if jax has not initialised its backend yet.
-_XLA_FAST_COMPILE = "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
-
-
-def _enable_compilation_cache() -> str:
-    """One cache directory per test session (and its subprocesses, through the env)."""
-    if "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
-        os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_XLA_FAST_COMPILE}".strip()
-    path = os.environ.get("JAX_COMPILATION_CACHE_DIR")
-    if not path:
-        path = tempfile.mkdtemp(prefix="jaxrl_test_jax_cache_")
-        atexit.register(shutil.rmtree, path, ignore_errors=True)
-        os.environ["JAX_COMPILATION_CACHE_DIR"] = path
-    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
-    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
-    jax.config.update("jax_compilation_cache_dir", path)
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-    from jax.experimental.compilation_cache import compilation_cache
-
-    compilation_cache.reset_cache()  # re-read the settings if something compiled already
-    return path
-
-
-_enable_compilation_cache()
 
 from jaxrl_frontier import sharding  # noqa: E402
 from jaxrl_frontier import trainer as trainer_lib  # noqa: E402
