@@ -58,6 +58,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.model.qk_norm = False
     c.model.max_position_embeddings = 512
     c.model.dtype = "float32"  # compute dtype: float32 | bfloat16
+    c.model.remat = False  # recompute each block in the backward pass (memory for FLOPs)
 
     c.teacher = dict(init="none", path="", dtype="float32")  # none | scratch | hf | checkpoint
 

@@ -92,6 +92,7 @@ def model_config_from(config, tokenizer) -> ModelConfig:
         max_position_embeddings=m.max_position_embeddings,
         dtype=m.dtype,
         family="qwen2" if m.qkv_bias else ("qwen3" if m.qk_norm else "llama"),
+        remat=m.remat,
     )
 
 
@@ -102,7 +103,10 @@ def build_model(init: str, path: str, config, tokenizer, mesh, key, dtype: str) 
             model_config_from(config, tokenizer), rngs=nnx.Rngs(params=jax.random.key_data(key))
         )
         return sharding.shard_model(model, mesh)
-    return hf.load(_export_dir(path), mesh=mesh, dtype=dtype)
+    model = hf.load(_export_dir(path), mesh=mesh, dtype=dtype)
+    if config.model.remat:  # a training choice, not part of the HF config
+        model.cfg = model.cfg.replace(remat=True)
+    return model
 
 
 def build_optimizer(opt_cfg, total_updates: int) -> optax.GradientTransformation:
@@ -175,13 +179,31 @@ def _apply(graphdef):
     return apply_fn
 
 
-def make_logp_fn(graphdef):
-    """Jitted (params, tokens, mask) -> per-token log-probs [B, T] aligned with tokens."""
+def _apply_hidden(graphdef):
+    """(params, tokens, mask) -> (final hidden [B, T, D], output layer [D, V])."""
+
+    def apply_hidden_fn(params, tokens, attention_mask):
+        model = nnx.merge(graphdef, params)
+        return model.hidden_states(tokens, attention_mask)[0], model.output_embedding()
+
+    return apply_hidden_fn
+
+
+def make_logp_fn(graphdef, logprob_chunk: int | None = losses.DEFAULT_LOGPROB_CHUNK):
+    """Jitted (params, tokens, mask) -> per-token log-probs [B, T] aligned with tokens.
+
+    logprob_chunk: positions per chunk of the fused output layer + log-softmax (no
+    [B, T, V] logits); None: the plain path through the full logits.
+    """
+    apply_hidden_fn = _apply_hidden(graphdef)
 
     @jax.jit
     def logp_fn(params, tokens, attention_mask):
-        logits = nnx.merge(graphdef, params)(tokens, attention_mask)
-        return losses.token_logprobs(logits, tokens)
+        if logprob_chunk is None:
+            logits = nnx.merge(graphdef, params)(tokens, attention_mask)
+            return losses.token_logprobs(logits, tokens)
+        hidden, w_out = apply_hidden_fn(params, tokens, attention_mask)
+        return losses.token_logprobs_from_hidden(hidden, w_out, tokens, logprob_chunk)
 
     return logp_fn
 
@@ -240,13 +262,20 @@ def make_update_fn(graphdef, tx, loss_of, grad_accum: int, state_sharding, batch
     )
 
 
-def sft_loss(graphdef):
-    """Token-mean cross-entropy on completion tokens (the loss_mask)."""
-    apply_fn = _apply(graphdef)
+def sft_loss(graphdef, logprob_chunk: int | None = losses.DEFAULT_LOGPROB_CHUNK):
+    """Token-mean cross-entropy on completion tokens (the loss_mask).
+
+    logprob_chunk: as in `make_logp_fn` (None: through the full [B, T, V] logits).
+    """
+    apply_fn, apply_hidden_fn = _apply(graphdef), _apply_hidden(graphdef)
 
     def loss_of(params, batch):
-        logits = apply_fn(params, batch["tokens"], batch["attention_mask"])
-        logp = losses.token_logprobs(logits, batch["tokens"])
+        if logprob_chunk is None:
+            logits = apply_fn(params, batch["tokens"], batch["attention_mask"])
+            logp = losses.token_logprobs(logits, batch["tokens"])
+        else:
+            hidden, w_out = apply_hidden_fn(params, batch["tokens"], batch["attention_mask"])
+            logp = losses.token_logprobs_from_hidden(hidden, w_out, batch["tokens"], logprob_chunk)
         m = batch["loss_mask"]
         nll = -jnp.sum(logp * m) / jnp.maximum(jnp.sum(m), 1.0)
         return nll, dict(nll=nll)
@@ -261,11 +290,21 @@ def objective_section(objective) -> dict:
     return out
 
 
-def rl_loss(graphdef, objective_cfg):
+def rl_loss(graphdef, objective_cfg, logprob_chunk: int | None = losses.DEFAULT_LOGPROB_CHUNK):
+    """`losses.loss_fn` over the policy; with `logprob_chunk` (the default) the log-probs
+    come from the fused, chunked output layer unless a distillation loss needs logits."""
     apply_fn = _apply(graphdef)
+    apply_hidden_fn = None if logprob_chunk is None else _apply_hidden(graphdef)
 
     def loss_of(params, batch):
-        return losses.loss_fn(params, batch, objective_cfg, apply_fn=apply_fn)
+        return losses.loss_fn(
+            params,
+            batch,
+            objective_cfg,
+            apply_fn=apply_fn,
+            apply_hidden_fn=apply_hidden_fn,
+            logprob_chunk=logprob_chunk or losses.DEFAULT_LOGPROB_CHUNK,
+        )
 
     return loss_of
 
@@ -356,10 +395,10 @@ class Trainer:
         opt_state = jax.jit(self.tx.init)(params)
         # Leaves not derived from a parameter (Adam's step count) come out on the default
         # device only; replicate them over the mesh, or the sharded update rejects the state.
-        mesh_devices = set(self.mesh.devices.flat)
+        # Also on a 1-device mesh: a SingleDeviceSharding leaf comes back from the update as
+        # a NamedSharding, a different input type, and the update would compile twice.
         opt_state = jax.tree.map(
-            lambda x: x if x.sharding.device_set == mesh_devices else jax.device_put(x, repl),
-            opt_state,
+            lambda x: x if _on_mesh(x, self.mesh) else jax.device_put(x, repl), opt_state
         )
         return TrainState(
             params=params,
@@ -768,6 +807,11 @@ class Trainer:
                 rewards=dict(zip(self.reward_names, map(float, info["rewards"][i]))),
                 advantage=float(adv[i]),
             )
+
+
+def _on_mesh(x: jax.Array, mesh) -> bool:
+    """x is placed by a NamedSharding over exactly this mesh."""
+    return isinstance(x.sharding, jax.sharding.NamedSharding) and x.sharding.mesh == mesh
 
 
 def _stats_for_advantage(batch):

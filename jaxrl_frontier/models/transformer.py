@@ -55,6 +55,7 @@ class ModelConfig:
     dtype: str = "float32"  # compute dtype: float32 | bfloat16
     param_dtype: str = "float32"
     family: str = "llama"  # llama | qwen2 | qwen3 (the HF architecture written back on save)
+    remat: bool = False  # recompute each block in the backward pass (jax.checkpoint): less memory
 
     def __post_init__(self):
         if self.num_heads % self.num_kv_heads:
@@ -277,6 +278,17 @@ class Block(nnx.Module):
         return x, new_kv
 
 
+def _remat_block(layer: Block, x, positions, inv_freq, attn_bias, hidden_mask):
+    """layer(x) under `jax.checkpoint`: only the block's input is kept for the backward pass."""
+    graphdef, state = nnx.split(layer)
+
+    @jax.checkpoint
+    def run(state, x, hidden_mask):
+        return nnx.merge(graphdef, state)(x, positions, inv_freq, attn_bias, None, hidden_mask)[0]
+
+    return run(state, x, hidden_mask)
+
+
 # ----------------------------------------------------------------------------- model
 
 
@@ -349,7 +361,10 @@ class Transformer(nnx.Module):
         for i, layer in enumerate(self.layers):
             kv = None if cache is None else (*kv_all, i, cache.index)
             hm = None if mlp_mask is None else mlp_mask[i]
-            x, kv_all = layer(x, positions, inv_freq, attn_bias, kv, hm)
+            if cfg.remat and cache is None:
+                x = _remat_block(layer, x, positions, inv_freq, attn_bias, hm)
+            else:
+                x, kv_all = layer(x, positions, inv_freq, attn_bias, kv, hm)
         hidden = self.final_norm(x)
         if cache is None:
             return hidden, None

@@ -64,6 +64,69 @@ def token_entropy(logits_btv: Array) -> Array:
     return _shift_right(-jnp.sum(jnp.exp(l) * l, axis=-1))
 
 
+DEFAULT_LOGPROB_CHUNK = 256  # positions per chunk of the fused output layer (logits [chunk, V])
+
+
+def token_stats_from_hidden(
+    hidden_btd: Array,
+    w_out_dv: Array,
+    tokens_bt: Array,
+    chunk: int = DEFAULT_LOGPROB_CHUNK,
+    *,
+    entropy: bool = False,
+    entropy_grad: bool = True,
+) -> tuple[Array, Array | None]:
+    """`token_logprobs` (and `token_entropy`) from final hidden states, never holding the
+    [B, T, V] logits: the output layer, logsumexp and gather run over chunks of `chunk`
+    positions (`lax.map`), each chunk under `jax.checkpoint`, so the backward pass recomputes
+    one chunk's [chunk, V] logits at a time instead of storing all of them.
+
+    hidden [B, T, D] (compute dtype), w_out [D, V], tokens [B, T] int -> (logp [B, T] f32,
+    entropy [B, T] f32 or None), aligned with tokens like `token_logprobs` (column 0 is 0).
+    Logits are accumulated in f32 as in `Transformer.logits`. `entropy_grad=False` holds the
+    entropy constant (a metric only). Cost: the output matmul runs once more in the backward
+    pass (8 instead of 6 * B * T * D * V FLOPs).
+    """
+    b, t, d = hidden_btd.shape
+    h = hidden_btd[:, :-1].reshape(-1, d)  # positions t - 1 predict token t
+    y = tokens_bt[:, 1:].reshape(-1)
+    n = h.shape[0]
+    chunk = max(1, min(chunk, n))
+    pad = -n % chunk
+    h = jnp.pad(h, ((0, pad), (0, 0))).reshape(-1, chunk, d)
+    y = jnp.pad(y, (0, pad)).reshape(-1, chunk)
+    w = w_out_dv.astype(hidden_btd.dtype)
+
+    @jax.checkpoint
+    def one(args):
+        h_cd, y_c = args
+        z = jnp.einsum("cd,dv->cv", h_cd, w, preferred_element_type=jnp.float32)
+        lse = jax.nn.logsumexp(z, axis=-1)
+        logp = jnp.take_along_axis(z, y_c[:, None], axis=-1)[:, 0] - lse
+        if not entropy:
+            return logp, jnp.zeros_like(logp)
+        zh, lh = (z, lse) if entropy_grad else (sg(z), sg(lse))
+        return logp, lh - jnp.sum(jnp.exp(zh - lh[:, None]) * zh, axis=-1)  # H = lse - E_p[z]
+
+    logp, ent = jax.lax.map(one, (h, y))
+
+    def aligned(x):
+        x = x.reshape(-1)[:n].reshape(b, t - 1)
+        return jnp.pad(x, ((0, 0), (1, 0)))
+
+    return aligned(logp), (aligned(ent) if entropy else None)
+
+
+def token_logprobs_from_hidden(
+    hidden_btd: Array, w_out_dv: Array, tokens_bt: Array, chunk: int = DEFAULT_LOGPROB_CHUNK
+) -> Array:
+    """[B, T] log-probs of `tokens` from hidden states and the output layer, chunked.
+
+    Equals `token_logprobs(hidden @ w_out, tokens)`; see `token_stats_from_hidden`.
+    """
+    return token_stats_from_hidden(hidden_btd, w_out_dv, tokens_bt, chunk)[0]
+
+
 # ----------------------------------------------------------------------------- aggregations
 # fn(x_bt, mask_bt, **kwargs) -> scalar. "Rows" are rows with at least one valid token.
 
@@ -415,12 +478,14 @@ def objective_loss(
     logits: Array | None = None,
     teacher_logits: Array | None = None,
     tokens: Array | None = None,
+    entropy: Array | None = None,
 ) -> tuple[Array, dict[str, Array]]:
     """The total objective from token statistics: (loss scalar, metrics dict of scalars).
 
     stats: TokenStats [B, T] (stats.logp differentiable); adv: [B, T] (a sequence advantage
     broadcast over tokens, or a token-level one); logits: student logits [B, T, V] (entropy,
-    distillation); teacher_logits: [B, T, V]; tokens: [B, T] (needed by 'cr_opd').
+    distillation); teacher_logits: [B, T, V]; tokens: [B, T] (needed by 'cr_opd');
+    entropy: [B, T] token entropies (differentiable) when the logits are not at hand.
     See the module docstring for L. Metrics (token means over valid tokens):
     loss, pg_loss, kl_loss, entropy, distill_loss; clip_frac (w == 0: dropped by a clip or
     mask), ratio_clip_frac (token ratio r outside [1 - eps_low, 1 + eps_high], the weight's
@@ -458,8 +523,8 @@ def objective_loss(
             loss = loss + _get(cfg, "kl_coef") * kl_loss
             metrics["kl_loss"] = kl_loss
 
-    if logits is not None:
-        ent_bt = token_entropy(logits)
+    if logits is not None or entropy is not None:
+        ent_bt = token_entropy(logits) if entropy is None else entropy
         if _get(cfg, "entropy_coef"):
             ent = agg(ent_bt)
             loss = loss - _get(cfg, "entropy_coef") * ent
@@ -505,17 +570,36 @@ def loss_fn(
     cfg: Any,
     *,
     apply_fn: Callable[[Any, Array, Array], Array],
+    apply_hidden_fn: Callable[[Any, Array, Array], tuple[Array, Array]] | None = None,
+    logprob_chunk: int = DEFAULT_LOGPROB_CHUNK,
 ) -> tuple[Array, dict[str, Array]]:
     """The trainer's entry point: forward, token log-probs, then `objective_loss`.
 
     apply_fn(params, tokens [B, T], attention_mask [B, T]) -> logits [B, T, V].
+    apply_hidden_fn (optional, same arguments) -> (final hidden [B, T, D], output layer
+    [D, V]): when given and no distillation loss needs full logits, log-probs and entropy
+    come from `token_stats_from_hidden` in chunks of `logprob_chunk` positions, and the
+    [B, T, V] logits are never materialised (same values; less memory and traffic).
     batch: tokens, attention_mask, loss_mask, old_logp, advantages (all [B, T]); optional
     ref_logp, teacher_logp, sc_logp [B, T] and teacher_logits [B, T, V].
     """
     tokens = batch["tokens"]
-    logits = apply_fn(params, tokens, batch["attention_mask"])
+    if apply_hidden_fn is not None and not _get(cfg, "distill"):
+        hidden, w_out = apply_hidden_fn(params, tokens, batch["attention_mask"])
+        logp, entropy = token_stats_from_hidden(
+            hidden,
+            w_out,
+            tokens,
+            logprob_chunk,
+            entropy=True,
+            entropy_grad=bool(_get(cfg, "entropy_coef")),
+        )
+        logits = None
+    else:
+        logits = apply_fn(params, tokens, batch["attention_mask"])
+        logp, entropy = token_logprobs(logits, tokens), None
     stats = TokenStats(
-        logp=token_logprobs(logits, tokens),
+        logp=logp,
         old_logp=batch["old_logp"],
         mask=batch["loss_mask"],
         ref_logp=batch.get("ref_logp"),
@@ -529,4 +613,5 @@ def loss_fn(
         logits=logits,
         teacher_logits=batch.get("teacher_logits"),
         tokens=tokens,
+        entropy=entropy,
     )

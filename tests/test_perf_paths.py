@@ -1,0 +1,142 @@
+"""The fast paths equal the plain ones: the chunked, fused output layer + log-softmax
+(`token_stats_from_hidden`) against `token_logprobs` / `token_entropy` of the full logits,
+values and gradients; the trainer's fused loss against the logits loss; and block remat."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from jaxrl_frontier import config as config_lib
+from jaxrl_frontier import trainer as tr
+from jaxrl_frontier.models.transformer import ModelConfig, Transformer
+from jaxrl_frontier.objectives import losses
+
+B, T, D, V = 3, 11, 16, 37
+
+
+def _inputs(seed=0):
+    k = jax.random.split(jax.random.key(seed), 3)
+    h = jax.random.normal(k[0], (B, T, D), jnp.float32)
+    w = 0.5 * jax.random.normal(k[1], (D, V), jnp.float32)
+    tok = jax.random.randint(k[2], (B, T), 0, V)
+    return h, w, tok
+
+
+@pytest.mark.parametrize("chunk", [1, 4, 7, 256])  # 7 does not divide B * (T - 1) = 30
+def test_chunked_logprobs_equal_plain(chunk):
+    h, w, tok = _inputs()
+    plain = losses.token_logprobs(h @ w, tok)
+    fused = losses.token_logprobs_from_hidden(h, w, tok, chunk)
+    np.testing.assert_allclose(fused, plain, atol=1e-5, rtol=0)
+    logp, ent = losses.token_stats_from_hidden(h, w, tok, chunk, entropy=True)
+    np.testing.assert_allclose(logp, plain, atol=1e-5, rtol=0)
+    np.testing.assert_allclose(ent, losses.token_entropy(h @ w), atol=1e-5, rtol=0)
+    assert fused.shape == (B, T) and float(jnp.abs(fused[:, 0]).max()) == 0.0
+
+
+@pytest.mark.parametrize("chunk", [4, 7])
+def test_chunked_logprob_gradients_equal_plain(chunk):
+    h, w, tok = _inputs(1)
+    c = jax.random.normal(jax.random.key(9), (B, T))  # a generic cotangent
+
+    def plain(h, w):
+        return jnp.sum(c * losses.token_logprobs(h @ w, tok)) + jnp.sum(
+            c**2 * losses.token_entropy(h @ w)
+        )
+
+    def fused(h, w):
+        logp, ent = losses.token_stats_from_hidden(h, w, tok, chunk, entropy=True)
+        return jnp.sum(c * logp) + jnp.sum(c**2 * ent)
+
+    gp, gf = jax.grad(plain, (0, 1))(h, w), jax.grad(fused, (0, 1))(h, w)
+    for a, b in zip(gp, gf):
+        np.testing.assert_allclose(b, a, atol=1e-5, rtol=1e-5)
+
+
+def test_entropy_metric_only_has_no_gradient():
+    h, w, tok = _inputs(2)
+
+    def f(h):
+        return jnp.sum(
+            losses.token_stats_from_hidden(h, w, tok, 8, entropy=True, entropy_grad=False)[1]
+        )
+
+    assert float(jnp.abs(jax.grad(f)(h)).max()) == 0.0
+
+
+def _tiny_model(remat=False):
+    cfg = ModelConfig(
+        vocab_size=V,
+        hidden_size=32,
+        intermediate_size=64,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        remat=remat,
+    )
+    return Transformer(cfg, rngs=nnx.Rngs(0))
+
+
+def _rl_batch(seed=0):
+    rng = np.random.default_rng(seed)
+    mask = np.zeros((4, 9), np.float32)
+    mask[:, 3:] = 1.0
+    return dict(
+        tokens=jnp.asarray(rng.integers(1, V, (4, 9)), jnp.int32),
+        attention_mask=jnp.asarray(np.ones((4, 9)), jnp.int32),
+        loss_mask=jnp.asarray(mask),
+        old_logp=jnp.asarray(-rng.exponential(2.0, (4, 9)) * mask, jnp.float32),
+        advantages=jnp.asarray(rng.normal(size=(4, 1)) * mask, jnp.float32),
+    )
+
+
+@pytest.mark.parametrize("entropy_coef", [0.0, 0.01])
+def test_trainer_fused_rl_loss_equals_logits_loss(entropy_coef):
+    graphdef, params = nnx.split(_tiny_model())
+    objective = tr.objective_section(config_lib.base_config().objective)
+    objective["entropy_coef"] = entropy_coef
+    batch = _rl_batch()
+    outs = []
+    for chunk in (None, 5):
+        loss_of = tr.rl_loss(graphdef, objective, logprob_chunk=chunk)
+        (loss, metrics), grads = jax.value_and_grad(loss_of, has_aux=True)(params, batch)
+        outs.append((loss, metrics, grads))
+    (l0, m0, g0), (l1, m1, g1) = outs
+    np.testing.assert_allclose(l1, l0, atol=1e-6)
+    assert set(m0) == set(m1)
+    for k in m0:
+        np.testing.assert_allclose(m1[k], m0[k], atol=1e-5, err_msg=k)
+    for a, b in zip(jax.tree.leaves(g0), jax.tree.leaves(g1)):
+        np.testing.assert_allclose(b, a, atol=1e-5, rtol=1e-4)
+
+
+def test_trainer_fused_sft_loss_and_logp_fn_equal_plain():
+    graphdef, params = nnx.split(_tiny_model())
+    batch = {
+        k: v for k, v in _rl_batch(1).items() if k in ("tokens", "attention_mask", "loss_mask")
+    }
+    (l0, _), g0 = jax.value_and_grad(tr.sft_loss(graphdef, None), has_aux=True)(params, batch)
+    (l1, _), g1 = jax.value_and_grad(tr.sft_loss(graphdef, 6), has_aux=True)(params, batch)
+    np.testing.assert_allclose(l1, l0, atol=1e-6)
+    for a, b in zip(jax.tree.leaves(g0), jax.tree.leaves(g1)):
+        np.testing.assert_allclose(b, a, atol=1e-5, rtol=1e-4)
+    args = (params, batch["tokens"], batch["attention_mask"])
+    np.testing.assert_allclose(
+        tr.make_logp_fn(graphdef, 6)(*args), tr.make_logp_fn(graphdef, None)(*args), atol=1e-5
+    )
+
+
+def test_remat_blocks_give_the_same_loss_and_gradients():
+    batch = _rl_batch(2)
+    objective = tr.objective_section(config_lib.base_config().objective)
+    outs = []
+    for remat in (False, True):
+        graphdef, params = nnx.split(_tiny_model(remat))
+        loss_of = tr.rl_loss(graphdef, objective)
+        outs.append(jax.value_and_grad(loss_of, has_aux=True)(params, batch))
+    ((l0, _), g0), ((l1, _), g1) = outs
+    np.testing.assert_allclose(l1, l0, atol=1e-6)
+    for a, b in zip(jax.tree.leaves(g0), jax.tree.leaves(g1)):
+        np.testing.assert_allclose(b, a, atol=1e-6, rtol=1e-5)

@@ -1,0 +1,173 @@
+"""Hot paths compile once: a second call of the jitted train step (`make_update_fn`, RL and
+SFT losses) or of the sampler's prefill + decode loop with inputs of the same shapes (new
+values, new keys, a new temperature) must not trace or compile again.
+
+Two independent counters: the jitted function's own cache size / the sampler's trace
+counters, and XLA backend compilations seen by a `jax.monitoring` listener (any compile at
+all during the second call, eager helpers included, fails the test)."""
+
+import contextlib
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+from jaxrl_frontier import config as config_lib
+from jaxrl_frontier import sharding
+from jaxrl_frontier import trainer as tr
+from jaxrl_frontier.models.transformer import ModelConfig, Transformer
+from jaxrl_frontier.sampling import Sampler, SamplingParams
+
+_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+_compiles: list[str] = []
+
+
+def _listener(event, duration, **kwargs):
+    if event == _COMPILE_EVENT:
+        _compiles.append(str(kwargs.get("fun_name", "")))
+
+
+jax.monitoring.register_event_duration_secs_listener(_listener)
+
+
+@contextlib.contextmanager
+def count_compiles():
+    start = len(_compiles)
+    seen: list[str] = []
+    yield seen
+    seen.extend(_compiles[start:])
+
+
+def _model():
+    cfg = ModelConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+    )
+    return Transformer(cfg, rngs=nnx.Rngs(0))
+
+
+def _batch(seed, rl=True):
+    rng = np.random.default_rng(seed)
+    mask = np.zeros((8, 12), np.float32)
+    mask[:, 4:] = 1.0
+    batch = dict(
+        tokens=rng.integers(1, 64, (8, 12)).astype(np.int32),
+        attention_mask=np.ones((8, 12), np.int32),
+        loss_mask=mask,
+    )
+    if rl:
+        batch["old_logp"] = (-rng.exponential(2.0, (8, 12)) * mask).astype(np.float32)
+        batch["advantages"] = (rng.normal(size=(8, 1)) * mask).astype(np.float32)
+    return batch
+
+
+def _trainer(tmp_path, mode, num_devices):
+    c = config_lib.base_config()
+    c.mode = mode
+    c.mesh.num_devices = num_devices
+    c.task.kwargs = dict(max_digits=1, ops="+", prompt_template="{a}{op}{b}=")
+    c.data.max_prompt_len = 5
+    c.data.prompt_batch = 4
+    c.rollout.group_size = 4
+    c.rollout.max_new_tokens = 3
+    c.model.hidden_size, c.model.intermediate_size, c.model.num_heads = 32, 64, 4
+    c.train.steps = 3
+    c.train.recompute_old_logp = True
+    c.objective.kl_coef = 0.01  # a reference forward too
+    c.eval.at_start = False
+    return tr.Trainer(c, str(tmp_path))
+
+
+def _state_step(trainer):
+    trainer.state = trainer.state.replace(step=trainer.state.step + 1)  # as the loops do
+
+
+@pytest.mark.parametrize("num_devices", [1, 8])
+def test_rl_step_compiles_once(tmp_path, num_devices):
+    """The Trainer's own pieces: rollout, old/ref log-probs, advantages, update."""
+    trainer = _trainer(tmp_path, "rl", num_devices)
+    c = trainer.config
+    objective = tr.objective_section(c.objective)
+    keys = ["tokens", "attention_mask", "loss_mask", "old_logp", "advantages", "ref_logp"]
+    batch_sh = {k: sharding.batch_sharding(trainer.mesh, 2) for k in keys}
+    update = tr.make_update_fn(
+        trainer.graphdef,
+        trainer.tx,
+        tr.rl_loss(trainer.graphdef, objective),
+        1,
+        trainer.state_sharding,
+        batch_sh,
+    )
+    examples = [trainer.task.example("train", i) for i in range(4)]
+
+    def step(i):
+        batch, _ = trainer._rl_batch(examples, jax.random.key(i))
+        mb = sharding.shard_batch({k: np.asarray(batch[k]) for k in keys}, trainer.mesh)
+        trainer.state, metrics = update(trainer.state, mb)
+        _state_step(trainer)
+        jax.block_until_ready((trainer.state, metrics))
+
+    step(0)
+    traces = dict(trainer.sampler.num_traces)
+    with count_compiles() as seen:
+        step(1)
+        step(2)
+    assert update._cache_size() == 1, "the train step was traced again"
+    assert trainer.logp_fn._cache_size() == 1, "the log-prob forward was traced again"
+    assert trainer.sampler.num_traces == traces, "prefill/decode traced again"
+    assert seen == [], f"compiled again on a same-shaped call: {seen}"
+
+
+def test_sft_step_compiles_once(tmp_path):
+    trainer = _trainer(tmp_path, "sft", 1)
+    batch_sh = sharding.batch_sharding(trainer.mesh, 2)
+    update = tr.make_update_fn(
+        trainer.graphdef,
+        trainer.tx,
+        tr.sft_loss(trainer.graphdef),
+        1,
+        trainer.state_sharding,
+        batch_sh,
+    )
+    batches = [sharding.shard_batch(_batch(s, rl=False), trainer.mesh) for s in range(3)]
+    trainer.state, _ = update(trainer.state, batches[0])
+    _state_step(trainer)
+    jax.block_until_ready(trainer.state)
+    with count_compiles() as seen:
+        for b in batches[1:]:
+            trainer.state, metrics = update(trainer.state, b)
+            _state_step(trainer)
+        jax.block_until_ready((trainer.state, metrics))
+    assert update._cache_size() == 1, "the train step was traced again"
+    assert seen == [], f"compiled again on a same-shaped call: {seen}"
+
+
+def test_decode_loop_compiles_once():
+    sampler = Sampler(_model(), pad_id=0, prompt_buckets=(8,))
+    rng = np.random.default_rng(0)
+
+    def prompts(seed):
+        r = np.random.default_rng(seed)
+        tok = r.integers(1, 64, (3, 6)).astype(np.int32)
+        mask = np.ones_like(tok)
+        mask[0, :2] = 0  # a left-padded row
+        return tok, mask
+
+    tok, mask = prompts(0)
+    params = SamplingParams(max_new_tokens=10, n=2, temperature=1.0, eos_ids=(5,))
+    jax.block_until_ready(sampler.generate(tok, mask, params, jax.random.key(0)))
+    traces = dict(sampler.num_traces)
+    assert traces == {"prefill": 1, "decode": 1}
+    with count_compiles() as seen:
+        for i, temp in enumerate((0.7, 1.3), start=1):
+            tok, mask = prompts(i)
+            p = SamplingParams(max_new_tokens=10, n=2, temperature=temp, eos_ids=(5,))
+            jax.block_until_ready(sampler.generate(tok, mask, p, jax.random.key(i)))
+    assert sampler.num_traces == traces, "prefill/decode traced again"
+    assert seen == [], f"compiled again on a same-shaped call: {seen}"
+    del rng
