@@ -1,0 +1,450 @@
+"""Train-step MFU and sharded memory: the jitted update of `trainer.make_update_fn` (forward,
+backward, clip + AdamW) on random Llama-shaped models, against a matmul peak measured in the
+same run; and per-device bytes of params + optimizer state under FSDP on 8 fake devices.
+
+    python scripts/bench_train.py mfu --out artifacts/bench_train.json
+    python scripts/bench_train.py mfu --models 25m --variants rl_plain,rl_fused --repeats 3
+    python scripts/bench_train.py memory --out artifacts/bench_memory.json
+
+`bench_mfu(args)` and `bench_memory(args)` are the library entries (scripts/bench.py wires
+them as `train` and `memory`, with `add_mfu_arguments` / `add_memory_arguments`).
+
+FLOPs of one step (stated in the JSON as `flops_formula`):
+
+    6 * (N_nonembed + V * D) * B * T  +  12 * L * T^2 * D * B
+
+N_nonembed: every parameter but the input embedding (a gather, no FLOPs); V * D: the output
+layer (a matmul in every step, whether or not tied); 12 L T^2 D per sequence: q.k and p.v,
+forward and backward (PaLM's appendix B; the causal mask is not halved). MFU = FLOPs /
+step seconds / matmul peak, where the peak is the best of a 2048^2 f32 and bf16 jnp matmul
+measured in the same run (same threads, same neighbours on a shared machine). Times are
+medians over repeats of the compiled step, compile reported apart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+# Llama-shaped (no qkv bias), GQA, tied embeddings.
+TRAIN_MODELS = {
+    "25m": dict(  # 23.6M in the blocks + 4.2M tied embedding = 27.8M
+        vocab_size=8192,
+        hidden_size=512,
+        intermediate_size=1408,
+        num_layers=8,
+        num_heads=8,
+        num_kv_heads=4,
+    ),
+    "100m": dict(  # 75.5M in the blocks + 24.6M tied embedding = 100.1M
+        vocab_size=32000,
+        hidden_size=768,
+        intermediate_size=2048,
+        num_layers=12,
+        num_heads=12,
+        num_kv_heads=4,
+    ),
+    "0.5b": dict(  # Qwen2.5-0.5B's shape (without qkv bias): for a GPU
+        vocab_size=151936,
+        hidden_size=896,
+        intermediate_size=4864,
+        num_layers=24,
+        num_heads=14,
+        num_kv_heads=2,
+    ),
+}
+DEFAULT_BATCH = {"25m": 4, "100m": 2, "0.5b": 16}
+VARIANTS = ("rl_plain", "rl_fused", "sft_fused", "rl_fused_remat")
+FLOPS_FORMULA = "6 * (N_nonembed + V*D) * B*T + 12 * L * T^2 * D * B"
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x]
+
+
+def _median_time(fn, repeats: int) -> tuple[float, list[float]]:
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), times
+
+
+def matmul_peak(n: int = 2048, repeats: int = 5) -> dict:
+    """GFLOP/s of an n x n jnp matmul in f32 and bf16 (median of repeats); peak = the best."""
+    import jax
+    import jax.numpy as jnp
+
+    out = {}
+    for name, dt in (("float32", jnp.float32), ("bfloat16", jnp.bfloat16)):
+        a = jax.random.normal(jax.random.key(0), (n, n), dt)
+        b = jax.random.normal(jax.random.key(1), (n, n), dt)
+        mm = jax.jit(lambda x, y: x @ y)
+        mm(a, b).block_until_ready()
+        t, _ = _median_time(lambda mm=mm, a=a, b=b: mm(a, b).block_until_ready(), repeats)
+        out[f"{name}_gflops"] = 2 * n**3 / t / 1e9
+    out["peak_gflops"] = max(out["float32_gflops"], out["bfloat16_gflops"])
+    out["n"] = n
+    return out
+
+
+def model_config(name: str, dtype: str = "float32", remat: bool = False):
+    from jaxrl_frontier.models.transformer import ModelConfig
+
+    return ModelConfig(
+        **TRAIN_MODELS[name],
+        tie_word_embeddings=True,
+        dtype=dtype,
+        family="llama",
+        max_position_embeddings=4096,
+        remat=remat,
+    )
+
+
+def train_step_flops(cfg, batch: int, seq: int) -> dict:
+    """Model FLOPs of one train step (see the module docstring)."""
+    emb = cfg.vocab_size * cfg.hidden_size * (1 if cfg.tie_word_embeddings else 2)
+    nonembed = cfg.num_params() - emb
+    tokens = batch * seq
+    dense = 6 * (nonembed + cfg.vocab_size * cfg.hidden_size) * tokens
+    attn = 12 * cfg.num_layers * seq**2 * cfg.num_heads * cfg.resolved_head_dim * batch
+    return dict(
+        params=cfg.num_params(),
+        params_nonembedding=nonembed,
+        tokens=tokens,
+        dense_gflops=dense / 1e9,
+        attention_gflops=attn / 1e9,
+        gflops=(dense + attn) / 1e9,
+        kaplan_gflops=6 * nonembed * tokens / 1e9,  # 6 N_nonembed only, for comparison
+    )
+
+
+def build_model(cfg, mesh=None, seed: int = 0):
+    """A Transformer with random weights drawn by numpy (fast at any size), placed on `mesh`."""
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from jaxrl_frontier import sharding
+    from jaxrl_frontier.models.transformer import Transformer
+
+    model = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
+    rng = np.random.default_rng(seed)
+
+    def draw(path, x):
+        if "norm" in jax.tree_util.keystr(path):
+            value = 1.0 + 0.1 * rng.standard_normal(x.shape, np.float32)
+        else:
+            value = 0.02 * rng.standard_normal(x.shape, np.float32)
+        return jnp.asarray(value, x.dtype)
+
+    nnx.update(model, jax.tree_util.tree_map_with_path(draw, nnx.state(model)))
+    if mesh is not None:
+        model = sharding.shard_model(model, mesh)
+    return model
+
+
+def make_state(params, tx, mesh):
+    """A TrainState like `Trainer._init_state` (optimizer state placed like the params)."""
+    import jax
+    import jax.numpy as jnp
+
+    from jaxrl_frontier import sharding
+    from jaxrl_frontier.trainer import TrainState, _on_mesh
+
+    repl = sharding.replicated(mesh)
+    opt_state = jax.jit(tx.init)(params)
+    opt_state = jax.tree.map(
+        lambda x: x if _on_mesh(x, mesh) else jax.device_put(x, repl), opt_state
+    )
+    return TrainState(
+        params=params,
+        opt_state=opt_state,
+        step=jax.device_put(jnp.zeros((), jnp.int32), repl),
+        rng=jax.device_put(jax.random.key_data(jax.random.key(0)), repl),
+        skipped=jax.device_put(jnp.zeros((), jnp.int32), repl),
+    )
+
+
+def rl_batch(vocab: int, batch: int, seq: int, prompt_len: int, seed: int = 0) -> dict:
+    """A synthetic GRPO minibatch: all positions real, loss on the completion part."""
+    rng = np.random.default_rng(seed)
+    loss_mask = np.zeros((batch, seq), np.float32)
+    loss_mask[:, prompt_len:] = 1.0
+    adv = rng.standard_normal((batch, 1)).astype(np.float32)
+    return dict(
+        tokens=rng.integers(1, vocab, (batch, seq)).astype(np.int32),
+        attention_mask=np.ones((batch, seq), np.int32),
+        loss_mask=loss_mask,
+        old_logp=(-rng.exponential(2.0, (batch, seq)) * loss_mask).astype(np.float32),
+        advantages=(adv * loss_mask).astype(np.float32),
+    )
+
+
+def _update_fn(variant: str, graphdef, tx, state, mesh, batch_keys):
+    from jaxrl_frontier import config as config_lib
+    from jaxrl_frontier import sharding
+    from jaxrl_frontier import trainer as tr
+
+    chunk = None if variant.endswith("plain") else tr.losses.DEFAULT_LOGPROB_CHUNK
+    if variant.startswith("sft"):
+        loss_of = tr.sft_loss(graphdef, logprob_chunk=chunk)
+    else:  # GRPO: ppo_clip weight, token_mean, the base config's objective
+        objective = tr.objective_section(config_lib.base_config().objective)
+        loss_of = tr.rl_loss(graphdef, objective, logprob_chunk=chunk)
+    state_sh = __import__("jax").tree.map(lambda x: x.sharding, state)
+    batch_sh = {k: sharding.batch_sharding(mesh, 2) for k in batch_keys}
+    return tr.make_update_fn(graphdef, tx, loss_of, 1, state_sh, batch_sh)
+
+
+def prepare_train_step(name: str, variant: str, batch: int, seq: int, dtype: str):
+    """Build and compile the jitted update for one variant; returns (step, info): `step()`
+    runs one update on the donated state and blocks; info has the compile time and the
+    compiled step's memory analysis."""
+    import jax
+    from flax import nnx
+
+    from jaxrl_frontier import config as config_lib
+    from jaxrl_frontier import sharding
+    from jaxrl_frontier.trainer import build_optimizer
+
+    mesh = sharding.make_mesh((1, 1, 1), jax.devices()[:1])
+    cfg = model_config(name, dtype, remat=variant.endswith("remat"))
+    model = build_model(cfg, mesh)
+    graphdef, params = nnx.split(model)
+    tx = build_optimizer(config_lib.base_config().optimizer, 1000)
+    state = make_state(params, tx, mesh)
+    data = rl_batch(cfg.vocab_size, batch, seq, prompt_len=seq // 4)
+    if variant.startswith("sft"):
+        data = {k: data[k] for k in ("tokens", "attention_mask", "loss_mask")}
+    update = _update_fn(variant, graphdef, tx, state, mesh, list(data))
+    data = sharding.shard_batch(data, mesh)
+
+    t0 = time.perf_counter()
+    compiled = update.lower(state, data).compile()
+    info = dict(variant=variant, batch=batch, seq=seq, dtype=dtype)
+    info["compile_s"] = time.perf_counter() - t0
+    mem = compiled.memory_analysis()
+    if mem is not None:
+        info["temp_mib"] = mem.temp_size_in_bytes / 2**20
+        info["argument_mib"] = mem.argument_size_in_bytes / 2**20
+    box = [state]
+
+    def step():
+        box[0], metrics = compiled(box[0], data)
+        jax.block_until_ready((box[0], metrics))
+
+    t0 = time.perf_counter()
+    step()  # the first run (allocations) kept apart
+    info["first_run_s"] = time.perf_counter() - t0
+    return step, info, cfg
+
+
+def add_mfu_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--models", default="25m,100m", help=f"from {sorted(TRAIN_MODELS)}")
+    p.add_argument("--seq", type=int, default=256)
+    p.add_argument(
+        "--batches",
+        default="",
+        help="per model, e.g. 25m=4,100m=2 (default: " + str(DEFAULT_BATCH) + ")",
+    )
+    p.add_argument("--variants", default="rl_plain,rl_fused,sft_fused", help=f"from {VARIANTS}")
+    p.add_argument("--repeats", type=int, default=3, help="round-robin rounds")
+    p.add_argument("--dtype", default="float32", help="compute dtype (params stay f32)")
+    p.add_argument("--matmul-n", type=int, default=2048)
+
+
+def bench_mfu(args) -> dict:
+    """Train-step MFU (forward + backward + AdamW) vs a matmul peak measured in the same run.
+
+    On a shared machine the neighbours' load drifts by 2x within minutes, so the variants of
+    a model and the matmul peak are timed round-robin: each round times the peak, then one
+    step of every variant; MFU of a round = step FLOPs / step seconds / that round's peak,
+    and the reported figures are medians over rounds.
+    """
+    import jax
+
+    batches = dict(DEFAULT_BATCH)
+    for item in filter(None, args.batches.split(",")):
+        k, v = item.split("=")
+        batches[k] = int(v)
+    result = dict(
+        device=str(jax.devices()[0]),
+        cpu_count=os.cpu_count(),
+        jax=jax.__version__,
+        python=platform.python_version(),
+        xla_flags=os.environ.get("XLA_FLAGS", ""),
+        flops_formula=FLOPS_FORMULA,
+        rounds=args.repeats,
+        models={},
+    )
+    for name in args.models.split(","):
+        variants = args.variants.split(",")
+        steps, rows = {}, {}
+        for variant in variants:
+            steps[variant], rows[variant], cfg = prepare_train_step(
+                name, variant, batches[name], args.seq, args.dtype
+            )
+        flops = train_step_flops(cfg, batches[name], args.seq)
+        peaks, times = [], {v: [] for v in variants}
+        for _ in range(args.repeats):
+            peaks.append(matmul_peak(args.matmul_n, repeats=3))
+            for variant in variants:
+                t0 = time.perf_counter()
+                steps[variant]()
+                times[variant].append(time.perf_counter() - t0)
+        entry = dict(
+            config=TRAIN_MODELS[name],
+            flops=flops,
+            matmul_rounds=peaks,
+            peak_gflops=statistics.median(p["peak_gflops"] for p in peaks),
+            variants={},
+        )
+        for variant in variants:
+            row, ts = rows[variant], times[variant]
+            mfus = [flops["gflops"] / t / p["peak_gflops"] for t, p in zip(ts, peaks)]
+            row.update(
+                seconds=statistics.median(ts),
+                times=ts,
+                tokens_per_s=flops["tokens"] / statistics.median(ts),
+                achieved_gflops=flops["gflops"] / statistics.median(ts),
+                mfu=statistics.median(mfus),
+                mfu_rounds=mfus,
+                mfu_kaplan=statistics.median(
+                    flops["kaplan_gflops"] / t / p["peak_gflops"] for t, p in zip(ts, peaks)
+                ),
+            )
+            entry["variants"][variant] = row
+            print(f"[{name} {variant}] {json.dumps(row)}", file=sys.stderr)
+        base = entry["variants"].get("rl_plain")
+        if base:
+            for row in entry["variants"].values():
+                row["speedup_vs_rl_plain"] = statistics.median(
+                    a / b for a, b in zip(base["times"], row["times"])
+                )
+        del steps
+        result["models"][name] = entry
+    return result
+
+
+# ----------------------------------------------------------------------------- memory
+
+
+def add_memory_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="100m", help=f"from {sorted(TRAIN_MODELS)}")
+    p.add_argument("--devices", type=int, default=8)
+
+
+def _memory_child(model: str) -> dict:
+    """In a process with N fake devices: per-device bytes of params + AdamW state, from the
+    shards placed on device 0, and from the compiled update's memory analysis."""
+    import jax
+    from flax import nnx
+
+    from jaxrl_frontier import config as config_lib
+    from jaxrl_frontier import sharding
+    from jaxrl_frontier.trainer import build_optimizer
+
+    n = jax.device_count()
+    cfg = model_config(model)
+    tx = build_optimizer(config_lib.base_config().optimizer, 1000)
+    out = {}
+    for label, shape, devices in (
+        ("1_device", (1, 1, 1), jax.devices()[:1]),
+        (f"fsdp_{n}", (1, n, 1), jax.devices()),
+    ):
+        mesh = sharding.make_mesh(shape, devices)
+        graphdef, params = nnx.split(build_model(cfg, mesh))
+        state = make_state(params, tx, mesh)
+        dev0 = devices[0]
+
+        def on_dev0(tree, dev0=dev0):
+            return sum(
+                s.data.nbytes
+                for x in jax.tree.leaves(tree)
+                for s in x.addressable_shards
+                if s.device == dev0
+            )
+
+        row = dict(
+            mesh=dict(zip(sharding.MESH_AXES, shape)),
+            params_bytes=on_dev0(state.params),
+            opt_state_bytes=on_dev0(state.opt_state),
+        )
+        row["total_bytes"] = row["params_bytes"] + row["opt_state_bytes"]
+        data = rl_batch(cfg.vocab_size, n, 64, prompt_len=16)
+        update = _update_fn("rl_fused", graphdef, tx, state, mesh, list(data))
+        mem = update.lower(state, sharding.shard_batch(data, mesh)).compile().memory_analysis()
+        if mem is not None:
+            row["compiled_argument_bytes"] = mem.argument_size_in_bytes
+            row["compiled_temp_bytes"] = mem.temp_size_in_bytes
+        out[label] = row
+        del state, params, graphdef
+    one, many = out["1_device"], out[f"fsdp_{n}"]
+    out["ratio_total"] = one["total_bytes"] / many["total_bytes"]
+    if "compiled_argument_bytes" in one:
+        out["ratio_compiled_arguments"] = (
+            one["compiled_argument_bytes"] / many["compiled_argument_bytes"]
+        )
+    out["devices"] = n
+    out["params"] = cfg.num_params()
+    return out
+
+
+def bench_memory(args) -> dict:
+    """Per-device params + optimizer bytes: FSDP on N fake CPU devices vs 1 device."""
+    env = dict(os.environ)
+    env["XLA_FLAGS"] = (
+        env.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={args.devices}"
+    ).strip()
+    env["JAX_PLATFORMS"] = "cpu"
+    code = (
+        "import json, sys; sys.path.insert(0, 'scripts'); import bench_train; "
+        f"print('@@' + json.dumps(bench_train._memory_child({args.model!r})))"
+    )
+    root = Path(__file__).resolve().parents[1]
+    proc = subprocess.run(
+        [sys.executable, "-c", code], env=env, cwd=root, capture_output=True, text=True
+    )
+    if proc.returncode:
+        raise RuntimeError(f"memory child failed:\n{proc.stderr[-4000:]}")
+    line = [x for x in proc.stdout.splitlines() if x.startswith("@@")][-1]
+    result = dict(model=args.model, config=TRAIN_MODELS[args.model], **json.loads(line[2:]))
+    result["xla_flags"] = env["XLA_FLAGS"]
+    return result
+
+
+# ----------------------------------------------------------------------------- main
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="name", required=True)
+    for name, add in (("mfu", add_mfu_arguments), ("memory", add_memory_arguments)):
+        p = sub.add_parser(name)
+        p.add_argument("--out", default=f"artifacts/bench_{name}.json")
+        add(p)
+    args = parser.parse_args(argv)
+    run = bench_mfu if args.name == "mfu" else bench_memory
+    result = dict(benchmark=args.name, **run(args))
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+    return result
+
+
+if __name__ == "__main__":
+    main()
