@@ -6,6 +6,11 @@ artifacts/bench_<name>.json) and printed. Speed is measured here, never asserted
 
     python scripts/bench.py sampler                      # ours vs transformers, roofline
     python scripts/bench.py sampler --models tiny --batches 16 --repeats 3 --no-hf
+    python scripts/bench.py train                        # train-step MFU (bench_train.py)
+    python scripts/bench.py memory                       # FSDP bytes per device, 8 fake CPUs
+    python scripts/bench.py rl                           # GRPO step vs TRL (bench_rl.py)
+    python scripts/bench.py speculative                  # bench_speculative.py
+    python scripts/bench.py all --out artifacts/bench_all.json
 """
 
 from __future__ import annotations
@@ -305,6 +310,44 @@ def bench_sampler(args) -> dict:
         print(f"[{name}] roofline: {json.dumps(entry['roofline'])}", file=sys.stderr)
         result["models"][name] = entry
     return result
+
+
+# ----------------------------------------------------------------------------- the others
+# Implemented in their own files (each runnable alone); registered here as subcommands.
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_rl  # noqa: E402
+import bench_speculative  # noqa: E402
+import bench_train  # noqa: E402
+
+benchmark("train", bench_train.add_mfu_arguments)(bench_train.bench_mfu)
+benchmark("memory", bench_train.add_memory_arguments)(bench_train.bench_memory)
+benchmark("rl", bench_rl.add_arguments)(bench_rl.bench_rl)
+benchmark("speculative", bench_speculative.add_arguments)(bench_speculative.bench_speculative)
+
+ALL = ("train", "memory", "rl", "speculative", "sampler")
+
+
+def _all_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--only", default=",".join(ALL), help=f"subset of {ALL}")
+
+
+@benchmark("all", _all_args)
+def bench_all(args) -> dict:
+    """Every benchmark at its defaults, one combined JSON (each also in its own file)."""
+    out = {}
+    for name in args.only.split(","):
+        add_arguments, run = BENCHMARKS[name]
+        p = argparse.ArgumentParser()
+        add_arguments(p)
+        t0 = time.perf_counter()
+        out[name] = dict(benchmark=name, **run(p.parse_args([])))
+        out[name]["wall_s"] = time.perf_counter() - t0
+        path = Path(f"artifacts/bench_{name}.json")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(out[name], indent=2) + "\n")
+        print(f"[all] {name} done in {out[name]['wall_s']:.0f} s", file=sys.stderr)
+    return out
 
 
 # ----------------------------------------------------------------------------- main
