@@ -169,6 +169,26 @@ def encode_demonstrations(tokenizer, prompts, completions, max_prompt_len, max_n
     )
 
 
+def init_opt_state(tx: optax.GradientTransformation, params, mesh):
+    """`tx.init(params)` with every parameter-shaped leaf (Adam's mu, nu) sharded like its
+    parameter (FSDP shards the optimizer state too) and the rest (step counts) replicated.
+
+    A plain `jax.jit(tx.init)` puts its zeros on the default device: replicating them would
+    keep a full optimizer state on every device. Every leaf gets a NamedSharding on `mesh`
+    (also on one device), so the update's output state has the input's types and the update
+    compiles once.
+    """
+    abstract = jax.eval_shape(tx.init, params)
+    out_shardings = optax.tree_map_params(
+        tx,
+        lambda _, s: s,
+        abstract,
+        jax.tree.map(lambda x: x.sharding, params),
+        transform_non_params=lambda _: sharding.replicated(mesh),
+    )
+    return jax.jit(tx.init, out_shardings=out_shardings)(params)
+
+
 # ============================================================================ jitted steps
 
 
@@ -392,14 +412,7 @@ class Trainer:
 
     def _init_state(self, params) -> TrainState:
         repl = sharding.replicated(self.mesh)
-        opt_state = jax.jit(self.tx.init)(params)
-        # Leaves not derived from a parameter (Adam's step count) come out on the default
-        # device only; replicate them over the mesh, or the sharded update rejects the state.
-        # Also on a 1-device mesh: a SingleDeviceSharding leaf comes back from the update as
-        # a NamedSharding, a different input type, and the update would compile twice.
-        opt_state = jax.tree.map(
-            lambda x: x if _on_mesh(x, self.mesh) else jax.device_put(x, repl), opt_state
-        )
+        opt_state = init_opt_state(self.tx, params, self.mesh)
         return TrainState(
             params=params,
             opt_state=opt_state,
@@ -807,11 +820,6 @@ class Trainer:
                 rewards=dict(zip(self.reward_names, map(float, info["rewards"][i]))),
                 advantage=float(adv[i]),
             )
-
-
-def _on_mesh(x: jax.Array, mesh) -> bool:
-    """x is placed by a NamedSharding over exactly this mesh."""
-    return isinstance(x.sharding, jax.sharding.NamedSharding) and x.sharding.mesh == mesh
 
 
 def _stats_for_advantage(batch):

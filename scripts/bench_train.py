@@ -162,13 +162,10 @@ def make_state(params, tx, mesh):
     import jax.numpy as jnp
 
     from jaxrl_frontier import sharding
-    from jaxrl_frontier.trainer import TrainState, _on_mesh
+    from jaxrl_frontier.trainer import TrainState, init_opt_state
 
     repl = sharding.replicated(mesh)
-    opt_state = jax.jit(tx.init)(params)
-    opt_state = jax.tree.map(
-        lambda x: x if _on_mesh(x, mesh) else jax.device_put(x, repl), opt_state
-    )
+    opt_state = init_opt_state(tx, params, mesh)
     return TrainState(
         params=params,
         opt_state=opt_state,
@@ -209,7 +206,7 @@ def _update_fn(variant: str, graphdef, tx, state, mesh, batch_keys):
     return tr.make_update_fn(graphdef, tx, loss_of, 1, state_sh, batch_sh)
 
 
-def prepare_train_step(name: str, variant: str, batch: int, seq: int, dtype: str):
+def prepare_train_step(name: str, variant: str, batch: int, seq: int, dtype: str, run: bool = True):
     """Build and compile the jitted update for one variant; returns (step, info): `step()`
     runs one update on the donated state and blocks; info has the compile time and the
     compiled step's memory analysis."""
@@ -240,6 +237,8 @@ def prepare_train_step(name: str, variant: str, batch: int, seq: int, dtype: str
     if mem is not None:
         info["temp_mib"] = mem.temp_size_in_bytes / 2**20
         info["argument_mib"] = mem.argument_size_in_bytes / 2**20
+    if not run:
+        return None, info, cfg
     box = [state]
 
     def step():
@@ -264,6 +263,12 @@ def add_mfu_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeats", type=int, default=3, help="round-robin rounds")
     p.add_argument("--dtype", default="float32", help="compute dtype (params stay f32)")
     p.add_argument("--matmul-n", type=int, default=2048)
+    p.add_argument(
+        "--memory-batch",
+        type=int,
+        default=16,
+        help="also compile (not run) every variant at this batch: temp bytes at a real batch",
+    )
 
 
 def bench_mfu(args) -> dict:
@@ -335,6 +340,12 @@ def bench_mfu(args) -> dict:
                     a / b for a, b in zip(base["times"], row["times"])
                 )
         del steps
+        if args.memory_batch:
+            mb = args.memory_batch
+            entry["compiled_temp_mib_at_batch"] = {"batch": mb}
+            for variant in variants:
+                _, info, _ = prepare_train_step(name, variant, mb, args.seq, args.dtype, run=False)
+                entry["compiled_temp_mib_at_batch"][variant] = info.get("temp_mib")
         result["models"][name] = entry
     return result
 
