@@ -536,6 +536,28 @@ class Trainer:
             self.ckpt.wait()
             self.writer.flush()
 
+    def _end_of_step(self, done: int, data, stop: StopRequest, tag: str) -> bool:
+        """Eval, checkpoint and stop handling after update `done`; True = stop now."""
+        c = self.config
+        if done % c.train.eval_every == 0 or done == c.train.steps:
+            ev = self.evaluate()
+            self.history["eval"].append(dict(step=done, **ev))
+            self.writer.write_scalars(done, ev)
+            self._print(f"[{tag}] step {done}: " + _fmt(ev))
+        if done % c.train.checkpoint_every == 0 or done == c.train.steps or stop.requested:
+            self._save(_encode_state(data.get_state()))
+        if stop.requested:
+            self._print(f"[{tag}] stopped by {stop.signal_name} at step {done}; checkpoint saved")
+        return stop.requested
+
+    def _finish(self, bar) -> dict[str, Any]:
+        """Close the progress bar, let the last save land, export the policy."""
+        if bar:
+            bar.close()
+        self.ckpt.wait()
+        self.export()
+        return dict(stopped=False, step=int(self.state.step), history=self.history)
+
     # ---- SFT warm start ----------------------------------------------------------
 
     def _run_sft(self, stop: StopRequest) -> dict[str, Any]:
@@ -580,21 +602,9 @@ class Trainer:
                 self.writer.write_scalars(done, scalars)
                 if bar:
                     bar.update(done, {"nll": scalars["train/nll"]})
-            if done % c.train.eval_every == 0 or done == c.train.steps:
-                ev = self.evaluate()
-                self.history["eval"].append(dict(step=done, **ev))
-                self.writer.write_scalars(done, ev)
-                self._print(f"[sft] step {done}: " + _fmt(ev))
-            if done % c.train.checkpoint_every == 0 or done == c.train.steps or stop.requested:
-                self._save(_encode_state(data.get_state()))
-            if stop.requested:
-                self._print(f"[sft] stopped by {stop.signal_name} at step {done}; checkpoint saved")
+            if self._end_of_step(done, data, stop, "sft"):
                 return dict(stopped=True, step=done, history=self.history)
-        if bar:
-            bar.close()
-        self.ckpt.wait()
-        self.export()
-        return dict(stopped=False, step=int(self.state.step), history=self.history)
+        return self._finish(bar)
 
     # ---- RL ---------------------------------------------------------------------
 
@@ -764,21 +774,9 @@ class Trainer:
                     )
             if self.rollout_log and done % c.train.rollout_log_every == 0:
                 self._log_rollouts(done, examples, info, batch)
-            if done % c.train.eval_every == 0 or done == c.train.steps:
-                ev = self.evaluate()
-                self.history["eval"].append(dict(step=done, **ev))
-                self.writer.write_scalars(done, ev)
-                self._print(f"[rl] step {done}: " + _fmt(ev))
-            if done % c.train.checkpoint_every == 0 or done == c.train.steps or stop.requested:
-                self._save(_encode_state(data.get_state()))
-            if stop.requested:
-                self._print(f"[rl] stopped by {stop.signal_name} at step {done}; checkpoint saved")
+            if self._end_of_step(done, data, stop, "rl"):
                 return dict(stopped=True, step=done, history=self.history)
-        if bar:
-            bar.close()
-        self.ckpt.wait()
-        self.export()
-        return dict(stopped=False, step=int(self.state.step), history=self.history)
+        return self._finish(bar)
 
     def _available_stats(self) -> set[str]:
         out = set()
