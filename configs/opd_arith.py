@@ -14,13 +14,5 @@ from jaxrl_frontier import presets
 
 
 def get_config(arg=None):
-    c = presets.arithmetic("rl")
-    c.teacher.init = "checkpoint"
-    c.teacher.path = "runs/teacher_arith"
-    c.objective.advantage = "opd"
-    c.objective.advantage_kwargs = dict(estimator="immediate")
-    c.objective.weight = "pg"
-    c.objective.aggregation = "token_mean"
-    c.optimizer.update(lr=1e-4, warmup_steps=5)
-    c.train.update(steps=200, minibatches=1, log_every=10, eval_every=50, checkpoint_every=50)
+    c = presets.arithmetic_opd()
     return presets.finish(c, arg)

@@ -37,6 +37,18 @@ def arithmetic(mode: str, runlocal: bool = False) -> ml_collections.ConfigDict:
     return c
 
 
+def arithmetic_opd(teacher_path: str = "runs/teacher_arith") -> ml_collections.ConfigDict:
+    """On-policy distillation on arithmetic: a teacher run's export scores the student's
+    own samples; the per-token advantage is l_teacher - l_student (the `opd` estimator)."""
+    c = arithmetic("rl")
+    c.teacher.update(init="checkpoint", path=teacher_path)
+    c.objective.update(advantage="opd", weight="pg", aggregation="token_mean")
+    c.objective.advantage_kwargs = dict(estimator="immediate")
+    c.optimizer.update(lr=1e-4, warmup_steps=5)
+    c.train.update(steps=200, minibatches=1, log_every=10, eval_every=50, checkpoint_every=50)
+    return c
+
+
 def shrink(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     """The `runlocal` variant: a tiny model from scratch, a few steps, small eval."""
     c.model.init = "scratch"
