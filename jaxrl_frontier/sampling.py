@@ -181,8 +181,57 @@ def sample_logits(
         token = jnp.argmax(logits, axis=-1).astype(jnp.int32)
         return token, jnp.zeros(token.shape, jnp.float32)
     q_logits = _sampling_logits(logits, params)
-    token = jax.random.categorical(key, q_logits, axis=-1).astype(jnp.int32)
-    return token, _log_prob(q_logits, token)
+    lead, v = q_logits.shape[:-1], q_logits.shape[-1]
+    u = jax.random.uniform(key, (math.prod(lead),))
+    token, logp = _inverse_cdf(q_logits.reshape(-1, v), u)
+    return token.reshape(lead), logp.reshape(lead)
+
+
+_CDF_BLOCK = 128  # vocabulary block of the two-level inverse CDF
+
+
+def _last_true(mask):
+    """Index of the last True along the last axis (0 when there is none)."""
+    n = mask.shape[-1]
+    return (n - 1 - jnp.argmax(mask[..., ::-1], axis=-1)).astype(jnp.int32)
+
+
+def _inverse_cdf(q_logits, u):
+    """token ~ softmax(q_logits) by inverse CDF, with log q(token).
+
+    q_logits f32 [B, V] (-inf outside the kept set), u f32 [B] uniform in [0, 1) ->
+    (token int32 [B], log q(token) f32 [B]).
+
+    Why not Gumbel-max (`jax.random.categorical`): it draws V random numbers per row and
+    token, and on CPU the threefry hash of [B, V] bits cost more than the model's matmuls
+    at small batch. This draws one uniform per row. Two levels keep it O(V) with short
+    f32 prefix sums: the block of `_CDF_BLOCK` tokens holding u * total (cumsum over
+    V / block block sums), then the token inside that block (cumsum over one block). The
+    result is exact in distribution up to f32 rounding of the sums and the 2^-24
+    granularity of u (Gumbel-max on f32 uniforms has the same order of tail quantisation);
+    zero-probability (truncated) tokens are never drawn (a zero-mass token never strictly
+    raises a prefix sum); a draw that rounding pushes past the last kept block or token
+    falls back to the last one with mass.
+    """
+    b, v = q_logits.shape
+    m = jnp.max(q_logits, axis=-1, keepdims=True)
+    p = jnp.exp(q_logits - m)  # in [0, 1]; 0 on truncated tokens
+    c = min(_CDF_BLOCK, v)
+    nb = -(-v // c)
+    blocks = jnp.pad(p, ((0, 0), (0, nb * c - v))).reshape(b, nb, c)
+    block_cum = jnp.cumsum(jnp.sum(blocks, axis=-1), axis=-1)  # [B, nb]
+    total = block_cum[:, -1]
+    target = u * total
+    blk = jnp.sum(block_cum <= target[:, None], axis=-1, dtype=jnp.int32)
+    blk = jnp.where(blk < nb, blk, _last_true(block_cum > 0))  # u * total rounded up to total
+    before = jnp.where(blk > 0, jnp.take_along_axis(block_cum, (blk - 1)[:, None], 1)[:, 0], 0.0)
+    within = jnp.take_along_axis(blocks, blk[:, None, None], axis=1)[:, 0]  # [B, c]
+    within_cum = jnp.cumsum(within, axis=-1)
+    j = jnp.sum(within_cum <= (target - before)[:, None], axis=-1, dtype=jnp.int32)
+    j = jnp.where(j < c, j, _last_true(within > 0))
+    token = blk * c + j
+    picked = jnp.take_along_axis(q_logits, token[:, None], axis=-1)[:, 0]
+    return token, picked - m[:, 0] - jnp.log(total)
 
 
 def _log_prob(logits, token):
@@ -416,7 +465,7 @@ class Sampler:
         return jax.lax.with_sharding_constraint(x, NamedSharding(self.mesh, spec))
 
     def _constrain_cache(self, cache: KVCache) -> KVCache:
-        kv_axes = (None, "batch", None, "kv_heads", None)  # [L, B, S, K, Dh]
+        kv_axes = (None, "batch", "kv_heads", None, None)  # [L, B, K, S, Dh]
         return KVCache(
             k=self._constrain(cache.k, kv_axes),
             v=self._constrain(cache.v, kv_axes),
@@ -504,8 +553,8 @@ class Sampler:
                     logits / temperature, plan.top_k, top_p, min_p, plan.use_top_p, plan.use_min_p
                 )
                 step_keys = jax.vmap(lambda kk: jax.random.fold_in(kk, step))(stream_keys)
-                token = jax.vmap(jax.random.categorical)(step_keys, q_logits).astype(jnp.int32)
-                sample_logp = _log_prob(q_logits, token)
+                u = jax.vmap(lambda kk: jax.random.uniform(kk, ()))(step_keys)  # one per row
+                token, sample_logp = _inverse_cdf(q_logits, u)
             return token, sample_logp, _log_prob(logits, token)
 
         def emit(carry, step, token, sample_logp, policy_logp):
@@ -561,7 +610,7 @@ class Sampler:
             # Grow the cache to the slots this chunk can fill: step s writes slot Tp+s-1.
             cache = inner[0]
             extra = tp + end * k - cache.max_len
-            grow = ((0, 0), (0, 0), (0, extra), (0, 0), (0, 0))
+            grow = ((0, 0), (0, 0), (0, 0), (0, extra), (0, 0))  # slots: axis 3 of [L,B,K,S,Dh]
             cache = KVCache(
                 k=jnp.pad(cache.k, grow),
                 v=jnp.pad(cache.v, grow),

@@ -12,7 +12,10 @@
   the unpadded one and gets the same logits.
 - KV cache (`KVCache`): slots along the sequence axis, written for all rows at the same
   slot index. With left-padded prompts every row's next token lands in the same slot, so
-  causality in slot space is causality in time; `valid` masks padding slots.
+  causality in slot space is causality in time; `valid` masks padding slots. The layout is
+  [L, B, K, S, Dh] (kv heads before slots): attention's batch dims (B, K) are then major and
+  each head's [S, Dh] block is contiguous, so the decode reads the cache in place instead of
+  XLA transposing every layer's cache at every step.
 - Parameters are kept in `param_dtype` (f32) and cast to `dtype` (bf16 or f32) for compute;
   softmax, norms and logits are computed in f32.
 - Every parameter carries `logical_axes` metadata (`vocab`, `embed`, `heads`, `kv_heads`,
@@ -97,7 +100,7 @@ class ModelConfig:
 class KVCache:
     """Per-layer keys and values for incremental decoding.
 
-    k, v:  [L, B, S, K, Dh]  (S cache slots, K kv heads)
+    k, v:  [L, B, K, S, Dh]  (K kv heads, S cache slots; see the module docstring)
     valid: [B, S] bool       slot holds a real (non-padding) token
     index: int32 []          next slot to write (the same for every row)
     """
@@ -109,13 +112,13 @@ class KVCache:
 
     @property
     def max_len(self) -> int:
-        return self.k.shape[2]
+        return self.k.shape[3]
 
 
 def init_cache(cfg: ModelConfig, batch_size: int, max_len: int, dtype=None) -> KVCache:
     """An empty cache of `max_len` slots (prompt + generated tokens)."""
     dtype = dtype or cfg.compute_dtype
-    shape = (cfg.num_layers, batch_size, max_len, cfg.num_kv_heads, cfg.resolved_head_dim)
+    shape = (cfg.num_layers, batch_size, cfg.num_kv_heads, max_len, cfg.resolved_head_dim)
     return KVCache(
         k=jnp.zeros(shape, dtype),
         v=jnp.zeros(shape, dtype),
@@ -212,7 +215,7 @@ class Attention(nnx.Module):
         """x [B, T, D]; attn_bias [B, 1, 1, T, S] additive.
 
         kv: None, or (k_all, v_all, layer, index) with the caches of every layer
-        [L, B, S, K, Dh]; the new keys/values are written in place at (layer, :, index).
+        [L, B, K, S, Dh]; the new keys/values are written in place at (layer, :, :, index).
         Returns (out [B, T, D], (k_all, v_all) or None).
         """
         cfg, dt = self.cfg, self.cfg.compute_dtype
@@ -227,22 +230,25 @@ class Attention(nnx.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q = apply_rope(q, positions, inv_freq)
         k = apply_rope(k, positions, inv_freq)
-        new_kv = None
+        new_kv, kv_spec = None, "bskd"  # without a cache: the fresh [B, T, K, Dh] keys
         if kv is not None:
             k_all, v_all, layer, index = kv
-            start = (layer, 0, index, 0, 0)
-            k_all = jax.lax.dynamic_update_slice(k_all, k[None].astype(k_all.dtype), start)
-            v_all = jax.lax.dynamic_update_slice(v_all, v[None].astype(v_all.dtype), start)
-            k, v, new_kv = k_all[layer], v_all[layer], (k_all, v_all)
+            # Only the T new tokens are transposed to the cache's [B, K, T, Dh] layout.
+            start = (layer, 0, 0, index, 0)
+            k_new = jnp.swapaxes(k, 1, 2)[None].astype(k_all.dtype)
+            v_new = jnp.swapaxes(v, 1, 2)[None].astype(v_all.dtype)
+            k_all = jax.lax.dynamic_update_slice(k_all, k_new, start)
+            v_all = jax.lax.dynamic_update_slice(v_all, v_new, start)
+            k, v, new_kv, kv_spec = k_all[layer], v_all[layer], (k_all, v_all), "bksd"
         b, t, h, hd = q.shape
-        kvh = k.shape[2]
+        kvh = self.cfg.num_kv_heads
         q = q.reshape(b, t, kvh, h // kvh, hd)  # group query heads by their kv head
         scores = jnp.einsum(
-            "btkgd,bskd->bkgts", q, k.astype(dt), preferred_element_type=jnp.float32
+            f"btkgd,{kv_spec}->bkgts", q, k.astype(dt), preferred_element_type=jnp.float32
         )
         scores = scores / math.sqrt(hd) + attn_bias
         probs = jax.nn.softmax(scores, axis=-1).astype(dt)
-        out = jnp.einsum("bkgts,bskd->btkgd", probs, v.astype(dt)).reshape(b, t, h, hd)
+        out = jnp.einsum(f"bkgts,{kv_spec}->btkgd", probs, v.astype(dt)).reshape(b, t, h, hd)
         out = jnp.einsum("bthk,hkd->btd", out, self.o_proj[...].astype(dt))
         return out, new_kv
 
