@@ -465,10 +465,10 @@ class Sampler:
         return jax.lax.with_sharding_constraint(x, NamedSharding(self.mesh, spec))
 
     def _constrain_cache(self, cache: KVCache) -> KVCache:
-        kv_axes = (None, "batch", "kv_heads", None, None)  # [L, B, K, S, Dh]
+        kv_axes = ("batch", "kv_heads", None, None)  # per layer [B, K, S, Dh]
         return KVCache(
-            k=self._constrain(cache.k, kv_axes),
-            v=self._constrain(cache.v, kv_axes),
+            k=tuple(self._constrain(x, kv_axes) for x in cache.k),
+            v=tuple(self._constrain(x, kv_axes) for x in cache.v),
             valid=self._constrain(cache.valid, ("batch", None)),
             index=cache.index,
         )
@@ -511,8 +511,8 @@ class Sampler:
         prompt_len = jnp.sum(mask, axis=1, dtype=jnp.int32)
         if not use_dropout and n > 1:
             cache = KVCache(
-                k=jnp.repeat(cache.k, n, axis=1),
-                v=jnp.repeat(cache.v, n, axis=1),
+                k=tuple(jnp.repeat(x, n, axis=0) for x in cache.k),
+                v=tuple(jnp.repeat(x, n, axis=0) for x in cache.v),
                 valid=jnp.repeat(cache.valid, n, axis=0),
                 index=cache.index,
             )
@@ -610,10 +610,10 @@ class Sampler:
             # Grow the cache to the slots this chunk can fill: step s writes slot Tp+s-1.
             cache = inner[0]
             extra = tp + end * k - cache.max_len
-            grow = ((0, 0), (0, 0), (0, 0), (0, extra), (0, 0))  # slots: axis 3 of [L,B,K,S,Dh]
+            grow = ((0, 0), (0, 0), (0, extra), (0, 0))  # slots: axis 2 of [B, K, S, Dh]
             cache = KVCache(
-                k=jnp.pad(cache.k, grow),
-                v=jnp.pad(cache.v, grow),
+                k=tuple(jnp.pad(x, grow) for x in cache.k),
+                v=tuple(jnp.pad(x, grow) for x in cache.v),
                 valid=jnp.pad(cache.valid, ((0, 0), (0, extra))),
                 index=cache.index,
             )

@@ -107,11 +107,13 @@ def forward_rows(model: Transformer, tokens, positions, cache: KVCache, index):
     """
 
     def one_row(tok, pos, k, v, valid, idx):
-        row = KVCache(k=k[:, None], v=v[:, None], valid=valid[None], index=idx)
+        add_row = functools.partial(jax.tree.map, lambda x: x[None])  # per-layer [1, K, S, Dh]
+        row = KVCache(k=add_row(k), v=add_row(v), valid=valid[None], index=idx)
         logits, row = model(tok[None], None, positions=pos[None], cache=row)
-        return logits[0], row.k[:, 0], row.v[:, 0], row.valid[0]
+        drop_row = functools.partial(jax.tree.map, lambda x: x[0])
+        return logits[0], drop_row(row.k), drop_row(row.v), row.valid[0]
 
-    logits, k, v, valid = jax.vmap(one_row, in_axes=(0, 0, 1, 1, 0, 0), out_axes=(0, 1, 1, 0))(
+    logits, k, v, valid = jax.vmap(one_row)(  # every array has the row axis first
         tokens, positions, cache.k, cache.v, cache.valid, index
     )
     return logits, KVCache(k=k, v=v, valid=valid, index=cache.index)
