@@ -32,7 +32,9 @@ class Registry:
     def register(self, name: str) -> Callable[[F], F]:
         """Decorator registering `fn` under `name`; the function is returned unchanged."""
         if not isinstance(name, str) or not name:
-            raise ValueError(f"{self.kind} registry: a name must be a non-empty string, got {name!r}")
+            raise ValueError(
+                f"{self.kind} registry: a name must be a non-empty string, got {name!r}"
+            )
 
         def decorator(fn: F) -> F:
             if name in self._entries:
