@@ -120,6 +120,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.train.keep_checkpoints = 2
     c.train.rollout_log_every = 50
     c.train.sft_batch = 64  # sequences per SFT step
+    # > 0: finish once held-out greedy pass@1 reaches this (checked at each eval); e.g. an
+    # SFT warm start that should hand RL a policy near 50%, whatever the learning curve.
+    c.train.stop_at_pass1 = 0.0
 
     c.eval = dict(num_prompts=256, pass_k=4, batch=128)
     c.eval.at_start = True  # RL: evaluate the starting policy at step 0 (off: faster tests)

@@ -536,19 +536,36 @@ class Trainer:
             self.ckpt.wait()
             self.writer.flush()
 
-    def _end_of_step(self, done: int, data, stop: StopRequest, tag: str) -> bool:
-        """Eval, checkpoint and stop handling after update `done`; True = stop now."""
+    def _end_of_step(self, done: int, data, stop: StopRequest, tag: str) -> str | None:
+        """Eval, checkpoint and stop handling after update `done`.
+
+        Returns None to go on, "signal" after SIGTERM/SIGINT (checkpoint saved), or "target"
+        when held-out greedy pass@1 reached `train.stop_at_pass1` (checkpoint saved; the
+        history records it, so running the same command again does not train further).
+        """
         c = self.config
+        outcome = "signal" if stop.requested else None
         if done % c.train.eval_every == 0 or done == c.train.steps:
             ev = self.evaluate()
             self.history["eval"].append(dict(step=done, **ev))
             self.writer.write_scalars(done, ev)
             self._print(f"[{tag}] step {done}: " + _fmt(ev))
-        if done % c.train.checkpoint_every == 0 or done == c.train.steps or stop.requested:
+            target = c.train.stop_at_pass1
+            if target > 0 and ev["eval/pass@1_greedy"] >= target and outcome is None:
+                self.history["target_reached_at"] = done
+                self._print(f"[{tag}] pass@1 reached train.stop_at_pass1={target}: done")
+                outcome = "target"
+        if done % c.train.checkpoint_every == 0 or done == c.train.steps or outcome:
             self._save(_encode_state(data.get_state()))
-        if stop.requested:
+        if outcome == "signal":
             self._print(f"[{tag}] stopped by {stop.signal_name} at step {done}; checkpoint saved")
-        return stop.requested
+        return outcome
+
+    def _steps_left(self, start: int) -> range:
+        """The updates still to run (none once a stop_at_pass1 target was reached)."""
+        if "target_reached_at" in self.history:
+            return range(0)
+        return range(start, self.config.train.steps)
 
     def _finish(self, bar) -> dict[str, Any]:
         """Close the progress bar, let the last save land, export the policy."""
@@ -585,7 +602,7 @@ class Trainer:
             )
         bar = ProgressBar(c.train.steps, initial=start, desc="sft") if self.is_main else None
         metrics = {}
-        for step in range(start, c.train.steps):
+        for step in self._steps_left(start):
             examples = _rows(next(data))
             batch = encode_demonstrations(
                 self.tokenizer,
@@ -602,8 +619,11 @@ class Trainer:
                 self.writer.write_scalars(done, scalars)
                 if bar:
                     bar.update(done, {"nll": scalars["train/nll"]})
-            if self._end_of_step(done, data, stop, "sft"):
+            outcome = self._end_of_step(done, data, stop, "sft")
+            if outcome == "signal":
                 return dict(stopped=True, step=done, history=self.history)
+            if outcome == "target":
+                break
         return self._finish(bar)
 
     # ---- RL ---------------------------------------------------------------------
@@ -749,7 +769,7 @@ class Trainer:
             self.writer.write_scalars(0, ev)
             self._print("[rl] step 0: " + _fmt(ev))
         bar = ProgressBar(c.train.steps, initial=start, desc="rl") if self.is_main else None
-        for step in range(start, c.train.steps):
+        for step in self._steps_left(start):
             t0 = time.perf_counter()
             examples = _rows(next(data))
             batch, info = self._rl_batch(examples, self._next_key())
@@ -774,8 +794,11 @@ class Trainer:
                     )
             if self.rollout_log and done % c.train.rollout_log_every == 0:
                 self._log_rollouts(done, examples, info, batch)
-            if self._end_of_step(done, data, stop, "rl"):
+            outcome = self._end_of_step(done, data, stop, "rl")
+            if outcome == "signal":
                 return dict(stopped=True, step=done, history=self.history)
+            if outcome == "target":
+                break
         return self._finish(bar)
 
     def _available_stats(self) -> set[str]:

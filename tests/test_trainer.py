@@ -493,3 +493,21 @@ def test_train_function_runs_and_exports(tmp_path):
     assert os.path.exists(tmp_path / "export" / "config.json")
     with open(tmp_path / "config.json") as f:
         assert json.load(f)["train"]["steps"] == 1  # the resolved config is written
+
+
+def test_stop_at_pass1_finishes_early_and_stays_finished(tmp_path, monkeypatch):
+    """train.stop_at_pass1: the first eval at or above the target ends the run (checkpoint +
+    export); running the same config again trains no further."""
+    scores = iter([0.2, 0.6, 0.9])
+    monkeypatch.setattr(
+        Trainer, "evaluate", lambda self, n=None: {"eval/pass@1_greedy": next(scores)}
+    )
+    overrides = {"train.steps": 10, "train.eval_every": 2, "train.stop_at_pass1": 0.5}
+    tr, summary = run("sft_arith", tmp_path, overrides)
+    assert summary["step"] == 4 and not summary["stopped"]
+    assert [e["step"] for e in summary["history"]["eval"]] == [2, 4]
+    assert summary["history"]["target_reached_at"] == 4
+    assert os.path.exists(os.path.join(tmp_path, "export", "config.json"))
+    assert Checkpointer(os.path.join(tmp_path, "checkpoints")).latest_step() == 4
+    tr2, again = run("sft_arith", tmp_path, overrides)
+    assert again["step"] == 4 and int(tr2.state.step) == 4
