@@ -17,6 +17,6 @@ def get_config(arg=None):
     c.objective.weight_kwargs = dict(eps_low=0.2, eps_high=0.2)
     c.objective.aggregation = "token_mean"
     c.optimizer.update(lr=1e-4, warmup_steps=5, max_grad_norm=1.0)
-    c.train.update(steps=300, minibatches=2, log_every=10, eval_every=100, checkpoint_every=50)
+    c.train.update(steps=800, minibatches=2, log_every=10, eval_every=100, checkpoint_every=100)
     c.eval.update(num_prompts=256, pass_k=4)
     return presets.finish(c, arg)

@@ -14,7 +14,7 @@ from jaxrl_frontier import presets
 def get_config(arg=None):
     c = presets.arithmetic("sft")
     c.optimizer.update(lr=3e-3, warmup_steps=50, schedule="constant")
-    # Stop at the first eval with pass@1 >= 40%: the phase transition where the carries click
+    # Stop at the first eval with pass@1 >= 30%: the phase transition where the carries click
     # comes at a different step with every float rounding, the start of RL should not.
     c.train.update(
         steps=1500,
@@ -22,7 +22,7 @@ def get_config(arg=None):
         log_every=20,
         eval_every=20,
         checkpoint_every=100,
-        stop_at_pass1=0.4,
+        stop_at_pass1=0.3,
     )
     c.eval.update(num_prompts=128, batch=128)
     c.eval.pass_k = 1
