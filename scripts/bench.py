@@ -19,7 +19,6 @@ import argparse
 import json
 import os
 import platform
-import statistics
 import sys
 import tempfile
 import time
@@ -29,6 +28,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import bench_common  # noqa: E402  (scripts/ is on sys.path when run or imported)
 
 BENCHMARKS: dict[str, tuple[Callable, Callable]] = {}  # name -> (add_arguments, run)
 
@@ -43,15 +44,6 @@ def benchmark(name: str, add_arguments: Callable[[argparse.ArgumentParser], None
         return run
 
     return register
-
-
-def _median_time(fn, repeats: int) -> tuple[float, list[float]]:
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times), times
 
 
 def _ints(text: str) -> list[int]:
@@ -109,11 +101,8 @@ def _sampler_args(p: argparse.ArgumentParser) -> None:
 
 def _build_model(name: str, dtype: str, seed: int = 0):
     """A random Qwen2-shaped Transformer; weights drawn with numpy (fast, any size)."""
-    import jax
-    import jax.numpy as jnp
-    from flax import nnx
 
-    from jaxrl_frontier.models.transformer import ModelConfig, Transformer
+    from jaxrl_frontier.models.transformer import ModelConfig
 
     cfg = ModelConfig(
         **SAMPLER_MODELS[name],
@@ -123,32 +112,14 @@ def _build_model(name: str, dtype: str, seed: int = 0):
         dtype=dtype,
         max_position_embeddings=4096,
     )
-    model = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
-    rng = np.random.default_rng(seed)
+    from jaxrl_frontier.models.random_init import random_model
 
-    def draw(path, x):
-        key = jax.tree_util.keystr(path)
-        if "norm" in key:
-            value = 1.0 + 0.1 * rng.standard_normal(x.shape)
-        else:
-            value = 0.05 * rng.standard_normal(x.shape)
-        return jnp.asarray(value, x.dtype)
-
-    nnx.update(model, jax.tree_util.tree_map_with_path(draw, nnx.state(model)))
-    return model
+    return random_model(cfg, seed=seed)
 
 
 def _matmul_peak_flops(n: int = 2048, repeats: int = 5) -> float:
     """FLOP/s of a large f32 matmul on the default device (the roofline's peak)."""
-    import jax
-    import jax.numpy as jnp
-
-    a = jax.random.normal(jax.random.key(0), (n, n), jnp.float32)
-    b = jax.random.normal(jax.random.key(1), (n, n), jnp.float32)
-    mm = jax.jit(lambda x, y: x @ y)
-    mm(a, b).block_until_ready()
-    t, _ = _median_time(lambda: mm(a, b).block_until_ready(), repeats)
-    return 2 * n**3 / t
+    return bench_common.matmul_peak(n, repeats)["float32_gflops"] * 1e9
 
 
 def _decode_step_flops(cfg, batch: int, cache_len: float) -> float:
@@ -188,7 +159,7 @@ def _ours(model, batch: int, args, new_tokens: int) -> dict:
     ro = run()
     first = time.perf_counter() - t0
     assert int(np.asarray(ro.lengths).min()) == new_tokens  # no EOS: every row runs to the end
-    median, times = _median_time(run, args.repeats)
+    median, times = bench_common.median_time(run, args.repeats)
     return dict(
         seconds=median,
         tokens_per_s=batch * new_tokens / median,
@@ -233,7 +204,7 @@ def _hf_generate(model, batches: list[int], args) -> dict[int, dict]:
                 return torch_model.generate(input_ids, **kwargs)
 
         assert run().shape == (batch, args.prompt_len + args.new_tokens)  # warm-up
-        median, times = _median_time(run, args.repeats)
+        median, times = bench_common.median_time(run, args.repeats)
         out[batch] = dict(
             seconds=median,
             tokens_per_s=batch * args.new_tokens / median,
@@ -343,9 +314,7 @@ def bench_all(args) -> dict:
         t0 = time.perf_counter()
         out[name] = dict(benchmark=name, **run(p.parse_args([])))
         out[name]["wall_s"] = time.perf_counter() - t0
-        path = Path(f"artifacts/bench_{name}.json")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(out[name], indent=2) + "\n")
+        bench_common.write_json(out[name], f"artifacts/bench_{name}.json", echo=False)
         print(f"[all] {name} done in {out[name]['wall_s']:.0f} s", file=sys.stderr)
     return out
 
@@ -365,11 +334,7 @@ def main(argv=None) -> dict:
     args = parser.parse_args(argv)
     _, run = BENCHMARKS[args.name]
     result = dict(benchmark=args.name, **run(args))
-    out = Path(args.out or f"artifacts/bench_{args.name}.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result, indent=2))
-    return result
+    return bench_common.write_json(result, args.out or f"artifacts/bench_{args.name}.json")
 
 
 if __name__ == "__main__":

@@ -36,6 +36,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import bench_common  # noqa: E402  (scripts/ is on sys.path when run or imported)
+
 TINY = dict(
     vocab_size=512,
     hidden_size=256,
@@ -69,23 +71,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def save_tiny_model(path: str, seed: int = 0) -> None:
     """Random Qwen2-shaped weights in HF format (f32)."""
-    import jax
-    import jax.numpy as jnp
-    from flax import nnx
 
     from jaxrl_frontier.models import hf
-    from jaxrl_frontier.models.transformer import ModelConfig, Transformer
+    from jaxrl_frontier.models.transformer import ModelConfig
 
     cfg = ModelConfig(**TINY, qkv_bias=True, rope_theta=1_000_000.0, family="qwen2")
-    model = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
-    rng = np.random.default_rng(seed)
+    from jaxrl_frontier.models.random_init import random_model
 
-    def draw(p, x):
-        if "norm" in jax.tree_util.keystr(p):
-            return jnp.asarray(1.0 + 0.1 * rng.standard_normal(x.shape), x.dtype)
-        return jnp.asarray(0.05 * rng.standard_normal(x.shape), x.dtype)
-
-    nnx.update(model, jax.tree_util.tree_map_with_path(draw, nnx.state(model)))
+    model = random_model(cfg, seed=seed)
     hf.save(model, path, dtype="float32")
 
 
@@ -325,11 +318,7 @@ def main(argv=None) -> dict:
     add_arguments(parser)
     args = parser.parse_args(argv)
     result = dict(benchmark="rl", **bench_rl(args))
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result, indent=2))
-    return result
+    return bench_common.write_json(result, args.out)
 
 
 if __name__ == "__main__":

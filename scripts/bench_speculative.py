@@ -27,6 +27,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import bench_common  # noqa: E402  (scripts/ is on sys.path when run or imported)
+
 POLICY = dict(  # the sampler benchmark's "tiny" shape
     vocab_size=512,
     hidden_size=256,
@@ -56,26 +58,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _build_policy(dtype: str, head_std: float, seed: int = 0):
-    import jax
-    import jax.numpy as jnp
-    from flax import nnx
 
-    from jaxrl_frontier.models.transformer import ModelConfig, Transformer
+    from jaxrl_frontier.models.transformer import ModelConfig
 
     cfg = ModelConfig(**POLICY, qkv_bias=True, rope_theta=1_000_000.0, family="qwen2", dtype=dtype)
-    model = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
-    rng = np.random.default_rng(seed)
+    from jaxrl_frontier.models.random_init import random_model
 
-    def draw(path, x):
-        key = jax.tree_util.keystr(path)
-        if "norm" in key:
-            value = 1.0 + 0.1 * rng.standard_normal(x.shape)
-        else:
-            value = (head_std if "lm_head" in key else 0.05) * rng.standard_normal(x.shape)
-        return jnp.asarray(value, x.dtype)
-
-    nnx.update(model, jax.tree_util.tree_map_with_path(draw, nnx.state(model)))
-    return model
+    return random_model(cfg, seed=seed, head_std=head_std)
 
 
 def _timed(generate, repeats: int) -> dict:
@@ -156,11 +145,7 @@ def main(argv=None) -> dict:
     add_arguments(parser)
     args = parser.parse_args(argv)
     result = dict(benchmark="speculative", **bench_speculative(args))
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result, indent=2))
-    return result
+    return bench_common.write_json(result, args.out)
 
 
 if __name__ == "__main__":

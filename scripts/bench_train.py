@@ -38,6 +38,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import bench_common  # noqa: E402  (scripts/ is on sys.path when run or imported)
+
 # Llama-shaped (no qkv bias), GQA, tied embeddings.
 TRAIN_MODELS = {
     "25m": dict(  # 23.6M in the blocks + 4.2M tied embedding = 27.8M
@@ -74,31 +76,7 @@ def _ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x]
 
 
-def _median_time(fn, repeats: int) -> tuple[float, list[float]]:
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times), times
-
-
-def matmul_peak(n: int = 2048, repeats: int = 5) -> dict:
-    """GFLOP/s of an n x n jnp matmul in f32 and bf16 (median of repeats); peak = the best."""
-    import jax
-    import jax.numpy as jnp
-
-    out = {}
-    for name, dt in (("float32", jnp.float32), ("bfloat16", jnp.bfloat16)):
-        a = jax.random.normal(jax.random.key(0), (n, n), dt)
-        b = jax.random.normal(jax.random.key(1), (n, n), dt)
-        mm = jax.jit(lambda x, y: x @ y)
-        mm(a, b).block_until_ready()
-        t, _ = _median_time(lambda mm=mm, a=a, b=b: mm(a, b).block_until_ready(), repeats)
-        out[f"{name}_gflops"] = 2 * n**3 / t / 1e9
-    out["peak_gflops"] = max(out["float32_gflops"], out["bfloat16_gflops"])
-    out["n"] = n
-    return out
+median_time, matmul_peak = bench_common.median_time, bench_common.matmul_peak
 
 
 def model_config(name: str, dtype: str = "float32", remat: bool = False):
@@ -134,24 +112,11 @@ def train_step_flops(cfg, batch: int, seq: int) -> dict:
 
 def build_model(cfg, mesh=None, seed: int = 0):
     """A Transformer with random weights drawn by numpy (fast at any size), placed on `mesh`."""
-    import jax
-    import jax.numpy as jnp
-    from flax import nnx
 
     from jaxrl_frontier import sharding
-    from jaxrl_frontier.models.transformer import Transformer
+    from jaxrl_frontier.models.random_init import random_model
 
-    model = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
-    rng = np.random.default_rng(seed)
-
-    def draw(path, x):
-        if "norm" in jax.tree_util.keystr(path):
-            value = 1.0 + 0.1 * rng.standard_normal(x.shape, np.float32)
-        else:
-            value = 0.02 * rng.standard_normal(x.shape, np.float32)
-        return jnp.asarray(value, x.dtype)
-
-    nnx.update(model, jax.tree_util.tree_map_with_path(draw, nnx.state(model)))
+    model = random_model(cfg, seed=seed, std=0.02)
     if mesh is not None:
         model = sharding.shard_model(model, mesh)
     return model
@@ -453,11 +418,7 @@ def main(argv=None) -> dict:
     args = parser.parse_args(argv)
     run = bench_mfu if args.name == "mfu" else bench_memory
     result = dict(benchmark=args.name, **run(args))
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps(result, indent=2))
-    return result
+    return bench_common.write_json(result, args.out)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ import pytest
 from flax import nnx
 
 from jaxrl_frontier import sharding as shd
+from jaxrl_frontier.models.random_init import random_model
 from jaxrl_frontier.models.transformer import ModelConfig, Transformer
 from jaxrl_frontier.sampling import (
     FinishReason,
@@ -45,19 +46,7 @@ def make_model(seed: int = 0) -> Transformer:
     top-2 gaps >> float error) that argmax comparisons are not decided by rounding, while
     sampling stays genuinely random.
     """
-    model = nnx.eval_shape(lambda: Transformer(CFG, rngs=nnx.Rngs(0)))
-    rng = np.random.RandomState(seed)
-
-    def draw(path, x):
-        name = jax.tree_util.keystr(path)
-        if "norm" in name:
-            value = 1.0 + 0.1 * rng.randn(*x.shape)
-        else:
-            value = (0.16 if "lm_head" in name else 0.02) * rng.randn(*x.shape)
-        return jnp.asarray(value, x.dtype)
-
-    nnx.update(model, jax.tree_util.tree_map_with_path(draw, nnx.state(model)))
-    return model
+    return random_model(CFG, seed=seed, std=0.02, head_std=0.16, legacy_rng=True)
 
 
 def prompts(lengths, width=14, seed=0):

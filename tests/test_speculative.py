@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from jaxrl_frontier.models.random_init import random_model
 from jaxrl_frontier.models.transformer import ModelConfig, Transformer
 from jaxrl_frontier.sampling import FinishReason, Sampler, SamplingParams, truncate_logits
 from jaxrl_frontier.speculative import SpeculativeSampler, _generate, shallow_draft
@@ -36,19 +37,7 @@ FWD_LEN = 20  # every uncached forward is [64, FWD_LEN]: one compile
 def make_model(seed: int, cfg: ModelConfig = CFG) -> Transformer:
     """Numpy-drawn weights; a sharp output layer (logit std ~1.5), so the distributions are
     far from uniform and a wrong sampler shows in the chi-square."""
-    model = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
-    rng = np.random.RandomState(seed)
-
-    def draw(path, x):
-        name = jax.tree_util.keystr(path)
-        if "norm" in name:
-            value = 1.0 + 0.1 * rng.randn(*x.shape)
-        else:
-            value = (0.12 if "lm_head" in name else 0.1) * rng.randn(*x.shape)
-        return jnp.asarray(value, x.dtype)
-
-    nnx.update(model, jax.tree_util.tree_map_with_path(draw, nnx.state(model)))
-    return model
+    return random_model(cfg, seed=seed, std=0.1, head_std=0.12, legacy_rng=True)
 
 
 @pytest.fixture(scope="module")
