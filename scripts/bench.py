@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import sys
 import tempfile
 import time
@@ -218,15 +216,10 @@ def _hf_generate(model, batches: list[int], args) -> dict[int, dict]:
 def bench_sampler(args) -> dict:
     """Generated tokens/s of `Sampler.generate` (median over repeats, compile apart) vs
     transformers `generate` on the same weights, and the decode step vs the FLOP roofline."""
-    import jax
 
     peak = _matmul_peak_flops()
     result = dict(
-        device=str(jax.devices()[0]),
-        device_count=jax.device_count(),
-        cpu_count=os.cpu_count(),
-        jax=jax.__version__,
-        python=platform.python_version(),
+        **bench_common.machine_info(),
         matmul_peak_gflops=peak / 1e9,
         settings=dict(
             prompt_len=args.prompt_len,

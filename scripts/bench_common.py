@@ -45,3 +45,32 @@ def write_json(result: dict, path: str | Path, *, echo: bool = True) -> dict:
     if echo:
         print(text)
     return result
+
+
+def machine_info() -> dict:
+    """Where a figure was measured: device, core count, versions, XLA flags."""
+    import os
+    import platform
+
+    import jax
+
+    return dict(
+        device=str(jax.devices()[0]),
+        device_count=jax.device_count(),
+        cpu_count=os.cpu_count(),
+        platform=platform.platform(),
+        python=platform.python_version(),
+        jax=jax.__version__,
+        xla_flags=os.environ.get("XLA_FLAGS", ""),
+    )
+
+
+def standalone_main(name: str, doc: str, add_arguments, run, argv=None) -> dict:
+    """`python scripts/bench_<name>.py [--out PATH] [options]`: run one benchmark, write JSON."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--out", default=f"artifacts/bench_{name}.json", help="JSON path")
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    return write_json(dict(benchmark=name, **run(args)), args.out)

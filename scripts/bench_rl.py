@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -271,13 +270,9 @@ def bench_trl(args, model_dir: str, threads: int) -> dict:
 
 def bench_rl(args) -> dict:
     """A full GRPO step (rollout, rewards, log-probs, update): ours vs TRL GRPOTrainer, CPU."""
-    import jax
 
     result = dict(
-        device=str(jax.devices()[0]),
-        cpu_count=os.cpu_count(),
-        platform=platform.platform(),
-        jax=jax.__version__,
+        **bench_common.machine_info(),
         model=TINY | dict(family="qwen2", qkv_bias=True, dtype="float32"),
         prompts=args.prompts,
         group_size=args.group_size,
@@ -313,12 +308,7 @@ def bench_rl(args) -> dict:
 
 
 def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="artifacts/bench_rl.json", help="JSON path")
-    add_arguments(parser)
-    args = parser.parse_args(argv)
-    result = dict(benchmark="rl", **bench_rl(args))
-    return bench_common.write_json(result, args.out)
+    return bench_common.standalone_main("rl", __doc__, add_arguments, bench_rl, argv)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import sys
 import time
@@ -98,8 +97,7 @@ def bench_speculative(args) -> dict:
     params = SamplingParams(max_new_tokens=tn, temperature=args.temperature)
     keys = jax.random.split(jax.random.key(0), args.repeats + 1)
     result = dict(
-        device=str(jax.devices()[0]),
-        platform=platform.platform(),
+        **bench_common.machine_info(),
         policy=POLICY | dict(dtype=args.dtype, head_std=args.head_std),
         batch=b,
         prompt_len=args.prompt_len,
@@ -140,12 +138,9 @@ def bench_speculative(args) -> dict:
 
 
 def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="artifacts/bench_speculative.json", help="JSON path")
-    add_arguments(parser)
-    args = parser.parse_args(argv)
-    result = dict(benchmark="speculative", **bench_speculative(args))
-    return bench_common.write_json(result, args.out)
+    return bench_common.standalone_main(
+        "speculative", __doc__, add_arguments, bench_speculative, argv
+    )
 
 
 if __name__ == "__main__":

@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -245,18 +244,13 @@ def bench_mfu(args) -> dict:
     step of every variant; MFU of a round = step FLOPs / step seconds / that round's peak,
     and the reported figures are medians over rounds.
     """
-    import jax
 
     batches = dict(DEFAULT_BATCH)
     for item in filter(None, args.batches.split(",")):
         k, v = item.split("=")
         batches[k] = int(v)
     result = dict(
-        device=str(jax.devices()[0]),
-        cpu_count=os.cpu_count(),
-        jax=jax.__version__,
-        python=platform.python_version(),
-        xla_flags=os.environ.get("XLA_FLAGS", ""),
+        **bench_common.machine_info(),
         flops_formula=FLOPS_FORMULA,
         rounds=args.repeats,
         models={},
