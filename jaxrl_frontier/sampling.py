@@ -122,6 +122,12 @@ class SamplingParams:
     def all_stop_ids(self) -> tuple[int, ...]:
         return tuple(sorted(set(self.eos_ids) | set(self.stop_ids)))
 
+    @property
+    def stop_id_slots(self) -> int:
+        """Static width of the stop-id array: the count rounded up to a multiple of 4, so
+        adding a stop token rarely recompiles (the ids themselves are traced)."""
+        return max(4, -(-len(self.all_stop_ids) // 4) * 4)
+
 
 # ----------------------------------------------------------------------------- pure sampling
 
@@ -648,7 +654,7 @@ class Sampler:
             top_k=params.top_k,
             use_top_p=params.top_p < 1.0,
             use_min_p=params.min_p > 0.0,
-            num_stop_ids=max(4, -(-len(params.all_stop_ids) // 4) * 4),
+            num_stop_ids=params.stop_id_slots,
             use_dropout=params.dropout_rate > 0.0,
             steps_per_check=k,
             chunk_blocks=ends,

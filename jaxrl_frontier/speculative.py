@@ -393,7 +393,7 @@ class SpeculativeSampler:
             top_k=params.top_k,
             use_top_p=params.top_p < 1.0,
             use_min_p=params.min_p > 0.0,
-            num_stop_ids=max(4, -(-len(params.all_stop_ids) // 4) * 4),
+            num_stop_ids=params.stop_id_slots,
             pad_id=self.pad_id,
         )
 
