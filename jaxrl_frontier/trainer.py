@@ -775,11 +775,14 @@ class Trainer:
             batch, info = self._rl_batch(examples, self._next_key())
             # epochs x minibatches over a fixed permutation per epoch
             step_metrics = []
+            # one device->host copy per step; minibatches are sliced from it (rewards already
+            # needed the completions on the host)
+            host_batch = jax.device_get({k: batch[k] for k in batch_keys})
             for _ in range(c.train.epochs):
                 perm = np.asarray(jax.random.permutation(self._next_key(), rows))
                 for j in range(c.train.minibatches):
                     idx = perm[j * mb_rows : (j + 1) * mb_rows]
-                    mb = {k: np.asarray(batch[k])[idx] for k in batch_keys}
+                    mb = {k: v[idx] for k, v in host_batch.items()}
                     self.state, m = update(self.state, sharding.shard_batch(mb, self.mesh))
                     step_metrics.append(m)
             self.state = self.state.replace(step=self.state.step + 1)
