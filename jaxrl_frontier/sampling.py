@@ -50,6 +50,7 @@ from jax.sharding import Mesh, NamedSharding
 
 from jaxrl_frontier import sharding as shd
 from jaxrl_frontier.models.transformer import KVCache, Transformer
+from jaxrl_frontier.xla_options import rollout_compiler_options
 
 DEFAULT_PROMPT_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 
@@ -387,6 +388,9 @@ class Sampler:
       decode_chunks: the decode is split into this many static chunks so that attention
         reads only the cache prefix that can be filled (1 = one chunk over the full cache).
       steps_per_check: tokens decoded between two checks of "are all rows done?".
+      compiler_options: XLA options for the prefill and decode programs; None picks
+        `xla_options.rollout_compiler_options` for the backend (on CPU: YNNPACK for
+        reductions only, ~1.2x faster decode at 16 to 32 rows); {} keeps XLA's defaults.
     """
 
     def __init__(
@@ -399,6 +403,7 @@ class Sampler:
         batch_buckets: Sequence[int] | None = None,
         decode_chunks: int = 4,
         steps_per_check: int = 8,
+        compiler_options: dict | None = None,
     ):
         self.model = model
         self.cfg = model.cfg
@@ -428,8 +433,18 @@ class Sampler:
             self._check_placement(nnx.state(model))
         # Python-side trace counters: they move only when jax traces (compiles) anew.
         self.num_traces = {"prefill": 0, "decode": 0}
-        self._prefill = jax.jit(self._prefill_impl, static_argnames=("n", "use_dropout"))
-        self._decode = jax.jit(self._decode_impl, static_argnames=("plan",))
+        if compiler_options is None:
+            platform = None if mesh is None else mesh.devices.flat[0].platform
+            compiler_options = rollout_compiler_options(platform)
+        self.compiler_options = dict(compiler_options)
+        self._prefill = jax.jit(
+            self._prefill_impl,
+            static_argnames=("n", "use_dropout"),
+            compiler_options=compiler_options,
+        )
+        self._decode = jax.jit(
+            self._decode_impl, static_argnames=("plan",), compiler_options=compiler_options
+        )
 
     # -- weights ---------------------------------------------------------------------------
 

@@ -15,6 +15,7 @@ import pytest
 from flax import nnx
 
 from jaxrl_frontier import sharding as shd
+from jaxrl_frontier import xla_options
 from jaxrl_frontier.models.random_init import random_model
 from jaxrl_frontier.models.transformer import ModelConfig, Transformer
 from jaxrl_frontier.sampling import (
@@ -329,3 +330,29 @@ def test_greedy_sample_logits_and_errors(sampler):
     with pytest.raises(ValueError, match="left-padded"):
         tokens, mask = prompts([4])
         sampler.generate(tokens, mask[:, ::-1], GREEDY, jax.random.key(0))
+
+
+def test_cpu_compiler_options_change_speed_not_results(model, sampler, monkeypatch):
+    """The default sampler compiles with `xla_options.rollout_compiler_options` (on CPU:
+    YNNPACK for reductions only); XLA's own defaults ({}) must sample the same tokens."""
+    assert sampler.compiler_options == xla_options.ROLLOUT_OPTIONS["cpu"]
+    plain = Sampler(
+        model,
+        pad_id=PAD,
+        batch_buckets=(4,),
+        decode_chunks=2,
+        steps_per_check=4,
+        compiler_options={},
+    )
+    tokens, mask = prompts([3, 9, 14, 6])
+    params = SamplingParams(max_new_tokens=TN, n=N, temperature=1.0, top_p=0.9)
+    ours = sampler.generate(tokens, mask, params, jax.random.key(7))
+    ref = plain.generate(tokens, mask, params, jax.random.key(7))
+    np.testing.assert_array_equal(
+        np.asarray(ours.completion_tokens), np.asarray(ref.completion_tokens)
+    )
+    np.testing.assert_allclose(np.asarray(ours.policy_logp), np.asarray(ref.policy_logp), atol=1e-5)
+    np.testing.assert_allclose(np.asarray(ours.sample_logp), np.asarray(ref.sample_logp), atol=1e-5)
+    # An option this jaxlib does not know is dropped, not a compile error at the first rollout.
+    monkeypatch.setitem(xla_options.ROLLOUT_OPTIONS, "cpu", {"xla_cpu_no_such_option": "1"})
+    assert xla_options.rollout_compiler_options("cpu") == {}
