@@ -71,6 +71,7 @@ from jaxrl_frontier.sampling import (
     SamplingParams,
     truncate_logits,
 )
+from jaxrl_frontier.xla_options import rollout_compiler_options
 
 # ----------------------------------------------------------------------------- draft
 
@@ -147,13 +148,13 @@ class _Plan:
 # ----------------------------------------------------------------------------- the rollout
 
 
-@functools.partial(jax.jit, static_argnames=("graphdefs", "plan"))
 def _generate(
     graphdefs, policy_state, draft_state, tokens, mask, key, stop_ids, temperature, top_p, min_p,
     *, plan: _Plan,
 ):  # fmt: skip
-    """Prompts [B, Tp] -> (rollout fields, stats); one compile per (architectures, plan, shapes),
-    shared by every sampler (a draft equal in shape to the policy reuses it)."""
+    """Prompts [B, Tp] -> (rollout fields, stats); jitted by `_jitted_generate`, one compile
+    per (architectures, plan, shapes, compiler options), shared by every sampler (a draft
+    equal in shape to the policy reuses it)."""
     policy = nnx.merge(graphdefs[0], policy_state)
     draft = nnx.merge(graphdefs[1], draft_state)
     k, tn, pad = plan.k, plan.max_new_tokens, plan.pad_id
@@ -342,6 +343,14 @@ def _generate(
     return rollout, stats
 
 
+@functools.cache
+def _jitted_generate(compiler_options: tuple[tuple[str, str], ...]):
+    """`_generate` under jit with these XLA options (one jit object per option set)."""
+    return jax.jit(
+        _generate, static_argnames=("graphdefs", "plan"), compiler_options=dict(compiler_options)
+    )
+
+
 # ----------------------------------------------------------------------------- sampler
 
 
@@ -360,6 +369,8 @@ class SpeculativeSampler:
       pad_id: token id written after the end of a completion.
       k: draft tokens proposed per round.
       prompt_buckets: prompt lengths compiled for (left-padded to the smallest that fits).
+      compiler_options: XLA options for the rollout program, as in `Sampler` (None: the
+        backend's `xla_options.rollout_compiler_options`; {}: XLA's defaults).
     """
 
     def __init__(
@@ -370,6 +381,7 @@ class SpeculativeSampler:
         pad_id: int,
         k: int = 4,
         prompt_buckets=DEFAULT_PROMPT_BUCKETS,
+        compiler_options: dict | None = None,
     ):
         if k < 1:
             raise ValueError(f"k={k}; must be >= 1")
@@ -382,6 +394,10 @@ class SpeculativeSampler:
         self.pad_id, self.k = int(pad_id), int(k)
         self.prompt_buckets = tuple(sorted(int(b) for b in prompt_buckets))
         self.policy_version = 0
+        if compiler_options is None:
+            compiler_options = rollout_compiler_options()
+        self.compiler_options = dict(compiler_options)
+        self._generate = _jitted_generate(tuple(sorted(self.compiler_options.items())))
 
     def plan(self, params: SamplingParams) -> _Plan:
         if params.dropout_rate > 0.0:
@@ -451,7 +467,7 @@ class SpeculativeSampler:
         stop_ids = np.full((plan.num_stop_ids,), -1, np.int32)  # -1 never matches a token
         stop_ids[: len(params.all_stop_ids)] = params.all_stop_ids
         f32 = np.float32
-        out, stats = _generate(
+        out, stats = self._generate(
             (nnx.graphdef(self.policy), nnx.graphdef(self.draft)),
             nnx.state(self.policy),
             nnx.state(self.draft),

@@ -19,7 +19,7 @@ from flax import nnx
 from jaxrl_frontier.models.random_init import random_model
 from jaxrl_frontier.models.transformer import ModelConfig, Transformer
 from jaxrl_frontier.sampling import FinishReason, Sampler, SamplingParams, truncate_logits
-from jaxrl_frontier.speculative import SpeculativeSampler, _generate, shallow_draft
+from jaxrl_frontier.speculative import SpeculativeSampler, shallow_draft
 
 CFG = ModelConfig(
     vocab_size=8, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4, num_kv_heads=2
@@ -171,9 +171,9 @@ def test_logps_match_teacher_forcing(sampled_rollout, forward):
 
 def test_draft_equal_to_policy_is_always_accepted(policy):
     spec = SpeculativeSampler(policy, policy, pad_id=PAD, k=K_DIST, prompt_buckets=(TP,))
-    compiled = _generate._cache_size()
+    compiled = spec._generate._cache_size()
     _, stats = spec.generate(*padded_prompt(), SAMPLED, jax.random.key(1))
-    assert _generate._cache_size() == compiled  # same architecture and plan: no recompile
+    assert spec._generate._cache_size() == compiled  # same architecture and plan: no recompile
     assert float(stats["acceptance_rate"]) == 1.0, stats
     assert int(stats["rounds"]) == 1  # TN_DIST = 1 (prefill) + K_DIST + 1 (bonus)
 
