@@ -76,6 +76,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.rollout.top_p = 1.0
     c.rollout.min_p = 0.0
     c.rollout.dropout_rate = 0.0  # Dropout-GRPO: per-rollout fixed MLP dropout mask
+    c.rollout.cache_dtype = ""  # KV cache dtype: '' (the compute dtype) | float32 | bfloat16
 
     c.objective = ml_collections.ConfigDict()
     c.objective.advantage = "grpo"
@@ -136,6 +137,7 @@ CHOICES: dict[str, tuple] = {
     "tokenizer.kind": ("char", "hf"),
     "model.init": ("scratch", "hf", "checkpoint"),
     "model.dtype": ("float32", "bfloat16"),
+    "rollout.cache_dtype": ("", "float32", "bfloat16"),
     "teacher.init": ("none", "scratch", "hf", "checkpoint"),
     "teacher.dtype": ("float32", "bfloat16"),
     "optimizer.schedule": ("constant", "cosine", "linear"),

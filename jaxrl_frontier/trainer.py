@@ -520,7 +520,12 @@ class Trainer:
     @property
     def sampler(self) -> Sampler:
         if not hasattr(self, "_sampler"):
-            self._sampler = Sampler(self.policy, pad_id=self.tokenizer.pad_id, mesh=self.mesh)
+            self._sampler = Sampler(
+                self.policy,
+                pad_id=self.tokenizer.pad_id,
+                mesh=self.mesh,
+                cache_dtype=self.config.rollout.cache_dtype or None,
+            )
         return self._sampler
 
     # ------------------------------------------------------------------ run

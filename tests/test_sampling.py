@@ -356,3 +356,30 @@ def test_cpu_compiler_options_change_speed_not_results(model, sampler, monkeypat
     # An option this jaxlib does not know is dropped, not a compile error at the first rollout.
     monkeypatch.setitem(xla_options.ROLLOUT_OPTIONS, "cpu", {"xla_cpu_no_such_option": "1"})
     assert xla_options.rollout_compiler_options("cpu") == {}
+
+
+def test_bf16_cache_is_bf16_and_close(model, sampler, forward):
+    """`cache_dtype='bfloat16'`: the cache is stored in bf16 (half the bytes), and sampled
+    log-probs stay close to a teacher-forced f32 forward over the same tokens."""
+    bf16 = Sampler(
+        model, pad_id=PAD, batch_buckets=(4,), decode_chunks=2, steps_per_check=4,
+        cache_dtype="bfloat16",
+    )  # fmt: skip
+    tokens, mask = prompts([3, 9, 14, 6])
+    cache, _, _ = bf16._prefill(
+        nnx.state(model), jnp.asarray(tokens), jnp.asarray(mask), jax.random.key(0),
+        np.float32(0.0), n=1, use_dropout=False,
+    )  # fmt: skip
+    assert {x.dtype for x in cache.k + cache.v} == {jnp.dtype(jnp.bfloat16)}
+    params = SamplingParams(max_new_tokens=TN, n=N, temperature=1.0)
+    ro = bf16.generate(tokens, mask, params, jax.random.key(3))
+    seq = ro.sequences()
+    logits = forward(np.asarray(seq.tokens), np.asarray(seq.attention_mask))
+    ref = np.take_along_axis(
+        log_softmax_np(logits[:, :-1]), np.asarray(seq.tokens)[:, 1:, None], -1
+    )
+    loss_mask = np.asarray(seq.loss_mask)[:, 1:] == 1
+    err = np.abs(np.asarray(seq.old_logp)[:, 1:] - ref[..., 0])[loss_mask]
+    assert err.size > 0 and err.max() < 5e-2, err.max()  # bf16 keys/values: ~3 significant digits
+    with pytest.raises(ValueError, match="cache_dtype"):
+        Sampler(model, pad_id=PAD, cache_dtype="float16")
