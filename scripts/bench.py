@@ -68,6 +68,15 @@ SAMPLER_MODELS = {
         num_heads=8,
         num_kv_heads=2,
     ),
+    "0.5b": dict(  # Qwen2.5-0.5B's shape (494M parameters): for a GPU (scripts/gpu_check.sh)
+        vocab_size=151936,
+        hidden_size=896,
+        intermediate_size=4864,
+        num_layers=24,
+        num_heads=14,
+        num_kv_heads=2,
+        tie_word_embeddings=True,
+    ),
 }
 
 
@@ -209,16 +218,17 @@ def _hf_generate(model, batches: list[int], args) -> dict[int, dict]:
     from jaxrl_frontier.models import hf
 
     torch.set_num_threads(args.torch_threads)
+    device = "cuda" if torch.cuda.is_available() else "cpu"  # the GPU when JAX has one too
+    torch_dtype = getattr(torch, args.dtype)  # the same compute dtype as ours
     out = {}
     with tempfile.TemporaryDirectory() as tmp:
         hf.save(model, tmp, dtype="float32")
-        torch_model = transformers.AutoModelForCausalLM.from_pretrained(
-            tmp, dtype=torch.float32
-        ).eval()
+        torch_model = transformers.AutoModelForCausalLM.from_pretrained(tmp, dtype=torch_dtype)
+        torch_model = torch_model.to(device).eval()
     for batch in batches:
         rng = np.random.default_rng(batch)
         tokens = rng.integers(1, model.cfg.vocab_size, (batch, args.prompt_len))
-        input_ids = torch.as_tensor(tokens, dtype=torch.long)
+        input_ids = torch.as_tensor(tokens, dtype=torch.long, device=device)
         kwargs = dict(
             attention_mask=torch.ones_like(input_ids),
             do_sample=True,
@@ -232,7 +242,10 @@ def _hf_generate(model, batches: list[int], args) -> dict[int, dict]:
 
         def run(input_ids=input_ids, kwargs=kwargs):
             with torch.inference_mode():
-                return torch_model.generate(input_ids, **kwargs)
+                out = torch_model.generate(input_ids, **kwargs)
+            if device == "cuda":
+                torch.cuda.synchronize()
+            return out
 
         assert run().shape == (batch, args.prompt_len + args.new_tokens)  # warm-up
         median, times = bench_common.median_time(run, args.repeats)
@@ -241,6 +254,7 @@ def _hf_generate(model, batches: list[int], args) -> dict[int, dict]:
             tokens_per_s=batch * args.new_tokens / median,
             best_tokens_per_s=batch * args.new_tokens / min(times),
             times=times,
+            device=device,
         )
     return out
 

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# The GPU figures of docs/performance.md ("On a GPU") as one prepared run: ~8 minutes on one
+# H200 for a ~0.5B (Qwen2.5-0.5B-shaped) model in bf16. Every step has its own time limit, so
+# one slow step cannot eat the others; each writes its JSON under $OUT.
+#
+#   bash scripts/gpu_check.sh                 # on the GPU machine, from the repo root
+#   SMOKE=1 bash scripts/gpu_check.sh         # the same steps at CPU sizes (a few minutes)
+#
+# Packages the GPU image lacks (grain, ml_collections and their two missing needs) travel as
+# wheels in .whl/ (git-ignored; see the device tool's README for the pip download line) and
+# are installed into /tmp/site first. Step failures are reported and the run goes on; the exit
+# status is the number of failed steps.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-artifacts/gpu}
+PY=${PY:-python3}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
+
+if [ -z "${SMOKE:-}" ] && compgen -G ".whl/*.whl" >/dev/null; then  # py3.12 wheels
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+
+if [ -n "${SMOKE:-}" ]; then  # CPU sizes: checks the script, not the machine
+  SAMPLER="--models tiny --batches 16 --new-tokens 16 --repeats 2 --roofline-batch 32 --roofline-new-tokens 8"
+  TRAIN="--models 25m --batches 25m=2 --seq 128 --variants rl_fused --repeats 2 --memory-batch 0"
+  LIMIT=600
+else
+  SAMPLER="--models 0.5b --batches 16,64 --new-tokens 256 --dtype bfloat16 --repeats 3 --roofline-batch 256 --roofline-new-tokens 64"
+  TRAIN="--models 0.5b --batches 0.5b=16 --seq 1024 --dtype bfloat16 --variants rl_plain,rl_fused --repeats 3 --matmul-n 8192 --memory-batch 0"
+  LIMIT=0
+fi
+
+failed=0
+step() {  # step NAME SECONDS COMMAND...: run with a time limit, log to $OUT/NAME.log
+  local name=$1 seconds=$2
+  shift 2
+  [ "$LIMIT" -gt 0 ] && seconds=$LIMIT
+  echo "== $name (limit ${seconds}s): $*"
+  local t0=$SECONDS
+  timeout "$seconds" "$@" >"$OUT/$name.log" 2>&1
+  local rc=$?
+  echo "== $name: exit $rc after $((SECONDS - t0))s"
+  tail -n 5 "$OUT/$name.log"
+  [ $rc -eq 0 ] || failed=$((failed + 1))
+}
+
+step versions 60 "$PY" -c "import jax, flax, optax; print('jax', jax.__version__, 'flax', flax.__version__, 'optax', optax.__version__, jax.devices())"
+# Decode tokens/s vs transformers generate (on the GPU when torch sees one) and the roofline.
+step sampler 260 "$PY" scripts/bench.py sampler $SAMPLER --out "$OUT/bench_sampler_gpu.json"
+# Train-step MFU against an 8192^2 matmul peak timed in the same run.
+step train 200 "$PY" scripts/bench.py train $TRAIN --out "$OUT/bench_train_gpu.json"
+# One full GRPO step of ours on the tiny model (TRL is not in the GPU image).
+step rl 60 "$PY" scripts/bench.py rl --no-trl --steps 5 --out "$OUT/bench_rl_gpu.json"
+echo "== done: $failed failed step(s); JSON and logs in $OUT"
+exit $failed
