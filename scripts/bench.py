@@ -68,15 +68,8 @@ SAMPLER_MODELS = {
         num_heads=8,
         num_kv_heads=2,
     ),
-    "0.5b": dict(  # Qwen2.5-0.5B's shape (494M parameters): for a GPU (scripts/gpu_check.sh)
-        vocab_size=151936,
-        hidden_size=896,
-        intermediate_size=4864,
-        num_layers=24,
-        num_heads=14,
-        num_kv_heads=2,
-        tie_word_embeddings=True,
-    ),
+    # Qwen2.5-0.5B (494,032,768 parameters with its qkv bias): for a GPU (scripts/gpu_check.sh)
+    "0.5b": dict(**bench_common.QWEN2_5_0_5B, tie_word_embeddings=True),
 }
 
 

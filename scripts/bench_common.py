@@ -7,6 +7,16 @@ import statistics
 import time
 from pathlib import Path
 
+# Qwen2.5-0.5B's shape, the ~0.5B model of the GPU benchmarks (bench.py, bench_train.py).
+QWEN2_5_0_5B = dict(
+    vocab_size=151936,
+    hidden_size=896,
+    intermediate_size=4864,
+    num_layers=24,
+    num_heads=14,
+    num_kv_heads=2,
+)
+
 
 def median_time(fn, repeats: int) -> tuple[float, list[float]]:
     """Median wall time of `repeats` calls of `fn` (already compiled), and every time."""

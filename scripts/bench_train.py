@@ -57,14 +57,7 @@ TRAIN_MODELS = {
         num_heads=12,
         num_kv_heads=4,
     ),
-    "0.5b": dict(  # Qwen2.5-0.5B's shape (without qkv bias): for a GPU
-        vocab_size=151936,
-        hidden_size=896,
-        intermediate_size=4864,
-        num_layers=24,
-        num_heads=14,
-        num_kv_heads=2,
-    ),
+    "0.5b": bench_common.QWEN2_5_0_5B,  # without qkv bias: for a GPU
 }
 DEFAULT_BATCH = {"25m": 4, "100m": 2, "0.5b": 16}
 VARIANTS = ("rl_plain", "rl_fused", "sft_fused", "rl_fused_remat")
