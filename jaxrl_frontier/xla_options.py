@@ -32,17 +32,13 @@ ROLLOUT_OPTIONS: dict[str, dict[str, str]] = {
 @functools.cache
 def _supported(platform: str, options: tuple[tuple[str, str], ...]) -> bool:
     """Whether this jaxlib's compiler for `platform` accepts `options` (one tiny compile)."""
-    device = jax.devices(platform)[0]
+    one_device = jax.sharding.SingleDeviceSharding(jax.devices(platform)[0])
     fn = jax.jit(lambda x: x + 1, compiler_options=dict(options))
     try:
-        fn.lower(jax.ShapeDtypeStruct((1,), jnp.float32, sharding=_single(device))).compile()
+        fn.lower(jax.ShapeDtypeStruct((1,), jnp.float32, sharding=one_device)).compile()
     except Exception:  # an unknown option or enum value: XLA raises INVALID_ARGUMENT
         return False
     return True
-
-
-def _single(device):
-    return jax.sharding.SingleDeviceSharding(device)
 
 
 def rollout_compiler_options(platform: str | None = None) -> dict[str, str]:
