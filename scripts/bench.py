@@ -122,12 +122,13 @@ def _matmul_peak_flops(n: int = 2048, repeats: int = 5) -> float:
     return bench_common.matmul_peak(n, repeats)["float32_gflops"] * 1e9
 
 
-def _peak_probe(n: int = 2048, calls: int = 3):
-    """A compiled n x n f32 matmul; the returned probe() times `calls` of it -> best FLOP/s.
-    Run round-robin with the decode so both see the same (shared, noisy) machine."""
+def _peak_probe(dtype: str = "float32", n: int = 2048, calls: int = 3):
+    """A compiled n x n matmul in the decode's compute dtype; the returned probe() times
+    `calls` of it -> best FLOP/s. Run round-robin with the decode so both see the same
+    (shared, noisy) machine."""
     import jax
 
-    a = jax.random.normal(jax.random.key(0), (n, n))
+    a = jax.random.normal(jax.random.key(0), (n, n), dtype)
     mm = jax.jit(lambda x, y: x @ y).lower(a, a).compile()
     mm(a, a).block_until_ready()
 
@@ -299,7 +300,7 @@ def bench_sampler(args) -> dict:
         # Roofline: one decode step at a large batch vs its FLOPs at the matmul peak, the
         # peak timed just before each decode run (round-robin; the machine is shared).
         rb, rt = args.roofline_batch, args.roofline_new_tokens
-        ours = _ours(model, rb, args, rt, before_each=_peak_probe())
+        ours = _ours(model, rb, args, rt, before_each=_peak_probe(args.dtype))
         flops = _decode_step_flops(cfg, rb, args.prompt_len + rt / 2)
         steps = np.asarray(ours["times"]) / rt  # prefill included: an upper bound per step
         peaks = np.asarray(ours.pop("before_each"))
