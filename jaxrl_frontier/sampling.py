@@ -361,14 +361,50 @@ class _Plan:
     chunk_blocks: tuple[int, ...]  # block index at the end of each decode chunk
 
 
-def _bucket(size: int, buckets: Sequence[int], what: str, option: str) -> int:
+def _bucket(size: int, buckets: Sequence[int], what: str, option: str, owner: str) -> int:
     for b in sorted(buckets):
         if size <= b:
             return b
     raise ValueError(
         f"{what} {size} is larger than the largest bucket {max(buckets)}; "
-        f"add a bucket to Sampler({option}=...)"
+        f"add a bucket to {owner}({option}=...)"
     )
+
+
+def left_pad_prompts(
+    prompt_tokens, prompt_mask, *, pad_id: int, prompt_buckets, num_rows=None, owner="Sampler"
+) -> tuple[np.ndarray, np.ndarray]:
+    """Host prompts [P, T] -> (tokens, mask) int32 numpy [num_rows or P, Tp], left-padded to
+    the smallest prompt bucket Tp that holds the longest prompt; rows past P repeat prompt 0
+    (batch padding). Checks the contract and names what breaks it: [P, T] shapes, no empty
+    prompt, left padding (mask 0 then 1 on each row)."""
+    tokens = np.asarray(prompt_tokens)
+    mask = np.asarray(prompt_mask)
+    if tokens.ndim != 2 or tokens.shape != mask.shape:
+        raise ValueError(
+            f"prompt_tokens {tokens.shape} and prompt_mask {mask.shape} must both be [P, T]"
+        )
+    mask = (mask != 0).astype(np.int32)
+    num_prompts = tokens.shape[0]
+    if num_prompts == 0:
+        raise ValueError("no prompts")
+    lengths = mask.sum(axis=1)
+    if np.any(lengths == 0):
+        raise ValueError(f"prompts {np.flatnonzero(lengths == 0).tolist()} are empty")
+    if np.any(np.diff(mask, axis=1) < 0):
+        rows = np.flatnonzero(np.any(np.diff(mask, axis=1) < 0, axis=1)).tolist()
+        raise ValueError(f"prompts must be left-padded; rows {rows[:8]} are not")
+    longest = int(lengths.max())
+    tp = _bucket(longest, prompt_buckets, "prompt length", "prompt_buckets", owner)
+    num_rows = num_prompts if num_rows is None else num_rows
+    # Left-padded: the last `longest` columns hold every real token.
+    out_tokens = np.full((num_rows, tp), pad_id, np.int32)
+    out_mask = np.zeros((num_rows, tp), np.int32)
+    out_tokens[:num_prompts, tp - longest :] = tokens[:, tokens.shape[1] - longest :]
+    out_mask[:num_prompts, tp - longest :] = mask[:, mask.shape[1] - longest :]
+    out_tokens[num_prompts:] = out_tokens[0]  # batch padding: copies of a real prompt
+    out_mask[num_prompts:] = out_mask[0]
+    return np.where(out_mask == 1, out_tokens, pad_id).astype(np.int32), out_mask
 
 
 class Sampler:
@@ -682,38 +718,22 @@ class Sampler:
         )
 
     def _pad_prompts(self, prompt_tokens, prompt_mask):
-        """Host prompts -> left-padded [P_bucket, Tp_bucket] arrays; checks the contract."""
-        tokens = np.asarray(prompt_tokens)
-        mask = np.asarray(prompt_mask)
-        if tokens.ndim != 2 or tokens.shape != mask.shape:
-            raise ValueError(
-                f"prompt_tokens {tokens.shape} and prompt_mask {mask.shape} must both be [P, T]"
-            )
-        mask = (mask != 0).astype(np.int32)
-        num_prompts, _ = tokens.shape
-        if num_prompts == 0:
-            raise ValueError("no prompts")
-        lengths = mask.sum(axis=1)
-        if np.any(lengths == 0):
-            raise ValueError(f"prompts {np.flatnonzero(lengths == 0).tolist()} are empty")
-        if np.any(np.diff(mask, axis=1) < 0):
-            rows = np.flatnonzero(np.any(np.diff(mask, axis=1) < 0, axis=1)).tolist()
-            raise ValueError(f"prompts must be left-padded; rows {rows[:8]} are not")
-        longest = int(lengths.max())
-        tp = _bucket(longest, self.prompt_buckets, "prompt length", "prompt_buckets")
+        """Host prompts -> left-padded [P_bucket, Tp_bucket] arrays (`left_pad_prompts`)."""
+        num_prompts = len(prompt_tokens)
         if self.batch_buckets is None:
-            pb = -(-num_prompts // self.batch_multiple) * self.batch_multiple
+            num_rows = -(-num_prompts // self.batch_multiple) * self.batch_multiple
         else:
-            pb = _bucket(num_prompts, self.batch_buckets, "number of prompts", "batch_buckets")
-        # Left-padded: the last `longest` columns hold every real token.
-        out_tokens = np.full((pb, tp), self.pad_id, np.int32)
-        out_mask = np.zeros((pb, tp), np.int32)
-        out_tokens[:num_prompts, tp - longest :] = tokens[:, tokens.shape[1] - longest :]
-        out_mask[:num_prompts, tp - longest :] = mask[:, mask.shape[1] - longest :]
-        out_tokens[num_prompts:] = out_tokens[0]  # batch padding: copies of a real prompt
-        out_mask[num_prompts:] = out_mask[0]
-        out_tokens = np.where(out_mask == 1, out_tokens, self.pad_id).astype(np.int32)
-        return out_tokens, out_mask, num_prompts
+            num_rows = _bucket(
+                num_prompts, self.batch_buckets, "number of prompts", "batch_buckets", "Sampler"
+            )
+        tokens, mask = left_pad_prompts(
+            prompt_tokens,
+            prompt_mask,
+            pad_id=self.pad_id,
+            prompt_buckets=self.prompt_buckets,
+            num_rows=num_rows,
+        )
+        return tokens, mask, num_prompts
 
     def generate(
         self,

@@ -69,6 +69,7 @@ from jaxrl_frontier.sampling import (
     FinishReason,
     Rollout,
     SamplingParams,
+    left_pad_prompts,
     truncate_logits,
 )
 from jaxrl_frontier.xla_options import rollout_compiler_options
@@ -414,32 +415,6 @@ class SpeculativeSampler:
         )
 
     # -- public ------------------------------------------------------------------------------
-    def _pad_prompts(self, prompt_tokens, prompt_mask):
-        """Host prompts [P, T] -> left-padded numpy [P, Tp_bucket] (tokens, mask)."""
-        tokens, mask = np.asarray(prompt_tokens), (np.asarray(prompt_mask) != 0)
-        if tokens.ndim != 2 or tokens.shape != mask.shape:
-            raise ValueError(
-                f"prompt_tokens {tokens.shape} and prompt_mask {mask.shape} must both be [P, T]"
-            )
-        lengths = mask.sum(1)
-        if tokens.shape[0] == 0 or np.any(lengths == 0):
-            raise ValueError("every prompt needs at least one real token")
-        if np.any(np.diff(mask.astype(np.int32), axis=1) < 0):
-            raise ValueError("prompts must be left-padded")
-        longest = int(lengths.max())
-        fits = [b for b in self.prompt_buckets if b >= longest]
-        if not fits:
-            raise ValueError(
-                f"prompt length {longest} is larger than the largest bucket "
-                f"{max(self.prompt_buckets)}; add a bucket to SpeculativeSampler(prompt_buckets=...)"
-            )
-        tp = fits[0]
-        out_tokens = np.full((tokens.shape[0], tp), self.pad_id, np.int32)
-        out_mask = np.zeros((tokens.shape[0], tp), np.int32)
-        out_tokens[:, tp - longest :] = tokens[:, tokens.shape[1] - longest :]
-        out_mask[:, tp - longest :] = mask[:, mask.shape[1] - longest :]
-        return np.where(out_mask == 1, out_tokens, self.pad_id).astype(np.int32), out_mask
-
     def generate(
         self,
         prompt_tokens,
@@ -460,7 +435,13 @@ class SpeculativeSampler:
         Stats are device scalars (no host sync).
         """
         plan = self.plan(params)
-        tokens, mask = self._pad_prompts(prompt_tokens, prompt_mask)
+        tokens, mask = left_pad_prompts(
+            prompt_tokens,
+            prompt_mask,
+            pad_id=self.pad_id,
+            prompt_buckets=self.prompt_buckets,
+            owner="SpeculativeSampler",
+        )
         tokens, mask = np.repeat(tokens, params.n, 0), np.repeat(mask, params.n, 0)
         if not jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
             key = jax.random.wrap_key_data(key)

@@ -213,3 +213,18 @@ def test_shallow_draft_is_the_policy_cut_early(policy):
     assert all(a.get_value() is b.get_value() for (_, a), (_, b) in zip(got, expected))
     with pytest.raises(ValueError, match="num_layers"):
         shallow_draft(policy, 3)
+
+
+def test_prompt_contract_errors_name_the_problem(policy):
+    """The Sampler's prompt checks (`sampling.left_pad_prompts`), with this sampler's name."""
+    spec = SpeculativeSampler(policy, policy, pad_id=PAD, k=2, prompt_buckets=(TP,))
+    too_long = np.ones((1, TP + 1), np.int32)
+    with pytest.raises(ValueError, match=r"largest bucket .* SpeculativeSampler\(prompt_buckets"):
+        spec.generate(too_long, np.ones_like(too_long), SAMPLED, jax.random.key(0))
+    right_padded = np.array([[1, 1, 0]], np.int32)
+    with pytest.raises(ValueError, match=r"left-padded; rows \[0\]"):
+        spec.generate(right_padded, right_padded, SAMPLED, jax.random.key(0))
+    with pytest.raises(ValueError, match=r"prompts \[0\] are empty"):
+        spec.generate(
+            np.zeros((1, 3), np.int32), np.zeros((1, 3), np.int32), SAMPLED, jax.random.key(0)
+        )
