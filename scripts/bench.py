@@ -44,22 +44,11 @@ def benchmark(name: str, add_arguments: Callable[[argparse.ArgumentParser], None
     return register
 
 
-def _ints(text: str) -> list[int]:
-    return [int(x) for x in text.split(",") if x]
-
-
 # ----------------------------------------------------------------------------- sampler
 
 # Qwen2-shaped models (qkv bias, untied embeddings, GQA).
 SAMPLER_MODELS = {
-    "tiny": dict(
-        vocab_size=512,
-        hidden_size=256,
-        intermediate_size=768,
-        num_layers=4,
-        num_heads=8,
-        num_kv_heads=2,
-    ),
+    "tiny": bench_common.TINY_QWEN2,
     "25m": dict(  # 24.1M in the blocks + 2.1M embeddings = 26.2M parameters
         vocab_size=2048,
         hidden_size=512,
@@ -75,7 +64,7 @@ SAMPLER_MODELS = {
 
 def _sampler_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--models", default="tiny,25m", help=f"from {sorted(SAMPLER_MODELS)}")
-    p.add_argument("--batches", type=_ints, default=[16, 64])
+    p.add_argument("--batches", type=bench_common.ints, default=[16, 64])
     p.add_argument("--prompt-len", type=int, default=16)
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=1.0)

@@ -7,6 +7,16 @@ import statistics
 import time
 from pathlib import Path
 
+# The tiny Qwen2-shaped model of the sampler, RL-step and speculative benchmarks.
+TINY_QWEN2 = dict(
+    vocab_size=512,
+    hidden_size=256,
+    intermediate_size=768,
+    num_layers=4,
+    num_heads=8,
+    num_kv_heads=2,
+)
+
 # Qwen2.5-0.5B's shape, the ~0.5B model of the GPU benchmarks (bench.py, bench_train.py).
 QWEN2_5_0_5B = dict(
     vocab_size=151936,
@@ -16,6 +26,11 @@ QWEN2_5_0_5B = dict(
     num_heads=14,
     num_kv_heads=2,
 )
+
+
+def ints(text: str) -> list[int]:
+    """'16,64' -> [16, 64] (a comma-separated list option)."""
+    return [int(x) for x in text.split(",") if x]
 
 
 def median_time(fn, repeats: int) -> tuple[float, list[float]]:

@@ -37,18 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import bench_common  # noqa: E402  (scripts/ is on sys.path when run or imported)
 
-TINY = dict(
-    vocab_size=512,
-    hidden_size=256,
-    intermediate_size=768,
-    num_layers=4,
-    num_heads=8,
-    num_kv_heads=2,
-)
-
-
-def _ints(text: str) -> list[int]:
-    return [int(x) for x in text.split(",") if x]
+TINY = bench_common.TINY_QWEN2
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -61,7 +50,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--beta", type=float, default=0.0, help="KL coefficient (TRL's default 0)")
     p.add_argument(
         "--torch-threads",
-        type=_ints,
+        type=bench_common.ints,
         default=[1, 2],
         help="TRL runs once per value (on a shared 2-core CPU, 2 threads can be far slower)",
     )

@@ -28,25 +28,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import bench_common  # noqa: E402  (scripts/ is on sys.path when run or imported)
 
-POLICY = dict(  # the sampler benchmark's "tiny" shape
-    vocab_size=512,
-    hidden_size=256,
-    intermediate_size=768,
-    num_layers=4,
-    num_heads=8,
-    num_kv_heads=2,
-)
-
-
-def _ints(text: str) -> list[int]:
-    return [int(x) for x in text.split(",") if x]
+POLICY = bench_common.TINY_QWEN2  # the sampler benchmark's "tiny" shape
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--prompt-len", type=int, default=16)
     p.add_argument("--new-tokens", type=int, default=64)
-    p.add_argument("--k", type=_ints, default=[4], help="draft tokens per round, e.g. 2,4")
+    p.add_argument(
+        "--k", type=bench_common.ints, default=[4], help="draft tokens per round, e.g. 2,4"
+    )
     p.add_argument("--draft-layers", type=int, default=1, help="layers of the shallow draft")
     p.add_argument("--temperature", type=float, default=1.0)
     p.add_argument("--repeats", type=int, default=5)

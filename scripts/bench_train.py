@@ -64,10 +64,6 @@ VARIANTS = ("rl_plain", "rl_fused", "sft_fused", "rl_fused_remat")
 FLOPS_FORMULA = "6 * (N_nonembed + V*D) * B*T + 12 * L * T^2 * D * B"
 
 
-def _ints(text: str) -> list[int]:
-    return [int(x) for x in text.split(",") if x]
-
-
 median_time, matmul_peak = bench_common.median_time, bench_common.matmul_peak
 
 
