@@ -3,6 +3,8 @@
 (Parity with transformers is in test_hf.py; sharded forwards in test_sharding.py.)
 """
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -13,6 +15,7 @@ from flax import nnx
 from jaxrl_frontier.models.transformer import (
     ModelConfig,
     Transformer,
+    dense,
     init_cache,
     positions_from_mask,
 )
@@ -122,3 +125,43 @@ def test_config_errors():
         random_model(CONFIGS["llama"].replace(rope_scaling=(("rope_type", "yarn"),)))(
             jnp.zeros((1, 2), jnp.int32)
         )
+
+
+@pytest.mark.parametrize("contract", [1, 2])
+def test_dense_equals_einsum_values_and_gradients(contract):
+    """`dense` (flattened 2-D matmul) == the N-D contraction, forward and backward."""
+    rng = np.random.default_rng(0)
+    x = jnp.asarray(rng.standard_normal((3, 5, 4, 6)), jnp.float32)  # [B, T, H, Dh]
+    w_shape = (6, 7) if contract == 1 else (4, 6, 7)
+    w = jnp.asarray(rng.standard_normal(w_shape), jnp.float32)
+
+    def loss(dense_fn, x, w):
+        return jnp.sum(jnp.sin(dense_fn(x, w)))
+
+    flat = lambda x, w: dense(x, w, contract)
+    nd = lambda x, w: jnp.tensordot(x, w, contract)
+    assert flat(x, w).shape == nd(x, w).shape == x.shape[: 4 - contract] + (7,)
+    np.testing.assert_allclose(flat(x, w), nd(x, w), rtol=1e-5, atol=1e-5)
+    g_flat = jax.grad(lambda x, w: loss(flat, x, w), argnums=(0, 1))(x, w)
+    g_nd = jax.grad(lambda x, w: loss(nd, x, w), argnums=(0, 1))(x, w)
+    for a, b in zip(g_flat, g_nd):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="does not end in w's input dims"):
+        dense(x, jnp.zeros((5, 7)))
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="an XLA:CPU layout property")
+def test_mlp_weight_gradients_need_no_transposed_copies():
+    """The reason for `dense`: XLA:CPU copies a transposed [B, T, F] cotangent before each
+    weight-gradient dot of a 3-D matmul; flattened, the compiled backward has no copy."""
+    model = Transformer(ModelConfig(**BASE), rngs=nnx.Rngs(0))
+    mlp = model.layers[0].mlp
+    graphdef, state = nnx.split(mlp)
+    x = jnp.ones((4, 8, BASE["hidden_size"]), jnp.float32)
+
+    def loss(state, x):
+        return jnp.sum(nnx.merge(graphdef, state)(x) ** 2)
+
+    hlo = jax.jit(jax.grad(loss)).lower(state, x).compile().as_text()
+    copies = re.findall(r"= \S+ (?:copy|transpose)\(", hlo)  # instructions, not metadata
+    assert not copies, copies
