@@ -606,8 +606,18 @@ class Sampler:
         mlp_mask, dropout_keys = self._mlp_mask(key, num_rows, dropout_rate, plan.use_dropout)
         _, stream_keys = self._row_keys(key, num_rows)
 
+        # Buffers are one check-block wider than needed, so every block writes in bounds.
+        num_blocks = -(-(tn - 1) // k)
+        width = 1 + num_blocks * k
+        # Every uniform the rollout can use, drawn once: [B, width], one stream per row. (Per
+        # step, fold_in + uniform ran ~40 tiny threefry ops and key copies inside the loop.)
+        uniforms = None
+        if not plan.greedy:
+            uniforms = jax.vmap(lambda kk: jax.random.uniform(kk, (width,)))(stream_keys)
+            uniforms = self._constrain(uniforms, ("batch", None))
+
         def sample(logits, step):
-            """logits [B, V] f32 -> (token, log q(token), log p(token)), one key per row."""
+            """logits [B, V] f32 -> (token, log q(token), log p(token)); u from row's stream."""
             if plan.greedy:
                 token = jnp.argmax(logits, axis=-1).astype(jnp.int32)
                 sample_logp = jnp.zeros((num_rows,), jnp.float32)
@@ -615,8 +625,7 @@ class Sampler:
                 q_logits = _truncate(
                     logits / temperature, plan.top_k, top_p, min_p, plan.use_top_p, plan.use_min_p
                 )
-                step_keys = jax.vmap(lambda kk: jax.random.fold_in(kk, step))(stream_keys)
-                u = jax.vmap(lambda kk: jax.random.uniform(kk, ()))(step_keys)  # one per row
+                u = jax.lax.dynamic_index_in_dim(uniforms, step, axis=1, keepdims=False)
                 token, sample_logp = _inverse_cdf(q_logits, u)
             return token, sample_logp, _log_prob(logits, token)
 
@@ -633,9 +642,6 @@ class Sampler:
             stopped = live & jnp.any(token[:, None] == stop_ids[None, :], axis=1)
             return token, (done | stopped, lengths + live.astype(jnp.int32), out)
 
-        # Buffers are one check-block wider than needed, so every block writes in bounds.
-        num_blocks = -(-(tn - 1) // k)
-        width = 1 + num_blocks * k
         out = (
             jnp.full((num_rows, width), self.pad_id, jnp.int32),  # tokens
             jnp.zeros((num_rows, width), jnp.float32),  # policy log-probs
