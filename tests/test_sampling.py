@@ -198,11 +198,11 @@ def test_no_recompilation(sampler):
     )
     sampler.generate(*prompts([3, 5], seed=5), a, jax.random.key(0))
     traces = dict(sampler.num_traces)
-    sizes = (sampler._prefill._cache_size(), sampler._decode._cache_size())
+    compiled = sampler.num_compiled()
     sampler.generate(*prompts([9, 2, 4], seed=6), b, jax.random.key(1))
     sampler.generate(*prompts([12], seed=7), a, jax.random.key(2))
     assert sampler.num_traces == traces
-    assert (sampler._prefill._cache_size(), sampler._decode._cache_size()) == sizes
+    assert sampler.num_compiled() == compiled
 
 
 def test_sharded_greedy_equals_single_device(sampler):
@@ -333,28 +333,43 @@ def test_greedy_sample_logits_and_errors(sampler):
 
 
 def test_cpu_compiler_options_change_speed_not_results(model, sampler, monkeypatch):
-    """The default sampler compiles with `xla_options.rollout_compiler_options` (on CPU:
-    YNNPACK for reductions only); XLA's own defaults ({}) must sample the same tokens."""
-    assert sampler.compiler_options == xla_options.ROLLOUT_OPTIONS["cpu"]
-    plain = Sampler(
-        model,
-        pad_id=PAD,
-        batch_buckets=(4,),
-        decode_chunks=2,
-        steps_per_check=4,
-        compiler_options={},
-    )
+    """The default sampler picks each program's options with
+    `xla_options.rollout_compiler_options` from its matmul rows (on CPU: YNNPACK for
+    reductions, and for dots too from 64 rows); XLA's own defaults ({}) and the dot options
+    forced on every program must sample the same tokens."""
+    ynn = "xla_cpu_experimental_ynn_fusion_type"
+    reduce_only = {ynn: "LIBRARY_FUSION_TYPE_REDUCE"}
+    with_dots = {ynn: "LIBRARY_FUSION_TYPE_REDUCE,LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"}
+    assert xla_options.rollout_compiler_options("cpu", rows=63) == reduce_only
+    assert xla_options.rollout_compiler_options("cpu", rows=64) == with_dots
+    assert sampler.compiler_options is None
     tokens, mask = prompts([3, 9, 14, 6])
     params = SamplingParams(max_new_tokens=TN, n=N, temperature=1.0, top_p=0.9)
     ours = sampler.generate(tokens, mask, params, jax.random.key(7))
-    ref = plain.generate(tokens, mask, params, jax.random.key(7))
-    np.testing.assert_array_equal(
-        np.asarray(ours.completion_tokens), np.asarray(ref.completion_tokens)
-    )
-    np.testing.assert_allclose(np.asarray(ours.policy_logp), np.asarray(ref.policy_logp), atol=1e-5)
-    np.testing.assert_allclose(np.asarray(ours.sample_logp), np.asarray(ref.sample_logp), atol=1e-5)
+    # 4 prompts x 16 positions -> the prefill gets the dots; 4 x N decode rows do not.
+    key = lambda name, options: (name, tuple(sorted(options.items())))  # noqa: E731
+    assert set(sampler._programs) == {key("prefill", with_dots), key("decode", reduce_only)}
+    for options in ({}, with_dots):
+        other = Sampler(
+            model,
+            pad_id=PAD,
+            batch_buckets=(4,),
+            decode_chunks=2,
+            steps_per_check=4,
+            compiler_options=options,
+        )
+        ref = other.generate(tokens, mask, params, jax.random.key(7))
+        assert {name for name, _ in other._programs} == {"prefill", "decode"}
+        assert all(dict(opts) == options for _, opts in other._programs)
+        np.testing.assert_array_equal(
+            np.asarray(ours.completion_tokens), np.asarray(ref.completion_tokens)
+        )
+        for field in ("policy_logp", "sample_logp"):
+            np.testing.assert_allclose(
+                np.asarray(getattr(ours, field)), np.asarray(getattr(ref, field)), atol=1e-5
+            )
     # An option this jaxlib does not know is dropped, not a compile error at the first rollout.
-    monkeypatch.setitem(xla_options.ROLLOUT_OPTIONS, "cpu", {"xla_cpu_no_such_option": "1"})
+    monkeypatch.setitem(xla_options.ROLLOUT_OPTIONS, "cpu", ((0, {"xla_cpu_no_such_option": "1"}),))
     assert xla_options.rollout_compiler_options("cpu") == {}
 
 
@@ -366,7 +381,7 @@ def test_bf16_cache_is_bf16_and_close(model, sampler, forward):
         cache_dtype="bfloat16",
     )  # fmt: skip
     tokens, mask = prompts([3, 9, 14, 6])
-    cache, _, _ = bf16._prefill(
+    cache, _, _ = bf16._program("prefill", rows=tokens.size)(
         nnx.state(model), jnp.asarray(tokens), jnp.asarray(mask), jax.random.key(0),
         np.float32(0.0), n=1, use_dropout=False,
     )  # fmt: skip
