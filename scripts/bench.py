@@ -142,9 +142,9 @@ def _decode_step_flops(cfg, batch: int, cache_len: float) -> float:
     return batch * (2 * per_token + attn)
 
 
-def _ours(model, batch: int, args, new_tokens: int, before_each=None) -> dict:
-    """`Sampler.generate` tokens/s; `before_each()`, if given, runs before every timed call
-    (round-robin with another measurement) and its results are returned as `before_each`."""
+def _rollout(model, batch: int, args, new_tokens: int):
+    """A warm `Sampler.generate` call on `batch` random prompts -> (run, compile + first
+    call seconds); run() blocks until the rollout is ready."""
     import jax
 
     from jaxrl_frontier.sampling import Sampler, SamplingParams
@@ -160,7 +160,7 @@ def _ours(model, batch: int, args, new_tokens: int, before_each=None) -> dict:
     tokens = rng.integers(1, model.cfg.vocab_size, (batch, args.prompt_len)).astype(np.int32)
     mask = np.ones_like(tokens)
     params = SamplingParams(max_new_tokens=new_tokens, temperature=args.temperature)
-    keys = iter(jax.random.split(jax.random.key(0), args.repeats + 1))
+    keys = iter(jax.random.split(jax.random.key(0), 1000))
 
     def run():
         ro = sampler.generate(tokens, mask, params, next(keys))
@@ -171,26 +171,70 @@ def _ours(model, batch: int, args, new_tokens: int, before_each=None) -> dict:
     ro = run()
     first = time.perf_counter() - t0
     assert int(np.asarray(ro.lengths).min()) == new_tokens  # no EOS: every row runs to the end
-    side = []
-    times = []
-    for _ in range(args.repeats):
-        if before_each is not None:
-            side.append(before_each())
-        t0 = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - t0)
-    median = float(np.median(times))
-    out = dict(
+    run.sampler = sampler
+    return run, first
+
+
+def _ours(model, batch: int, args, new_tokens: int) -> dict:
+    """`Sampler.generate` tokens/s, median over `args.repeats` calls, compile apart."""
+    run, first = _rollout(model, batch, args, new_tokens)
+    median, times = bench_common.median_time(run, args.repeats)
+    return dict(
         seconds=median,
         tokens_per_s=batch * new_tokens / median,
         best_tokens_per_s=batch * new_tokens / min(times),  # robust to a shared, loaded CPU
         compile_s=first - median,
         times=times,
-        traces=dict(sampler.num_traces),
+        traces=dict(run.sampler.num_traces),
     )
-    if before_each is not None:
-        out["before_each"] = side
-    return out
+
+
+def _roofline(model, args) -> dict:
+    """One decode step at `args.roofline_batch` rows against its FLOPs at the matmul peak.
+
+    A decode step is timed as (T(Tn) - T(1)) / (Tn - 1): a rollout of Tn new tokens is the
+    prefill (which also samples the first token) plus exactly Tn - 1 decode steps, and a
+    1-token rollout is the prefill alone. Each round times the peak probe, the Tn-token
+    rollout and the 1-token one back to back (the machine is shared); the ratio is the
+    median over rounds. The rollout time over Tn (prefill included, an upper bound per
+    step: the figure recorded before) is reported too.
+    """
+    rb, rt = args.roofline_batch, args.roofline_new_tokens
+    if rt < 2:
+        raise ValueError(f"--roofline-new-tokens must be >= 2 (one decode step), got {rt}")
+    probe = _peak_probe(args.dtype)
+    full, compile_full = _rollout(model, rb, args, rt)
+    prefill, compile_prefill = _rollout(model, rb, args, 1)
+    peaks, t_full, t_prefill = [], [], []
+    for _ in range(args.repeats):
+        peaks.append(probe())
+        for run, times in ((full, t_full), (prefill, t_prefill)):
+            t0 = time.perf_counter()
+            run()
+            times.append(time.perf_counter() - t0)
+    peaks, t_full, t_prefill = map(np.asarray, (peaks, t_full, t_prefill))
+    cfg = model.cfg
+    flops = _decode_step_flops(cfg, rb, args.prompt_len + rt / 2)
+    steps = (t_full - t_prefill) / (rt - 1)
+    with_prefill = t_full / rt
+    return dict(
+        batch=rb,
+        new_tokens=rt,
+        step_s=float(np.median(steps)),
+        step_gflops=flops / 1e9,
+        peak_gflops_per_round=(peaks / 1e9).tolist(),
+        roofline_step_s=float(flops / np.median(peaks)),
+        step_over_roofline=float(np.median(steps / (flops / peaks))),  # median over rounds
+        step_over_roofline_best=float(steps.min() / (flops / peaks.max())),
+        prefill_s=float(np.median(t_prefill)),
+        rollout_s=float(np.median(t_full)),
+        step_with_prefill_s=float(np.median(with_prefill)),
+        step_with_prefill_over_roofline=float(np.median(with_prefill / (flops / peaks))),
+        tokens_per_s=rb * rt / float(np.median(t_full)),
+        compile_s=compile_full - float(np.median(t_full)),
+        prefill_compile_s=compile_prefill - float(np.median(t_prefill)),
+        step_method="(T(new_tokens) - T(1)) / (new_tokens - 1), per round",
+    )
 
 
 def _hf_generate(model, batches: list[int], args) -> dict[int, dict]:
@@ -286,26 +330,7 @@ def bench_sampler(args) -> dict:
                 )
             entry["batches"][batch] = row
             print(f"[{name}] batch {batch}: {json.dumps(row)}", file=sys.stderr)
-        # Roofline: one decode step at a large batch vs its FLOPs at the matmul peak, the
-        # peak timed just before each decode run (round-robin; the machine is shared).
-        rb, rt = args.roofline_batch, args.roofline_new_tokens
-        ours = _ours(model, rb, args, rt, before_each=_peak_probe(args.dtype))
-        flops = _decode_step_flops(cfg, rb, args.prompt_len + rt / 2)
-        steps = np.asarray(ours["times"]) / rt  # prefill included: an upper bound per step
-        peaks = np.asarray(ours.pop("before_each"))
-        ratios = steps / (flops / peaks)
-        entry["roofline"] = dict(
-            batch=rb,
-            new_tokens=rt,
-            step_s=float(np.median(steps)),
-            step_gflops=flops / 1e9,
-            peak_gflops_per_round=(peaks / 1e9).tolist(),
-            roofline_step_s=float(flops / np.median(peaks)),
-            step_over_roofline=float(np.median(ratios)),  # median over rounds
-            step_over_roofline_best=float(steps.min() / (flops / peaks.max())),
-            tokens_per_s=ours["tokens_per_s"],
-            compile_s=ours["compile_s"],
-        )
+        entry["roofline"] = _roofline(model, args)
         print(f"[{name}] roofline: {json.dumps(entry['roofline'])}", file=sys.stderr)
         result["models"][name] = entry
     return result
