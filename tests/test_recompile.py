@@ -163,11 +163,13 @@ def test_decode_loop_compiles_once():
     jax.block_until_ready(sampler.generate(tok, mask, params, jax.random.key(0)))
     traces = dict(sampler.num_traces)
     assert traces == {"prefill": 1, "decode": 1}
+    assert sampler.num_compiled() == 2
     with count_compiles() as seen:
         for i, temp in enumerate((0.7, 1.3), start=1):
             tok, mask = prompts(i)
             p = SamplingParams(max_new_tokens=10, n=2, temperature=temp, eos_ids=(5,))
             jax.block_until_ready(sampler.generate(tok, mask, p, jax.random.key(i)))
     assert sampler.num_traces == traces, "prefill/decode traced again"
+    assert sampler.num_compiled() == 2, "a second program for the same shapes"
     assert seen == [], f"compiled again on a same-shaped call: {seen}"
     del rng
