@@ -16,6 +16,7 @@ artifacts/bench_<name>.json) and printed. Speed is measured here, never asserted
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import sys
 import tempfile
@@ -143,8 +144,8 @@ def _decode_step_flops(cfg, batch: int, cache_len: float) -> float:
 
 
 def _rollout(model, batch: int, args, new_tokens: int):
-    """A warm `Sampler.generate` call on `batch` random prompts -> (run, compile + first
-    call seconds); run() blocks until the rollout is ready."""
+    """A warm `Sampler.generate` call on `batch` random prompts -> (run, sampler, compile +
+    first call seconds); run() blocks until the rollout is ready, each call with a new key."""
     import jax
 
     from jaxrl_frontier.sampling import Sampler, SamplingParams
@@ -160,10 +161,10 @@ def _rollout(model, batch: int, args, new_tokens: int):
     tokens = rng.integers(1, model.cfg.vocab_size, (batch, args.prompt_len)).astype(np.int32)
     mask = np.ones_like(tokens)
     params = SamplingParams(max_new_tokens=new_tokens, temperature=args.temperature)
-    keys = iter(jax.random.split(jax.random.key(0), 1000))
+    calls = itertools.count()
 
     def run():
-        ro = sampler.generate(tokens, mask, params, next(keys))
+        ro = sampler.generate(tokens, mask, params, jax.random.key(next(calls)))
         jax.block_until_ready(ro)
         return ro
 
@@ -171,13 +172,12 @@ def _rollout(model, batch: int, args, new_tokens: int):
     ro = run()
     first = time.perf_counter() - t0
     assert int(np.asarray(ro.lengths).min()) == new_tokens  # no EOS: every row runs to the end
-    run.sampler = sampler
-    return run, first
+    return run, sampler, first
 
 
 def _ours(model, batch: int, args, new_tokens: int) -> dict:
     """`Sampler.generate` tokens/s, median over `args.repeats` calls, compile apart."""
-    run, first = _rollout(model, batch, args, new_tokens)
+    run, sampler, first = _rollout(model, batch, args, new_tokens)
     median, times = bench_common.median_time(run, args.repeats)
     return dict(
         seconds=median,
@@ -185,7 +185,7 @@ def _ours(model, batch: int, args, new_tokens: int) -> dict:
         best_tokens_per_s=batch * new_tokens / min(times),  # robust to a shared, loaded CPU
         compile_s=first - median,
         times=times,
-        traces=dict(run.sampler.num_traces),
+        traces=dict(sampler.num_traces),
     )
 
 
@@ -203,8 +203,8 @@ def _roofline(model, args) -> dict:
     if rt < 2:
         raise ValueError(f"--roofline-new-tokens must be >= 2 (one decode step), got {rt}")
     probe = _peak_probe(args.dtype)
-    full, compile_full = _rollout(model, rb, args, rt)
-    prefill, compile_prefill = _rollout(model, rb, args, 1)
+    full, _, compile_full = _rollout(model, rb, args, rt)
+    prefill, _, compile_prefill = _rollout(model, rb, args, 1)
     peaks, t_full, t_prefill = [], [], []
     for _ in range(args.repeats):
         peaks.append(probe())
