@@ -115,6 +115,11 @@ def base_config() -> ml_collections.ConfigDict:
     c.train.recompute_old_logp = (
         False  # True: old log-probs from a trainer forward, not the sampler
     )
+    # RL: each group's prompt runs through the model once, not once per completion, in the
+    # update and the reference/teacher log-probs (same values; the prompt's FLOPs / group
+    # size). Minibatches are then drawn as whole groups. Off by itself when a microbatch
+    # (rows / minibatches / grad_accum) does not hold whole groups.
+    c.train.share_prompt_forward = True
     c.train.log_every = 10
     c.train.eval_every = 50
     c.train.checkpoint_every = 50

@@ -192,38 +192,73 @@ def init_opt_state(tx: optax.GradientTransformation, params, mesh):
 # ============================================================================ jitted steps
 
 
-def _apply(graphdef):
-    def apply_fn(params, tokens, attention_mask):
-        return nnx.merge(graphdef, params)(tokens, attention_mask)
+def _apply_hidden(graphdef, group_size: int = 1, completion_len: int = 0):
+    """(params, tokens, mask) -> (final hidden [B, T, D], output layer [D, V]).
 
-    return apply_fn
-
-
-def _apply_hidden(graphdef):
-    """(params, tokens, mask) -> (final hidden [B, T, D], output layer [D, V])."""
+    group_size > 1 and completion_len > 0: the rows are prompt-major groups of `group_size`
+    that share their first T - completion_len tokens (an RL batch), and each group's prompt
+    runs through the model once (`Transformer.hidden_states_shared_prompt`; same values).
+    """
+    shared = group_size > 1 and completion_len > 0
 
     def apply_hidden_fn(params, tokens, attention_mask):
         model = nnx.merge(graphdef, params)
-        return model.hidden_states(tokens, attention_mask)[0], model.output_embedding()
+        if shared:
+            hidden = model.hidden_states_shared_prompt(
+                tokens,
+                attention_mask,
+                prompt_len=tokens.shape[1] - completion_len,
+                group_size=group_size,
+            )
+        else:
+            hidden = model.hidden_states(tokens, attention_mask)[0]
+        return hidden, model.output_embedding()
 
     return apply_hidden_fn
 
 
-def make_logp_fn(graphdef, logprob_chunk: int | None = losses.DEFAULT_LOGPROB_CHUNK):
+def _apply(graphdef, group_size: int = 1, completion_len: int = 0):
+    """(params, tokens, mask) -> logits [B, T, V] (f32); groups as in `_apply_hidden`."""
+    apply_hidden_fn = _apply_hidden(graphdef, group_size, completion_len)
+
+    def apply_fn(params, tokens, attention_mask):
+        hidden, _ = apply_hidden_fn(params, tokens, attention_mask)
+        return nnx.merge(graphdef, params).logits(hidden)
+
+    return apply_fn
+
+
+def _first_scored(tokens, completion_len: int) -> int:
+    """First position whose log-prob is computed: the completion's (the loss mask is 0
+    on the prompt), or 1 (every position) when the completion length is not given."""
+    return tokens.shape[1] - completion_len if completion_len else 1
+
+
+def make_logp_fn(
+    graphdef,
+    logprob_chunk: int | None = losses.DEFAULT_LOGPROB_CHUNK,
+    *,
+    group_size: int = 1,
+    completion_len: int = 0,
+):
     """Jitted (params, tokens, mask) -> per-token log-probs [B, T] aligned with tokens.
 
     logprob_chunk: positions per chunk of the fused output layer + log-softmax (no
     [B, T, V] logits); None: the plain path through the full logits.
+    completion_len > 0: only the last `completion_len` positions are scored (the rest are
+    0), and with group_size > 1 each group's prompt runs once (see `_apply_hidden`).
     """
-    apply_hidden_fn = _apply_hidden(graphdef)
+    apply_fn = _apply(graphdef, group_size, completion_len)
+    apply_hidden_fn = _apply_hidden(graphdef, group_size, completion_len)
 
     @jax.jit
     def logp_fn(params, tokens, attention_mask):
+        start = _first_scored(tokens, completion_len)
         if logprob_chunk is None:
-            logits = nnx.merge(graphdef, params)(tokens, attention_mask)
-            return losses.token_logprobs(logits, tokens)
+            logp = losses.token_logprobs(apply_fn(params, tokens, attention_mask), tokens)
+            return jnp.where(jnp.arange(tokens.shape[1]) >= start, logp, 0.0)
         hidden, w_out = apply_hidden_fn(params, tokens, attention_mask)
-        return losses.token_logprobs_from_hidden(hidden, w_out, tokens, logprob_chunk)
+        return losses.token_logprobs_from_hidden(hidden, w_out, tokens, logprob_chunk, start)
 
     return logp_fn
 
@@ -310,11 +345,25 @@ def objective_section(objective) -> dict:
     return out
 
 
-def rl_loss(graphdef, objective_cfg, logprob_chunk: int | None = losses.DEFAULT_LOGPROB_CHUNK):
+def rl_loss(
+    graphdef,
+    objective_cfg,
+    logprob_chunk: int | None = losses.DEFAULT_LOGPROB_CHUNK,
+    *,
+    group_size: int = 1,
+    completion_len: int = 0,
+):
     """`losses.loss_fn` over the policy; with `logprob_chunk` (the default) the log-probs
-    come from the fused, chunked output layer unless a distillation loss needs logits."""
-    apply_fn = _apply(graphdef)
-    apply_hidden_fn = None if logprob_chunk is None else _apply_hidden(graphdef)
+    come from the fused, chunked output layer unless a distillation loss needs logits.
+
+    completion_len > 0: log-probs only over the last `completion_len` positions (the loss
+    mask is 0 on the prompt); with group_size > 1 each group's prompt runs once
+    (`_apply_hidden`). Both need prompt-major groups of [prompt | completion] rows.
+    """
+    apply_fn = _apply(graphdef, group_size, completion_len)
+    apply_hidden_fn = None
+    if logprob_chunk is not None:
+        apply_hidden_fn = _apply_hidden(graphdef, group_size, completion_len)
 
     def loss_of(params, batch):
         return losses.loss_fn(
@@ -324,6 +373,7 @@ def rl_loss(graphdef, objective_cfg, logprob_chunk: int | None = losses.DEFAULT_
             apply_fn=apply_fn,
             apply_hidden_fn=apply_hidden_fn,
             logprob_chunk=logprob_chunk or losses.DEFAULT_LOGPROB_CHUNK,
+            first_scored=_first_scored(batch["tokens"], completion_len),
         )
 
     return loss_of
@@ -382,8 +432,8 @@ class Trainer:
                     f"{self.policy.cfg.vocab_size}: teacher and student must share a tokenizer"
                 )
             teacher_graphdef, self.teacher_params = nnx.split(self.teacher)
-            self.teacher_logp_fn = make_logp_fn(teacher_graphdef)
-        self.logp_fn = make_logp_fn(self.graphdef)
+            self.teacher_logp_fn = make_logp_fn(teacher_graphdef, **self._rollout_layout())
+        self.logp_fn = make_logp_fn(self.graphdef, **self._rollout_layout())
 
         # ---- optimizer and state
         total_updates = c.train.steps * (
@@ -409,6 +459,45 @@ class Trainer:
     def _needs_reference(self) -> bool:
         o = self.config.objective
         return o.kl_coef > 0 or o.advantage == "progress"
+
+    def _rollout_layout(self, rows: int | None = None) -> dict[str, int]:
+        """How an RL batch of `rows` rows (default: a whole step's) may be run: its last
+        `completion_len` positions are the only ones scored, and with group_size > 1 each
+        group's prompt runs once (`train.share_prompt_forward`, when `rows` holds whole
+        groups). Keyword arguments of `make_logp_fn` and `rl_loss`."""
+        c = self.config
+        if c.mode != "rl":
+            return {}
+        n = c.rollout.group_size
+        rows = c.data.prompt_batch * n if rows is None else rows
+        share = c.train.share_prompt_forward and n > 1 and rows % n == 0
+        return dict(group_size=n if share else 1, completion_len=c.rollout.max_new_tokens)
+
+    def make_rl_update(self, batch_keys):
+        """The jitted RL update over a minibatch dict with `batch_keys` ([rows, T] each)."""
+        c = self.config
+        micro_rows = c.data.prompt_batch * c.rollout.group_size
+        micro_rows //= c.train.minibatches * c.optimizer.grad_accum
+        layout = self._rollout_layout(micro_rows)
+        if c.train.share_prompt_forward and layout["group_size"] == 1:
+            self._print(
+                f"[rl] train.share_prompt_forward is off for the update: a microbatch of "
+                f"{micro_rows} rows does not hold whole groups of {c.rollout.group_size}"
+            )
+        return make_update_fn(
+            self.graphdef,
+            self.tx,
+            rl_loss(self.graphdef, objective_section(c.objective), **layout),
+            c.optimizer.grad_accum,
+            self.state_sharding,
+            {k: sharding.batch_sharding(self.mesh, 2) for k in batch_keys},
+        )
+
+    def _minibatch_order(self, rows: int, update_groups: int) -> np.ndarray:
+        """A random order of the step's rows; whole groups stay together (and in order)
+        when the update runs each group's prompt once."""
+        perm = np.asarray(jax.random.permutation(self._next_key(), rows // update_groups))
+        return (perm[:, None] * update_groups + np.arange(update_groups)).reshape(-1)
 
     def _init_state(self, params) -> TrainState:
         repl = sharding.replicated(self.mesh)
@@ -752,15 +841,8 @@ class Trainer:
         mb_rows = rows // c.train.minibatches
         batch_keys = ["tokens", "attention_mask", "loss_mask", "old_logp", "advantages"]
         batch_keys += [k for k in ("ref_logp", "teacher_logp") if k in self._available_stats()]
-        batch_sh = {k: sharding.batch_sharding(self.mesh, 2) for k in batch_keys}
-        update = make_update_fn(
-            self.graphdef,
-            self.tx,
-            rl_loss(self.graphdef, objective),
-            c.optimizer.grad_accum,
-            self.state_sharding,
-            batch_sh,
-        )
+        update = self.make_rl_update(batch_keys)
+        update_groups = self._rollout_layout(mb_rows // c.optimizer.grad_accum)["group_size"]
         data = make_prompt_iterator(
             self.task, split="train", batch_size=c.data.prompt_batch, seed=c.seed
         )
@@ -784,7 +866,7 @@ class Trainer:
             # needed the completions on the host)
             host_batch = jax.device_get({k: batch[k] for k in batch_keys})
             for _ in range(c.train.epochs):
-                perm = np.asarray(jax.random.permutation(self._next_key(), rows))
+                perm = self._minibatch_order(rows, update_groups)
                 for j in range(c.train.minibatches):
                     idx = perm[j * mb_rows : (j + 1) * mb_rows]
                     mb = {k: v[idx] for k, v in host_batch.items()}

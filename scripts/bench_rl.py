@@ -55,6 +55,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="TRL runs once per value (on a shared 2-core CPU, 2 threads can be far slower)",
     )
     p.add_argument("--no-trl", action="store_true")
+    p.add_argument(
+        "--no-share-prompt",
+        action="store_true",
+        help="ours: run every row's prompt (train.share_prompt_forward=False)",
+    )
 
 
 def save_tiny_model(path: str, seed: int = 0) -> None:
@@ -88,6 +93,7 @@ def _our_config(args, model_dir: str, workdir: str):
     c.rollout.max_new_tokens = args.new_tokens
     c.objective.kl_coef = args.beta
     c.train.recompute_old_logp = False  # the sampler's log-probs (TRL: none at 1 iteration)
+    c.train.share_prompt_forward = not args.no_share_prompt
     c.eval.at_start = False
     return c
 
@@ -97,7 +103,7 @@ def bench_ours(args, model_dir: str) -> dict:
 
     from jaxrl_frontier import sharding
     from jaxrl_frontier.objectives import losses
-    from jaxrl_frontier.trainer import Trainer, make_update_fn, objective_section, rl_loss
+    from jaxrl_frontier.trainer import Trainer, objective_section
 
     with tempfile.TemporaryDirectory() as workdir:
         trainer = Trainer(_our_config(args, model_dir, workdir))
@@ -106,17 +112,13 @@ def bench_ours(args, model_dir: str) -> dict:
         losses.validate_objective_config(objective)
         keys = ["tokens", "attention_mask", "loss_mask", "old_logp", "advantages"]
         keys += sorted(trainer._available_stats())
-        update = make_update_fn(
-            trainer.graphdef,
-            trainer.tx,
-            rl_loss(trainer.graphdef, objective),
-            1,
-            trainer.state_sharding,
-            {k: sharding.batch_sharding(trainer.mesh, 2) for k in keys},
-        )
+        update = trainer.make_rl_update(keys)
         n = args.warmup + args.steps
         cfg = trainer.policy.cfg  # 6 N T for the matmul params (output layer included)
-        tokens = args.prompts * args.group_size * (args.prompt_len + args.new_tokens)
+        rows = args.prompts * args.group_size
+        shared = trainer._rollout_layout(rows)["group_size"] > 1
+        prompt_rows = args.prompts if shared else rows  # prompts run once per group
+        tokens = prompt_rows * args.prompt_len + rows * args.new_tokens
         update_flops = 6 * (cfg.num_params() - cfg.vocab_size * cfg.hidden_size) * tokens
         examples = [trainer.task.example("train", i) for i in range(n * args.prompts)]
         times, rollouts, updates, lengths = [], [], [], []
@@ -140,6 +142,8 @@ def bench_ours(args, model_dir: str) -> dict:
             rollout_seconds=statistics.median(rollouts[args.warmup :]),
             rollout_fraction=statistics.median(rollouts[args.warmup :]) / seconds,
             update_seconds=statistics.median(updates[args.warmup :]),
+            share_prompt_forward=shared,
+            update_tokens=tokens,
             update_gflops=update_flops / 1e9,
             update_achieved_gflops=update_flops / statistics.median(updates[args.warmup :]) / 1e9,
             warmup_seconds=times[: args.warmup],

@@ -91,18 +91,8 @@ def _state_step(trainer):
 def test_rl_step_compiles_once(tmp_path, num_devices):
     """The Trainer's own pieces: rollout, old/ref log-probs, advantages, update."""
     trainer = _trainer(tmp_path, "rl", num_devices)
-    c = trainer.config
-    objective = tr.objective_section(c.objective)
     keys = ["tokens", "attention_mask", "loss_mask", "old_logp", "advantages", "ref_logp"]
-    batch_sh = {k: sharding.batch_sharding(trainer.mesh, 2) for k in keys}
-    update = tr.make_update_fn(
-        trainer.graphdef,
-        trainer.tx,
-        tr.rl_loss(trainer.graphdef, objective),
-        1,
-        trainer.state_sharding,
-        batch_sh,
-    )
+    update = trainer.make_rl_update(keys)
     examples = [trainer.task.example("train", i) for i in range(4)]
 
     def step(i):

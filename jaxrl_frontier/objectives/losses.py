@@ -75,6 +75,7 @@ def token_stats_from_hidden(
     *,
     entropy: bool = False,
     entropy_grad: bool = True,
+    start: int = 1,
 ) -> tuple[Array, Array | None]:
     """`token_logprobs` (and `token_entropy`) from final hidden states, never holding the
     [B, T, V] logits: the output layer, logsumexp and gather run over chunks of `chunk`
@@ -85,11 +86,14 @@ def token_stats_from_hidden(
     entropy [B, T] f32 or None), aligned with tokens like `token_logprobs` (column 0 is 0).
     Logits are accumulated in f32 as in `Transformer.logits`. `entropy_grad=False` holds the
     entropy constant (a metric only). Cost: the output matmul runs once more in the backward
-    pass (8 instead of 6 * B * T * D * V FLOPs).
+    pass (8 instead of 6 * B * T * D * V FLOPs). start >= 1: only tokens [start, T) are
+    scored, the columns before it are 0 (an RL batch's prompt, which the loss masks out).
     """
     b, t, d = hidden_btd.shape
-    h = hidden_btd[:, :-1].reshape(-1, d)  # positions t - 1 predict token t
-    y = tokens_bt[:, 1:].reshape(-1)
+    if not 1 <= start < t:
+        raise ValueError(f"start = {start} must be in [1, {t}) for {t} positions")
+    h = hidden_btd[:, start - 1 : -1].reshape(-1, d)  # positions t - 1 predict token t
+    y = tokens_bt[:, start:].reshape(-1)
     n = h.shape[0]
     chunk = max(1, min(chunk, n))
     pad = -n % chunk
@@ -111,20 +115,25 @@ def token_stats_from_hidden(
     logp, ent = jax.lax.map(one, (h, y))
 
     def aligned(x):
-        x = x.reshape(-1)[:n].reshape(b, t - 1)
-        return jnp.pad(x, ((0, 0), (1, 0)))
+        x = x.reshape(-1)[:n].reshape(b, t - start)
+        return jnp.pad(x, ((0, 0), (start, 0)))
 
     return aligned(logp), (aligned(ent) if entropy else None)
 
 
 def token_logprobs_from_hidden(
-    hidden_btd: Array, w_out_dv: Array, tokens_bt: Array, chunk: int = DEFAULT_LOGPROB_CHUNK
+    hidden_btd: Array,
+    w_out_dv: Array,
+    tokens_bt: Array,
+    chunk: int = DEFAULT_LOGPROB_CHUNK,
+    start: int = 1,
 ) -> Array:
     """[B, T] log-probs of `tokens` from hidden states and the output layer, chunked.
 
-    Equals `token_logprobs(hidden @ w_out, tokens)`; see `token_stats_from_hidden`.
+    Equals `token_logprobs(hidden @ w_out, tokens)` on columns >= start (0 before); see
+    `token_stats_from_hidden`.
     """
-    return token_stats_from_hidden(hidden_btd, w_out_dv, tokens_bt, chunk)[0]
+    return token_stats_from_hidden(hidden_btd, w_out_dv, tokens_bt, chunk, start=start)[0]
 
 
 # ----------------------------------------------------------------------------- aggregations
@@ -572,6 +581,7 @@ def loss_fn(
     apply_fn: Callable[[Any, Array, Array], Array],
     apply_hidden_fn: Callable[[Any, Array, Array], tuple[Array, Array]] | None = None,
     logprob_chunk: int = DEFAULT_LOGPROB_CHUNK,
+    first_scored: int = 1,
 ) -> tuple[Array, dict[str, Array]]:
     """The trainer's entry point: forward, token log-probs, then `objective_loss`.
 
@@ -582,6 +592,8 @@ def loss_fn(
     [B, T, V] logits are never materialised (same values; less memory and traffic).
     batch: tokens, attention_mask, loss_mask, old_logp, advantages (all [B, T]); optional
     ref_logp, teacher_logp, sc_logp [B, T] and teacher_logits [B, T, V].
+    first_scored: on the chunked path, log-probs and entropy are computed from this
+    position on (0 before it); the caller guarantees loss_mask is 0 there.
     """
     tokens = batch["tokens"]
     if apply_hidden_fn is not None and not _get(cfg, "distill"):
@@ -593,6 +605,7 @@ def loss_fn(
             logprob_chunk,
             entropy=True,
             entropy_grad=bool(_get(cfg, "entropy_coef")),
+            start=first_scored,
         )
         logits = None
     else:

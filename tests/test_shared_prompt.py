@@ -1,0 +1,207 @@
+"""The shared-prompt forward (`Transformer.hidden_states_shared_prompt`, the trainer's
+`train.share_prompt_forward`) gives the per-row forward's values and gradients: each group's
+prompt runs once and its KV cache is repeated to the group's rows."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from jaxrl_frontier import config as config_lib
+from jaxrl_frontier import sharding
+from jaxrl_frontier import trainer as tr
+from jaxrl_frontier.models.transformer import ModelConfig, Transformer
+from jaxrl_frontier.objectives import losses
+
+V, TP, TN, N, G = 41, 6, 5, 4, 3  # vocab, prompt / completion positions, group size, groups
+
+
+def _model(remat=False, qkv_bias=True):
+    cfg = ModelConfig(
+        vocab_size=V,
+        hidden_size=32,
+        intermediate_size=64,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        qkv_bias=qkv_bias,
+        remat=remat,
+    )
+    model = Transformer(cfg, rngs=nnx.Rngs(0))
+    if qkv_bias:  # non-zero biases, so a bias that skipped the shared path would show
+        for layer in model.layers:
+            for name in ("q_bias", "k_bias", "v_bias"):
+                p = getattr(layer.attn, name)
+                p[...] = 0.3 * jax.random.normal(jax.random.key(len(name)), p.shape)
+    return model
+
+
+def _rl_batch(seed=0):
+    """G prompt-major groups of N rows: left-padded prompts (a different pad per group) shared
+    within the group, completions of different lengths padded on the right."""
+    rng = np.random.default_rng(seed)
+    prompt = rng.integers(1, V, (G, TP))
+    prompt_mask = (np.arange(TP)[None] >= np.array([0, 2, 4])[:, None]).astype(np.int32)
+    prompt, prompt_mask = np.repeat(prompt, N, 0), np.repeat(prompt_mask, N, 0)
+    lengths = rng.integers(1, TN + 1, (G * N, 1))
+    completion_mask = (np.arange(TN)[None] < lengths).astype(np.int32)
+    completion = np.where(completion_mask, rng.integers(1, V, (G * N, TN)), 0)
+    loss_mask = np.concatenate([np.zeros_like(prompt_mask), completion_mask], 1)
+    loss_mask = loss_mask.astype(np.float32)
+    return dict(
+        tokens=jnp.asarray(np.concatenate([prompt, completion], 1), jnp.int32),
+        attention_mask=jnp.asarray(np.concatenate([prompt_mask, completion_mask], 1)),
+        loss_mask=jnp.asarray(loss_mask),
+        old_logp=jnp.asarray(-rng.exponential(2.0, loss_mask.shape) * loss_mask, jnp.float32),
+        advantages=jnp.asarray(rng.normal(size=(G * N, 1)) * loss_mask, jnp.float32),
+    )
+
+
+@pytest.mark.parametrize("remat", [False, True])
+def test_shared_prompt_hidden_states_and_gradients_equal_per_row(remat):
+    graphdef, params = nnx.split(_model(remat))
+    batch = _rl_batch()
+    tokens, mask = batch["tokens"], batch["attention_mask"]
+    # a generic cotangent on real positions (padding positions' hidden states are unused)
+    cot = jax.random.normal(jax.random.key(1), (*tokens.shape, 32)) * mask[..., None]
+
+    def per_row(p):
+        return nnx.merge(graphdef, p).hidden_states(tokens, mask)[0]
+
+    def shared(p):
+        model = nnx.merge(graphdef, p)
+        return model.hidden_states_shared_prompt(tokens, mask, prompt_len=TP, group_size=N)
+
+    h0, h1 = per_row(params), shared(params)
+    real = np.asarray(mask, bool)
+    np.testing.assert_allclose(np.asarray(h1)[real], np.asarray(h0)[real], atol=1e-5)
+    g0 = jax.grad(lambda p: jnp.sum(per_row(p) * cot))(params)
+    g1 = jax.grad(lambda p: jnp.sum(shared(p) * cot))(params)
+    for (path, a), b in zip(jax.tree.leaves_with_path(g0), jax.tree.leaves(g1)):
+        if "lm_head" not in str(path):  # every other parameter shapes the hidden states
+            assert float(jnp.abs(a).max()) > 0, path
+        scale = float(jnp.abs(a).max())  # up to ~50 here: f32 sums of 64 summands
+        np.testing.assert_allclose(b, a, atol=1e-5 * max(scale, 1.0), err_msg=str(path))
+
+
+def test_shared_prompt_rejects_rows_that_are_not_whole_groups():
+    model = _model()
+    batch = _rl_batch()
+    with pytest.raises(ValueError, match="not whole groups of 5"):
+        model.hidden_states_shared_prompt(
+            batch["tokens"], batch["attention_mask"], prompt_len=TP, group_size=5
+        )
+    with pytest.raises(ValueError, match="prompt length 11 is not within the 11 positions"):
+        model.hidden_states_shared_prompt(
+            batch["tokens"], batch["attention_mask"], prompt_len=TP + TN, group_size=N
+        )
+
+
+@pytest.mark.parametrize("chunk", [None, 7])
+@pytest.mark.parametrize("entropy_coef", [0.0, 0.01])
+def test_rl_loss_with_shared_prompt_equals_per_row(chunk, entropy_coef):
+    """Loss, metrics and gradients: the per-row loss over all positions against the
+    shared-prompt loss that scores only the completion's positions."""
+    graphdef, params = nnx.split(_model())
+    objective = tr.objective_section(config_lib.base_config().objective)
+    objective["entropy_coef"] = entropy_coef
+    batch = _rl_batch(1)
+    outs = []
+    for layout in ({}, dict(group_size=N, completion_len=TN)):
+        loss_of = tr.rl_loss(graphdef, objective, chunk, **layout)
+        outs.append(jax.value_and_grad(loss_of, has_aux=True)(params, batch))
+    ((l0, m0), g0), ((l1, m1), g1) = outs
+    np.testing.assert_allclose(l1, l0, atol=1e-6)
+    assert set(m0) == set(m1)
+    for k in m0:
+        np.testing.assert_allclose(m1[k], m0[k], atol=1e-5, err_msg=k)
+    for a, b in zip(jax.tree.leaves(g0), jax.tree.leaves(g1)):
+        np.testing.assert_allclose(b, a, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("chunk", [None, 7])
+def test_logp_fn_scores_only_the_completion(chunk):
+    graphdef, params = nnx.split(_model())
+    batch = _rl_batch(2)
+    args = (params, batch["tokens"], batch["attention_mask"])
+    plain = np.asarray(tr.make_logp_fn(graphdef, None)(*args))
+    shared = np.asarray(tr.make_logp_fn(graphdef, chunk, group_size=N, completion_len=TN)(*args))
+    m = np.asarray(batch["loss_mask"])
+    np.testing.assert_allclose(shared * m, plain * m, atol=1e-5)
+    assert np.abs(shared[:, :TP]).max() == 0.0  # the prompt's columns are not computed
+    assert np.abs(shared[:, TP:]).min() > 0  # every completion column is
+
+
+def test_chunked_logprobs_from_a_start_position():
+    h = jax.random.normal(jax.random.key(0), (3, 9, 8))
+    w = jax.random.normal(jax.random.key(1), (8, V))
+    tok = jax.random.randint(jax.random.key(2), (3, 9), 0, V)
+    plain = np.asarray(losses.token_logprobs(h @ w, tok))
+    for start in (1, 4, 8):
+        got = np.asarray(losses.token_logprobs_from_hidden(h, w, tok, 5, start=start))
+        np.testing.assert_allclose(got[:, start:], plain[:, start:], atol=1e-5)
+        assert np.abs(got[:, :start]).max() == 0.0
+    with pytest.raises(ValueError, match="start = 9 must be in"):
+        losses.token_logprobs_from_hidden(h, w, tok, 5, start=9)
+
+
+def _trainer(tmp_path, **overrides):
+    c = config_lib.base_config()
+    c.mode = "rl"
+    c.mesh.num_devices = 1
+    c.task.kwargs = dict(max_digits=1, ops="+", prompt_template="{a}{op}{b}=")
+    c.data.max_prompt_len = 5
+    c.data.prompt_batch = 4
+    c.rollout.group_size = 4
+    c.rollout.max_new_tokens = 6
+    c.model.hidden_size, c.model.intermediate_size, c.model.num_heads = 32, 64, 4
+    c.objective.kl_coef = 0.05  # reference log-probs through the shared path too
+    c.optimizer.lr = 1e-2  # a step that moves the parameters visibly
+    c.eval.at_start = False
+    for key, value in overrides.items():
+        section, name = key.split(".")
+        c[section][name] = value
+    return tr.Trainer(c, str(tmp_path))
+
+
+def test_minibatches_hold_whole_groups_when_the_prompt_is_shared(tmp_path):
+    trainer = _trainer(tmp_path, **{"train.minibatches": 2})
+    order = trainer._minibatch_order(16, 4)
+    assert sorted(order.tolist()) == list(range(16))
+    groups = order.reshape(4, 4)
+    np.testing.assert_array_equal(groups - groups[:, :1], np.tile(np.arange(4), (4, 1)))
+    assert trainer._rollout_layout(8) == dict(group_size=4, completion_len=6)
+    assert trainer._rollout_layout(6) == dict(group_size=1, completion_len=6)
+
+
+def test_trainer_update_with_and_without_shared_prompt(tmp_path, capsys):
+    """One real RL step (rollout, reference log-probs, update) both ways, from the same
+    state: same reference log-probs, loss, gradient norm and new parameters."""
+    keys = ["tokens", "attention_mask", "loss_mask", "old_logp", "advantages", "ref_logp"]
+    results = []
+    for share in (False, True):
+        trainer = _trainer(tmp_path / str(share), **{"train.share_prompt_forward": share})
+        examples = [trainer.task.example("train", i) for i in range(4)]
+        batch, _ = trainer._rl_batch(examples, jax.random.key(3))
+        host = {k: np.asarray(batch[k]) for k in keys}
+        # an untrained policy's rewards are all 0 (zero advantages): use random ones
+        adv = np.random.default_rng(0).normal(size=(16, 1)).astype(np.float32)
+        host["advantages"] = adv * host["loss_mask"]
+        update = trainer.make_rl_update(keys)
+        state, metrics = update(trainer.state, sharding.shard_batch(host, trainer.mesh))
+        results.append((host, jax.device_get(state.params), jax.device_get(metrics)))
+    (b0, p0, m0), (b1, p1, m1) = results
+    np.testing.assert_array_equal(b1["tokens"], b0["tokens"])  # the same rollout
+    np.testing.assert_allclose(b1["ref_logp"], b0["ref_logp"], atol=1e-5)
+    np.testing.assert_allclose(m1["loss"], m0["loss"], atol=1e-6)
+    np.testing.assert_allclose(m1["grad_norm"], m0["grad_norm"], rtol=1e-4)
+    assert float(m0["grad_norm"]) > 0
+    # Adam's first step is lr * g / (|g| + eps) per element: the same to 0.1% of lr = 1e-2
+    for a, b in zip(jax.tree.leaves(p0), jax.tree.leaves(p1)):
+        np.testing.assert_allclose(b, a, atol=1e-5)
+
+    _trainer(tmp_path / "odd", **{"train.minibatches": 8}).make_rl_update(keys)
+    assert "share_prompt_forward is off for the update: a microbatch of 2 rows" in (
+        capsys.readouterr().out
+    )
