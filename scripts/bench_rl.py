@@ -4,6 +4,7 @@ prompt batch, prompt and completion lengths.
 
     python scripts/bench_rl.py --out artifacts/bench_rl.json
     python scripts/bench_rl.py --steps 8 --torch-threads 1,2
+    python scripts/bench_rl.py --model-dir /models/Qwen2.5-0.5B-Instruct --new-tokens 64
 
 `bench_rl(args)` is the library entry (scripts/bench.py wires it as `rl`). TRL is not a
 dependency of the project: install it for this benchmark only (`pip install trl`); without
@@ -18,6 +19,11 @@ are reported apart; the figure is the median of the rest. Each side loads the sa
 weights and tokenizer from one HF directory (ours through `model.init='hf'`). Our prompts
 (the arithmetic task's, a few real tokens) are left-padded to the same 16 positions TRL's
 16-token prompts take, so both sides run the same shapes.
+
+`--model-dir`: both sides load that local Hugging Face directory (weights and tokenizer)
+instead of the random tiny model, and both take the arithmetic task's prompt texts. TRL
+then pads each batch to its longest prompt (`mean_prompt_tokens` in its JSON) while ours
+pads to `--prompt-len`: ours runs at least as many prompt positions.
 """
 
 from __future__ import annotations
@@ -56,6 +62,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--no-trl", action="store_true")
     p.add_argument(
+        "--model-dir",
+        default="",
+        help="a local Hugging Face directory (config, weights, tokenizer) for both sides "
+        "instead of the random tiny model; prompts are then the arithmetic task's texts",
+    )
+    p.add_argument(
         "--no-share-prompt",
         action="store_true",
         help="ours: run every row's prompt (train.share_prompt_forward=False)",
@@ -85,7 +97,7 @@ def _our_config(args, model_dir: str, workdir: str):
     c.workdir = workdir
     c.mesh.num_devices = 1
     c.model.init, c.model.path = "hf", model_dir
-    c.tokenizer = dict(kind="hf", path=model_dir)  # TRL's word-level tokenizer (vocab 512)
+    c.tokenizer = dict(kind="hf", path=model_dir)  # the tokenizer TRL loads
     c.task.kwargs = dict(max_digits=3)
     c.data.prompt_batch = args.prompts
     c.data.max_prompt_len = args.prompt_len
@@ -183,16 +195,23 @@ def bench_trl(args, model_dir: str, threads: int) -> dict:
 
     torch.set_num_threads(threads)
     torch.manual_seed(0)
-    tokenizer = _tokenizer(TINY["vocab_size"])
-    rng = np.random.default_rng(0)
     n_steps = args.warmup + args.steps
-    prompts = [
-        " ".join(f"w{t}" for t in rng.integers(3, TINY["vocab_size"], args.prompt_len))
-        for _ in range(n_steps * args.prompts)
-    ]
+    if args.model_dir:
+        tokenizer = transformers.AutoTokenizer.from_pretrained(model_dir, padding_side="left")
+        if tokenizer.pad_token is None:
+            tokenizer.pad_token = tokenizer.eos_token
+        prompts = _task_prompts(n_steps * args.prompts)
+    else:
+        tokenizer = _tokenizer(TINY["vocab_size"])
+        rng = np.random.default_rng(0)
+        prompts = [  # exactly prompt_len words, one token each
+            " ".join(f"w{t}" for t in rng.integers(3, TINY["vocab_size"], args.prompt_len))
+            for _ in range(n_steps * args.prompts)
+        ]
+    prompt_tokens = [len(tokenizer(p)["input_ids"]) for p in prompts]
 
-    def reward(completions, **kwargs):  # cheap, like a verifier: count one token
-        return [float(c.split().count("w7")) for c in completions]
+    def reward(completions, **kwargs):  # cheap, like a verifier: count one string
+        return [float(c.count("w7" if not args.model_dir else "7")) for c in completions]
 
     model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     model.generation_config.pad_token_id = tokenizer.pad_token_id
@@ -253,6 +272,7 @@ def bench_trl(args, model_dir: str, threads: int) -> dict:
         generate_fraction=(statistics.median(gens) / seconds) if gens else None,
         warmup_seconds=step_times[: args.warmup],
         times=timed,
+        mean_prompt_tokens=float(np.mean(prompt_tokens)),
         torch_threads=threads,
         computes=["generate", "rewards", "logp (current, + ref when beta > 0)", "update"],
         trl=trl.__version__,
@@ -261,12 +281,34 @@ def bench_trl(args, model_dir: str, threads: int) -> dict:
     )
 
 
+def _task_prompts(n: int) -> list[str]:
+    """The arithmetic task's first n training prompts (the texts our side samples from)."""
+    from jaxrl_frontier.tasks import make_task
+
+    task = make_task("arithmetic", max_digits=3)
+    return [task.prompt(task.example("train", i)) for i in range(n)]
+
+
+def _model_description(model_dir: str) -> dict:
+    with open(Path(model_dir) / "config.json") as f:
+        hf_config = json.load(f)
+    keys = ("model_type", "vocab_size", "hidden_size", "intermediate_size")
+    keys += ("num_hidden_layers", "num_attention_heads", "num_key_value_heads", "torch_dtype")
+    return dict(path=str(model_dir), **{k: hf_config.get(k) for k in keys})
+
+
 def bench_rl(args) -> dict:
     """A full GRPO step (rollout, rewards, log-probs, update): ours vs TRL GRPOTrainer, CPU."""
 
+    if args.model_dir and not (Path(args.model_dir) / "config.json").is_file():
+        raise SystemExit(f"--model-dir {args.model_dir}: no config.json (a Hugging Face directory)")
     result = dict(
         **bench_common.machine_info(),
-        model=TINY | dict(family="qwen2", qkv_bias=True, dtype="float32"),
+        model=(
+            _model_description(args.model_dir)
+            if args.model_dir
+            else TINY | dict(family="qwen2", qkv_bias=True, dtype="float32")
+        ),
         prompts=args.prompts,
         group_size=args.group_size,
         prompt_len=args.prompt_len,
@@ -275,9 +317,12 @@ def bench_rl(args) -> dict:
         steps=args.steps,
         warmup=args.warmup,
     )
-    with tempfile.TemporaryDirectory() as model_dir:
-        save_tiny_model(model_dir)
-        _tokenizer(TINY["vocab_size"]).save_pretrained(model_dir)
+    with tempfile.TemporaryDirectory() as tiny_dir:
+        model_dir = args.model_dir
+        if not model_dir:
+            model_dir = tiny_dir
+            save_tiny_model(model_dir)
+            _tokenizer(TINY["vocab_size"]).save_pretrained(model_dir)
         result["ours"] = ours = bench_ours(args, model_dir)
         print(f"[ours] {json.dumps(ours)}", file=sys.stderr)
         result["trl"] = {}
