@@ -118,7 +118,8 @@ def base_config() -> ml_collections.ConfigDict:
     # RL: each group's prompt runs through the model once, not once per completion, in the
     # update and the reference/teacher log-probs (same values; the prompt's FLOPs / group
     # size). Minibatches are then drawn as whole groups. Off by itself when a microbatch
-    # (rows / minibatches / grad_accum) does not hold whole groups.
+    # (rows / minibatches / grad_accum) is not whole groups that split evenly over the
+    # batch devices (mesh data x fsdp).
     c.train.share_prompt_forward = True
     c.train.log_every = 10
     c.train.eval_every = 50

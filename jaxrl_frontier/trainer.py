@@ -463,14 +463,18 @@ class Trainer:
     def _rollout_layout(self, rows: int | None = None) -> dict[str, int]:
         """How an RL batch of `rows` rows (default: a whole step's) may be run: its last
         `completion_len` positions are the only ones scored, and with group_size > 1 each
-        group's prompt runs once (`train.share_prompt_forward`, when `rows` holds whole
-        groups). Keyword arguments of `make_logp_fn` and `rl_loss`."""
+        group's prompt runs once (`train.share_prompt_forward`), when `rows` holds whole
+        groups that split evenly over the batch's devices (otherwise the packed prompt and
+        completion rows would be resharded in every layer). Keyword arguments of
+        `make_logp_fn` and `rl_loss`."""
         c = self.config
         if c.mode != "rl":
             return {}
         n = c.rollout.group_size
         rows = c.data.prompt_batch * n if rows is None else rows
-        share = c.train.share_prompt_forward and n > 1 and rows % n == 0
+        groups, rem = divmod(rows, n)
+        share = c.train.share_prompt_forward and n > 1 and not rem
+        share = share and groups % sharding.batch_size_multiple(self.mesh) == 0
         return dict(group_size=n if share else 1, completion_len=c.rollout.max_new_tokens)
 
     def make_rl_update(self, batch_keys):
@@ -482,7 +486,8 @@ class Trainer:
         if c.train.share_prompt_forward and layout["group_size"] == 1:
             self._print(
                 f"[rl] train.share_prompt_forward is off for the update: a microbatch of "
-                f"{micro_rows} rows does not hold whole groups of {c.rollout.group_size}"
+                f"{micro_rows} rows is not whole groups of {c.rollout.group_size} that split "
+                f"evenly over the {sharding.batch_size_multiple(self.mesh)} batch devices"
             )
         return make_update_fn(
             self.graphdef,

@@ -2,6 +2,9 @@
 `train.share_prompt_forward`) gives the per-row forward's values and gradients: each group's
 prompt runs once and its KV cache is repeated to the group's rows."""
 
+import collections
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -205,3 +208,39 @@ def test_trainer_update_with_and_without_shared_prompt(tmp_path, capsys):
     assert "share_prompt_forward is off for the update: a microbatch of 2 rows" in (
         capsys.readouterr().out
     )
+
+
+def _collectives(compiled_text: str) -> collections.Counter:
+    ops = "all-gather|all-reduce|all-to-all|collective-permute|reduce-scatter"
+    return collections.Counter(re.findall(rf"= \S+ ({ops})\(", compiled_text))
+
+
+def test_sharded_update_moves_no_more_data_with_a_shared_prompt(tmp_path):
+    """On fsdp=8 with one group per device, the shared-prompt update compiles to the same
+    collectives as the per-row one: each weight is all-gathered once per use, and the
+    packed [G, Tp + n Tn] rows keep groups on their devices (nothing is resharded)."""
+    keys = ["tokens", "attention_mask", "loss_mask", "old_logp", "advantages", "ref_logp"]
+    counts = {}
+    for share in (False, True):
+        trainer = _trainer(
+            tmp_path / str(share),
+            **{
+                "mesh.num_devices": 0,
+                "mesh.fsdp": 8,
+                "data.prompt_batch": 8,
+                "train.share_prompt_forward": share,
+            },
+        )
+        assert trainer._rollout_layout()["group_size"] == (4 if share else 1)
+        rows, t = 32, 5 + 6
+        batch = {k: np.zeros((rows, t), np.float32) for k in keys}
+        batch["tokens"] = np.ones((rows, t), np.int32)
+        batch["attention_mask"] = np.ones((rows, t), np.int32)
+        update = trainer.make_rl_update(keys)
+        lowered = update.lower(trainer.state, sharding.shard_batch(batch, trainer.mesh))
+        counts[share] = _collectives(lowered.compile().as_text())
+    assert counts[False]["all-gather"] > 0  # the weights are gathered: the check can fail
+    assert counts[True] == counts[False]
+    # 2 groups cannot split over 8 devices: the trainer runs every row's prompt instead
+    few = _trainer(tmp_path / "few", **{"mesh.num_devices": 0, "mesh.fsdp": 8})
+    assert few.config.data.prompt_batch == 4 and few._rollout_layout()["group_size"] == 1

@@ -26,6 +26,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any
 
@@ -163,10 +164,10 @@ def rope_inv_freq(cfg: ModelConfig) -> jax.Array:
 
 
 def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: jax.Array) -> jax.Array:
-    """x [B, T, H, Dh], positions [B, T] -> x rotated (rotate-half convention)."""
-    angles = positions[..., None].astype(jnp.float32) * inv_freq  # [B, T, Dh/2]
-    cos = jnp.cos(jnp.concatenate([angles, angles], -1))[:, :, None, :]
-    sin = jnp.sin(jnp.concatenate([angles, angles], -1))[:, :, None, :]
+    """x [..., H, Dh], positions [...] (e.g. [B, T]) -> x rotated (rotate-half convention)."""
+    angles = positions[..., None].astype(jnp.float32) * inv_freq  # [..., Dh/2]
+    cos = jnp.cos(jnp.concatenate([angles, angles], -1))[..., None, :]
+    sin = jnp.sin(jnp.concatenate([angles, angles], -1))[..., None, :]
     x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
     rotated = jnp.concatenate([-x2, x1], axis=-1)
     return (x * cos + rotated * sin).astype(x.dtype)
@@ -232,13 +233,9 @@ class Attention(nnx.Module):
             self.q_norm = RMSNorm(hd, cfg.rms_norm_eps, pd, rngs)
             self.k_norm = RMSNorm(hd, cfg.rms_norm_eps, pd, rngs)
 
-    def __call__(self, x, positions, inv_freq, attn_bias, kv=None):
-        """x [B, T, D]; attn_bias [B, 1, 1, T, S] additive.
-
-        kv: None, or (k_cache, v_cache, index) with this layer's cache [B, K, S, Dh]; the new
-        keys/values are written in place at slots [index, index + T).
-        Returns (out [B, T, D], (k_cache, v_cache) or None).
-        """
+    def project_qkv(self, x, positions, inv_freq):
+        """x [..., D], positions [...] -> q [..., H, Dh], k and v [..., K, Dh], with the
+        biases, the q/k norms and RoPE applied (compute dtype)."""
         cfg, dt = self.cfg, self.cfg.compute_dtype
         q = dense(x, self.q_proj[...].astype(dt))
         k = dense(x, self.k_proj[...].astype(dt))
@@ -249,8 +246,20 @@ class Attention(nnx.Module):
             v = v + self.v_bias[...].astype(dt)
         if cfg.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        q = apply_rope(q, positions, inv_freq)
-        k = apply_rope(k, positions, inv_freq)
+        return apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq), v
+
+    def project_out(self, out):
+        """Attention output [..., H, Dh] -> [..., D]."""
+        return dense(out, self.o_proj[...].astype(self.cfg.compute_dtype), contract=2)
+
+    def __call__(self, x, positions, inv_freq, attn_bias, kv=None):
+        """x [B, T, D]; attn_bias [B, 1, 1, T, S] additive.
+
+        kv: None, or (k_cache, v_cache, index) with this layer's cache [B, K, S, Dh]; the new
+        keys/values are written in place at slots [index, index + T).
+        Returns (out [B, T, D], (k_cache, v_cache) or None).
+        """
+        q, k, v = self.project_qkv(x, positions, inv_freq)
         new_kv, kv_spec = None, "bskd"  # without a cache: the fresh [B, T, K, Dh] keys
         if kv is not None:
             k_cache, v_cache, index = kv
@@ -262,20 +271,31 @@ class Attention(nnx.Module):
             v = jax.lax.dynamic_update_slice(v_cache, v_new, start)
             new_kv, kv_spec = (k, v), "bksd"
         b, t, h, hd = q.shape
-        kvh = self.cfg.num_kv_heads
-        q = q.reshape(b, t, kvh, h // kvh, hd)  # group query heads by their kv head
         if t == 1 and kv is not None and jax.default_backend() == "cpu":
-            out = _decode_attention_cpu(q, k, v, attn_bias).astype(dt).reshape(b, t, h, hd)
+            q = q.reshape(b, t, self.cfg.num_kv_heads, -1, hd)  # query heads by kv head
+            out = _decode_attention_cpu(q, k, v, attn_bias).astype(q.dtype).reshape(b, t, h, hd)
         else:
-            scores = jnp.einsum(
-                f"btkgd,{kv_spec}->bkgts", q, k.astype(dt), preferred_element_type=jnp.float32
-            )
-            scores = scores / math.sqrt(hd) + attn_bias
-            probs = jax.nn.softmax(scores, axis=-1).astype(dt)
-            out = jnp.einsum(f"bkgts,{kv_spec}->btkgd", probs, v.astype(dt))
-            out = out.reshape(b, t, h, hd)
-        out = dense(out, self.o_proj[...].astype(dt), contract=2)
-        return out, new_kv
+            out = attend(q, k, v, attn_bias, kv_spec)
+        return self.project_out(out), new_kv
+
+
+def attend(q, k, v, attn_bias, kv_spec: str = "bskd"):
+    """softmax(q k^T / sqrt(Dh) + bias) v with grouped-query heads; scores and softmax in f32.
+
+    q [B, T, H, Dh]; k, v [B, S, K, Dh] (kv_spec 'bskd') or [B, K, S, Dh] ('bksd', the
+    cache's layout); attn_bias [B, 1, 1, T, S] additive. Returns [B, T, H, Dh], q's dtype.
+    """
+    b, t, h, hd = q.shape
+    dt = q.dtype
+    kvh = k.shape[kv_spec.index("k")]
+    q = q.reshape(b, t, kvh, h // kvh, hd)  # group query heads by their kv head
+    scores = jnp.einsum(
+        f"btkgd,{kv_spec}->bkgts", q, k.astype(dt), preferred_element_type=jnp.float32
+    )
+    scores = scores / math.sqrt(hd) + attn_bias
+    probs = jax.nn.softmax(scores, axis=-1).astype(dt)
+    out = jnp.einsum(f"bkgts,{kv_spec}->btkgd", probs, v.astype(dt))
+    return out.reshape(b, t, h, hd)
 
 
 def _decode_attention_cpu(q, k, v, attn_bias):
@@ -328,20 +348,42 @@ class Block(nnx.Module):
         return x, new_kv
 
 
-def _call_block(layer: Block, x, positions, inv_freq, attn_bias, kv, hidden_mask):
-    return layer(x, positions, inv_freq, attn_bias, kv, hidden_mask)
-
-
-def _remat_block(layer: Block, x, positions, inv_freq, attn_bias, kv, hidden_mask):
-    """layer(x, kv) under `jax.checkpoint`: only the block's inputs are kept for the
-    backward pass. Returns (x, new kv or None) like `Block.__call__`."""
+def _run_layer(fn, layer: Block, *args, remat: bool = False):
+    """fn(layer, *args), under `jax.checkpoint` when `remat`: then only the inputs are kept
+    for the backward pass, and the layer's activations are recomputed there."""
+    if not remat:
+        return fn(layer, *args)
     graphdef, state = nnx.split(layer)
 
     @jax.checkpoint
-    def run(state, x, kv, hidden_mask):
-        return nnx.merge(graphdef, state)(x, positions, inv_freq, attn_bias, kv, hidden_mask)
+    def run(state, *args):
+        return fn(nnx.merge(graphdef, state), *args)
 
-    return run(state, x, kv, hidden_mask)
+    return run(state, *args)
+
+
+def _shared_prompt_block(layer: Block, x, positions, inv_freq, bias_p, bias_c, *, n, tp):
+    """One `Block` over packed rows x [G, Tp + n * Tn, D]: group g's prompt rows, then its
+    n completions' rows. Row-wise work (norms, projections, MLP) runs once over all rows,
+    with each weight used once; prompts attend to their prompt (bias_p [G, 1, 1, Tp, Tp]),
+    completions to their group's prompt keys and their own (bias_c [B, 1, 1, Tn, T]).
+    Groups stay the major axis throughout, so a batch sharded by group moves no data."""
+    groups = x.shape[0]
+    tn = (x.shape[1] - tp) // n
+
+    def split(a):  # [G, Tp + n Tn, ...] -> prompts [G, Tp, ...], completions [B, Tn, ...]
+        return a[:, :tp], a[:, tp:].reshape(groups * n, tn, *a.shape[2:])
+
+    (q_p, q_c), (k_p, k_c), (v_p, v_c) = map(
+        split, layer.attn.project_qkv(layer.input_norm(x), positions, inv_freq)
+    )
+    out_p = attend(q_p, k_p, v_p, bias_p)
+    keys = jnp.concatenate([jnp.repeat(k_p, n, axis=0), k_c], axis=1)  # [B, T, K, Dh]
+    values = jnp.concatenate([jnp.repeat(v_p, n, axis=0), v_c], axis=1)
+    out_c = attend(q_c, keys, values, bias_c)
+    out = jnp.concatenate([out_p, out_c.reshape(groups, n * tn, *out_c.shape[2:])], axis=1)
+    x = x + layer.attn.project_out(out)
+    return x + layer.mlp(layer.post_attn_norm(x))
 
 
 # ----------------------------------------------------------------------------- model
@@ -416,8 +458,9 @@ class Transformer(nnx.Module):
         for i, layer in enumerate(self.layers):
             kv = None if cache is None else (cache.k[i], cache.v[i], cache.index)
             hm = None if mlp_mask is None else mlp_mask[i]
-            block = _remat_block if cfg.remat else _call_block
-            x, kv = block(layer, x, positions, inv_freq, attn_bias, kv, hm)
+            x, kv = _run_layer(
+                Block.__call__, layer, x, positions, inv_freq, attn_bias, kv, hm, remat=cfg.remat
+            )
             if kv is not None:
                 new_k.append(kv[0])
                 new_v.append(kv[1])
@@ -436,13 +479,16 @@ class Transformer(nnx.Module):
 
         tokens, attention_mask: [B, T], B = G * group_size rows, prompt-major: rows
         g * n .. g * n + n - 1 hold the same first `prompt_len` tokens and mask (an RL batch
-        of n completions per prompt). The prompts [G, Tp] fill a KV cache, which is repeated
-        to the B rows; the completions [B, T - Tp] then attend to it, as in decoding. The
-        prompt part's cost falls by the group size (a third of the update's FLOPs at 16
-        prompt and 32 completion tokens, n = 8); the gradient through the shared prompt is
-        the sum over the group's rows, as in the per-row forward. Returns [B, T, D].
-        Rows of a group with different prompts get the first row's prompt (not checked).
+        of n completions per prompt). Each layer runs on the packed rows of the G prompts
+        [G, Tp] and the B completions [B, T - Tp]; the completions attend to their group's
+        prompt keys and values, repeated to the group's rows. The prompt part's cost falls
+        by the group size (a third of the update's FLOPs at 16 prompt and 32 completion
+        tokens, n = 8), and each weight is used once per layer (one FSDP all-gather). The
+        gradient through the shared prompt is the sum over the group's rows, as in the
+        per-row forward. Returns [B, T, D]. Rows of a group with different prompts get the
+        first row's prompt (not checked).
         """
+        cfg = self.cfg
         b, t = tokens.shape
         n, tp = group_size, prompt_len
         if b % n or not 0 < tp < t:
@@ -450,31 +496,36 @@ class Transformer(nnx.Module):
                 f"shared-prompt forward: {b} rows are not whole groups of {n}, or the prompt "
                 f"length {tp} is not within the {t} positions"
             )
+        groups, tn = b // n, t - tp
         positions = positions_from_mask(attention_mask)
+        real = attention_mask.astype(bool)
 
-        def first_of_group(x):  # [B, ...] -> [G, ...]
-            return x.reshape(b // n, n, *x.shape[1:])[:, 0]
+        def first_of_group(x):  # [B, Tp] -> [G, Tp]
+            return x[:, :tp].reshape(groups, n, tp)[:, 0]
 
-        def to_rows(x):  # [G, ...] -> [B, ...]
-            return jnp.repeat(x, n, axis=0)
+        def pack(x):  # [B, T] -> [G, Tp + n * Tn]: a group's prompt, then its completions
+            completions = x[:, tp:].reshape(groups, n * tn)
+            return jnp.concatenate([first_of_group(x), completions], axis=1)
 
-        h_prompt, cache = self.hidden_states(
-            first_of_group(tokens[:, :tp]),
-            first_of_group(attention_mask[:, :tp]),
-            positions=first_of_group(positions[:, :tp]),
-            cache=self.init_cache(b // n, tp),
-        )
-        grow = ((0, 0), (0, 0), (0, t - tp), (0, 0))  # room for the completions' slots
-        cache = KVCache(
-            k=tuple(to_rows(jnp.pad(x, grow)) for x in cache.k),
-            v=tuple(to_rows(jnp.pad(x, grow)) for x in cache.v),
-            valid=to_rows(jnp.pad(cache.valid, ((0, 0), (0, t - tp)))),
-            index=cache.index,
-        )
-        h_completion, _ = self.hidden_states(
-            tokens[:, tp:], attention_mask[:, tp:], positions=positions[:, tp:], cache=cache
-        )
-        return jnp.concatenate([to_rows(h_prompt), h_completion], axis=1)
+        def bias(allowed):
+            return jnp.where(allowed, 0.0, _NEG_INF).astype(jnp.float32)[:, None, None]
+
+        prompt_causal = jnp.arange(tp)[:, None] >= jnp.arange(tp)[None, :]
+        bias_p = bias(prompt_causal[None] & first_of_group(real)[:, None, :])  # [G,1,1,Tp,Tp]
+        completion_causal = (tp + jnp.arange(tn))[:, None] >= jnp.arange(t)[None, :]
+        bias_c = bias(completion_causal[None] & real[:, None, :])  # [B, 1, 1, Tn, T]
+
+        block = functools.partial(_shared_prompt_block, n=n, tp=tp)
+        inv_freq = rope_inv_freq(cfg)
+        x = self.embed[...].astype(cfg.compute_dtype)[pack(tokens)]  # [G, Tp + n Tn, D]
+        rows_positions = pack(positions)
+        for layer in self.layers:
+            x = _run_layer(
+                block, layer, x, rows_positions, inv_freq, bias_p, bias_c, remat=cfg.remat
+            )
+        hidden = self.final_norm(x)
+        h_p, h_c = hidden[:, :tp], hidden[:, tp:].reshape(b, tn, -1)
+        return jnp.concatenate([jnp.repeat(h_p, n, axis=0), h_c], axis=1)
 
     def output_embedding(self) -> jax.Array:
         """[D, V] output projection (the transposed input embedding when tied)."""
