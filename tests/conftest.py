@@ -68,6 +68,28 @@ HF_CASES = {
 }
 
 
+# The small model of the fast-path tests (tests/test_perf_paths.py, test_shared_prompt.py).
+SMALL_MODEL = dict(hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4, num_kv_heads=2)
+
+
+def small_rl_config(mode: str = "rl", num_devices: int = 1):
+    """A base config for seconds-long trainer tests: one-digit additions (prompts of 5
+    tokens), 4 prompts x 4 completions of 3 tokens, a d=32 model."""
+    from jaxrl_frontier import config as config_lib
+
+    c = config_lib.base_config()
+    c.mode = mode
+    c.mesh.num_devices = num_devices
+    c.task.kwargs = dict(max_digits=1, ops="+", prompt_template="{a}{op}{b}=")
+    c.data.max_prompt_len = 5
+    c.data.prompt_batch = 4
+    c.rollout.group_size = 4
+    c.rollout.max_new_tokens = 3
+    c.model.hidden_size, c.model.intermediate_size, c.model.num_heads = 32, 64, 4
+    c.eval.at_start = False
+    return c
+
+
 def build_hf_model(case: str, seed: int = 0):
     """A random tiny transformers model (eval mode, f32, eager attention) for `case`.
 

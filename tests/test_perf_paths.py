@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import SMALL_MODEL
 from flax import nnx
 
 from jaxrl_frontier import config as config_lib
@@ -67,16 +68,7 @@ def test_entropy_metric_only_has_no_gradient():
 
 
 def _tiny_model(remat=False):
-    cfg = ModelConfig(
-        vocab_size=V,
-        hidden_size=32,
-        intermediate_size=64,
-        num_layers=2,
-        num_heads=4,
-        num_kv_heads=2,
-        remat=remat,
-    )
-    return Transformer(cfg, rngs=nnx.Rngs(0))
+    return Transformer(ModelConfig(vocab_size=V, **SMALL_MODEL, remat=remat), rngs=nnx.Rngs(0))
 
 
 def _rl_batch(seed=0):

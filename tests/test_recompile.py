@@ -11,9 +11,9 @@ import contextlib
 import jax
 import numpy as np
 import pytest
+from conftest import small_rl_config
 from flax import nnx
 
-from jaxrl_frontier import config as config_lib
 from jaxrl_frontier import sharding
 from jaxrl_frontier import trainer as tr
 from jaxrl_frontier.models.transformer import ModelConfig, Transformer
@@ -67,19 +67,10 @@ def _batch(seed, rl=True):
 
 
 def _trainer(tmp_path, mode, num_devices):
-    c = config_lib.base_config()
-    c.mode = mode
-    c.mesh.num_devices = num_devices
-    c.task.kwargs = dict(max_digits=1, ops="+", prompt_template="{a}{op}{b}=")
-    c.data.max_prompt_len = 5
-    c.data.prompt_batch = 4
-    c.rollout.group_size = 4
-    c.rollout.max_new_tokens = 3
-    c.model.hidden_size, c.model.intermediate_size, c.model.num_heads = 32, 64, 4
+    c = small_rl_config(mode, num_devices)
     c.train.steps = 3
     c.train.recompute_old_logp = True
     c.objective.kl_coef = 0.01  # a reference forward too
-    c.eval.at_start = False
     return tr.Trainer(c, str(tmp_path))
 
 

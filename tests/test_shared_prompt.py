@@ -9,35 +9,21 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import SMALL_MODEL, random_model, small_rl_config
 from flax import nnx
 
 from jaxrl_frontier import config as config_lib
 from jaxrl_frontier import sharding
 from jaxrl_frontier import trainer as tr
-from jaxrl_frontier.models.transformer import ModelConfig, Transformer
+from jaxrl_frontier.models.transformer import ModelConfig
 from jaxrl_frontier.objectives import losses
 
 V, TP, TN, N, G = 41, 6, 5, 4, 3  # vocab, prompt / completion positions, group size, groups
 
 
-def _model(remat=False, qkv_bias=True):
-    cfg = ModelConfig(
-        vocab_size=V,
-        hidden_size=32,
-        intermediate_size=64,
-        num_layers=2,
-        num_heads=4,
-        num_kv_heads=2,
-        qkv_bias=qkv_bias,
-        remat=remat,
-    )
-    model = Transformer(cfg, rngs=nnx.Rngs(0))
-    if qkv_bias:  # non-zero biases, so a bias that skipped the shared path would show
-        for layer in model.layers:
-            for name in ("q_bias", "k_bias", "v_bias"):
-                p = getattr(layer.attn, name)
-                p[...] = 0.3 * jax.random.normal(jax.random.key(len(name)), p.shape)
-    return model
+def _model(remat=False):
+    """Every parameter random, the qkv biases too (a bias the shared path skipped would show)."""
+    return random_model(ModelConfig(vocab_size=V, **SMALL_MODEL, qkv_bias=True, remat=remat))
 
 
 def _rl_batch(seed=0):
@@ -150,18 +136,10 @@ def test_chunked_logprobs_from_a_start_position():
 
 
 def _trainer(tmp_path, **overrides):
-    c = config_lib.base_config()
-    c.mode = "rl"
-    c.mesh.num_devices = 1
-    c.task.kwargs = dict(max_digits=1, ops="+", prompt_template="{a}{op}{b}=")
-    c.data.max_prompt_len = 5
-    c.data.prompt_batch = 4
-    c.rollout.group_size = 4
+    c = small_rl_config()
     c.rollout.max_new_tokens = 6
-    c.model.hidden_size, c.model.intermediate_size, c.model.num_heads = 32, 64, 4
     c.objective.kl_coef = 0.05  # reference log-probs through the shared path too
     c.optimizer.lr = 1e-2  # a step that moves the parameters visibly
-    c.eval.at_start = False
     for key, value in overrides.items():
         section, name = key.split(".")
         c[section][name] = value
