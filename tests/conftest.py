@@ -72,6 +72,21 @@ HF_CASES = {
 SMALL_MODEL = dict(hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4, num_kv_heads=2)
 
 
+def assert_same_loss_and_grads(a, b, atol: float = 1e-5):
+    """a, b: ((loss, metrics), grads) from `jax.value_and_grad(loss_of, has_aux=True)`:
+    the same loss (1e-6), the same metric names and values, the same gradients."""
+    import jax
+    import numpy as np
+
+    ((l0, m0), g0), ((l1, m1), g1) = a, b
+    np.testing.assert_allclose(l1, l0, atol=1e-6)
+    assert set(m0) == set(m1)
+    for k in m0:
+        np.testing.assert_allclose(m1[k], m0[k], atol=atol, err_msg=k)
+    for x, y in zip(jax.tree.leaves(g0), jax.tree.leaves(g1)):
+        np.testing.assert_allclose(y, x, atol=atol, rtol=1e-4)
+
+
 def small_rl_config(mode: str = "rl", num_devices: int = 1):
     """A base config for seconds-long trainer tests: one-digit additions (prompts of 5
     tokens), 4 prompts x 4 completions of 3 tokens, a d=32 model."""

@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import SMALL_MODEL
+from conftest import SMALL_MODEL, assert_same_loss_and_grads
 from flax import nnx
 
 from jaxrl_frontier import config as config_lib
@@ -93,15 +93,8 @@ def test_trainer_fused_rl_loss_equals_logits_loss(entropy_coef):
     outs = []
     for chunk in (None, 5):
         loss_of = tr.rl_loss(graphdef, objective, logprob_chunk=chunk)
-        (loss, metrics), grads = jax.value_and_grad(loss_of, has_aux=True)(params, batch)
-        outs.append((loss, metrics, grads))
-    (l0, m0, g0), (l1, m1, g1) = outs
-    np.testing.assert_allclose(l1, l0, atol=1e-6)
-    assert set(m0) == set(m1)
-    for k in m0:
-        np.testing.assert_allclose(m1[k], m0[k], atol=1e-5, err_msg=k)
-    for a, b in zip(jax.tree.leaves(g0), jax.tree.leaves(g1)):
-        np.testing.assert_allclose(b, a, atol=1e-5, rtol=1e-4)
+        outs.append(jax.value_and_grad(loss_of, has_aux=True)(params, batch))
+    assert_same_loss_and_grads(*outs)
 
 
 def test_trainer_fused_sft_loss_and_logp_fn_equal_plain():

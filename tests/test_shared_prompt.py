@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import SMALL_MODEL, random_model, small_rl_config
+from conftest import SMALL_MODEL, assert_same_loss_and_grads, random_model, small_rl_config
 from flax import nnx
 
 from jaxrl_frontier import config as config_lib
@@ -100,13 +100,7 @@ def test_rl_loss_with_shared_prompt_equals_per_row(chunk, entropy_coef):
     for layout in ({}, dict(group_size=N, completion_len=TN)):
         loss_of = tr.rl_loss(graphdef, objective, chunk, **layout)
         outs.append(jax.value_and_grad(loss_of, has_aux=True)(params, batch))
-    ((l0, m0), g0), ((l1, m1), g1) = outs
-    np.testing.assert_allclose(l1, l0, atol=1e-6)
-    assert set(m0) == set(m1)
-    for k in m0:
-        np.testing.assert_allclose(m1[k], m0[k], atol=1e-5, err_msg=k)
-    for a, b in zip(jax.tree.leaves(g0), jax.tree.leaves(g1)):
-        np.testing.assert_allclose(b, a, atol=1e-5, rtol=1e-4)
+    assert_same_loss_and_grads(*outs)
 
 
 @pytest.mark.parametrize("chunk", [None, 7])
