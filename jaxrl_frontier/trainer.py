@@ -477,17 +477,21 @@ class Trainer:
         share = share and groups % sharding.batch_size_multiple(self.mesh) == 0
         return dict(group_size=n if share else 1, completion_len=c.rollout.max_new_tokens)
 
+    def _micro_rows(self) -> int:
+        """Rows of one microbatch of the RL update."""
+        c = self.config
+        rows = c.data.prompt_batch * c.rollout.group_size
+        return rows // (c.train.minibatches * c.optimizer.grad_accum)
+
     def make_rl_update(self, batch_keys):
         """The jitted RL update over a minibatch dict with `batch_keys` ([rows, T] each)."""
         c = self.config
-        micro_rows = c.data.prompt_batch * c.rollout.group_size
-        micro_rows //= c.train.minibatches * c.optimizer.grad_accum
-        layout = self._rollout_layout(micro_rows)
+        layout = self._rollout_layout(self._micro_rows())
         if c.train.share_prompt_forward and layout["group_size"] == 1:
             self._print(
                 f"[rl] train.share_prompt_forward is off for the update: a microbatch of "
-                f"{micro_rows} rows is not whole groups of {c.rollout.group_size} that split "
-                f"evenly over the {sharding.batch_size_multiple(self.mesh)} batch devices"
+                f"{self._micro_rows()} rows is not whole groups of {c.rollout.group_size} that "
+                f"split evenly over the {sharding.batch_size_multiple(self.mesh)} batch devices"
             )
         return make_update_fn(
             self.graphdef,
@@ -847,7 +851,7 @@ class Trainer:
         batch_keys = ["tokens", "attention_mask", "loss_mask", "old_logp", "advantages"]
         batch_keys += [k for k in ("ref_logp", "teacher_logp") if k in self._available_stats()]
         update = self.make_rl_update(batch_keys)
-        update_groups = self._rollout_layout(mb_rows // c.optimizer.grad_accum)["group_size"]
+        update_groups = self._rollout_layout(self._micro_rows())["group_size"]
         data = make_prompt_iterator(
             self.task, split="train", batch_size=c.data.prompt_batch, seed=c.seed
         )

@@ -343,9 +343,16 @@ class Block(nnx.Module):
 
     def __call__(self, x, positions, inv_freq, attn_bias, kv=None, hidden_mask=None):
         a, new_kv = self.attn(self.input_norm(x), positions, inv_freq, attn_bias, kv)
-        x = x + a
-        x = x + self.mlp(self.post_attn_norm(x), hidden_mask)
-        return x, new_kv
+        return self.feed_forward(x + a, hidden_mask), new_kv
+
+    def feed_forward(self, x, hidden_mask=None):
+        """The block's second residual half: x + MLP(RMSNorm(x)); x [..., D]."""
+        return x + self.mlp(self.post_attn_norm(x), hidden_mask)
+
+
+def _attn_bias(allowed: jax.Array) -> jax.Array:
+    """allowed [B, T, S] bool -> additive attention bias [B, 1, 1, T, S] (f32)."""
+    return jnp.where(allowed, 0.0, _NEG_INF).astype(jnp.float32)[:, None, None]
 
 
 def _run_layer(fn, layer: Block, *args, remat: bool = False):
@@ -382,8 +389,7 @@ def _shared_prompt_block(layer: Block, x, positions, inv_freq, bias_p, bias_c, *
     values = jnp.concatenate([jnp.repeat(v_p, n, axis=0), v_c], axis=1)
     out_c = attend(q_c, keys, values, bias_c)
     out = jnp.concatenate([out_p, out_c.reshape(groups, n * tn, *out_c.shape[2:])], axis=1)
-    x = x + layer.attn.project_out(out)
-    return x + layer.mlp(layer.post_attn_norm(x))
+    return layer.feed_forward(x + layer.attn.project_out(out))
 
 
 # ----------------------------------------------------------------------------- model
@@ -449,8 +455,7 @@ class Transformer(nnx.Module):
         s = key_valid.shape[1]
         # query i sits in slot offset + i; it sees valid slots up to its own
         causal = (offset + jnp.arange(t))[:, None] >= jnp.arange(s)[None, :]  # [T, S]
-        allowed = causal[None] & key_valid[:, None, :]  # [B, T, S]
-        attn_bias = jnp.where(allowed, 0.0, _NEG_INF).astype(jnp.float32)[:, None, None]
+        attn_bias = _attn_bias(causal[None] & key_valid[:, None, :])
 
         inv_freq = rope_inv_freq(cfg)
         x = self.embed[...].astype(cfg.compute_dtype)[tokens]
@@ -458,8 +463,9 @@ class Transformer(nnx.Module):
         for i, layer in enumerate(self.layers):
             kv = None if cache is None else (cache.k[i], cache.v[i], cache.index)
             hm = None if mlp_mask is None else mlp_mask[i]
+            remat = cfg.remat and cache is None  # a training forward; decoding keeps no grads
             x, kv = _run_layer(
-                Block.__call__, layer, x, positions, inv_freq, attn_bias, kv, hm, remat=cfg.remat
+                Block.__call__, layer, x, positions, inv_freq, attn_bias, kv, hm, remat=remat
             )
             if kv is not None:
                 new_k.append(kv[0])
@@ -507,13 +513,10 @@ class Transformer(nnx.Module):
             completions = x[:, tp:].reshape(groups, n * tn)
             return jnp.concatenate([first_of_group(x), completions], axis=1)
 
-        def bias(allowed):
-            return jnp.where(allowed, 0.0, _NEG_INF).astype(jnp.float32)[:, None, None]
-
         prompt_causal = jnp.arange(tp)[:, None] >= jnp.arange(tp)[None, :]
-        bias_p = bias(prompt_causal[None] & first_of_group(real)[:, None, :])  # [G,1,1,Tp,Tp]
+        bias_p = _attn_bias(prompt_causal[None] & first_of_group(real)[:, None, :])
         completion_causal = (tp + jnp.arange(tn))[:, None] >= jnp.arange(t)[None, :]
-        bias_c = bias(completion_causal[None] & real[:, None, :])  # [B, 1, 1, Tn, T]
+        bias_c = _attn_bias(completion_causal[None] & real[:, None, :])  # [B, 1, 1, Tn, T]
 
         block = functools.partial(_shared_prompt_block, n=n, tp=tp)
         inv_freq = rope_inv_freq(cfg)
