@@ -77,6 +77,8 @@ def base_config() -> ml_collections.ConfigDict:
     c.rollout.min_p = 0.0
     c.rollout.dropout_rate = 0.0  # Dropout-GRPO: per-rollout fixed MLP dropout mask
     c.rollout.cache_dtype = ""  # KV cache dtype: '' (the compute dtype) | float32 | bfloat16
+    # a decode step's attention: auto (the C++ CPU kernel where it applies) | xla | cpu_kernel
+    c.rollout.decode_attention = "auto"
 
     c.objective = ml_collections.ConfigDict()
     c.objective.advantage = "grpo"
@@ -144,6 +146,7 @@ CHOICES: dict[str, tuple] = {
     "model.init": ("scratch", "hf", "checkpoint"),
     "model.dtype": ("float32", "bfloat16"),
     "rollout.cache_dtype": ("", "float32", "bfloat16"),
+    "rollout.decode_attention": ("auto", "xla", "cpu_kernel"),
     "teacher.init": ("none", "scratch", "hf", "checkpoint"),
     "teacher.dtype": ("float32", "bfloat16"),
     "optimizer.schedule": ("constant", "cosine", "linear"),

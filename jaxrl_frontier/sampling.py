@@ -40,6 +40,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
+import warnings
 from collections.abc import Callable, Sequence
 
 import flax.struct
@@ -50,9 +51,11 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 
 from jaxrl_frontier import sharding as shd
+from jaxrl_frontier.kernels import decode_attention as decode_kernel
 from jaxrl_frontier.models.transformer import KVCache, Transformer
 from jaxrl_frontier.xla_options import rollout_compiler_options
 
+DECODE_ATTENTION = ("auto", "xla", "cpu_kernel")  # Sampler(decode_attention=)
 DEFAULT_PROMPT_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 
 
@@ -427,6 +430,11 @@ class Sampler:
       steps_per_check: tokens decoded between two checks of "are all rows done?".
       cache_dtype: dtype of the KV cache ('bfloat16' halves its memory and the bytes each
         decode step reads; attention still accumulates in f32); None: the compute dtype.
+      decode_attention: a decode step's attention over the cache: 'cpu_kernel' (the C++
+        kernel `jaxrl_frontier.kernels.decode_attention`, built on first use: CPU, f32
+        cache, head dim a multiple of 8), 'xla' (plain XLA), or 'auto' (the kernel where it
+        applies, else XLA; a failed build warns and falls back). Resolved at construction
+        into `self.decode_attention`.
       compiler_options: XLA options for the prefill and decode programs; None picks
         `xla_options.rollout_compiler_options` for the backend and each program's matmul
         rows per device (on CPU: YNNPACK for reductions, ~1.2x faster decode at 16 to 32
@@ -445,6 +453,7 @@ class Sampler:
         steps_per_check: int = 8,
         compiler_options: dict | None = None,
         cache_dtype: str | None = None,
+        decode_attention: str = "auto",
     ):
         self.model = model
         self.cfg = model.cfg
@@ -482,6 +491,51 @@ class Sampler:
         self.compiler_options = None if compiler_options is None else dict(compiler_options)
         self._platform = None if mesh is None else mesh.devices.flat[0].platform
         self._programs: dict[tuple, Callable] = {}  # (name, options) -> jitted program
+        self.decode_attention = self._resolve_decode_attention(decode_attention)
+
+    def _resolve_decode_attention(self, choice: str) -> str:
+        """'auto' | 'xla' | 'cpu_kernel' -> the implementation this sampler runs."""
+        if choice not in DECODE_ATTENTION:
+            raise ValueError(f"decode_attention={choice!r}; allowed: {DECODE_ATTENTION}")
+        if choice == "xla":
+            return "xla"
+        reason = decode_kernel.inapplicable_reason(
+            platform=self._platform or jax.default_backend(),
+            dtype=self.cache_dtype or self.cfg.compute_dtype,
+            head_dim=self.cfg.resolved_head_dim,
+        )
+        expected = reason is not None  # 'auto' on a GPU or a bf16 cache: XLA, no warning
+        reason = reason or decode_kernel.load_error()
+        if reason is None:
+            return "cpu_kernel"
+        if choice == "cpu_kernel":
+            raise ValueError(f"decode_attention='cpu_kernel' cannot be used: {reason}")
+        if not expected:
+            warnings.warn(f"decode attention falls back to plain XLA: {reason}", stacklevel=3)
+        return "xla"
+
+    def _decode_attention_fn(self) -> Callable | None:
+        """The attention function the decode passes to the model (None: its default). On a
+        mesh the kernel runs per device on its rows and kv heads (`shard_map`): XLA cannot
+        partition a custom call itself."""
+        if self.decode_attention == "xla":
+            return None
+        kernel = decode_kernel.decode_attention
+        if self.mesh is None or self.mesh.size == 1:
+            return kernel
+
+        def sharded(q, k, v, bias):
+            heads = shd.logical_to_spec(("batch", "kv_heads", None, None), q.shape, self.mesh)
+            rows = shd.logical_to_spec(("batch", None), bias.shape, self.mesh)
+            return jax.shard_map(
+                kernel,
+                mesh=self.mesh,
+                in_specs=(heads, heads, heads, rows),
+                out_specs=heads,
+                check_vma=False,
+            )(q, k, v, bias)
+
+        return sharded
 
     def _program(self, name: str, rows: int) -> Callable:
         """The jitted prefill or decode for a call whose matmuls have `rows` rows in all."""
@@ -618,6 +672,7 @@ class Sampler:
         tn, k = plan.max_new_tokens, plan.steps_per_check
         mlp_mask, dropout_keys = self._mlp_mask(key, num_rows, dropout_rate, plan.use_dropout)
         _, stream_keys = self._row_keys(key, num_rows)
+        attention = self._decode_attention_fn()
 
         # Buffers are one check-block wider than needed, so every block writes in bounds.
         num_blocks = -(-(tn - 1) // k)
@@ -673,6 +728,7 @@ class Sampler:
                 positions=(prompt_len + step - 1)[:, None],
                 cache=cache,
                 mlp_mask=mlp_mask,
+                decode_attention=attention,
             )
             token, rec = emit(rec, step, *sample(logits[:, 0], step))
             return cache, token, rec

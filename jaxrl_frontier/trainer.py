@@ -623,6 +623,7 @@ class Trainer:
                 pad_id=self.tokenizer.pad_id,
                 mesh=self.mesh,
                 cache_dtype=self.config.rollout.cache_dtype or None,
+                decode_attention=self.config.rollout.decode_attention,
             )
         return self._sampler
 

@@ -252,11 +252,14 @@ class Attention(nnx.Module):
         """Attention output [..., H, Dh] -> [..., D]."""
         return dense(out, self.o_proj[...].astype(self.cfg.compute_dtype), contract=2)
 
-    def __call__(self, x, positions, inv_freq, attn_bias, kv=None):
+    def __call__(self, x, positions, inv_freq, attn_bias, kv=None, decode_attention=None):
         """x [B, T, D]; attn_bias [B, 1, 1, T, S] additive.
 
         kv: None, or (k_cache, v_cache, index) with this layer's cache [B, K, S, Dh]; the new
         keys/values are written in place at slots [index, index + T).
+        decode_attention: for a one-token step with a cache, fn(q [B, K, G, Dh], k, v
+        [B, K, S, Dh], bias [B, S]) -> [B, K, G, Dh] (the sampler passes the CPU kernel);
+        None: `default_decode_attention()`.
         Returns (out [B, T, D], (k_cache, v_cache) or None).
         """
         q, k, v = self.project_qkv(x, positions, inv_freq)
@@ -271,9 +274,10 @@ class Attention(nnx.Module):
             v = jax.lax.dynamic_update_slice(v_cache, v_new, start)
             new_kv, kv_spec = (k, v), "bksd"
         b, t, h, hd = q.shape
-        if t == 1 and kv is not None and jax.default_backend() == "cpu":
-            q = q.reshape(b, t, self.cfg.num_kv_heads, -1, hd)  # query heads by kv head
-            out = _decode_attention_cpu(q, k, v, attn_bias).astype(q.dtype).reshape(b, t, h, hd)
+        if t == 1 and kv is not None:
+            step = decode_attention or default_decode_attention()
+            q = q.reshape(b, self.cfg.num_kv_heads, -1, hd)  # query heads grouped by kv head
+            out = step(q, k, v, attn_bias[:, 0, 0, 0]).astype(x.dtype).reshape(b, t, h, hd)
         else:
             out = attend(q, k, v, attn_bias, kv_spec)
         return self.project_out(out), new_kv
@@ -298,22 +302,37 @@ def attend(q, k, v, attn_bias, kv_spec: str = "bskd"):
     return out.reshape(b, t, h, hd)
 
 
-def _decode_attention_cpu(q, k, v, attn_bias):
+def decode_attention_einsum(q, k, v, bias):
+    """One decode step's attention through `attend`'s einsums (accelerators).
+
+    q [B, K, G, Dh]; k, v: one layer's cache [B, K, S, Dh]; bias [B, S] additive.
+    Returns [B, K, G, Dh] in q's dtype.
+    """
+    b, kvh, g, hd = q.shape
+    out = attend(q.reshape(b, 1, kvh * g, hd), k, v, bias[:, None, None, None, :], "bksd")
+    return out.reshape(q.shape)
+
+
+def decode_attention_reduce(q, k, v, bias):
     """One decode step's attention as broadcast-multiply + reduce (f32), for XLA on CPU.
 
-    q [B, 1, K, G, Dh]; k, v: one layer's cache [B, K, S, Dh]; attn_bias [B, 1, 1, 1, S].
-    Returns [B, 1, K, G, Dh] f32. With one query per row, XLA:CPU runs the einsums as
-    B*K tiny batched dots (measured ~150 us per layer at B=16, S=144, ~1% of peak); as
-    reductions they fuse into loops that read the cache once, in place. Accelerators keep
-    the einsums.
+    Shapes as `decode_attention_einsum`; returns f32. With one query per row, XLA:CPU runs
+    the einsums as B*K tiny batched dots (measured ~150 us per layer at B=16, S=144, ~1% of
+    peak); as reductions they fuse into loops that read the cache in place. Faster still on
+    CPU: the kernel `jaxrl_frontier.kernels.decode_attention`.
     """
     f32 = jnp.float32
-    qf = q[:, 0].astype(f32)  # [B, K, G, Dh]
+    qf = q.astype(f32)  # [B, K, G, Dh]
     scores = jnp.sum(qf[:, :, :, None, :] * k[:, :, None].astype(f32), axis=-1)  # [B,K,G,S]
-    scores = scores / math.sqrt(q.shape[-1]) + attn_bias[:, :, :, 0]  # bias [B, 1, 1, S]
+    scores = scores / math.sqrt(q.shape[-1]) + bias[:, None, None, :]
     probs = jax.nn.softmax(scores, axis=-1)
-    out = jnp.sum(probs[..., None] * v[:, :, None].astype(f32), axis=3)  # [B, K, G, Dh]
-    return out[:, None]
+    return jnp.sum(probs[..., None] * v[:, :, None].astype(f32), axis=3)  # [B, K, G, Dh]
+
+
+def default_decode_attention():
+    """Plain XLA's best decode attention for the default backend: reductions on CPU,
+    einsums elsewhere."""
+    return decode_attention_reduce if jax.default_backend() == "cpu" else decode_attention_einsum
 
 
 class MLP(nnx.Module):
@@ -341,8 +360,12 @@ class Block(nnx.Module):
         self.post_attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, pd, rngs)
         self.mlp = MLP(cfg, rngs)
 
-    def __call__(self, x, positions, inv_freq, attn_bias, kv=None, hidden_mask=None):
-        a, new_kv = self.attn(self.input_norm(x), positions, inv_freq, attn_bias, kv)
+    def __call__(
+        self, x, positions, inv_freq, attn_bias, kv=None, hidden_mask=None, decode_attention=None
+    ):
+        a, new_kv = self.attn(
+            self.input_norm(x), positions, inv_freq, attn_bias, kv, decode_attention
+        )
         return self.feed_forward(x + a, hidden_mask), new_kv
 
     def feed_forward(self, x, hidden_mask=None):
@@ -415,6 +438,7 @@ class Transformer(nnx.Module):
         positions: jax.Array | None = None,
         cache: KVCache | None = None,
         mlp_mask: jax.Array | None = None,
+        decode_attention=None,
     ):
         """Logits for `tokens`.
 
@@ -426,18 +450,32 @@ class Transformer(nnx.Module):
           cache: a `KVCache`; the T new tokens are written at slots [index, index + T).
           mlp_mask: optional [L, B, F] multiplicative mask on the MLP hidden units, held
             fixed over a rollout (Dropout-GRPO).
+          decode_attention: a one-token step's attention over the cache (see
+            `Attention.__call__`); None: `default_decode_attention()`.
 
         Returns:
           logits f32 [B, T, V]; with a cache, (logits, updated cache).
         """
         hidden, new_cache = self.hidden_states(
-            tokens, attention_mask, positions=positions, cache=cache, mlp_mask=mlp_mask
+            tokens,
+            attention_mask,
+            positions=positions,
+            cache=cache,
+            mlp_mask=mlp_mask,
+            decode_attention=decode_attention,
         )
         logits = self.logits(hidden)
         return logits if cache is None else (logits, new_cache)
 
     def hidden_states(
-        self, tokens, attention_mask=None, *, positions=None, cache=None, mlp_mask=None
+        self,
+        tokens,
+        attention_mask=None,
+        *,
+        positions=None,
+        cache=None,
+        mlp_mask=None,
+        decode_attention=None,
     ):
         """Final-normed hidden states [B, T, D] (and the updated cache, or None)."""
         cfg = self.cfg
@@ -465,7 +503,16 @@ class Transformer(nnx.Module):
             hm = None if mlp_mask is None else mlp_mask[i]
             remat = cfg.remat and cache is None  # a training forward; decoding keeps no grads
             x, kv = _run_layer(
-                Block.__call__, layer, x, positions, inv_freq, attn_bias, kv, hm, remat=remat
+                Block.__call__,
+                layer,
+                x,
+                positions,
+                inv_freq,
+                attn_bias,
+                kv,
+                hm,
+                None if cache is None else decode_attention,  # a function: no checkpoint arg
+                remat=remat,
             )
             if kv is not None:
                 new_k.append(kv[0])

@@ -1,0 +1,138 @@
+"""Builds a C++ XLA FFI kernel of this package on first use and registers it with jax.
+
+The source (`<name>.cc` beside this file) is compiled with the machine's C++ compiler
+(`$CXX`, else `c++`, `g++` or `clang++`) against jaxlib's FFI headers, for this CPU
+(`-march=native`, retried without it), into a cache directory
+(`$JAXRL_FRONTIER_CACHE_DIR/kernels`, default `~/.cache/jaxrl_frontier/kernels`). The file
+name carries a hash of the source, the flags, the compiler, jaxlib's version and the CPU, so
+a changed kernel, toolchain or machine builds anew and a cached build is never used on a
+CPU it was not built for. Builds are written to a temporary file and renamed into place,
+so concurrent processes can build the same kernel. A failed build raises `KernelBuildError`
+with the compiler's message; callers decide whether to fall back to plain XLA.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import jax
+import jaxlib
+
+_SOURCE_DIR = Path(__file__).resolve().parent
+_BASE_FLAGS = (
+    "-O3",
+    "-std=c++20",
+    "-shared",
+    "-fPIC",
+    # lets the compiler vectorise the kernels' sums; no finite-math assumption (masked slots)
+    "-fno-math-errno",
+    "-fassociative-math",
+    "-fno-signed-zeros",
+    "-fno-trapping-math",
+)
+
+
+class KernelBuildError(RuntimeError):
+    """A kernel could not be compiled or loaded here (no compiler, or it failed)."""
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("JAXRL_FRONTIER_CACHE_DIR") or Path.home() / ".cache" / "jaxrl_frontier"
+    return Path(root) / "kernels"
+
+
+def _compiler() -> str:
+    for candidate in (os.environ.get("CXX"), "c++", "g++", "clang++"):
+        if candidate and shutil.which(candidate):
+            return candidate
+    raise KernelBuildError(
+        "no C++ compiler found ($CXX, c++, g++, clang++); install one (e.g. apt-get install "
+        "g++) or set rollout.decode_attention='xla'"
+    )
+
+
+def _cpu_signature() -> str:
+    """What -march=native compiles for: the CPU's model and feature flags."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+        wanted = ("model name", "flags", "Features", "CPU part")
+        return "|".join(sorted({line for line in lines if line.startswith(wanted)}))
+    except OSError:
+        return f"{platform.machine()}|{platform.processor()}"
+
+
+def _compile(cxx: str, source: Path, target: Path, flags: tuple[str, ...]) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
+    os.close(fd)
+    cmd = [cxx, *flags, f"-I{jax.ffi.include_dir()}", str(source), "-o", tmp]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        if proc.returncode != 0:
+            raise KernelBuildError(
+                f"building {source.name} failed (exit {proc.returncode}): {' '.join(cmd)}\n"
+                + proc.stderr[-4000:]
+            )
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def build(name: str) -> Path:
+    """The shared library of kernel `name`, compiled now if this machine has none cached."""
+    source = _SOURCE_DIR / f"{name}.cc"
+    if not source.exists():
+        raise KernelBuildError(f"no kernel source {source}")
+    cxx = _compiler()
+    version = subprocess.run([cxx, "--version"], capture_output=True, text=True).stdout
+    errors = []
+    for flags in (("-march=native", *_BASE_FLAGS), _BASE_FLAGS):
+        key = hashlib.sha256(
+            "\0".join(
+                [source.read_text(), " ".join(flags), version, jaxlib.__version__, _cpu_signature()]
+            ).encode()
+        ).hexdigest()[:16]
+        target = cache_dir() / f"{name}-{key}.so"
+        if target.exists():
+            return target
+        try:
+            _compile(cxx, source, target, flags)
+            return target
+        except (KernelBuildError, OSError, subprocess.TimeoutExpired) as e:
+            errors.append(str(e))
+    raise KernelBuildError("\n\n".join(errors))
+
+
+def load(name: str, targets: tuple[str, ...]) -> ctypes.CDLL:
+    """Builds kernel `name` and registers each of its FFI handler symbols in `targets` with
+    XLA:CPU as the custom-call target `jaxrl_frontier_<symbol>`. Once per process: a
+    failure is remembered too, and raised again as the same `KernelBuildError`."""
+    result = _load(name, targets)
+    if isinstance(result, KernelBuildError):
+        raise result
+    return result
+
+
+@functools.cache
+def _load(name: str, targets: tuple[str, ...]) -> ctypes.CDLL | KernelBuildError:
+    try:
+        path = build(name)
+        lib = ctypes.cdll.LoadLibrary(str(path))
+        for symbol in targets:
+            jax.ffi.register_ffi_target(
+                f"jaxrl_frontier_{symbol}", jax.ffi.pycapsule(getattr(lib, symbol)), platform="cpu"
+            )
+    except KernelBuildError as e:
+        return e
+    except (OSError, AttributeError) as e:
+        return KernelBuildError(f"loading kernel {name!r} failed: {e}")
+    return lib
