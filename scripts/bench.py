@@ -80,6 +80,18 @@ def _sampler_args(p: argparse.ArgumentParser) -> None:
         default=32,
         help="decode length for the roofline batch (the step time is what is compared)",
     )
+    p.add_argument(
+        "--decode-attention",
+        default="auto",
+        choices=("auto", "xla", "cpu_kernel"),
+        help="a decode step's attention (Sampler(decode_attention=)): auto = the C++ CPU "
+        "kernel where it applies",
+    )
+    p.add_argument(
+        "--attention-ab",
+        action="store_true",
+        help="also time the C++ decode-attention kernel against plain XLA, side by side",
+    )
     p.add_argument("--no-hf", action="store_true", help="skip transformers generate")
     p.add_argument(
         "--torch-threads",
@@ -143,7 +155,7 @@ def _decode_step_flops(cfg, batch: int, cache_len: float) -> float:
     return batch * (2 * per_token + attn)
 
 
-def _rollout(model, batch: int, args, new_tokens: int):
+def _rollout(model, batch: int, args, new_tokens: int, decode_attention: str | None = None):
     """A warm `Sampler.generate` call on `batch` random prompts -> (run, sampler, compile +
     first call seconds); run() blocks until the rollout is ready, each call with a new key."""
     import jax
@@ -156,6 +168,7 @@ def _rollout(model, batch: int, args, new_tokens: int):
         prompt_buckets=(args.prompt_len,),
         decode_chunks=args.decode_chunks,
         steps_per_check=args.steps_per_check,
+        decode_attention=decode_attention or args.decode_attention,
     )
     rng = np.random.default_rng(batch)
     tokens = rng.integers(1, model.cfg.vocab_size, (batch, args.prompt_len)).astype(np.int32)
@@ -186,6 +199,28 @@ def _ours(model, batch: int, args, new_tokens: int) -> dict:
         compile_s=first - median,
         times=times,
         traces=dict(sampler.num_traces),
+        decode_attention=sampler.decode_attention,
+    )
+
+
+def _attention_ab(model, batch: int, args) -> dict:
+    """The C++ decode-attention kernel against plain XLA: whole rollouts, round-robin
+    (`args.repeats` rounds), the median of the per-round time ratios."""
+    runs = {}
+    for impl in ("cpu_kernel", "xla"):
+        runs[impl] = _rollout(model, batch, args, args.new_tokens, decode_attention=impl)[0]
+    times = {impl: [] for impl in runs}
+    for _ in range(args.repeats):
+        for impl, run in runs.items():
+            t0 = time.perf_counter()
+            run()
+            times[impl].append(time.perf_counter() - t0)
+    ratios = np.asarray(times["xla"]) / np.asarray(times["cpu_kernel"])
+    return dict(
+        kernel_ms_per_step=float(np.median(times["cpu_kernel"])) / args.new_tokens * 1e3,
+        xla_ms_per_step=float(np.median(times["xla"])) / args.new_tokens * 1e3,
+        speedup=float(np.median(ratios)),
+        speedups=ratios.tolist(),
     )
 
 
@@ -303,6 +338,7 @@ def bench_sampler(args) -> dict:
             dtype=args.dtype,
             decode_chunks=args.decode_chunks,
             steps_per_check=args.steps_per_check,
+            decode_attention=args.decode_attention,
         ),
         models={},
     )
@@ -322,6 +358,8 @@ def bench_sampler(args) -> dict:
         hf_results = {} if args.no_hf else _hf_generate(model, args.batches, args)
         for batch in args.batches:
             row = dict(ours=_ours(model, batch, args, args.new_tokens))
+            if args.attention_ab:
+                row["attention_ab"] = _attention_ab(model, batch, args)
             if batch in hf_results:
                 row["transformers"] = hf_results[batch]
                 row["speedup"] = row["ours"]["tokens_per_s"] / hf_results[batch]["tokens_per_s"]
