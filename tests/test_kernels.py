@@ -7,6 +7,9 @@ masked slots, and enough work to be shared out over the thread pool. Then the Sa
 the kernel against the Sampler with plain XLA, on one device and on a (2, 2, 2) mesh.
 """
 
+import tempfile
+from pathlib import Path
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -201,6 +204,13 @@ def test_build_is_cached_per_source_and_machine(tmp_path, monkeypatch):
     stamp = first.stat().st_mtime_ns
     assert build.build("decode_attention") == first and first.stat().st_mtime_ns == stamp
     assert first.parent == tmp_path / "kernels" and first.name.startswith("decode_attention-")
+
+
+def test_unwritable_cache_dir_falls_back_to_a_temporary_one(tmp_path, monkeypatch):
+    blocked = tmp_path / "file"
+    blocked.write_text("a file where the cache directory's parent should be")
+    monkeypatch.setenv("JAXRL_FRONTIER_CACHE_DIR", str(blocked))
+    assert build.cache_dir().parent.parent == Path(tempfile.gettempdir())
 
 
 def test_config_key_choices():

@@ -45,8 +45,19 @@ class KernelBuildError(RuntimeError):
 
 
 def cache_dir() -> Path:
+    """Where built kernels are kept: `$JAXRL_FRONTIER_CACHE_DIR/kernels`, else
+    `~/.cache/jaxrl_frontier/kernels`; a per-user temporary directory where that cannot be
+    written (a read-only home on a cluster)."""
     root = os.environ.get("JAXRL_FRONTIER_CACHE_DIR") or Path.home() / ".cache" / "jaxrl_frontier"
-    return Path(root) / "kernels"
+    preferred = Path(root) / "kernels"
+    try:
+        preferred.mkdir(parents=True, exist_ok=True)
+        if os.access(preferred, os.W_OK):
+            return preferred
+    except OSError:
+        pass
+    user = getattr(os, "getuid", lambda: "user")()
+    return Path(tempfile.gettempdir()) / f"jaxrl_frontier-{user}" / "kernels"
 
 
 def _compiler() -> str:
@@ -94,14 +105,14 @@ def build(name: str) -> Path:
         raise KernelBuildError(f"no kernel source {source}")
     cxx = _compiler()
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True).stdout
-    errors = []
+    errors, directory = [], cache_dir()
     for flags in (("-march=native", *_BASE_FLAGS), _BASE_FLAGS):
         key = hashlib.sha256(
             "\0".join(
                 [source.read_text(), " ".join(flags), version, jaxlib.__version__, _cpu_signature()]
             ).encode()
         ).hexdigest()[:16]
-        target = cache_dir() / f"{name}-{key}.so"
+        target = directory / f"{name}-{key}.so"
         if target.exists():
             return target
         try:
