@@ -511,7 +511,8 @@ class Transformer(nnx.Module):
                 attn_bias,
                 kv,
                 hm,
-                None if cache is None else decode_attention,  # a function: no checkpoint arg
+                # only cached (decode) forwards use it; remat's jax.checkpoint takes arrays only
+                None if cache is None else decode_attention,
                 remat=remat,
             )
             if kv is not None:
