@@ -1,7 +1,7 @@
 """The C++ CPU kernels against their plain-XLA equivalents, and the fallbacks around them.
 
 `decode_attention` (one decode step's grouped-query attention over the KV cache) is checked
-against the jnp reference and the model's XLA path on shapes that take each of its code
+against the model's two XLA paths (einsum and multiply-reduce) on shapes that take each of its code
 paths: groups of 4 query heads and single heads, head dims 8 to 128, one slot to 143,
 masked slots, and enough work to be shared out over the thread pool. Then the Sampler with
 the kernel against the Sampler with plain XLA, on one device and on a (2, 2, 2) mesh.
@@ -14,13 +14,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import left_padded_batch
 
 from jaxrl_frontier import config as config_lib
 from jaxrl_frontier import sharding as shd
 from jaxrl_frontier.kernels import build
 from jaxrl_frontier.kernels import decode_attention as kernel
 from jaxrl_frontier.models.random_init import random_model
-from jaxrl_frontier.models.transformer import ModelConfig, decode_attention_reduce
+from jaxrl_frontier.models.transformer import (
+    ModelConfig,
+    decode_attention_einsum,
+    decode_attention_reduce,
+)
 from jaxrl_frontier.sampling import Sampler, SamplingParams
 
 NEG = -1e30  # the model's additive mask value (transformer._NEG_INF)
@@ -62,7 +67,10 @@ def test_kernel_matches_reference(rows, kv_heads, group, slots, head_dim):
     q, k, v, bias = attention_inputs(rows, kv_heads, group, slots, head_dim)
     out = np.asarray(jax.jit(kernel.decode_attention)(q, k, v, bias))
     assert out.shape == (rows, kv_heads, group, head_dim) and out.dtype == np.float32
-    for expected in (kernel.reference(q, k, v, bias), decode_attention_reduce(q, k, v, bias)):
+    for expected in (
+        decode_attention_einsum(q, k, v, bias),
+        decode_attention_reduce(q, k, v, bias),
+    ):
         np.testing.assert_allclose(out, np.asarray(expected), rtol=2e-5, atol=2e-6)
 
 
@@ -73,7 +81,7 @@ def test_masked_slots_get_exactly_zero_weight():
     poisoned = jnp.where((bias == NEG)[:, None, :, None], 1e30, v)
     out = np.asarray(jax.jit(kernel.decode_attention)(q, k, poisoned, bias))
     assert np.isfinite(out).all()
-    expected = np.asarray(kernel.reference(q, k, v, bias))
+    expected = np.asarray(decode_attention_einsum(q, k, v, bias))
     np.testing.assert_allclose(out, expected, rtol=2e-5, atol=2e-6)
 
 
@@ -90,7 +98,7 @@ def test_kernel_inside_a_scanned_loop_matches():
 
     args = attention_inputs(8, 2, 4, 20, 32)
     a = jax.jit(lambda *x: run(kernel.decode_attention, *x))(*args)
-    b = jax.jit(lambda *x: run(kernel.reference, *x))(*args)
+    b = jax.jit(lambda *x: run(decode_attention_einsum, *x))(*args)
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
 
 
@@ -99,16 +107,6 @@ def test_kernel_inside_a_scanned_loop_matches():
 CFG = ModelConfig(
     vocab_size=96, hidden_size=64, intermediate_size=96, num_layers=2, num_heads=8, num_kv_heads=2
 )  # head dim 8, 4 query heads per kv head
-
-
-def prompts(lengths, width=10, seed=0):
-    rng = np.random.RandomState(seed)
-    tokens = np.zeros((len(lengths), width), np.int32)
-    mask = np.zeros_like(tokens)
-    for i, n in enumerate(lengths):
-        tokens[i, width - n :] = rng.randint(1, CFG.vocab_size, size=n)
-        mask[i, width - n :] = 1
-    return tokens, mask
 
 
 def assert_same_rollout(a, b):
@@ -126,7 +124,7 @@ def test_sampler_with_kernel_equals_plain_xla(greedy):
     plain = Sampler(model, decode_attention="xla", **kw)
     assert (with_kernel.decode_attention, plain.decode_attention) == ("cpu_kernel", "xla")
     params = SamplingParams(max_new_tokens=10, n=2, greedy=greedy, temperature=0.9)
-    tokens, mask = prompts([3, 9, 6])
+    tokens, mask = left_padded_batch(3, 10, CFG.vocab_size, seed=0)
     key = jax.random.key(7)
     assert_same_rollout(
         with_kernel.generate(tokens, mask, params, key), plain.generate(tokens, mask, params, key)
@@ -155,7 +153,7 @@ def test_sharded_sampler_with_kernel_equals_plain_xla():
     )
     assert sharded.decode_attention == "cpu_kernel"
     params = SamplingParams(max_new_tokens=8, greedy=True)
-    tokens, mask = prompts([2, 10, 5, 7], seed=3)
+    tokens, mask = left_padded_batch(4, 10, CFG.vocab_size, seed=3)
     a = sharded.generate(tokens, mask, params, jax.random.key(0))
     assert len(a.completion_tokens.sharding.device_set) == 8
     assert_same_rollout(a, plain.generate(tokens, mask, params, jax.random.key(0)))

@@ -106,12 +106,9 @@ def build(name: str) -> Path:
     cxx = _compiler()
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True).stdout
     errors, directory = [], cache_dir()
+    identity = [source.read_text(), version, jaxlib.__version__, _cpu_signature()]
     for flags in (("-march=native", *_BASE_FLAGS), _BASE_FLAGS):
-        key = hashlib.sha256(
-            "\0".join(
-                [source.read_text(), " ".join(flags), version, jaxlib.__version__, _cpu_signature()]
-            ).encode()
-        ).hexdigest()[:16]
+        key = hashlib.sha256("\0".join([*identity, " ".join(flags)]).encode()).hexdigest()[:16]
         target = directory / f"{name}-{key}.so"
         if target.exists():
             return target
