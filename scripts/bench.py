@@ -75,6 +75,13 @@ def _sampler_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps-per-check", type=int, default=8)
     p.add_argument("--roofline-batch", type=int, default=256)
     p.add_argument(
+        "--peak-n",
+        type=int,
+        default=2048,
+        help="size of the square matmul timed as the roofline's peak (8192 on a GPU, where "
+        "2048 is too small to reach it)",
+    )
+    p.add_argument(
         "--roofline-new-tokens",
         type=int,
         default=32,
@@ -119,7 +126,7 @@ def _build_model(name: str, dtype: str, seed: int = 0):
     return random_model(cfg, seed=seed)
 
 
-def _matmul_peak_flops(n: int = 2048, repeats: int = 5) -> float:
+def _matmul_peak_flops(n: int, repeats: int = 5) -> float:
     """FLOP/s of a large f32 matmul on the default device (the roofline's peak)."""
     return bench_common.matmul_peak(n, repeats)["float32_gflops"] * 1e9
 
@@ -237,7 +244,7 @@ def _roofline(model, args) -> dict:
     rb, rt = args.roofline_batch, args.roofline_new_tokens
     if rt < 2:
         raise ValueError(f"--roofline-new-tokens must be >= 2 (one decode step), got {rt}")
-    probe = _peak_probe(args.dtype)
+    probe = _peak_probe(args.dtype, args.peak_n)
     full, _, compile_full = _rollout(model, rb, args, rt)
     prefill, _, compile_prefill = _rollout(model, rb, args, 1)
     peaks, t_full, t_prefill = [], [], []
@@ -326,7 +333,7 @@ def bench_sampler(args) -> dict:
     """Generated tokens/s of `Sampler.generate` (median over repeats, compile apart) vs
     transformers `generate` on the same weights, and the decode step vs the FLOP roofline."""
 
-    peak = _matmul_peak_flops()
+    peak = _matmul_peak_flops(args.peak_n)
     result = dict(
         **bench_common.machine_info(),
         matmul_peak_gflops=peak / 1e9,
@@ -339,6 +346,7 @@ def bench_sampler(args) -> dict:
             decode_chunks=args.decode_chunks,
             steps_per_check=args.steps_per_check,
             decode_attention=args.decode_attention,
+            peak_n=args.peak_n,
         ),
         models={},
     )

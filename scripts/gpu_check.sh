@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The GPU figures of docs/performance.md ("On a GPU") as one prepared run: ~8 minutes on one
-# H200 for a ~0.5B (Qwen2.5-0.5B-shaped) model in bf16. Every step has its own time limit, so
-# one slow step cannot eat the others; each writes its JSON under $OUT.
+# The GPU figures of docs/performance.md ("On a GPU") as one prepared run: at most ~9.5 minutes
+# on one H200 for a ~0.5B (Qwen2.5-0.5B-shaped) model in bf16, then the model and sampler tests
+# on the GPU. Every step has its own time limit, so one slow step cannot eat the others; each
+# writes its JSON and log under $OUT.
 #
 #   bash scripts/gpu_check.sh                 # on the GPU machine, from the repo root
 #   SMOKE=1 bash scripts/gpu_check.sh         # the same steps at CPU sizes (a few minutes)
@@ -27,7 +28,7 @@ if [ -n "${SMOKE:-}" ]; then  # CPU sizes: checks the script, not the machine
   TRAIN="--models 25m --batches 25m=2 --seq 128 --variants rl_fused --repeats 2 --memory-batch 0"
   LIMIT=600
 else
-  SAMPLER="--models 0.5b --batches 16,64 --new-tokens 256 --dtype bfloat16 --repeats 3 --roofline-batch 256 --roofline-new-tokens 64"
+  SAMPLER="--models 0.5b --batches 16,64,256 --new-tokens 128 --dtype bfloat16 --repeats 3 --roofline-batch 256 --roofline-new-tokens 32 --peak-n 8192"
   TRAIN="--models 0.5b --batches 0.5b=16 --seq 1024 --dtype bfloat16 --variants rl_plain,rl_fused --repeats 3 --matmul-n 8192 --memory-batch 0"
   LIMIT=0
 fi
@@ -46,12 +47,23 @@ step() {  # step NAME SECONDS COMMAND...: run with a time limit, log to $OUT/NAM
   [ $rc -eq 0 ] || failed=$((failed + 1))
 }
 
-step versions 60 "$PY" -c "import jax, flax, optax; print('jax', jax.__version__, 'flax', flax.__version__, 'optax', optax.__version__, jax.devices())"
+step versions 40 "$PY" -c "
+import importlib.metadata as m, jax
+for name in ('jax', 'jaxlib', 'flax', 'optax', 'orbax-checkpoint', 'grain', 'ml_collections', 'torch', 'transformers'):
+    try:
+        print(name, m.version(name))
+    except m.PackageNotFoundError:
+        print(name, 'missing')
+print(jax.devices())"
 # Decode tokens/s vs transformers generate (on the GPU when torch sees one) and the roofline.
-step sampler 260 "$PY" scripts/bench.py sampler $SAMPLER --out "$OUT/bench_sampler_gpu.json"
+step sampler 230 "$PY" scripts/bench.py sampler $SAMPLER --out "$OUT/bench_sampler_gpu.json"
 # Train-step MFU against an 8192^2 matmul peak timed in the same run.
-step train 200 "$PY" scripts/bench.py train $TRAIN --out "$OUT/bench_train_gpu.json"
+step train 170 "$PY" scripts/bench.py train $TRAIN --out "$OUT/bench_train_gpu.json"
 # One full GRPO step of ours on the tiny model (TRL is not in the GPU image).
-step rl 60 "$PY" scripts/bench.py rl --no-trl --steps 5 --out "$OUT/bench_rl_gpu.json"
+step rl 50 "$PY" scripts/bench.py rl --no-trl --steps 5 --out "$OUT/bench_rl_gpu.json"
+# Correctness on the GPU: the model against transformers and the sampler's tests, in f32 at
+# full matmul precision (XLA's default on a GPU rounds f32 matmul inputs to TF32).
+step tests 70 env JAX_DEFAULT_MATMUL_PRECISION=highest "$PY" -m pytest -v -x -p no:cacheprovider \
+  tests/test_transformer.py tests/test_sampling.py
 echo "== done: $failed failed step(s); JSON and logs in $OUT"
 exit $failed
