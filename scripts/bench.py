@@ -99,6 +99,18 @@ def _sampler_args(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="also time the C++ decode-attention kernel against plain XLA, side by side",
     )
+    p.add_argument(
+        "--options-ab",
+        default="",
+        help="also time rollouts compiled with each set of XLA options, side by side: JSON "
+        '{"name": {option: value}, ...}, the first the baseline (e.g. {"default": {}, ...})',
+    )
+    p.add_argument(
+        "--ab-only",
+        action="store_true",
+        help="time only the --attention-ab / --options-ab comparisons (no transformers, no "
+        "plain run, no roofline)",
+    )
     p.add_argument("--no-hf", action="store_true", help="skip transformers generate")
     p.add_argument(
         "--torch-threads",
@@ -162,7 +174,14 @@ def _decode_step_flops(cfg, batch: int, cache_len: float) -> float:
     return batch * (2 * per_token + attn)
 
 
-def _rollout(model, batch: int, args, new_tokens: int, decode_attention: str | None = None):
+def _rollout(
+    model,
+    batch: int,
+    args,
+    new_tokens: int,
+    decode_attention: str | None = None,
+    compiler_options: dict | None = None,
+):
     """A warm `Sampler.generate` call on `batch` random prompts -> (run, sampler, compile +
     first call seconds); run() blocks until the rollout is ready, each call with a new key."""
     import jax
@@ -176,6 +195,7 @@ def _rollout(model, batch: int, args, new_tokens: int, decode_attention: str | N
         decode_chunks=args.decode_chunks,
         steps_per_check=args.steps_per_check,
         decode_attention=decode_attention or args.decode_attention,
+        compiler_options=compiler_options,
     )
     rng = np.random.default_rng(batch)
     tokens = rng.integers(1, model.cfg.vocab_size, (batch, args.prompt_len)).astype(np.int32)
@@ -210,18 +230,25 @@ def _ours(model, batch: int, args, new_tokens: int) -> dict:
     )
 
 
+def _round_robin(runs: dict[str, Callable], repeats: int) -> dict[str, list[float]]:
+    """Seconds of each warm `run()`, timed in turn for `repeats` rounds (a shared machine's
+    load drifts; side by side it drifts for all of them alike)."""
+    times = {name: [] for name in runs}
+    for _ in range(repeats):
+        for name, run in runs.items():
+            t0 = time.perf_counter()
+            run()
+            times[name].append(time.perf_counter() - t0)
+    return times
+
+
 def _attention_ab(model, batch: int, args) -> dict:
     """The C++ decode-attention kernel against plain XLA: whole rollouts, round-robin
     (`args.repeats` rounds), the median of the per-round time ratios."""
     runs = {}
     for impl in ("cpu_kernel", "xla"):
         runs[impl] = _rollout(model, batch, args, args.new_tokens, decode_attention=impl)[0]
-    times = {impl: [] for impl in runs}
-    for _ in range(args.repeats):
-        for impl, run in runs.items():
-            t0 = time.perf_counter()
-            run()
-            times[impl].append(time.perf_counter() - t0)
+    times = _round_robin(runs, args.repeats)
     ratios = np.asarray(times["xla"]) / np.asarray(times["cpu_kernel"])
     return dict(
         kernel_ms_per_step=float(np.median(times["cpu_kernel"])) / args.new_tokens * 1e3,
@@ -229,6 +256,34 @@ def _attention_ab(model, batch: int, args) -> dict:
         speedup=float(np.median(ratios)),
         speedups=ratios.tolist(),
     )
+
+
+def _options_ab(model, batch: int, args) -> dict:
+    """Rollouts compiled with each set of XLA options in `--options-ab` (name -> options;
+    the first is the baseline), round-robin: ms per generated token and the median per-round
+    speedup over the baseline. A set the compiler rejects is reported with its error."""
+    candidates = json.loads(args.options_ab)
+    runs, out = {}, {}
+    for name, options in candidates.items():
+        try:
+            runs[name], _, first = _rollout(
+                model, batch, args, args.new_tokens, compiler_options=options
+            )
+            out[name] = dict(options=options, compile_and_first_s=first)
+        except Exception as e:  # an option or value this XLA does not know
+            out[name] = dict(options=options, error=f"{type(e).__name__}: {e}"[:500])
+        print(f"[options {name}] {json.dumps(out[name])}", file=sys.stderr)
+    if not runs:
+        return out
+    times = _round_robin(runs, args.repeats)
+    base = np.asarray(times[next(iter(runs))])
+    for name, ts in times.items():
+        out[name].update(
+            ms_per_step=float(np.median(ts)) / args.new_tokens * 1e3,
+            speedup=float(np.median(base / np.asarray(ts))),
+            times=ts,
+        )
+    return out
 
 
 def _roofline(model, args) -> dict:
@@ -350,6 +405,8 @@ def bench_sampler(args) -> dict:
         ),
         models={},
     )
+    if args.ab_only:
+        args.no_hf = True
     if not args.no_hf:
         try:
             import torch
@@ -365,9 +422,11 @@ def bench_sampler(args) -> dict:
         entry = dict(params=cfg.num_params(), config=SAMPLER_MODELS[name], batches={})
         hf_results = {} if args.no_hf else _hf_generate(model, args.batches, args)
         for batch in args.batches:
-            row = dict(ours=_ours(model, batch, args, args.new_tokens))
+            row = {} if args.ab_only else dict(ours=_ours(model, batch, args, args.new_tokens))
             if args.attention_ab:
                 row["attention_ab"] = _attention_ab(model, batch, args)
+            if args.options_ab:
+                row["options_ab"] = _options_ab(model, batch, args)
             if batch in hf_results:
                 row["transformers"] = hf_results[batch]
                 row["speedup"] = row["ours"]["tokens_per_s"] / hf_results[batch]["tokens_per_s"]
@@ -376,8 +435,9 @@ def bench_sampler(args) -> dict:
                 )
             entry["batches"][batch] = row
             print(f"[{name}] batch {batch}: {json.dumps(row)}", file=sys.stderr)
-        entry["roofline"] = _roofline(model, args)
-        print(f"[{name}] roofline: {json.dumps(entry['roofline'])}", file=sys.stderr)
+        if not args.ab_only:
+            entry["roofline"] = _roofline(model, args)
+            print(f"[{name}] roofline: {json.dumps(entry['roofline'])}", file=sys.stderr)
         result["models"][name] = entry
     return result
 

@@ -161,9 +161,10 @@ def _update_fn(variant: str, graphdef, tx, state, mesh, batch_keys):
 
 
 def prepare_train_step(name: str, variant: str, batch: int, seq: int, dtype: str, run: bool = True):
-    """Build and compile the jitted update for one variant; returns (step, info): `step()`
-    runs one update on the donated state and blocks; info has the compile time and the
-    compiled step's memory analysis."""
+    """Build and compile the jitted update for one variant; returns (step, info, cfg):
+    `step()` runs one update on the donated state and blocks; info has the compile time and
+    the compiled step's memory analysis. A first run that fails (out of device memory) gives
+    step None and the error in info."""
     import jax
     from flax import nnx
 
@@ -200,7 +201,11 @@ def prepare_train_step(name: str, variant: str, batch: int, seq: int, dtype: str
         jax.block_until_ready((box[0], metrics))
 
     t0 = time.perf_counter()
-    step()  # the first run (allocations) kept apart
+    try:
+        step()  # the first run (allocations) kept apart
+    except jax.errors.JaxRuntimeError as e:  # out of device memory: say so, time the others
+        info["error"] = str(e).splitlines()[0][:300]
+        return None, info, cfg
     info["first_run_s"] = time.perf_counter() - t0
     return step, info, cfg
 
@@ -251,6 +256,10 @@ def bench_mfu(args) -> dict:
             steps[variant], rows[variant], cfg = prepare_train_step(
                 name, variant, batches[name], args.seq, args.dtype
             )
+            if steps[variant] is None:
+                print(f"[{name} {variant}] failed: {rows[variant]['error']}", file=sys.stderr)
+        failed = {v: rows[v] for v in variants if steps[v] is None}
+        variants = [v for v in variants if steps[v] is not None]
         flops = train_step_flops(cfg, batches[name], args.seq)
         peaks, times = [], {v: [] for v in variants}
         for _ in range(args.repeats):
@@ -265,6 +274,7 @@ def bench_mfu(args) -> dict:
             matmul_rounds=peaks,
             peak_gflops=statistics.median(p["peak_gflops"] for p in peaks),
             variants={},
+            failed_variants=failed,
         )
         for variant in variants:
             row, ts = rows[variant], times[variant]

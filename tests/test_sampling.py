@@ -332,6 +332,7 @@ def test_greedy_sample_logits_and_errors(sampler):
         sampler.generate(tokens, mask[:, ::-1], GREEDY, jax.random.key(0))
 
 
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="XLA:CPU options")
 def test_cpu_compiler_options_change_speed_not_results(model, sampler, monkeypatch):
     """The default sampler picks each program's options with
     `xla_options.rollout_compiler_options` from its matmul rows (on CPU: YNNPACK for
