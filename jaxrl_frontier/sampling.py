@@ -52,7 +52,7 @@ from jax.sharding import Mesh, NamedSharding
 
 from jaxrl_frontier import sharding as shd
 from jaxrl_frontier.kernels import decode_attention as decode_kernel
-from jaxrl_frontier.models.transformer import KVCache, Transformer
+from jaxrl_frontier.models.transformer import KVCache, Transformer, with_compute_weights
 from jaxrl_frontier.xla_options import rollout_compiler_options
 
 DECODE_ATTENTION = ("auto", "xla", "cpu_kernel")  # Sampler(decode_attention=)
@@ -629,7 +629,7 @@ class Sampler:
         the rows differ from the first layer on, and each row is prefilled with its mask.
         """
         self.num_traces["prefill"] += 1
-        model = nnx.merge(self.graphdef, state)
+        model = with_compute_weights(nnx.merge(self.graphdef, state))
         if use_dropout and n > 1:
             tokens, mask = jnp.repeat(tokens, n, axis=0), jnp.repeat(mask, n, axis=0)
         num_rows, tp = tokens.shape
@@ -667,7 +667,7 @@ class Sampler:
     ):
         """Sample Tn tokens per row from the prefilled cache (see the module docstring)."""
         self.num_traces["decode"] += 1
-        model = nnx.merge(self.graphdef, state)
+        model = with_compute_weights(nnx.merge(self.graphdef, state))
         num_rows, tp = cache.valid.shape
         tn, k = plan.max_new_tokens, plan.steps_per_check
         mlp_mask, dropout_keys = self._mlp_mask(key, num_rows, dropout_rate, plan.use_dropout)

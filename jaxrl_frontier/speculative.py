@@ -63,7 +63,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxrl_frontier.models.transformer import KVCache, Transformer
+from jaxrl_frontier.models.transformer import KVCache, Transformer, with_compute_weights
 from jaxrl_frontier.sampling import (
     DEFAULT_PROMPT_BUCKETS,
     FinishReason,
@@ -156,8 +156,8 @@ def _generate(
     """Prompts [B, Tp] -> (rollout fields, stats); jitted by `_jitted_generate`, one compile
     per (architectures, plan, shapes, compiler options), shared by every sampler (a draft
     equal in shape to the policy reuses it)."""
-    policy = nnx.merge(graphdefs[0], policy_state)
-    draft = nnx.merge(graphdefs[1], draft_state)
+    policy = with_compute_weights(nnx.merge(graphdefs[0], policy_state))
+    draft = with_compute_weights(nnx.merge(graphdefs[1], draft_state))
     k, tn, pad = plan.k, plan.max_new_tokens, plan.pad_id
     num_rows, tp = tokens.shape
     num_slots = tp + tn + k  # the furthest write: slot Tp + (Tn - 1) + k, by a stopped row

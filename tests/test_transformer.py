@@ -18,6 +18,7 @@ from jaxrl_frontier.models.transformer import (
     dense,
     init_cache,
     positions_from_mask,
+    with_compute_weights,
 )
 
 BASE = dict(
@@ -114,6 +115,29 @@ def test_bfloat16_compute_close_to_f32():
     assert b.dtype == np.float32  # logits come out in f32 whatever the compute dtype
     real = mask.astype(bool)
     assert np.abs(a - b)[real].max() < 0.05 * np.abs(a[real]).max()
+
+
+@pytest.mark.parametrize("name", ["qwen2", "llama"])
+def test_with_compute_weights_same_outputs(name):
+    """Weights cast to the compute dtype once (the sampler's decode) give bitwise the
+    logits and KV-cache decode of casting at every use; norm scales stay f32."""
+    model = random_model(CONFIGS[name].replace(dtype="bfloat16"))
+    cast = with_compute_weights(model)
+    for path, w in nnx.to_flat_state(nnx.state(cast)):
+        assert w.dtype == (jnp.bfloat16 if w.ndim >= 2 else jnp.float32), path
+    tokens, mask = map(jnp.asarray, left_padded_batch(batch=2, length=8))
+    np.testing.assert_array_equal(forward(model, tokens, mask), forward(cast, tokens, mask))
+
+    def decode_two(m):  # prefill, then one cached step
+        cache = init_cache(m.cfg, 2, 9)
+        logits, cache = m(tokens, mask, cache=cache)
+        nxt = jnp.argmax(logits[:, -1], axis=-1)[:, None]
+        pos = positions_from_mask(mask)[:, -1:] + 1
+        return m(nxt, jnp.ones_like(nxt), positions=pos, cache=cache)[0]
+
+    np.testing.assert_array_equal(decode_two(model), decode_two(cast))
+    f32 = random_model(CONFIGS[name])
+    assert with_compute_weights(f32) is f32  # nothing to cast: the same model
 
 
 def test_config_errors():

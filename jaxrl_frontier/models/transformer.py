@@ -589,3 +589,26 @@ class Transformer(nnx.Module):
 
     def init_cache(self, batch_size: int, max_len: int, dtype=None) -> KVCache:
         return init_cache(self.cfg, batch_size, max_len, dtype)
+
+
+def with_compute_weights(model: Transformer) -> Transformer:
+    """The same model with every matrix parameter (ndim >= 2: projections, per-head biases,
+    embeddings) already in `cfg.compute_dtype`; norm scales (1-D, read in f32) untouched.
+
+    Every use site casts these weights with `.astype(compute_dtype)`, which then does
+    nothing, so the forward's outputs are bitwise the same. For a loop that runs the model
+    many times on fixed weights (the sampler's decode) this moves the cast out of the loop:
+    XLA does not hoist it out of a while loop, so in bf16 each step would otherwise read the
+    f32 weights and write a bf16 copy before reading that (3x the step's weight bytes). The
+    copy costs half the f32 weights' memory while the calling program runs. A no-op model
+    comes back when nothing needs a cast (f32 compute, or bf16 parameters).
+    """
+    dt = model.cfg.compute_dtype
+    graphdef, state = nnx.split(model)
+
+    def needs_cast(w):
+        return w.ndim >= 2 and jnp.issubdtype(w.dtype, jnp.floating) and w.dtype != dt
+
+    if not any(needs_cast(w) for w in jax.tree.leaves(state)):
+        return model
+    return nnx.merge(graphdef, jax.tree.map(lambda w: w.astype(dt) if needs_cast(w) else w, state))
