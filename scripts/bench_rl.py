@@ -167,7 +167,11 @@ def bench_ours(args, model_dir: str) -> dict:
             computes=["rollout (+ behaviour log-probs)", "rewards"]
             + (["ref_logp"] if "ref_logp" in keys else [])
             + ["advantages", "update"],
-            threads="XLA CPU default (intra-op pool over all cores)",
+            threads=(
+                "XLA CPU default (intra-op pool over all cores)"
+                if jax.default_backend() == "cpu"
+                else f"on {jax.default_backend()}"
+            ),
             cpu_count=os.cpu_count(),
         )
 
