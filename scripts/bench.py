@@ -65,7 +65,7 @@ SAMPLER_MODELS = {
 
 def _sampler_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--models", default="tiny,25m", help=f"from {sorted(SAMPLER_MODELS)}")
-    p.add_argument("--batches", type=bench_common.ints, default=[16, 64])
+    p.add_argument("--batches", type=bench_common.ints, default=[16, 64, 256])
     p.add_argument("--prompt-len", type=int, default=16)
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=1.0)

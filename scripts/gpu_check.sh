@@ -30,7 +30,7 @@ if [ -z "${SMOKE:-}" ] && compgen -G ".whl/*.whl" >/dev/null; then  # py3.12 whe
 fi
 
 # Rollout programs compiled with each set of XLA options (Sampler(compiler_options=)), the
-# first the baseline: are a decode step's ~400 kernel launches what bounds it at small batch?
+# first the baseline: do kernel launches bound a decode step at small batch?
 OPTIONS='{"xla_default": {}, "no_command_buffers": {"xla_gpu_enable_command_buffer": ""},
   "graphs_min1": {"xla_gpu_graph_min_graph_size": 1},
   "graphs_while": {"xla_gpu_enable_command_buffer":
