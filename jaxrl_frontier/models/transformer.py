@@ -599,8 +599,9 @@ def with_compute_weights(model: Transformer) -> Transformer:
     nothing, so the forward's outputs are bitwise the same. For a loop that runs the model
     many times on fixed weights (the sampler's decode) this moves the cast out of the loop:
     XLA does not hoist it out of a while loop, so in bf16 each step would otherwise read the
-    f32 weights and write a bf16 copy before reading that (3x the step's weight bytes). The
-    copy costs half the f32 weights' memory while the calling program runs. A no-op model
+    f32 weights (and, where the cast is not fused into the matmul, write and re-read a bf16
+    copy): 2x to 4x the bytes of reading bf16 weights. The copy costs half the f32 weights'
+    memory while the calling program runs. A no-op model
     comes back when nothing needs a cast (f32 compute, or bf16 parameters).
     """
     dt = model.cfg.compute_dtype
