@@ -79,6 +79,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.rollout.cache_dtype = ""  # KV cache dtype: '' (the compute dtype) | float32 | bfloat16
     # a decode step's attention: auto (the C++ CPU kernel where it applies) | xla | cpu_kernel
     c.rollout.decode_attention = "auto"
+    # bf16 compute on f32 params: cast the weights once per rollout program (a bf16 copy while
+    # it runs) rather than re-read the f32 weights at every decode step
+    c.rollout.cast_weights_once = True
 
     c.objective = ml_collections.ConfigDict()
     c.objective.advantage = "grpo"

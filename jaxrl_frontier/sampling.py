@@ -435,6 +435,10 @@ class Sampler:
         cache, head dim a multiple of 8), 'xla' (plain XLA), or 'auto' (the kernel where it
         applies, else XLA; a failed build warns and falls back). Resolved at construction
         into `self.decode_attention`.
+      cast_weights_once: when the compute dtype is not the parameter dtype (bf16 compute,
+        f32 parameters), cast the weight matrices once per prefill / decode program
+        (`transformer.with_compute_weights`: a bf16 copy alive while it runs) instead of at
+        every use (no copy; each decode step re-reads the f32 weights). Same outputs.
       compiler_options: XLA options for the prefill and decode programs; None picks
         `xla_options.rollout_compiler_options` for the backend and each program's matmul
         rows per device (on CPU: YNNPACK for reductions, ~1.2x faster decode at 16 to 32
@@ -454,6 +458,7 @@ class Sampler:
         compiler_options: dict | None = None,
         cache_dtype: str | None = None,
         decode_attention: str = "auto",
+        cast_weights_once: bool = True,
     ):
         self.model = model
         self.cfg = model.cfg
@@ -477,6 +482,7 @@ class Sampler:
         if cache_dtype not in (None, "float32", "bfloat16"):
             raise ValueError(f"cache_dtype={cache_dtype!r}; allowed: None, 'float32', 'bfloat16'")
         self.cache_dtype = None if cache_dtype is None else jnp.dtype(cache_dtype)
+        self.cast_weights_once = bool(cast_weights_once)
         self.decode_chunks = int(decode_chunks)
         self.steps_per_check = int(steps_per_check)
         self.policy_version = 0
@@ -605,6 +611,11 @@ class Sampler:
 
     # -- jitted parts ----------------------------------------------------------------------
 
+    def _merge(self, state) -> Transformer:
+        """The model on `state`, its weights cast for compute once if `cast_weights_once`."""
+        model = nnx.merge(self.graphdef, state)
+        return with_compute_weights(model) if self.cast_weights_once else model
+
     def _row_keys(self, key, num_rows):
         """Per row: (dropout-mask key, sampling stream key), from fold_in(key, row)."""
         rows = jax.vmap(lambda r: jax.random.fold_in(key, r))(jnp.arange(num_rows))
@@ -629,7 +640,7 @@ class Sampler:
         the rows differ from the first layer on, and each row is prefilled with its mask.
         """
         self.num_traces["prefill"] += 1
-        model = with_compute_weights(nnx.merge(self.graphdef, state))
+        model = self._merge(state)
         if use_dropout and n > 1:
             tokens, mask = jnp.repeat(tokens, n, axis=0), jnp.repeat(mask, n, axis=0)
         num_rows, tp = tokens.shape
@@ -667,7 +678,7 @@ class Sampler:
     ):
         """Sample Tn tokens per row from the prefilled cache (see the module docstring)."""
         self.num_traces["decode"] += 1
-        model = with_compute_weights(nnx.merge(self.graphdef, state))
+        model = self._merge(state)
         num_rows, tp = cache.valid.shape
         tn, k = plan.max_new_tokens, plan.steps_per_check
         mlp_mask, dropout_keys = self._mlp_mask(key, num_rows, dropout_rate, plan.use_dropout)

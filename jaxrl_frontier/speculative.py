@@ -144,6 +144,7 @@ class _Plan:
     use_min_p: bool
     num_stop_ids: int
     pad_id: int
+    cast_weights_once: bool = True
 
 
 # ----------------------------------------------------------------------------- the rollout
@@ -156,8 +157,10 @@ def _generate(
     """Prompts [B, Tp] -> (rollout fields, stats); jitted by `_jitted_generate`, one compile
     per (architectures, plan, shapes, compiler options), shared by every sampler (a draft
     equal in shape to the policy reuses it)."""
-    policy = with_compute_weights(nnx.merge(graphdefs[0], policy_state))
-    draft = with_compute_weights(nnx.merge(graphdefs[1], draft_state))
+    policy = nnx.merge(graphdefs[0], policy_state)
+    draft = nnx.merge(graphdefs[1], draft_state)
+    if plan.cast_weights_once:  # as in `Sampler`: out of the decode loop
+        policy, draft = with_compute_weights(policy), with_compute_weights(draft)
     k, tn, pad = plan.k, plan.max_new_tokens, plan.pad_id
     num_rows, tp = tokens.shape
     num_slots = tp + tn + k  # the furthest write: slot Tp + (Tn - 1) + k, by a stopped row
@@ -372,6 +375,8 @@ class SpeculativeSampler:
       prompt_buckets: prompt lengths compiled for (left-padded to the smallest that fits).
       compiler_options: XLA options for the rollout program, as in `Sampler` (None: the
         backend's `xla_options.rollout_compiler_options`; {}: XLA's defaults).
+      cast_weights_once: as in `Sampler`: with bf16 compute on f32 parameters, cast both
+        models' weight matrices once per rollout instead of at every use.
     """
 
     def __init__(
@@ -383,6 +388,7 @@ class SpeculativeSampler:
         k: int = 4,
         prompt_buckets=DEFAULT_PROMPT_BUCKETS,
         compiler_options: dict | None = None,
+        cast_weights_once: bool = True,
     ):
         if k < 1:
             raise ValueError(f"k={k}; must be >= 1")
@@ -393,6 +399,7 @@ class SpeculativeSampler:
             )
         self.policy, self.draft = policy, draft
         self.pad_id, self.k = int(pad_id), int(k)
+        self.cast_weights_once = bool(cast_weights_once)
         self.prompt_buckets = tuple(sorted(int(b) for b in prompt_buckets))
         self.policy_version = 0
         if compiler_options is None:
@@ -412,6 +419,7 @@ class SpeculativeSampler:
             use_min_p=params.min_p > 0.0,
             num_stop_ids=params.stop_id_slots,
             pad_id=self.pad_id,
+            cast_weights_once=self.cast_weights_once,
         )
 
     # -- public ------------------------------------------------------------------------------

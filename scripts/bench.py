@@ -106,10 +106,15 @@ def _sampler_args(p: argparse.ArgumentParser) -> None:
         '{"name": {option: value}, ...}, the first the baseline (e.g. {"default": {}, ...})',
     )
     p.add_argument(
+        "--cast-ab",
+        action="store_true",
+        help="also time Sampler(cast_weights_once=False) against True, side by side (bf16)",
+    )
+    p.add_argument(
         "--ab-only",
         action="store_true",
-        help="time only the --attention-ab / --options-ab comparisons (no transformers, no "
-        "plain run, no roofline)",
+        help="time only the --attention-ab / --options-ab / --cast-ab comparisons (no "
+        "transformers, no plain run, no roofline)",
     )
     p.add_argument("--no-hf", action="store_true", help="skip transformers generate")
     p.add_argument(
@@ -174,29 +179,22 @@ def _decode_step_flops(cfg, batch: int, cache_len: float) -> float:
     return batch * (2 * per_token + attn)
 
 
-def _rollout(
-    model,
-    batch: int,
-    args,
-    new_tokens: int,
-    decode_attention: str | None = None,
-    compiler_options: dict | None = None,
-):
+def _rollout(model, batch: int, args, new_tokens: int, **sampler_kwargs):
     """A warm `Sampler.generate` call on `batch` random prompts -> (run, sampler, compile +
-    first call seconds); run() blocks until the rollout is ready, each call with a new key."""
+    first call seconds); run() blocks until the rollout is ready, each call with a new key.
+    `sampler_kwargs` override the `Sampler` arguments taken from `args`."""
     import jax
 
     from jaxrl_frontier.sampling import Sampler, SamplingParams
 
-    sampler = Sampler(
-        model,
+    settings = dict(
         pad_id=0,
         prompt_buckets=(args.prompt_len,),
         decode_chunks=args.decode_chunks,
         steps_per_check=args.steps_per_check,
-        decode_attention=decode_attention or args.decode_attention,
-        compiler_options=compiler_options,
+        decode_attention=args.decode_attention,
     )
+    sampler = Sampler(model, **{**settings, **sampler_kwargs})
     rng = np.random.default_rng(batch)
     tokens = rng.integers(1, model.cfg.vocab_size, (batch, args.prompt_len)).astype(np.int32)
     mask = np.ones_like(tokens)
@@ -242,37 +240,19 @@ def _round_robin(runs: dict[str, Callable], repeats: int) -> dict[str, list[floa
     return times
 
 
-def _attention_ab(model, batch: int, args) -> dict:
-    """The C++ decode-attention kernel against plain XLA: whole rollouts, round-robin
-    (`args.repeats` rounds), the median of the per-round time ratios."""
-    runs = {}
-    for impl in ("cpu_kernel", "xla"):
-        runs[impl] = _rollout(model, batch, args, args.new_tokens, decode_attention=impl)[0]
-    times = _round_robin(runs, args.repeats)
-    ratios = np.asarray(times["xla"]) / np.asarray(times["cpu_kernel"])
-    return dict(
-        kernel_ms_per_step=float(np.median(times["cpu_kernel"])) / args.new_tokens * 1e3,
-        xla_ms_per_step=float(np.median(times["xla"])) / args.new_tokens * 1e3,
-        speedup=float(np.median(ratios)),
-        speedups=ratios.tolist(),
-    )
-
-
-def _options_ab(model, batch: int, args) -> dict:
-    """Rollouts compiled with each set of XLA options in `--options-ab` (name -> options;
-    the first is the baseline), round-robin: ms per generated token and the median per-round
-    speedup over the baseline. A set the compiler rejects is reported with its error."""
-    candidates = json.loads(args.options_ab)
+def _sampler_ab(model, batch: int, args, variants: dict[str, dict]) -> dict:
+    """Rollouts of samplers built with each variant's `Sampler` arguments (name -> kwargs;
+    the first is the baseline), round-robin (`args.repeats` rounds): ms per generated token
+    and the median per-round speedup over the baseline. A variant that fails to build or
+    compile (an option this XLA does not know) is reported with its error."""
     runs, out = {}, {}
-    for name, options in candidates.items():
+    for name, kwargs in variants.items():
         try:
-            runs[name], _, first = _rollout(
-                model, batch, args, args.new_tokens, compiler_options=options
-            )
-            out[name] = dict(options=options, compile_and_first_s=first)
-        except Exception as e:  # an option or value this XLA does not know
-            out[name] = dict(options=options, error=f"{type(e).__name__}: {e}"[:500])
-        print(f"[options {name}] {json.dumps(out[name])}", file=sys.stderr)
+            runs[name], _, first = _rollout(model, batch, args, args.new_tokens, **kwargs)
+            out[name] = dict(settings=kwargs, compile_and_first_s=first)
+        except Exception as e:
+            out[name] = dict(settings=kwargs, error=f"{type(e).__name__}: {e}"[:500])
+        print(f"[ab {name}] {json.dumps(out[name])}", file=sys.stderr)
     if not runs:
         return out
     times = _round_robin(runs, args.repeats)
@@ -423,10 +403,22 @@ def bench_sampler(args) -> dict:
         hf_results = {} if args.no_hf else _hf_generate(model, args.batches, args)
         for batch in args.batches:
             row = {} if args.ab_only else dict(ours=_ours(model, batch, args, args.new_tokens))
-            if args.attention_ab:
-                row["attention_ab"] = _attention_ab(model, batch, args)
+            if args.attention_ab:  # the C++ decode-attention kernel vs plain XLA
+                row["attention_ab"] = _sampler_ab(
+                    model, batch, args, {a: dict(decode_attention=a) for a in ("xla", "cpu_kernel")}
+                )
             if args.options_ab:
-                row["options_ab"] = _options_ab(model, batch, args)
+                options = json.loads(args.options_ab)
+                row["options_ab"] = _sampler_ab(
+                    model, batch, args, {k: dict(compiler_options=v) for k, v in options.items()}
+                )
+            if args.cast_ab:  # bf16 weights cast at every use vs once per program
+                row["cast_ab"] = _sampler_ab(
+                    model,
+                    batch,
+                    args,
+                    {f"once={c}": dict(cast_weights_once=c) for c in (False, True)},
+                )
             if batch in hf_results:
                 row["transformers"] = hf_results[batch]
                 row["speedup"] = row["ours"]["tokens_per_s"] / hf_results[batch]["tokens_per_s"]

@@ -9,7 +9,8 @@
 #   SMOKE=1 bash scripts/gpu_check.sh              # the same steps at CPU sizes (a few minutes)
 #
 # Steps: versions (packages, devices), sampler (tokens/s vs transformers generate, roofline),
-# options (XLA command-buffer options for the rollout programs, side by side), train (MFU),
+# options (XLA command-buffer options for the rollout programs and the once-per-rollout weight
+# cast, side by side), train (MFU),
 # rl (one GRPO step), tests (model and sampler tests on the GPU).
 #
 # Packages the GPU image lacks (grain, ml_collections and their two missing needs) travel as
@@ -73,7 +74,8 @@ for name in ('jax', 'jaxlib', 'flax', 'optax', 'orbax-checkpoint', 'grain', 'ml_
 print(jax.devices())"
 # Decode tokens/s vs transformers generate (on the GPU when torch sees one) and the roofline.
 step sampler 230 "$PY" scripts/bench.py sampler $SAMPLER --out "$OUT/bench_sampler_gpu.json"
-step options 170 "$PY" scripts/bench.py sampler $AB --ab-only --options-ab "$OPTIONS" \
+# ... and the bf16 weights cast at every use against once per rollout (cast_weights_once)
+step options 230 "$PY" scripts/bench.py sampler $AB --ab-only --options-ab "$OPTIONS" --cast-ab \
   --out "$OUT/bench_options_gpu.json"
 # Train-step MFU against an 8192^2 matmul peak timed in the same run.
 step train 160 "$PY" scripts/bench.py train $TRAIN --out "$OUT/bench_train_gpu.json"

@@ -399,3 +399,22 @@ def test_bf16_cache_is_bf16_and_close(model, sampler, forward):
     assert err.size > 0 and err.max() < 5e-2, err.max()  # bf16 keys/values: ~3 significant digits
     with pytest.raises(ValueError, match="cache_dtype"):
         Sampler(model, pad_id=PAD, cache_dtype="float16")
+
+
+def test_weights_cast_once_samples_the_same_rollout():
+    """bf16 compute on f32 parameters: the weights cast once per program (the default) give
+    bitwise the rollout of casting them at every use, sampled and with stop tokens."""
+    model = random_model(
+        CFG.replace(dtype="bfloat16"), seed=1, std=0.02, head_std=0.16, legacy_rng=True
+    )
+    tokens, mask = prompts([5, 14])
+    params = SamplingParams(max_new_tokens=TN, n=N, temperature=0.9, top_p=0.95, eos_ids=(3,))
+    rollouts = {}
+    for once in (True, False):
+        sampler = Sampler(model, pad_id=PAD, steps_per_check=4, cast_weights_once=once)
+        rollouts[once] = sampler.generate(tokens, mask, params, jax.random.key(7))
+    for field in ("completion_tokens", "lengths", "policy_logp", "sample_logp"):
+        np.testing.assert_array_equal(
+            np.asarray(getattr(rollouts[True], field)), np.asarray(getattr(rollouts[False], field))
+        )
+    assert len(set(np.asarray(rollouts[True].completion_tokens).ravel().tolist())) > 4  # sampled
