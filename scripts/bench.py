@@ -106,6 +106,12 @@ def _sampler_args(p: argparse.ArgumentParser) -> None:
         '{"name": {option: value}, ...}, the first the baseline (e.g. {"default": {}, ...})',
     )
     p.add_argument(
+        "--mesh-ab",
+        default="",
+        help="also time one device against a (data,fsdp,tensor) mesh, e.g. 1,1,2 (heads over "
+        "two devices); on CPU set XLA_FLAGS=--xla_force_host_platform_device_count=2 first",
+    )
+    p.add_argument(
         "--cast-ab",
         action="store_true",
         help="also time Sampler(cast_weights_once=False) against True, side by side (bf16)",
@@ -113,8 +119,8 @@ def _sampler_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--ab-only",
         action="store_true",
-        help="time only the --attention-ab / --options-ab / --cast-ab comparisons (no "
-        "transformers, no plain run, no roofline)",
+        help="time only the --attention-ab / --options-ab / --mesh-ab / --cast-ab comparisons "
+        "(no transformers, no plain run, no roofline)",
     )
     p.add_argument("--no-hf", action="store_true", help="skip transformers generate")
     p.add_argument(
@@ -194,6 +200,12 @@ def _rollout(model, batch: int, args, new_tokens: int, **sampler_kwargs):
         steps_per_check=args.steps_per_check,
         decode_attention=args.decode_attention,
     )
+    if sampler_kwargs.get("mesh") is not None:  # a copy of the weights, placed on the mesh
+        from flax import nnx
+
+        from jaxrl_frontier import sharding
+
+        model = sharding.shard_model(nnx.clone(model), sampler_kwargs["mesh"])
     sampler = Sampler(model, **{**settings, **sampler_kwargs})
     rng = np.random.default_rng(batch)
     tokens = rng.integers(1, model.cfg.vocab_size, (batch, args.prompt_len)).astype(np.int32)
@@ -247,11 +259,12 @@ def _sampler_ab(model, batch: int, args, variants: dict[str, dict]) -> dict:
     compile (an option this XLA does not know) is reported with its error."""
     runs, out = {}, {}
     for name, kwargs in variants.items():
+        settings = json.loads(json.dumps(kwargs, default=str))  # a mesh as its repr
         try:
             runs[name], _, first = _rollout(model, batch, args, args.new_tokens, **kwargs)
-            out[name] = dict(settings=kwargs, compile_and_first_s=first)
+            out[name] = dict(settings=settings, compile_and_first_s=first)
         except Exception as e:
-            out[name] = dict(settings=kwargs, error=f"{type(e).__name__}: {e}"[:500])
+            out[name] = dict(settings=settings, error=f"{type(e).__name__}: {e}"[:500])
         print(f"[ab {name}] {json.dumps(out[name])}", file=sys.stderr)
     if not runs:
         return out
@@ -264,6 +277,19 @@ def _sampler_ab(model, batch: int, args, variants: dict[str, dict]) -> dict:
             times=ts,
         )
     return out
+
+
+def _mesh_variants(shape: str) -> dict[str, dict]:
+    """'1,1,2' -> {one device, a (data, fsdp, tensor) = (1, 1, 2) mesh}, as `_sampler_ab`
+    variants. On CPU the devices are fake ones, one per core:
+    XLA_FLAGS=--xla_force_host_platform_device_count=N before jax starts."""
+    import jax
+
+    from jaxrl_frontier import sharding
+
+    dims = tuple(int(d) for d in shape.split(","))
+    mesh = sharding.make_mesh(dims, jax.devices()[: int(np.prod(dims))])
+    return {"one_device": {}, "mesh_" + "x".join(map(str, dims)): dict(mesh=mesh)}
 
 
 def _roofline(model, args) -> dict:
@@ -412,6 +438,8 @@ def bench_sampler(args) -> dict:
                 row["options_ab"] = _sampler_ab(
                     model, batch, args, {k: dict(compiler_options=v) for k, v in options.items()}
                 )
+            if args.mesh_ab:  # one device vs the weights split over a mesh of this host's
+                row["mesh_ab"] = _sampler_ab(model, batch, args, _mesh_variants(args.mesh_ab))
             if args.cast_ab:  # bf16 weights cast at every use vs once per program
                 row["cast_ab"] = _sampler_ab(
                     model,
