@@ -82,7 +82,7 @@ step train 160 "$PY" scripts/bench.py train $TRAIN --out "$OUT/bench_train_gpu.j
 # One full GRPO step of ours on the tiny model (TRL is not in the GPU image).
 step rl 50 "$PY" scripts/bench.py rl --no-trl --steps 5 --out "$OUT/bench_rl_gpu.json"
 # Correctness on the GPU: the model against transformers and the sampler's tests, in f32 at
-# full matmul precision (XLA's default on a GPU rounds f32 matmul inputs to TF32).
+# full matmul precision (on a GPU, XLA may run f32 matmuls in TF32 by default).
 step tests 75 env JAX_DEFAULT_MATMUL_PRECISION=highest "$PY" -m pytest -v -x -p no:cacheprovider \
   tests/test_transformer.py tests/test_sampling.py
 echo "== done: $failed failed step(s); JSON and logs in $OUT"
