@@ -203,8 +203,10 @@ def prepare_train_step(name: str, variant: str, batch: int, seq: int, dtype: str
     t0 = time.perf_counter()
     try:
         step()  # the first run (allocations) kept apart
-    except jax.errors.JaxRuntimeError as e:  # out of device memory: say so, time the others
-        info["error"] = str(e).splitlines()[0][:300]
+    except jax.errors.JaxRuntimeError as e:
+        if "RESOURCE_EXHAUSTED" not in str(e):
+            raise
+        info["error"] = str(e).splitlines()[0][:300]  # out of device memory: time the others
         return None, info, cfg
     info["first_run_s"] = time.perf_counter() - t0
     return step, info, cfg
