@@ -52,10 +52,19 @@ from jax.sharding import Mesh, NamedSharding
 
 from jaxrl_frontier import sharding as shd
 from jaxrl_frontier.kernels import decode_attention as decode_kernel
-from jaxrl_frontier.models.transformer import KVCache, Transformer, with_compute_weights
+from jaxrl_frontier.kernels import decode_matmul as matmul_kernel
+from jaxrl_frontier.models.transformer import (
+    KVCache,
+    Transformer,
+    map_projections,
+    projection_columns,
+    with_compute_weights,
+)
 from jaxrl_frontier.xla_options import rollout_compiler_options
 
-DECODE_ATTENTION = ("auto", "xla", "cpu_kernel")  # Sampler(decode_attention=)
+KERNEL_CHOICES = ("auto", "xla", "cpu_kernel")
+DECODE_ATTENTION = KERNEL_CHOICES  # Sampler(decode_attention=)
+DECODE_MATMUL = KERNEL_CHOICES  # Sampler(decode_matmul=)
 DEFAULT_PROMPT_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 
 
@@ -411,6 +420,25 @@ def left_pad_prompts(
     return np.where(out_mask == 1, out_tokens, pad_id).astype(np.int32), out_mask
 
 
+def _resolve_kernel(option: str, choice: str, kernel, inapplicable: str | None) -> str:
+    """Sampler option `option` = 'auto' | 'xla' | 'cpu_kernel' -> the implementation to run.
+    `kernel` is the kernel's module (its `load_error()` builds it); `inapplicable` says why
+    it cannot serve this sampler (None: it can). 'auto' falls back to XLA silently where the
+    kernel does not apply (a GPU, a bf16 model) and with a warning where its build failed."""
+    if choice not in KERNEL_CHOICES:
+        raise ValueError(f"{option}={choice!r}; allowed: {KERNEL_CHOICES}")
+    if choice == "xla":
+        return "xla"
+    reason = inapplicable or kernel.load_error()
+    if reason is None:
+        return "cpu_kernel"
+    if choice == "cpu_kernel":
+        raise ValueError(f"{option}='cpu_kernel' cannot be used: {reason}")
+    if inapplicable is None:
+        warnings.warn(f"{option} falls back to plain XLA: {reason}", stacklevel=3)
+    return "xla"
+
+
 class Sampler:
     """Turns a batch of prompts into a `Rollout` with one jitted prefill and one jitted
     decode loop, compiled once per (batch bucket, prompt bucket, static sampling plan).
@@ -435,6 +463,12 @@ class Sampler:
         cache, head dim a multiple of 8), 'xla' (plain XLA), or 'auto' (the kernel where it
         applies, else XLA; a failed build warns and falls back). Resolved at construction
         into `self.decode_attention`.
+      decode_matmul: a decode step's projection matmuls: 'cpu_kernel' (the C++ kernel
+        `jaxrl_frontier.kernels.decode_matmul`, built on first use, the projections packed
+        into its layout once per rollout: CPU, f32 compute, one device, projections with a
+        multiple of 16 outputs), 'xla', or 'auto' (the kernel where it applies, else XLA; a
+        failed build warns and falls back). Resolved at construction into
+        `self.decode_matmul`. The prefill keeps XLA's matmuls.
       cast_weights_once: when the compute dtype is not the parameter dtype (bf16 compute,
         f32 parameters), cast the weight matrices once per prefill / decode program
         (`transformer.with_compute_weights`: a bf16 copy alive while it runs) instead of at
@@ -459,6 +493,7 @@ class Sampler:
         cache_dtype: str | None = None,
         decode_attention: str = "auto",
         cast_weights_once: bool = True,
+        decode_matmul: str = "auto",
     ):
         self.model = model
         self.cfg = model.cfg
@@ -497,28 +532,28 @@ class Sampler:
         self.compiler_options = None if compiler_options is None else dict(compiler_options)
         self._platform = None if mesh is None else mesh.devices.flat[0].platform
         self._programs: dict[tuple, Callable] = {}  # (name, options) -> jitted program
-        self.decode_attention = self._resolve_decode_attention(decode_attention)
-
-    def _resolve_decode_attention(self, choice: str) -> str:
-        """'auto' | 'xla' | 'cpu_kernel' -> the implementation this sampler runs."""
-        if choice not in DECODE_ATTENTION:
-            raise ValueError(f"decode_attention={choice!r}; allowed: {DECODE_ATTENTION}")
-        if choice == "xla":
-            return "xla"
-        reason = decode_kernel.inapplicable_reason(
-            platform=self._platform or jax.default_backend(),
-            dtype=self.cache_dtype or self.cfg.compute_dtype,
-            head_dim=self.cfg.resolved_head_dim,
+        platform = self._platform or jax.default_backend()
+        self.decode_attention = _resolve_kernel(
+            "decode_attention",
+            decode_attention,
+            decode_kernel,
+            decode_kernel.inapplicable_reason(
+                platform=platform,
+                dtype=self.cache_dtype or self.cfg.compute_dtype,
+                head_dim=self.cfg.resolved_head_dim,
+            ),
         )
-        expected = reason is not None  # 'auto' on a GPU or a bf16 cache: XLA, no warning
-        reason = reason or decode_kernel.load_error()
-        if reason is None:
-            return "cpu_kernel"
-        if choice == "cpu_kernel":
-            raise ValueError(f"decode_attention='cpu_kernel' cannot be used: {reason}")
-        if not expected:
-            warnings.warn(f"decode attention falls back to plain XLA: {reason}", stacklevel=3)
-        return "xla"
+        self.decode_matmul = _resolve_kernel(
+            "decode_matmul",
+            decode_matmul,
+            matmul_kernel,
+            matmul_kernel.inapplicable_reason(
+                platform=platform,
+                dtype=self.cfg.compute_dtype,
+                columns=projection_columns(self.cfg).values(),
+                devices=1 if mesh is None else mesh.size,
+            ),
+        )
 
     def _decode_attention_fn(self) -> Callable | None:
         """The attention function the decode passes to the model (None: its default). On a
@@ -679,6 +714,8 @@ class Sampler:
         """Sample Tn tokens per row from the prefilled cache (see the module docstring)."""
         self.num_traces["decode"] += 1
         model = self._merge(state)
+        if self.decode_matmul == "cpu_kernel":  # packed once here, outside the token loop
+            model = map_projections(model, matmul_kernel.pack)
         num_rows, tp = cache.valid.shape
         tn, k = plan.max_new_tokens, plan.steps_per_check
         mlp_mask, dropout_keys = self._mlp_mask(key, num_rows, dropout_rate, plan.use_dropout)

@@ -624,6 +624,7 @@ class Trainer:
                 mesh=self.mesh,
                 cache_dtype=self.config.rollout.cache_dtype or None,
                 decode_attention=self.config.rollout.decode_attention,
+                decode_matmul=self.config.rollout.decode_matmul,
                 cast_weights_once=self.config.rollout.cast_weights_once,
             )
         return self._sampler

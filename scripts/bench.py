@@ -95,6 +95,18 @@ def _sampler_args(p: argparse.ArgumentParser) -> None:
         "kernel where it applies",
     )
     p.add_argument(
+        "--decode-matmul",
+        default="auto",
+        choices=("auto", "xla", "cpu_kernel"),
+        help="a decode step's projection matmuls (Sampler(decode_matmul=)): auto = the C++ "
+        "CPU kernel where it applies",
+    )
+    p.add_argument(
+        "--matmul-ab",
+        action="store_true",
+        help="also time the C++ decode-matmul kernel against XLA's matmuls, side by side",
+    )
+    p.add_argument(
         "--attention-ab",
         action="store_true",
         help="also time the C++ decode-attention kernel against plain XLA, side by side",
@@ -119,8 +131,8 @@ def _sampler_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--ab-only",
         action="store_true",
-        help="time only the --attention-ab / --options-ab / --mesh-ab / --cast-ab comparisons "
-        "(no transformers, no plain run, no roofline)",
+        help="time only the --matmul-ab / --attention-ab / --options-ab / --mesh-ab / --cast-ab "
+        "comparisons (no transformers, no plain run, no roofline)",
     )
     p.add_argument("--no-hf", action="store_true", help="skip transformers generate")
     p.add_argument(
@@ -199,6 +211,7 @@ def _rollout(model, batch: int, args, new_tokens: int, **sampler_kwargs):
         decode_chunks=args.decode_chunks,
         steps_per_check=args.steps_per_check,
         decode_attention=args.decode_attention,
+        decode_matmul=args.decode_matmul,
     )
     if sampler_kwargs.get("mesh") is not None:  # a copy of the weights, placed on the mesh
         from flax import nnx
@@ -237,6 +250,7 @@ def _ours(model, batch: int, args, new_tokens: int) -> dict:
         times=times,
         traces=dict(sampler.num_traces),
         decode_attention=sampler.decode_attention,
+        decode_matmul=sampler.decode_matmul,
     )
 
 
@@ -407,6 +421,7 @@ def bench_sampler(args) -> dict:
             decode_chunks=args.decode_chunks,
             steps_per_check=args.steps_per_check,
             decode_attention=args.decode_attention,
+            decode_matmul=args.decode_matmul,
             peak_n=args.peak_n,
         ),
         models={},
@@ -429,6 +444,10 @@ def bench_sampler(args) -> dict:
         hf_results = {} if args.no_hf else _hf_generate(model, args.batches, args)
         for batch in args.batches:
             row = {} if args.ab_only else dict(ours=_ours(model, batch, args, args.new_tokens))
+            if args.matmul_ab:  # the C++ decode-matmul kernel vs XLA's matmuls
+                row["matmul_ab"] = _sampler_ab(
+                    model, batch, args, {a: dict(decode_matmul=a) for a in ("xla", "cpu_kernel")}
+                )
             if args.attention_ab:  # the C++ decode-attention kernel vs plain XLA
                 row["attention_ab"] = _sampler_ab(
                     model, batch, args, {a: dict(decode_attention=a) for a in ("xla", "cpu_kernel")}

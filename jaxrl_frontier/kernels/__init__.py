@@ -6,4 +6,6 @@ backends, no compiler, unsupported shapes). Tests check each kernel against that
 
 - `decode_attention`: one decode step's grouped-query attention over the KV cache
   (`Sampler(decode_attention=)`, config key `rollout.decode_attention`).
+- `decode_matmul`: a decode step's projection matmuls, on weights packed once per rollout
+  (`Sampler(decode_matmul=)`, config key `rollout.decode_matmul`).
 """

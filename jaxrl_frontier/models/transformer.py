@@ -186,12 +186,19 @@ def dense(x: jax.Array, w: jax.Array, contract: int = 1) -> jax.Array:
     [16, 48] tokens, the backward pass ran 1.26x to 1.28x faster flattened (same values,
     no copies left). The reshapes are row-major bitcasts (no data moves), and a batch
     dim sharded over the mesh stays the major dim of the rows.
+
+    w may also be a weight object with its own product, `w.dense_matmul(x2d, contract)`
+    (a kernel's packed layout, `kernels.decode_matmul.PackedWeight`; see `map_projections`).
     """
     lead, inner = x.shape[: x.ndim - contract], w.shape[:contract]
     if x.shape[x.ndim - contract :] != inner:
         raise ValueError(f"dense: x {x.shape} does not end in w's input dims {inner}")
     out = w.shape[contract:]
-    y = x.reshape(-1, math.prod(inner)) @ w.reshape(math.prod(inner), math.prod(out))
+    rows = x.reshape(-1, math.prod(inner))
+    if hasattr(w, "dense_matmul"):
+        y = w.dense_matmul(rows, contract)
+    else:
+        y = rows @ w.reshape(math.prod(inner), math.prod(out))
     return y.reshape(*lead, *out)
 
 
@@ -613,3 +620,43 @@ def with_compute_weights(model: Transformer) -> Transformer:
     if not any(needs_cast(w) for w in jax.tree.leaves(state)):
         return model
     return nnx.merge(graphdef, jax.tree.map(lambda w: w.astype(dt) if needs_cast(w) else w, state))
+
+
+# The weights every layer multiplies through `dense`, and how many leading dims each
+# contracts: what a decode-only copy of the model may hold in a kernel's own layout.
+PROJECTIONS = {
+    "q_proj": 1,
+    "k_proj": 1,
+    "v_proj": 1,
+    "o_proj": 2,
+    "gate_proj": 1,
+    "up_proj": 1,
+    "down_proj": 1,
+}
+
+
+def projection_columns(cfg: ModelConfig) -> dict[str, int]:
+    """Output columns of each projection's 2-D matmul (what a matmul kernel tiles)."""
+    h, k, hd = cfg.num_heads, cfg.num_kv_heads, cfg.resolved_head_dim
+    d, f = cfg.hidden_size, cfg.intermediate_size
+    return dict(
+        q_proj=h * hd, k_proj=k * hd, v_proj=k * hd, o_proj=d, gate_proj=f, up_proj=f, down_proj=d
+    )
+
+
+def map_projections(model: Transformer, fn) -> Transformer:
+    """The same model with each projection weight w (`PROJECTIONS`) replaced by
+    fn(w, in_dims): e.g. `kernels.decode_matmul.pack`, which the sampler applies once per
+    decode program so that every step's projections run in the kernel. Embeddings, norms
+    and biases are left as they are. The result is for forward passes only."""
+    graphdef, state = nnx.split(model)
+
+    def name_of(path):
+        names = [str(getattr(entry, "key", entry)) for entry in path]
+        return next((n for n in reversed(names) if n in PROJECTIONS), None)
+
+    def replace(path, w):
+        name = name_of(path)
+        return w if name is None else fn(w, PROJECTIONS[name])
+
+    return nnx.merge(graphdef, jax.tree_util.tree_map_with_path(replace, state))

@@ -1,0 +1,118 @@
+"""A decode step's projection matmuls (few rows times every weight) as a CPU kernel.
+
+    out [M, N] = x [M, K] @ w [K, N],   w packed once per rollout into panels [N/16, K, 16]
+
+A decode step multiplies a handful of rows (the batch) by every weight matrix. XLA:CPU's
+dot emitter runs these at one core's ~35 to 40 GFLOP/s however many threads it has; the
+kernel (`decode_matmul.cc`) streams each 16-column panel of a packed weight in order and
+shares the panels out over XLA's intra-op threads. The sampler packs the projections once
+per decode program (`pack_projections`), outside the token loop, so the packed copy costs
+one pass over the weights per rollout and as much memory as the f32 projections while the
+decode runs. The same math in plain XLA: `x @ w` (what tests compare with).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+
+from jaxrl_frontier.kernels import build
+
+TARGET = "jaxrl_frontier_DecodeMatmul"
+_SOURCE = "decode_matmul"
+PANEL = 16  # output columns per packed panel (decode_matmul.cc's kPanel)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class PackedWeight:
+    """A projection weight in the kernel's panel layout, standing in for the weight array in
+    a decode-only copy of the model (`transformer.map_projections`).
+
+    panels: f32 [N/16, K, 16], K = prod(shape[:in_dims]), N = prod(shape[in_dims:]).
+    shape: the weight's own shape (e.g. q_proj's [D, H, Dh]); in_dims: how many of its
+    leading dims are contracted (`transformer.dense`'s `contract`).
+
+    It answers the few array methods the model's layers use on a weight (`w[...]`,
+    `w.astype(f32)`, `w.shape`, `w.dtype`) and does its product with `dense_matmul`.
+    """
+
+    panels: jax.Array
+    shape: tuple[int, ...] = dataclasses.field(metadata=dict(static=True))
+    in_dims: int = dataclasses.field(metadata=dict(static=True))
+
+    @property
+    def dtype(self):
+        return self.panels.dtype
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    def __getitem__(self, key):
+        if key is Ellipsis:
+            return self
+        raise TypeError("a PackedWeight is read whole (w[...]); unpack() it to index")
+
+    def astype(self, dtype):
+        if jnp.dtype(dtype) != self.dtype:
+            raise TypeError(
+                f"the decode-matmul kernel computes in float32, not {jnp.dtype(dtype).name}"
+            )
+        return self
+
+    def dense_matmul(self, x: jax.Array, contract: int) -> jax.Array:
+        """x [M, K] -> [M, N] (the kernel)."""
+        if contract != self.in_dims:
+            raise ValueError(f"weight packed for {self.in_dims} input dims, used with {contract}")
+        return decode_matmul(x, self.panels)
+
+    def unpack(self) -> jax.Array:
+        """The weight in its own layout and shape."""
+        tiles, k, _ = self.panels.shape
+        return jnp.transpose(self.panels, (1, 0, 2)).reshape(self.shape)
+
+
+def pack(w: jax.Array, in_dims: int = 1) -> PackedWeight:
+    """A weight [*in, *out] (its first `in_dims` dims contracted) -> `PackedWeight`."""
+    k = math.prod(w.shape[:in_dims])
+    n = math.prod(w.shape[in_dims:])
+    if n % PANEL:
+        raise ValueError(f"decode_matmul packs {PANEL}-column panels; {w.shape} has {n} columns")
+    panels = w.astype(jnp.float32).reshape(k, n // PANEL, PANEL).transpose(1, 0, 2)
+    return PackedWeight(panels=panels, shape=tuple(w.shape), in_dims=in_dims)
+
+
+def inapplicable_reason(*, platform: str, dtype, columns, devices: int = 1) -> str | None:
+    """Why the kernel cannot serve a decode on this backend, in this compute dtype, for
+    projections with these output column counts, over `devices` devices (None: it can)."""
+    if platform != "cpu":
+        return f"the kernel is for CPU, the sampler runs on {platform!r}"
+    if jnp.dtype(dtype) != jnp.float32:
+        return f"the kernel computes in float32, the model in {jnp.dtype(dtype).name}"
+    bad = sorted({int(n) for n in columns if n % PANEL})
+    if bad:
+        return f"the kernel needs projections with a multiple of {PANEL} outputs, not {bad}"
+    if devices > 1:
+        return f"the kernel runs on one device's whole weights, the sampler's mesh has {devices}"
+    return None
+
+
+def load_error() -> str | None:
+    """Builds and registers the kernel (once per process); the reason it failed, or None."""
+    try:
+        build.load(_SOURCE, ("DecodeMatmul",))
+    except build.KernelBuildError as e:
+        return f"the kernel could not be built: {e}"
+    return None
+
+
+def decode_matmul(x: jax.Array, panels: jax.Array) -> jax.Array:
+    """x [M, K]; panels f32 [N/16, K, 16] (`pack`). Returns f32 [M, N]. The kernel must be
+    loaded (`load_error()` is None)."""
+    m, n = x.shape[0], panels.shape[0] * PANEL
+    out = jax.ShapeDtypeStruct((m, n), jnp.float32)
+    return jax.ffi.ffi_call(TARGET, out)(x.astype(jnp.float32), panels)
