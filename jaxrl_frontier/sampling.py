@@ -420,7 +420,7 @@ def left_pad_prompts(
     return np.where(out_mask == 1, out_tokens, pad_id).astype(np.int32), out_mask
 
 
-def _resolve_kernel(option: str, choice: str, kernel, inapplicable: str | None) -> str:
+def resolve_kernel_choice(option: str, choice: str, kernel, inapplicable: str | None) -> str:
     """Sampler option `option` = 'auto' | 'xla' | 'cpu_kernel' -> the implementation to run.
     `kernel` is the kernel's module (its `load_error()` builds it); `inapplicable` says why
     it cannot serve this sampler (None: it can). 'auto' falls back to XLA silently where the
@@ -533,7 +533,7 @@ class Sampler:
         self._platform = None if mesh is None else mesh.devices.flat[0].platform
         self._programs: dict[tuple, Callable] = {}  # (name, options) -> jitted program
         platform = self._platform or jax.default_backend()
-        self.decode_attention = _resolve_kernel(
+        self.decode_attention = resolve_kernel_choice(
             "decode_attention",
             decode_attention,
             decode_kernel,
@@ -543,7 +543,7 @@ class Sampler:
                 head_dim=self.cfg.resolved_head_dim,
             ),
         )
-        self.decode_matmul = _resolve_kernel(
+        self.decode_matmul = resolve_kernel_choice(
             "decode_matmul",
             decode_matmul,
             matmul_kernel,

@@ -87,30 +87,21 @@ def _sampler_args(p: argparse.ArgumentParser) -> None:
         default=32,
         help="decode length for the roofline batch (the step time is what is compared)",
     )
-    p.add_argument(
-        "--decode-attention",
-        default="auto",
-        choices=("auto", "xla", "cpu_kernel"),
-        help="a decode step's attention (Sampler(decode_attention=)): auto = the C++ CPU "
-        "kernel where it applies",
-    )
-    p.add_argument(
-        "--decode-matmul",
-        default="auto",
-        choices=("auto", "xla", "cpu_kernel"),
-        help="a decode step's projection matmuls (Sampler(decode_matmul=)): auto = the C++ "
-        "CPU kernel where it applies",
-    )
-    p.add_argument(
-        "--matmul-ab",
-        action="store_true",
-        help="also time the C++ decode-matmul kernel against XLA's matmuls, side by side",
-    )
-    p.add_argument(
-        "--attention-ab",
-        action="store_true",
-        help="also time the C++ decode-attention kernel against plain XLA, side by side",
-    )
+    # the C++ CPU kernels of the decode step (Sampler(decode_<part>=)): which one runs, and
+    # an A/B of the kernel against XLA
+    for part, what in (("attention", "attention"), ("matmul", "projection matmuls")):
+        p.add_argument(
+            f"--decode-{part}",
+            default="auto",
+            choices=("auto", "xla", "cpu_kernel"),
+            help=f"a decode step's {what} (Sampler(decode_{part}=)): auto = the C++ CPU "
+            "kernel where it applies",
+        )
+        p.add_argument(
+            f"--{part}-ab",
+            action="store_true",
+            help=f"also time the C++ decode-{part} kernel against XLA, side by side",
+        )
     p.add_argument(
         "--options-ab",
         default="",
@@ -444,14 +435,14 @@ def bench_sampler(args) -> dict:
         hf_results = {} if args.no_hf else _hf_generate(model, args.batches, args)
         for batch in args.batches:
             row = {} if args.ab_only else dict(ours=_ours(model, batch, args, args.new_tokens))
-            if args.matmul_ab:  # the C++ decode-matmul kernel vs XLA's matmuls
-                row["matmul_ab"] = _sampler_ab(
-                    model, batch, args, {a: dict(decode_matmul=a) for a in ("xla", "cpu_kernel")}
-                )
-            if args.attention_ab:  # the C++ decode-attention kernel vs plain XLA
-                row["attention_ab"] = _sampler_ab(
-                    model, batch, args, {a: dict(decode_attention=a) for a in ("xla", "cpu_kernel")}
-                )
+            for part in ("matmul", "attention"):  # a C++ decode kernel vs XLA
+                if getattr(args, f"{part}_ab"):
+                    row[f"{part}_ab"] = _sampler_ab(
+                        model,
+                        batch,
+                        args,
+                        {a: {f"decode_{part}": a} for a in ("xla", "cpu_kernel")},
+                    )
             if args.options_ab:
                 options = json.loads(args.options_ab)
                 row["options_ab"] = _sampler_ab(

@@ -13,7 +13,6 @@ import pytest
 from conftest import left_padded_batch
 from flax import nnx
 
-from jaxrl_frontier import config as config_lib
 from jaxrl_frontier import sharding as shd
 from jaxrl_frontier.kernels import decode_matmul as kernel
 from jaxrl_frontier.models.random_init import random_model
@@ -50,6 +49,21 @@ def test_kernel_matches_matmul(rows, k, n):
     out = jax.jit(kernel.decode_matmul)(jnp.asarray(x), packed.panels)
     expected = x.astype(np.float64) @ w.astype(np.float64)
     np.testing.assert_allclose(np.asarray(out), expected, rtol=1e-5, atol=1e-5 * np.sqrt(k))
+
+
+def test_kernel_under_vmap():
+    """Mapped rows join the matmul's rows (one call); mapped weights run one call each."""
+    rng = np.random.default_rng(5)
+    x = jnp.asarray(rng.standard_normal((3, 4, 32), dtype=np.float32))  # [V, M, K]
+    w = jnp.asarray(rng.standard_normal((2, 32, 48), dtype=np.float32))
+    panels = kernel.pack(w[0]).panels
+    out = jax.jit(jax.vmap(kernel.decode_matmul, in_axes=(0, None)))(x, panels)
+    np.testing.assert_allclose(np.asarray(out), np.asarray(x @ w[0]), rtol=1e-5, atol=1e-5)
+    both = jax.vmap(lambda w: kernel.pack(w).panels)(w)
+    out = jax.jit(jax.vmap(kernel.decode_matmul, in_axes=(None, 0)))(x[0], both)
+    np.testing.assert_allclose(np.asarray(out), np.asarray(x[0] @ w), rtol=1e-5, atol=1e-5)
+    hlo = jax.jit(jax.vmap(kernel.decode_matmul, in_axes=(0, None))).lower(x, panels).as_text()
+    assert hlo.count("jaxrl_frontier_DecodeMatmul") == 1 and "while" not in hlo
 
 
 def test_pack_layout_and_round_trip():
@@ -146,11 +160,3 @@ def test_when_the_kernel_is_used(monkeypatch, recwarn):
     monkeypatch.setattr(kernel, "load_error", lambda: "the kernel could not be built: no g++")
     with pytest.warns(UserWarning, match="decode_matmul falls back to plain XLA: .*no g\\+\\+"):
         assert Sampler(random_model(CFG, seed=0), pad_id=0).decode_matmul == "xla"
-
-
-def test_config_key_is_validated():
-    cfg = config_lib.base_config()
-    assert cfg.rollout.decode_matmul == "auto"
-    cfg.rollout.decode_matmul = "fast"
-    with pytest.raises(ValueError, match="rollout.decode_matmul"):
-        config_lib.validate(cfg)

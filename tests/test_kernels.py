@@ -211,9 +211,10 @@ def test_unwritable_cache_dir_falls_back_to_a_temporary_one(tmp_path, monkeypatc
     assert build.cache_dir().parent.parent == Path(tempfile.gettempdir())
 
 
-def test_config_key_choices():
+@pytest.mark.parametrize("part", ["attention", "matmul"])
+def test_config_key_choices(part):
     config = config_lib.base_config()
-    assert config.rollout.decode_attention == "auto"
-    config.rollout.decode_attention = "fast"
-    with pytest.raises(ValueError, match="rollout.decode_attention"):
+    assert config.rollout[f"decode_{part}"] == "auto"
+    config.rollout[f"decode_{part}"] = "fast"
+    with pytest.raises(ValueError, match=f"rollout.decode_{part}"):
         config_lib.validate(config)

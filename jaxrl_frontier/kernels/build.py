@@ -144,3 +144,12 @@ def _load(name: str, targets: tuple[str, ...]) -> ctypes.CDLL | KernelBuildError
     except (OSError, AttributeError) as e:
         return KernelBuildError(f"loading kernel {name!r} failed: {e}")
     return lib
+
+
+def load_error(name: str, targets: tuple[str, ...]) -> str | None:
+    """`load(name, targets)`'s failure as a sentence for a fallback warning, or None."""
+    try:
+        load(name, targets)
+    except KernelBuildError as e:
+        return f"the kernel could not be built: {e}"
+    return None

@@ -35,11 +35,7 @@ def inapplicable_reason(*, platform: str, dtype, head_dim: int) -> str | None:
 
 def load_error() -> str | None:
     """Builds and registers the kernel (once per process); the reason it failed, or None."""
-    try:
-        build.load(_SOURCE, ("DecodeAttention",))
-    except build.KernelBuildError as e:
-        return f"the kernel could not be built: {e}"
-    return None
+    return build.load_error(_SOURCE, ("DecodeAttention",))
 
 
 def decode_attention(q: jax.Array, k: jax.Array, v: jax.Array, bias: jax.Array) -> jax.Array:

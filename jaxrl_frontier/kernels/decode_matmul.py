@@ -103,16 +103,27 @@ def inapplicable_reason(*, platform: str, dtype, columns, devices: int = 1) -> s
 
 def load_error() -> str | None:
     """Builds and registers the kernel (once per process); the reason it failed, or None."""
-    try:
-        build.load(_SOURCE, ("DecodeMatmul",))
-    except build.KernelBuildError as e:
-        return f"the kernel could not be built: {e}"
-    return None
+    return build.load_error(_SOURCE, ("DecodeMatmul",))
 
 
+@jax.custom_batching.custom_vmap
 def decode_matmul(x: jax.Array, panels: jax.Array) -> jax.Array:
     """x [M, K]; panels f32 [N/16, K, 16] (`pack`). Returns f32 [M, N]. The kernel must be
-    loaded (`load_error()` is None)."""
+    loaded (`load_error()` is None). Under `jax.vmap` (the speculative sampler runs the
+    model per row) the mapped rows join the matmul's rows: one call, not one per row."""
     m, n = x.shape[0], panels.shape[0] * PANEL
     out = jax.ShapeDtypeStruct((m, n), jnp.float32)
     return jax.ffi.ffi_call(TARGET, out)(x.astype(jnp.float32), panels)
+
+
+@decode_matmul.def_vmap
+def _decode_matmul_vmap(axis_size, in_batched, x, panels):
+    x_batched, panels_batched = in_batched
+    if panels_batched:  # a different weight per mapped element: one call each
+        if not x_batched:
+            x = jnp.broadcast_to(x, (axis_size, *x.shape))
+        return jax.lax.map(lambda args: decode_matmul(*args), (x, panels)), True
+    if not x_batched:
+        return decode_matmul(x, panels), False
+    rows = decode_matmul(x.reshape(-1, x.shape[-1]), panels)  # [V * M, N]
+    return rows.reshape(*x.shape[:-1], rows.shape[-1]), True
