@@ -13,7 +13,7 @@
 // products at ~35 to 40 GFLOP/s on one core, whatever the thread count. Here each 16-column
 // panel is one contiguous stream, six rows at a time accumulate in registers (12 of the 16
 // AVX registers), and the panels are shared out over XLA's intra-op thread pool, so both
-// cores stream weights. See docs/performance.md ("CPU decode-matmul kernel").
+// cores stream weights. See docs/performance.md, item 12.
 #include <algorithm>
 #include <atomic>
 #include <cstdint>

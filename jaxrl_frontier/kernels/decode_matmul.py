@@ -6,9 +6,9 @@ A decode step multiplies a handful of rows (the batch) by every weight matrix. X
 dot emitter runs these at one core's ~35 to 40 GFLOP/s however many threads it has; the
 kernel (`decode_matmul.cc`) streams each 16-column panel of a packed weight in order and
 shares the panels out over XLA's intra-op threads. The sampler packs the projections once
-per decode program (`pack_projections`), outside the token loop, so the packed copy costs
-one pass over the weights per rollout and as much memory as the f32 projections while the
-decode runs. The same math in plain XLA: `x @ w` (what tests compare with).
+per decode program (`transformer.map_projections(model, pack)`), outside the token loop:
+one pass over the weights per rollout, and a packed copy as large as the f32 projections
+while the decode runs. The same math in plain XLA: `x @ w` (what tests compare with).
 """
 
 from __future__ import annotations
@@ -72,7 +72,6 @@ class PackedWeight:
 
     def unpack(self) -> jax.Array:
         """The weight in its own layout and shape."""
-        tiles, k, _ = self.panels.shape
         return jnp.transpose(self.panels, (1, 0, 2)).reshape(self.shape)
 
 
