@@ -62,9 +62,8 @@ from jaxrl_frontier.models.transformer import (
 )
 from jaxrl_frontier.xla_options import rollout_compiler_options
 
-KERNEL_CHOICES = ("auto", "xla", "cpu_kernel")
-DECODE_ATTENTION = KERNEL_CHOICES  # Sampler(decode_attention=)
-DECODE_MATMUL = KERNEL_CHOICES  # Sampler(decode_matmul=)
+KERNEL_CHOICES = ("auto", "xla", "cpu_kernel")  # Sampler(decode_attention=, decode_matmul=)
+DECODE_ATTENTION = KERNEL_CHOICES  # Sampler(decode_attention=), kept for its users
 DEFAULT_PROMPT_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 
 

@@ -48,10 +48,6 @@ class PackedWeight:
     def dtype(self):
         return self.panels.dtype
 
-    @property
-    def ndim(self) -> int:
-        return len(self.shape)
-
     def __getitem__(self, key):
         if key is Ellipsis:
             return self
