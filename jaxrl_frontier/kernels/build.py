@@ -1,10 +1,11 @@
 """Builds a C++ XLA FFI kernel of this package on first use and registers it with jax.
 
-The source (`<name>.cc` beside this file) is compiled with the machine's C++ compiler
-(`$CXX`, else `c++`, `g++` or `clang++`) against jaxlib's FFI headers, for this CPU
+The source (`<name>.cc` beside this file, which may include the shared `*.h` here) is
+compiled with the machine's C++ compiler (`$CXX`, else `c++`, `g++` or `clang++`) against
+jaxlib's FFI headers, for this CPU
 (`-march=native`, retried without it), into a cache directory
 (`$JAXRL_FRONTIER_CACHE_DIR/kernels`, default `~/.cache/jaxrl_frontier/kernels`). The file
-name carries a hash of the source, the flags, the compiler, jaxlib's version and the CPU, so
+name carries a hash of the source and the shared headers, the flags, the compiler, jaxlib's version and the CPU, so
 a changed kernel, toolchain or machine builds anew and a cached build is never used on a
 CPU it was not built for. Builds are written to a temporary file and renamed into place,
 so concurrent processes can build the same kernel. A failed build raises `KernelBuildError`
@@ -84,7 +85,7 @@ def _compile(cxx: str, source: Path, target: Path, flags: tuple[str, ...]) -> No
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(fd)
-    cmd = [cxx, *flags, f"-I{jax.ffi.include_dir()}", str(source), "-o", tmp]
+    cmd = [cxx, *flags, f"-I{jax.ffi.include_dir()}", f"-I{_SOURCE_DIR}", str(source), "-o", tmp]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
         if proc.returncode != 0:
@@ -106,7 +107,8 @@ def build(name: str) -> Path:
     cxx = _compiler()
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True).stdout
     errors, directory = [], cache_dir()
-    identity = [source.read_text(), version, jaxlib.__version__, _cpu_signature()]
+    headers = [h.read_text() for h in sorted(_SOURCE_DIR.glob("*.h"))]  # shared by the kernels
+    identity = [source.read_text(), *headers, version, jaxlib.__version__, _cpu_signature()]
     for flags in (("-march=native", *_BASE_FLAGS), _BASE_FLAGS):
         key = hashlib.sha256("\0".join([*identity, " ".join(flags)]).encode()).hexdigest()[:16]
         target = directory / f"{name}-{key}.so"

@@ -13,13 +13,11 @@
 // read once, its G queries scored together, and the blocks are shared out over XLA's
 // intra-op thread pool. See docs/performance.md ("CPU decode-attention kernel").
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdint>
-#include <memory>
-#include <thread>
 #include <vector>
 
+#include "parallel_for.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -176,26 +174,12 @@ ffi::Error DecodeAttentionImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q,
     for (int64_t i = 0; i < blocks; ++i) run(i, sc.data());
     return ffi::Error::Success();
   }
-  // Blocks are claimed from a shared counter by the caller and by helpers on XLA's pool. The
-  // caller waits only for blocks already claimed, never for a helper that has not started
-  // (so a busy pool cannot deadlock it); a helper holds only values and the shared state,
-  // so one that starts after the call returned finds no block left and exits.
-  struct Progress {
-    std::atomic<int64_t> next{0}, done{0};
-  };
-  auto progress = std::make_shared<Progress>();
-  auto drain = [progress, run, blocks, d]() {
-    int64_t i = progress->next.fetch_add(1);
-    if (i >= blocks) return;
-    std::vector<float> sc(d.group * d.slots);
-    for (; i < blocks; i = progress->next.fetch_add(1)) {
+  // Blocks shared out over the pool; each thread keeps one scores buffer.
+  jaxrl_frontier::ParallelFor(pool, blocks, helpers, [run, d]() {
+    return [run, sc = std::vector<float>(d.group * d.slots)](int64_t i) mutable {
       run(i, sc.data());
-      progress->done.fetch_add(1, std::memory_order_release);
-    }
-  };
-  for (int64_t h = 0; h < helpers; ++h) pool.Schedule([drain]() { drain(); });
-  drain();
-  while (progress->done.load(std::memory_order_acquire) < blocks) std::this_thread::yield();
+    };
+  });
   return ffi::Error::Success();
 }
 

@@ -15,15 +15,13 @@
 // AVX registers), and the panels are shared out over XLA's intra-op thread pool, so both
 // cores stream weights. See docs/performance.md, item 12.
 #include <algorithm>
-#include <atomic>
 #include <cstdint>
-#include <memory>
-#include <thread>
 
 #if defined(__FMA__)
 #include <immintrin.h>
 #endif
 
+#include "parallel_for.h"
 #include "xla/ffi/api/ffi.h"
 
 namespace ffi = xla::ffi;
@@ -119,23 +117,12 @@ ffi::Error DecodeMatmulImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
     for (int64_t t = 0; t < tiles; ++t) Panel(xp, wp, op, M, K, N, t);
     return ffi::Error::Success();
   }
-  // As in decode_attention.cc: chunks are claimed from a shared counter by the caller and
-  // by helpers on XLA's pool; the caller waits only for chunks already claimed, so a busy
-  // pool cannot deadlock it, and a helper that starts late finds nothing left and exits.
-  struct Progress {
-    std::atomic<int64_t> next{0}, done{0};
-  };
-  auto progress = std::make_shared<Progress>();
-  auto drain = [progress, xp, wp, op, M, K, N, tiles, per, chunks]() {
-    for (int64_t c; (c = progress->next.fetch_add(1)) < chunks;) {
+  jaxrl_frontier::ParallelFor(pool, chunks, helpers, [=]() {
+    return [=](int64_t c) {
       const int64_t end = std::min(tiles, (c + 1) * per);
       for (int64_t t = c * per; t < end; ++t) Panel(xp, wp, op, M, K, N, t);
-      progress->done.fetch_add(1, std::memory_order_release);
-    }
-  };
-  for (int64_t h = 0; h < helpers; ++h) pool.Schedule([drain]() { drain(); });
-  drain();
-  while (progress->done.load(std::memory_order_acquire) < chunks) std::this_thread::yield();
+    };
+  });
   return ffi::Error::Success();
 }
 
