@@ -66,6 +66,26 @@ def test_kernel_under_vmap():
     assert hlo.count("jaxrl_frontier_DecodeMatmul") == 1 and "while" not in hlo
 
 
+@pytest.mark.parametrize(
+    "shape, in_dims",
+    [
+        ((3, 32), 1),  # one chunk: the calling thread only
+        ((512, 1536), 1),  # the 25M model's gate: 96 panels in 12 chunks over the pool
+        ((1536, 512), 1),  # its down projection
+        ((8, 4, 64, 16), 2),  # an o_proj [H, Dh, D] shape, contracting two dims
+        ((256, 2, 3, 16), 1),  # several output dims
+    ],
+)
+def test_pack_handler_matches_the_xla_transpose(shape, in_dims):
+    w = jnp.asarray(np.random.default_rng(len(shape)).standard_normal(shape, dtype=np.float32))
+    packed, reference = (
+        jax.jit(kernel.pack, static_argnums=1)(w, in_dims),
+        kernel.pack_reference(w, in_dims),
+    )
+    assert (packed.shape, packed.in_dims) == (reference.shape, reference.in_dims)
+    np.testing.assert_array_equal(np.asarray(packed.panels), np.asarray(reference.panels))
+
+
 def test_pack_layout_and_round_trip():
     """panels[t, k, j] = w[k, 16 t + j]; an o_proj [H, Dh, D] contracts its first two dims."""
     w = jnp.arange(3 * 32, dtype=jnp.float32).reshape(3, 32)
