@@ -10,12 +10,14 @@ artifacts/bench_<name>.json) and printed. Speed is measured here, never asserted
     python scripts/bench.py memory                       # FSDP bytes per device, 8 fake CPUs
     python scripts/bench.py rl                           # GRPO step vs TRL (bench_rl.py)
     python scripts/bench.py speculative                  # bench_speculative.py
+    python scripts/bench.py profile --models tiny        # a decode step's ops (bench_profile.py)
     python scripts/bench.py all --out artifacts/bench_all.json
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import itertools
 import json
 import sys
@@ -476,14 +478,42 @@ def bench_sampler(args) -> dict:
 # Implemented in their own files (each runnable alone); registered here as subcommands.
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_profile  # noqa: E402
 import bench_rl  # noqa: E402
 import bench_speculative  # noqa: E402
+import bench_targets  # noqa: E402
 import bench_train  # noqa: E402
 
 benchmark("train", bench_train.add_mfu_arguments)(bench_train.bench_mfu)
 benchmark("memory", bench_train.add_memory_arguments)(bench_train.bench_memory)
 benchmark("rl", bench_rl.add_arguments)(bench_rl.bench_rl)
 benchmark("speculative", bench_speculative.add_arguments)(bench_speculative.bench_speculative)
+
+
+def _profile_args(p: argparse.ArgumentParser) -> None:
+    bench_profile.add_arguments(p, _sampler_args)
+
+
+@benchmark("profile", _profile_args)
+def bench_decode_profile(args) -> dict:
+    """Where a decode step's time goes: a trace's ops per step (bench_profile.py)."""
+    result = dict(**bench_common.machine_info(), settings=dict(dtype=args.dtype), models={})
+    for name in args.models.split(","):
+        model = _build_model(name, args.dtype)
+        result["models"][name] = {
+            batch: bench_profile.profile_model(model, batch, args, _rollout)
+            for batch in args.batches
+        }
+        for batch, row in result["models"][name].items():
+            top = list(row["per_step"].items())[:5]
+            print(
+                f"[{name} {batch}] {row['wall_us_per_step']:.0f} us/step, ops busy "
+                f"{row['busy_us_per_step']:.0f} us in {row['ops_per_step']:.0f} ops; top: "
+                f"{json.dumps(top)}",
+                file=sys.stderr,
+            )
+    return result
+
 
 ALL = ("train", "memory", "rl", "speculative", "sampler")
 
@@ -505,6 +535,15 @@ def bench_all(args) -> dict:
         out[name]["wall_s"] = time.perf_counter() - t0
         bench_common.write_json(out[name], f"artifacts/bench_{name}.json", echo=False)
         print(f"[all] {name} done in {out[name]['wall_s']:.0f} s", file=sys.stderr)
+    # The issue's targets beside these figures (bench_targets.py; --doc there puts the same
+    # table into docs/performance.md).
+    rows = bench_targets.targets(
+        {args.out or "artifacts/bench_all.json": dict(benchmark="all", **out)}
+    )
+    table = bench_targets.markdown(rows)
+    Path("artifacts/bench_targets.md").write_text(table)
+    print(table, file=sys.stderr)
+    out["targets"] = [dataclasses.asdict(r) for r in rows]
     return out
 
 

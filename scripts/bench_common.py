@@ -81,6 +81,7 @@ def machine_info() -> dict:
 
     return dict(
         device=str(jax.devices()[0]),
+        device_kind=jax.devices()[0].device_kind,
         device_count=jax.device_count(),
         cpu_count=os.cpu_count(),
         platform=platform.platform(),

@@ -10,8 +10,10 @@
 #
 # Steps: versions (packages, devices), sampler (tokens/s vs transformers generate, roofline),
 # options (XLA command-buffer options for the rollout programs and the once-per-rollout weight
-# cast, side by side), train (MFU),
-# rl (one GRPO step), tests (model and sampler tests on the GPU).
+# cast, side by side), profile (a decode step's kernels from a device trace: time and launches
+# per step, at 256 rows), train (MFU), rl (one GRPO step), tests (model and sampler tests
+# on the GPU). The next lent GPU: `versions,options,profile,sampler` (what session 7 could not
+# measure: the once-per-rollout weight cast, and where the 256-row step's time goes).
 #
 # Packages the GPU image lacks (grain, ml_collections and their two missing needs) travel as
 # wheels in .whl/ (git-ignored; see the device tool's README for the pip download line) and
@@ -40,12 +42,14 @@ if [ -n "${SMOKE:-}" ]; then  # CPU sizes: checks the script, not the machine
   SAMPLER="--models tiny --batches 16 --new-tokens 16 --repeats 2 --roofline-batch 32 --roofline-new-tokens 8"
   AB="--models tiny --batches 16 --new-tokens 16 --repeats 2"
   TRAIN="--models 25m --batches 25m=2 --seq 128 --variants rl_fused --repeats 2 --memory-batch 0"
+  PROFILE="--models tiny --batches 16 --new-tokens 8 --repeats 2"
   LIMIT=600
 else
   SAMPLER="--models 0.5b --batches 16,64,256 --new-tokens 128 --dtype bfloat16 --repeats 3 --roofline-batch 256 --roofline-new-tokens 32 --peak-n 8192"
   AB="--models 0.5b --batches 16 --new-tokens 128 --dtype bfloat16 --repeats 3"
   # batch 8: at 16 x 1024 tokens the plain variant's f32 [B, T, V] logits need 66 GiB of temps
   TRAIN="--models 0.5b --batches 0.5b=8 --seq 1024 --dtype bfloat16 --variants rl_fused,rl_plain --repeats 3 --matmul-n 8192 --memory-batch 0"
+  PROFILE="--models 0.5b --batches 256 --new-tokens 32 --dtype bfloat16 --repeats 3"
   LIMIT=0
 fi
 
@@ -77,6 +81,9 @@ step sampler 230 "$PY" scripts/bench.py sampler $SAMPLER --out "$OUT/bench_sampl
 # ... and the bf16 weights cast at every use against once per rollout (cast_weights_once)
 step options 230 "$PY" scripts/bench.py sampler $AB --ab-only --options-ab "$OPTIONS" --cast-ab \
   --out "$OUT/bench_options_gpu.json"
+# A decode step's kernels, from a device trace (bench_profile.py): launch- or kernel-bound?
+step profile 150 "$PY" scripts/bench.py profile $PROFILE --trace-dir /tmp/jaxrl_trace \
+  --out "$OUT/bench_profile_gpu.json"
 # Train-step MFU against an 8192^2 matmul peak timed in the same run.
 step train 160 "$PY" scripts/bench.py train $TRAIN --out "$OUT/bench_train_gpu.json"
 # One full GRPO step of ours on the tiny model (TRL is not in the GPU image).

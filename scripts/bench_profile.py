@@ -1,0 +1,150 @@
+"""Where a decode step's time goes: `python scripts/bench.py profile [options]`.
+
+A decode step is a rollout of Tn new tokens minus a 1-token rollout (the prefill), over
+Tn - 1 steps, as in the sampler benchmark's roofline. Each of the two warm rollouts runs once
+under `jax.profiler.trace`; the Perfetto trace's op events are summed per op name, the
+prefill's subtracted, and divided by the steps:
+
+- `per_step`: for each kind of op (a GPU kernel, or an XLA:CPU thunk, without its instance
+  number), microseconds and calls per decode step, largest first;
+- `busy_us_per_step` against `wall_us_per_step` (untraced, median over rounds): how much of a
+  step the device spends in ops at all (summed over lanes: XLA:CPU's threads overlap). On a GPU, a step far longer than its kernels is bound
+  by launches and host work, not by the kernels; `ops_per_step` counts the launches.
+
+    python scripts/bench.py profile --models 0.5b --batches 256 --dtype bfloat16   # a GPU
+    python scripts/bench.py profile --models tiny --batches 64                     # CPU
+
+The trace itself stays in --trace-dir (TensorBoard's profile plugin or ui.perfetto.dev).
+"""
+
+from __future__ import annotations
+
+import collections
+import gzip
+import json
+import re
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+
+def add_arguments(p, sampler_args) -> None:
+    sampler_args(p)  # the model and Sampler knobs of the sampler benchmark
+    p.set_defaults(models="tiny", batches=[64], new_tokens=32, repeats=3)
+    p.add_argument("--trace-dir", default="", help="keep the traces here (default: a temp dir)")
+    p.add_argument("--top", type=int, default=30, help="ops listed per step, largest first")
+
+
+# XLA:CPU runtime events on the op lanes: an op's end marker, the thread pool's bookkeeping,
+# and the executor's wait (not ops themselves).
+RUNTIME_EVENTS = ("end: ", "ThreadpoolListener::", "ThunkExecutor::", "SlinkyThreadPool::")
+
+
+def op_events(trace: dict) -> list[tuple[str, str, float]]:
+    """(lane, op name, microseconds) of each leaf op event in a Perfetto/Chrome JSON trace.
+
+    A lane is "process / thread". Op events are complete events ("ph": "X") on a device
+    process ("/device:..."), e.g. a GPU stream's kernels; on a CPU-only trace, where XLA's
+    thunks run on host threads, those on the host's XLA threads. Python lanes and XLA:CPU's
+    runtime events (`RUNTIME_EVENTS`) are left out, and so is every event that encloses
+    another op on its lane (XLA:CPU's while loops), so that summed times count each op once.
+    """
+    events = trace["traceEvents"] if isinstance(trace, dict) else trace
+    process, thread = {}, {}
+    for e in events:
+        if e.get("ph") == "M" and e.get("name") == "process_name":
+            process[e["pid"]] = e["args"]["name"]
+        elif e.get("ph") == "M" and e.get("name") == "thread_name":
+            thread[(e["pid"], e["tid"])] = e["args"]["name"]
+    devices = {pid for pid, name in process.items() if name.startswith("/device:")}
+    lanes = collections.defaultdict(list)
+    for e in events:
+        if e.get("ph") != "X" or "dur" not in e or e["name"].startswith(RUNTIME_EVENTS):
+            continue
+        pid, lane_thread = e["pid"], thread.get((e["pid"], e.get("tid")), str(e.get("tid")))
+        on_device = pid in devices
+        if not devices:  # CPU: XLA's ops are host events on its own threads
+            on_device = "xla" in lane_thread.lower() or "tfrt" in lane_thread.lower()
+        if on_device:
+            lane = f"{process.get(pid, pid)} / {lane_thread}"
+            lanes[lane].append((float(e["ts"]), float(e["dur"]), e["name"]))
+    out = []
+    for lane, spans in lanes.items():
+        spans.sort(key=lambda s: (s[0], -s[1]))
+        for i, (ts, dur, name) in enumerate(spans):
+            encloses = i + 1 < len(spans) and spans[i + 1][0] < ts + dur
+            if not encloses:
+                out.append((lane, name, dur))
+    return out
+
+
+def op_kind(name: str) -> str:
+    """An op's name without XLA's instance number: 'ffi_call.1407' and 'loop_fusion_3' ->
+    'ffi_call', 'loop_fusion' (a decode step's unrolled copies of one op are one kind)."""
+    return re.sub(r"[._]\d+$", "", name)
+
+
+def load_trace(log_dir: Path) -> dict:
+    """The newest `perfetto_trace.json.gz` that `jax.profiler.trace(create_perfetto_trace=True)`
+    wrote under log_dir."""
+    found = sorted(log_dir.rglob("perfetto_trace.json.gz"), key=lambda p: p.stat().st_mtime)
+    if not found:
+        raise FileNotFoundError(f"no perfetto_trace.json.gz under {log_dir}")
+    with gzip.open(found[-1], "rt") as f:
+        return json.load(f)
+
+
+def per_step(full: list, prefill: list, steps: int) -> dict:
+    """Op time and calls per step: (full rollout - prefill rollout) / steps, by `op_kind`."""
+    totals = collections.defaultdict(lambda: [0.0, 0])
+    for sign, events in ((1, full), (-1, prefill)):
+        for _, name, us in events:
+            totals[op_kind(name)][0] += sign * us
+            totals[op_kind(name)][1] += sign
+    rows = {
+        name: dict(us=us / steps, calls=calls / steps)
+        for name, (us, calls) in totals.items()
+        if calls > 0 or us > 0
+    }
+    return dict(sorted(rows.items(), key=lambda kv: -kv[1]["us"]))
+
+
+def profile_model(model, batch: int, args, rollout) -> dict:
+    """Traces of a Tn-token and a 1-token rollout of `model` at `batch` rows -> per-step ops."""
+    import jax
+
+    tn = args.new_tokens
+    if tn < 2:
+        raise ValueError(f"--new-tokens must be >= 2 (one decode step), got {tn}")
+    full, sampler, _ = rollout(model, batch, args, tn)
+    prefill, _, _ = rollout(model, batch, args, 1)
+    walls = []
+    for _ in range(args.repeats):  # untraced: the step's wall time
+        t0 = time.perf_counter()
+        full()
+        t1 = time.perf_counter()
+        prefill()
+        walls.append((t1 - t0 - (time.perf_counter() - t1)) / (tn - 1))
+    root = Path(args.trace_dir or tempfile.mkdtemp(prefix="jaxrl_profile_"))
+    events = {}
+    for name, run in (("full", full), ("prefill", prefill)):
+        with jax.profiler.trace(str(root / name), create_perfetto_trace=True):
+            run()
+        events[name] = op_events(load_trace(root / name))
+    ops = per_step(events["full"], events["prefill"], tn - 1)
+    busy = sum(row["us"] for row in ops.values())
+    wall = statistics.median(walls) * 1e6
+    return dict(
+        batch=batch,
+        new_tokens=tn,
+        wall_us_per_step=wall,
+        busy_us_per_step=busy,
+        busy_fraction=busy / wall if wall > 0 else None,
+        ops_per_step=sum(row["calls"] for row in ops.values()),
+        lanes=sorted({lane for lane, _, _ in events["full"]}),
+        per_step=dict(list(ops.items())[: args.top]),
+        decode_attention=sampler.decode_attention,
+        decode_matmul=sampler.decode_matmul,
+        trace_dir=str(root),
+    )
