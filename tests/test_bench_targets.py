@@ -1,0 +1,148 @@
+"""scripts/bench_targets.py: the targets table, against hand-made benchmark results, and the
+docs page's generated table against the committed JSON it names."""
+
+import re
+import shlex
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import bench_targets  # noqa: E402
+
+
+def _sampler(speedups: dict[int, float], roofline: float, traces=None) -> dict:
+    batches = {
+        b: dict(
+            ours=dict(tokens_per_s=100.0 * s, traces=traces or dict(prefill=1, decode=1)),
+            transformers=dict(tokens_per_s=100.0),
+            speedup=s,
+            speedup_best=s + 0.1,
+        )
+        for b, s in speedups.items()
+    }
+    roof = dict(
+        batch=256,
+        step_s=roofline * 0.01,
+        roofline_step_s=0.01,
+        step_over_roofline=roofline,
+        step_over_roofline_best=roofline,
+    )
+    return dict(
+        benchmark="sampler",
+        device="TFRT_CPU_0",
+        models=dict(m=dict(batches=batches, roofline=roof)),
+    )
+
+
+def _by_what(rows):
+    return {r.what: r for r in rows}
+
+
+def test_sampler_targets_are_judged_at_their_thresholds():
+    rows = bench_targets.targets({"s.json": _sampler({16: 2.99, 64: 2.0, 256: 1.5}, 2.01)})
+    met = {r.what.split(", ", 1)[1]: r.met for r in rows if "transformers" in r.what}
+    assert met == {"m, 16 rows": False, "m, 64 rows": True, "m, 256 rows": None}
+    (roof,) = [r for r in rows if "roofline" in r.what]
+    assert roof.met is False and roof.value == 2.01 and "20.10 ms vs 10.00 ms" in roof.measured
+    (trace,) = [r for r in rows if "traced" in r.what]
+    assert trace.met is True and trace.measured == "once per shape"
+    assert all(r.source == "s.json" for r in rows)
+
+    rows = bench_targets.targets({"s": _sampler({16: 3.0}, 2.0, traces=dict(prefill=1, decode=2))})
+    met = [r.met for r in rows]
+    assert met == [True, True, False]  # 3.0x >= 3x, 2.0x <= 2x, a second decode trace
+    assert "m/16" in rows[-1].measured
+
+
+def test_train_memory_rl_rows():
+    variant = dict(batch=2, seq=256, dtype="float32", mfu=0.399, mfu_best=0.41, achieved_gflops=40)
+    train = dict(
+        benchmark="train",
+        device="TFRT_CPU_0",
+        models={
+            "100m": dict(peak_gflops=100, variants=dict(rl_plain=variant)),
+            "25m": dict(peak_gflops=100, variants=dict(rl_plain=dict(variant, mfu=0.9))),
+        },
+    )
+    memory = {
+        "benchmark": "memory",
+        "model": "100m",
+        "devices": 8,
+        "ratio_total": 7.19,
+        "1_device": dict(total_bytes=719e6),
+        "fsdp_8": dict(total_bytes=100e6),
+    }
+    trl = dict(torch_threads=1, ours_speedup=2.0, seconds_per_step=0.8)
+    rl = dict(
+        benchmark="rl",
+        device="cuda:0",
+        prompts=2,
+        group_size=8,
+        new_tokens=32,
+        steps=10,
+        warmup=2,
+        ours=dict(
+            seconds_per_step=0.4,
+            compile_s=12.0,
+            traces=dict(prefill=1, decode=1),
+            update_cache_size=2,
+        ),
+        trl=dict(threads_1=trl),
+    )
+    rows = bench_targets.targets(
+        {"all.json": dict(benchmark="all", train=train, memory=memory), "rl.json": rl}
+    )
+    by_what = _by_what(rows)
+    mfu_100m = by_what["CPU: train-step MFU, 100m, rl_plain (B=2, T=256, float32)"]
+    assert mfu_100m.met is False and mfu_100m.target == ">= 40%"  # 39.9%
+    assert by_what["CPU: train-step MFU, 25m, rl_plain (B=2, T=256, float32)"].met is None
+    (mem,) = [r for r in rows if "FSDP" in r.what]
+    assert mem.met is False and mem.target.startswith(">= 7.2x")  # 7.19 < 0.9 * 8
+    assert "719 MB -> 100 MB" in mem.measured
+    gpu = [r for r in rows if r.source == "rl.json"]
+    assert gpu[0].what.startswith("GPU cuda:0: full GRPO step vs TRL") and gpu[0].met is True
+    assert gpu[1].met is False and "update" in gpu[1].measured  # compiled twice
+    assert gpu[2].met is None and gpu[2].value == 12.0
+
+
+def test_unknown_benchmark_and_missing_doc_block_name_the_problem(tmp_path):
+    with pytest.raises(ValueError, match=r"x.json: no targets for benchmark 'nope'"):
+        bench_targets.targets({"x.json": dict(benchmark="nope")})
+    doc = tmp_path / "perf.md"
+    doc.write_text("# no block here\n")
+    with pytest.raises(ValueError, match="perf.md: no block"):
+        bench_targets.rewrite_doc(doc, "| t |\n", "cmd")
+
+
+def test_rewrite_doc_replaces_only_the_block(tmp_path):
+    doc = tmp_path / "perf.md"
+    doc.write_text(f"before\n{bench_targets.DOC_BEGIN}\nold\n{bench_targets.DOC_END}\nafter\n")
+    rows = bench_targets.targets({"s.json": _sampler({16: 4.0}, 1.5)})
+    bench_targets.rewrite_doc(doc, bench_targets.markdown(rows), "python x.py s.json")
+    text = doc.read_text()
+    assert text.startswith("before\n") and text.endswith("after\n") and "old" not in text
+    assert "python x.py s.json" in text and "3 of 3 targets met." in text
+
+
+def test_docs_table_is_the_committed_jsons_table():
+    """docs/performance.md shows what bench_targets.py makes of the JSON files it names."""
+    text = (ROOT / "docs" / "performance.md").read_text()
+    block = re.search(
+        re.escape(bench_targets.DOC_BEGIN)
+        + r"\n\n    (.*?)\n\n(.*?)\n"
+        + re.escape(bench_targets.DOC_END),
+        text,
+        re.S,
+    )
+    assert block, "docs/performance.md has no generated targets block"
+    command, table = block.groups()
+    files = shlex.split(command)[2:]  # python scripts/bench_targets.py FILE...
+    assert files, command
+    import json
+
+    rows = bench_targets.targets({f: json.loads((ROOT / f).read_text()) for f in files})
+    assert table == bench_targets.markdown(rows), "re-run the command in the block (with --doc)"
