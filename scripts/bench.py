@@ -315,14 +315,8 @@ def _roofline(model, args) -> dict:
     probe = _peak_probe(args.dtype, args.peak_n)
     full, _, compile_full = _rollout(model, rb, args, rt)
     prefill, _, compile_prefill = _rollout(model, rb, args, 1)
-    peaks, t_full, t_prefill = [], [], []
-    for _ in range(args.repeats):
-        peaks.append(probe())
-        for run, times in ((full, t_full), (prefill, t_prefill)):
-            t0 = time.perf_counter()
-            run()
-            times.append(time.perf_counter() - t0)
-    peaks, t_full, t_prefill = map(np.asarray, (peaks, t_full, t_prefill))
+    rounds = bench_common.decode_step_rounds(full, prefill, args.repeats, each_round=probe)
+    t_full, t_prefill, peaks = map(np.asarray, rounds)
     cfg = model.cfg
     flops = _decode_step_flops(cfg, rb, args.prompt_len + rt / 2)
     steps = (t_full - t_prefill) / (rt - 1)

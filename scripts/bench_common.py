@@ -43,6 +43,22 @@ def median_time(fn, repeats: int) -> tuple[float, list[float]]:
     return statistics.median(times), times
 
 
+def decode_step_rounds(full, prefill, repeats: int, each_round=None):
+    """Rounds for timing a decode step as (T(full) - T(prefill)) / (Tn - 1): a rollout of Tn
+    >= 2 new tokens is the prefill (which samples the first token) plus Tn - 1 decode steps,
+    and a 1-token rollout is the prefill alone. Each round runs `each_round()` (e.g. a
+    matmul-peak probe; its results are returned), then the two warm rollouts back to back.
+    Returns (full seconds, prefill seconds, each_round's results), one per round."""
+    t_full, t_prefill, probes = [], [], []
+    for _ in range(repeats):
+        probes.append(each_round() if each_round else None)
+        for run, times in ((full, t_full), (prefill, t_prefill)):
+            t0 = time.perf_counter()
+            run()
+            times.append(time.perf_counter() - t0)
+    return t_full, t_prefill, probes
+
+
 def matmul_peak(n: int = 2048, repeats: int = 5) -> dict:
     """GFLOP/s of an n x n jnp matmul in f32 and bf16 (median of repeats); peak = the best."""
     import jax

@@ -25,8 +25,9 @@ import json
 import re
 import statistics
 import tempfile
-import time
 from pathlib import Path
+
+import bench_common
 
 
 def add_arguments(p, sampler_args) -> None:
@@ -119,13 +120,8 @@ def profile_model(model, batch: int, args, rollout) -> dict:
         raise ValueError(f"--new-tokens must be >= 2 (one decode step), got {tn}")
     full, sampler, _ = rollout(model, batch, args, tn)
     prefill, _, _ = rollout(model, batch, args, 1)
-    walls = []
-    for _ in range(args.repeats):  # untraced: the step's wall time
-        t0 = time.perf_counter()
-        full()
-        t1 = time.perf_counter()
-        prefill()
-        walls.append((t1 - t0 - (time.perf_counter() - t1)) / (tn - 1))
+    t_full, t_prefill, _ = bench_common.decode_step_rounds(full, prefill, args.repeats)
+    walls = [(f - p) / (tn - 1) for f, p in zip(t_full, t_prefill)]  # untraced step times
     root = Path(args.trace_dir or tempfile.mkdtemp(prefix="jaxrl_profile_"))
     events = {}
     for name, run in (("full", full), ("prefill", prefill)):
