@@ -77,11 +77,6 @@ def base_config() -> ml_collections.ConfigDict:
     c.rollout.min_p = 0.0
     c.rollout.dropout_rate = 0.0  # Dropout-GRPO: per-rollout fixed MLP dropout mask
     c.rollout.cache_dtype = ""  # KV cache dtype: '' (the compute dtype) | float32 | bfloat16
-    # a decode step's attention: auto (the C++ CPU kernel where it applies) | xla | cpu_kernel
-    c.rollout.decode_attention = "auto"
-    # a decode step's projection matmuls: auto (the C++ CPU kernel where it applies: CPU, f32,
-    # one device) | xla | cpu_kernel
-    c.rollout.decode_matmul = "auto"
     # bf16 compute on f32 params: cast the weights once per rollout program (a bf16 copy while
     # it runs) rather than re-read the f32 weights at every decode step
     c.rollout.cast_weights_once = True
@@ -152,8 +147,6 @@ CHOICES: dict[str, tuple] = {
     "model.init": ("scratch", "hf", "checkpoint"),
     "model.dtype": ("float32", "bfloat16"),
     "rollout.cache_dtype": ("", "float32", "bfloat16"),
-    "rollout.decode_attention": ("auto", "xla", "cpu_kernel"),
-    "rollout.decode_matmul": ("auto", "xla", "cpu_kernel"),
     "teacher.init": ("none", "scratch", "hf", "checkpoint"),
     "teacher.dtype": ("float32", "bfloat16"),
     "optimizer.schedule": ("constant", "cosine", "linear"),

@@ -40,7 +40,6 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
-import warnings
 from collections.abc import Callable, Sequence
 
 import flax.struct
@@ -51,19 +50,9 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 
 from jaxrl_frontier import sharding as shd
-from jaxrl_frontier.kernels import decode_attention as decode_kernel
-from jaxrl_frontier.kernels import decode_matmul as matmul_kernel
-from jaxrl_frontier.models.transformer import (
-    KVCache,
-    Transformer,
-    map_projections,
-    projection_columns,
-    with_compute_weights,
-)
+from jaxrl_frontier.models.transformer import KVCache, Transformer, with_compute_weights
 from jaxrl_frontier.xla_options import rollout_compiler_options
 
-KERNEL_CHOICES = ("auto", "xla", "cpu_kernel")  # Sampler(decode_attention=, decode_matmul=)
-DECODE_ATTENTION = KERNEL_CHOICES  # Sampler(decode_attention=), kept for its users
 DEFAULT_PROMPT_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 
 
@@ -419,25 +408,6 @@ def left_pad_prompts(
     return np.where(out_mask == 1, out_tokens, pad_id).astype(np.int32), out_mask
 
 
-def resolve_kernel_choice(option: str, choice: str, kernel, inapplicable: str | None) -> str:
-    """Sampler option `option` = 'auto' | 'xla' | 'cpu_kernel' -> the implementation to run.
-    `kernel` is the kernel's module (its `load_error()` builds it); `inapplicable` says why
-    it cannot serve this sampler (None: it can). 'auto' falls back to XLA silently where the
-    kernel does not apply (a GPU, a bf16 model) and with a warning where its build failed."""
-    if choice not in KERNEL_CHOICES:
-        raise ValueError(f"{option}={choice!r}; allowed: {KERNEL_CHOICES}")
-    if choice == "xla":
-        return "xla"
-    reason = inapplicable or kernel.load_error()
-    if reason is None:
-        return "cpu_kernel"
-    if choice == "cpu_kernel":
-        raise ValueError(f"{option}='cpu_kernel' cannot be used: {reason}")
-    if inapplicable is None:
-        warnings.warn(f"{option} falls back to plain XLA: {reason}", stacklevel=3)
-    return "xla"
-
-
 class Sampler:
     """Turns a batch of prompts into a `Rollout` with one jitted prefill and one jitted
     decode loop, compiled once per (batch bucket, prompt bucket, static sampling plan).
@@ -457,17 +427,6 @@ class Sampler:
       steps_per_check: tokens decoded between two checks of "are all rows done?".
       cache_dtype: dtype of the KV cache ('bfloat16' halves its memory and the bytes each
         decode step reads; attention still accumulates in f32); None: the compute dtype.
-      decode_attention: a decode step's attention over the cache: 'cpu_kernel' (the C++
-        kernel `jaxrl_frontier.kernels.decode_attention`, built on first use: CPU, f32
-        cache, head dim a multiple of 8), 'xla' (plain XLA), or 'auto' (the kernel where it
-        applies, else XLA; a failed build warns and falls back). Resolved at construction
-        into `self.decode_attention`.
-      decode_matmul: a decode step's projection matmuls: 'cpu_kernel' (the C++ kernel
-        `jaxrl_frontier.kernels.decode_matmul`, built on first use, the projections packed
-        into its layout once per rollout: CPU, f32 compute, one device, projections with a
-        multiple of 16 outputs), 'xla', or 'auto' (the kernel where it applies, else XLA; a
-        failed build warns and falls back). Resolved at construction into
-        `self.decode_matmul`. The prefill keeps XLA's matmuls.
       cast_weights_once: when the compute dtype is not the parameter dtype (bf16 compute,
         f32 parameters), cast the weight matrices once per prefill / decode program
         (`transformer.with_compute_weights`: a bf16 copy alive while it runs) instead of at
@@ -490,9 +449,7 @@ class Sampler:
         steps_per_check: int = 8,
         compiler_options: dict | None = None,
         cache_dtype: str | None = None,
-        decode_attention: str = "auto",
         cast_weights_once: bool = True,
-        decode_matmul: str = "auto",
     ):
         self.model = model
         self.cfg = model.cfg
@@ -531,51 +488,6 @@ class Sampler:
         self.compiler_options = None if compiler_options is None else dict(compiler_options)
         self._platform = None if mesh is None else mesh.devices.flat[0].platform
         self._programs: dict[tuple, Callable] = {}  # (name, options) -> jitted program
-        platform = self._platform or jax.default_backend()
-        self.decode_attention = resolve_kernel_choice(
-            "decode_attention",
-            decode_attention,
-            decode_kernel,
-            decode_kernel.inapplicable_reason(
-                platform=platform,
-                dtype=self.cache_dtype or self.cfg.compute_dtype,
-                head_dim=self.cfg.resolved_head_dim,
-            ),
-        )
-        self.decode_matmul = resolve_kernel_choice(
-            "decode_matmul",
-            decode_matmul,
-            matmul_kernel,
-            matmul_kernel.inapplicable_reason(
-                platform=platform,
-                dtype=self.cfg.compute_dtype,
-                columns=projection_columns(self.cfg).values(),
-                devices=1 if mesh is None else mesh.size,
-            ),
-        )
-
-    def _decode_attention_fn(self) -> Callable | None:
-        """The attention function the decode passes to the model (None: its default). On a
-        mesh the kernel runs per device on its rows and kv heads (`shard_map`): XLA cannot
-        partition a custom call itself."""
-        if self.decode_attention == "xla":
-            return None
-        kernel = decode_kernel.decode_attention
-        if self.mesh is None or self.mesh.size == 1:
-            return kernel
-
-        def sharded(q, k, v, bias):
-            heads = shd.logical_to_spec(("batch", "kv_heads", None, None), q.shape, self.mesh)
-            rows = shd.logical_to_spec(("batch", None), bias.shape, self.mesh)
-            return jax.shard_map(
-                kernel,
-                mesh=self.mesh,
-                in_specs=(heads, heads, heads, rows),
-                out_specs=heads,
-                check_vma=False,
-            )(q, k, v, bias)
-
-        return sharded
 
     def _program(self, name: str, rows: int) -> Callable:
         """The jitted prefill or decode for a call whose matmuls have `rows` rows in all."""
@@ -713,13 +625,10 @@ class Sampler:
         """Sample Tn tokens per row from the prefilled cache (see the module docstring)."""
         self.num_traces["decode"] += 1
         model = self._merge(state)
-        if self.decode_matmul == "cpu_kernel":  # packed once here, outside the token loop
-            model = map_projections(model, matmul_kernel.pack)
         num_rows, tp = cache.valid.shape
         tn, k = plan.max_new_tokens, plan.steps_per_check
         mlp_mask, dropout_keys = self._mlp_mask(key, num_rows, dropout_rate, plan.use_dropout)
         _, stream_keys = self._row_keys(key, num_rows)
-        attention = self._decode_attention_fn()
 
         # Buffers are one check-block wider than needed, so every block writes in bounds.
         num_blocks = -(-(tn - 1) // k)
@@ -775,7 +684,6 @@ class Sampler:
                 positions=(prompt_len + step - 1)[:, None],
                 cache=cache,
                 mlp_mask=mlp_mask,
-                decode_attention=attention,
             )
             token, rec = emit(rec, step, *sample(logits[:, 0], step))
             return cache, token, rec

@@ -63,21 +63,13 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxrl_frontier.kernels import decode_matmul as matmul_kernel
-from jaxrl_frontier.models.transformer import (
-    KVCache,
-    Transformer,
-    map_projections,
-    projection_columns,
-    with_compute_weights,
-)
+from jaxrl_frontier.models.transformer import KVCache, Transformer, with_compute_weights
 from jaxrl_frontier.sampling import (
     DEFAULT_PROMPT_BUCKETS,
     FinishReason,
     Rollout,
     SamplingParams,
     left_pad_prompts,
-    resolve_kernel_choice,
     truncate_logits,
 )
 from jaxrl_frontier.xla_options import rollout_compiler_options
@@ -153,7 +145,6 @@ class _Plan:
     num_stop_ids: int
     pad_id: int
     cast_weights_once: bool = True
-    pack_projections: bool = False  # decode_matmul == 'cpu_kernel'
 
 
 # ----------------------------------------------------------------------------- the rollout
@@ -170,9 +161,6 @@ def _generate(
     draft = nnx.merge(graphdefs[1], draft_state)
     if plan.cast_weights_once:  # as in `Sampler`: out of the decode loop
         policy, draft = with_compute_weights(policy), with_compute_weights(draft)
-    if plan.pack_projections:  # the decode-matmul kernel's layout, once per rollout
-        policy = map_projections(policy, matmul_kernel.pack)
-        draft = map_projections(draft, matmul_kernel.pack)
     k, tn, pad = plan.k, plan.max_new_tokens, plan.pad_id
     num_rows, tp = tokens.shape
     num_slots = tp + tn + k  # the furthest write: slot Tp + (Tn - 1) + k, by a stopped row
@@ -389,9 +377,6 @@ class SpeculativeSampler:
         backend's `xla_options.rollout_compiler_options`; {}: XLA's defaults).
       cast_weights_once: as in `Sampler`: with bf16 compute on f32 parameters, cast both
         models' weight matrices once per rollout instead of at every use.
-      decode_matmul: as in `Sampler` ('auto' | 'xla' | 'cpu_kernel'): both models'
-        projections in the C++ CPU kernel, packed once per rollout. Resolved at
-        construction into `self.decode_matmul`.
     """
 
     def __init__(
@@ -404,7 +389,6 @@ class SpeculativeSampler:
         prompt_buckets=DEFAULT_PROMPT_BUCKETS,
         compiler_options: dict | None = None,
         cast_weights_once: bool = True,
-        decode_matmul: str = "auto",
     ):
         if k < 1:
             raise ValueError(f"k={k}; must be >= 1")
@@ -416,18 +400,6 @@ class SpeculativeSampler:
         self.policy, self.draft = policy, draft
         self.pad_id, self.k = int(pad_id), int(k)
         self.cast_weights_once = bool(cast_weights_once)
-        cfgs = (policy.cfg, draft.cfg)
-        self.decode_matmul = resolve_kernel_choice(
-            "decode_matmul",
-            decode_matmul,
-            matmul_kernel,
-            matmul_kernel.inapplicable_reason(
-                platform=jax.default_backend(),
-                # the first model that is not f32, if any: the kernel needs both in f32
-                dtype=next((c.compute_dtype for c in cfgs if c.dtype != "float32"), "float32"),
-                columns=[n for c in cfgs for n in projection_columns(c).values()],
-            ),
-        )
         self.prompt_buckets = tuple(sorted(int(b) for b in prompt_buckets))
         self.policy_version = 0
         if compiler_options is None:
@@ -448,7 +420,6 @@ class SpeculativeSampler:
             num_stop_ids=params.stop_id_slots,
             pad_id=self.pad_id,
             cast_weights_once=self.cast_weights_once,
-            pack_projections=self.decode_matmul == "cpu_kernel",
         )
 
     # -- public ------------------------------------------------------------------------------

@@ -89,21 +89,6 @@ def _sampler_args(p: argparse.ArgumentParser) -> None:
         default=32,
         help="decode length for the roofline batch (the step time is what is compared)",
     )
-    # the C++ CPU kernels of the decode step (Sampler(decode_<part>=)): which one runs, and
-    # an A/B of the kernel against XLA
-    for part, what in (("attention", "attention"), ("matmul", "projection matmuls")):
-        p.add_argument(
-            f"--decode-{part}",
-            default="auto",
-            choices=("auto", "xla", "cpu_kernel"),
-            help=f"a decode step's {what} (Sampler(decode_{part}=)): auto = the C++ CPU "
-            "kernel where it applies",
-        )
-        p.add_argument(
-            f"--{part}-ab",
-            action="store_true",
-            help=f"also time the C++ decode-{part} kernel against XLA, side by side",
-        )
     p.add_argument(
         "--options-ab",
         default="",
@@ -124,7 +109,7 @@ def _sampler_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--ab-only",
         action="store_true",
-        help="time only the --matmul-ab / --attention-ab / --options-ab / --mesh-ab / --cast-ab "
+        help="time only the --options-ab / --mesh-ab / --cast-ab "
         "comparisons (no transformers, no plain run, no roofline)",
     )
     p.add_argument("--no-hf", action="store_true", help="skip transformers generate")
@@ -203,8 +188,6 @@ def _rollout(model, batch: int, args, new_tokens: int, **sampler_kwargs):
         prompt_buckets=(args.prompt_len,),
         decode_chunks=args.decode_chunks,
         steps_per_check=args.steps_per_check,
-        decode_attention=args.decode_attention,
-        decode_matmul=args.decode_matmul,
     )
     if sampler_kwargs.get("mesh") is not None:  # a copy of the weights, placed on the mesh
         from flax import nnx
@@ -242,8 +225,6 @@ def _ours(model, batch: int, args, new_tokens: int) -> dict:
         compile_s=first - median,
         times=times,
         traces=dict(sampler.num_traces),
-        decode_attention=sampler.decode_attention,
-        decode_matmul=sampler.decode_matmul,
     )
 
 
@@ -407,8 +388,6 @@ def bench_sampler(args) -> dict:
             dtype=args.dtype,
             decode_chunks=args.decode_chunks,
             steps_per_check=args.steps_per_check,
-            decode_attention=args.decode_attention,
-            decode_matmul=args.decode_matmul,
             peak_n=args.peak_n,
         ),
         models={},
@@ -431,14 +410,6 @@ def bench_sampler(args) -> dict:
         hf_results = {} if args.no_hf else _hf_generate(model, args.batches, args)
         for batch in args.batches:
             row = {} if args.ab_only else dict(ours=_ours(model, batch, args, args.new_tokens))
-            for part in ("matmul", "attention"):  # a C++ decode kernel vs XLA
-                if getattr(args, f"{part}_ab"):
-                    row[f"{part}_ab"] = _sampler_ab(
-                        model,
-                        batch,
-                        args,
-                        {a: {f"decode_{part}": a} for a in ("xla", "cpu_kernel")},
-                    )
             if args.options_ab:
                 options = json.loads(args.options_ab)
                 row["options_ab"] = _sampler_ab(

@@ -140,7 +140,5 @@ def profile_model(model, batch: int, args, rollout) -> dict:
         ops_per_step=sum(row["calls"] for row in ops.values()),
         lanes=sorted({lane for lane, _, _ in events["full"]}),
         per_step=dict(list(ops.items())[: args.top]),
-        decode_attention=sampler.decode_attention,
-        decode_matmul=sampler.decode_matmul,
         trace_dir=str(root),
     )

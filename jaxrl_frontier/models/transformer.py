@@ -61,6 +61,7 @@ class ModelConfig:
     param_dtype: str = "float32"
     family: str = "llama"  # llama | qwen2 | qwen3 (the HF architecture written back on save)
     remat: bool = False  # recompute each block in the backward pass (jax.checkpoint): less memory
+    attention: str = "xla"  # the attention implementation (`ATTENTION_IMPLS`)
 
     def __post_init__(self):
         if self.num_heads % self.num_kv_heads:
@@ -69,6 +70,8 @@ class ModelConfig:
             )
         if self.dtype not in ("float32", "bfloat16"):
             raise ValueError(f"dtype={self.dtype!r}; allowed: 'float32', 'bfloat16'")
+        if self.attention not in ATTENTION_IMPLS:
+            raise ValueError(f"attention={self.attention!r}; allowed: {ATTENTION_IMPLS}")
 
     @property
     def resolved_head_dim(self) -> int:
@@ -186,19 +189,12 @@ def dense(x: jax.Array, w: jax.Array, contract: int = 1) -> jax.Array:
     [16, 48] tokens, the backward pass ran 1.26x to 1.28x faster flattened (same values,
     no copies left). The reshapes are row-major bitcasts (no data moves), and a batch
     dim sharded over the mesh stays the major dim of the rows.
-
-    w may also be a weight object with its own product, `w.dense_matmul(x2d, contract)`
-    (a kernel's packed layout, `kernels.decode_matmul.PackedWeight`; see `map_projections`).
     """
     lead, inner = x.shape[: x.ndim - contract], w.shape[:contract]
     if x.shape[x.ndim - contract :] != inner:
         raise ValueError(f"dense: x {x.shape} does not end in w's input dims {inner}")
     out = w.shape[contract:]
-    rows = x.reshape(-1, math.prod(inner))
-    if hasattr(w, "dense_matmul"):
-        y = w.dense_matmul(rows, contract)
-    else:
-        y = rows @ w.reshape(math.prod(inner), math.prod(out))
+    y = x.reshape(-1, math.prod(inner)) @ w.reshape(math.prod(inner), math.prod(out))
     return y.reshape(*lead, *out)
 
 
@@ -259,14 +255,11 @@ class Attention(nnx.Module):
         """Attention output [..., H, Dh] -> [..., D]."""
         return dense(out, self.o_proj[...].astype(self.cfg.compute_dtype), contract=2)
 
-    def __call__(self, x, positions, inv_freq, attn_bias, kv=None, decode_attention=None):
+    def __call__(self, x, positions, inv_freq, attn_bias, kv=None):
         """x [B, T, D]; attn_bias [B, 1, 1, T, S] additive.
 
         kv: None, or (k_cache, v_cache, index) with this layer's cache [B, K, S, Dh]; the new
         keys/values are written in place at slots [index, index + T).
-        decode_attention: for a one-token step with a cache, fn(q [B, K, G, Dh], k, v
-        [B, K, S, Dh], bias [B, S]) -> [B, K, G, Dh] (the sampler passes the CPU kernel);
-        None: `default_decode_attention()`.
         Returns (out [B, T, D], (k_cache, v_cache) or None).
         """
         q, k, v = self.project_qkv(x, positions, inv_freq)
@@ -280,14 +273,30 @@ class Attention(nnx.Module):
             k = jax.lax.dynamic_update_slice(k_cache, k_new, start)
             v = jax.lax.dynamic_update_slice(v_cache, v_new, start)
             new_kv, kv_spec = (k, v), "bksd"
-        b, t, h, hd = q.shape
-        if t == 1 and kv is not None:
-            step = decode_attention or default_decode_attention()
-            q = q.reshape(b, self.cfg.num_kv_heads, -1, hd)  # query heads grouped by kv head
-            out = step(q, k, v, attn_bias[:, 0, 0, 0]).astype(x.dtype).reshape(b, t, h, hd)
-        else:
-            out = attend(q, k, v, attn_bias, kv_spec)
-        return self.project_out(out), new_kv
+        out = attention(q, k, v, attn_bias, kv_spec, impl=self.cfg.attention)
+        return self.project_out(out.astype(x.dtype)), new_kv
+
+
+ATTENTION_IMPLS = ("xla",)  # ModelConfig.attention
+
+
+def attention(q, k, v, attn_bias, kv_spec: str = "bskd", *, impl: str = "xla"):
+    """The model's one attention-selection point (`ModelConfig.attention`, static).
+
+    q [B, T, H, Dh]; k, v [B, S, K, Dh] (kv_spec 'bskd') or [B, K, S, Dh] ('bksd', the
+    cache's layout); attn_bias [B, 1, 1, T, S] additive. Returns [B, T, H, Dh].
+
+    'xla': plain XLA. A one-query step over the cache (decode) runs as broadcast-multiply
+    and reductions (`_attend_one_query`), every other call as `attend`'s einsums.
+    """
+    if impl not in ATTENTION_IMPLS:
+        raise ValueError(f"attention impl {impl!r}; allowed: {ATTENTION_IMPLS}")
+    if q.shape[1] == 1 and kv_spec == "bksd":
+        b, _, h, hd = q.shape
+        kvh = k.shape[1]
+        out = _attend_one_query(q.reshape(b, kvh, h // kvh, hd), k, v, attn_bias[:, 0, 0, 0])
+        return out.astype(q.dtype).reshape(b, 1, h, hd)
+    return attend(q, k, v, attn_bias, kv_spec)
 
 
 def attend(q, k, v, attn_bias, kv_spec: str = "bskd"):
@@ -309,37 +318,20 @@ def attend(q, k, v, attn_bias, kv_spec: str = "bskd"):
     return out.reshape(b, t, h, hd)
 
 
-def decode_attention_einsum(q, k, v, bias):
-    """One decode step's attention through `attend`'s einsums (accelerators).
+def _attend_one_query(q, k, v, bias):
+    """One decode step's attention as broadcast-multiply + reduce, in f32.
 
-    q [B, K, G, Dh]; k, v: one layer's cache [B, K, S, Dh]; bias [B, S] additive.
-    Returns [B, K, G, Dh] in q's dtype.
-    """
-    b, kvh, g, hd = q.shape
-    out = attend(q.reshape(b, 1, kvh * g, hd), k, v, bias[:, None, None, None, :], "bksd")
-    return out.reshape(q.shape)
-
-
-def decode_attention_reduce(q, k, v, bias):
-    """One decode step's attention as broadcast-multiply + reduce (f32), for XLA on CPU.
-
-    Shapes as `decode_attention_einsum`; returns f32. With one query per row, XLA:CPU runs
-    the einsums as B*K tiny batched dots (measured ~150 us per layer at B=16, S=144, ~1% of
-    peak); as reductions they fuse into loops that read the cache in place. Faster still on
-    CPU: the kernel `jaxrl_frontier.kernels.decode_attention`.
+    q [B, K, G, Dh] (query heads grouped by kv head); k, v: one layer's cache [B, K, S, Dh];
+    bias [B, S] additive. Returns f32 [B, K, G, Dh]. With one query per row, XLA:CPU runs
+    the einsum form as B*K tiny batched dots (measured ~150 us per layer at B=16, S=144,
+    ~1% of peak); as reductions they fuse into loops that read the cache in place.
     """
     f32 = jnp.float32
-    qf = q.astype(f32)  # [B, K, G, Dh]
+    qf = q.astype(f32)
     scores = jnp.sum(qf[:, :, :, None, :] * k[:, :, None].astype(f32), axis=-1)  # [B,K,G,S]
     scores = scores / math.sqrt(q.shape[-1]) + bias[:, None, None, :]
     probs = jax.nn.softmax(scores, axis=-1)
     return jnp.sum(probs[..., None] * v[:, :, None].astype(f32), axis=3)  # [B, K, G, Dh]
-
-
-def default_decode_attention():
-    """Plain XLA's best decode attention for the default backend: reductions on CPU,
-    einsums elsewhere."""
-    return decode_attention_reduce if jax.default_backend() == "cpu" else decode_attention_einsum
 
 
 class MLP(nnx.Module):
@@ -367,12 +359,8 @@ class Block(nnx.Module):
         self.post_attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, pd, rngs)
         self.mlp = MLP(cfg, rngs)
 
-    def __call__(
-        self, x, positions, inv_freq, attn_bias, kv=None, hidden_mask=None, decode_attention=None
-    ):
-        a, new_kv = self.attn(
-            self.input_norm(x), positions, inv_freq, attn_bias, kv, decode_attention
-        )
+    def __call__(self, x, positions, inv_freq, attn_bias, kv=None, hidden_mask=None):
+        a, new_kv = self.attn(self.input_norm(x), positions, inv_freq, attn_bias, kv)
         return self.feed_forward(x + a, hidden_mask), new_kv
 
     def feed_forward(self, x, hidden_mask=None):
@@ -445,7 +433,6 @@ class Transformer(nnx.Module):
         positions: jax.Array | None = None,
         cache: KVCache | None = None,
         mlp_mask: jax.Array | None = None,
-        decode_attention=None,
     ):
         """Logits for `tokens`.
 
@@ -457,8 +444,6 @@ class Transformer(nnx.Module):
           cache: a `KVCache`; the T new tokens are written at slots [index, index + T).
           mlp_mask: optional [L, B, F] multiplicative mask on the MLP hidden units, held
             fixed over a rollout (Dropout-GRPO).
-          decode_attention: a one-token step's attention over the cache (see
-            `Attention.__call__`); None: `default_decode_attention()`.
 
         Returns:
           logits f32 [B, T, V]; with a cache, (logits, updated cache).
@@ -469,7 +454,6 @@ class Transformer(nnx.Module):
             positions=positions,
             cache=cache,
             mlp_mask=mlp_mask,
-            decode_attention=decode_attention,
         )
         logits = self.logits(hidden)
         return logits if cache is None else (logits, new_cache)
@@ -482,7 +466,6 @@ class Transformer(nnx.Module):
         positions=None,
         cache=None,
         mlp_mask=None,
-        decode_attention=None,
     ):
         """Final-normed hidden states [B, T, D] (and the updated cache, or None)."""
         cfg = self.cfg
@@ -518,8 +501,6 @@ class Transformer(nnx.Module):
                 attn_bias,
                 kv,
                 hm,
-                # only cached (decode) forwards use it; remat's jax.checkpoint takes arrays only
-                None if cache is None else decode_attention,
                 remat=remat,
             )
             if kv is not None:
@@ -620,43 +601,3 @@ def with_compute_weights(model: Transformer) -> Transformer:
     if not any(needs_cast(w) for w in jax.tree.leaves(state)):
         return model
     return nnx.merge(graphdef, jax.tree.map(lambda w: w.astype(dt) if needs_cast(w) else w, state))
-
-
-# The weights every layer multiplies through `dense`, and how many leading dims each
-# contracts: what a decode-only copy of the model may hold in a kernel's own layout.
-PROJECTIONS = {
-    "q_proj": 1,
-    "k_proj": 1,
-    "v_proj": 1,
-    "o_proj": 2,
-    "gate_proj": 1,
-    "up_proj": 1,
-    "down_proj": 1,
-}
-
-
-def projection_columns(cfg: ModelConfig) -> dict[str, int]:
-    """Output columns of each projection's 2-D matmul (what a matmul kernel tiles)."""
-    h, k, hd = cfg.num_heads, cfg.num_kv_heads, cfg.resolved_head_dim
-    d, f = cfg.hidden_size, cfg.intermediate_size
-    return dict(
-        q_proj=h * hd, k_proj=k * hd, v_proj=k * hd, o_proj=d, gate_proj=f, up_proj=f, down_proj=d
-    )
-
-
-def map_projections(model: Transformer, fn) -> Transformer:
-    """The same model with each projection weight w (`PROJECTIONS`) replaced by
-    fn(w, in_dims): e.g. `kernels.decode_matmul.pack`, which the sampler applies once per
-    decode program so that every step's projections run in the kernel. Embeddings, norms
-    and biases are left as they are. The result is for forward passes only."""
-    graphdef, state = nnx.split(model)
-
-    def name_of(path):
-        names = [str(getattr(entry, "key", entry)) for entry in path]
-        return next((n for n in reversed(names) if n in PROJECTIONS), None)
-
-    def replace(path, w):
-        name = name_of(path)
-        return w if name is None else fn(w, PROJECTIONS[name])
-
-    return nnx.merge(graphdef, jax.tree_util.tree_map_with_path(replace, state))
