@@ -160,6 +160,32 @@ def test_equal_rewards_give_zero_advantage(name):
     assert np.all(np.isfinite(A))
 
 
+@pytest.mark.parametrize("name", ["grpo", "dr_grpo", "rloo", "reinforce_pp", "gdpo", "gd2po"])
+def test_equal_unrepresentable_rewards_give_exactly_zero(name):
+    # 0.9 is not a float32: the plain group mean rounds, and (R - mean) / (std + 1e-6) gave
+    # about +-0.1 on a group with no signal at all. Beside a group with signal (whitening).
+    R = np.full((2, 7), 0.9, np.float32)
+    R[1] = [0.1, 0.9, 0.3, 0.3, 0.7, 0.2, 0.9]
+    A = np.asarray(jax.jit(ADVANTAGES.get(name))(jnp.asarray(R)))
+    assert np.all(A[0] == 0.0), A[0]
+    assert np.all(A[1] != 0.0)
+    for scale in ("batch", "none"):
+        if name == "grpo":
+            assert np.all(np.asarray(ADVANTAGES.get(name)(R, scale=scale))[0] == 0.0)
+
+
+@pytest.mark.parametrize("name", ["gdpo", "gd2po"])
+def test_constant_component_contributes_nothing_whatever_its_weight(name):
+    # component 1 is 0.9 everywhere: its decoupled advantage must be exactly 0, so its weight
+    # cannot matter (and gd2po must not see sign conflicts in its rounding residue)
+    R = np.full((2, 7, 2), 0.9, np.float32)
+    R[:, :, 0] = [[1, 0, 0, 1, 1, 0, 1], [0, 0, 1, 0, 0, 0, 1]]
+    fn = ADVANTAGES.get(name)
+    only_first = np.asarray(fn(R, reward_weights=(1.0, 0.0)))
+    np.testing.assert_array_equal(np.asarray(fn(R, reward_weights=(1.0, 5.0))), only_first)
+    np.testing.assert_allclose(only_first, ref_gdpo(R[..., :1], (1.0,)), rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.parametrize("name", ["grpo", "dr_grpo", "rloo"])
 def test_vmapped_equals_python_loop_over_groups(name):
     fn = ADVANTAGES.get(name)

@@ -84,8 +84,22 @@ def _component_weights(rewards: Array, reward_weights: Sequence[float] | None) -
     return jnp.asarray(reward_weights, jnp.float32)
 
 
-def _std(x: Array, axis=None, keepdims=False) -> Array:
-    return jnp.std(x, axis=axis, ddof=1, keepdims=keepdims)
+def centre(r_g: Array, axis: int = 0) -> Array:
+    """r - mean(r) along `axis`, exactly 0 on a constant group.
+
+    Computed about the first element (the shifted-data form): with d = r - r_0,
+    r - mean(r) = d - mean(d). On a constant group every d is exactly 0, so the result is
+    exactly 0 even when the shared value is not representable (0.9 in float32, whose
+    plain mean rounds and leaves ~1e-7 residues that an std normalisation would blow up).
+    """
+    d = r_g - jnp.take(r_g, jnp.asarray([0]), axis=axis)
+    return d - jnp.mean(d, axis=axis, keepdims=True)
+
+
+def centred_std(c_g: Array, axis: int = 0, keepdims: bool = False) -> Array:
+    """Unbiased std from already-centred values: sqrt(sum c^2 / (G - 1)); 0 on a constant group."""
+    G = c_g.shape[axis]
+    return jnp.sqrt(jnp.sum(c_g**2, axis=axis, keepdims=keepdims) / (G - 1))
 
 
 def _weighted_whiten(x: Array, weight: Array, eps: float, sqrt_var: bool) -> Array:
@@ -150,12 +164,12 @@ def grpo(
         raise ValueError(f"grpo: unknown scale {scale!r}; allowed: 'group', 'batch', 'none'")
 
     def per_group(r_g):  # [G]
-        centred = r_g - jnp.mean(r_g)
-        return centred / (_std(r_g) + eps) if scale == "group" else centred
+        c_g = centre(r_g)
+        return c_g / (centred_std(c_g) + eps) if scale == "group" else c_g
 
     A = jax.vmap(per_group)(R)
     if scale == "batch":
-        A = A / (_std(R) + eps)
+        A = A / (centred_std(centre(R.reshape(-1))) + eps)
     return A
 
 
@@ -167,7 +181,7 @@ def dr_grpo(rewards: Array, reward_weights: Sequence[float] | None = None) -> Ar
     Liu et al. 2025 (Understanding R1-Zero-Like Training: A Critical Perspective).
     """
     R = combine_rewards(rewards, reward_weights)
-    return jax.vmap(lambda r_g: r_g - jnp.mean(r_g))(R)
+    return jax.vmap(centre)(R)
 
 
 @_register("rloo", "group")
@@ -182,7 +196,7 @@ def rloo(rewards: Array, reward_weights: Sequence[float] | None = None) -> Array
     def per_group(r_g):
         # the centred form: exactly 0 on equal rewards (sum - r_i over G - 1 can round off)
         G = r_g.shape[0]
-        return G / (G - 1) * (r_g - jnp.mean(r_g))
+        return G / (G - 1) * centre(r_g)
 
     return jax.vmap(per_group)(R)
 
@@ -214,7 +228,7 @@ def reinforce_pp(
     Hu 2025 (REINFORCE++: A Simple and Efficient Approach for Aligning LLMs).
     """
     R = combine_rewards(rewards, reward_weights)
-    centred = jax.vmap(lambda r_g: r_g - jnp.mean(r_g))(R)
+    centred = jax.vmap(centre)(R)
     n = jnp.ones_like(R) if lengths is None else jnp.asarray(lengths, jnp.float32)
     return _zero_constant_groups(_weighted_whiten(centred, n, eps=1e-8, sqrt_var=True), rewards)
 
@@ -225,7 +239,8 @@ def _decoupled_components(rewards: Array) -> Array:
     r = r.astype(jnp.float32)
 
     def per_group(r_gk):  # [G, K]
-        return (r_gk - jnp.mean(r_gk, axis=0)) / (_std(r_gk, axis=0) + 1e-4)
+        c_gk = centre(r_gk, axis=0)
+        return c_gk / (centred_std(c_gk, axis=0) + 1e-4)
 
     return jax.vmap(per_group)(r)
 
