@@ -18,6 +18,7 @@ from jaxrl_frontier.objectives import (
     default_config,
     kl_reward_penalty,
     loss_fn,
+    losses,
     objective_loss,
     token_entropy,
     token_logprobs,
@@ -340,6 +341,128 @@ def test_loss_fn_runs_the_forward_and_matches_objective_loss():
     np.testing.assert_allclose(loss, ref_loss, rtol=1e-5)
     assert "distill_loss" in metrics and np.all(np.isfinite(np.asarray(grads["E"])))
     assert np.any(np.asarray(grads["E"]) != 0)
+
+
+class HiddenModel:
+    """hidden[b, t] = tanh(E[tokens[b, t]]) [D]; logits = hidden @ W [V] (an output layer to
+    chunk over), so both the full-logits and the chunked hidden-state paths apply."""
+
+    D = 5
+
+    @staticmethod
+    def hidden(params, tokens, attention_mask):
+        del attention_mask
+        return jnp.tanh(params["E"][tokens]), params["W"]
+
+    @staticmethod
+    def apply(params, tokens, attention_mask):
+        h, w = HiddenModel.hidden(params, tokens, attention_mask)
+        return h @ w
+
+
+def hidden_batch(seed, rows=B, width=T, mask=None):
+    rng = np.random.default_rng(seed)
+    keys = jax.random.split(jax.random.key(seed), 4)
+    params = {
+        "E": jax.random.normal(keys[0], (V, HiddenModel.D)),
+        "W": jax.random.normal(keys[1], (HiddenModel.D, V)),
+    }
+    tokens = jnp.asarray(rng.integers(0, V, (rows, width)).astype(np.int32))
+    mask = jnp.asarray(MASK if mask is None else mask)
+    logp = token_logprobs(HiddenModel.apply(params, tokens, None), tokens)
+    batch = {
+        "tokens": tokens,
+        "attention_mask": jnp.ones((rows, width), jnp.int32),
+        "loss_mask": mask,
+        "old_logp": (logp + 0.2 * jnp.asarray(rng.normal(size=(rows, width)))) * mask,
+        "advantages": jnp.asarray(rng.normal(size=(rows, width)).astype(np.float32)) * mask,
+        "ref_logp": (logp - 0.1) * mask,
+    }
+    teacher = (
+        jax.random.normal(keys[2], (rows, width, 4)),  # teacher hidden, D_t = 4
+        jax.random.normal(keys[3], (4, V)),
+    )
+    return params, batch, teacher
+
+
+@pytest.mark.parametrize("aggregation", sorted(AGGREGATIONS.names()))
+def test_microbatch_losses_with_the_full_denominator_sum_to_the_full_batch(aggregation):
+    # 4 rows in 2 microbatches holding 7 and 2 valid tokens (and an empty row): averaging
+    # per-microbatch token means would weigh a token of the second microbatch 3.5x more.
+    mask = np.array(
+        [[0, 1, 1, 1, 1, 1], [0, 0, 1, 1, 0, 0], [0, 1, 1, 0, 0, 0], [0, 0, 0, 0, 0, 0]],
+        np.float32,
+    )
+    params, batch, _ = hidden_batch(3, rows=4, mask=mask)
+    cfg = {
+        "weight": "ppo_clip",
+        "aggregation": aggregation,
+        "kl_coef": 0.1,
+        "entropy_coef": 0.01,
+    }
+    if aggregation == "seq_mean_token_sum_norm":
+        cfg["aggregation_kwargs"] = {"max_completion_len": 5}
+
+    def loss(p, b, denominator=None):
+        kw = dict(apply_fn=HiddenModel.apply, logprob_chunk=4)
+        return loss_fn(p, b, cfg, denominator=denominator, **kw)[0]
+
+    full, g_full = jax.value_and_grad(loss)(params, batch)
+    Z = losses.aggregation_denominator(cfg, batch["loss_mask"])
+    halves = [{k: v[i : i + 2] for k, v in batch.items()} for i in (0, 2)]
+    parts = [jax.value_and_grad(loss)(params, h, Z) for h in halves]
+    np.testing.assert_allclose(sum(v for v, _ in parts), full, rtol=1e-6, atol=1e-7)
+    for k in params:
+        np.testing.assert_allclose(
+            sum(g[k] for _, g in parts), g_full[k], rtol=1e-6, atol=1e-6, err_msg=k
+        )
+    expected_Z = {
+        "token_mean": 9.0,
+        "seq_mean_token_mean": 3.0,
+        "seq_mean_token_sum": 3.0,
+        "seq_mean_token_sum_norm": 15.0,
+    }[aggregation]
+    assert float(Z) == expected_Z
+    if aggregation == "token_mean":  # the per-microbatch mean is not the full batch's
+        means = [loss(params, h) for h in halves]
+        assert abs(float(sum(means)) / 2 - float(full)) > 1e-3
+
+
+@pytest.mark.parametrize(
+    "name,kw",
+    [("forward_kl", {}), ("reverse_kl", {"top_k": 3}), ("jsd", {"beta": 0.3}), ("cr_opd", {})],
+)
+def test_chunked_teacher_distillation_equals_the_full_logits_path(name, kw):
+    params, batch, teacher = hidden_batch(4)
+    cfg = {"weight": "pg", "distill": name, "distill_kwargs": kw, "distill_coef": 0.7}
+    h_t, w_t = teacher
+    full_batch = {**batch, "teacher_logits": h_t @ w_t}
+
+    def full(p):
+        return loss_fn(p, full_batch, cfg, apply_fn=HiddenModel.apply)
+
+    def chunked(p):
+        return loss_fn(
+            p,
+            batch,
+            cfg,
+            apply_fn=HiddenModel.apply,
+            apply_hidden_fn=HiddenModel.hidden,
+            logprob_chunk=4,  # 15 positions: chunks of 4, the last one padded
+            first_scored=2,  # MASK is 0 on columns 0 and 1
+            teacher_hidden=teacher,
+        )
+
+    (l_full, m_full), g_full = jax.value_and_grad(full, has_aux=True)(params)
+    (l_chunk, m_chunk), g_chunk = jax.jit(jax.value_and_grad(chunked, has_aux=True))(params)
+    assert float(m_full["distill_loss"]) > 0.0
+    np.testing.assert_allclose(m_chunk["distill_loss"], m_full["distill_loss"], rtol=1e-5)
+    np.testing.assert_allclose(l_chunk, l_full, rtol=1e-5, atol=1e-6)
+    for k in params:
+        np.testing.assert_allclose(g_chunk[k], g_full[k], rtol=1e-5, atol=1e-6, err_msg=k)
+    # the teacher_hidden path without the chunked student forms the teacher logits in full
+    (l_plain, _) = loss_fn(params, batch, cfg, apply_fn=HiddenModel.apply, teacher_hidden=teacher)
+    np.testing.assert_allclose(l_plain, l_full, rtol=1e-5, atol=1e-6)
 
 
 # ----------------------------------------------------------------------------- config errors

@@ -1,5 +1,5 @@
-"""Objectives: advantages, the w(p) weight registry and the loss (DESIGN.md, "The objective
-contract"): grad L = -(1/Z) sum_{b,t} m w A grad logp.
+"""Objectives: advantages, the w(p) weight registry and the loss (docs/objectives.md):
+grad L = -(1/Z) sum_{b,t} m w A grad logp.
 
     from jaxrl_frontier.objectives import ADVANTAGES, WEIGHTS, TokenStats, loss_fn
 """
@@ -17,7 +17,10 @@ from jaxrl_frontier.objectives.losses import (
     DISTILL_LOSSES,
     KL_ESTIMATORS,
     ObjectiveConfigError,
+    aggregation_denominator,
+    chunked_token_stats,
     default_config,
+    entry_defaults,
     kl_reward_penalty,
     loss_fn,
     objective_loss,
@@ -37,7 +40,10 @@ __all__ = [
     "ObjectiveConfigError",
     "TokenStats",
     "advantage_level",
+    "aggregation_denominator",
+    "chunked_token_stats",
     "default_config",
+    "entry_defaults",
     "kl_reward_penalty",
     "loss_fn",
     "objective_loss",

@@ -1,6 +1,6 @@
 """The w(p) registry: every policy-gradient method as a stop-gradient token weight.
 
-The surrogate is always (DESIGN.md, "The objective contract")
+The surrogate is always (docs/objectives.md)
 
     grad L = -(1/Z) * sum_{b,t} m[b,t] * w[b,t] * A[b,t] * grad logp[b,t]
 
@@ -9,7 +9,7 @@ with `w` held constant. An entry is called as
     w_bt = WEIGHTS.get(name)(stats, adv_bt, **hparams)     # [B, T], stop_gradient applied
 
 where `stats` is a `TokenStats` ([B, T] fields) and `adv_bt` the advantage broadcast over
-tokens. Notation (FORMULAS.md): `l = logp`, `lo = old_logp`, `d = l - lo`, `r = exp(d)`,
+tokens. Notation: `l = logp`, `lo = old_logp`, `d = l - lo`, `r = exp(d)`,
 `p = exp(l)`, `mu = exp(lo)`, `m = mask`. Entries that need an optional statistic declare it
 in `fn.requires` (checked by `validate_objective_config` and by the loss).
 
