@@ -32,10 +32,16 @@ Array = jax.Array
 ADVANTAGES = Registry("advantage estimator")
 
 
-def _register(name: str, level: str, requires: tuple[str, ...] = ()) -> Callable:
+def _register(
+    name: str, level: str, requires: tuple[str, ...] = (), components: bool = False
+) -> Callable:
+    """`components=True`: a group entry that reads the reward vector [P, G, K] with
+    `reward_weights` (the others read the combined sequence reward [P, G])."""
+
     def decorator(fn):
         fn.level = level
         fn.requires = tuple(requires)
+        fn.components = components
         return ADVANTAGES.register(name)(fn)
 
     return decorator
@@ -245,7 +251,7 @@ def _decoupled_components(rewards: Array) -> Array:
     return jax.vmap(per_group)(r)
 
 
-@_register("gdpo", "group")
+@_register("gdpo", "group", components=True)
 def gdpo(rewards: Array, reward_weights: Sequence[float] | None = None) -> Array:
     """GDPO: decouple the reward components' group normalisation, then whiten the batch.
 
@@ -263,7 +269,7 @@ def gdpo(rewards: Array, reward_weights: Sequence[float] | None = None) -> Array
     )
 
 
-@_register("gd2po", "group")
+@_register("gd2po", "group", components=True)
 def gd2po(
     rewards: Array,
     reward_weights: Sequence[float] | None = None,
@@ -378,10 +384,13 @@ def opd(
     gamma: float = 1.0,
     lam: float = 1.0,
     group_size: int | None = None,
+    token_reward: Array | None = None,
 ) -> Array:
     """On-policy distillation: per-token reverse KL as reward, [B, T].
 
-    a_t = l_teacher(y_t) - l_rollout(y_t)   (rollout = old_logp), then a return estimator:
+    a_t = l_teacher(y_t) - l_rollout(y_t)   (rollout = old_logp), plus `token_reward` [B, T]
+    when given (e.g. the KL-to-reference penalty -beta k_t of kl_in_reward), then a return
+    estimator:
       immediate:    A_t = a_t
       return_to_go: A_t = sum_{s>=t} a_s
       discounted:   A_t = sum_{s>=t} gamma^{s-t} a_s
@@ -391,11 +400,12 @@ def opd(
                     end; delta_t = a_t + gamma V_{t+1} - V_t, A_t = sum_k (gamma lam)^k delta_{t+k}.
                     lam = 1 gives return_to_go(gamma) - V_t; lam = 0 the one-step TD error.
     Steps count completion tokens. Config keys: estimator='immediate', gamma=1.0, lam=1.0,
-    group_size=None.  Needs: teacher_logp.
+    group_size=None (the trainer passes G).  Needs: teacher_logp.
     Agarwal et al. 2024 (GKD); Lu & Thinking Machines 2025 (On-Policy Distillation); GAE-OPD
     from Zhang 2026 (A Formula-Driven Survey and Research Agenda for On-Policy Distillation).
     """
-    return _returns(opd_reward(stats), stats.mask, estimator, gamma, lam, group_size)
+    a_bt = opd_reward(stats) if token_reward is None else opd_reward(stats) + token_reward
+    return _returns(a_bt, stats.mask, estimator, gamma, lam, group_size)
 
 
 @_register("opd_hybrid", "token", requires=("teacher_logp",))
@@ -422,15 +432,18 @@ def opd_hybrid(
 
 
 @_register("progress", "token", requires=("ref_logp",))
-def progress(stats: TokenStats, beta: float = 1.0) -> Array:
+def progress(stats: TokenStats, beta: float = 1.0, token_reward: Array | None = None) -> Array:
     """Progress advantage: a_t = beta * (l_policy(y_t) - l_ref(y_t)), [B, T], masked.
 
-    l_policy is the rollout policy (old_logp). A step score sums a_t over the step's tokens:
-    `step_scores(a_bt, step_ids_bt, num_steps)`.
+    l_policy is the rollout policy (old_logp); `token_reward` [B, T] is added when given. A
+    step score sums a_t over the step's tokens: `step_scores(a_bt, step_ids_bt, num_steps)`.
+    A test-time score: as a training advantage against a reference equal to the initial
+    policy it is 0 at step 0 and nothing is learnt (the config refuses mode='rl' with it).
     Config keys: beta=1.0.  Needs: ref_logp.
     Neglected Free Lunch from Post-training: Progress Advantage for LLM Agents (2026).
     """
-    return stats.mask * beta * (stats.old_logp - stats.ref_logp)
+    a_bt = beta * (stats.old_logp - stats.ref_logp)
+    return stats.mask * (a_bt if token_reward is None else a_bt + token_reward)
 
 
 def step_scores(a_bt: Array, step_ids_bt: Array, num_steps: int) -> Array:

@@ -512,6 +512,7 @@ DEFAULTS: Mapping[str, Any] = {
     # check covers the section.
     "advantage": "grpo",
     "advantage_kwargs": {},
+    "reward_weights": {},  # reward component -> weight; {} = the correctness reward only
 }
 
 
