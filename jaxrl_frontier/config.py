@@ -1,21 +1,41 @@
 """The config schema: every key a run reads, its default, and validation.
 
-Experiment files in `configs/` start from `base_config()` and override what they change.
-`validate(config)` runs before anything is built: an unknown key (a typo in a sweep), a
-value of the wrong type, or an inconsistent setting raises `ConfigError` naming the key
-and the allowed values. Free-form kwargs dicts (`task.kwargs`, `objective.*_kwargs`) are
-checked against the signature of the registry entry they configure.
+Experiment files in `configs/` start from `base_config()` (a locked `ConfigDict`: assigning a
+key it lacks, or a value of another type, fails at once in ml-collections) and override what
+they change. `resolve(config)` merges any config (a ConfigDict or a plain nested dict) over the
+schema, so unknown keys and wrong types raise `ConfigError` naming the dotted key, and settles
+the registry kwargs (below). `validate(config)` resolves, then checks choices, consistency and
+the registry names and kwargs before anything is built; every error names the key and the
+allowed values. None means unset (`config_dict.placeholder`, so a command line can set it).
+
+Free-form blocks (`task.kwargs`, `objective.reward_weights`, `objective.*_kwargs`) are
+checked against what they configure: the task's `__init__`, the task's reward names, the
+registry entry's keyword defaults (`objectives.losses.entry_defaults`).
+
+Switching a registry entry. `presets.finish` spells out each `objective.<block>_kwargs`
+(block = weight, advantage, aggregation, distill) with the chosen entry's defaults, adds an
+unset placeholder for every other knob of that registry (so
+`--config.objective.weight_kwargs.delta_low=0.1` parses), and records the choices in
+`objective.as_written`. When a command line then switches the entry
+(`--config.objective.weight=dppo`), `resolve` restarts that block from the new entry's
+defaults: keys still holding the value the file wrote for the old entry are dropped (logged),
+keys set since (a changed or a new value) are kept, and a key the new entry does not take is
+an error naming the allowed keys.
 """
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Mapping
+import logging
+from collections.abc import Mapping
 from typing import Any
 
 import ml_collections
+from ml_collections import config_dict
 
-# Subtrees whose keys are not fixed by the schema (checked against a signature instead).
+log = logging.getLogger(__name__)
+
+# Subtrees whose keys are not fixed by the schema (checked against what they configure).
 FREE_FORM = (
     "task.kwargs",
     "objective.reward_weights",  # reward component -> weight, checked against the task's names
@@ -23,11 +43,41 @@ FREE_FORM = (
     "objective.weight_kwargs",
     "objective.aggregation_kwargs",
     "objective.distill_kwargs",
+    "objective.as_written",
 )
+# objective.<block> names an entry of a registry; objective.<block>_kwargs configures it.
+REGISTRY_BLOCKS = ("weight", "advantage", "aggregation", "distill")
 
 
 class ConfigError(ValueError):
     """A config value is unknown, mistyped or inconsistent; the message names the key."""
+
+
+def registry_entry(block: str, name: str):
+    """The callable `objective.<block> = name` selects (ConfigError listing the known ones)."""
+    from jaxrl_frontier.objectives import advantages, losses, weights
+
+    registry = {
+        "weight": weights.WEIGHTS,
+        "advantage": advantages.ADVANTAGES,
+        "aggregation": losses.AGGREGATIONS,
+        "distill": losses.DISTILL_LOSSES,
+    }[block]
+    try:
+        return registry.get(name)
+    except KeyError as e:
+        raise ConfigError(f"config key 'objective.{block}': {e.args[0]}") from None
+
+
+def entry_defaults(block: str, name: str | None) -> dict[str, Any]:
+    """The keyword defaults of the entry `objective.<block> = name` that are set (not None);
+    {} for no entry (distill None)."""
+    from jaxrl_frontier.objectives import losses
+
+    if not name:
+        return {}
+    defaults = losses.entry_defaults(registry_entry(block, name))
+    return {k: v for k, v in defaults.items() if v is not None}
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -66,7 +116,15 @@ def base_config() -> ml_collections.ConfigDict:
     c.task.name = "arithmetic"
     c.task.kwargs = ml_collections.ConfigDict()
 
-    c.data = dict(prompt_batch=16, max_prompt_len=16)  # P prompts per RL step
+    # P prompts per RL step (all processes together); source: a scheduling.SOURCES name
+    c.data = dict(prompt_batch=16, max_prompt_len=16, source="uniform")
+
+    # Multi-host (docs/distributed.md): unset = JAX's own TPU-pod / SLURM detection, or one
+    # process; set all three for any other launcher (e.g. several processes on localhost).
+    c.distributed = ml_collections.ConfigDict()
+    c.distributed.coordinator_address = config_dict.placeholder(str)
+    c.distributed.num_processes = config_dict.placeholder(int)
+    c.distributed.process_id = config_dict.placeholder(int)
 
     c.rollout = ml_collections.ConfigDict()
     c.rollout.group_size = 8  # G completions per prompt
@@ -76,29 +134,19 @@ def base_config() -> ml_collections.ConfigDict:
     c.rollout.top_p = 1.0
     c.rollout.min_p = 0.0
     c.rollout.dropout_rate = 0.0  # Dropout-GRPO: per-rollout fixed MLP dropout mask
-    c.rollout.cache_dtype = ""  # KV cache dtype: '' (the compute dtype) | float32 | bfloat16
+    # KV cache dtype: None (the compute dtype) | float32 | bfloat16
+    c.rollout.cache_dtype = config_dict.placeholder(str)
     # bf16 compute on f32 params: cast the weights once per rollout program (a bf16 copy while
     # it runs) rather than re-read the f32 weights at every decode step
     c.rollout.cast_weights_once = True
 
-    c.objective = ml_collections.ConfigDict()
-    c.objective.advantage = "grpo"
-    c.objective.advantage_kwargs = ml_collections.ConfigDict()
-    c.objective.reward_weights = (
-        ml_collections.ConfigDict()
-    )  # component -> weight; {} = correctness only
-    c.objective.weight = "ppo_clip"
-    c.objective.weight_kwargs = ml_collections.ConfigDict()
-    c.objective.aggregation = "token_mean"
-    c.objective.aggregation_kwargs = ml_collections.ConfigDict()
-    c.objective.kl_coef = 0.0
-    c.objective.kl_estimator = "k3"
-    c.objective.kl_in_reward = False
-    c.objective.entropy_coef = 0.0
-    c.objective.pg_coef = 1.0
-    c.objective.distill = ""  # '' | forward_kl | reverse_kl | jsd | cr_opd
-    c.objective.distill_coef = 0.0
-    c.objective.distill_kwargs = ml_collections.ConfigDict()
+    # every key and default of the objective is defined once, in objectives.losses.DEFAULTS
+    from jaxrl_frontier.objectives import losses
+
+    c.objective = losses.default_config()
+    # the registry choices and kwargs as the config file wrote them (presets.finish): how
+    # resolve tells a command-line switch of objective.weight etc. from the file's choice
+    c.objective.as_written = ml_collections.ConfigDict()
 
     c.optimizer = ml_collections.ConfigDict()
     c.optimizer.lr = 1e-4
@@ -136,17 +184,18 @@ def base_config() -> ml_collections.ConfigDict:
 
     c.eval = dict(num_prompts=256, pass_k=4, batch=128)
     c.eval.at_start = True  # RL: evaluate the starting policy at step 0 (off: faster tests)
+    c.lock()
     return c
 
 
-# --------------------------------------------------------------------------- validation
+# --------------------------------------------------------------------------- resolve
 
 CHOICES: dict[str, tuple] = {
     "mode": ("rl", "sft"),
     "tokenizer.kind": ("char", "hf"),
     "model.init": ("scratch", "hf", "checkpoint"),
     "model.dtype": ("float32", "bfloat16"),
-    "rollout.cache_dtype": ("", "float32", "bfloat16"),
+    "rollout.cache_dtype": (None, "float32", "bfloat16"),
     "teacher.init": ("none", "scratch", "hf", "checkpoint"),
     "teacher.dtype": ("float32", "bfloat16"),
     "optimizer.schedule": ("constant", "cosine", "linear"),
@@ -154,74 +203,88 @@ CHOICES: dict[str, tuple] = {
 }
 
 
-def _flatten(cfg: Mapping, prefix: str = "") -> dict[str, Any]:
-    out = {}
-    for k, v in cfg.items():
-        key = f"{prefix}{k}"
-        if key in FREE_FORM:
-            out[key] = v
-        elif isinstance(v, Mapping | ml_collections.ConfigDict):  # ConfigDict is no Mapping
-            out.update(_flatten(v, key + "."))
-        else:
-            out[key] = v
+def resolve(config: Mapping | ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """`config` merged over `base_config()` (locked): a file may replace a whole section
+    (`c.mesh = dict(data=2)`) and still get the section's other keys at their defaults.
+    An unknown key or a value of the wrong type raises ConfigError naming the dotted key;
+    the objective's kwargs blocks are settled for the entries now chosen (module docstring).
+    Idempotent: resolving a resolved config changes nothing."""
+    given = config.to_dict() if hasattr(config, "to_dict") else dict(config)
+    out = base_config()
+    _merge(out, given, "")
+    _settle_registry_kwargs(out.objective)
     return out
 
 
-def _type_ok(value, default) -> bool:
-    if isinstance(default, bool):
-        return isinstance(value, bool)
-    if isinstance(default, float):
-        return isinstance(value, int | float) and not isinstance(value, bool)
-    if isinstance(default, int):
-        return isinstance(value, int) and not isinstance(value, bool)
-    if isinstance(default, str):
-        return isinstance(value, str)
-    return True
-
-
-def keyword_names(fn: Callable) -> list[str]:
-    """Names of the parameters of `fn` that can be passed by keyword."""
-    kinds = (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-    return [p.name for p in inspect.signature(fn).parameters.values() if p.kind in kinds]
-
-
-def check_kwargs(fn: Callable, kwargs: Mapping, key: str, *, skip: int = 0) -> None:
-    """Every key of `kwargs` must be a keyword parameter of `fn` (after `skip` positionals)."""
-    params = list(inspect.signature(fn).parameters.values())[skip:]
-    if any(p.kind is p.VAR_KEYWORD for p in params):
-        return
-    allowed = [p.name for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
-    for k in kwargs:
-        if k not in allowed:
+def _merge(node: ml_collections.ConfigDict, given: Mapping, prefix: str) -> None:
+    for k, v in given.items():
+        key = f"{prefix}{k}"
+        if k not in node:
+            where = f" under {prefix[:-1]!r}" if prefix else ""
             raise ConfigError(
-                f"config key {key}.{k} is not a parameter of {fn.__name__}; "
-                f"allowed: {', '.join(allowed) or '(none)'}"
+                f"unknown config key {key!r}; known keys{where}: {', '.join(sorted(node))}"
             )
+        if key in FREE_FORM:
+            node[k] = ml_collections.ConfigDict(dict(v or {}))
+        elif isinstance(node[k], ml_collections.ConfigDict) and isinstance(v, Mapping):
+            _merge(node[k], v, key + ".")
+        else:
+            try:
+                node[k] = v
+            except TypeError:  # ml-collections refuses to cast the value to the field's type
+                expected = node.get_type(k).__name__
+                raise ConfigError(
+                    f"config key {key!r} = {v!r} has type {type(v).__name__}; expected {expected}"
+                ) from None
 
 
-def validate(config: ml_collections.ConfigDict, num_devices: int | None = None) -> None:
-    """Raise ConfigError naming the first bad key; returns None when the config is usable."""
-    schema = _flatten(base_config())
-    given = _flatten(config)
-    for key, value in given.items():
-        if key not in schema:
-            parent = key.rsplit(".", 1)[0] if "." in key else ""
-            siblings = sorted(k.rsplit(".", 1)[-1] for k in schema if k.startswith(parent + "."))
-            where = f" under {parent!r}" if parent else ""
-            raise ConfigError(
-                f"unknown config key {key!r}; known keys{where}: {', '.join(siblings)}"
+def _settle_registry_kwargs(o: ml_collections.ConfigDict) -> None:
+    """Each `<block>_kwargs` for the entry `<block>` names now, without unset placeholders;
+    after a switch away from the entry recorded in `as_written`, restarted from the new
+    entry's defaults (keys left as the file wrote them for the old entry are dropped)."""
+    written = o.as_written.to_dict()
+    for block in REGISTRY_BLOCKS:
+        kw_key = f"{block}_kwargs"
+        name = o[block]
+        given = {k: v for k, v in o[kw_key].to_dict().items() if v is not None}
+        if block in written and written[block] != name:
+            as_written = written.get(kw_key) or {}
+            kept = {k: v for k, v in given.items() if as_written.get(k, None) != v}
+            dropped = {k: v for k, v in given.items() if k not in kept}
+            given = {**entry_defaults(block, name), **kept}
+            log.info(
+                "config: objective.%s is %r, the config file chose %r: objective.%s start from "
+                "%r's defaults%s",
+                block,
+                name,
+                written[block],
+                kw_key,
+                name,
+                f" (dropped {dropped}, written for {written[block]!r})" if dropped else "",
             )
-        if not _type_ok(value, schema[key]):
+        o[kw_key] = ml_collections.ConfigDict(given)
+        written[block], written[kw_key] = name, dict(given)
+    o.as_written = ml_collections.ConfigDict(written)
+
+
+# --------------------------------------------------------------------------- validate
+
+
+def validate(config: Mapping | ml_collections.ConfigDict, num_devices: int | None = None) -> None:
+    """Raise ConfigError naming the first bad key; returns None when the config is usable.
+
+    Resolves first (unknown keys, types, kwargs blocks), then: choices, consistency of the
+    sizes with each other and with `num_devices`, registry names and their kwargs."""
+    c = resolve(config)
+    for key, allowed in CHOICES.items():
+        section, name = key.rsplit(".", 1) if "." in key else ("", key)
+        value = (c[section] if section else c)[name]
+        if value not in allowed:
             raise ConfigError(
-                f"config key {key!r} = {value!r} has type {type(value).__name__}; "
-                f"expected {type(schema[key]).__name__}"
+                f"config key {key!r} = {value!r}; allowed: {', '.join(map(repr, allowed))}"
             )
-        if key in CHOICES and value not in CHOICES[key]:
-            raise ConfigError(
-                f"config key {key!r} = {value!r}; allowed: {', '.join(map(repr, CHOICES[key]))}"
-            )
-    _check_consistency(config, num_devices)
-    _check_registries(config)
+    _check_consistency(c, num_devices)
+    _check_registries(c)
 
 
 def _check_task_kwargs(task_cls: type, kwargs: Mapping) -> None:
@@ -246,7 +309,7 @@ def _check_task_kwargs(task_cls: type, kwargs: Mapping) -> None:
 
 def _check_registries(c: ml_collections.ConfigDict) -> None:
     """Registry names and their kwargs (task, reward weights, objective) before anything is built."""
-    from jaxrl_frontier.objectives import losses
+    from jaxrl_frontier.objectives import advantages, losses
     from jaxrl_frontier.tasks import TASKS
 
     try:
@@ -261,10 +324,20 @@ def _check_registries(c: ml_collections.ConfigDict) -> None:
                 f"config key 'objective.reward_weights.{k}': the task {c.task.name!r} has no "
                 f"reward {k!r}; its rewards: {', '.join(names)}"
             )
-        if not _type_ok(v, 0.0):
+        if isinstance(v, bool) or not isinstance(v, int | float):
             raise ConfigError(f"config key 'objective.reward_weights.{k}' = {v!r} is not a number")
+    if not c.objective.reward_weights and "correctness" not in names:
+        raise ConfigError(
+            "config key 'objective.reward_weights' is empty (the correctness reward only) but "
+            f"the task {c.task.name!r} has no 'correctness' reward; its rewards: {', '.join(names)}"
+        )
+    for k in c.objective.advantage_kwargs:
+        if k in advantages.SUPPLIED_KWARGS:
+            raise ConfigError(
+                f"config key 'objective.advantage_kwargs.{k}' is supplied from the batch "
+                "(reward_weights: set objective.reward_weights)"
+            )
     section = {k: v for k, v in c.objective.to_dict().items() if k in losses.DEFAULTS}
-    section["distill"] = section.get("distill") or None
     try:
         losses.validate_objective_config(section)
     except (KeyError, ValueError) as e:  # both name config.objective.<key>
@@ -283,6 +356,13 @@ def _check_consistency(c: ml_collections.ConfigDict, num_devices: int | None) ->
     _positive(c, "train.epochs", "train.minibatches", "optimizer.grad_accum")
     if c.mode == "rl" and c.rollout.group_size < 2:
         raise ConfigError("config key 'rollout.group_size' must be >= 2 for group baselines")
+    if c.mode == "rl" and c.objective.advantage == "progress":
+        raise ConfigError(
+            "config key 'objective.advantage' = 'progress' cannot train a policy: its "
+            "a_t = beta * (l_policy - l_ref) is 0 at step 0, where the reference is the initial "
+            "policy, so the gradient is 0 and the policy never moves from it. Progress is a "
+            "test-time score (advantages.step_scores); choose another advantage for mode='rl'"
+        )
     rows = c.data.prompt_batch * c.rollout.group_size
     per_update = c.train.minibatches * c.optimizer.grad_accum
     if rows % per_update:
@@ -319,22 +399,3 @@ def _check_consistency(c: ml_collections.ConfigDict, num_devices: int | None) ->
         )
     if c.tokenizer.kind == "hf" and not c.tokenizer.path:
         raise ConfigError("config key 'tokenizer.path' is required when tokenizer.kind='hf'")
-
-
-def resolve(config: Mapping) -> ml_collections.ConfigDict:
-    """`config` deep-merged over `base_config()`: a file may replace a whole section
-    (`c.mesh = dict(data=2)`) and still get the section's other keys at their defaults.
-    Unknown keys are kept, so `validate` can name them."""
-
-    def merge(base: dict, given: Mapping, prefix: str) -> dict:
-        out = dict(base)
-        for k, v in given.items():
-            key = f"{prefix}{k}"
-            if isinstance(v, Mapping) and isinstance(base.get(k), dict) and key not in FREE_FORM:
-                out[k] = merge(base[k], v, key + ".")
-            else:
-                out[k] = v.to_dict() if hasattr(v, "to_dict") else v
-        return out
-
-    given = config.to_dict() if hasattr(config, "to_dict") else dict(config)
-    return ml_collections.ConfigDict(merge(base_config().to_dict(), given, ""))

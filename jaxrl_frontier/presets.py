@@ -8,8 +8,10 @@ file runs in seconds (tests run every config this way).
 from __future__ import annotations
 
 import inspect
+import typing
 
 import ml_collections
+from ml_collections import config_dict
 
 from jaxrl_frontier.config import base_config
 
@@ -68,51 +70,82 @@ def shrink(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     return c
 
 
-def _keyword_defaults(fn, skip: int = 0) -> dict:
-    """Keyword parameters of `fn` with non-None defaults (after `skip` positionals)."""
-    params = list(inspect.signature(fn).parameters.values())[skip:]
-    return {
-        p.name: p.default
-        for p in params
-        if p.default is not inspect.Parameter.empty
-        and p.default is not None
-        and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
-    }
-
-
 def _task_defaults(name: str) -> dict:
+    from jaxrl_frontier.objectives.losses import entry_defaults
     from jaxrl_frontier.tasks import TASKS
 
     out: dict = {}
     for klass in reversed(TASKS.get(name).__mro__):  # subclass defaults win
         if "__init__" in vars(klass):
-            out.update(_keyword_defaults(klass.__init__, skip=1))
+            defaults = entry_defaults(klass.__init__)
+            out.update({k: v for k, v in defaults.items() if v is not None})
     return out
 
 
-def with_defaults(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-    """Spell out every hyperparameter of the chosen task / advantage / weight / aggregation.
+_SCALARS = (bool, int, float, str)
 
-    Free-form kwargs blocks then list every knob with its default, so a sweep can override
-    any of them from the command line (`--config.objective.weight_kwargs.eps_high=0.28`);
-    ml_collections cannot add a key that the file did not define.
-    """
+
+def _knob_type(fn, name: str, default) -> type | None:
+    """The scalar type of a keyword parameter (from its default, else its annotation, e.g.
+    `int | None`); None for parameters that are not config knobs (arrays, sequences)."""
+    if default is not None:
+        return type(default) if isinstance(default, _SCALARS) else None
+    annotation = inspect.signature(fn, eval_str=True).parameters[name].annotation
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    return args[0] if len(args) == 1 and args[0] in _SCALARS else None
+
+
+def registry_knobs(block: str) -> dict[str, type]:
+    """Every config knob of the registry behind `objective.<block>`: {key: scalar type},
+    over all its entries (the supplied-from-the-batch advantage arguments excluded)."""
+    from jaxrl_frontier.config import registry_entry
     from jaxrl_frontier.objectives import advantages, losses, weights
 
-    def fill(block: ml_collections.ConfigDict, defaults: dict) -> ml_collections.ConfigDict:
-        merged = dict(defaults)
-        merged.update(block.to_dict())
-        return ml_collections.ConfigDict(merged)
+    registry = {
+        "weight": weights.WEIGHTS,
+        "advantage": advantages.ADVANTAGES,
+        "aggregation": losses.AGGREGATIONS,
+        "distill": losses.DISTILL_LOSSES,
+    }[block]
+    knobs: dict[str, type] = {}
+    for name in registry.names():
+        fn = registry_entry(block, name)
+        for key, default in losses.entry_defaults(fn).items():
+            kind = _knob_type(fn, key, default)
+            if kind is not None and key not in advantages.SUPPLIED_KWARGS:
+                knobs.setdefault(key, kind)
+    return knobs
 
+
+def with_defaults(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """Spell out every hyperparameter of the chosen task / advantage / weight / aggregation /
+    distillation loss, and record the choices in `objective.as_written`.
+
+    Each kwargs block lists the chosen entry's knobs at their defaults (the file's values
+    win) and every other knob of its registry as an unset placeholder, so a sweep can set
+    any of them from the command line (`--config.objective.weight_kwargs.eps_high=0.28`, or
+    `--config.objective.weight=dppo --config.objective.weight_kwargs.delta_low=0.1`);
+    ml_collections cannot add a key that the file did not define. `config.resolve` drops the
+    unset ones and, after a switch of entry, the old entry's (config.py's docstring).
+    """
+    from jaxrl_frontier.config import REGISTRY_BLOCKS, entry_defaults
+
+    c.task.kwargs = ml_collections.ConfigDict(
+        {**_task_defaults(c.task.name), **c.task.kwargs.to_dict()}
+    )
     o = c.objective
-    c.task.kwargs = fill(c.task.kwargs, _task_defaults(c.task.name))
-    o.weight_kwargs = fill(o.weight_kwargs, _keyword_defaults(weights.WEIGHTS.get(o.weight), 2))
-    o.aggregation_kwargs = fill(
-        o.aggregation_kwargs, _keyword_defaults(losses.AGGREGATIONS.get(o.aggregation), 2)
-    )
-    o.advantage_kwargs = fill(
-        o.advantage_kwargs, _keyword_defaults(advantages.ADVANTAGES.get(o.advantage), 1)
-    )
+    written: dict = {}
+    for block in REGISTRY_BLOCKS:
+        kw_key = f"{block}_kwargs"
+        given = {k: v for k, v in o[kw_key].to_dict().items() if v is not None}
+        kwargs = {**entry_defaults(block, o[block]), **given}
+        written[block], written[kw_key] = o[block], dict(kwargs)
+        spelled = ml_collections.ConfigDict(kwargs)
+        for key, kind in registry_knobs(block).items():
+            if key not in spelled:
+                spelled[key] = config_dict.placeholder(kind)
+        o[kw_key] = spelled
+    o.as_written = ml_collections.ConfigDict(written)
     return c
 
 

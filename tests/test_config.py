@@ -8,7 +8,7 @@ import sys
 import ml_collections
 import pytest
 
-from jaxrl_frontier.config import ConfigError, base_config, resolve, validate
+from jaxrl_frontier.config import ConfigError, base_config, entry_defaults, resolve, validate
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -35,7 +35,10 @@ def test_base_and_grpo_configs_are_valid():
 
 def test_unknown_nested_key_is_named_with_its_siblings():
     c = _grpo()
-    c.optimizer.lrr = 1.0
+    with pytest.raises(AttributeError, match='"lrr".*locked.*Did you mean "lr"'):
+        c.optimizer.lrr = 1.0  # the config is locked: a typo fails where it is written
+    c = _grpo().to_dict()  # a plain dict (another source) through validate
+    c["optimizer"]["lrr"] = 1.0
     msg = _error(c)
     assert "'optimizer.lrr'" in msg
     for sibling in ("lr", "b1", "warmup_steps"):
@@ -44,8 +47,11 @@ def test_unknown_nested_key_is_named_with_its_siblings():
 
 def test_unknown_top_level_key():
     c = _grpo()
-    c.trainn = ml_collections.ConfigDict(dict(steps=3))
-    assert "'trainn.steps'" in _error(c)
+    with pytest.raises(AttributeError, match='"trainn".*Did you mean "train"'):
+        c.trainn = ml_collections.ConfigDict(dict(steps=3))
+    c = _grpo().to_dict()
+    c["trainn"] = dict(steps=3)
+    assert "'trainn'" in _error(c)
 
 
 def test_wrong_type_names_key_and_types():
@@ -183,3 +189,146 @@ def test_cli_unknown_key_exits_nonzero_naming_it(tmp_path):
     assert proc.returncode != 0
     assert "optimizer.lrr" in proc.stderr + proc.stdout
     assert not os.path.exists(tmp_path / "run" / "checkpoints")
+
+
+# --------------------------------------------------------------------------- command line
+
+
+def _command_line(*overrides, config="grpo_arith.py:runlocal"):
+    """The config a `--config=configs/FILE --config.k=v ...` command line builds (the
+    ml-collections flag, as scripts/train.py defines it): overrides applied to get_config's
+    ConfigDict, before resolve / validate."""
+    from absl import flags
+    from ml_collections import config_flags
+
+    argv = ["train.py", f"--config={os.path.join(REPO, 'configs', config)}", *overrides]
+    fv = flags.FlagValues()
+    config_flags.DEFINE_config_file(
+        "config", None, "", lock_config=False, flag_values=fv, sys_argv=argv
+    )
+    fv(argv)
+    return fv.config
+
+
+def test_switching_the_weight_restarts_its_kwargs_from_the_new_defaults(caplog):
+    c = _command_line("--config.objective.weight=dppo")
+    with caplog.at_level("INFO", logger="jaxrl_frontier.config"):
+        r = resolve(c)
+    assert r.objective.weight_kwargs.to_dict() == dict(
+        delta_low=0.15, delta_high=0.15, ratio_cap=20.0
+    )
+    assert "eps_high" in caplog.text and "'ppo_clip'" in caplog.text  # what was dropped
+    validate(c, num_devices=8)
+    assert resolve(r).to_dict() == r.to_dict()  # idempotent
+    # a kwarg set for the new entry applies
+    c = _command_line(
+        "--config.objective.weight=dppo", "--config.objective.weight_kwargs.delta_low=0.1"
+    )
+    assert resolve(c).objective.weight_kwargs.to_dict() == dict(
+        delta_low=0.1, delta_high=0.15, ratio_cap=20.0
+    )
+
+
+def test_shared_kwarg_names_take_the_new_entry_default_unless_set():
+    # ppo_clip and cispo both take eps_low / eps_high: the file's 0.2 was written for ppo_clip
+    r = resolve(_command_line("--config.objective.weight=cispo"))
+    assert r.objective.weight_kwargs.to_dict() == dict(eps_low=1.0, eps_high=0.28)
+    c = _command_line(
+        "--config.objective.weight=cispo", "--config.objective.weight_kwargs.eps_high=0.3"
+    )
+    assert resolve(c).objective.weight_kwargs.to_dict() == dict(eps_low=1.0, eps_high=0.3)
+    # DAPO's eps_high = 0.28 is not carried over to gspo's (4e-4)
+    r = resolve(_command_line("--config.objective.weight=gspo", config="dapo_arith.py"))
+    assert r.objective.weight_kwargs.to_dict() == dict(eps_low=3e-4, eps_high=4e-4)
+
+
+def test_a_sweep_over_weights_is_a_list_of_names():
+    from jaxrl_frontier.objectives import WEIGHTS
+
+    for name in WEIGHTS.names():
+        c = _command_line(f"--config.objective.weight={name}")
+        validate(c, num_devices=8)
+        assert resolve(c).objective.weight_kwargs.to_dict() == {
+            k: v for k, v in entry_defaults("weight", name).items()
+        }, name
+
+
+def test_switching_advantage_and_aggregation():
+    r = resolve(_command_line("--config.objective.advantage=rloo"))
+    assert r.objective.advantage_kwargs.to_dict() == {}  # grpo's scale / eps dropped
+    c = _command_line(
+        "--config.objective.aggregation=seq_mean_token_sum_norm",
+        "--config.objective.aggregation_kwargs.max_completion_len=6",
+    )
+    assert resolve(c).objective.aggregation_kwargs.to_dict() == dict(max_completion_len=6)
+    validate(c, num_devices=8)
+    c = _command_line(
+        "--config.objective.distill=jsd", "--config.objective.distill_kwargs.beta=0.2"
+    )
+    assert resolve(c).objective.distill_kwargs.to_dict() == dict(beta=0.2)
+
+
+def test_kwarg_typos_are_still_errors():
+    from absl import flags
+
+    # ml-collections itself: no such key (scripts/train.py names the override)
+    with pytest.raises(
+        (flags.Error, AttributeError), match='(?s)delta_lw.*Did you mean "delta_low"'
+    ):
+        _command_line(
+            "--config.objective.weight=dppo", "--config.objective.weight_kwargs.delta_lw=0.1"
+        )
+    # a knob of another entry, without switching to it: unknown for the chosen one
+    msg = _error(_command_line("--config.objective.weight_kwargs.delta_low=0.1"))
+    assert "objective.weight_kwargs" in msg and "'delta_low'" in msg
+    assert "'ppo_clip'" in msg and "eps_low, eps_high" in msg
+    c = _command_line("--config.objective.weight=dppo")
+    c.objective.weight_kwargs.epsx = 0.1  # a file adding a key the new entry does not take
+    msg = _error(c)
+    assert "'epsx'" in msg and "delta_low" in msg
+
+
+def test_progress_cannot_be_the_training_advantage():
+    c = _grpo()
+    c.objective.advantage = "progress"
+    msg = _error(c)
+    assert "'objective.advantage'" in msg and "'progress'" in msg
+    assert "0 at step 0" in msg and "test-time" in msg
+
+
+def test_objective_defaults_are_defined_once():
+    from jaxrl_frontier.objectives import losses
+
+    o = base_config().objective
+    for key, default in losses.DEFAULTS.items():
+        value = o[key].to_dict() if hasattr(o[key], "to_dict") else o[key]
+        assert value == default, key
+    assert o.distill_coef == 1.0
+    with open(os.path.join(REPO, "docs", "objectives.md")) as f:
+        row = next(line for line in f if line.startswith("| `distill`, `distill_coef`"))
+    assert "`None`, `1.0`, `{}`" in row  # what the docs state
+
+
+def test_unset_is_none_and_settable_from_the_command_line():
+    c = base_config()
+    assert c.rollout.cache_dtype is None and c.objective.distill is None
+    assert c.distributed.to_dict() == dict(
+        coordinator_address=None, num_processes=None, process_id=None
+    )
+    c = _command_line(
+        "--config.rollout.cache_dtype=bfloat16",
+        "--config.distributed.num_processes=2",
+        "--config.distributed.process_id=1",
+        "--config.distributed.coordinator_address=localhost:1234",
+    )
+    assert c.rollout.cache_dtype == "bfloat16" and c.distributed.num_processes == 2
+    validate(c, num_devices=8)
+    c.rollout.cache_dtype = "float16"
+    msg = _error(c)
+    assert "'rollout.cache_dtype'" in msg and "None" in msg and "'bfloat16'" in msg
+
+
+def test_advantage_kwargs_supplied_from_the_batch_are_refused():
+    c = _grpo().to_dict()
+    c["objective"]["advantage_kwargs"]["reward_weights"] = [1.0, 0.5]
+    assert "'objective.advantage_kwargs.reward_weights'" in _error(c)

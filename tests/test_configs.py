@@ -30,7 +30,7 @@ QUICK = {
 
 
 def test_every_config_is_listed():
-    assert {"grpo_arith", "sft_arith", "opd_arith", "qwen_math"} <= set(CONFIGS)
+    assert {"grpo_arith", "sft_arith", "opd_arith", "opd_jsd_arith", "qwen_math"} <= set(CONFIGS)
 
 
 @pytest.mark.parametrize("name", CONFIGS)

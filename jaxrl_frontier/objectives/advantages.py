@@ -31,6 +31,11 @@ Array = jax.Array
 
 ADVANTAGES = Registry("advantage estimator")
 
+# Keyword arguments the caller supplies from the batch (`rl.credit`), not config keys:
+# the reward weights (from objective.reward_weights), completion lengths, the verifier's
+# sequence advantage of a hybrid, a per-token reward (the KL of kl_in_reward).
+SUPPLIED_KWARGS = ("reward_weights", "lengths", "seq_adv", "token_reward")
+
 
 def _register(
     name: str, level: str, requires: tuple[str, ...] = (), components: bool = False

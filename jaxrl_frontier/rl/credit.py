@@ -41,16 +41,11 @@ from jaxrl_frontier.objectives.stats import TokenStats
 Array = jax.Array
 
 __all__ = [
-    "SUPPLIED_KWARGS",
     "compute_advantages",
     "kl_reward_tokens",
     "reward_weight_vector",
     "zero_variance_groups",
 ]
-
-# Advantage keyword arguments that come from the batch, not from `advantage_kwargs`
-# (config.validate refuses them there; `group_size` may be set, G is its default).
-SUPPLIED_KWARGS = ("reward_weights", "lengths", "seq_adv", "token_reward")
 
 
 def _option(objective: Mapping[str, Any], key: str) -> Any:
