@@ -35,6 +35,13 @@ def train_main(argv: list[str] | None = None) -> None:
     for noisy in ("absl", "orbax", "jax._src"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
+    from jaxrl_frontier import distributed
+
+    try:  # once, before anything touches a device (docs/distributed.md)
+        distributed.initialize(flags_.config)
+    except ValueError as e:
+        raise SystemExit(f"config error: {e}") from None
+
     from jaxrl_frontier import trainer
     from jaxrl_frontier.config import ConfigError
 

@@ -1,0 +1,72 @@
+"""Multi-host start-up: plain multi-controller JAX, one process per host, no extra service.
+
+Every host runs the same command. `initialize(config)` must run before anything touches a
+device; the CLI calls it first. Where the processes come from:
+
+* `distributed.coordinator_address`, `num_processes`, `process_id` set (any launcher,
+  localhost tests): passed to `jax.distributed.initialize` as they are.
+* unset, on a TPU pod slice or under SLURM with more than one task: JAX's own cluster
+  detection fills them in (`jax.distributed.initialize()` without arguments).
+* unset elsewhere: one process; nothing is initialised and nothing changes.
+
+On CPU the processes talk through gloo collectives (set here, before the backend starts).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import jax
+
+log = logging.getLogger(__name__)
+
+
+def _cluster_detected() -> bool:
+    """A multi-process launch that JAX can read from the environment by itself."""
+    if int(os.environ.get("SLURM_NTASKS", "1")) > 1 and "SLURM_JOB_ID" in os.environ:
+        return True
+    hosts = os.environ.get("TPU_WORKER_HOSTNAMES", "")
+    return "," in hosts or "MEGASCALE_COORDINATOR_ADDRESS" in os.environ
+
+
+def initialize(config) -> bool:
+    """Start `jax.distributed` once if the config or the cluster asks for several processes.
+
+    Returns True when this process is part of a multi-process run. Idempotent.
+    """
+    if jax.distributed.is_initialized():
+        return True
+    d = config.get("distributed") or {}
+    address, num, pid = (d.get(k) for k in ("coordinator_address", "num_processes", "process_id"))
+    given = [
+        k
+        for k, v in zip(("coordinator_address", "num_processes", "process_id"), (address, num, pid))
+        if v is not None
+    ]
+    if given and len(given) < 3 and not _cluster_detected():
+        missing = sorted({"coordinator_address", "num_processes", "process_id"} - set(given))
+        raise ValueError(
+            f"config keys distributed.{', distributed.'.join(given)} are set but "
+            f"distributed.{', distributed.'.join(missing)} are not: set all three, or none "
+            "(JAX then detects a TPU pod or SLURM cluster itself)"
+        )
+    if not given and not _cluster_detected():
+        return False
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    kwargs = {}
+    if address is not None:
+        kwargs.update(coordinator_address=address)
+    if num is not None:
+        kwargs.update(num_processes=int(num))
+    if pid is not None:
+        kwargs.update(process_id=int(pid))
+    jax.distributed.initialize(**kwargs)
+    log.info(
+        "jax.distributed: process %d of %d, %d local / %d global devices",
+        jax.process_index(),
+        jax.process_count(),
+        jax.local_device_count(),
+        jax.device_count(),
+    )
+    return True

@@ -1,0 +1,87 @@
+"""Held-out evaluation: greedy pass@1 and sampled pass@k on a fixed set of eval prompts.
+
+Every process runs the same rollouts (the eval prompts are the same everywhere) and scores
+every row, so each process returns the same figures.
+"""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+
+from jaxrl_frontier import sharding
+from jaxrl_frontier.build import encode_prompts
+from jaxrl_frontier.rewards import InProcessScorer
+from jaxrl_frontier.sampling import SamplingParams
+from jaxrl_frontier.tasks import eval_examples
+
+
+def decode(tokenizer, tokens: np.ndarray, mask: np.ndarray) -> tuple[str, ...]:
+    """Completions [B, Tn] -> texts (special tokens dropped, cut at EOS)."""
+    return tuple(
+        tokenizer.decode(t[m.astype(bool)].tolist(), skip_special=True, stop_at_eos=True)
+        for t, m in zip(tokens, mask)
+    )
+
+
+def solve_rate(
+    sampler,
+    tokenizer,
+    task,
+    examples,
+    params: SamplingParams,
+    key,
+    *,
+    batch: int,
+    max_prompt_len: int,
+) -> np.ndarray:
+    """Correctness of each of the len(examples) * params.n completions, in prompt-major order."""
+    scorer = InProcessScorer(task)
+    column = list(task.reward_names).index("correctness")
+    correct = []
+    for i in range(0, len(examples), batch):
+        chunk = examples[i : i + batch]
+        tok, mask = encode_prompts(tokenizer, [task.prompt(e) for e in chunk], max_prompt_len)
+        key, sub = jax.random.split(key)
+        ro = sampler.generate(tok, mask, params, sub)
+        texts = decode(
+            tokenizer,
+            sharding.all_rows(ro.completion_tokens),
+            sharding.all_rows(ro.completion_mask),
+        )
+        r, _ = scorer([e for e in chunk for _ in range(params.n)], list(texts))
+        correct.append(r[:, column])
+    return np.concatenate(correct)
+
+
+def evaluate(sampler, tokenizer, task, config, num_prompts: int | None = None) -> dict:
+    """{'eval/pass@1_greedy', 'eval/pass@k', 'eval/mean_correct_sampled'} of the sampler's
+    current weights on `eval.num_prompts` held-out prompts (k = eval.pass_k, temperature 1)."""
+    c = config
+    # at most the held-out split (a small local JSONL may hold only a few eval rows)
+    n = min(num_prompts or c.eval.num_prompts, task.num_examples("eval"))
+    examples = eval_examples(task, n, c.seed)
+    eos, tn = (tokenizer.eos_id,), c.rollout.max_new_tokens
+    run = lambda params, key: solve_rate(
+        sampler,
+        tokenizer,
+        task,
+        examples,
+        params,
+        key,
+        batch=c.eval.batch,
+        max_prompt_len=c.data.max_prompt_len,
+    )
+    greedy = run(
+        SamplingParams(greedy=True, n=1, max_new_tokens=tn, eos_ids=eos), jax.random.key(0)
+    )
+    out = {"eval/pass@1_greedy": float(np.mean(greedy))}
+    if c.eval.pass_k > 1:
+        k = c.eval.pass_k
+        sampled = run(
+            SamplingParams(temperature=1.0, n=k, max_new_tokens=tn, eos_ids=eos), jax.random.key(1)
+        )
+        per_prompt = sampled.reshape(len(examples), k)
+        out[f"eval/pass@{k}"] = float(per_prompt.max(1).mean())
+        out["eval/mean_correct_sampled"] = float(per_prompt.mean())
+    return out

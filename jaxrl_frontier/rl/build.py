@@ -1,0 +1,115 @@
+"""The RL stages from a config: the log-prob passes, the Learner and the RolloutProducer.
+
+The trainer hands over what it already built (mesh, tokenizer, task, models, optimizer,
+sampler); this module reads the config keys that choose and size each stage.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+from flax import nnx
+
+from jaxrl_frontier.build import objective_section
+from jaxrl_frontier.forward import make_logp_fn
+from jaxrl_frontier.objectives import losses
+from jaxrl_frontier.rewards import InProcessScorer
+from jaxrl_frontier.rl.learner import Learner, dropout_masks, update_layout
+from jaxrl_frontier.rl.rollout import PASSES, RolloutProducer
+from jaxrl_frontier.sampling import SamplingParams
+
+
+def rollout_sampling(config, tokenizer) -> SamplingParams:
+    """The training rollouts' sampling settings (`rollout.*`)."""
+    r = config.rollout
+    return SamplingParams(
+        temperature=r.temperature,
+        top_k=r.top_k,
+        top_p=r.top_p,
+        min_p=r.min_p,
+        n=r.group_size,
+        max_new_tokens=r.max_new_tokens,
+        eos_ids=(tokenizer.eos_id,),
+        dropout_rate=r.dropout_rate,
+    )
+
+
+def build_rl_stages(
+    config,
+    *,
+    mesh,
+    tokenizer,
+    task,
+    policy,
+    tx,
+    state,
+    sampler,
+    reference: bool,
+    teacher=None,
+    log=print,
+) -> tuple[Learner, RolloutProducer, Any]:
+    """(Learner, RolloutProducer, the policy's jitted log-prob forward) for an RL run.
+
+    The objective is checked against what the run provides (a reference when
+    `reference`, a teacher when given) before anything is traced.
+    """
+    c = config
+    objective = objective_section(c.objective)
+    available = {"logp", "old_logp", "mask"}
+    available |= {"ref_logp"} if reference else set()
+    available |= {"teacher_logp", "teacher_logits"} if teacher is not None else set()
+    losses.validate_objective_config(objective, available=available)
+
+    g, tn, rate = c.rollout.group_size, c.rollout.max_new_tokens, c.rollout.dropout_rate
+    rows = c.data.prompt_batch * g
+    layout = update_layout(
+        rows=rows,
+        group_size=g,
+        completion_len=tn,
+        mesh=mesh,
+        share_prompt=c.train.share_prompt_forward,
+        dropout_rate=rate,
+    )
+    graphdef = nnx.graphdef(policy)
+    logp_fn = make_logp_fn(graphdef, **layout)
+    masks = jax.jit(lambda keys: dropout_masks(policy.cfg, rate, keys)) if rate > 0 else None
+    context: dict[str, Any] = dict(policy_logp_fn=logp_fn, mlp_masks=masks)
+    names = ["behaviour"] if c.train.recompute_old_logp else []
+    names += ["reference"] if reference else []
+    teacher_pair = None
+    if teacher is not None:
+        teacher_pair = (nnx.graphdef(teacher), nnx.state(teacher))
+        context["teacher_logp_fn"] = make_logp_fn(teacher_pair[0], **layout)
+        names.append("teacher")
+
+    learner = Learner(
+        graphdef,
+        tx,
+        state,
+        mesh=mesh,
+        objective=objective,
+        rows=rows,
+        group_size=g,
+        completion_len=tn,
+        epochs=c.train.epochs,
+        minibatches=c.train.minibatches,
+        grad_accum=c.optimizer.grad_accum,
+        share_prompt=c.train.share_prompt_forward,
+        dropout_rate=rate,
+        model_cfg=policy.cfg,
+        teacher=teacher_pair,
+        log=log,
+    )
+    producer = RolloutProducer(
+        sampler,
+        tokenizer,
+        InProcessScorer(task),
+        mesh=mesh,
+        sampling=rollout_sampling(c, tokenizer),
+        max_prompt_len=c.data.max_prompt_len,
+        objective=objective,
+        prompt_of=task.prompt,
+        passes=[PASSES.get(name)(**context) for name in names],
+    )
+    return learner, producer, logp_fn

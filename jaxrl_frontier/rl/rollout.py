@@ -1,0 +1,326 @@
+"""The RolloutProducer: this process's prompts and the current weights in, an `Experience` out.
+
+    examples (this process's P_l prompts)
+      -> sample          Sampler.generate on the global prompt batch (every device samples its rows)
+      -> decode          the rows this process owns [P_l * G], to text
+      -> edit            a chain of `RolloutEditor`s (none by default)
+      -> score           the `RewardScorer` (rewards [B_l, K], failures contained)
+      -> assemble        global arrays from process-local rows (`sharding.shard_local_batch`)
+      -> extra passes    `LogprobPass`es: behaviour / reference / teacher log-probs, or any a
+                         method registers (each fills one Experience field)
+      -> advantages      `credit.compute_advantages`, jitted over the global batch, so batch
+                         statistics (whitening, zero-variance counts) span every process
+
+Each process owns its rows end to end until the update; nothing but prompts (a few ids)
+crosses hosts before the arrays enter the mesh.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxrl_frontier import sharding
+from jaxrl_frontier.build import encode_prompts
+from jaxrl_frontier.evaluation import decode
+from jaxrl_frontier.objectives.stats import TokenStats
+from jaxrl_frontier.registry import Registry
+from jaxrl_frontier.rewards import RewardScorer
+from jaxrl_frontier.rl import credit
+from jaxrl_frontier.rl.experience import Experience
+from jaxrl_frontier.sampling import SamplingParams
+from jaxrl_frontier.scheduling import PromptResult
+from jaxrl_frontier.tasks.base import Example
+
+Array = jax.Array
+
+
+# ----------------------------------------------------------------------------- editing
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutRows:
+    """This process's rows of a rollout on the host, as editors see them (prompt-major).
+
+    examples: P_l examples; row b is completion b % G of examples[b // G].
+    completion_tokens int32 [B_l, Tn], completion_mask int32 [B_l, Tn] (1 up to and with the
+    stop token), policy_mask int32 [B_l, Tn] (1 on tokens the policy sampled: an editor that
+    inserts tokens sets 0 there, so they get no gradient), policy_logp f32 [B_l, Tn],
+    texts: the decoded completions (an editor that changes tokens re-decodes them).
+    """
+
+    examples: tuple[Example, ...]
+    completion_tokens: np.ndarray
+    completion_mask: np.ndarray
+    policy_mask: np.ndarray
+    policy_logp: np.ndarray
+    texts: tuple[str, ...]
+
+    @property
+    def group_size(self) -> int:
+        return len(self.texts) // len(self.examples)
+
+    def replace(self, **changes) -> RolloutRows:
+        return dataclasses.replace(self, **changes)
+
+
+class RolloutEditor(Protocol):
+    """Edits rollouts before they are scored: `edit(rows) -> rows` (same shapes)."""
+
+    def edit(self, rows: RolloutRows) -> RolloutRows: ...
+
+
+# ----------------------------------------------------------------------------- passes
+
+
+@dataclasses.dataclass(frozen=True)
+class LogprobPass:
+    """One extra forward over the assembled rollout.
+
+    field: the Experience field it fills (`old_logp`, `ref_logp`, `teacher_logp`, or any
+      other name, which lands in `Experience.extras` for a loss to read).
+    role: whose weights it takes: 'policy', 'reference' or 'teacher'.
+    fn: (params, experience) -> [B, T] (jitted by its builder); the producer masks it with
+      the loss mask.
+    """
+
+    field: str
+    role: str
+    fn: Callable[[Any, Experience], Array]
+
+
+# name -> builder(**context) -> LogprobPass; the trainer passes graphdefs and layouts.
+PASSES = Registry("log-prob pass")
+
+
+def logprob_pass(field: str, role: str, logp_fn, mlp_masks=None) -> LogprobPass:
+    """A pass from a `forward.make_logp_fn`; mlp_masks(dropout_keys) -> [L, B, F] or None
+    runs it under the rollout's Dropout-GRPO masks (the policy's own sub-networks)."""
+
+    def fn(params, exp: Experience):
+        masks = None if mlp_masks is None else mlp_masks(exp.dropout_keys)
+        return logp_fn(params, exp.tokens, exp.attention_mask, masks)
+
+    return LogprobPass(field, role, fn)
+
+
+@PASSES.register("behaviour")
+def behaviour_pass(*, policy_logp_fn, mlp_masks=None, **_):
+    """old_logp recomputed by the trainer's forward (`train.recompute_old_logp`), not the
+    sampler's: removes the sampler/trainer numerics mismatch from the ratio."""
+    return logprob_pass("old_logp", "policy", policy_logp_fn, mlp_masks)
+
+
+@PASSES.register("reference")
+def reference_pass(*, policy_logp_fn, mlp_masks=None, **_):
+    """ref_logp: the frozen starting policy (KL penalties, the progress advantage)."""
+    return logprob_pass("ref_logp", "reference", policy_logp_fn, mlp_masks)
+
+
+@PASSES.register("teacher")
+def teacher_pass(*, teacher_logp_fn, **_):
+    """teacher_logp: the teacher on the student's own samples (OPD)."""
+    return logprob_pass("teacher_logp", "teacher", teacher_logp_fn)
+
+
+# ----------------------------------------------------------------------------- producer
+
+
+def _gather_prompts(tokens: np.ndarray, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Every process's prompts, in process order (a few ids per prompt)."""
+    if jax.process_count() == 1:
+        return tokens, mask
+    from jax.experimental import multihost_utils
+
+    both = multihost_utils.process_allgather(np.stack([tokens, mask]))  # [N, 2, P_l, T]
+    return (np.concatenate(list(both[:, 0])), np.concatenate(list(both[:, 1])))
+
+
+def sum_over_processes(x: float) -> float:
+    if jax.process_count() == 1:
+        return float(x)
+    from jax.experimental import multihost_utils
+
+    return float(np.sum(multihost_utils.process_allgather(np.asarray([x], np.float64))))
+
+
+@functools.partial(jax.jit, static_argnames=("objective", "reward_names", "group_size"))
+def _advantages_and_metrics(
+    exp: Experience, objective, reward_names: tuple[str, ...], group_size: int
+) -> tuple[Array, Array, dict[str, Array]]:
+    """Advantages [B, T], per-row sequence rewards [B] and the rollout's scalar metrics,
+    over the global batch."""
+    b, k = exp.rewards.shape
+    stats = TokenStats(
+        logp=exp.old_logp,
+        old_logp=exp.old_logp,
+        mask=exp.loss_mask,
+        ref_logp=exp.ref_logp,
+        teacher_logp=exp.teacher_logp,
+    )
+    adv, r_pg = credit.compute_advantages(
+        dict(objective), exp.rewards.reshape(b // group_size, group_size, k), reward_names, stats
+    )
+    lengths = jnp.sum(exp.loss_mask, axis=1)
+    metrics = {f"reward/{n}": jnp.mean(exp.rewards[:, i]) for i, n in enumerate(reward_names)}
+    metrics.update(
+        {
+            "reward/total": jnp.mean(r_pg),
+            "rollout/zero_variance_groups": credit.zero_variance_groups(r_pg).astype(jnp.float32),
+            "rollout/response_length": jnp.mean(lengths),
+            "rollout/tokens": jnp.sum(lengths),
+        }
+    )
+    if exp.teacher_logp is not None:  # sampled-token reverse KL(student || teacher), per token
+        gap = (exp.old_logp - exp.teacher_logp) * exp.loss_mask
+        metrics["opd/reverse_kl"] = jnp.sum(gap) / jnp.maximum(jnp.sum(exp.loss_mask), 1.0)
+    return adv, r_pg.reshape(-1), metrics
+
+
+def _freeze(d: dict) -> tuple:
+    """A hashable copy of a (nested) config dict, for a static jit argument."""
+    return tuple(
+        sorted((k, _freeze(v) if isinstance(v, dict) else _hashable(v)) for k, v in d.items())
+    )
+
+
+def _hashable(v):
+    return tuple(v) if isinstance(v, list) else v
+
+
+class _FrozenObjective(dict):
+    """The objective section as a hashable mapping (a static argument of the jitted step)."""
+
+    def __hash__(self):
+        return hash(_freeze(self))
+
+
+class RolloutProducer:
+    """Samples, decodes, edits, scores and annotates one batch of this process's prompts."""
+
+    def __init__(
+        self,
+        sampler,
+        tokenizer,
+        scorer: RewardScorer,
+        *,
+        mesh,
+        sampling: SamplingParams,
+        max_prompt_len: int,
+        objective: dict,
+        prompt_of: Callable[[Example], str],
+        passes: Sequence[LogprobPass] = (),
+        editors: Sequence[RolloutEditor] = (),
+    ):
+        self.sampler, self.tokenizer, self.scorer = sampler, tokenizer, scorer
+        self.mesh, self.sampling, self.max_prompt_len = mesh, sampling, max_prompt_len
+        self.objective = _FrozenObjective(objective)
+        self.prompt_of = prompt_of
+        self.passes, self.editors = tuple(passes), tuple(editors)
+        self.reward_names = tuple(scorer.reward_names)
+
+    def produce(
+        self, examples: Sequence[Example], weights: dict[str, Any], key, *, version: int = 0
+    ) -> tuple[Experience, dict[str, Any]]:
+        """One rollout batch: (Experience, info). weights: role -> params ('policy' samples).
+
+        info: device scalars `metrics` (global), `n_failed` (global), `rollout_seconds`.
+        """
+        g = self.sampling.n
+        t0 = time.perf_counter()
+        tok, mask = encode_prompts(
+            self.tokenizer, [self.prompt_of(e) for e in examples], self.max_prompt_len
+        )
+        all_tok, all_mask = _gather_prompts(tok, mask)
+        self.sampler.update_weights(weights["policy"], version)
+        rollout = self.sampler.generate(all_tok, all_mask, self.sampling, key)
+        local = lambda x: sharding.local_rows(x, self.mesh)
+        rows = RolloutRows(
+            examples=tuple(examples),
+            completion_tokens=local(rollout.completion_tokens),
+            completion_mask=local(rollout.completion_mask),
+            policy_mask=local(rollout.policy_mask),
+            policy_logp=local(rollout.policy_logp),
+            texts=(),
+        )
+        rows = rows.replace(
+            texts=decode(self.tokenizer, rows.completion_tokens, rows.completion_mask)
+        )
+        for editor in self.editors:
+            rows = editor.edit(rows)
+        t_rollout = time.perf_counter() - t0
+        rewards, n_failed = self.scorer(list(rows.examples), list(rows.texts))
+
+        exp = self._assemble(
+            rows,
+            local(rollout.prompt_tokens),
+            local(rollout.prompt_mask),
+            rewards,
+            None if rollout.dropout_keys is None else local(rollout.dropout_keys),
+            version,
+        )
+        for p in self.passes:
+            value = p.fn(weights[p.role], exp) * exp.loss_mask
+            if p.field in ("old_logp", "ref_logp", "teacher_logp"):
+                exp = exp.replace(**{p.field: value})
+            else:
+                exp = exp.replace(extras={**exp.extras, p.field: value})
+        adv, r_b, metrics = _advantages_and_metrics(exp, self.objective, self.reward_names, g)
+        exp = exp.replace(advantages=adv)
+        results = self._results(rows, rewards, local(r_b))
+        exp = exp.replace(results=results, texts=rows.texts)
+        info = dict(
+            metrics=metrics,
+            n_failed=sum_over_processes(n_failed),
+            rollout_seconds=t_rollout,
+        )
+        return exp, info
+
+    def _assemble(self, rows, prompt_tok, prompt_mask, rewards, dropout_keys, version):
+        """Process-local host rows -> a global Experience (advantages still zero)."""
+        b_local, tn = rows.completion_tokens.shape
+        completion = rows.completion_mask.astype(np.float32)
+        loss_mask = completion * rows.policy_mask.astype(np.float32)
+        zeros_p = np.zeros(prompt_mask.shape, np.float32)
+        g = rows.group_size
+        first_group = jax.process_index() * len(rows.examples)
+        host = dict(
+            tokens=np.concatenate([prompt_tok, rows.completion_tokens], 1).astype(np.int32),
+            attention_mask=np.concatenate([prompt_mask, rows.completion_mask], 1).astype(np.int32),
+            loss_mask=np.concatenate([zeros_p, loss_mask], 1),
+            old_logp=np.concatenate([zeros_p, rows.policy_logp * loss_mask], 1).astype(np.float32),
+            rewards=np.asarray(rewards, np.float32),
+            prompt_index=np.repeat([int(e["index"]) for e in rows.examples], g).astype(np.int32),
+            group_id=(first_group + np.arange(b_local) // g).astype(np.int32),
+            policy_version=np.full((b_local,), version, np.int32),
+            turn_index=np.zeros(prompt_tok.shape[:1] + (prompt_tok.shape[1] + tn,), np.int32),
+        )
+        host["advantages"] = np.zeros_like(host["loss_mask"])
+        if dropout_keys is not None:
+            host["dropout_keys"] = np.asarray(dropout_keys)
+        return Experience(**sharding.shard_local_batch(host, self.mesh))
+
+    def _results(self, rows: RolloutRows, rewards: np.ndarray, r_b: np.ndarray):
+        g = rows.group_size
+        correct_col = (
+            self.reward_names.index("correctness") if "correctness" in self.reward_names else 0
+        )
+        lengths = rows.completion_mask.sum(1)
+        return tuple(
+            PromptResult(
+                index=int(ex["index"]),
+                example=ex,
+                rewards=rewards[i * g : (i + 1) * g],
+                reward=r_b[i * g : (i + 1) * g],
+                correct=float(np.mean(rewards[i * g : (i + 1) * g, correct_col] > 0)),
+                lengths=lengths[i * g : (i + 1) * g],
+            )
+            for i, ex in enumerate(rows.examples)
+        )

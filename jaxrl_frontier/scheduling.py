@@ -1,0 +1,156 @@
+"""Prompt sources: which prompts an RL (or SFT) step trains on.
+
+A `PromptSource` is the first stage of a step:
+
+    next_batch() -> this process's examples          (list of example dicts, prompt-major)
+    observe(results)                                  per-prompt results after scoring
+    state() / restore(state)                          saved with every checkpoint (JSON)
+
+The loop calls `next_batch()`, hands the examples to the `RolloutProducer`, and passes the
+Experience's per-prompt results back through `observe`, so a source that schedules by
+difficulty (dynamic sampling, ADS, replay) sees how its prompts went.
+
+Sources are chosen by `data.source` from `SOURCES` (name -> builder). Every process runs the
+same global stream and keeps its own slice of each global batch: the same run sees the same
+prompts on one host or many, and a group never spans processes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import grain
+import numpy as np
+
+from jaxrl_frontier.registry import Registry
+from jaxrl_frontier.tasks.base import Example, Task, check_split
+from jaxrl_frontier.tasks.pipeline import _READ_OPTIONS, _LoadExample
+
+
+@dataclasses.dataclass(frozen=True)
+class PromptResult:
+    """How one prompt's group went (host values; one per prompt this process owns).
+
+    index: the example's dataset index.  rewards: [G, K] reward vectors of its completions.
+    reward: [G] combined sequence rewards.  correct: fraction of completions with
+    correctness > 0.  lengths: [G] completion lengths.
+    """
+
+    index: int
+    example: Example
+    rewards: np.ndarray
+    reward: np.ndarray
+    correct: float
+    lengths: np.ndarray
+
+
+class PromptSource(Protocol):
+    """The prompt-scheduling stage (see the module docstring)."""
+
+    def next_batch(self) -> list[Example]: ...
+
+    def observe(self, results: Sequence[PromptResult]) -> None: ...
+
+    def state(self) -> dict[str, Any]: ...
+
+    def restore(self, state: dict[str, Any]) -> None: ...
+
+
+SOURCES = Registry("prompt source")
+
+
+class _LocalSlice:
+    """A global batch of indices -> this process's examples (picklable for grain)."""
+
+    def __init__(self, task: Task, split: str, process_index: int, process_count: int):
+        self.load = _LoadExample(task, split)
+        self.process_index, self.process_count = process_index, process_count
+
+    def __call__(self, indices: np.ndarray) -> list[Example]:
+        per = len(indices) // self.process_count
+        mine = indices[self.process_index * per : (self.process_index + 1) * per]
+        return [self.load(i) for i in mine]
+
+
+class UniformSource:
+    """Uniform prompts: a seeded shuffle of the split, reshuffled every epoch (grain).
+
+    range(n).seed(seed).shuffle().repeat()  ->  global batches of `batch_size` indices  ->
+    this process's slice [i B / N, (i + 1) B / N), loaded. The iterator state is exact: a
+    restored source yields the batches the original would have yielded next.
+    """
+
+    def __init__(
+        self,
+        task: Task,
+        *,
+        batch_size: int,
+        seed: int,
+        split: str = "train",
+        process_index: int = 0,
+        process_count: int = 1,
+    ):
+        check_split(split)
+        if batch_size < 1 or batch_size % process_count:
+            raise ValueError(
+                f"prompt batch {batch_size} must be a positive multiple of the "
+                f"{process_count} processes (each owns whole prompts)"
+            )
+        self.batch_size = batch_size
+        ds = grain.MapDataset.range(task.num_examples(split)).seed(seed).shuffle().repeat(None)
+        ds = ds.batch(batch_size, drop_remainder=True, batch_fn=np.asarray)
+        ds = ds.map(_LocalSlice(task, split, process_index, process_count))
+        self._it = iter(ds.to_iter_dataset(_READ_OPTIONS))
+
+    def next_batch(self) -> list[Example]:
+        return next(self._it)
+
+    def observe(self, results: Sequence[PromptResult]) -> None:
+        del results  # uniform: how prompts went does not change what comes next
+
+    def state(self) -> dict[str, Any]:
+        return {"iterator": _jsonable_state(self._it.get_state())}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        self._it.set_state(_from_jsonable_state(state["iterator"]))
+
+
+@SOURCES.register("uniform")
+def uniform(task: Task, config, *, batch_size: int, process_index: int, process_count: int):
+    """`data.source = 'uniform'`: every prompt equally often (the default)."""
+    return UniformSource(
+        task,
+        batch_size=batch_size,
+        seed=config.seed,
+        process_index=process_index,
+        process_count=process_count,
+    )
+
+
+def make_source(
+    task: Task, config, *, batch_size: int, process_index: int = 0, process_count: int = 1
+) -> PromptSource:
+    """The configured source (`config.data.source`) for global batches of `batch_size`."""
+    name = config.data.get("source", "uniform")
+    return SOURCES.get(name)(
+        task,
+        config,
+        batch_size=batch_size,
+        process_index=process_index,
+        process_count=process_count,
+    )
+
+
+def _jsonable_state(state):
+    """grain states may hold bytes; the checkpoint's metadata is JSON."""
+    if isinstance(state, bytes):
+        return {"__bytes__": state.decode("latin-1")}
+    return state
+
+
+def _from_jsonable_state(state):
+    if isinstance(state, dict) and "__bytes__" in state:
+        return state["__bytes__"].encode("latin-1")
+    return state
