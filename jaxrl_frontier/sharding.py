@@ -25,6 +25,7 @@ BATCH_AXES = ("data", "fsdp")
 # logical name -> mesh axis (or None to replicate)
 DEFAULT_RULES: tuple[tuple[str, str | None], ...] = (
     ("batch", BATCH_AXES),
+    ("layers", None),  # stacked layer parameters: every device holds its shard of every layer
     ("vocab", "tensor"),
     ("embed", "fsdp"),
     ("heads", "tensor"),
@@ -156,6 +157,82 @@ def shard_batch(tree, mesh: Mesh):
         return jax.make_array_from_process_local_data(sharding, local, x.shape)
 
     return jax.tree.map(one, tree)
+
+
+def shard_local_batch(tree, mesh: Mesh):
+    """Place this process's rows: the global batch is every process's rows, in process order.
+
+    Each leaf is a host array [B_local, ...]; the result is a global array [B_local *
+    process_count, ...] split over the batch axes (`jax.make_array_from_process_local_data`).
+    Rows never leave the host that produced them. On one process this is `shard_batch`.
+    """
+
+    def one(x):
+        x = np.asarray(x)
+        n = batch_size_multiple(mesh)
+        global_rows = x.shape[0] * jax.process_count()
+        if global_rows % n:
+            raise ValueError(
+                f"{x.shape[0]} rows on each of {jax.process_count()} processes do not split over "
+                f"the {n} devices of the batch axes {BATCH_AXES} of mesh {dict(mesh.shape)}"
+            )
+        sharding = batch_sharding(mesh, x.ndim)
+        if jax.process_count() == 1:
+            return jax.device_put(x, sharding)
+        return jax.make_array_from_process_local_data(sharding, x, (global_rows, *x.shape[1:]))
+
+    return jax.tree.map(one, tree)
+
+
+def local_rows(x: jax.Array, mesh: Mesh) -> np.ndarray:
+    """This process's rows of a global batch-major array, as numpy: rows [i B / n, (i+1) B / n)
+    for process i of n, the rows its own prompts produced (the inverse of `shard_local_batch`).
+
+    The array is first laid out over the batch axes, where each process addresses exactly its
+    contiguous block of rows (devices are ordered process by process), so no row crosses a host.
+    """
+    if jax.process_count() == 1:
+        return np.asarray(jax.device_get(x))
+    n, i = jax.process_count(), jax.process_index()
+    per = x.shape[0] // n
+    if x.shape[0] % n:
+        raise ValueError(f"{x.shape[0]} rows do not split over {n} processes")
+    x = _relayout(x, batch_sharding(mesh, x.ndim))
+    blocks = {s.index[0].start or 0: s.data for s in x.addressable_shards}  # replicas dedup
+    starts = sorted(blocks)
+    local = np.concatenate([np.asarray(blocks[s]) for s in starts])
+    if starts[0] != i * per or local.shape[0] != per:
+        raise ValueError(
+            f"process {i} addresses rows {starts[0]}..{starts[0] + local.shape[0]} of "
+            f"{x.shape[0]}, not its own block {i * per}..{(i + 1) * per}: the mesh's devices "
+            "must be ordered process by process (jax.devices() order)"
+        )
+    return local
+
+
+def _relayout(x: jax.Array, sharding: NamedSharding) -> jax.Array:
+    if x.sharding == sharding:
+        return x
+    return jax.jit(lambda a: a, out_shardings=sharding)(x)
+
+
+def all_rows(x: jax.Array) -> np.ndarray:
+    """The whole of a (possibly multi-host) array on every process, as numpy."""
+    if jax.process_count() == 1 or x.is_fully_addressable:
+        return np.asarray(jax.device_get(x))
+    from jax.experimental import multihost_utils
+
+    return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+
+
+def host_copy(tree):
+    """Arrays a process can read whole (to export or inspect): on one process the tree as it
+    is; on several, every process gathers a full host copy (all must call it)."""
+    if jax.process_count() == 1:
+        return tree
+    from jax.experimental import multihost_utils
+
+    return multihost_utils.process_allgather(tree, tiled=True)
 
 
 def replicated(mesh: Mesh) -> NamedSharding:
