@@ -50,7 +50,12 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 
 from jaxrl_frontier import sharding as shd
-from jaxrl_frontier.models.transformer import KVCache, Transformer, with_compute_weights
+from jaxrl_frontier.models.transformer import (
+    KVCache,
+    Transformer,
+    unstack_layers,
+    with_compute_weights,
+)
 from jaxrl_frontier.xla_options import rollout_compiler_options
 
 DEFAULT_PROMPT_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
@@ -624,7 +629,9 @@ class Sampler:
     ):
         """Sample Tn tokens per row from the prefilled cache (see the module docstring)."""
         self.num_traces["decode"] += 1
-        model = self._merge(state)
+        # The decode loop runs the layers unstacked: per-layer weights and caches, read and
+        # written in place at every step (slices of the stacked weights would be copies).
+        model = unstack_layers(self._merge(state))
         num_rows, tp = cache.valid.shape
         tn, k = plan.max_new_tokens, plan.steps_per_check
         mlp_mask, dropout_keys = self._mlp_mask(key, num_rows, dropout_rate, plan.use_dropout)

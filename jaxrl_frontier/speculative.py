@@ -63,7 +63,12 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxrl_frontier.models.transformer import KVCache, Transformer, with_compute_weights
+from jaxrl_frontier.models.transformer import (
+    KVCache,
+    Transformer,
+    unstack_layers,
+    with_compute_weights,
+)
 from jaxrl_frontier.sampling import (
     DEFAULT_PROMPT_BUCKETS,
     FinishReason,
@@ -81,8 +86,9 @@ def shallow_draft(model: Transformer, num_layers: int) -> Transformer:
     """A draft that is the policy cut after `num_layers` blocks: the policy's embedding, its
     first `num_layers` blocks, its final norm and its output head (early exit).
 
-    The parameters are shared, not copied: the draft follows the policy's weights through
-    training with no extra memory.
+    The parameters are shared, not copied: the draft holds the policy's own variables (its
+    stacked layers too; its config's `num_layers` makes its forwards run only the first
+    ones), so it follows the policy's weights through training with no extra memory.
     """
     cfg = model.cfg
     if not 1 <= num_layers <= cfg.num_layers:
@@ -91,7 +97,7 @@ def shallow_draft(model: Transformer, num_layers: int) -> Transformer:
         lambda: Transformer(cfg.replace(num_layers=num_layers), rngs=nnx.Rngs(0))
     )
     draft.embed = model.embed
-    draft.layers = nnx.List([model.layers[i] for i in range(num_layers)])
+    draft.layers = model.layers
     draft.final_norm = model.final_norm
     if not cfg.tie_word_embeddings:
         draft.lm_head = model.lm_head
@@ -161,6 +167,8 @@ def _generate(
     draft = nnx.merge(graphdefs[1], draft_state)
     if plan.cast_weights_once:  # as in `Sampler`: out of the decode loop
         policy, draft = with_compute_weights(policy), with_compute_weights(draft)
+    # per-layer weights and caches, read and written in place by every round (`Sampler`)
+    policy, draft = unstack_layers(policy), unstack_layers(draft)
     k, tn, pad = plan.k, plan.max_new_tokens, plan.pad_id
     num_rows, tp = tokens.shape
     num_slots = tp + tn + k  # the furthest write: slot Tp + (Tn - 1) + k, by a stopped row

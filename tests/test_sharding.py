@@ -84,25 +84,27 @@ def test_weights_are_split_2x2x2(checkpoint):
     model = hf.load(checkpoint, mesh=mesh)
     expected = {
         ("embed",): P("tensor", "fsdp"),  # [V, D]
-        ("layers", 0, "mlp", "gate_proj"): P("fsdp", "tensor"),  # [D, F]
-        ("layers", 0, "mlp", "down_proj"): P("tensor", "fsdp"),  # [F, D]
-        ("layers", 0, "attn", "q_proj"): P("fsdp", "tensor", None),  # [D, H, Dh]
-        ("layers", 0, "attn", "k_proj"): P("fsdp", "tensor", None),  # [D, K, Dh]
-        ("layers", 0, "attn", "o_proj"): P("tensor", None, "fsdp"),  # [H, Dh, D]
-        ("layers", 0, "attn", "q_bias"): P("tensor", None),  # [H, Dh]
+        # stacked layers [L, ...]: the layers axis is not split
+        ("layers", "mlp", "gate_proj"): P(None, "fsdp", "tensor"),  # [L, D, F]
+        ("layers", "mlp", "down_proj"): P(None, "tensor", "fsdp"),  # [L, F, D]
+        ("layers", "attn", "q_proj"): P(None, "fsdp", "tensor", None),  # [L, D, H, Dh]
+        ("layers", "attn", "k_proj"): P(None, "fsdp", "tensor", None),  # [L, D, K, Dh]
+        ("layers", "attn", "o_proj"): P(None, "tensor", None, "fsdp"),  # [L, H, Dh, D]
+        ("layers", "attn", "q_bias"): P(None, "tensor", None),  # [L, H, Dh]
         ("lm_head",): P("fsdp", "tensor"),  # [D, V]
         ("final_norm", "weight"): P(None),  # replicated
     }
     for path, spec in expected.items():
         x = _param(model, *path).get_value()
         assert x.sharding.spec == spec, (path, x.sharding.spec)
-    for path in [("embed",), ("layers", 0, "mlp", "gate_proj"), ("layers", 1, "attn", "q_proj")]:
+    for path in [("embed",), ("layers", "mlp", "gate_proj"), ("layers", "attn", "q_proj")]:
         x = _param(model, *path).get_value()
         shard = x.addressable_shards[0].data.shape
         assert np.prod(shard) == np.prod(x.shape) // 4, (path, shard, x.shape)
         assert all(s <= f for s, f in zip(shard, x.shape)) and shard != x.shape
     # describe() reports the same specs for logging
-    assert sharding.describe(nnx.state(model))["layers.0.mlp.gate_proj"] == str(P("fsdp", "tensor"))
+    described = sharding.describe(nnx.state(model))["layers.mlp.gate_proj"]
+    assert described == str(P(None, "fsdp", "tensor"))
 
 
 def test_indivisible_dims_replicate_1x2x4(checkpoint):
@@ -110,11 +112,11 @@ def test_indivisible_dims_replicate_1x2x4(checkpoint):
     shard_model agree on every placement."""
     mesh = sharding.make_mesh((1, 2, 4))
     loaded = hf.load(checkpoint, mesh=mesh)
-    k = _param(loaded, "layers", 0, "attn", "k_proj").get_value()
-    assert k.sharding.spec == P("fsdp", None, None)
-    q = _param(loaded, "layers", 0, "attn", "q_proj").get_value()
-    assert q.sharding.spec == P("fsdp", "tensor", None)
-    assert q.addressable_shards[0].data.shape == (32, 1, 16)
+    k = _param(loaded, "layers", "attn", "k_proj").get_value()
+    assert k.sharding.spec == P(None, "fsdp", None, None)
+    q = _param(loaded, "layers", "attn", "q_proj").get_value()
+    assert q.sharding.spec == P(None, "fsdp", "tensor", None)
+    assert q.addressable_shards[0].data.shape == (2, 32, 1, 16)  # both layers, their shard
 
     placed = sharding.shard_model(hf.load(checkpoint), mesh)
     a = nnx.to_flat_state(nnx.state(loaded, nnx.Param))

@@ -215,13 +215,26 @@ def test_greedy_equals_normal_sampler(policy):
 
 def test_shallow_draft_is_the_policy_cut_early(policy):
     draft = shallow_draft(policy, 1)
-    assert draft.cfg.num_layers == 1 and draft.layers[0] is policy.layers[0]
+    assert draft.cfg.num_layers == 1 and draft.layers is policy.layers
     assert draft.embed is policy.embed  # shared, not copied: it follows the policy's training
-    # exactly the policy's parameters without block 1: embedding, block 0, final norm, head
-    expected = [(p, v) for p, v in nnx.to_flat_state(nnx.state(policy)) if p[:2] != ("layers", 1)]
+    # the policy's own parameter arrays (the stacked layers too: no copy of block 0)
+    expected = list(nnx.to_flat_state(nnx.state(policy)))
     got = list(nnx.to_flat_state(nnx.state(draft)))
     assert [p for p, _ in got] == [p for p, _ in expected]
     assert all(a.get_value() is b.get_value() for (_, a), (_, b) in zip(got, expected))
+    # ... of which its forward uses the embedding, block 0, the final norm and the head: it
+    # equals a one-layer model holding block 0's slice of the stacked layers
+    one_layer = nnx.graphdef(
+        nnx.eval_shape(lambda: Transformer(CFG.replace(num_layers=1), rngs=nnx.Rngs(0)))
+    )
+    block0 = jax.tree_util.tree_map_with_path(
+        lambda p, a: a[:1] if jax.tree_util.keystr(p[:1]) == "['layers']" else a,
+        nnx.state(policy),
+    )
+    cut = nnx.merge(one_layer, block0)
+    tokens = jnp.asarray(PROMPT)
+    np.testing.assert_array_equal(draft(tokens), cut(tokens))
+    assert not np.allclose(draft(tokens), policy(tokens), atol=1e-3)  # block 1 is left out
     with pytest.raises(ValueError, match="num_layers"):
         shallow_draft(policy, 3)
 

@@ -124,7 +124,8 @@ def test_with_compute_weights_same_outputs(name):
     model = random_model(CONFIGS[name].replace(dtype="bfloat16"))
     cast = with_compute_weights(model)
     for path, w in nnx.to_flat_state(nnx.state(cast)):
-        assert w.dtype == (jnp.bfloat16 if w.ndim >= 2 else jnp.float32), path
+        ndim = w.ndim - (path[0] == "layers")  # one layer's: stacked ones lead with [L]
+        assert w.dtype == (jnp.bfloat16 if ndim >= 2 else jnp.float32), path
     tokens, mask = map(jnp.asarray, left_padded_batch(batch=2, length=8))
     np.testing.assert_array_equal(forward(model, tokens, mask), forward(cast, tokens, mask))
 
@@ -178,8 +179,9 @@ def test_dense_equals_einsum_values_and_gradients(contract):
 def test_mlp_weight_gradients_need_no_transposed_copies():
     """The reason for `dense`: XLA:CPU copies a transposed [B, T, F] cotangent before each
     weight-gradient dot of a 3-D matmul; flattened, the compiled backward has no copy."""
-    model = Transformer(ModelConfig(**BASE), rngs=nnx.Rngs(0))
-    mlp = model.layers[0].mlp
+    from jaxrl_frontier.models.transformer import MLP
+
+    mlp = MLP(ModelConfig(**BASE), rngs=nnx.Rngs(0))  # one layer's MLP (unstacked)
     graphdef, state = nnx.split(mlp)
     x = jnp.ones((4, 8, BASE["hidden_size"]), jnp.float32)
 

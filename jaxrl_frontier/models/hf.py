@@ -14,13 +14,20 @@ Layout conversion (HF Linear weights are [out, in]; ours are [in, out] split int
     o_proj  [D, H*Dh] -> [H, Dh, D]     gate/up [F, D] -> [D, F]   down [D, F] -> [F, D]
     lm_head [V, D]    -> [D, V]         embed [V, D], norms [D], biases [H*Dh] -> [H, Dh]
 
+The model's layers are stacked (`Transformer.layers`: one [L, ...] array per parameter);
+the checkpoint keeps HF's per-layer names (`model.layers.{i}.self_attn.q_proj.weight`), so
+loading stacks the L tensors of a parameter and saving writes layer i's slice under layer
+i's name.
+
 Loading never materialises the model on one device: the model is built abstractly
-(`nnx.eval_shape`), each tensor is read once to host memory (one tensor at a time) and
-placed with `jax.make_array_from_callback`, so each device receives only its own shard.
+(`nnx.eval_shape`), the tensors are read to host memory one parameter at a time (for a
+stacked parameter its L per-layer tensors) and placed with `jax.make_array_from_callback`,
+so each device receives only its own shard.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -223,13 +230,16 @@ class TensorSpec:
 
     linear=True: HF stores [out, in]; ours is the transpose, reshaped to `shape`.
     linear=False: same element order, only reshaped (embeddings, norms, biases).
+    layer: for a layer's tensor, its index i along the stacked parameter's leading axis
+    (`shape` is then one layer's); None for the embedding, final norm and head.
     """
 
     hf_name: str
-    path: tuple  # nnx state path, e.g. ("layers", 0, "attn", "q_proj")
+    path: tuple  # nnx state path, e.g. ("layers", "attn", "q_proj")
     hf_shape: tuple[int, ...]
     shape: tuple[int, ...]
     linear: bool
+    layer: int | None = None
 
     def to_ours(self, w: np.ndarray) -> np.ndarray:
         """HF array -> our layout (a view when possible: no copy of the tensor)."""
@@ -247,11 +257,11 @@ def tensor_specs(cfg: ModelConfig) -> list[TensorSpec]:
     h, k, hd = cfg.num_heads, cfg.num_kv_heads, cfg.resolved_head_dim
     specs = [TensorSpec("model.embed_tokens.weight", ("embed",), (v, d), (v, d), False)]
     for i in range(cfg.num_layers):
-        pre, at = f"model.layers.{i}.", ("layers", i, "attn")
-        specs += [
+        pre, at = f"model.layers.{i}.", ("layers", "attn")
+        layer = [
             TensorSpec(
                 pre + "input_layernorm.weight",
-                ("layers", i, "input_norm", "weight"),
+                ("layers", "input_norm", "weight"),
                 (d,),
                 (d,),
                 False,
@@ -270,7 +280,7 @@ def tensor_specs(cfg: ModelConfig) -> list[TensorSpec]:
             ),
         ]
         if cfg.qkv_bias:
-            specs += [
+            layer += [
                 TensorSpec(
                     pre + "self_attn.q_proj.bias", (*at, "q_bias"), (h * hd,), (h, hd), False
                 ),
@@ -282,7 +292,7 @@ def tensor_specs(cfg: ModelConfig) -> list[TensorSpec]:
                 ),
             ]
         if cfg.qk_norm:
-            specs += [
+            layer += [
                 TensorSpec(
                     pre + "self_attn.q_norm.weight", (*at, "q_norm", "weight"), (hd,), (hd,), False
                 ),
@@ -290,11 +300,11 @@ def tensor_specs(cfg: ModelConfig) -> list[TensorSpec]:
                     pre + "self_attn.k_norm.weight", (*at, "k_norm", "weight"), (hd,), (hd,), False
                 ),
             ]
-        mlp = ("layers", i, "mlp")
-        specs += [
+        mlp = ("layers", "mlp")
+        layer += [
             TensorSpec(
                 pre + "post_attention_layernorm.weight",
-                ("layers", i, "post_attn_norm", "weight"),
+                ("layers", "post_attn_norm", "weight"),
                 (d,),
                 (d,),
                 False,
@@ -303,6 +313,7 @@ def tensor_specs(cfg: ModelConfig) -> list[TensorSpec]:
             TensorSpec(pre + "mlp.up_proj.weight", (*mlp, "up_proj"), (f, d), (d, f), True),
             TensorSpec(pre + "mlp.down_proj.weight", (*mlp, "down_proj"), (d, f), (f, d), True),
         ]
+        specs += [dataclasses.replace(spec, layer=i) for spec in layer]
     specs.append(TensorSpec("model.norm.weight", ("final_norm", "weight"), (d,), (d,), False))
     if not cfg.tie_word_embeddings:
         specs.append(TensorSpec("lm_head.weight", ("lm_head",), (v, d), (d, v), True))
@@ -349,17 +360,21 @@ def _weight_map(path: str) -> dict[str, str]:
     return weight_map
 
 
-def _iter_tensors(
-    path: str, names: list[str], weight_map: dict[str, str]
-) -> Iterator[tuple[str, np.ndarray]]:
-    """(name, host array) one at a time, each file opened once."""
-    by_file: dict[str, list[str]] = {}
-    for name in names:
-        by_file.setdefault(weight_map[name], []).append(name)
-    for file, file_names in by_file.items():
-        with safe_open(os.path.join(path, file), framework="numpy") as f:
-            for name in file_names:
-                yield name, f.get_tensor(name)
+@contextlib.contextmanager
+def _tensor_reader(path: str, weight_map: dict[str, str]) -> Iterator:
+    """read(name) -> host array; each safetensors file is opened once, on first use."""
+    with contextlib.ExitStack() as stack:
+        handles = {}
+
+        def read(name: str) -> np.ndarray:
+            file = weight_map[name]
+            if file not in handles:
+                handles[file] = stack.enter_context(
+                    safe_open(os.path.join(path, file), framework="numpy")
+                )
+            return handles[file].get_tensor(name)
+
+        yield read
 
 
 def _check_tensor_names(
@@ -425,24 +440,36 @@ def load(
     if mesh is not None:
         shardings = dict(nnx.to_flat_state(state_shardings(state, mesh, rules)))
     variables = dict(nnx.to_flat_state(state))
-    by_name = {s.hf_name: s for s in specs}
+    by_path: dict[tuple, list[TensorSpec]] = {}  # a stacked parameter: its L layers' specs
+    for spec in specs:
+        by_path.setdefault(spec.path, []).append(spec)
     default = SingleDeviceSharding(jax.devices()[0])
     pd = jnp.dtype(cfg.param_dtype)  # jnp: np.dtype does not know "bfloat16"
 
-    for name, w in _iter_tensors(path, list(by_name), weight_map):
-        spec = by_name[name]
-        if tuple(w.shape) != spec.hf_shape:
-            raise ValueError(
-                f"tensor {name!r} in {weight_map[name]!r}: expected shape {spec.hf_shape} "
-                f"(from config.json), found {tuple(w.shape)}"
-            )
-        host = spec.to_ours(w)  # a view of the host array
-        sharding = shardings[spec.path].get_value() if mesh is not None else default
-        # Each device's callback copies (and casts) only its own slice of the host array.
-        arr = jax.make_array_from_callback(
-            spec.shape, sharding, lambda idx, host=host: np.asarray(host[idx], dtype=pd)
-        )
-        variables[spec.path].set_value(arr)
+    with _tensor_reader(path, weight_map) as read:
+        for param_path, group in by_path.items():  # one parameter's tensors at a time
+            hosts = []
+            for spec in group:
+                w = read(spec.hf_name)
+                if tuple(w.shape) != spec.hf_shape:
+                    raise ValueError(
+                        f"tensor {spec.hf_name!r} in {weight_map[spec.hf_name]!r}: expected "
+                        f"shape {spec.hf_shape} (from config.json), found {tuple(w.shape)}"
+                    )
+                hosts.append(spec.to_ours(w))  # a view of the host array
+            stacked = group[0].layer is not None
+            shape = (len(hosts), *group[0].shape) if stacked else group[0].shape
+            sharding = shardings[param_path].get_value() if mesh is not None else default
+
+            def shard(idx, hosts=hosts, stacked=stacked):
+                """Each device's slice, copied (and cast) from the host arrays."""
+                if not stacked:
+                    return np.asarray(hosts[0][idx], dtype=pd)
+                layers, rest = idx[0], idx[1:]
+                return np.stack([np.asarray(h[rest], dtype=pd) for h in hosts[layers]])
+
+            variables[param_path].set_value(jax.make_array_from_callback(shape, sharding, shard))
+            del hosts
     return nnx.merge(graphdef, state)
 
 
@@ -469,6 +496,12 @@ def _to_host(x: jax.Array) -> np.ndarray:
     return np.asarray(jax.device_get(x))
 
 
+@jax.jit
+def _layer_slice(w: jax.Array, i: jax.Array) -> jax.Array:
+    """w[i] of a stacked [L, ...] parameter (a traced index: one compile per shape)."""
+    return jax.lax.dynamic_index_in_dim(w, i, 0, keepdims=False)
+
+
 def save(
     model: Transformer,
     path: str | os.PathLike,
@@ -487,7 +520,8 @@ def save(
       base_config: an original config.json dict whose other keys (bos/eos ids, ...) are
         kept; the architecture fields are overwritten from `model.cfg`.
 
-    Tensors are fetched to host one shard file at a time. With several processes every
+    Tensors are fetched to host one shard file at a time, a layer's tensors as their slice
+    of the stacked parameters. With several processes every
     process must call `save` (gathering is collective); only process 0 writes.
     """
     path = os.fspath(path)
@@ -525,7 +559,10 @@ def save(
     for file, group in zip(names, groups):
         tensors = {}
         for spec in group:
-            w = _to_host(variables[spec.path].get_value())
+            w = variables[spec.path].get_value()
+            if spec.layer is not None:  # layer i's slice of the stacked parameter
+                w = _layer_slice(w, np.int32(spec.layer))
+            w = _to_host(w)
             tensors[spec.hf_name] = np.ascontiguousarray(spec.to_hf(w).astype(out_dtype))
             weight_map[spec.hf_name] = file
             total += tensors[spec.hf_name].nbytes

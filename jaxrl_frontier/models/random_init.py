@@ -7,7 +7,6 @@ model is built abstractly and every parameter is filled from one numpy stream in
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
@@ -34,14 +33,28 @@ def random_model(
     model = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
     rng = np.random.RandomState(seed) if legacy_rng else np.random.default_rng(seed)
 
-    def draw(path, x):
-        name = jax.tree_util.keystr(path)
+    def draw(name, shape):
         if "norm" in name:
-            value = 1.0 + norm_std * rng.standard_normal(x.shape)
-        else:
-            scale = head_std if head_std is not None and "lm_head" in name else std
-            value = scale * rng.standard_normal(x.shape)
-        return jnp.asarray(value, x.dtype)
+            return 1.0 + norm_std * rng.standard_normal(shape)
+        scale = head_std if head_std is not None and "lm_head" in name else std
+        return scale * rng.standard_normal(shape)
 
-    nnx.update(model, jax.tree_util.tree_map_with_path(draw, nnx.state(model)))
+    # Draw in the order of per-layer parameters (embedding, final norm, layer 0's
+    # parameters, layer 1's, ..., head), filling the stacked [L, ...] arrays layer by layer,
+    # so a seed gives the same weights as when each layer had its own arrays.
+    flat = list(nnx.to_flat_state(nnx.state(model)))
+    values = {}
+    for path, var in flat:
+        shape = var.get_value().shape
+        if path[0] != "layers":
+            values[path] = draw(".".join(map(str, path)), shape)
+        elif path not in values:  # the first stacked parameter: draw every layer's now
+            stacked = [(p, v.get_value().shape) for p, v in flat if p[0] == "layers"]
+            for p, shape in stacked:
+                values[p] = np.empty(shape)
+            for i in range(cfg.num_layers):
+                for p, shape in stacked:
+                    values[p][i] = draw(".".join(map(str, p)), shape[1:])
+    for path, var in flat:
+        var.set_value(jnp.asarray(values[path], var.get_value().dtype))
     return model

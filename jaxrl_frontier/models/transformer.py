@@ -10,17 +10,28 @@
 - Padding: prompts are left-padded; `attention_mask` is 1 on real tokens. Positions count
   real tokens only (`cumsum(mask) - 1`), so a left-padded prompt sees the same positions as
   the unpadded one and gets the same logits.
+- Layers are scanned: `Transformer.layers` is one `Block` whose parameters are stacked
+  along a leading `layers` axis ([L, ...]), and every forward runs the blocks under one
+  `jax.lax.scan` (as MaxText's `scan_layers`). With FSDP-sharded weights XLA then gathers
+  one layer's shards at a time inside the loop instead of every layer's at once, so no
+  device holds a full copy of the weights; the program is compiled once per layer shape,
+  not once per layer. `ModelConfig.remat` wraps the scanned body in `jax.checkpoint`.
+- Rollouts run the layers unstacked (`unstack_layers`: L per-layer `Block`s, a Python
+  loop): inside a decode loop, a scan's per-layer slices of the stacked weights are
+  copies (XLA:CPU copied every layer's weights before its matmuls at every step: a 25M
+  decode step took 2.3x as long), while per-layer arrays are read in place.
 - KV cache (`KVCache`): slots along the sequence axis, written for all rows at the same
   slot index. With left-padded prompts every row's next token lands in the same slot, so
   causality in slot space is causality in time; `valid` masks padding slots. Each layer has
   its own [B, K, S, Dh] array (kv heads before slots): attention's batch dims (B, K) are
-  major and each head's [S, Dh] block is contiguous, so a decode step reads the cache in
-  place. (A stacked [L, B, S, K, Dh] cache cost XLA a transpose, and a stacked
-  [L, B, K, S, Dh] one a copy of the layer's slice, of every layer at every step.)
+  major and each head's [S, Dh] block is contiguous, and an unstacked model's decode step
+  writes and reads it in place. (A stacked [L, B, K, S, Dh] cache cost XLA a copy of the
+  cache per layer and step.) A scanned forward stacks the layers' caches for its scan.
 - Parameters are kept in `param_dtype` (f32) and cast to `dtype` (bf16 or f32) for compute;
   softmax, norms and logits are computed in f32.
-- Every parameter carries `logical_axes` metadata (`vocab`, `embed`, `heads`, `kv_heads`,
-  `mlp`, or None); `jaxrl_frontier.sharding` maps these names to mesh axes.
+- Every parameter carries `logical_axes` metadata (`layers`, `vocab`, `embed`, `heads`,
+  `kv_heads`, `mlp`, or None); `jaxrl_frontier.sharding` maps these names to mesh axes
+  (`layers` to none: every device holds its shard of every layer).
 """
 
 from __future__ import annotations
@@ -60,7 +71,10 @@ class ModelConfig:
     dtype: str = "float32"  # compute dtype: float32 | bfloat16
     param_dtype: str = "float32"
     family: str = "llama"  # llama | qwen2 | qwen3 (the HF architecture written back on save)
-    remat: bool = False  # recompute each block in the backward pass (jax.checkpoint): less memory
+    # recompute each block in the backward pass (jax.checkpoint of the scanned body): False /
+    # 'none', True / 'full' (keep only each block's input), 'dots_saveable' (keep the matmul
+    # outputs too)
+    remat: bool | str = False
     attention: str = "xla"  # the attention implementation (`ATTENTION_IMPLS`)
 
     def __post_init__(self):
@@ -72,6 +86,8 @@ class ModelConfig:
             raise ValueError(f"dtype={self.dtype!r}; allowed: 'float32', 'bfloat16'")
         if self.attention not in ATTENTION_IMPLS:
             raise ValueError(f"attention={self.attention!r}; allowed: {ATTENTION_IMPLS}")
+        if self.remat not in REMAT_POLICIES:
+            raise ValueError(f"remat={self.remat!r}; allowed: {tuple(REMAT_POLICIES)}")
 
     @property
     def resolved_head_dim(self) -> int:
@@ -103,7 +119,7 @@ class ModelConfig:
 
 @flax.struct.dataclass
 class KVCache:
-    """Per-layer keys and values for incremental decoding.
+    """Every layer's keys and values for incremental decoding.
 
     k, v:  tuples of L arrays [B, K, S, Dh] (K kv heads, S cache slots; see the module
            docstring)
@@ -198,7 +214,9 @@ def dense(x: jax.Array, w: jax.Array, contract: int = 1) -> jax.Array:
     return y.reshape(*lead, *out)
 
 
-def _param(rngs: nnx.Rngs, shape, axes, dtype, init="normal") -> nnx.Param:
+def _param(rngs: nnx.Rngs, shape, axes, dtype, init="normal", stack=()) -> nnx.Param:
+    """A parameter of `shape` with logical `axes`; `stack` (L,) prepends the layers axis."""
+    shape, axes = (*stack, *shape), ("layers",) * len(stack) + tuple(axes)
     if init == "normal":
         value = 0.02 * jax.random.normal(rngs.params(), shape, dtype)
     elif init == "ones":
@@ -209,8 +227,8 @@ def _param(rngs: nnx.Rngs, shape, axes, dtype, init="normal") -> nnx.Param:
 
 
 class RMSNorm(nnx.Module):
-    def __init__(self, dim: int, eps: float, param_dtype, rngs: nnx.Rngs):
-        self.weight = _param(rngs, (dim,), (None,), param_dtype, init="ones")
+    def __init__(self, dim: int, eps: float, param_dtype, rngs: nnx.Rngs, stack=()):
+        self.weight = _param(rngs, (dim,), (None,), param_dtype, init="ones", stack=stack)
         self.eps = eps
 
     def __call__(self, x: jax.Array) -> jax.Array:
@@ -220,21 +238,22 @@ class RMSNorm(nnx.Module):
 
 
 class Attention(nnx.Module):
-    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs, stack=()):
         d, h, k, hd = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.resolved_head_dim
         pd = jnp.dtype(cfg.param_dtype)
+        param = functools.partial(_param, rngs, dtype=pd, stack=stack)
         self.cfg = cfg
-        self.q_proj = _param(rngs, (d, h, hd), ("embed", "heads", None), pd)
-        self.k_proj = _param(rngs, (d, k, hd), ("embed", "kv_heads", None), pd)
-        self.v_proj = _param(rngs, (d, k, hd), ("embed", "kv_heads", None), pd)
-        self.o_proj = _param(rngs, (h, hd, d), ("heads", None, "embed"), pd)
+        self.q_proj = param((d, h, hd), ("embed", "heads", None))
+        self.k_proj = param((d, k, hd), ("embed", "kv_heads", None))
+        self.v_proj = param((d, k, hd), ("embed", "kv_heads", None))
+        self.o_proj = param((h, hd, d), ("heads", None, "embed"))
         if cfg.qkv_bias:
-            self.q_bias = _param(rngs, (h, hd), ("heads", None), pd, init="zeros")
-            self.k_bias = _param(rngs, (k, hd), ("kv_heads", None), pd, init="zeros")
-            self.v_bias = _param(rngs, (k, hd), ("kv_heads", None), pd, init="zeros")
+            self.q_bias = param((h, hd), ("heads", None), init="zeros")
+            self.k_bias = param((k, hd), ("kv_heads", None), init="zeros")
+            self.v_bias = param((k, hd), ("kv_heads", None), init="zeros")
         if cfg.qk_norm:
-            self.q_norm = RMSNorm(hd, cfg.rms_norm_eps, pd, rngs)
-            self.k_norm = RMSNorm(hd, cfg.rms_norm_eps, pd, rngs)
+            self.q_norm = RMSNorm(hd, cfg.rms_norm_eps, pd, rngs, stack)
+            self.k_norm = RMSNorm(hd, cfg.rms_norm_eps, pd, rngs, stack)
 
     def project_qkv(self, x, positions, inv_freq):
         """x [..., D], positions [...] -> q [..., H, Dh], k and v [..., K, Dh], with the
@@ -335,12 +354,13 @@ def _attend_one_query(q, k, v, bias):
 
 
 class MLP(nnx.Module):
-    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs, stack=()):
         d, f, pd = cfg.hidden_size, cfg.intermediate_size, jnp.dtype(cfg.param_dtype)
+        param = functools.partial(_param, rngs, dtype=pd, stack=stack)
         self.dtype = cfg.compute_dtype
-        self.gate_proj = _param(rngs, (d, f), ("embed", "mlp"), pd)
-        self.up_proj = _param(rngs, (d, f), ("embed", "mlp"), pd)
-        self.down_proj = _param(rngs, (f, d), ("mlp", "embed"), pd)
+        self.gate_proj = param((d, f), ("embed", "mlp"))
+        self.up_proj = param((d, f), ("embed", "mlp"))
+        self.down_proj = param((f, d), ("mlp", "embed"))
 
     def __call__(self, x, hidden_mask=None):
         dt = self.dtype
@@ -352,12 +372,16 @@ class MLP(nnx.Module):
 
 
 class Block(nnx.Module):
-    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+    """One decoder layer. Built with `stack=(L,)` (as `Transformer.layers`), it holds L
+    layers' parameters stacked along a leading `layers` axis; `Transformer.scan_layers`
+    runs it one layer at a time, each call seeing one layer's slice."""
+
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs, stack=()):
         pd = jnp.dtype(cfg.param_dtype)
-        self.input_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, pd, rngs)
-        self.attn = Attention(cfg, rngs)
-        self.post_attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, pd, rngs)
-        self.mlp = MLP(cfg, rngs)
+        self.input_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, pd, rngs, stack)
+        self.attn = Attention(cfg, rngs, stack)
+        self.post_attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, pd, rngs, stack)
+        self.mlp = MLP(cfg, rngs, stack)
 
     def __call__(self, x, positions, inv_freq, attn_bias, kv=None, hidden_mask=None):
         a, new_kv = self.attn(self.input_norm(x), positions, inv_freq, attn_bias, kv)
@@ -373,18 +397,14 @@ def _attn_bias(allowed: jax.Array) -> jax.Array:
     return jnp.where(allowed, 0.0, _NEG_INF).astype(jnp.float32)[:, None, None]
 
 
-def _run_layer(fn, layer: Block, *args, remat: bool = False):
-    """fn(layer, *args), under `jax.checkpoint` when `remat`: then only the inputs are kept
-    for the backward pass, and the layer's activations are recomputed there."""
-    if not remat:
-        return fn(layer, *args)
-    graphdef, state = nnx.split(layer)
-
-    @jax.checkpoint
-    def run(state, *args):
-        return fn(nnx.merge(graphdef, state), *args)
-
-    return run(state, *args)
+# ModelConfig.remat -> the jax.checkpoint policy of the scanned body (None: no remat)
+REMAT_POLICIES = {
+    False: None,
+    "none": None,
+    True: jax.checkpoint_policies.nothing_saveable,
+    "full": jax.checkpoint_policies.nothing_saveable,
+    "dots_saveable": jax.checkpoint_policies.dots_saveable,
+}
 
 
 def _shared_prompt_block(layer: Block, x, positions, inv_freq, bias_p, bias_c, *, n, tp):
@@ -402,10 +422,11 @@ def _shared_prompt_block(layer: Block, x, positions, inv_freq, bias_p, bias_c, *
     (q_p, q_c), (k_p, k_c), (v_p, v_c) = map(
         split, layer.attn.project_qkv(layer.input_norm(x), positions, inv_freq)
     )
-    out_p = attend(q_p, k_p, v_p, bias_p)
+    impl = layer.attn.cfg.attention
+    out_p = attention(q_p, k_p, v_p, bias_p, impl=impl)
     keys = jnp.concatenate([jnp.repeat(k_p, n, axis=0), k_c], axis=1)  # [B, T, K, Dh]
     values = jnp.concatenate([jnp.repeat(v_p, n, axis=0), v_c], axis=1)
-    out_c = attend(q_c, keys, values, bias_c)
+    out_c = attention(q_c, keys, values, bias_c, impl=impl)
     out = jnp.concatenate([out_p, out_c.reshape(groups, n * tn, *out_c.shape[2:])], axis=1)
     return layer.feed_forward(x + layer.attn.project_out(out))
 
@@ -414,16 +435,47 @@ def _shared_prompt_block(layer: Block, x, positions, inv_freq, bias_p, bias_c, *
 
 
 class Transformer(nnx.Module):
-    """Decoder LM. `model(tokens, attention_mask)` -> logits [B, T, V] (f32)."""
+    """Decoder LM. `model(tokens, attention_mask)` -> logits [B, T, V] (f32).
+
+    `self.layers` is one `Block` holding every layer's parameters stacked [L, ...]
+    (state paths `layers.attn.q_proj`, ...); forwards scan over it (`scan_layers`).
+    """
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         pd = jnp.dtype(cfg.param_dtype)
         self.cfg = cfg
         self.embed = _param(rngs, (cfg.vocab_size, cfg.hidden_size), ("vocab", "embed"), pd)
-        self.layers = nnx.List([Block(cfg, rngs) for _ in range(cfg.num_layers)])
+        self.layers = Block(cfg, rngs, stack=(cfg.num_layers,))
         self.final_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, pd, rngs)
         if not cfg.tie_word_embeddings:
             self.lm_head = _param(rngs, (cfg.hidden_size, cfg.vocab_size), ("embed", "vocab"), pd)
+
+    def scan_layers(self, body, carry, xs=None, *, remat: bool | str = False):
+        """Run `body(layer, carry, x_i) -> (carry, y_i)` over the first `cfg.num_layers`
+        layers under one `jax.lax.scan`, `layer` a `Block` on layer i's parameters and x_i
+        layer i's slice of `xs` (a pytree with a leading [L] axis, or None). The blocks'
+        parameters are scanned over, so XLA reads (and with FSDP gathers) one layer's
+        weights per iteration. `remat` (a `ModelConfig.remat` value) wraps the body in
+        `jax.checkpoint` with that policy. Returns (carry, ys stacked [L, ...])."""
+        num = self.cfg.num_layers
+        if isinstance(self.layers, nnx.List):  # unstacked (`unstack_layers`): a Python loop
+            ys = []
+            for i in range(num):
+                carry, y = body(self.layers[i], carry, jax.tree.map(lambda a: a[i], xs))
+                ys.append(y)
+            return carry, jax.tree.map(lambda *a: jnp.stack(a), *ys)
+        graphdef, params = nnx.split(self.layers)
+        if jax.tree.leaves(params)[0].shape[0] != num:  # a shallow draft: the first layers
+            params = jax.tree.map(lambda a: a[:num], params)
+
+        def step(carry, inputs):
+            layer_params, x = inputs
+            return body(nnx.merge(graphdef, layer_params), carry, x)
+
+        policy = REMAT_POLICIES[remat]
+        if policy is not None:
+            step = jax.checkpoint(step, policy=policy)
+        return jax.lax.scan(step, carry, (params, xs))
 
     def __call__(
         self,
@@ -449,23 +501,13 @@ class Transformer(nnx.Module):
           logits f32 [B, T, V]; with a cache, (logits, updated cache).
         """
         hidden, new_cache = self.hidden_states(
-            tokens,
-            attention_mask,
-            positions=positions,
-            cache=cache,
-            mlp_mask=mlp_mask,
+            tokens, attention_mask, positions=positions, cache=cache, mlp_mask=mlp_mask
         )
         logits = self.logits(hidden)
         return logits if cache is None else (logits, new_cache)
 
     def hidden_states(
-        self,
-        tokens,
-        attention_mask=None,
-        *,
-        positions=None,
-        cache=None,
-        mlp_mask=None,
+        self, tokens, attention_mask=None, *, positions=None, cache=None, mlp_mask=None
     ):
         """Final-normed hidden states [B, T, D] (and the updated cache, or None)."""
         cfg = self.cfg
@@ -487,34 +529,41 @@ class Transformer(nnx.Module):
 
         inv_freq = rope_inv_freq(cfg)
         x = self.embed[...].astype(cfg.compute_dtype)[tokens]
-        new_k, new_v = [], []
-        for i, layer in enumerate(self.layers):
-            kv = None if cache is None else (cache.k[i], cache.v[i], cache.index)
-            hm = None if mlp_mask is None else mlp_mask[i]
-            remat = cfg.remat and cache is None  # a training forward; decoding keeps no grads
-            x, kv = _run_layer(
-                Block.__call__,
-                layer,
-                x,
-                positions,
-                inv_freq,
-                attn_bias,
-                kv,
-                hm,
-                remat=remat,
-            )
-            if kv is not None:
-                new_k.append(kv[0])
-                new_v.append(kv[1])
-        hidden = self.final_norm(x)
-        if cache is None:
-            return hidden, None
-        return hidden, KVCache(
-            k=tuple(new_k), v=tuple(new_v), valid=key_valid, index=cache.index + t
-        )
+        if cache is None:  # a training (or scoring) forward: remat applies
+
+            def block(layer, x, hidden_mask):
+                return layer(x, positions, inv_freq, attn_bias, None, hidden_mask)[0], None
+
+            x, _ = self.scan_layers(block, x, mlp_mask, remat=cfg.remat)
+            return self.final_norm(x), None
+
+        def cached_block(layer, x, inputs):
+            k, v, hidden_mask = inputs
+            kv = (k, v, cache.index)
+            return layer(x, positions, inv_freq, attn_bias, kv, hidden_mask)
+
+        if isinstance(self.layers, nnx.List):  # unstacked: each layer's cache in place
+            new_k, new_v = [], []
+            for i, layer in enumerate(self.layers):
+                hidden_mask = None if mlp_mask is None else mlp_mask[i]
+                x, (k, v) = cached_block(layer, x, (cache.k[i], cache.v[i], hidden_mask))
+                new_k.append(k)
+                new_v.append(v)
+        else:  # the scan takes (and returns) the layers' caches stacked [L, ...]
+            xs = (jnp.stack(cache.k), jnp.stack(cache.v), mlp_mask)
+            x, (k, v) = self.scan_layers(cached_block, x, xs)
+            new_k, new_v = list(k), list(v)
+        new_cache = KVCache(k=tuple(new_k), v=tuple(new_v), valid=key_valid, index=cache.index + t)
+        return self.final_norm(x), new_cache
 
     def hidden_states_shared_prompt(
-        self, tokens: jax.Array, attention_mask: jax.Array, *, prompt_len: int, group_size: int
+        self,
+        tokens: jax.Array,
+        attention_mask: jax.Array,
+        *,
+        prompt_len: int,
+        group_size: int,
+        mlp_mask: jax.Array | None = None,
     ) -> jax.Array:
         """`hidden_states(tokens, attention_mask)[0]` for rows that come in groups sharing a
         prompt, with each group's prompt run through the model once instead of once per row.
@@ -529,7 +578,17 @@ class Transformer(nnx.Module):
         gradient through the shared prompt is the sum over the group's rows, as in the
         per-row forward. Returns [B, T, D]. Rows of a group with different prompts get the
         first row's prompt (not checked).
+
+        mlp_mask must be None: a per-row MLP mask (Dropout-GRPO) makes the rows of a group
+        differ on their prompt tokens too, so their prompt cannot be run once; use
+        `hidden_states` for those batches.
         """
+        if mlp_mask is not None:
+            raise ValueError(
+                "hidden_states_shared_prompt: mlp_mask is not supported (per-row MLP masks "
+                "change each row's prompt hidden states, so the prompt cannot be shared); "
+                "use hidden_states(tokens, mask, mlp_mask=...) for Dropout-GRPO batches"
+            )
         cfg = self.cfg
         b, t = tokens.shape
         n, tp = group_size, prompt_len
@@ -554,14 +613,17 @@ class Transformer(nnx.Module):
         completion_causal = (tp + jnp.arange(tn))[:, None] >= jnp.arange(t)[None, :]
         bias_c = _attn_bias(completion_causal[None] & real[:, None, :])  # [B, 1, 1, Tn, T]
 
-        block = functools.partial(_shared_prompt_block, n=n, tp=tp)
         inv_freq = rope_inv_freq(cfg)
-        x = self.embed[...].astype(cfg.compute_dtype)[pack(tokens)]  # [G, Tp + n Tn, D]
         rows_positions = pack(positions)
-        for layer in self.layers:
-            x = _run_layer(
-                block, layer, x, rows_positions, inv_freq, bias_p, bias_c, remat=cfg.remat
+
+        def block(layer, x, _):
+            out = _shared_prompt_block(
+                layer, x, rows_positions, inv_freq, bias_p, bias_c, n=n, tp=tp
             )
+            return out, None
+
+        x = self.embed[...].astype(cfg.compute_dtype)[pack(tokens)]  # [G, Tp + n Tn, D]
+        x, _ = self.scan_layers(block, x, remat=cfg.remat)
         hidden = self.final_norm(x)
         h_p, h_c = hidden[:, :tp], hidden[:, tp:].reshape(b, tn, -1)
         return jnp.concatenate([jnp.repeat(h_p, n, axis=0), h_c], axis=1)
@@ -595,9 +657,35 @@ def with_compute_weights(model: Transformer) -> Transformer:
     dt = model.cfg.compute_dtype
     graphdef, state = nnx.split(model)
 
-    def needs_cast(w):
-        return w.ndim >= 2 and jnp.issubdtype(w.dtype, jnp.floating) and w.dtype != dt
+    def needs_cast(path, w):
+        stacked = jax.tree_util.keystr(path[:1]) == "['layers']"  # a leading [L] axis
+        matrix = w.ndim - stacked >= 2
+        return matrix and jnp.issubdtype(w.dtype, jnp.floating) and w.dtype != dt
 
-    if not any(needs_cast(w) for w in jax.tree.leaves(state)):
+    flat = jax.tree_util.tree_flatten_with_path(state)[0]
+    if not any(needs_cast(path, w) for path, w in flat):
         return model
-    return nnx.merge(graphdef, jax.tree.map(lambda w: w.astype(dt) if needs_cast(w) else w, state))
+    cast = jax.tree_util.tree_map_with_path(
+        lambda path, w: w.astype(dt) if needs_cast(path, w) else w, state
+    )
+    return nnx.merge(graphdef, cast)
+
+
+def unstack_layers(model: Transformer) -> Transformer:
+    """The same model with its stacked [L, ...] layer parameters split into L per-layer
+    `Block`s (`layers` an `nnx.List`), run by a Python loop instead of a scan: for a loop
+    that runs the model many times on fixed weights (the samplers' decode). Inside a jitted
+    program the split is one copy of the layers' weights, made once, outside the loop; the
+    layer slices of a scan inside the loop would be copied at every step. (With FSDP
+    sharding XLA then gathers every layer's weights before the loop; remat does not apply.)
+    For forward passes only; a model already unstacked comes back as is."""
+    if isinstance(model.layers, nnx.List):
+        return model
+    graphdef, params = nnx.split(model.layers)
+    blocks = [
+        nnx.merge(graphdef, jax.tree.map(lambda a, i=i: a[i], params))
+        for i in range(model.cfg.num_layers)
+    ]
+    out = nnx.merge(*nnx.split(model))  # a shallow structural copy sharing the arrays
+    out.layers = nnx.List(blocks)
+    return out
