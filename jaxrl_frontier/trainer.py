@@ -45,6 +45,7 @@ from jaxrl_frontier.forward import make_logp_fn
 from jaxrl_frontier.metrics import MetricsWriter, ProgressBar, RolloutLogger
 from jaxrl_frontier.models import hf
 from jaxrl_frontier.rl.build import build_rl_stages
+from jaxrl_frontier.rl.experience import Experience
 from jaxrl_frontier.rl.learner import rl_loss
 from jaxrl_frontier.sampling import Sampler
 from jaxrl_frontier.scheduling import make_source
@@ -269,18 +270,20 @@ class Trainer:
         self.state, metrics = self.sft_step(self.state, self.source.next_batch())
         return lambda dt: {f"train/{k}": float(v) for k, v in jax.device_get(metrics).items()}
 
-    def _rl_step(self):
-        c = self.config
-        examples = self.source.next_batch()
-        key_sample, _ = jax.random.split(self._next_key())
+    def rollout(self, examples, key) -> tuple[Experience, dict]:
+        """One Experience (and its info) of `examples` from the current policy."""
         weights = dict(
             policy=self.learner.rollout_params(),
             reference=self.ref_params,
             teacher=self.teacher_params,
         )
-        exp, info = self.producer.produce(
-            examples, weights, key_sample, version=self.learner.version
-        )
+        return self.producer.produce(examples, weights, key, version=self.learner.version)
+
+    def _rl_step(self):
+        c = self.config
+        examples = self.source.next_batch()
+        key_sample, _ = jax.random.split(self._next_key())
+        exp, info = self.rollout(examples, key_sample)
         self.source.observe(exp.results)
         step_metrics = self.learner.update(exp, self._next_key)
         done = int(self.state.step)

@@ -83,12 +83,14 @@ def test_rl_step_compiles_once(tmp_path, num_devices):
     """The Trainer's own pieces: rollout, old/ref log-probs, advantages, update."""
     trainer = _trainer(tmp_path, "rl", num_devices)
     keys = ["tokens", "attention_mask", "loss_mask", "old_logp", "advantages", "ref_logp"]
-    update = trainer.make_rl_update(keys)
+    select, update = trainer.learner.programs(keys)
     examples = [trainer.task.example("train", i) for i in range(4)]
 
     def step(i):
-        batch, _ = trainer._rl_batch(examples, jax.random.key(i))
-        mb = sharding.shard_batch({k: np.asarray(batch[k]) for k in keys}, trainer.mesh)
+        exp, _ = trainer.rollout(examples, jax.random.key(i))
+        batch = exp.update_batch()
+        assert sorted(batch) == sorted(keys)
+        mb = select(batch, np.arange(exp.num_rows))
         trainer.state, metrics = update(trainer.state, mb)
         _state_step(trainer)
         jax.block_until_ready((trainer.state, metrics))
@@ -99,6 +101,7 @@ def test_rl_step_compiles_once(tmp_path, num_devices):
         step(1)
         step(2)
     assert update._cache_size() == 1, "the train step was traced again"
+    assert select._cache_size() == 1, "the minibatch gather was traced again"
     assert trainer.logp_fn._cache_size() == 1, "the log-prob forward was traced again"
     assert trainer.sampler.num_traces == traces, "prefill/decode traced again"
     assert seen == [], f"compiled again on a same-shaped call: {seen}"

@@ -17,6 +17,7 @@ from jaxrl_frontier import sharding
 from jaxrl_frontier import trainer as tr
 from jaxrl_frontier.models.transformer import ModelConfig
 from jaxrl_frontier.objectives import losses
+from jaxrl_frontier.rl.learner import minibatch_order, update_layout
 
 V, TP, TN, N, G = 41, 6, 5, 4, 3  # vocab, prompt / completion positions, group size, groups
 
@@ -142,12 +143,16 @@ def _trainer(tmp_path, **overrides):
 
 def test_minibatches_hold_whole_groups_when_the_prompt_is_shared(tmp_path):
     trainer = _trainer(tmp_path, **{"train.minibatches": 2})
-    order = trainer._minibatch_order(16, 4)
+    order = minibatch_order(jax.random.key(0), 16, 4)
     assert sorted(order.tolist()) == list(range(16))
     groups = order.reshape(4, 4)
     np.testing.assert_array_equal(groups - groups[:, :1], np.tile(np.arange(4), (4, 1)))
-    assert trainer._rollout_layout(8) == dict(group_size=4, completion_len=6)
-    assert trainer._rollout_layout(6) == dict(group_size=1, completion_len=6)
+    assert trainer.learner.update_groups == 4  # 2 minibatches of 8 rows: whole groups
+    layout = lambda rows: update_layout(
+        rows=rows, group_size=4, completion_len=6, mesh=trainer.mesh, share_prompt=True
+    )
+    assert layout(8) == dict(group_size=4, completion_len=6)
+    assert layout(6) == dict(group_size=1, completion_len=6)
 
 
 def test_trainer_update_with_and_without_shared_prompt(tmp_path, capsys):
@@ -158,12 +163,13 @@ def test_trainer_update_with_and_without_shared_prompt(tmp_path, capsys):
     for share in (False, True):
         trainer = _trainer(tmp_path / str(share), **{"train.share_prompt_forward": share})
         examples = [trainer.task.example("train", i) for i in range(4)]
-        batch, _ = trainer._rl_batch(examples, jax.random.key(3))
-        host = {k: np.asarray(batch[k]) for k in keys}
+        exp, _ = trainer.rollout(examples, jax.random.key(3))
+        host = {k: np.asarray(v) for k, v in exp.update_batch().items()}
+        assert sorted(host) == sorted(keys)
         # an untrained policy's rewards are all 0 (zero advantages): use random ones
         adv = np.random.default_rng(0).normal(size=(16, 1)).astype(np.float32)
         host["advantages"] = adv * host["loss_mask"]
-        update = trainer.make_rl_update(keys)
+        update = trainer.learner.programs(keys)[1]
         state, metrics = update(trainer.state, sharding.shard_batch(host, trainer.mesh))
         results.append((host, jax.device_get(state.params), jax.device_get(metrics)))
     (b0, p0, m0), (b1, p1, m1) = results
@@ -176,7 +182,7 @@ def test_trainer_update_with_and_without_shared_prompt(tmp_path, capsys):
     for a, b in zip(jax.tree.leaves(p0), jax.tree.leaves(p1)):
         np.testing.assert_allclose(b, a, atol=1e-5)
 
-    _trainer(tmp_path / "odd", **{"train.minibatches": 8}).make_rl_update(keys)
+    _trainer(tmp_path / "odd", **{"train.minibatches": 8})
     assert "share_prompt_forward is off for the update: a microbatch of 2 rows" in (
         capsys.readouterr().out
     )
@@ -203,16 +209,16 @@ def test_sharded_update_moves_no_more_data_with_a_shared_prompt(tmp_path):
                 "train.share_prompt_forward": share,
             },
         )
-        assert trainer._rollout_layout()["group_size"] == (4 if share else 1)
+        assert trainer.learner.update_groups == (4 if share else 1)
         rows, t = 32, 5 + 6
         batch = {k: np.zeros((rows, t), np.float32) for k in keys}
         batch["tokens"] = np.ones((rows, t), np.int32)
         batch["attention_mask"] = np.ones((rows, t), np.int32)
-        update = trainer.make_rl_update(keys)
+        update = trainer.learner.programs(keys)[1]
         lowered = update.lower(trainer.state, sharding.shard_batch(batch, trainer.mesh))
         counts[share] = _collectives(lowered.compile().as_text())
     assert counts[False]["all-gather"] > 0  # the weights are gathered: the check can fail
     assert counts[True] == counts[False]
     # 2 groups cannot split over 8 devices: the trainer runs every row's prompt instead
     few = _trainer(tmp_path / "few", **{"mesh.num_devices": 0, "mesh.fsdp": 8})
-    assert few.config.data.prompt_batch == 4 and few._rollout_layout()["group_size"] == 1
+    assert few.config.data.prompt_batch == 4 and few.learner.update_groups == 1

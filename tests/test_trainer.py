@@ -25,6 +25,7 @@ from jaxrl_frontier import sharding  # noqa: E402
 from jaxrl_frontier import trainer as trainer_lib  # noqa: E402
 from jaxrl_frontier.checkpoint import Checkpointer  # noqa: E402
 from jaxrl_frontier.metrics import METRICS_FILE  # noqa: E402
+from jaxrl_frontier.rl.rollout import RolloutProducer  # noqa: E402
 from jaxrl_frontier.trainer import (  # noqa: E402
     Trainer,
     encode_demonstrations,
@@ -135,6 +136,11 @@ def test_one_rl_step_sharded_equals_single_device(tmp_path):
     single = Trainer(get_config("grpo_arith", {**FAST, **common}), str(tmp_path / "one"))
     init = host_leaves(single.state.params)
     single.evaluate = lambda num_prompts=None: {}  # eval is not under test: skip its compiles
+    # the same Experience's gradient on both meshes, from the same fresh state (one Adam step
+    # from a fresh state is -lr * sign(g) and would hide a wrong gradient scale)
+    examples = [single.task.example("train", i) for i in range(8)]
+    exp1, _ = single.rollout(examples, jax.random.key(7))
+    g1 = jax.device_get(single.learner.gradient(exp1)[1])
     single.run()
     sharded_cfg = get_config(
         "grpo_arith",
@@ -149,6 +155,12 @@ def test_one_rl_step_sharded_equals_single_device(tmp_path):
         "no parameter is sharded on the 2x2x2 mesh"
     )
     sharded.evaluate = lambda num_prompts=None: {}
+    exp8, _ = sharded.rollout(examples, jax.random.key(7))
+    np.testing.assert_array_equal(np.asarray(exp1.tokens), np.asarray(exp8.tokens))
+    g8 = sharded.learner.gradient(exp8)[1]
+    assert max(float(np.abs(x).max()) for x in jax.tree.leaves(g1)) > 1e-4
+    for x, y in zip(jax.tree.leaves(g1), jax.tree.leaves(g8), strict=True):
+        np.testing.assert_allclose(np.asarray(y), np.asarray(x), rtol=1e-4, atol=1e-6)
     sharded.run()
 
     # same rollouts and rewards, then the same parameters
@@ -412,15 +424,17 @@ def test_nonfinite_update_is_skipped_and_counted(tmp_path):
 
 
 def test_nonfinite_advantages_in_a_run_skip_that_step_and_go_on(tmp_path, monkeypatch):
-    original = Trainer._advantages
+    original = RolloutProducer.produce
     calls = []
 
-    def advantages(self, r_pg, r_pgk, batch):
+    def produce(self, *args, **kwargs):
         calls.append(1)
-        a = original(self, r_pg, r_pgk, batch)
-        return a * np.nan if len(calls) == 2 else a
+        exp, info = original(self, *args, **kwargs)
+        if len(calls) == 2:
+            exp = exp.replace(advantages=exp.advantages * np.nan)
+        return exp, info
 
-    monkeypatch.setattr(Trainer, "_advantages", advantages)
+    monkeypatch.setattr(RolloutProducer, "produce", produce)
     tr, summary = run("grpo_arith", tmp_path, {**RL, "train.steps": 3})
     assert summary["step"] == 3 and int(tr.state.skipped) == 1
     rows = read_metrics(tmp_path)
@@ -511,3 +525,52 @@ def test_stop_at_pass1_finishes_early_and_stays_finished(tmp_path, monkeypatch):
     assert Checkpointer(os.path.join(tmp_path, "checkpoints")).latest_step() == 4
     tr2, again = run("sft_arith", tmp_path, overrides)
     assert again["step"] == 4 and int(tr2.state.step) == 4
+
+
+# ============================================================================ mends
+
+
+def test_dropout_grpo_update_runs_the_sub_network_that_sampled_each_row(tmp_path):
+    """Dropout-GRPO: the update's log-probs under the rollout's own MLP masks equal the
+    sampler's, so the first update is on-policy (ratio 1); the full network is not."""
+    c = get_config("grpo_arith", {**FAST, **RL, "rollout.dropout_rate": 0.3})
+    trainer = Trainer(c, str(tmp_path))
+    examples = [trainer.task.example("train", i) for i in range(8)]
+    exp, _ = trainer.rollout(examples, jax.random.key(0))
+    assert exp.dropout_keys is not None and trainer.learner.update_groups == 1
+    _, _, m = trainer.learner.gradient(exp)
+    np.testing.assert_allclose(float(m["ratio_mean"]), 1.0, atol=1e-5)
+    assert float(m["approx_kl"]) < 1e-6
+    full = trainer.logp_fn(trainer.state.params, exp.tokens, exp.attention_mask) * exp.loss_mask
+    gap = np.abs(np.asarray(full) - np.asarray(exp.old_logp)).max()
+    assert gap > 1e-2, "dropout changes nothing here: the check above would be vacuous"
+
+
+def test_resume_with_another_decay_horizon_is_refused(tmp_path):
+    cosine = {**RL, "optimizer.schedule": "cosine", "train.checkpoint_every": 2}
+    run("grpo_arith", tmp_path, {**cosine, "train.steps": 2})
+    with pytest.raises(trainer_lib.config_lib.ConfigError, match="train.steps x epochs"):
+        run("grpo_arith", tmp_path, {**cosine, "train.steps": 4})
+    with pytest.raises(trainer_lib.config_lib.ConfigError, match="optimizer.lr"):
+        run("grpo_arith", tmp_path, {**cosine, "train.steps": 2, "optimizer.lr": 1e-3})
+
+
+def test_rl_resume_with_a_cosine_schedule_is_bitwise_identical(tmp_path):
+    cosine = {**RL, "optimizer.schedule": "cosine", "train.steps": 4, "train.checkpoint_every": 10}
+    ref, _ = run("grpo_arith", tmp_path / "ref", cosine)
+    tr = Trainer(get_config("grpo_arith", {**FAST, **cosine}), str(tmp_path / "cut"))
+    write = tr.writer.write_scalars
+
+    def write_then_preempt(step, scalars):
+        write(step, scalars)
+        if step == 2:
+            signal.raise_signal(signal.SIGTERM)
+
+    tr.writer.write_scalars = write_then_preempt
+    assert tr.run()["step"] == 2
+    resumed, summary = run("grpo_arith", tmp_path / "cut", cosine)
+    assert summary["step"] == 4
+    for x, y in zip(host_leaves(ref.state), host_leaves(resumed.state), strict=True):
+        np.testing.assert_array_equal(x, y)
+    lr = [series(read_metrics(tmp_path / d), "train/loss") for d in ("ref", "cut")]
+    assert lr[0] == lr[1]

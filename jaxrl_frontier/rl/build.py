@@ -59,6 +59,9 @@ def build_rl_stages(
     available = {"logp", "old_logp", "mask"}
     available |= {"ref_logp"} if reference else set()
     available |= {"teacher_logp", "teacher_logits"} if teacher is not None else set()
+    needed = {f for fields in losses.required_fields(objective).values() for f in fields}
+    self_conditioned = "sc_logp" in needed
+    available |= {"sc_logp"} if self_conditioned else set()
     losses.validate_objective_config(objective, available=available)
 
     g, tn, rate = c.rollout.group_size, c.rollout.max_new_tokens, c.rollout.dropout_rate
@@ -77,6 +80,14 @@ def build_rl_stages(
     context: dict[str, Any] = dict(policy_logp_fn=logp_fn, mlp_masks=masks)
     names = ["behaviour"] if c.train.recompute_old_logp else []
     names += ["reference"] if reference else []
+    if self_conditioned:  # [prompt | solution | completion]: only the completion scored
+        context.update(
+            scored_logp_fn=make_logp_fn(graphdef, completion_len=tn),
+            group_size=g,
+            completion_len=tn,
+            correct_column=list(task.reward_names).index("correctness"),
+        )
+        names.append("self_conditioned")
     teacher_pair = None
     if teacher is not None:
         teacher_pair = (nnx.graphdef(teacher), nnx.state(teacher))

@@ -130,6 +130,48 @@ def teacher_pass(*, teacher_logp_fn, **_):
     return logprob_pass("teacher_logp", "teacher", teacher_logp_fn)
 
 
+@PASSES.register("self_conditioned")
+def self_conditioned_pass(
+    *, scored_logp_fn, group_size: int, completion_len: int, correct_column: int, **_
+):
+    """sc_logp (SC-GRPO, "Learning from Own Solutions: Self-Conditioned Credit Assignment
+    for RLVR"): each completion teacher-forced after its group's first verified solution,
+
+        sc_logp[b, t] = log pi(y_bt | prompt_g, solution_g, y_b<t),
+
+    the row laid out as [prompt | solution (with its stop token) | completion]. A group with
+    no correct completion has an empty solution (masked out), so sc_logp = the plain log-prob
+    there and SC-GRPO's weight is 1. Computed once per rollout with the sampling weights, as
+    the behaviour log-probs are (the weight holds it constant). Runs when the objective needs
+    `sc_logp`.
+    """
+    tn = completion_len
+
+    @jax.jit
+    def fn(params, exp: Experience):
+        b, t = exp.tokens.shape
+        tp = t - tn
+        correct = (exp.rewards[:, correct_column] > 0).reshape(-1, group_size)  # [P, G]
+        first = jnp.argmax(correct, axis=1)  # first solved row of each group (0 if none)
+        solved = jnp.any(correct, axis=1)
+        rows = jnp.repeat(jnp.arange(b // group_size) * group_size + first, group_size)
+        sol = exp.tokens[rows, tp:]
+        sol_mask = exp.attention_mask[rows, tp:] * jnp.repeat(solved, group_size)[:, None]
+        tokens = jnp.concatenate([exp.tokens[:, :tp], sol, exp.tokens[:, tp:]], axis=1)
+        mask = jnp.concatenate(
+            [
+                exp.attention_mask[:, :tp],
+                sol_mask.astype(exp.attention_mask.dtype),
+                exp.attention_mask[:, tp:],
+            ],
+            axis=1,
+        )
+        logp = scored_logp_fn(params, tokens, mask)  # [B, Tp + 2 Tn], the last Tn scored
+        return jnp.concatenate([jnp.zeros((b, tp), logp.dtype), logp[:, tp + tn :]], axis=1)
+
+    return LogprobPass("sc_logp", "policy", lambda params, exp: fn(params, exp))
+
+
 # ----------------------------------------------------------------------------- producer
 
 
