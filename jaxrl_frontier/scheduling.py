@@ -133,8 +133,14 @@ def make_source(
     task: Task, config, *, batch_size: int, process_index: int = 0, process_count: int = 1
 ) -> PromptSource:
     """The configured source (`config.data.source`) for global batches of `batch_size`."""
-    name = config.data.get("source", "uniform")
-    return SOURCES.get(name)(
+    name = config.data.source
+    try:
+        builder = SOURCES.get(name)
+    except KeyError as e:
+        from jaxrl_frontier.config import ConfigError
+
+        raise ConfigError(f"config key 'data.source': {e.args[0]}") from None
+    return builder(
         task,
         config,
         batch_size=batch_size,

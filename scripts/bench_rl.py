@@ -10,9 +10,9 @@ prompt batch, prompt and completion lengths.
 dependency of the project: install it for this benchmark only (`pip install trl`); without
 it the TRL side is skipped with a message in the JSON.
 
-A step, ours: `Trainer._rl_batch` (the jitted sampler's rollout, reward scoring, old and
-reference log-probs when configured, group advantages) + the jitted, donated update of
-`make_update_fn` (GRPO loss, clip + AdamW); time until the new state is ready. TRL: one
+A step, ours: `Trainer.rollout` (the RolloutProducer: the jitted sampler's rollout, reward
+scoring, reference log-probs when configured, group advantages) + the Learner's jitted,
+donated update (GRPO loss, clip + AdamW); time until the new state is ready. TRL: one
 `GRPOTrainer` optimizer step (generate, reward, log-probs, loss, backward, AdamW), timed by
 a callback from step begin to step end. Both: the first `--warmup` steps (compiles, caches)
 are reported apart; the figure is the median of the rest. Each side loads the same random
@@ -113,22 +113,14 @@ def _our_config(args, model_dir: str, workdir: str):
 def bench_ours(args, model_dir: str) -> dict:
     import jax
 
-    from jaxrl_frontier import sharding
-    from jaxrl_frontier.objectives import losses
-    from jaxrl_frontier.trainer import Trainer, objective_section
+    from jaxrl_frontier.trainer import Trainer
 
     with tempfile.TemporaryDirectory() as workdir:
         trainer = Trainer(_our_config(args, model_dir, workdir))
-        c = trainer.config
-        objective = objective_section(c.objective)
-        losses.validate_objective_config(objective)
-        keys = ["tokens", "attention_mask", "loss_mask", "old_logp", "advantages"]
-        keys += sorted(trainer._available_stats())
-        update = trainer.make_rl_update(keys)
         n = args.warmup + args.steps
         cfg = trainer.policy.cfg  # 6 N T for the matmul params (output layer included)
         rows = args.prompts * args.group_size
-        shared = trainer._rollout_layout(rows)["group_size"] > 1
+        shared = trainer.learner.update_groups > 1
         prompt_rows = args.prompts if shared else rows  # prompts run once per group
         tokens = prompt_rows * args.prompt_len + rows * args.new_tokens
         update_flops = 6 * (cfg.num_params() - cfg.vocab_size * cfg.hidden_size) * tokens
@@ -137,16 +129,19 @@ def bench_ours(args, model_dir: str) -> dict:
         for i in range(n):
             t0 = time.perf_counter()
             rows = examples[i * args.prompts : (i + 1) * args.prompts]
-            batch, info = trainer._rl_batch(rows, trainer._next_key())
-            mb = sharding.shard_batch({k: np.asarray(batch[k]) for k in keys}, trainer.mesh)
-            t1 = time.perf_counter()  # the batch is on the host here: nothing in flight
+            exp, info = trainer.rollout(rows, trainer._next_key())
+            keys = sorted(exp.update_batch())
+            select, update = trainer.learner.programs(keys)
+            mb = select(exp.update_batch(), np.arange(exp.num_rows))
+            jax.block_until_ready(mb)
+            t1 = time.perf_counter()  # the rollout batch is ready here: nothing in flight
             trainer.state, metrics = update(trainer.state, mb)
             trainer.state = trainer.state.replace(step=trainer.state.step + 1)
             jax.block_until_ready((trainer.state, metrics))
             times.append(time.perf_counter() - t0)
             updates.append(time.perf_counter() - t1)
-            rollouts.append(info["t_rollout"])
-            lengths.append(float(info["lengths"].mean()))
+            rollouts.append(info["rollout_seconds"])
+            lengths.append(float(np.asarray(exp.loss_mask).sum(1).mean()))
         timed = times[args.warmup :]
         seconds = statistics.median(timed)
         return dict(
