@@ -332,3 +332,20 @@ class ProgressBar:
             self.stream.write("\n")
             self.stream.flush()
             self._width = 0
+
+
+def rl_step_scalars(step_metrics, info, seconds: float, skipped) -> dict[str, float]:
+    """One RL step's logged scalars: the updates' metrics (mean over its optimizer steps),
+    the rollout's (`RolloutProducer.produce`'s info) and throughput. Fetches from device."""
+    import jax
+
+    m = jax.device_get(step_metrics)
+    out = {f"train/{k}": float(np.mean([x[k] for x in m])) for k in m[0]}
+    out.update({k: float(v) for k, v in jax.device_get(info["metrics"]).items()})
+    tokens = out.pop("rollout/tokens")
+    out["reward/failed"] = float(info["n_failed"])
+    out["rollout/seconds"] = info["rollout_seconds"]
+    out["perf/step_seconds"] = seconds
+    out["perf/tokens_per_second"] = tokens / max(seconds, 1e-9)
+    out["train/skipped_updates_total"] = float(skipped)
+    return out

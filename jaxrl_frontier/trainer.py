@@ -25,7 +25,6 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import ml_collections
-import numpy as np
 from flax import nnx
 
 from jaxrl_frontier import config as config_lib
@@ -37,38 +36,28 @@ from jaxrl_frontier.build import (
     build_teacher,
     build_tokenizer,
     check_resume_schedule,
-    objective_section,
+    objective_section,  # noqa: F401  (re-exported)
     total_updates,
 )
 from jaxrl_frontier.checkpoint import Checkpointer, StopRequest, abstract_like
-from jaxrl_frontier.forward import make_logp_fn
-from jaxrl_frontier.metrics import MetricsWriter, ProgressBar, RolloutLogger
+from jaxrl_frontier.forward import make_logp_fn  # noqa: F401  (re-exported, as below)
+from jaxrl_frontier.metrics import MetricsWriter, ProgressBar, RolloutLogger, rl_step_scalars
 from jaxrl_frontier.models import hf
 from jaxrl_frontier.rl.build import build_rl_stages
 from jaxrl_frontier.rl.experience import Experience
-from jaxrl_frontier.rl.learner import rl_loss
+from jaxrl_frontier.rl.learner import rl_loss  # noqa: F401
 from jaxrl_frontier.sampling import Sampler
 from jaxrl_frontier.scheduling import make_source
-from jaxrl_frontier.sft import SFTStep, encode_demonstrations, sft_loss
+from jaxrl_frontier.sft import SFTStep, encode_demonstrations, sft_loss  # noqa: F401
 from jaxrl_frontier.tasks import make_task
-from jaxrl_frontier.train_step import TrainState, init_opt_state, init_train_state, make_update_fn
+from jaxrl_frontier.train_step import (  # noqa: F401  (the step's pieces, importable here too)
+    TrainState,
+    init_opt_state,
+    init_train_state,
+    make_update_fn,
+)
 
 log = logging.getLogger(__name__)
-
-# The step's pieces, importable from here as well as from their modules.
-__all__ = [
-    "Trainer",
-    "TrainState",
-    "build_optimizer",
-    "encode_demonstrations",
-    "init_opt_state",
-    "make_logp_fn",
-    "make_update_fn",
-    "objective_section",
-    "rl_loss",
-    "sft_loss",
-    "train",
-]
 
 
 class Trainer:
@@ -291,19 +280,7 @@ class Trainer:
             if done % c.train.rollout_log_every == 0:
                 self._log_rollouts(done, exp)
 
-        def scalars(dt):
-            m = jax.device_get(step_metrics)
-            out = {f"train/{k}": float(np.mean([x[k] for x in m])) for k in m[0]}
-            out.update({k: float(v) for k, v in jax.device_get(info["metrics"]).items()})
-            tokens = out.pop("rollout/tokens")
-            out["reward/failed"] = info["n_failed"]
-            out["rollout/seconds"] = info["rollout_seconds"]
-            out["perf/step_seconds"] = dt
-            out["perf/tokens_per_second"] = tokens / max(dt, 1e-9)
-            out["train/skipped_updates_total"] = float(self.state.skipped)
-            return out
-
-        return scalars
+        return lambda dt: rl_step_scalars(step_metrics, info, dt, self.state.skipped)
 
     def _log_rollouts(self, step: int, exp) -> None:
         """Two groups of this process's rows to rollouts.jsonl (process 0 writes)."""
