@@ -338,3 +338,49 @@ def test_every_objective_name_runs_two_steps_and_its_gradient_is_objective_loss(
     assert scale > 1e-5, "a zero gradient would make the comparison vacuous"
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-5 * scale)
+
+
+def test_self_conditioned_pass_equals_a_direct_forward_after_the_groups_solution():
+    """sc_logp of each row = log-probs of its completion after [prompt, the group's first
+    verified solution], computed here on a compact (gap-free) sequence; a group with no
+    solution keeps the behaviour log-probs."""
+    from jaxrl_frontier.forward import make_logp_fn
+    from jaxrl_frontier.rl.rollout import PASSES
+
+    model = random_model(ModelConfig(vocab_size=20, **SMALL_MODEL))
+    graphdef, params = nnx.split(model)
+    tp, tn = 4, 3
+    prompt = [[0, 9, 8, 7], [0, 0, 6, 5]]  # left-padded (0 = pad)
+    comps = [[11, 12, 2], [13, 2, 0], [14, 15, 16], [17, 2, 0]]
+    cmask = [[1, 1, 1], [1, 1, 0], [1, 1, 1], [1, 1, 0]]
+    tokens = np.asarray([prompt[i // 2] + comps[i] for i in range(4)], np.int32)
+    pmask = [[0, 1, 1, 1], [0, 0, 1, 1]]
+    mask = np.asarray([pmask[i // 2] + cmask[i] for i in range(4)], np.int32)
+    exp = _experience(rows=4, t=tp + tn, tp=tp).replace(
+        tokens=jnp.asarray(tokens),
+        attention_mask=jnp.asarray(mask),
+        loss_mask=jnp.asarray(np.pad(np.asarray(cmask, np.float32), ((0, 0), (tp, 0)))),
+        rewards=jnp.asarray([[0.0], [1.0], [0.0], [0.0]]),  # group 0: row 1 solved it
+    )
+    sc_pass = PASSES.get("self_conditioned")(
+        scored_logp_fn=make_logp_fn(graphdef, None, completion_len=tn),
+        group_size=2,
+        completion_len=tn,
+        correct_column=0,
+    )
+    got = np.asarray(sc_pass.fn(params, exp))
+
+    def direct(context, completion):
+        seq = jnp.asarray([context + completion], jnp.int32)
+        logp = losses.token_logprobs(model(seq, jnp.ones_like(seq)), seq)
+        return np.asarray(logp)[0, -tn:]
+
+    solution = [13, 2]  # row 1's completion up to and with its stop token
+    for i in range(2):
+        context = [t for t, m in zip(prompt[0], pmask[0]) if m] + solution
+        valid = np.asarray(cmask[i], bool)
+        np.testing.assert_allclose(got[i, tp:][valid], direct(context, comps[i])[valid], atol=1e-5)
+        plain = direct([t for t, m in zip(prompt[0], pmask[0]) if m], comps[i])
+        assert np.abs(got[i, tp:][valid] - plain[valid]).max() > 1e-3  # the context matters
+    np.testing.assert_array_equal(got[2:, tp:], np.asarray(exp.old_logp)[2:, tp:])
+    assert np.abs(got[:, :tp]).max() == 0.0

@@ -70,6 +70,98 @@ class RolloutRows:
     def replace(self, **changes) -> RolloutRows:
         return dataclasses.replace(self, **changes)
 
+    def take_groups(self, groups: Sequence[int]) -> RolloutRows:
+        """The rows of these groups (prompt indices into `examples`), in that order."""
+        g = self.group_size
+        rows = _group_rows(groups, g)
+        return RolloutRows(
+            examples=tuple(self.examples[i] for i in groups),
+            completion_tokens=self.completion_tokens[rows],
+            completion_mask=self.completion_mask[rows],
+            policy_mask=self.policy_mask[rows],
+            policy_logp=self.policy_logp[rows],
+            texts=tuple(self.texts[r] for r in rows),
+        )
+
+
+def _group_rows(groups: Sequence[int], g: int) -> np.ndarray:
+    """Row indices [len(groups) * G] of whole groups, prompt-major."""
+    return (np.asarray(groups, np.int64)[:, None] * g + np.arange(g)[None]).reshape(-1)
+
+
+@dataclasses.dataclass(frozen=True)
+class ScoredRows:
+    """One draw of this process's rows after editing and scoring (host, prompt-major).
+
+    rows: the `RolloutRows`; prompt_tokens / prompt_mask int32 [B_l, Tp]; rewards f32
+    [B_l, K]; dropout_keys [B_l, ...] or None; n_failed: completions whose scoring failed.
+    """
+
+    rows: RolloutRows
+    prompt_tokens: np.ndarray
+    prompt_mask: np.ndarray
+    rewards: np.ndarray
+    dropout_keys: np.ndarray | None
+    n_failed: int
+
+    def take_groups(self, groups: Sequence[int]) -> ScoredRows:
+        rows = _group_rows(groups, self.rows.group_size)
+        keys = None if self.dropout_keys is None else self.dropout_keys[rows]
+        return ScoredRows(
+            self.rows.take_groups(groups),
+            self.prompt_tokens[rows],
+            self.prompt_mask[rows],
+            self.rewards[rows],
+            keys,
+            self.n_failed,
+        )
+
+    @staticmethod
+    def concat(parts: Sequence[ScoredRows]) -> ScoredRows:
+        """Several draws as one (their groups in draw order; failures summed)."""
+        cat = lambda f: np.concatenate([f(p) for p in parts])
+        r = [p.rows for p in parts]
+        rows = RolloutRows(
+            examples=sum((x.examples for x in r), ()),
+            completion_tokens=np.concatenate([x.completion_tokens for x in r]),
+            completion_mask=np.concatenate([x.completion_mask for x in r]),
+            policy_mask=np.concatenate([x.policy_mask for x in r]),
+            policy_logp=np.concatenate([x.policy_logp for x in r]),
+            texts=sum((x.texts for x in r), ()),
+        )
+        keys = None if parts[0].dropout_keys is None else cat(lambda p: p.dropout_keys)
+        return ScoredRows(
+            rows,
+            cat(lambda p: p.prompt_tokens),
+            cat(lambda p: p.prompt_mask),
+            cat(lambda p: p.rewards),
+            keys,
+            sum(p.n_failed for p in parts),
+        )
+
+
+class GroupSelector(Protocol):
+    """Chooses the groups that enter the Experience after scoring (e.g. dynamic sampling).
+
+    select(draw, more) -> (ScoredRows of exactly the draw's prompt count, host metrics);
+    more(i) -> the i-th extra draw (i = 1, 2, ...) of fresh prompts from the source. Every
+    process must call `more` the same number of times (the sampler runs on the global
+    batch): decide on global counts.
+    """
+
+    def select(
+        self, draw: ScoredRows, more: Callable[[int], ScoredRows]
+    ) -> tuple[ScoredRows, dict[str, float]]: ...
+
+
+class RewardShaper(Protocol):
+    """Adds reward components from the scored rows: `reward_names` (the new components)
+    and `__call__(rows, rewards [B_l, K]) -> [B_l, K + len(reward_names)]`."""
+
+    reward_names: tuple[str, ...]
+
+    def __call__(self, rows: RolloutRows, rewards: np.ndarray) -> np.ndarray: ...
+
 
 class RolloutEditor(Protocol):
     """Edits rollouts before they are scored: `edit(rows) -> rows` (same shapes)."""
@@ -139,11 +231,12 @@ def self_conditioned_pass(
 
         sc_logp[b, t] = log pi(y_bt | prompt_g, solution_g, y_b<t),
 
-    the row laid out as [prompt | solution (with its stop token) | completion]. A group with
-    no correct completion has an empty solution (masked out), so sc_logp = the plain log-prob
-    there and SC-GRPO's weight is 1. Computed once per rollout with the sampling weights, as
-    the behaviour log-probs are (the weight holds it constant). Runs when the objective needs
-    `sc_logp`.
+    the row laid out as [prompt | solution | completion], the solution (with its stop token)
+    right-aligned in its block so that its last token directly precedes the completion (the
+    padding before it is masked out). A group with no correct completion takes the behaviour
+    log-probs (sc_logp = old_logp), so SC-GRPO's weight is 1 there. Computed once per rollout
+    with the sampling weights, as the behaviour log-probs are (the weight holds it constant).
+    Runs when the objective needs `sc_logp`.
     """
     tn = completion_len
 
@@ -152,22 +245,19 @@ def self_conditioned_pass(
         b, t = exp.tokens.shape
         tp = t - tn
         correct = (exp.rewards[:, correct_column] > 0).reshape(-1, group_size)  # [P, G]
-        first = jnp.argmax(correct, axis=1)  # first solved row of each group (0 if none)
-        solved = jnp.any(correct, axis=1)
+        first = jnp.argmax(correct, axis=1)  # first solved row of each group
+        solved = jnp.repeat(jnp.any(correct, axis=1), group_size)  # [B]
         rows = jnp.repeat(jnp.arange(b // group_size) * group_size + first, group_size)
-        sol = exp.tokens[rows, tp:]
-        sol_mask = exp.attention_mask[rows, tp:] * jnp.repeat(solved, group_size)[:, None]
+        sol, sol_mask = exp.tokens[rows, tp:], exp.attention_mask[rows, tp:]
+        shift = tn - jnp.sum(sol_mask, axis=1)  # right-align: no gap before the completion
+        sol, sol_mask = (jax.vmap(jnp.roll)(x, shift) for x in (sol, sol_mask))
         tokens = jnp.concatenate([exp.tokens[:, :tp], sol, exp.tokens[:, tp:]], axis=1)
         mask = jnp.concatenate(
-            [
-                exp.attention_mask[:, :tp],
-                sol_mask.astype(exp.attention_mask.dtype),
-                exp.attention_mask[:, tp:],
-            ],
-            axis=1,
+            [exp.attention_mask[:, :tp], sol_mask, exp.attention_mask[:, tp:]], axis=1
         )
-        logp = scored_logp_fn(params, tokens, mask)  # [B, Tp + 2 Tn], the last Tn scored
-        return jnp.concatenate([jnp.zeros((b, tp), logp.dtype), logp[:, tp + tn :]], axis=1)
+        logp = scored_logp_fn(params, tokens, mask)[:, tp + tn :]  # the completion's Tn
+        logp = jnp.where(solved[:, None], logp, exp.old_logp[:, tp:])
+        return jnp.concatenate([jnp.zeros((b, tp), logp.dtype), logp], axis=1)
 
     return LogprobPass("sc_logp", "policy", lambda params, exp: fn(params, exp))
 
@@ -260,28 +350,76 @@ class RolloutProducer:
         prompt_of: Callable[[Example], str],
         passes: Sequence[LogprobPass] = (),
         editors: Sequence[RolloutEditor] = (),
+        shapers: Sequence[RewardShaper] = (),
+        selector: GroupSelector | None = None,
     ):
         self.sampler, self.tokenizer, self.scorer = sampler, tokenizer, scorer
         self.mesh, self.sampling, self.max_prompt_len = mesh, sampling, max_prompt_len
         self.objective = _FrozenObjective(objective)
         self.prompt_of = prompt_of
         self.passes, self.editors = tuple(passes), tuple(editors)
-        self.reward_names = tuple(scorer.reward_names)
+        self.shapers, self.selector = tuple(shapers), selector
+        self.reward_names = tuple(scorer.reward_names) + tuple(
+            n for s in self.shapers for n in s.reward_names
+        )
 
     def produce(
-        self, examples: Sequence[Example], weights: dict[str, Any], key, *, version: int = 0
+        self,
+        examples: Sequence[Example],
+        weights: dict[str, Any],
+        key,
+        *,
+        version: int = 0,
+        refill: Callable[[], Sequence[Example]] | None = None,
     ) -> tuple[Experience, dict[str, Any]]:
         """One rollout batch: (Experience, info). weights: role -> params ('policy' samples).
 
-        info: device scalars `metrics` (global), `n_failed` (global), `rollout_seconds`.
+        refill: () -> more of this process's prompts (the source's next batch), for a
+        `selector` that draws again (dynamic sampling).
+        info: device scalars `metrics` (global, with the selector's host metrics),
+        `n_failed` (global), `rollout_seconds` (sampling, editing and scoring).
         """
         g = self.sampling.n
         t0 = time.perf_counter()
+        self.sampler.update_weights(weights["policy"], version)
+        draw = self._draw(examples, key)
+        selected: dict[str, float] = {}
+        if self.selector is not None:
+            if refill is None:
+                raise ValueError("this producer's selector draws again: pass produce(refill=)")
+            more = lambda i: self._draw(refill(), jax.random.fold_in(key, i))
+            draw, selected = self.selector.select(draw, more)
+        t_rollout = time.perf_counter() - t0
+        rows, rewards = draw.rows, draw.rewards
+
+        exp = self._assemble(
+            rows, draw.prompt_tokens, draw.prompt_mask, rewards, draw.dropout_keys, version
+        )
+        for p in self.passes:
+            value = p.fn(weights[p.role], exp) * exp.loss_mask
+            if p.field in ("old_logp", "ref_logp", "teacher_logp"):
+                exp = exp.replace(**{p.field: value})
+            else:
+                exp = exp.replace(extras={**exp.extras, p.field: value})
+        adv, r_b, metrics = _advantages_and_metrics(exp, self.objective, self.reward_names, g)
+        metrics = {**metrics, **{k: jnp.float32(v) for k, v in selected.items()}}
+        exp = exp.replace(advantages=adv)
+        local = lambda x: sharding.local_rows(x, self.mesh)
+        results = self._results(rows, rewards, local(r_b))
+        exp = exp.replace(results=results, texts=rows.texts)
+        info = dict(
+            metrics=metrics,
+            n_failed=sum_over_processes(draw.n_failed),
+            rollout_seconds=t_rollout,
+        )
+        return exp, info
+
+    def _draw(self, examples: Sequence[Example], key) -> ScoredRows:
+        """Sample, decode, edit and score one batch of this process's prompts."""
         tok, mask = encode_prompts(
             self.tokenizer, [self.prompt_of(e) for e in examples], self.max_prompt_len
         )
         all_tok, all_mask = _gather_prompts(tok, mask)
-        self.sampler.update_weights(weights["policy"], version)
         rollout = self.sampler.generate(all_tok, all_mask, self.sampling, key)
         local = lambda x: sharding.local_rows(x, self.mesh)
         rows = RolloutRows(
@@ -297,33 +435,19 @@ class RolloutProducer:
         )
         for editor in self.editors:
             rows = editor.edit(rows)
-        t_rollout = time.perf_counter() - t0
         rewards, n_failed = self.scorer(list(rows.examples), list(rows.texts))
-
-        exp = self._assemble(
+        rewards = np.asarray(rewards, np.float32)
+        for shaper in self.shapers:
+            rewards = np.asarray(shaper(rows, rewards), np.float32)
+        keys = None if rollout.dropout_keys is None else local(rollout.dropout_keys)
+        return ScoredRows(
             rows,
             local(rollout.prompt_tokens),
             local(rollout.prompt_mask),
             rewards,
-            None if rollout.dropout_keys is None else local(rollout.dropout_keys),
-            version,
+            keys,
+            int(n_failed),
         )
-        for p in self.passes:
-            value = p.fn(weights[p.role], exp) * exp.loss_mask
-            if p.field in ("old_logp", "ref_logp", "teacher_logp"):
-                exp = exp.replace(**{p.field: value})
-            else:
-                exp = exp.replace(extras={**exp.extras, p.field: value})
-        adv, r_b, metrics = _advantages_and_metrics(exp, self.objective, self.reward_names, g)
-        exp = exp.replace(advantages=adv)
-        results = self._results(rows, rewards, local(r_b))
-        exp = exp.replace(results=results, texts=rows.texts)
-        info = dict(
-            metrics=metrics,
-            n_failed=sum_over_processes(n_failed),
-            rollout_seconds=t_rollout,
-        )
-        return exp, info
 
     def _assemble(self, rows, prompt_tok, prompt_mask, rewards, dropout_keys, version):
         """Process-local host rows -> a global Experience (advantages still zero)."""
