@@ -174,7 +174,28 @@ def memory_rows(result: dict, source: str) -> list[Row]:
     one, many = result["1_device"]["total_bytes"], result[f"fsdp_{devices}"]["total_bytes"]
     what = f"params + optimizer state per device, {result['model']}, FSDP on {devices} devices vs 1"
     measured = f"**{ratio:.2f}x** ({one / 1e6:,.0f} MB -> {many / 1e6:,.0f} MB)"
-    return [at_least(what, ratio, goal, f"{{:.1f}}x (close to {devices}x)", measured, source)]
+    rows = [at_least(what, ratio, goal, f"{{:.1f}}x (close to {devices}x)", measured, source)]
+    if "compiled_peak_bytes" in result[f"fsdp_{devices}"]:
+        # the compiled update's arguments + temporaries per device: at most 1/N of one
+        # device's plus one layer's gathered weights
+        one = result["1_device"]["compiled_peak_bytes"]
+        for label, name in ((f"fsdp_{devices}", ""), (f"fsdp_{devices}_remat_full", ", remat")):
+            if label not in result:
+                continue
+            peak, bound = result[label]["compiled_peak_bytes"], result["peak_bound_bytes"]
+            rows.append(
+                Row(
+                    f"compiled update peak per device (arguments + temporaries), "
+                    f"{result['model']}{name}, FSDP on {devices} devices vs 1",
+                    f"<= {bound / 1e6:,.0f} MB (1/{devices} + one layer's weights)",
+                    f"**{peak / 1e6:,.0f} MB** ({one / 1e6:,.0f} MB on 1 device: "
+                    f"{one / peak:.2f}x)",
+                    peak <= bound,
+                    source,
+                    peak,
+                )
+            )
+    return rows
 
 
 @rows_of("rl")

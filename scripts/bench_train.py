@@ -1,6 +1,7 @@
 """Train-step MFU and sharded memory: the jitted update of `trainer.make_update_fn` (forward,
 backward, clip + AdamW) on random Llama-shaped models, against a matmul peak measured in the
-same run; and per-device bytes of params + optimizer state under FSDP on 8 fake devices.
+same run; and per-device bytes under FSDP on 8 fake devices: params + optimizer state, and
+the compiled update's arguments, temporaries and peak (`compiled.memory_analysis()`).
 
     python scripts/bench_train.py mfu --out artifacts/bench_train.json
     python scripts/bench_train.py mfu --models 25m --variants rl_plain,rl_fused --repeats 3
@@ -67,7 +68,7 @@ FLOPS_FORMULA = "6 * (N_nonembed + V*D) * B*T + 12 * L * T^2 * D * B"
 median_time, matmul_peak = bench_common.median_time, bench_common.matmul_peak
 
 
-def model_config(name: str, dtype: str = "float32", remat: bool = False):
+def model_config(name: str, dtype: str = "float32", remat: bool | str = False):
     from jaxrl_frontier.models.transformer import ModelConfig
 
     return ModelConfig(
@@ -148,8 +149,9 @@ def _update_fn(variant: str, graphdef, tx, state, mesh, batch_keys):
     from jaxrl_frontier import config as config_lib
     from jaxrl_frontier import sharding
     from jaxrl_frontier import trainer as tr
+    from jaxrl_frontier.objectives import losses
 
-    chunk = None if variant.endswith("plain") else tr.losses.DEFAULT_LOGPROB_CHUNK
+    chunk = None if variant.endswith("plain") else losses.DEFAULT_LOGPROB_CHUNK
     if variant.startswith("sft"):
         loss_of = tr.sft_loss(graphdef, logprob_chunk=chunk)
     else:  # GRPO: ppo_clip weight, token_mean, the base config's objective
@@ -321,9 +323,32 @@ def add_memory_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--devices", type=int, default=8)
 
 
+def compiled_memory(compiled) -> dict:
+    """Per-device bytes of a compiled program (`memory_analysis()`): arguments, temporaries,
+    outputs, the outputs that alias (donated) arguments, and the peak they add up to
+    (arguments + temporaries + outputs - aliased); {} where the backend reports none."""
+    mem = compiled.memory_analysis()
+    if mem is None:
+        return {}
+    row = dict(
+        compiled_argument_bytes=mem.argument_size_in_bytes,
+        compiled_temp_bytes=mem.temp_size_in_bytes,
+        compiled_output_bytes=mem.output_size_in_bytes,
+        compiled_alias_bytes=mem.alias_size_in_bytes,
+    )
+    row["compiled_peak_bytes"] = (
+        mem.argument_size_in_bytes
+        + mem.temp_size_in_bytes
+        + mem.output_size_in_bytes
+        - mem.alias_size_in_bytes
+    )
+    return row
+
+
 def _memory_child(model: str) -> dict:
     """In a process with N fake devices: per-device bytes of params + AdamW state, from the
-    shards placed on device 0, and from the compiled update's memory analysis."""
+    shards placed on device 0, and from the compiled update's memory analysis (arguments,
+    temporaries and their peak)."""
     import jax
     from flax import nnx
 
@@ -332,13 +357,14 @@ def _memory_child(model: str) -> dict:
     from jaxrl_frontier.trainer import build_optimizer
 
     n = jax.device_count()
-    cfg = model_config(model)
     tx = build_optimizer(config_lib.base_config().optimizer, 1000)
     out = {}
-    for label, shape, devices in (
-        ("1_device", (1, 1, 1), jax.devices()[:1]),
-        (f"fsdp_{n}", (1, n, 1), jax.devices()),
+    for label, shape, devices, remat in (
+        ("1_device", (1, 1, 1), jax.devices()[:1], False),
+        (f"fsdp_{n}", (1, n, 1), jax.devices(), False),
+        (f"fsdp_{n}_remat_full", (1, n, 1), jax.devices(), "full"),
     ):
+        cfg = model_config(model, remat=remat)
         mesh = sharding.make_mesh(shape, devices)
         graphdef, params = nnx.split(build_model(cfg, mesh))
         state = make_state(params, tx, mesh)
@@ -354,27 +380,48 @@ def _memory_child(model: str) -> dict:
 
         row = dict(
             mesh=dict(zip(sharding.MESH_AXES, shape)),
+            remat=remat,
             params_bytes=on_dev0(state.params),
             opt_state_bytes=on_dev0(state.opt_state),
         )
         row["total_bytes"] = row["params_bytes"] + row["opt_state_bytes"]
         data = rl_batch(cfg.vocab_size, n, 64, prompt_len=16)
         update = _update_fn("rl_fused", graphdef, tx, state, mesh, list(data))
-        mem = update.lower(state, sharding.shard_batch(data, mesh)).compile().memory_analysis()
-        if mem is not None:
-            row["compiled_argument_bytes"] = mem.argument_size_in_bytes
-            row["compiled_temp_bytes"] = mem.temp_size_in_bytes
+        compiled = update.lower(state, sharding.shard_batch(data, mesh)).compile()
+        row.update(compiled_memory(compiled))
         out[label] = row
-        del state, params, graphdef
+        del state, params, graphdef, compiled
     one, many = out["1_device"], out[f"fsdp_{n}"]
     out["ratio_total"] = one["total_bytes"] / many["total_bytes"]
+    # one layer's weights, gathered whole on a device while the scan runs that layer
+    out["one_layer_param_bytes"] = layer_param_bytes(cfg)
     if "compiled_argument_bytes" in one:
         out["ratio_compiled_arguments"] = (
             one["compiled_argument_bytes"] / many["compiled_argument_bytes"]
         )
+        out["ratio_compiled_temps"] = one["compiled_temp_bytes"] / many["compiled_temp_bytes"]
+        out["ratio_compiled_peak"] = one["compiled_peak_bytes"] / many["compiled_peak_bytes"]
+        # the target: 1/N of one device's peak plus one layer's gathered weights
+        out["peak_bound_bytes"] = one["compiled_peak_bytes"] / n + out["one_layer_param_bytes"]
+        remat_row = out[f"fsdp_{n}_remat_full"]
+        out["ratio_compiled_peak_remat_full"] = (
+            one["compiled_peak_bytes"] / remat_row["compiled_peak_bytes"]
+        )
     out["devices"] = n
     out["params"] = cfg.num_params()
     return out
+
+
+def layer_param_bytes(cfg) -> int:
+    """Bytes of one layer's parameters in `cfg.param_dtype`."""
+    import jax.numpy as jnp
+
+    per_layer = (
+        cfg.num_params()
+        - cfg.vocab_size * cfg.hidden_size * (1 if cfg.tie_word_embeddings else 2)
+        - cfg.hidden_size
+    ) // cfg.num_layers
+    return per_layer * jnp.dtype(cfg.param_dtype).itemsize
 
 
 def bench_memory(args) -> dict:

@@ -109,6 +109,26 @@ def test_train_memory_rl_rows():
     assert gpu[2].met is None and gpu[2].value == 12.0
 
 
+def test_memory_peak_rows():
+    """The compiled update's per-device peak against 1/N of one device's + one layer."""
+    memory = {
+        "benchmark": "memory",
+        "model": "100m",
+        "devices": 8,
+        "ratio_total": 7.99,
+        "peak_bound_bytes": 342e6,
+        "1_device": dict(total_bytes=1201e6, compiled_peak_bytes=2537e6),
+        "fsdp_8": dict(total_bytes=150e6, compiled_peak_bytes=379e6),
+        "fsdp_8_remat_full": dict(total_bytes=150e6, compiled_peak_bytes=322e6),
+    }
+    rows = bench_targets.targets({"m.json": memory})
+    ratio, plain, remat = rows
+    assert ratio.met is True
+    assert plain.met is False and plain.target.startswith("<= 342 MB")
+    assert "379 MB" in plain.measured and "6.69x" in plain.measured
+    assert remat.met is True and "remat" in remat.what
+
+
 def test_unknown_benchmark_and_missing_doc_block_name_the_problem(tmp_path):
     with pytest.raises(ValueError, match=r"x.json: no targets for benchmark 'nope'"):
         bench_targets.targets({"x.json": dict(benchmark="nope")})

@@ -158,3 +158,56 @@ def test_mesh_errors():
     mesh = sharding.make_mesh((2, 2, 2))
     with pytest.raises(ValueError, match=r"batch dimension 6 is not divisible by the 4 devices"):
         sharding.shard_batch(np.zeros((6, 3)), mesh)
+
+
+def test_fsdp_gradient_keeps_no_full_weight_copy_per_device():
+    """Stacked layers scanned under FSDP: the compiled gradient step on 8 fsdp devices holds
+    each layer's gathered weights only while that layer runs, so its per-device temporaries
+    are a few layers' weights, far under one full copy (with every layer gathered at once
+    they hold at least one); each parameter's shard is 1/8 of it; same gradients."""
+    cfg = ModelConfig(
+        vocab_size=256,
+        hidden_size=256,
+        intermediate_size=1024,
+        num_layers=16,
+        num_heads=4,
+        num_kv_heads=2,
+        tie_word_embeddings=True,
+    )
+    model = random_model(cfg, seed=0)
+    tokens, mask = left_padded_batch(batch=8, length=16, seed=0, vocab=cfg.vocab_size)
+
+    def temps_and_grads(mesh):
+        placed = sharding.shard_model(nnx.clone(model), mesh)
+        graphdef, state = nnx.split(placed)
+        param_sh = sharding.state_shardings(state, mesh)
+
+        def loss(state, tokens, mask):
+            logits = nnx.merge(graphdef, state)(tokens, mask)
+            return jnp.mean(jax.nn.logsumexp(logits, axis=-1))
+
+        step = jax.jit(jax.grad(loss), out_shardings=param_sh)
+        data = sharding.shard_batch((tokens, mask), mesh)
+        compiled = step.lower(state, *data).compile()
+        return state, compiled.memory_analysis().temp_size_in_bytes, compiled(state, *data)
+
+    weights = 4 * cfg.num_params()  # f32
+    _, temps_1, grads_1 = temps_and_grads(sharding.make_mesh((1, 1, 1), jax.devices()[:1]))
+    state_8, temps_8, grads_8 = temps_and_grads(sharding.make_mesh((1, 8, 1)))
+    one_layer = 4 * (cfg.num_params() - cfg.vocab_size * cfg.hidden_size) // cfg.num_layers
+    # buffers of the sharded weights' size (the scan's stacked residuals and gradients) and
+    # a few layers' gathered weights (forward, backward, a layer's full gradient before its
+    # reduce-scatter); not the 16 layers' full copy
+    assert temps_8 < 2 * weights / 8 + 4 * one_layer, (temps_8, weights, one_layer)
+    assert temps_8 < 0.4 * weights, (temps_8, weights)
+    assert temps_8 < temps_1 / 4, (temps_8, temps_1)
+    for path, var in nnx.to_flat_state(state_8):
+        x = var.get_value()
+        shard = x.addressable_shards[0].data
+        if any("norm" in str(p) for p in path):  # norm scales: replicated (1-D per layer)
+            continue
+        assert shard.size * 8 == x.size, (path, shard.shape, x.shape)  # split 8-way
+        if path[0] == "layers":
+            assert shard.shape[0] == cfg.num_layers  # the layers axis itself is not split
+    for a, b in zip(jax.tree.leaves(grads_1), jax.tree.leaves(grads_8)):  # same gradients
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-4, atol=1e-6)

@@ -43,18 +43,19 @@ def random_model(
     # parameters, layer 1's, ..., head), filling the stacked [L, ...] arrays layer by layer,
     # so a seed gives the same weights as when each layer had its own arrays.
     flat = list(nnx.to_flat_state(nnx.state(model)))
-    values = {}
+    done = set()
     for path, var in flat:
-        shape = var.get_value().shape
+        abstract = var.get_value()
         if path[0] != "layers":
-            values[path] = draw(".".join(map(str, path)), shape)
-        elif path not in values:  # the first stacked parameter: draw every layer's now
-            stacked = [(p, v.get_value().shape) for p, v in flat if p[0] == "layers"]
-            for p, shape in stacked:
-                values[p] = np.empty(shape)
+            value = draw(".".join(map(str, path)), abstract.shape)
+            var.set_value(jnp.asarray(value, abstract.dtype))
+        elif path not in done:  # the first stacked parameter: draw every layer's now
+            stacked = [(p, v) for p, v in flat if p[0] == "layers"]
+            host = {p: np.empty(v.get_value().shape, v.get_value().dtype) for p, v in stacked}
             for i in range(cfg.num_layers):
-                for p, shape in stacked:
-                    values[p][i] = draw(".".join(map(str, p)), shape[1:])
-    for path, var in flat:
-        var.set_value(jnp.asarray(values[path], var.get_value().dtype))
+                for p, a in host.items():
+                    a[i] = draw(".".join(map(str, p)), a.shape[1:])
+            for p, v in stacked:
+                v.set_value(jnp.asarray(host.pop(p)))
+            done.update(p for p, _ in stacked)
     return model
