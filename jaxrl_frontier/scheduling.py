@@ -35,7 +35,7 @@ class PromptResult:
 
     index: the example's dataset index.  rewards: [G, K] reward vectors of its completions.
     reward: [G] combined sequence rewards.  correct: fraction of completions with
-    correctness > 0.  lengths: [G] completion lengths.
+    correctness > 0.  lengths: [G] completion lengths.  texts: the G decoded completions.
     """
 
     index: int
@@ -44,6 +44,7 @@ class PromptResult:
     reward: np.ndarray
     correct: float
     lengths: np.ndarray
+    texts: tuple[str, ...] = ()
 
 
 class PromptSource(Protocol):
@@ -160,3 +161,442 @@ def _from_jsonable_state(state):
     if isinstance(state, dict) and "__bytes__" in state:
         return state["__bytes__"].encode("latin-1")
     return state
+
+
+# ============================================================================ shared helpers
+
+
+def _allgather_json(obj: Any) -> list[Any]:
+    """Every process's `obj` (JSON-able), in process order (a collective: all processes call)."""
+    import jax
+
+    if jax.process_count() == 1:
+        return [obj]
+    import json
+
+    from jax.experimental import multihost_utils
+
+    data = np.frombuffer(json.dumps(obj).encode(), np.uint8)
+    n = multihost_utils.process_allgather(np.asarray([data.size], np.int64)).reshape(-1)
+    buf = np.zeros(int(n.max()), np.uint8)
+    buf[: data.size] = data
+    every = multihost_utils.process_allgather(buf).reshape(len(n), -1)
+    return [json.loads(bytes(every[i, : n[i]]).decode()) for i in range(len(n))]
+
+
+def _sum_over_processes(x: float) -> float:
+    return float(sum(_allgather_json(float(x))))
+
+
+def _slice(items: list, process_index: int, process_count: int) -> list:
+    per = len(items) // process_count
+    return items[process_index * per : (process_index + 1) * per]
+
+
+def _rng_state(rng: np.random.Generator) -> dict:
+    return rng.bit_generator.state
+
+
+def _rng_from(state: dict) -> np.random.Generator:
+    bg = np.random.PCG64()
+    bg.state = state
+    return np.random.Generator(bg)
+
+
+def prompt_text(task: Task, example: Example) -> str:
+    """The prompt an example is rolled out on: `example['prompt']` when a source set one
+    (ZPPO's BCQ / NCQ prompts), else the task's own."""
+    return example.get("prompt") or task.prompt(example)
+
+
+# ============================================================================ DAPO dynamic sampling
+
+
+def signal_groups(rewards: np.ndarray, group_size: int) -> np.ndarray:
+    """bool [P]: the groups whose reward vectors are not all equal (rewards [P * G, K]).
+
+    A group of equal rewards has zero group-relative advantage under every group baseline:
+    it carries no policy-gradient signal.
+    """
+    r = np.asarray(rewards).reshape(-1, group_size, np.shape(rewards)[-1])
+    return np.ptp(r, axis=1).max(axis=-1) > 0
+
+
+class DynamicSource:
+    """DAPO dynamic sampling ("DAPO: An Open-Source LLM Reinforcement Learning System at
+    Scale"): groups whose rewards are all equal are dropped and fresh prompts drawn until the
+    batch holds `prompt_batch` groups with signal, at most `max_draws` draws per step.
+
+    The prompts come from the uniform stream. The source is also the producer's group
+    selector (`select(draw, more)`): after the first draw it asks for more while any process
+    lacks signal groups (a global count, so every process draws the same number of times),
+    then keeps, per process, its first P_l signal groups in draw order, topped up with
+    zero-signal groups only when the draw budget is spent. Shapes stay static: the
+    Experience always has P groups. Metrics: `dynamic/draws` (this step),
+    `dynamic/signal_groups` (found, all processes), `dynamic/filled_zero_signal` (groups
+    without signal kept because the budget ran out) and `dynamic/draws_total`.
+    """
+
+    def __init__(self, fresh: UniformSource, *, max_draws: int):
+        if max_draws < 1:
+            raise ValueError(f"config key 'data.dynamic.max_draws' must be >= 1, got {max_draws}")
+        self.fresh, self.max_draws = fresh, int(max_draws)
+        self.draws_total = 0
+
+    def next_batch(self) -> list[Example]:
+        self.draws_total += 1
+        return self.fresh.next_batch()
+
+    def observe(self, results: Sequence[PromptResult]) -> None:
+        del results  # the filter acts inside the step (select)
+
+    def select(self, draw, more):
+        """(ScoredRows of the first draw's prompt count, metrics); see the class docstring."""
+        p, g = len(draw.rows.examples), draw.rows.group_size
+        parts = [draw]
+        found = int(signal_groups(draw.rewards, g).sum())
+        while len(parts) < self.max_draws and _sum_over_processes(max(0, p - found)) > 0:
+            parts.append(more(len(parts)))
+            found += int(signal_groups(parts[-1].rewards, g).sum())
+        every = type(draw).concat(parts) if len(parts) > 1 else draw
+        signal = signal_groups(every.rewards, g)
+        order = np.concatenate([np.flatnonzero(signal), np.flatnonzero(~signal)])[:p]
+        metrics = {
+            "dynamic/draws": float(len(parts)),
+            "dynamic/signal_groups": _sum_over_processes(found),
+            "dynamic/filled_zero_signal": _sum_over_processes(max(0, p - found)),
+            "dynamic/draws_total": float(self.draws_total),
+        }
+        return every.take_groups(np.sort(order)), metrics
+
+    def state(self) -> dict[str, Any]:
+        return {"fresh": self.fresh.state(), "draws_total": self.draws_total}
+
+    def restore(self, state: dict[str, Any]) -> None:
+        self.fresh.restore(state["fresh"])
+        self.draws_total = int(state["draws_total"])
+
+
+@SOURCES.register("dynamic")
+def dynamic(task: Task, config, *, batch_size: int, process_index: int, process_count: int):
+    """`data.source = 'dynamic'`: DAPO dynamic sampling (`data.dynamic.max_draws`)."""
+    fresh = uniform(
+        task,
+        config,
+        batch_size=batch_size,
+        process_index=process_index,
+        process_count=process_count,
+    )
+    return DynamicSource(fresh, max_draws=config.data.dynamic.max_draws)
+
+
+# ============================================================================ ADS
+
+
+def cluster_key(task: Task, example: Example) -> str:
+    """A prompt's cluster: the task's `cluster_key(example)` when it defines one, else
+    operation x operand digit counts for examples with `a`, `op`, `b` (arithmetic), else the
+    number of whitespace-separated words of the prompt (a coarse length bucket)."""
+    key = getattr(task, "cluster_key", None)
+    if key is not None:
+        return str(key(example))
+    if {"a", "b", "op"} <= set(example):
+        return f"{example['op']}{len(str(abs(example['a'])))}x{len(str(abs(example['b'])))}"
+    return f"len{len(prompt_text(task, example).split())}"
+
+
+class ADSSource:
+    """Adaptive Data Scheduling ("Learning at the Right Pace: Adaptive Data Scheduling
+    Improves LLM Reinforcement Learning"): a distribution over prompt clusters moved toward
+    the clusters where the policy is at its boundary, and boundary prompts preferred inside a
+    cluster.
+
+    Cluster level, after each step, for every cluster k seen so far:
+
+        acc_k  <- mean solve rate of its prompts this step (kept when none ran)
+        s_k     = acc_k (1 - acc_k) + floor                 progress score, largest at 0.5
+        p_k    <- momentum p_k + (1 - momentum) s_k / sum_j s_j,   renormalised
+
+    (momentum 0.7; a newly seen cluster enters with acc 0.5, p = the mean of the others).
+    Sample level: each step draws a pool of `pool` x P candidates from the uniform stream,
+    then fills each of the P slots by drawing a cluster from p (restricted to the pool's
+    clusters) and a prompt of that cluster with weight `boundary_weight` if its last solve
+    rate is within `boundary` (0.17) of 0.5, `off_weight` if it was seen off the boundary,
+    1 if never seen. All draws use one seeded generator whose state is in the checkpoint;
+    results are gathered from every process, so every process holds the same state and
+    computes the same global batch, keeping its own slice. Metrics: `ads/p/<cluster>`,
+    `ads/acc/<cluster>`, `ads/boundary_share`.
+    """
+
+    def __init__(
+        self,
+        task: Task,
+        fresh: UniformSource,
+        *,
+        seed: int,
+        pool: int = 4,
+        momentum: float = 0.7,
+        boundary: float = 0.17,
+        boundary_weight: float = 4.0,
+        off_weight: float = 0.25,
+        floor: float = 0.01,
+        process_index: int = 0,
+        process_count: int = 1,
+    ):
+        if pool < 1 or not 0 <= momentum < 1:
+            raise ValueError(
+                f"config keys 'data.ads.pool' (>= 1) and 'data.ads.momentum' (in [0, 1)): "
+                f"got {pool}, {momentum}"
+            )
+        self.task, self.fresh, self.pool = task, fresh, int(pool)
+        self.momentum, self.boundary, self.floor = momentum, boundary, floor
+        self.boundary_weight, self.off_weight = boundary_weight, off_weight
+        self.pi, self.pn = process_index, process_count
+        self.rng = np.random.default_rng(seed)
+        self.p: dict[str, float] = {}  # cluster -> probability
+        self.acc: dict[str, float] = {}  # cluster -> last solve rate
+        self.solve: dict[str, float] = {}  # str(prompt index) -> last solve rate
+        self._last_boundary_share = 0.0
+
+    def _add_cluster(self, k: str) -> None:
+        if k not in self.p:
+            self.p[k] = float(np.mean(list(self.p.values()))) if self.p else 1.0
+            self.acc[k] = 0.5
+            total = sum(self.p.values())
+            self.p = {c: v / total for c, v in self.p.items()}
+
+    def _weight(self, example: Example) -> float:
+        sr = self.solve.get(str(example["index"]))
+        if sr is None:
+            return 1.0
+        return self.boundary_weight if abs(sr - 0.5) <= self.boundary else self.off_weight
+
+    def next_batch(self) -> list[Example]:
+        # every process builds the whole global pool (pool x its own slice from each process
+        # would differ), so the uniform stream here is the un-sliced global one
+        cands = [ex for _ in range(self.pool) for ex in self.fresh.next_batch()]
+        keys = [cluster_key(self.task, ex) for ex in cands]
+        for k in keys:
+            self._add_cluster(k)
+        by = {}
+        for ex, k in zip(cands, keys):
+            by.setdefault(k, []).append(ex)
+        present = sorted(by)
+        probs = np.asarray([self.p[k] for k in present])
+        probs = probs / probs.sum()
+        chosen, boundary = [], 0
+        for _ in range(self.fresh.batch_size):
+            k = present[int(self.rng.choice(len(present), p=probs))]
+            members = by[k]
+            w = np.asarray([self._weight(ex) for ex in members])
+            j = int(self.rng.choice(len(members), p=w / w.sum()))
+            boundary += w[j] == self.boundary_weight
+            chosen.append(members.pop(j) if len(members) > 1 else members[j])
+        self._last_boundary_share = boundary / len(chosen)
+        return _slice(chosen, self.pi, self.pn)
+
+    def observe(self, results: Sequence[PromptResult]) -> None:
+        mine = [
+            [int(r.index), float(r.correct), cluster_key(self.task, r.example)] for r in results
+        ]
+        every = [x for part in _allgather_json(mine) for x in part]
+        seen: dict[str, list[float]] = {}
+        for index, correct, k in every:
+            self.solve[str(index)] = correct
+            self._add_cluster(k)
+            seen.setdefault(k, []).append(correct)
+        for k, v in seen.items():
+            self.acc[k] = float(np.mean(v))
+        s = {k: a * (1 - a) + self.floor for k, a in self.acc.items()}
+        total = sum(s.values())
+        p = {k: self.momentum * self.p[k] + (1 - self.momentum) * s[k] / total for k in self.p}
+        z = sum(p.values())
+        self.p = {k: v / z for k, v in p.items()}
+
+    def metrics(self) -> dict[str, float]:
+        out = {f"ads/p/{k}": v for k, v in sorted(self.p.items())}
+        out.update({f"ads/acc/{k}": v for k, v in sorted(self.acc.items())})
+        out["ads/boundary_share"] = float(self._last_boundary_share)
+        return out
+
+    def state(self) -> dict[str, Any]:
+        return {
+            "fresh": self.fresh.state(),
+            "rng": _rng_state(self.rng),
+            "p": self.p,
+            "acc": self.acc,
+            "solve": self.solve,
+        }
+
+    def restore(self, state: dict[str, Any]) -> None:
+        self.fresh.restore(state["fresh"])
+        self.rng = _rng_from(state["rng"])
+        self.p, self.acc = dict(state["p"]), dict(state["acc"])
+        self.solve = dict(state["solve"])
+
+
+@SOURCES.register("ads")
+def ads(task: Task, config, *, batch_size: int, process_index: int, process_count: int):
+    """`data.source = 'ads'`: Adaptive Data Scheduling (`data.ads.*`)."""
+    a = config.data.ads
+    fresh = UniformSource(task, batch_size=batch_size, seed=config.seed)  # the global stream
+    return ADSSource(
+        task,
+        fresh,
+        seed=config.seed,
+        pool=a.pool,
+        momentum=a.momentum,
+        boundary=a.boundary,
+        boundary_weight=a.boundary_weight,
+        off_weight=a.off_weight,
+        floor=a.floor,
+        process_index=process_index,
+        process_count=process_count,
+    )
+
+
+# ============================================================================ ZPPO replay
+
+
+class ZPPOSource:
+    """ZPPO's hard-prompt replay ("Zone of Proximal Policy Optimization: Teacher in Prompts,
+    Not Gradients"): the teacher's help goes into the prompt, not the gradient.
+
+    A prompt is hard when its group's mean accuracy is < 0.5. It enters a FIFO replay buffer
+    (`capacity`; the oldest entry is evicted when full) with the student's wrong answers,
+    and each step `replay_fraction` of the batch replays buffer entries (round robin), the
+    rest coming from the uniform stream. A replay alternates between
+
+        BCQ: bcq_template(candidates = {one correct reference answer, one wrong student
+             answer} in a seeded random order, unlabelled; question)
+        NCQ: ncq_template(wrong = the student's wrong answers; question)
+
+    (the reference is the task's own answer: `task.demonstration`). The replayed prompt is
+    scored against the original question's answer; when a replay's (or a fresh draw's) group
+    accuracy is >= 0.5 the prompt graduates and leaves the buffer. Results are gathered from
+    every process (the buffer is the same everywhere); all of it is in `state()`. Metrics:
+    `zppo/buffer_size`, `zppo/graduations`, `zppo/evictions` (run totals), `zppo/replayed`.
+    """
+
+    def __init__(
+        self,
+        task: Task,
+        fresh: UniformSource,
+        *,
+        seed: int,
+        capacity: int = 64,
+        replay_fraction: float = 0.25,
+        max_wrong: int = 3,
+        bcq_template: str = "{candidates};{question}",
+        ncq_template: str = "not {wrong};{question}",
+        process_index: int = 0,
+        process_count: int = 1,
+    ):
+        if capacity < 1 or not 0 <= replay_fraction <= 1:
+            raise ValueError(
+                "config keys 'data.zppo.capacity' (>= 1) and 'data.zppo.replay_fraction' "
+                f"(in [0, 1]): got {capacity}, {replay_fraction}"
+            )
+        self.task, self.fresh, self.seed = task, fresh, int(seed)
+        self.capacity, self.replay_fraction, self.max_wrong = capacity, replay_fraction, max_wrong
+        self.bcq_template, self.ncq_template = bcq_template, ncq_template
+        self.pi, self.pn = process_index, process_count
+        self.buffer: list[dict[str, Any]] = []  # FIFO of {index, wrong: [str], replays}
+        self.cursor = 0
+        self.graduations = self.evictions = 0
+        self._replayed = 0
+        names = tuple(task.reward_names)
+        self._correct_col = names.index("correctness") if "correctness" in names else 0
+
+    def context_prompt(self, entry: dict[str, Any]) -> tuple[str, str]:
+        """(kind, prompt) of an entry's next replay: BCQ on even replays, NCQ on odd."""
+        ex = self.task.example("train", entry["index"])
+        question = self.task.prompt(ex)
+        if entry["replays"] % 2 == 0:
+            rng = np.random.default_rng([self.seed, entry["index"], entry["replays"]])
+            pair = [self.task.demonstration(ex), entry["wrong"][0]]
+            order = rng.permutation(2)
+            cands = ",".join(pair[i] for i in order)
+            return "bcq", self.bcq_template.format(candidates=cands, question=question)
+        wrong = ",".join(entry["wrong"])
+        return "ncq", self.ncq_template.format(wrong=wrong, question=question)
+
+    def next_batch(self) -> list[Example]:
+        b = self.fresh.batch_size
+        fresh = self.fresh.next_batch()
+        n = min(len(self.buffer), int(round(self.replay_fraction * b)))
+        replays = []
+        for _ in range(n):
+            entry = self.buffer[self.cursor % len(self.buffer)]
+            self.cursor = (self.cursor + 1) % len(self.buffer)
+            kind, prompt = self.context_prompt(entry)
+            entry["replays"] += 1
+            ex = self.task.example("train", entry["index"])
+            replays.append({**ex, "index": entry["index"], "prompt": prompt, "zppo": kind})
+        self._replayed = n
+        return _slice(replays + fresh[: b - n], self.pi, self.pn)
+
+    def observe(self, results: Sequence[PromptResult]) -> None:
+        mine = []
+        for r in results:
+            solved = np.asarray(r.rewards)[:, self._correct_col] > 0
+            wrong = [t.strip() for t, c in zip(r.texts, solved) if not c and t.strip()]
+            mine.append([int(r.index), float(r.correct), wrong[: self.max_wrong]])
+        for index, acc, wrong in (x for part in _allgather_json(mine) for x in part):
+            at = next((i for i, e in enumerate(self.buffer) if e["index"] == index), None)
+            if at is not None:
+                if acc >= 0.5:  # graduates
+                    del self.buffer[at]
+                    self.cursor = self.cursor - 1 if at < self.cursor else self.cursor
+                    self.graduations += 1
+            elif acc < 0.5 and wrong:
+                self.buffer.append(dict(index=index, wrong=wrong, replays=0))
+                if len(self.buffer) > self.capacity:  # FIFO eviction
+                    del self.buffer[0]
+                    self.cursor = max(self.cursor - 1, 0)
+                    self.evictions += 1
+        if self.buffer:
+            self.cursor %= len(self.buffer)
+        else:
+            self.cursor = 0
+
+    def metrics(self) -> dict[str, float]:
+        return {
+            "zppo/buffer_size": float(len(self.buffer)),
+            "zppo/graduations": float(self.graduations),
+            "zppo/evictions": float(self.evictions),
+            "zppo/replayed": float(self._replayed),
+        }
+
+    def state(self) -> dict[str, Any]:
+        return {
+            "fresh": self.fresh.state(),
+            "buffer": [dict(e) for e in self.buffer],
+            "cursor": self.cursor,
+            "graduations": self.graduations,
+            "evictions": self.evictions,
+        }
+
+    def restore(self, state: dict[str, Any]) -> None:
+        self.fresh.restore(state["fresh"])
+        self.buffer = [dict(e) for e in state["buffer"]]
+        self.cursor = int(state["cursor"])
+        self.graduations, self.evictions = int(state["graduations"]), int(state["evictions"])
+
+
+@SOURCES.register("zppo")
+def zppo(task: Task, config, *, batch_size: int, process_index: int, process_count: int):
+    """`data.source = 'zppo'`: hard-prompt replay with BCQ / NCQ prompts (`data.zppo.*`)."""
+    z = config.data.zppo
+    return ZPPOSource(
+        task,
+        UniformSource(task, batch_size=batch_size, seed=config.seed),  # the global stream
+        seed=config.seed,
+        capacity=z.capacity,
+        replay_fraction=z.replay_fraction,
+        max_wrong=z.max_wrong,
+        bcq_template=z.bcq_template,
+        ncq_template=z.ncq_template,
+        process_index=process_index,
+        process_count=process_count,
+    )

@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrl_frontier import sharding
+from jaxrl_frontier import diagnostics, sharding
 from jaxrl_frontier.build import encode_prompts
 from jaxrl_frontier.evaluation import decode
 from jaxrl_frontier.objectives.stats import TokenStats
@@ -310,6 +310,9 @@ def _advantages_and_metrics(
             "rollout/tokens": jnp.sum(lengths),
         }
     )
+    names = tuple(reward_names)
+    correct = exp.rewards[:, names.index("correctness") if "correctness" in names else 0] > 0
+    metrics.update(diagnostics.rollout_diagnostics(exp.old_logp, exp.loss_mask, r_pg, correct))
     if exp.teacher_logp is not None:  # sampled-token reverse KL(student || teacher), per token
         gap = (exp.old_logp - exp.teacher_logp) * exp.loss_mask
         metrics["opd/reverse_kl"] = jnp.sum(gap) / jnp.maximum(jnp.sum(exp.loss_mask), 1.0)
@@ -351,14 +354,13 @@ class RolloutProducer:
         passes: Sequence[LogprobPass] = (),
         editors: Sequence[RolloutEditor] = (),
         shapers: Sequence[RewardShaper] = (),
-        selector: GroupSelector | None = None,
     ):
         self.sampler, self.tokenizer, self.scorer = sampler, tokenizer, scorer
         self.mesh, self.sampling, self.max_prompt_len = mesh, sampling, max_prompt_len
         self.objective = _FrozenObjective(objective)
         self.prompt_of = prompt_of
         self.passes, self.editors = tuple(passes), tuple(editors)
-        self.shapers, self.selector = tuple(shapers), selector
+        self.shapers = tuple(shapers)
         self.reward_names = tuple(scorer.reward_names) + tuple(
             n for s in self.shapers for n in s.reward_names
         )
@@ -370,25 +372,26 @@ class RolloutProducer:
         key,
         *,
         version: int = 0,
-        refill: Callable[[], Sequence[Example]] | None = None,
+        source=None,
     ) -> tuple[Experience, dict[str, Any]]:
         """One rollout batch: (Experience, info). weights: role -> params ('policy' samples).
 
-        refill: () -> more of this process's prompts (the source's next batch), for a
-        `selector` that draws again (dynamic sampling).
-        info: device scalars `metrics` (global, with the selector's host metrics),
-        `n_failed` (global), `rollout_seconds` (sampling, editing and scoring).
+        source: the PromptSource the examples came from. One that is also a `GroupSelector`
+        (has `select`: dynamic sampling) chooses the groups, drawing more of its prompts
+        (`source.next_batch()`) when it needs them.
+        info: device scalars `metrics` (global; with the selector's, editors' and shapers'
+        host metrics), `n_failed` (global), `rollout_seconds` (sampling, editing, scoring).
         """
         g = self.sampling.n
         t0 = time.perf_counter()
         self.sampler.update_weights(weights["policy"], version)
         draw = self._draw(examples, key)
         selected: dict[str, float] = {}
-        if self.selector is not None:
-            if refill is None:
-                raise ValueError("this producer's selector draws again: pass produce(refill=)")
-            more = lambda i: self._draw(refill(), jax.random.fold_in(key, i))
-            draw, selected = self.selector.select(draw, more)
+        if hasattr(source, "select"):
+            more = lambda i: self._draw(source.next_batch(), jax.random.fold_in(key, i))
+            draw, selected = source.select(draw, more)
+        for part in (source, *self.editors, *self.shapers):  # e.g. ADS's p before this step
+            selected.update(part.metrics() if hasattr(part, "metrics") else {})
         t_rollout = time.perf_counter() - t0
         rows, rewards = draw.rows, draw.rewards
 
@@ -487,6 +490,7 @@ class RolloutProducer:
                 reward=r_b[i * g : (i + 1) * g],
                 correct=float(np.mean(rewards[i * g : (i + 1) * g, correct_col] > 0)),
                 lengths=lengths[i * g : (i + 1) * g],
+                texts=rows.texts[i * g : (i + 1) * g],
             )
             for i, ex in enumerate(rows.examples)
         )
