@@ -8,6 +8,16 @@ One checkpoint = a step directory with two items:
 
 Saves are asynchronous; `wait()` before exit. A run resumes when its work directory
 already holds a checkpoint (`latest_step() is not None`).
+
+Faults. `restore_latest` tries the steps newest first: a damaged step (unparsable or missing
+metadata, truncated array data) is reported with a warning naming the step and the file, and
+the next older one is tried, so a kill during a save or a corrupted disk block costs the steps
+since the previous checkpoint, never the run. To name a truncated array file (TensorStore's
+error does not), each finalised step gets a manifest of its files' sizes,
+`.manifest-<step>.json` beside the step directories. A failed save (disk full, permissions)
+raises `CheckpointSaveError`: one line naming the path and the OS error, instead of orbax's
+asyncio traceback; orbax commits a step by renaming its temporary directory, so the previous
+checkpoint is untouched.
 """
 
 from __future__ import annotations
@@ -17,12 +27,22 @@ import logging
 import os
 import signal
 import threading
+import traceback
+from pathlib import Path
 from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
 
 log = logging.getLogger(__name__)
+
+
+class CheckpointError(RuntimeError):
+    """No checkpoint could be restored, or one could not be written; the message names it."""
+
+
+class CheckpointSaveError(CheckpointError):
+    """A save failed (e.g. disk full); the message names the path and the cause."""
 
 
 class Checkpointer:
@@ -44,14 +64,23 @@ class Checkpointer:
         return list(self._manager.all_steps())
 
     def save(self, step: int, state: Any, meta: dict, *, force: bool = True) -> bool:
-        """Start an (async) save of `state` and `meta` at `step`."""
-        saved = self._manager.save(
-            step,
-            args=ocp.args.Composite(
-                state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(_jsonable(meta))
-            ),
-            force=force,
-        )
+        """Start an (async) save of `state` and `meta` at `step`.
+
+        Raises CheckpointSaveError if this save, or the previous async one (orbax reports it
+        here), failed."""
+        try:
+            saved = self._manager.save(
+                step,
+                args=ocp.args.Composite(
+                    state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(_jsonable(meta))
+                ),
+                force=force,
+            )
+        except TypeError:
+            raise  # metadata that is not JSON: a programming error, not a fault
+        except Exception as e:
+            raise CheckpointSaveError(self._save_error(step, e)) from None
+        self._write_manifests(exclude=step)  # earlier steps are finalised once save returns
         return bool(saved)
 
     def restore(self, abstract_state: Any, step: int | None = None) -> tuple[Any, dict]:
@@ -67,12 +96,145 @@ class Checkpointer:
         )
         return restored["state"], dict(restored["meta"])
 
-    def wait(self) -> None:
-        self._manager.wait_until_finished()
+    def restore_latest(self, abstract_state: Any, warn=None) -> tuple[Any, dict, int] | None:
+        """(state, meta, step) of the newest step that restores; None if there is none.
+
+        A step that fails to restore is reported through `warn` (default: log.warning) with
+        the step and the damaged file, and the next older step is tried. CheckpointError when
+        every step is damaged (starting over silently would discard the run)."""
+        warn = warn or log.warning
+        steps = sorted(self.all_steps(), reverse=True)
+        problems = []
+        for step in steps:
+            try:
+                state, meta = self.restore(abstract_state, step)
+            except Exception as e:  # any damage: report it and fall back to an older step
+                where = self.damaged_file(step)
+                problems.append(f"step {step}: {where}: {_one_line(e)}")
+                warn(
+                    f"checkpoint step {step} is damaged ({where}: {_one_line(e)}); "
+                    "trying the next older checkpoint"
+                )
+                continue
+            return state, meta, step
+        if problems:
+            raise CheckpointError(
+                f"no checkpoint in {self.directory} could be restored: " + "; ".join(problems)
+            )
+        return None
+
+    def damaged_file(self, step: int) -> str:
+        """The path of the first damaged file of `step` found (JSON files that do not parse or
+        are missing, files whose size differs from the step's manifest), else its directory."""
+        root = Path(self.directory) / str(step)
+        for rel in ("_CHECKPOINT_METADATA", "meta/metadata", "state/_METADATA", "state/_sharding"):
+            path = root / rel
+            if rel == "meta/metadata" and not path.exists():
+                return f"{path} (missing)"
+            if path.exists():
+                try:
+                    json.loads(path.read_text())
+                except (ValueError, OSError) as e:
+                    return f"{path} ({type(e).__name__})"
+        manifest = Path(self.directory) / f".manifest-{step}.json"
+        if manifest.exists():
+            try:
+                sizes = json.loads(manifest.read_text())
+            except ValueError:
+                sizes = {}
+            for rel, size in sizes.items():
+                path = root / rel
+                if not path.exists():
+                    return f"{path} (missing)"
+                if path.stat().st_size != size:
+                    return f"{path} (size {path.stat().st_size}, written {size})"
+        return str(root)
+
+    def _write_manifests(self, exclude: int | None = None) -> None:
+        """Record the file sizes of every finalised step lacking a manifest; drop the manifests
+        of deleted steps. Only process 0 writes (the files are shared on a multi-host run)."""
+        if jax.process_index() != 0:
+            return
+        root = Path(self.directory)
+        steps = set(self.all_steps())
+        for path in root.glob(".manifest-*.json"):
+            if int(path.stem.split("-", 1)[1]) not in steps:
+                path.unlink(missing_ok=True)
+        for step in steps - {exclude}:
+            manifest = root / f".manifest-{step}.json"
+            step_dir = root / str(step)
+            if manifest.exists() or not (step_dir / "commit_success.txt").exists():
+                continue
+            sizes = {
+                str(p.relative_to(step_dir)): p.stat().st_size
+                for p in sorted(step_dir.rglob("*"))
+                if p.is_file()
+            }
+            tmp = manifest.with_suffix(".tmp")
+            try:
+                tmp.write_text(json.dumps(sizes))
+                os.replace(tmp, manifest)  # atomic: never a half-written manifest
+            except OSError:
+                tmp.unlink(missing_ok=True)  # a manifest only helps name damage; never fatal
+
+    def _save_error(self, step: int, err: BaseException) -> str:
+        cause = _root_os_error(err)
+        if cause is not None:
+            path = cause.filename or self.directory
+            return (
+                f"checkpoint save failed at step {step}: {path}: {cause.strerror or cause} "
+                f"(previous checkpoint: {self._previous(step)})"
+            )
+        return (
+            f"checkpoint save failed at step {step} in {self.directory}: {_one_line(err)} "
+            f"(previous checkpoint: {self._previous(step)})"
+        )
+
+    def _previous(self, step: int) -> str:
+        done = [s for s in self.all_steps() if s < step]
+        return f"step {max(done)}" if done else "none"
+
+    def wait(self, step: int | None = None) -> None:
+        """Block until the async save finishes; CheckpointSaveError if it failed."""
+        try:
+            self._manager.wait_until_finished()
+        except Exception as e:
+            latest = self.latest_step() if step is None else step
+            raise CheckpointSaveError(self._save_error(latest or 0, e)) from None
+        self._write_manifests()
 
     def close(self) -> None:
         self._manager.wait_until_finished()
         self._manager.close()
+
+
+def _one_line(err: BaseException) -> str:
+    """The exception as one short line (TensorStore errors run to pages)."""
+    text = " ".join(str(err).split()) or type(err).__name__
+    text = text if len(text) <= 240 else text[:237] + "..."
+    return f"{type(err).__name__}: {text}"
+
+
+def _root_os_error(err: BaseException | None) -> OSError | None:
+    """The OSError at the root of `err` (through causes, contexts and exception groups)."""
+    seen = set()
+    stack = [err]
+    while stack:
+        e = stack.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, OSError) and e.errno is not None:
+            return e
+        stack += [e.__cause__, e.__context__, *getattr(e, "exceptions", ())]
+    # orbax sometimes re-raises the error as text only
+    match = None
+    for line in traceback.format_exception(err):
+        if "[Errno" in line:
+            match = line
+    if match:
+        return OSError(None, match.strip())
+    return None
 
 
 def abstract_like(tree: Any) -> Any:

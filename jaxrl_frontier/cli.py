@@ -7,12 +7,55 @@ import logging
 import re
 import sys
 
+USAGE = """usage: train.py --config=configs/FILE.py[:ARG] --workdir=DIR [--config.KEY=VALUE ...]
+
+Train from a config file (SFT or RL); the same command resumes when DIR holds a checkpoint.
+  --config=FILE[:ARG]   an experiment file in configs/ (ARG goes to its get_config, e.g.
+                        :runlocal for a laptop-sized run)
+  --workdir=DIR         checkpoints, metrics.jsonl, rollouts.jsonl, TensorBoard, export/
+  --config.KEY=VALUE    override any key, e.g. --config.optimizer.lr=1e-5
+  -h, --help            this text
+
+Ctrl-C or SIGTERM saves a checkpoint and stops; a kill loses at most the steps since the
+last checkpoint (docs/reliability.md). Errors in the config, the data or a checkpoint are
+one line naming the key, file or step.
+"""
+
+
+def usage() -> str:
+    """USAGE and the config's key groups (each section with its keys and defaults)."""
+    from jaxrl_frontier.config import base_config
+
+    lines = [USAGE, "config keys (section: key=default ...):"]
+    for section, value in base_config().items():
+        if hasattr(value, "items"):
+            keys = [f"{k}={_short(v)}" for k, v in value.items()]
+            lines.append(_wrap(f"  {section}: " + " ".join(keys)))
+        else:
+            lines.append(f"  {section}={_short(value)}")
+    return "\n".join(lines)
+
+
+def _short(v) -> str:
+    if hasattr(v, "items"):
+        return "{...}"
+    return repr(v)
+
+
+def _wrap(text: str, width: int = 96) -> str:
+    import textwrap
+
+    return "\n".join(textwrap.wrap(text, width, subsequent_indent="      "))
+
 
 def train_main(argv: list[str] | None = None) -> None:
     """`scripts/train.py` / `jaxrl-train`: --config=FILE[:ARG] --workdir=DIR [--config.k=v ...]."""
     from absl import flags
     from ml_collections import config_flags
 
+    if any(a in ("-h", "--help", "-help", "--helpfull", "--helpshort") for a in argv or sys.argv):
+        print(usage())
+        return
     flags_ = flags.FlagValues()
     config_flags.DEFINE_config_file(
         "config",
@@ -30,10 +73,14 @@ def train_main(argv: list[str] | None = None) -> None:
         # wrong type with a bare traceback; name the --config.* key instead.
         raise SystemExit(f"config error: {_override_error(argv, e)}") from None
     if flags_.config is None or not flags_.workdir:
-        raise SystemExit("usage: train.py --config=configs/FILE.py[:ARG] --workdir=DIR")
+        raise SystemExit(USAGE.split("\n\n")[0] + "\n(--help lists the config keys)")
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     for noisy in ("absl", "orbax", "jax._src"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    # A failed async save (disk full) makes orbax and asyncio log the same OSError from every
+    # pending task; the one line that matters is the CheckpointSaveError printed below.
+    for noisy in ("orbax", "asyncio"):
+        logging.getLogger(noisy).setLevel(logging.CRITICAL)
 
     from jaxrl_frontier import distributed
 
@@ -43,12 +90,21 @@ def train_main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"config error: {e}") from None
 
     from jaxrl_frontier import trainer
+    from jaxrl_frontier.checkpoint import CheckpointError
     from jaxrl_frontier.config import ConfigError
+    from jaxrl_frontier.faults import TrainingFault
+    from jaxrl_frontier.models.tokenizer import ModelFileError
 
     try:
         summary = trainer.train(flags_.config, flags_.workdir)
     except ConfigError as e:
         raise SystemExit(f"config error: {e}") from None
+    except CheckpointError as e:  # a failed save, or no checkpoint that restores
+        raise SystemExit(f"checkpoint error: {e}") from None
+    except TrainingFault as e:
+        raise SystemExit(f"training stopped: {e}") from None
+    except ModelFileError as e:
+        raise SystemExit(f"model file error: {e}") from None
     last = summary["history"]["eval"][-1] if summary["history"]["eval"] else {}
     print(json.dumps({"step": summary["step"], "stopped": summary["stopped"], **last}))
 

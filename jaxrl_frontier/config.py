@@ -114,10 +114,15 @@ def base_config() -> ml_collections.ConfigDict:
 
     c.task = ml_collections.ConfigDict()
     c.task.name = "arithmetic"
+    # a Python module to import before the task is looked up (a dotted name on sys.path or a
+    # .py file), so a task or reward registered there needs no edit of the package
+    c.task.module = ""
     c.task.kwargs = ml_collections.ConfigDict()
 
     # P prompts per RL step (all processes together); source: a scheduling.SOURCES name
-    c.data = dict(prompt_batch=16, max_prompt_len=16, source="uniform")
+    # truncate_prompts: cut prompts longer than max_prompt_len (keeping their end) instead of
+    # refusing the prompt file before training
+    c.data = dict(prompt_batch=16, max_prompt_len=16, source="uniform", truncate_prompts=False)
 
     # Multi-host (docs/distributed.md): unset = JAX's own TPU-pod / SLURM detection, or one
     # process; set all three for any other launcher (e.g. several processes on localhost).
@@ -181,6 +186,22 @@ def base_config() -> ml_collections.ConfigDict:
     # > 0: finish once held-out greedy pass@1 reaches this (checked at each eval); e.g. an
     # SFT warm start that should hand RL a policy near 50%, whatever the learning curve.
     c.train.stop_at_pass1 = 0.0
+    # this many updates in a row skipped for a non-finite loss / gradient stop the run with an
+    # error and no export (a diverged run otherwise exits 0 with broken weights); 0: never
+    c.train.max_skipped_updates = 10
+
+    # Reward scoring (rewards.py). scorer: auto (the task's choice) | in_process | sandboxed
+    # (each completion run as a program in a locked-down subprocess: sandbox.py). A reward
+    # that fails on every completion for max_failure_steps steps in a row stops the run (0:
+    # never). The limits apply per completion in the sandbox.
+    c.rewards = ml_collections.ConfigDict()
+    c.rewards.scorer = "auto"
+    c.rewards.max_failure_steps = 3
+    c.rewards.workers = 4  # completions run in parallel
+    c.rewards.cpu_seconds = 2.0
+    c.rewards.wall_seconds = 5.0
+    c.rewards.memory_mb = 512
+    c.rewards.max_output_bytes = 65536
 
     c.eval = dict(num_prompts=256, pass_k=4, batch=128)
     c.eval.at_start = True  # RL: evaluate the starting policy at step 0 (off: faster tests)
@@ -200,7 +221,91 @@ CHOICES: dict[str, tuple] = {
     "teacher.dtype": ("float32", "bfloat16"),
     "optimizer.schedule": ("constant", "cosine", "linear"),
     "objective.kl_estimator": ("k1", "k2", "k3"),
+    "rewards.scorer": ("auto", "in_process", "sandboxed"),
 }
+
+# Every numeric key with a range: (low, high, low inclusive, high inclusive); None = open.
+# (The keys also checked for consistency below, e.g. group_size >= 2 in RL, are here too.)
+RANGES: dict[str, tuple] = {
+    "seed": (0, None, True, None),
+    "model.hidden_size": (0, None, False, None),
+    "model.intermediate_size": (0, None, False, None),
+    "model.num_layers": (0, None, False, None),
+    "model.num_heads": (0, None, False, None),
+    "model.num_kv_heads": (0, None, False, None),
+    "model.head_dim": (0, None, True, None),
+    "model.vocab_size": (0, None, True, None),
+    "model.rope_theta": (0, None, False, None),
+    "model.max_position_embeddings": (0, None, False, None),
+    "data.prompt_batch": (0, None, False, None),
+    "data.max_prompt_len": (0, None, False, None),
+    "rollout.group_size": (0, None, False, None),
+    "rollout.max_new_tokens": (0, None, False, None),
+    "rollout.temperature": (0, None, False, None),  # > 0 (greedy decoding is its own flag)
+    "rollout.top_k": (0, None, True, None),  # 0: off
+    "rollout.top_p": (0, 1, False, True),
+    "rollout.min_p": (0, 1, True, False),
+    "rollout.dropout_rate": (0, 1, True, False),
+    "optimizer.lr": (0, None, False, None),
+    "optimizer.warmup_steps": (0, None, True, None),
+    "optimizer.b1": (0, 1, True, False),
+    "optimizer.b2": (0, 1, True, False),
+    "optimizer.eps": (0, None, True, None),
+    "optimizer.weight_decay": (0, None, True, None),
+    "optimizer.max_grad_norm": (0, None, True, None),  # 0: no clipping
+    "optimizer.grad_accum": (0, None, False, None),
+    "train.steps": (0, None, False, None),
+    "train.epochs": (0, None, False, None),
+    "train.minibatches": (0, None, False, None),
+    "train.log_every": (0, None, False, None),
+    "train.eval_every": (0, None, False, None),
+    "train.checkpoint_every": (0, None, False, None),
+    "train.keep_checkpoints": (0, None, False, None),
+    "train.rollout_log_every": (0, None, False, None),
+    "train.sft_batch": (0, None, False, None),
+    "train.stop_at_pass1": (0, 1, True, True),
+    "train.max_skipped_updates": (0, None, True, None),
+    "objective.kl_coef": (0, None, True, None),
+    "eval.num_prompts": (0, None, False, None),
+    "eval.pass_k": (0, None, False, None),
+    "eval.batch": (0, None, False, None),
+    "rewards.max_failure_steps": (0, None, True, None),
+    "rewards.workers": (0, None, False, None),
+    "rewards.cpu_seconds": (0, None, False, None),
+    "rewards.wall_seconds": (0, None, False, None),
+    "rewards.memory_mb": (0, None, False, None),
+    "rewards.max_output_bytes": (0, None, False, None),
+}
+
+
+def _range_text(low, high, low_in, high_in) -> str:
+    if high is None:
+        return f"{'>=' if low_in else '>'} {low}"
+    return f"in {'[' if low_in else '('}{low}, {high}{']' if high_in else ')'}"
+
+
+def _check_ranges(c: ml_collections.ConfigDict) -> None:
+    """Each RANGES key (present in this schema) is a finite number within its range."""
+    import math
+
+    for key, (low, high, low_in, high_in) in RANGES.items():
+        node, *path = c, *key.split(".")
+        for part in path[:-1]:
+            node = node.get(part) if part in node else None
+            if node is None:
+                break
+        if node is None or path[-1] not in node:
+            continue  # a key another part of the schema dropped: nothing to check
+        v = node[path[-1]]
+        bad = isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v)
+        if not bad:
+            bad = v < low or (v == low and not low_in)
+            bad = bad or (high is not None and (v > high or (v == high and not high_in)))
+        if bad:
+            raise ConfigError(
+                f"config key {key!r} = {v!r}; allowed: a finite number "
+                + _range_text(low, high, low_in, high_in)
+            )
 
 
 def resolve(config: Mapping | ml_collections.ConfigDict) -> ml_collections.ConfigDict:
@@ -283,6 +388,7 @@ def validate(config: Mapping | ml_collections.ConfigDict, num_devices: int | Non
             raise ConfigError(
                 f"config key {key!r} = {value!r}; allowed: {', '.join(map(repr, allowed))}"
             )
+    _check_ranges(c)
     _check_consistency(c, num_devices)
     _check_registries(c)
 
@@ -310,8 +416,12 @@ def _check_task_kwargs(task_cls: type, kwargs: Mapping) -> None:
 def _check_registries(c: ml_collections.ConfigDict) -> None:
     """Registry names and their kwargs (task, reward weights, objective) before anything is built."""
     from jaxrl_frontier.objectives import advantages, losses
-    from jaxrl_frontier.tasks import TASKS
+    from jaxrl_frontier.tasks import TASKS, load_task_module
 
+    try:
+        load_task_module(c.task.module)  # registers the user's tasks before the lookup
+    except (ImportError, OSError) as e:
+        raise ConfigError(f"config key 'task.module' = {c.task.module!r}: {e}") from None
     try:
         task_cls = TASKS.get(c.task.name)
     except KeyError as e:

@@ -34,9 +34,14 @@ def solve_rate(
     *,
     batch: int,
     max_prompt_len: int,
+    scorer=None,
+    failures: list | None = None,
 ) -> np.ndarray:
-    """Correctness of each of the len(examples) * params.n completions, in prompt-major order."""
-    scorer = InProcessScorer(task)
+    """Correctness of each of the len(examples) * params.n completions, in prompt-major order.
+
+    `scorer`: the run's RewardScorer (its first-failure warning is once per run); each
+    chunk's failure count is appended to `failures` when given."""
+    scorer = scorer or InProcessScorer(task)
     column = list(task.reward_names).index("correctness")
     correct = []
     for i in range(0, len(examples), batch):
@@ -49,15 +54,22 @@ def solve_rate(
             sharding.all_rows(ro.completion_tokens),
             sharding.all_rows(ro.completion_mask),
         )
-        r, _ = scorer([e for e in chunk for _ in range(params.n)], list(texts))
+        r, n_failed = scorer([e for e in chunk for _ in range(params.n)], list(texts))
+        if failures is not None:
+            failures.append(n_failed)
         correct.append(r[:, column])
     return np.concatenate(correct)
 
 
-def evaluate(sampler, tokenizer, task, config, num_prompts: int | None = None) -> dict:
-    """{'eval/pass@1_greedy', 'eval/pass@k', 'eval/mean_correct_sampled'} of the sampler's
-    current weights on `eval.num_prompts` held-out prompts (k = eval.pass_k, temperature 1)."""
+def evaluate(
+    sampler, tokenizer, task, config, num_prompts: int | None = None, *, scorer=None
+) -> dict:
+    """{'eval/pass@1_greedy', 'eval/pass@k', 'eval/mean_correct_sampled',
+    'eval/reward_failed'} of the sampler's current weights on `eval.num_prompts` held-out
+    prompts (k = eval.pass_k, temperature 1); reward_failed counts the completions whose
+    reward raised (scored 0)."""
     c = config
+    failures: list = []
     # at most the held-out split (a small local JSONL may hold only a few eval rows)
     n = min(num_prompts or c.eval.num_prompts, task.num_examples("eval"))
     examples = eval_examples(task, n, c.seed)
@@ -71,6 +83,8 @@ def evaluate(sampler, tokenizer, task, config, num_prompts: int | None = None) -
         key,
         batch=c.eval.batch,
         max_prompt_len=c.data.max_prompt_len,
+        scorer=scorer,
+        failures=failures,
     )
     greedy = run(
         SamplingParams(greedy=True, n=1, max_new_tokens=tn, eos_ids=eos), jax.random.key(0)
@@ -84,4 +98,5 @@ def evaluate(sampler, tokenizer, task, config, num_prompts: int | None = None) -
         per_prompt = sampled.reshape(len(examples), k)
         out[f"eval/pass@{k}"] = float(per_prompt.max(1).mean())
         out["eval/mean_correct_sampled"] = float(per_prompt.mean())
+    out["eval/reward_failed"] = float(sum(failures))
     return out

@@ -9,12 +9,19 @@ are no-ops that create no files, so every process can call them unconditionally.
 
 Callers hand over host values: `jax.device_get` the step's metrics once at a log step
 (metrics stay on device in between), then call `write_scalars`.
+
+Nothing lost, nothing twice. The trainer flushes (and fsyncs) both JSONL files before every
+checkpoint save, so every row up to a checkpoint's step is on disk when the checkpoint is, and
+on resume `truncate_after(step)` drops the rows written after the restored step (they are
+written again by the resumed run) and any torn last line. A row is appended with one write of
+the whole line; if that write fails (disk full), the file is cut back to the row before.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -90,7 +97,7 @@ class MetricsWriter:
         self._events.add_event(event_pb2.Event(wall_time=now, step=int(step), summary=summary))
         row = {"step": int(step), "time": now}
         row.update({k: _json_number(v) for k, v in values.items()})
-        self._jsonl.write(json.dumps(row) + "\n")
+        _append_line(self._jsonl, json.dumps(row))
 
     def write_text(self, step: int, tag: str, text: str) -> None:
         """A text summary (TensorBoard's Text tab), e.g. the resolved config or a sample."""
@@ -107,10 +114,25 @@ class MetricsWriter:
         if self._closed:
             raise RuntimeError(f"MetricsWriter for {self.logdir} is closed")
 
-    def flush(self) -> None:
+    def flush(self, sync: bool = False) -> None:
+        """Hand buffered rows to the OS (`sync`: and to the disk: the trainer syncs with each
+        checkpoint, so a checkpoint's rows survive a power cut as well as a kill)."""
         if self.active and not self._closed:
             self._events.flush()
             self._jsonl.flush()
+            if sync:
+                os.fsync(self._jsonl.fileno())
+
+    def truncate_after(self, step: int) -> int:
+        """Drop the `metrics.jsonl` rows after `step` (and torn lines); returns how many.
+
+        Called on resume from the checkpoint at `step`: the resumed run logs those steps
+        again. (TensorBoard event files are append-only; TensorBoard shows the newest value of
+        a repeated step.)"""
+        if not self.active:
+            return 0
+        self._jsonl.flush()
+        return truncate_jsonl(self.logdir / METRICS_FILE, step)
 
     def close(self) -> None:
         """Flush and close; later writes are an error. Safe to call twice."""
@@ -166,8 +188,7 @@ class RolloutLogger:
         }
         for k, v in extra.items():  # (a name clash with the fields above is a TypeError)
             row[k] = v.item() if isinstance(v, np.generic) else v
-        self._file.write(json.dumps(row, ensure_ascii=False) + "\n")
-        self._file.flush()  # rollouts are for humans reading a live run
+        _append_line(self._file, json.dumps(row, ensure_ascii=False))
 
     def write_batch(
         self,
@@ -211,11 +232,65 @@ class RolloutLogger:
                 **{k: v[i] for k, v in (extra or {}).items()},
             )
 
+    def flush(self, sync: bool = False) -> None:
+        if self._file is not None and sync:
+            os.fsync(self._file.fileno())
+
+    def truncate_after(self, step: int) -> int:
+        """Drop the rollout rows after `step` (and torn lines); returns how many."""
+        if not self.active:
+            return 0
+        return truncate_jsonl(self.path, step)
+
     def close(self) -> None:
         if self._file is not None:
             self._file.close()
             self._file = None
             self.active = False
+
+
+def _append_line(f: TextIO, line: str) -> None:
+    """Append `line` + newline and flush; on failure (disk full) cut the file back to where it
+    was, so a reader (and a resumed run) never sees a torn row, then re-raise."""
+    f.flush()
+    start = f.tell()
+    try:
+        f.write(line + "\n")
+        f.flush()
+    except OSError:
+        try:
+            f.seek(start)
+            f.truncate(start)
+        except OSError:
+            pass  # truncate_jsonl drops the torn line on resume
+        raise
+
+
+def truncate_jsonl(path: str | Path, step: int) -> int:
+    """Keep the rows of the JSONL file at `path` whose "step" <= `step`, in place (the same
+    inode: an open append handle keeps writing to it); drop later rows and lines that do not
+    parse (a write torn by a kill). Returns the number of lines dropped."""
+    path = Path(path)
+    if not path.exists():
+        return 0
+    with open(path, "r+", encoding="utf-8") as f:
+        lines = f.read().split("\n")
+        keep = []
+        for line in lines:
+            if not line:
+                continue
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue  # a torn line: the step it belonged to is logged again
+            if isinstance(row, dict) and int(row.get("step", 0)) <= step:
+                keep.append(line)
+        f.seek(0)
+        f.write("".join(k + "\n" for k in keep))
+        f.truncate()
+        f.flush()
+        os.fsync(f.fileno())
+    return sum(1 for line in lines if line) - len(keep)
 
 
 def format_duration(seconds: float | None) -> str:

@@ -5,9 +5,12 @@ pathological completion) must not kill a multi-hour run. Here a raising or malfo
 scores 0 on every component for that completion, is counted in `n_failed` (log it as a
 metric), and the step goes on. The first failure is logged with its exception.
 
-`RewardScorer` is the interface the trainer calls; `InProcessScorer` is the only one for now.
-A process-pool scorer (sandboxed code execution, crash isolation; ROADMAP item 3) will
-implement the same `__call__` and be swapped in by config.
+`RewardScorer` is the interface the trainer calls. `InProcessScorer` runs the task's reward
+in this process (checkers of final answers: no model-written code runs). `SandboxedScorer`
+runs each completion as a program in a locked-down subprocess (`sandbox.py`) for tasks whose
+reward executes model-written code (`tasks/code.py`). `make_scorer` picks one from
+`rewards.scorer` ('auto': the task's `scorer` attribute). Each keeps `first_failure`, the
+first error of the run in one line, for the stop rule `rewards.max_failure_steps`.
 """
 
 from __future__ import annotations
@@ -83,14 +86,22 @@ def score_completions(
     reward raises or returns wrong keys / non-finite values gets 0.0 on every component and is
     counted in `n_failed`; with `warn`, the first such failure of this call is logged.
     """
+    rewards, n_failed, _ = _score_all(task, examples, completions, warn=warn)
+    return rewards, n_failed
+
+
+def _score_all(task, examples, completions, *, warn: bool, score_one=None):
+    """(rewards [N, K], n_failed, the first exception or None); see `score_completions`."""
+    score_one = score_one or _score_one
     rows = _align(examples, completions)
     k = len(task.reward_names)
     rewards = np.zeros((len(completions), k), dtype=np.float32)
-    n_failed = 0
+    n_failed, first = 0, None
     for i, (ex, completion) in enumerate(zip(rows, completions, strict=True)):
         try:
-            rewards[i] = _score_one(task, ex, completion)
+            rewards[i] = score_one(task, ex, completion)
         except Exception as e:  # any checker failure is contained, by design
+            first = first or e
             if n_failed == 0 and warn:
                 log.warning(
                     "reward of task %r raised on completion %d (%r...): %r; scoring it 0 and "
@@ -102,7 +113,7 @@ def score_completions(
                     exc_info=e,
                 )
             n_failed += 1
-    return rewards, n_failed
+    return rewards, n_failed, first
 
 
 class InProcessScorer:
@@ -110,18 +121,45 @@ class InProcessScorer:
 
     Logs the first failure over its lifetime (a persistently broken checker would otherwise
     flood the log every step); the per-call `n_failed` is what belongs in the metrics.
+    Share one scorer between training and evaluation so that holds over the whole run.
     """
 
     def __init__(self, task: Task):
         self.task = task
         self.reward_names = tuple(task.reward_names)
-        self._warned = False
+        self.first_failure: str | None = None  # "ExcType: message" of the run's first failure
 
     def __call__(
         self, examples: Sequence[Example] | Mapping[str, Any], completions: Sequence[str]
     ) -> tuple[np.ndarray, int]:
-        rewards, n_failed = score_completions(
-            self.task, examples, completions, warn=not self._warned
+        rewards, n_failed, first = _score_all(
+            self.task, examples, completions, warn=self.first_failure is None
         )
-        self._warned = self._warned or n_failed > 0
+        if first is not None and self.first_failure is None:
+            self.first_failure = f"{type(first).__name__}: {first}"
         return rewards, n_failed
+
+
+SCORERS = ("auto", "in_process", "sandboxed")
+
+
+def make_scorer(config, task: Task) -> RewardScorer:
+    """The scorer `rewards.scorer` names; 'auto' takes the task's `scorer` attribute
+    ('in_process' unless the task runs model-written code)."""
+    kind = config.rewards.scorer
+    if kind == "auto":
+        kind = getattr(task, "scorer", "in_process")
+    if kind == "in_process":
+        return InProcessScorer(task)
+    if kind == "sandboxed":
+        from jaxrl_frontier.sandbox import Limits, SandboxedScorer
+
+        r = config.rewards
+        limits = Limits(
+            cpu_s=r.cpu_seconds,
+            wall_s=r.wall_seconds,
+            memory_mb=r.memory_mb,
+            output_bytes=r.max_output_bytes,
+        )
+        return SandboxedScorer(task, workers=r.workers, limits=limits)
+    raise ValueError(f"config key 'rewards.scorer' = {kind!r}; allowed: {', '.join(SCORERS)}")

@@ -17,7 +17,6 @@ its own prompts (`docs/distributed.md`); process 0 writes logs and exports.
 
 from __future__ import annotations
 
-import logging
 import os
 import time
 from typing import Any
@@ -28,7 +27,7 @@ import ml_collections
 from flax import nnx
 
 from jaxrl_frontier import config as config_lib
-from jaxrl_frontier import distributed, evaluation, sharding
+from jaxrl_frontier import distributed, evaluation, faults, sharding
 from jaxrl_frontier.build import (
     build_mesh,
     build_model,
@@ -43,21 +42,20 @@ from jaxrl_frontier.checkpoint import Checkpointer, StopRequest, abstract_like
 from jaxrl_frontier.forward import make_logp_fn  # noqa: F401  (re-exported, as below)
 from jaxrl_frontier.metrics import MetricsWriter, ProgressBar, RolloutLogger, rl_step_scalars
 from jaxrl_frontier.models import hf
+from jaxrl_frontier.rewards import make_scorer
 from jaxrl_frontier.rl.build import build_rl_stages
 from jaxrl_frontier.rl.experience import Experience
 from jaxrl_frontier.rl.learner import rl_loss  # noqa: F401
 from jaxrl_frontier.sampling import Sampler
 from jaxrl_frontier.scheduling import make_source
 from jaxrl_frontier.sft import SFTStep, encode_demonstrations, sft_loss  # noqa: F401
-from jaxrl_frontier.tasks import make_task
+from jaxrl_frontier.tasks import task_for
 from jaxrl_frontier.train_step import (  # noqa: F401  (the step's pieces, importable here too)
     TrainState,
     init_opt_state,
     init_train_state,
     make_update_fn,
 )
-
-log = logging.getLogger(__name__)
 
 
 class Trainer:
@@ -79,8 +77,9 @@ class Trainer:
         # ---- mesh, tokenizer, task
         self.mesh = build_mesh(c)
         self.tokenizer = build_tokenizer(c)
-        self.task = make_task(c.task.name, **c.task.kwargs.to_dict())
+        self.task = task_for(c, self.tokenizer)  # every prompt's length checked
         self.reward_names = list(self.task.reward_names)
+        self.scorer = make_scorer(c, self.task)  # one per run: training and evaluation
 
         # ---- models: policy (trained), reference (frozen copy of the start), teacher
         k_model, k_teacher, rng0 = jax.random.split(jax.random.key(c.seed), 3)
@@ -114,6 +113,7 @@ class Trainer:
                 reference=self.ref_params is not None,
                 teacher=self.teacher,
                 log=self._print,
+                scorer=self.scorer,
             )
         else:
             self._state = state
@@ -136,6 +136,7 @@ class Trainer:
         self.writer = MetricsWriter(self.workdir)
         self.rollout_log = RolloutLogger(self.workdir) if self.is_main else None
         self.history: dict[str, Any] = {"eval": []}
+        self.guard = faults.RunGuard.from_config(c, say=self._print, scorer=self.scorer)
         if self.is_main:
             with open(os.path.join(self.workdir, "config.json"), "w") as f:
                 f.write(c.to_json_best_effort(indent=2))
@@ -162,18 +163,20 @@ class Trainer:
 
     def _save(self) -> None:
         meta = dict(data=self.source.state(), history=self.history, config=self.config.to_dict())
+        faults.flush_logs(self.writer, self.rollout_log)  # a checkpoint's rows are on disk first
         self.ckpt.save(int(self.state.step), self.state, meta)
 
     def _restore(self) -> None:
-        """Resume from the latest checkpoint in the workdir, if any."""
-        if self.ckpt.latest_step() is None:
+        """Resume from the newest intact checkpoint in the workdir, if any (faults.resume)."""
+        logs = (self.writer, self.rollout_log)
+        restored = faults.resume(self.ckpt, abstract_like(self.state), logs, self._print)
+        if restored is None:
             return
-        self.state, meta = self.ckpt.restore(abstract_like(self.state))
+        self.state, meta = restored
         check_resume_schedule(meta.get("config") or {}, self.config)
         self.history = meta.get("history") or {"eval": []}
         if meta.get("data") is not None:
             self.source.restore(meta["data"])
-        log.info("resumed from %s at step %d", self.ckpt.directory, int(self.state.step))
 
     def _print(self, msg: str) -> None:
         if self.is_main:
@@ -194,7 +197,7 @@ class Trainer:
         """Held-out greedy pass@1 and sampled pass@k (k = eval.pass_k) of the current policy."""
         self.sampler.update_weights(self.state.params, int(self.state.step))
         return evaluation.evaluate(
-            self.sampler, self.tokenizer, self.task, self.config, num_prompts
+            self.sampler, self.tokenizer, self.task, self.config, num_prompts, scorer=self.scorer
         )
 
     @property
@@ -257,6 +260,7 @@ class Trainer:
 
     def _sft_step(self):
         self.state, metrics = self.sft_step(self.state, self.source.next_batch())
+        self.guard.check_updates(int(self.state.step), metrics)
         return lambda dt: {f"train/{k}": float(v) for k, v in jax.device_get(metrics).items()}
 
     def rollout(self, examples, key) -> tuple[Experience, dict]:
@@ -276,6 +280,8 @@ class Trainer:
         self.source.observe(exp.results)
         step_metrics = self.learner.update(exp, self._next_key)
         done = int(self.state.step)
+        self.guard.check_rewards(done, info["n_failed"], c.data.prompt_batch * c.rollout.group_size)
+        self.guard.check_updates(done, step_metrics)
         if self.rollout_log is not None or jax.process_count() > 1:
             if done % c.train.rollout_log_every == 0:
                 self._log_rollouts(done, exp)

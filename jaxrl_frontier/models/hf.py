@@ -45,6 +45,7 @@ from jax.sharding import Mesh, SingleDeviceSharding
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
+from jaxrl_frontier.models.tokenizer import ModelFileError
 from jaxrl_frontier.models.transformer import ModelConfig, Transformer
 from jaxrl_frontier.registry import Registry
 from jaxrl_frontier.sharding import DEFAULT_RULES, state_shardings
@@ -330,16 +331,22 @@ def read_config(path: str | os.PathLike) -> dict:
         raise FileNotFoundError(f"checkpoint directory {str(path)!r} does not exist")
     if not os.path.isfile(file):
         raise FileNotFoundError(f"no {CONFIG_FILE} in checkpoint directory {str(path)!r}")
-    with open(file) as fh:
-        return json.load(fh)
+    try:
+        with open(file) as fh:
+            return json.load(fh)
+    except json.JSONDecodeError as e:
+        raise ModelFileError(f"{file}: invalid JSON at line {e.lineno}: {e.msg}") from None
 
 
 def _weight_map(path: str) -> dict[str, str]:
     """{tensor name: safetensors file name} from the index, the single file, or a glob."""
     index = os.path.join(path, INDEX_FILE)
     if os.path.isfile(index):
-        with open(index) as fh:
-            weight_map = json.load(fh)["weight_map"]
+        try:
+            with open(index) as fh:
+                weight_map = json.load(fh)["weight_map"]
+        except (json.JSONDecodeError, KeyError, TypeError) as e:
+            raise ModelFileError(f"{index}: not a safetensors index ({e!r})") from None
         for file in sorted(set(weight_map.values())):
             if not os.path.isfile(os.path.join(path, file)):
                 raise FileNotFoundError(
@@ -355,9 +362,17 @@ def _weight_map(path: str) -> dict[str, str]:
         raise FileNotFoundError(f"no *.safetensors files in checkpoint directory {path!r}{hint}")
     weight_map = {}
     for file in files:
-        with safe_open(os.path.join(path, file), framework="numpy") as f:
+        with _safe_open(os.path.join(path, file)) as f:
             weight_map.update({name: file for name in f.keys()})
     return weight_map
+
+
+def _safe_open(file: str):
+    """safe_open, with an unreadable file (truncated, not safetensors) named in the error."""
+    try:
+        return safe_open(file, framework="numpy")
+    except Exception as e:
+        raise ModelFileError(f"{file}: not a readable safetensors file: {e}") from None
 
 
 @contextlib.contextmanager
@@ -369,10 +384,13 @@ def _tensor_reader(path: str, weight_map: dict[str, str]) -> Iterator:
         def read(name: str) -> np.ndarray:
             file = weight_map[name]
             if file not in handles:
-                handles[file] = stack.enter_context(
-                    safe_open(os.path.join(path, file), framework="numpy")
-                )
-            return handles[file].get_tensor(name)
+                handles[file] = stack.enter_context(_safe_open(os.path.join(path, file)))
+            try:
+                return handles[file].get_tensor(name)
+            except Exception as e:  # a truncated file: safetensors names neither file nor tensor
+                raise ModelFileError(
+                    f"{os.path.join(path, file)}: cannot read tensor {name!r}: {e}"
+                ) from None
 
         yield read
 
@@ -426,7 +444,16 @@ def load(
       the model; `model(tokens [B, T], attention_mask [B, T])` -> logits [B, T, V].
     """
     path = os.fspath(path)
-    cfg = config_from_hf(read_config(path)).replace(
+    try:
+        cfg = config_from_hf(read_config(path))
+    except (KeyError, TypeError) as e:  # a config.json with missing or mistyped keys
+        raise ModelFileError(f"{os.path.join(path, CONFIG_FILE)}: {e}") from None
+    except ValueError as e:
+        if isinstance(e, ModelFileError):
+            raise
+        msg = str(e).removeprefix(f"{CONFIG_FILE}: ")
+        raise ModelFileError(f"{os.path.join(path, CONFIG_FILE)}: {msg}") from None
+    cfg = cfg.replace(
         dtype=jnp.dtype(dtype or "float32").name,
         param_dtype=jnp.dtype(param_dtype or "float32").name,
     )

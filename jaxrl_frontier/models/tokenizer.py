@@ -277,7 +277,10 @@ class HFTokenizer(_BatchMixin):
         if not file.is_file():
             raise FileNotFoundError(f"HFTokenizer: no tokenizer file at {file}")
         self.path = file
-        self._tok = _HFTok.from_file(str(file))
+        try:
+            self._tok = _HFTok.from_file(str(file))
+        except Exception as e:  # the tokenizers library's error names no file
+            raise ModelFileError(f"{file}: not a readable tokenizer.json: {e}") from None
         cfg = _read_hf_config(file.parent / HF_CONFIG_FILE)
         padding = self._tok.padding
         file_pad = padding.get("pad_id") if padding else None
@@ -388,6 +391,11 @@ class HFTokenizer(_BatchMixin):
 
 
 _CLASSES = {"char": CharTokenizer, "hf": HFTokenizer}
+
+
+class ModelFileError(ValueError):
+    """A model or tokenizer file (config.json, *.safetensors, tokenizer.json) is unreadable;
+    the message names the file."""
 
 
 def load_tokenizer(directory: str | Path) -> CharTokenizer | HFTokenizer:

@@ -14,7 +14,7 @@ from flax import nnx
 from jaxrl_frontier.build import objective_section
 from jaxrl_frontier.forward import make_logp_fn
 from jaxrl_frontier.objectives import losses
-from jaxrl_frontier.rewards import InProcessScorer
+from jaxrl_frontier.rewards import make_scorer
 from jaxrl_frontier.rl.learner import Learner, dropout_masks, update_layout
 from jaxrl_frontier.rl.rollout import PASSES, RolloutProducer
 from jaxrl_frontier.sampling import SamplingParams
@@ -48,11 +48,13 @@ def build_rl_stages(
     reference: bool,
     teacher=None,
     log=print,
+    scorer=None,
 ) -> tuple[Learner, RolloutProducer, Any]:
     """(Learner, RolloutProducer, the policy's jitted log-prob forward) for an RL run.
 
     The objective is checked against what the run provides (a reference when
-    `reference`, a teacher when given) before anything is traced.
+    `reference`, a teacher when given) before anything is traced. `scorer`: the run's
+    RewardScorer (default: the one `rewards.scorer` selects).
     """
     c = config
     objective = objective_section(c.objective)
@@ -115,7 +117,7 @@ def build_rl_stages(
     producer = RolloutProducer(
         sampler,
         tokenizer,
-        InProcessScorer(task),
+        scorer or make_scorer(c, task),
         mesh=mesh,
         sampling=rollout_sampling(c, tokenizer),
         max_prompt_len=c.data.max_prompt_len,

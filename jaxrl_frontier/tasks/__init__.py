@@ -14,7 +14,48 @@ from jaxrl_frontier.tasks.base import (
     Task,
     length_score,
 )
-from jaxrl_frontier.tasks.pipeline import eval_examples, make_prompt_iterator, unbatch
+from jaxrl_frontier.tasks.pipeline import (
+    check_prompt_lengths,
+    eval_examples,
+    make_prompt_iterator,
+    unbatch,
+)
+
+
+def load_task_module(module: str) -> None:
+    """Import `module` (a dotted name on sys.path, or a path to a .py file) so the tasks and
+    rewards it registers (`@TASKS.register("name")`) can be named in the config
+    (`task.module`, then `task.name`). Importing twice is a no-op: the module is cached in
+    sys.modules under its name, or for a file under a name derived from its absolute path."""
+    import importlib
+    import importlib.util
+    import os
+    import sys
+
+    if not module:
+        return
+    if module.endswith(".py") or os.sep in module:
+        path = os.path.abspath(module)
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"config key 'task.module': no such file {path}")
+        name = "jaxrl_user_task_" + "".join(c if c.isalnum() else "_" for c in path)
+        if name in sys.modules:
+            return
+        spec = importlib.util.spec_from_file_location(name, path)
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        try:
+            spec.loader.exec_module(mod)
+        except BaseException:
+            del sys.modules[name]  # a failed import is retried, not half-registered
+            raise
+        return
+    try:
+        importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        raise ModuleNotFoundError(
+            f"config key 'task.module' = {module!r}: {e} (give a module on sys.path or a .py file)"
+        ) from None
 
 
 def make_task(name: str, **kwargs) -> Task:
@@ -22,16 +63,27 @@ def make_task(name: str, **kwargs) -> Task:
     return TASKS.get(name)(**kwargs)
 
 
+def task_for(config, tokenizer) -> Task:
+    """The config's task (`task.name`, `task.kwargs`) with every prompt's length checked
+    against `data.max_prompt_len`, or truncated when `data.truncate_prompts`."""
+    task = make_task(config.task.name, **config.task.kwargs.to_dict())
+    d = config.data
+    return check_prompt_lengths(task, tokenizer, d.max_prompt_len, truncate=d.truncate_prompts)
+
+
 __all__ = [
     "REWARD_NAMES",
     "SPLITS",
     "TASKS",
     "Example",
+    "check_prompt_lengths",
+    "load_task_module",
     "SyntheticTask",
     "Task",
     "eval_examples",
     "length_score",
     "make_prompt_iterator",
     "make_task",
+    "task_for",
     "unbatch",
 ]

@@ -133,3 +133,71 @@ def eval_examples(task: Task, n: int, seed: int = 0) -> list[Example]:
     raise ValueError(
         f"eval_examples: asked for {n} distinct eval examples, {task!r} has only {len(out)}"
     )
+
+
+# A file-backed split or one up to this size is checked whole; a larger one (a synthetic
+# task's instance space, whose prompt lengths its settings bound) on its first examples:
+# 10,000 arithmetic examples take about a second to draw.
+FULL_CHECK_MAX = 2_000
+SAMPLE_CHECK = 512
+
+
+class TruncatedPrompts:
+    """A task whose prompts are cut to `max_len` tokens (BOS included), keeping their end: the
+    end of a prompt holds the question and the cue the completion continues."""
+
+    def __init__(self, task: Task, tokenizer, max_len: int):
+        self._task, self._tokenizer, self._max_len = task, tokenizer, max_len
+
+    def prompt(self, example: Example) -> str:
+        text = self._task.prompt(example)
+        ids = self._tokenizer.encode(text)
+        if len(ids) + 1 <= self._max_len:
+            return text
+        return self._tokenizer.decode(ids[len(ids) - (self._max_len - 1) :], skip_special=False)
+
+    def __getattr__(self, name):  # everything else is the task's
+        return getattr(self._task, name)
+
+    def __repr__(self) -> str:
+        return f"TruncatedPrompts({self._task!r}, max_len={self._max_len})"
+
+
+def check_prompt_lengths(task: Task, tokenizer, max_len: int, *, truncate: bool = False) -> Task:
+    """Every prompt of every split fits `max_len` tokens (with BOS), checked before training.
+
+    A file-backed split (examples with a `line`) or any split of at most FULL_CHECK_MAX
+    examples is checked whole; a larger one on its first SAMPLE_CHECK examples. A prompt too
+    long is a ConfigError (a ValueError) naming the file and line (or the split and index) and the key
+    `data.max_prompt_len`; with `truncate` the task is returned wrapped in TruncatedPrompts.
+    """
+    from jaxrl_frontier.config import ConfigError  # deferred: config imports tasks lazily too
+
+    for split in ("train", "eval"):
+        n = task.num_examples(split)
+        first = task.example(split, 0) if n else {}
+        whole = n <= FULL_CHECK_MAX or "line" in first
+        for i in range(n if whole else min(n, SAMPLE_CHECK)):
+            ex = task.example(split, i)
+            try:
+                length = len(tokenizer.encode(task.prompt(ex))) + 1  # + BOS
+            except ValueError as e:  # a character the tokenizer cannot encode
+                where = _where(task, split, ex, i)
+                raise ConfigError(f"{where}: prompt cannot be encoded: {e}") from None
+            if length <= max_len:
+                continue
+            if truncate:
+                return TruncatedPrompts(task, tokenizer, max_len)
+            raise ConfigError(
+                f"{_where(task, split, ex, i)}: prompt is {length} tokens (with BOS), longer "
+                f"than config key 'data.max_prompt_len' = {max_len}; raise it, shorten the "
+                "prompt, or set data.truncate_prompts=True to keep the last tokens"
+            )
+    return task
+
+
+def _where(task, split: str, example: Example, index: int) -> str:
+    files = getattr(task, "_files", None)
+    if "line" in example and files:
+        return f"{files[split]}:{example['line']}"
+    return f"task {getattr(task, 'name', type(task).__name__)!r} {split} example {index}"
