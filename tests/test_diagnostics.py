@@ -1,0 +1,108 @@
+"""Diagnostics: the per-step signal metrics by hand, p*(G), the rise-and-collapse detector and
+its early stop with the best-policy export through the trainer."""
+
+import json
+
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+from conftest import small_rl_config
+
+from jaxrl_frontier import diagnostics as dg
+from jaxrl_frontier import trainer as tr
+
+
+def test_p_star_is_where_half_the_groups_are_all_equal():
+    p = dg.p_star(8)
+    assert p == pytest.approx(0.0830, abs=1e-4)  # the paper's p*(8) = 0.083
+    assert p**8 + (1 - p) ** 8 == pytest.approx(0.5, abs=1e-9)
+    assert dg.p_star(4) == pytest.approx(1 - 0.5**0.25, abs=1e-3)  # 0.159 (p^4 adds ~6e-4)
+
+
+def test_expected_advantage_variance_matches_sampled_bernoulli_groups():
+    rng = np.random.default_rng(0)
+    for p, g in [(0.3, 8), (0.5, 4), (0.1, 16)]:
+        r = (rng.random((200_000, g)) < p).astype(np.float64)
+        measured = np.mean(np.mean((r - r.mean(1, keepdims=True)) ** 2, axis=1))
+        want = dg.expected_advantage_variance(p, g)
+        assert measured == pytest.approx(want, rel=0.01)
+    assert dg.expected_advantage_variance(0.75, 4) == pytest.approx(0.140625)
+
+
+def test_rollout_diagnostics_by_hand():
+    old_logp = jnp.asarray([[-1.0, -2.0, 0.0], [-3.0, 0.0, 0.0]])
+    mask = jnp.asarray([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
+    r_pg = jnp.asarray([[1.0, 0.0, 0.0, 1.0], [1.0, 1.0, 1.0, 1.0]])
+    d = {k: float(v) for k, v in dg.rollout_diagnostics(old_logp, mask, r_pg, r_pg > 0).items()}
+    assert d["diag/entropy"] == pytest.approx(2.0)  # (1 + 2 + 3) / 3
+    assert d["diag/pass_rate"] == pytest.approx(0.75)
+    assert d["diag/expected_adv_var"] == pytest.approx(0.75 * 0.25 * 3 / 4)
+    assert d["diag/adv_var"] == pytest.approx((0.25 + 0.0) / 2)
+    assert d["diag/zero_signal_share"] == 0.5
+    assert d["diag/p_star_alarm"] == 0.0
+    low = jnp.zeros((4, 4)).at[0, 0].set(1.0)  # p = 1/16 < p*(4)
+    d = dg.rollout_diagnostics(jnp.zeros((16, 3)), jnp.ones((16, 3)), low, low.reshape(-1) > 0)
+    assert float(d["diag/p_star_alarm"]) == 1.0 and float(d["diag/zero_signal_share"]) == 0.75
+
+
+STEPS = [0, 10, 20, 30, 40, 50]
+
+
+def _curve(values):
+    return list(zip(STEPS, values))
+
+
+def test_collapse_detector_fires_on_rise_then_fall():
+    det = dg.CollapseDetector(rise=0.05, drop=0.05, patience=2)
+    got = det.check(_curve([0.1, 0.3, 0.5, 0.3, 0.2]))
+    assert got == dict(collapse_at=40, peak_step=20, peak=0.5, next_budget=23)
+    assert det.check(_curve([0.1, 0.3, 0.5, 0.3])) is None  # one low eval: not yet
+    assert det.check(_curve([0.1, 0.5, 0.3, 0.48])) is None  # recovered within `drop`
+
+
+def test_collapse_detector_stays_quiet_on_monotone_and_noisy_flat_curves():
+    det = dg.CollapseDetector(rise=0.05, drop=0.05, patience=2)
+    assert det.check(_curve([0.1, 0.2, 0.3, 0.4, 0.5, 0.6])) is None
+    assert det.check(_curve([0.1, 0.2, 0.2, 0.3, 0.3, 0.4])) is None  # plateaus, no fall
+    assert det.check(_curve([0.30, 0.33, 0.29, 0.32, 0.28, 0.31])) is None  # noise < rise
+    assert det.check(_curve([0.5, 0.4, 0.3, 0.2, 0.1, 0.0])) is None  # falls, never rose
+
+
+def _train_config(export="best", stop=True):
+    c = ml_collections.ConfigDict()
+    c.train = dict(export=export)
+    c.train.collapse = dict(stop=stop, metric="m", rise=0.05, drop=0.05, patience=2)
+    return c
+
+
+def test_after_eval_exports_each_new_best_and_records_the_collapse():
+    history, exported, said = {"eval": []}, [], []
+    c = _train_config()
+    for step, v in zip(STEPS, [0.1, 0.3, 0.5, 0.3, 0.2]):
+        history["eval"].append(dict(step=step, m=v))
+        dg.after_eval(history, {"m": v}, step, c, lambda s=step: exported.append(s), said.append)
+        assert dg.collapse_outcome(history, step) == ("target" if step == 40 else None)
+    assert exported == [0, 10, 20] and history["best"] == dict(step=20, value=0.5)
+    assert history["collapse"]["next_budget"] == 23 and dg.finished(history)
+    assert len(said) == 1 and "next budget 23" in said[0]
+
+
+def test_collapse_early_stop_through_the_trainer_exports_the_peak(tmp_path):
+    c = small_rl_config()
+    c.train.update(steps=8, log_every=1, eval_every=1, checkpoint_every=10**6, export="best")
+    c.train.collapse.update(stop=True, rise=0.05, drop=0.05, patience=2)
+    trainer = tr.Trainer(c, str(tmp_path))
+    curve = iter([0.1, 0.3, 0.5, 0.3, 0.2, 0.9, 0.9, 0.9])
+    trainer.evaluate = lambda num_prompts=None: {"eval/pass@1_greedy": next(curve)}
+    exports = []
+    trainer.export = lambda path=None: exports.append(int(trainer.state.step))
+    out = trainer.run()
+    assert out["step"] == 5 and exports == [1, 2, 3]  # stopped at the collapse; peak at 3
+    assert out["history"]["collapse"] == dict(collapse_at=5, peak_step=3, peak=0.5, next_budget=6)
+    rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+    assert {"diag/entropy", "diag/expected_adv_var", "diag/zero_signal_share"} <= set(rows[0])
+    # the same command again trains no further (the history says it collapsed)
+    again = tr.Trainer(c, str(tmp_path))
+    again.evaluate = trainer.evaluate
+    assert again.run()["step"] == 5
