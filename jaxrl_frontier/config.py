@@ -123,6 +123,19 @@ def base_config() -> ml_collections.ConfigDict:
     # truncate_prompts: cut prompts longer than max_prompt_len (keeping their end) instead of
     # refusing the prompt file before training
     c.data = dict(prompt_batch=16, max_prompt_len=16, source="uniform", truncate_prompts=False)
+    # the loop-level sources (scheduling.py, docs/methods.md): DAPO dynamic sampling (at most
+    # max_draws draws of prompt_batch prompts per step), ADS, ZPPO's hard-prompt replay
+    c.data.dynamic = dict(max_draws=4)
+    c.data.ads = dict(
+        pool=4, momentum=0.7, boundary=0.17, boundary_weight=4.0, off_weight=0.25, floor=0.01
+    )
+    c.data.zppo = dict(
+        capacity=64,
+        replay_fraction=0.25,
+        max_wrong=3,
+        bcq_template="{candidates};{question}",
+        ncq_template="not {wrong};{question}",
+    )
 
     # Multi-host (docs/distributed.md): unset = JAX's own TPU-pod / SLURM detection, or one
     # process; set all three for any other launcher (e.g. several processes on localhost).
@@ -144,6 +157,13 @@ def base_config() -> ml_collections.ConfigDict:
     # bf16 compute on f32 params: cast the weights once per rollout program (a bf16 copy while
     # it runs) rather than re-read the f32 weights at every decode step
     c.rollout.cast_weights_once = True
+    # rollout editors and reward shaping (editing.py): editor names in editing.EDITORS, e.g.
+    # ('dre',); DAPO's masking of completions cut off by the budget and its soft overlong
+    # penalty over the last overlong_cache tokens of max_new_tokens (0: off); DRE's bonus
+    c.rollout.editors = ()
+    c.rollout.mask_truncated = False
+    c.rollout.overlong_cache = 0
+    c.rollout.dre_bonus = 0.1
 
     # every key and default of the objective is defined once, in objectives.losses.DEFAULTS
     from jaxrl_frontier.objectives import losses
@@ -203,6 +223,13 @@ def base_config() -> ml_collections.ConfigDict:
     c.rewards.memory_mb = 512
     c.rewards.max_output_bytes = 65536
 
+    # the policy exported at the end: 'last', or 'best' (exported at each new best eval of
+    # train.collapse.metric). collapse.stop: the rise-and-collapse early stop (diagnostics.py)
+    c.train.export = "last"
+    c.train.collapse = dict(
+        stop=False, metric="eval/pass@1_greedy", rise=0.05, drop=0.05, patience=2
+    )
+
     c.eval = dict(num_prompts=256, pass_k=4, batch=128)
     c.eval.at_start = True  # RL: evaluate the starting policy at step 0 (off: faster tests)
     c.lock()
@@ -222,6 +249,7 @@ CHOICES: dict[str, tuple] = {
     "optimizer.schedule": ("constant", "cosine", "linear"),
     "objective.kl_estimator": ("k1", "k2", "k3"),
     "rewards.scorer": ("auto", "in_process", "sandboxed"),
+    "train.export": ("last", "best"),
 }
 
 # Every numeric key with a range: (low, high, low inclusive, high inclusive); None = open.
@@ -427,7 +455,9 @@ def _check_registries(c: ml_collections.ConfigDict) -> None:
     except KeyError as e:
         raise ConfigError(f"config key 'task.name': {e.args[0]}") from None
     _check_task_kwargs(task_cls, c.task.kwargs.to_dict())
-    names = list(task_cls.reward_names)
+    from jaxrl_frontier.editing import shaper_reward_names
+
+    names = list(task_cls.reward_names) + shaper_reward_names(c)  # + rollout shapers' rewards
     for k, v in c.objective.reward_weights.items():
         if k not in names:
             raise ConfigError(

@@ -27,7 +27,7 @@ import ml_collections
 from flax import nnx
 
 from jaxrl_frontier import config as config_lib
-from jaxrl_frontier import distributed, evaluation, faults, sharding
+from jaxrl_frontier import diagnostics, distributed, evaluation, faults, sharding
 from jaxrl_frontier.build import (
     build_mesh,
     build_model,
@@ -234,7 +234,7 @@ class Trainer:
                 f"{c.train.steps} steps of {c.train.sft_batch} demonstrations"
             )
         bar = ProgressBar(c.train.steps, initial=start, desc=tag) if self.is_main else None
-        steps = range(0) if "target_reached_at" in self.history else range(start, c.train.steps)
+        steps = range(0) if diagnostics.finished(self.history) else range(start, c.train.steps)
         for step in steps:
             t0 = time.perf_counter()
             scalars = self._rl_step() if tag == "rl" else self._sft_step()
@@ -255,7 +255,8 @@ class Trainer:
         if bar:
             bar.close()
         self.ckpt.wait()
-        self.export()
+        if c.train.export == "last":  # 'best': written at the best eval
+            self.export()
         return dict(stopped=False, step=int(self.state.step), history=self.history)
 
     def _sft_step(self):
@@ -270,7 +271,8 @@ class Trainer:
             reference=self.ref_params,
             teacher=self.teacher_params,
         )
-        return self.producer.produce(examples, weights, key, version=self.learner.version)
+        v = self.learner.version  # the source may draw more prompts (dynamic sampling)
+        return self.producer.produce(examples, weights, key, version=v, source=self.source)
 
     def _rl_step(self):
         c = self.config
@@ -310,6 +312,7 @@ class Trainer:
         ev = self.evaluate()
         self.history["eval"].append(dict(step=step, **ev))
         self.writer.write_scalars(step, ev)
+        diagnostics.after_eval(self.history, ev, step, self.config, self.export, self._print)
         self._print(f"[{tag}] step {step}: " + _fmt(ev))
         return ev
 
@@ -317,8 +320,8 @@ class Trainer:
         """Eval, checkpoint and stop handling after step `done`.
 
         Returns None to go on, "signal" after SIGTERM/SIGINT (checkpoint saved), or "target"
-        when held-out greedy pass@1 reached `train.stop_at_pass1` (checkpoint saved; the
-        history records it, so running the same command again does not train further).
+        when pass@1 reached `train.stop_at_pass1` or the eval curve collapsed (checkpoint saved;
+        the history records it, so running the same command again does not train further).
         """
         c = self.config
         outcome = "signal" if stop.requested else None
@@ -329,6 +332,7 @@ class Trainer:
                 self.history["target_reached_at"] = done
                 self._print(f"[{tag}] pass@1 reached train.stop_at_pass1={target}: done")
                 outcome = "target"
+            outcome = outcome or diagnostics.collapse_outcome(self.history, done)
         if done % c.train.checkpoint_every == 0 or done == c.train.steps or outcome:
             self._save()
         if outcome == "signal":

@@ -12,12 +12,14 @@ import jax
 from flax import nnx
 
 from jaxrl_frontier.build import objective_section
+from jaxrl_frontier.editing import build_editors
 from jaxrl_frontier.forward import make_logp_fn
 from jaxrl_frontier.objectives import losses
 from jaxrl_frontier.rewards import make_scorer
 from jaxrl_frontier.rl.learner import Learner, dropout_masks, update_layout
 from jaxrl_frontier.rl.rollout import PASSES, RolloutProducer
 from jaxrl_frontier.sampling import SamplingParams
+from jaxrl_frontier.scheduling import prompt_text
 
 
 def rollout_sampling(config, tokenizer) -> SamplingParams:
@@ -58,6 +60,17 @@ def build_rl_stages(
     """
     c = config
     objective = objective_section(c.objective)
+    editors, shapers = build_editors(c, task=task, tokenizer=tokenizer)
+    if shapers and not objective.get("reward_weights"):  # correctness + each shaped component
+        shaped = [n for s in shapers for n in s.reward_names]
+        objective["reward_weights"] = {"correctness": 1.0, **dict.fromkeys(shaped, 1.0)}
+    if c.train.collapse.stop and c.train.export != "best":
+        from jaxrl_frontier.config import ConfigError
+
+        raise ConfigError(
+            "config key 'train.collapse.stop' rolls the peak forward through the export: "
+            "set train.export = 'best'"
+        )
     available = {"logp", "old_logp", "mask"}
     available |= {"ref_logp"} if reference else set()
     available |= {"teacher_logp", "teacher_logits"} if teacher is not None else set()
@@ -80,7 +93,9 @@ def build_rl_stages(
     logp_fn = make_logp_fn(graphdef, **layout)
     masks = jax.jit(lambda keys: dropout_masks(policy.cfg, rate, keys)) if rate > 0 else None
     context: dict[str, Any] = dict(policy_logp_fn=logp_fn, mlp_masks=masks)
-    names = ["behaviour"] if c.train.recompute_old_logp else []
+    # an editor that changes tokens (DRE) needs their behaviour log-probs recomputed
+    recompute = c.train.recompute_old_logp or any(getattr(e, "changes_tokens", 0) for e in editors)
+    names = ["behaviour"] if recompute else []
     names += ["reference"] if reference else []
     if self_conditioned:  # [prompt | solution | completion]: only the completion scored
         context.update(
@@ -122,7 +137,9 @@ def build_rl_stages(
         sampling=rollout_sampling(c, tokenizer),
         max_prompt_len=c.data.max_prompt_len,
         objective=objective,
-        prompt_of=task.prompt,
+        prompt_of=lambda example: prompt_text(task, example),
         passes=[PASSES.get(name)(**context) for name in names],
+        editors=editors,
+        shapers=shapers,
     )
     return learner, producer, logp_fn
