@@ -1,0 +1,232 @@
+"""Evaluate any policy (a workdir's export or a Hugging Face dir) on a task split.
+
+    python scripts/evaluate.py --config=configs/grpo_arith.py --policy=runs/grpo_arith \
+        --reference=runs/sft_arith --n=8 --rerank=progress,confidence,none --json=eval.json
+    python scripts/evaluate.py --config=configs/sft_arith.py --policy=runs/sft_arith --entropy
+
+Reports greedy pass@1, sampled pass@n and the mean solve rate (temperature 1), and best-of-n
+accuracy under each reranker (one sample per prompt picked by the highest score):
+
+    progress     sum_t [log pi_policy(y_t | .) - log pi_ref(y_t | .)] over the response: the
+                 progress advantage ("Neglected Free Lunch from Post-training: Progress
+                 Advantage for LLM Agents"); needs --reference (the RL run's starting point)
+    confidence   (1/|y|) sum_t log pi_policy(y_t | .): the mean log-prob baseline
+    none         the first sample (= the mean solve rate in expectation)
+
+--entropy adds the policy's mean next-token entropy over its sampled completions (full
+vocabulary): the pre-RL triage of "SFT Overtraining Predicts Rank Inversion via Entropy
+Collapse Under RLVR" (a low-entropy SFT checkpoint is a risky GRPO start). Prints a table,
+writes JSON with --json.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from jaxrl_frontier.registry import Registry  # noqa: E402
+
+# name -> fn(logp [N, T], ref_logp [N, T] | None, mask [N, T]) -> scores [N] (higher: better)
+RERANKERS = Registry("reranker")
+
+
+@RERANKERS.register("progress")
+def progress(logp, ref_logp, mask):
+    """sum_t m_t (log pi_policy - log pi_ref): the progress advantage of the response."""
+    if ref_logp is None:
+        raise ValueError("--rerank=progress needs --reference (the policy's starting point)")
+    return np.sum(mask * (logp - ref_logp), axis=-1)
+
+
+@RERANKERS.register("confidence")
+def confidence(logp, ref_logp, mask):
+    """(1/|y|) sum_t m_t log pi_policy: the mean log-prob of the response."""
+    return np.sum(mask * logp, axis=-1) / np.maximum(np.sum(mask, axis=-1), 1)
+
+
+@RERANKERS.register("none")
+def no_rerank(logp, ref_logp, mask):
+    """All equal: best-of-n picks the first sample."""
+    return np.zeros(logp.shape[0])
+
+
+def best_of_n(correct: np.ndarray, scores: np.ndarray) -> float:
+    """Accuracy of the highest-scoring sample of each prompt (ties: the first); [P, N] each."""
+    pick = np.argmax(scores, axis=1)
+    return float(np.mean(correct[np.arange(len(pick)), pick]))
+
+
+def token_entropy(logits: jax.Array, mask: jax.Array) -> jax.Array:
+    """Mean over masked positions of H(pi(. | y_<t)) = -sum_v p_v log p_v; logits [B, T, V]
+    predicting position t + 1 from t, mask [B, T] on the predicted tokens."""
+    lp = jax.nn.log_softmax(logits[:, :-1].astype(jnp.float32), axis=-1)
+    h = -jnp.sum(jnp.exp(lp) * lp, axis=-1)
+    m = mask[:, 1:].astype(jnp.float32)
+    return jnp.sum(h * m) / jnp.maximum(jnp.sum(m), 1.0)
+
+
+def evaluate_policy(
+    config,
+    policy,
+    tokenizer,
+    task,
+    *,
+    mesh,
+    reference_params=None,
+    n: int = 8,
+    rerank: tuple[str, ...] = ("progress", "confidence", "none"),
+    num_prompts: int | None = None,
+    entropy: bool = False,
+    seed: int = 0,
+) -> dict[str, float]:
+    """The figures of the module docstring for `policy` (an nnx Transformer)."""
+    from flax import nnx
+
+    from jaxrl_frontier import evaluation, sharding
+    from jaxrl_frontier.build import encode_prompts
+    from jaxrl_frontier.forward import make_logp_fn
+    from jaxrl_frontier.rewards import InProcessScorer
+    from jaxrl_frontier.sampling import Sampler, SamplingParams
+    from jaxrl_frontier.tasks import eval_examples
+
+    c = config
+    rerankers = {name: RERANKERS.get(name) for name in rerank}
+    if "progress" in rerankers and reference_params is None:
+        raise ValueError("--rerank=progress needs --reference (the policy's starting point)")
+    examples = eval_examples(
+        task, min(num_prompts or c.eval.num_prompts, task.num_examples("eval")), seed
+    )
+    sampler = Sampler(policy, pad_id=tokenizer.pad_id, mesh=mesh)
+    graphdef, params = nnx.split(policy)
+    sampler.update_weights(params, 0)
+    eos, tn = (tokenizer.eos_id,), c.rollout.max_new_tokens
+    greedy = evaluation.solve_rate(
+        sampler,
+        tokenizer,
+        task,
+        examples,
+        SamplingParams(greedy=True, n=1, max_new_tokens=tn, eos_ids=eos),
+        jax.random.key(seed),
+        batch=c.eval.batch,
+        max_prompt_len=c.data.max_prompt_len,
+    )
+    out = {"pass@1_greedy": float(np.mean(greedy)), "prompts": float(len(examples))}
+
+    logp_fn = make_logp_fn(graphdef)
+    scorer = InProcessScorer(task)
+    col = list(task.reward_names).index("correctness")
+    correct, scores, ents = [], {k: [] for k in rerankers}, []
+    key = jax.random.key(seed + 1)
+    sp = SamplingParams(temperature=1.0, n=n, max_new_tokens=tn, eos_ids=eos)
+    batch = max(1, c.eval.batch // n)
+    for i in range(0, len(examples), batch):
+        chunk = examples[i : i + batch]
+        tok, mask = encode_prompts(
+            tokenizer, [task.prompt(e) for e in chunk], c.data.max_prompt_len
+        )
+        key, sub = jax.random.split(key)
+        ro = sampler.generate(tok, mask, sp, sub)
+        rows = lambda x: np.asarray(sharding.all_rows(x))
+        ctok, cmask = rows(ro.completion_tokens), rows(ro.completion_mask)
+        texts = evaluation.decode(tokenizer, ctok, cmask)
+        r, _ = scorer([e for e in chunk for _ in range(n)], list(texts))
+        correct.append(r[:, col] > 0)
+        seq = jnp.concatenate([ro.prompt_tokens, ro.completion_tokens], 1)
+        am = jnp.concatenate([ro.prompt_mask, ro.completion_mask], 1)
+        m = cmask.astype(np.float32)
+        lp = rows(ro.policy_logp)
+        ref = None
+        if reference_params is not None:
+            ref = np.asarray(logp_fn(reference_params, seq, am))[:, -tn:] * m
+        for name, fn in rerankers.items():
+            scores[name].append(fn(lp, ref, m))
+        if entropy:
+            ents.append(float(token_entropy(policy(seq, am), am.at[:, :-tn].set(0))))
+    correct_pn = np.concatenate(correct).reshape(len(examples), n).astype(np.float32)
+    out[f"pass@{n}"] = float(correct_pn.max(1).mean())
+    out["mean_correct_sampled"] = float(correct_pn.mean())
+    for name in rerankers:
+        s = np.concatenate(scores[name]).reshape(len(examples), n)
+        out[f"best_of_{n}/{name}"] = best_of_n(correct_pn, s)
+    if entropy:
+        out["entropy"] = float(np.mean(ents))
+    return out
+
+
+def table(results: dict[str, float]) -> str:
+    width = max(map(len, results))
+    return "\n".join(f"{k:<{width}}  {v:.4f}" for k, v in results.items())
+
+
+def main(argv=None) -> dict[str, float]:
+    from absl import flags
+    from ml_collections import config_flags
+
+    from jaxrl_frontier import config as config_lib
+    from jaxrl_frontier.build import build_mesh, build_model, build_tokenizer
+    from jaxrl_frontier.tasks import make_task
+
+    f = flags.FlagValues()
+    config_flags.DEFINE_config_file(
+        "config", None, "Experiment config file.", flag_values=f, lock_config=False
+    )
+    flags.DEFINE_string(
+        "policy", None, "A workdir (its export/) or an HF directory.", flag_values=f
+    )
+    flags.DEFINE_string("reference", None, "The reference for --rerank=progress.", flag_values=f)
+    flags.DEFINE_integer("n", 8, "Samples per prompt (pass@n, best-of-n).", flag_values=f)
+    flags.DEFINE_string(
+        "rerank",
+        "confidence,none",
+        "Rerankers, comma-separated: " + ", ".join(RERANKERS.names()),
+        flag_values=f,
+    )
+    flags.DEFINE_integer(
+        "num_prompts", None, "Held-out prompts (default eval.num_prompts).", flag_values=f
+    )
+    flags.DEFINE_bool("entropy", False, "Also the mean next-token entropy.", flag_values=f)
+    flags.DEFINE_string("json", None, "Write the results here.", flag_values=f)
+    f(list(sys.argv if argv is None else argv))
+    if f.config is None or not f.policy:
+        raise SystemExit("usage: evaluate.py --config=FILE --policy=DIR [--reference=DIR] ...")
+    c = config_lib.resolve(f.config)
+    mesh, tokenizer = build_mesh(c), build_tokenizer(c)
+    task = make_task(c.task.name, **c.task.kwargs.to_dict())
+    load = lambda path: build_model(
+        "hf", path, c, tokenizer, mesh, jax.random.key(0), c.model.dtype
+    )
+    policy = load(f.policy)
+    ref = None
+    if f.reference:
+        from flax import nnx
+
+        ref = nnx.state(load(f.reference))
+    results = evaluate_policy(
+        c,
+        policy,
+        tokenizer,
+        task,
+        mesh=mesh,
+        reference_params=ref,
+        n=f.n,
+        rerank=tuple(x for x in f.rerank.split(",") if x),
+        num_prompts=f.num_prompts,
+        entropy=f.entropy,
+        seed=c.seed,
+    )
+    print(table(results))
+    if f.json:
+        with open(f.json, "w") as fh:
+            json.dump(dict(policy=f.policy, reference=f.reference, **results), fh, indent=2)
+    return results
+
+
+if __name__ == "__main__":
+    main()
