@@ -13,6 +13,8 @@ Per step (jitted over the global rollout, logged with the rollout's metrics):
     diag/zero_signal_share   share of groups whose rewards are all equal (no group signal)
     diag/p_star              p*(G): below it more than half the groups are all-equal
     diag/p_star_alarm        1 when p < p*(G) (early in a run: GRPO has little to work with)
+    diag/conflict_share      with several weighted reward components: the share of rollouts
+                             whose components' group advantages disagree in sign
 
 Per eval (`after_eval`): the rise-and-collapse detector of "Self-Improvement Can
 Self-Regress: The Rise-and-Collapse Failure Mode of LLM Self-Training" and its early-stop
@@ -68,6 +70,16 @@ def rollout_diagnostics(
         "diag/p_star": jnp.float32(ps),
         "diag/p_star_alarm": (p < ps).astype(jnp.float32),
     }
+
+
+def conflict_share(rewards_pgk: Array, weights_k: Array) -> Array:
+    """Share of rollouts whose weighted, group-centred reward components disagree in sign
+    (some w_k (r_k - mean_g r_k) > 0 and another < 0, beyond 1e-8): the rows GD^2PO's hard
+    conflict masking drops ("GD^2PO: Mitigating Multi-Reward Conflicts via Group-Dynamic
+    reward-Decoupled Policy Optimization"). rewards [P, G, K], weights [K]."""
+    wa = (rewards_pgk - jnp.mean(rewards_pgk, axis=1, keepdims=True)) * weights_k
+    conflict = jnp.any(wa > 1e-8, axis=-1) & jnp.any(wa < -1e-8, axis=-1)
+    return jnp.mean(conflict.astype(jnp.float32))
 
 
 # ----------------------------------------------------------------------------- collapse

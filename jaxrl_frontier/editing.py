@@ -50,9 +50,11 @@ def overlong_penalty(lengths: np.ndarray, l_max: int, l_cache: int) -> np.ndarra
 
 
 class OverlongShaping:
-    """The `overlong` reward component: `overlong_penalty` of each completion's length
-    (tokens, stop token included), L_max = `rollout.max_new_tokens`, L_cache =
-    `rollout.overlong_cache`."""
+    """The `overlong` reward component, 1 + R_len in [0, 1]: `overlong_penalty` of each
+    completion's length (tokens, stop token included), L_max = `rollout.max_new_tokens`,
+    L_cache = `rollout.overlong_cache`. The constant 1 keeps every reward in [0, 1] (and
+    reward/total comparable across runs); it cancels in every group baseline, so the
+    advantages are DAPO's R + R_len ones."""
 
     reward_names = ("overlong",)
 
@@ -66,7 +68,7 @@ class OverlongShaping:
 
     def __call__(self, rows: RolloutRows, rewards: np.ndarray) -> np.ndarray:
         pen = overlong_penalty(rows.completion_mask.sum(1), self.l_max, self.l_cache)
-        return np.concatenate([rewards, pen[:, None]], axis=1)
+        return np.concatenate([rewards, 1.0 + pen[:, None]], axis=1)
 
 
 class MaskTruncated:

@@ -106,3 +106,14 @@ def test_collapse_early_stop_through_the_trainer_exports_the_peak(tmp_path):
     again = tr.Trainer(c, str(tmp_path))
     again.evaluate = trainer.evaluate
     assert again.run()["step"] == 5
+
+
+def test_conflict_share_by_hand():
+    # one group of G = 3, components (correctness, brevity), weights (1, 0.5)
+    r = jnp.asarray([[[1.0, 0.0], [0.0, 1.0], [0.0, 1.0]]])
+    # centred: correctness (2/3, -1/3, -1/3), brevity (-2/3, 1/3, 1/3): every row disagrees
+    assert float(dg.conflict_share(r, jnp.asarray([1.0, 0.5]))) == 1.0
+    agree = jnp.asarray([[[1.0, 1.0], [0.0, 0.0], [0.0, 1.0]]])
+    # centred: (2/3, -1/3, -1/3), (1/3, -2/3, 1/3): row 2 disagrees -> 1/3
+    assert float(dg.conflict_share(agree, jnp.asarray([1.0, 0.5]))) == pytest.approx(1 / 3)
+    assert float(dg.conflict_share(r, jnp.asarray([1.0, 0.0]))) == 0.0  # one weighted reward

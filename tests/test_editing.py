@@ -45,7 +45,7 @@ def test_overlong_penalty_by_hand():
     np.testing.assert_allclose(got, [0.0, 0.0, -0.5, -1.0, -1.0])
     rows = _rows([TASK.example("train", 0)] * 2, ["12", "1234"], tn=6)  # 3 and 5 tokens
     out = OverlongShaping(6, 2)(rows, np.ones((2, 3), np.float32))
-    np.testing.assert_allclose(out, [[1, 1, 1, 0.0], [1, 1, 1, -0.5]])
+    np.testing.assert_allclose(out, [[1, 1, 1, 1.0], [1, 1, 1, 0.5]])  # 1 + R_len
     with pytest.raises(ValueError, match="rollout.overlong_cache"):
         OverlongShaping(6, 7)
 

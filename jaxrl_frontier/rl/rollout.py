@@ -313,6 +313,11 @@ def _advantages_and_metrics(
     names = tuple(reward_names)
     correct = exp.rewards[:, names.index("correctness") if "correctness" in names else 0] > 0
     metrics.update(diagnostics.rollout_diagnostics(exp.old_logp, exp.loss_mask, r_pg, correct))
+    weighted = dict(objective).get("reward_weights") or {}
+    if sum(1 for v in weighted.values() if v) > 1:  # several rewards: how often they pull apart
+        w_k = credit.reward_weight_vector(weighted, reward_names)
+        r_pgk = exp.rewards.reshape(b // group_size, group_size, k)
+        metrics["diag/conflict_share"] = diagnostics.conflict_share(r_pgk, w_k)
     if exp.teacher_logp is not None:  # sampled-token reverse KL(student || teacher), per token
         gap = (exp.old_logp - exp.teacher_logp) * exp.loss_mask
         metrics["opd/reverse_kl"] = jnp.sum(gap) / jnp.maximum(jnp.sum(exp.loss_mask), 1.0)
@@ -414,6 +419,7 @@ class RolloutProducer:
             metrics=metrics,
             n_failed=sum_over_processes(draw.n_failed),
             rollout_seconds=t_rollout,
+            policy_version=version,
         )
         return exp, info
 
