@@ -22,9 +22,36 @@ from jaxrl_frontier.models.transformer import ModelConfig, Transformer
 
 
 def build_mesh(config) -> jax.sharding.Mesh:
-    """The (data, fsdp, tensor) mesh over the first `mesh.num_devices` devices (0: all)."""
+    """The training (data, fsdp, tensor) mesh; see `build_meshes`."""
+    return build_meshes(config)[0]
+
+
+def role_devices(config) -> tuple[list, list]:
+    """(train devices, rollout devices) of the run's devices (the first `mesh.num_devices`,
+    0: all). `rollout.devices = N > 0` disaggregates: every process gives its last N / P
+    local devices to rollouts, so each host keeps its own rows on both meshes."""
     devices = jax.devices()[: config.mesh.num_devices or None]
-    return sharding.make_mesh([config.mesh[a] for a in sharding.MESH_AXES], devices)
+    n = config.rollout.devices
+    if not n:
+        return devices, []
+    per = n // jax.process_count()
+    train, rollout = [], []
+    for p in range(jax.process_count()):
+        local = [d for d in devices if d.process_index == p]
+        train += local[: len(local) - per]
+        rollout += local[len(local) - per :]
+    return train, rollout
+
+
+def build_meshes(config) -> tuple[jax.sharding.Mesh, jax.sharding.Mesh]:
+    """(train mesh, rollout mesh): `mesh.*` over the training devices and, when
+    `rollout.devices > 0`, `rollout.mesh.*` over the rollout devices (else the same mesh)."""
+    train, rollout = role_devices(config)
+    train_mesh = sharding.make_mesh([config.mesh[a] for a in sharding.MESH_AXES], train)
+    if not rollout:
+        return train_mesh, train_mesh
+    shape = [config.rollout.mesh[a] for a in sharding.MESH_AXES]
+    return train_mesh, sharding.make_mesh(shape, rollout)
 
 
 def build_tokenizer(config):

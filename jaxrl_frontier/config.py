@@ -152,6 +152,14 @@ def base_config() -> ml_collections.ConfigDict:
     c.rollout.top_p = 1.0
     c.rollout.min_p = 0.0
     c.rollout.dropout_rate = 0.0  # Dropout-GRPO: per-rollout fixed MLP dropout mask
+    # Roles on devices: 0 = rollouts on the training mesh; N > 0 = the last N devices (N / P
+    # per process) form a rollout mesh of shape rollout.mesh, and the weights are resharded
+    # to it after each update (docs/scaling.md)
+    c.rollout.devices = 0
+    c.rollout.mesh = dict(data=-1, fsdp=1, tensor=1)
+    # > 0: batch k+1 is sampled (by the previous weights) while the learner updates on batch
+    # k; a batch more than this many policy versions behind the learner is dropped
+    c.rollout.max_staleness = 0
     # KV cache dtype: None (the compute dtype) | float32 | bfloat16
     c.rollout.cache_dtype = config_dict.placeholder(str)
     # bf16 compute on f32 params: cast the weights once per rollout program (a bf16 copy while
@@ -491,6 +499,32 @@ def _positive(config, *keys):
             raise ConfigError(f"config key {key!r} = {config[section][name]} must be positive")
 
 
+def _check_roles(c: ml_collections.ConfigDict, num_devices: int) -> None:
+    """rollout.devices / rollout.mesh / rollout.max_staleness against the devices at hand."""
+    import jax
+
+    from jaxrl_frontier import sharding
+
+    n, procs = c.rollout.devices, jax.process_count()
+    if n < 0 or n >= num_devices or n % procs:
+        raise ConfigError(
+            f"config key 'rollout.devices' = {n}: must be 0 (rollouts on the training mesh) or "
+            f"a multiple of the {procs} processes below the run's {num_devices} devices"
+        )
+    if n:
+        try:
+            sharding.resolve_mesh_shape([c.rollout.mesh[a] for a in sharding.MESH_AXES], n)
+        except ValueError as e:
+            raise ConfigError(f"config key 'rollout.mesh': {e}") from None
+    if c.rollout.max_staleness < 0:
+        raise ConfigError("config key 'rollout.max_staleness' must be >= 0")
+    if c.rollout.max_staleness and procs > 1:
+        raise ConfigError(
+            "config key 'rollout.max_staleness' > 0 runs rollouts in a second thread, whose "
+            "collectives could interleave differently on each host: it is single-process only"
+        )
+
+
 def _check_consistency(c: ml_collections.ConfigDict, num_devices: int | None) -> None:
     _positive(c, "rollout.group_size", "rollout.max_new_tokens", "data.prompt_batch", "train.steps")
     _positive(c, "train.epochs", "train.minibatches", "optimizer.grad_accum")
@@ -520,6 +554,8 @@ def _check_consistency(c: ml_collections.ConfigDict, num_devices: int | None) ->
                 "devices are available"
             )
         num_devices = c.mesh.num_devices or num_devices
+        _check_roles(c, num_devices)
+        num_devices -= c.rollout.devices
         try:
             dims = sharding.resolve_mesh_shape([c.mesh[a] for a in sharding.MESH_AXES], num_devices)
         except ValueError as e:

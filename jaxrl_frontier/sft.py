@@ -100,6 +100,20 @@ class SFTStep:
             denominator_fn=token_count,
         )
 
+    @classmethod
+    def from_config(cls, config, graphdef, tx, state_sharding, mesh, task, tokenizer):
+        return cls(
+            graphdef,
+            tx,
+            state_sharding,
+            mesh,
+            task,
+            tokenizer,
+            grad_accum=config.optimizer.grad_accum,
+            max_prompt_len=config.data.max_prompt_len,
+            max_new_tokens=config.rollout.max_new_tokens,
+        )
+
     def __call__(self, state, examples):
         batch = encode_demonstrations(
             self.tokenizer,

@@ -197,6 +197,7 @@ def local_rows(x: jax.Array, mesh: Mesh) -> np.ndarray:
     per = x.shape[0] // n
     if x.shape[0] % n:
         raise ValueError(f"{x.shape[0]} rows do not split over {n} processes")
+    mesh = getattr(x.sharding, "mesh", mesh)  # the array's own mesh (e.g. the rollout mesh)
     x = _relayout(x, batch_sharding(mesh, x.ndim))
     blocks = {s.index[0].start or 0: s.data for s in x.addressable_shards}  # replicas dedup
     starts = sorted(blocks)

@@ -29,7 +29,7 @@ from flax import nnx
 from jaxrl_frontier import config as config_lib
 from jaxrl_frontier import diagnostics, distributed, evaluation, faults, sharding
 from jaxrl_frontier.build import (
-    build_mesh,
+    build_meshes,
     build_model,
     build_optimizer,
     build_teacher,
@@ -44,8 +44,9 @@ from jaxrl_frontier.metrics import MetricsWriter, ProgressBar, RolloutLogger, rl
 from jaxrl_frontier.models import hf
 from jaxrl_frontier.rewards import make_scorer
 from jaxrl_frontier.rl.build import build_rl_stages
-from jaxrl_frontier.rl.experience import Experience
-from jaxrl_frontier.rl.learner import rl_loss  # noqa: F401
+from jaxrl_frontier.rl.experience import Experience, log_rollouts
+from jaxrl_frontier.rl.learner import reshard_to, rl_loss  # noqa: F401
+from jaxrl_frontier.rl.overlap import RolloutsAhead
 from jaxrl_frontier.sampling import Sampler
 from jaxrl_frontier.scheduling import make_source
 from jaxrl_frontier.sft import SFTStep, encode_demonstrations, sft_loss  # noqa: F401
@@ -75,7 +76,7 @@ class Trainer:
         self.is_main = jax.process_index() == 0
 
         # ---- mesh, tokenizer, task
-        self.mesh = build_mesh(c)
+        self.mesh, self.rollout_mesh = build_meshes(c)  # the same mesh unless rollout.devices
         self.tokenizer = build_tokenizer(c)
         self.task = task_for(c, self.tokenizer)  # every prompt's length checked
         self.reward_names = list(self.task.reward_names)
@@ -114,19 +115,12 @@ class Trainer:
                 teacher=self.teacher,
                 log=self._print,
                 scorer=self.scorer,
+                rollout_mesh=self.rollout_mesh,
             )
         else:
             self._state = state
-            self.sft_step = SFTStep(
-                self.graphdef,
-                self.tx,
-                self.state_sharding,
-                self.mesh,
-                self.task,
-                self.tokenizer,
-                grad_accum=c.optimizer.grad_accum,
-                max_prompt_len=c.data.max_prompt_len,
-                max_new_tokens=c.rollout.max_new_tokens,
+            self.sft_step = SFTStep.from_config(
+                c, self.graphdef, self.tx, self.state_sharding, self.mesh, self.task, self.tokenizer
             )
 
         # ---- checkpointing, logging
@@ -137,6 +131,7 @@ class Trainer:
         self.rollout_log = RolloutLogger(self.workdir) if self.is_main else None
         self.history: dict[str, Any] = {"eval": []}
         self.guard = faults.RunGuard.from_config(c, say=self._print, scorer=self.scorer)
+        self.ahead = RolloutsAhead(c.rollout.max_staleness if c.mode == "rl" else 0)
         if self.is_main:
             with open(os.path.join(self.workdir, "config.json"), "w") as f:
                 f.write(c.to_json_best_effort(indent=2))
@@ -162,7 +157,8 @@ class Trainer:
         return key
 
     def _save(self) -> None:
-        meta = dict(data=self.source.state(), history=self.history, config=self.config.to_dict())
+        data = self.ahead.source_state(self.source)  # before any batch still in flight
+        meta = dict(data=data, history=self.history, config=self.config.to_dict())
         faults.flush_logs(self.writer, self.rollout_log)  # a checkpoint's rows are on disk first
         self.ckpt.save(int(self.state.step), self.state, meta)
 
@@ -203,10 +199,13 @@ class Trainer:
     @property
     def sampler(self) -> Sampler:
         if not hasattr(self, "_sampler"):
+            policy = self.policy  # on the rollout mesh, when roles are disaggregated
+            if self.rollout_mesh is not self.mesh:
+                policy = nnx.merge(self.graphdef, reshard_to(self.rollout_mesh)(nnx.state(policy)))
             self._sampler = Sampler(
-                self.policy,
+                policy,
                 pad_id=self.tokenizer.pad_id,
-                mesh=self.mesh,
+                mesh=self.rollout_mesh,
                 cache_dtype=self.config.rollout.cache_dtype or None,
             )
         return self._sampler
@@ -219,6 +218,7 @@ class Trainer:
             return self._loop(stop)
         finally:
             stop.restore()
+            self.ahead.close()
             self.ckpt.wait()
             self.writer.flush()
 
@@ -266,47 +266,43 @@ class Trainer:
 
     def rollout(self, examples, key) -> tuple[Experience, dict]:
         """One Experience (and its info) of `examples` from the current policy."""
-        weights = dict(
-            policy=self.learner.rollout_params(),
-            reference=self.ref_params,
-            teacher=self.teacher_params,
+        return self._producer_for(key)(examples)
+
+    def _producer_for(self, key, copy: bool = False):
+        """produce(examples) over the weights and version of now (captured here, so that a
+        rollout ahead samples with them while the learner moves on)."""
+        p, v = self.learner.rollout_params(copy), self.learner.version
+        weights = dict(policy=p, reference=self.ref_params, teacher=self.teacher_params)
+        # the source may draw more prompts (dynamic sampling)
+        return lambda ex: self.producer.produce(ex, weights, key, version=v, source=self.source)
+
+    def _sample_key(self):  # uncommitted: the rollout mesh may hold other devices
+        return jax.random.wrap_key_data(
+            jax.device_get(jax.random.key_data(jax.random.split(self._next_key())[0]))
         )
-        v = self.learner.version  # the source may draw more prompts (dynamic sampling)
-        return self.producer.produce(examples, weights, key, version=v, source=self.source)
 
     def _rl_step(self):
         c = self.config
-        examples = self.source.next_batch()
-        key_sample, _ = jax.random.split(self._next_key())
-        exp, info = self.rollout(examples, key_sample)
+        out = self.ahead.take(self.learner.version)  # a batch produced during the last update
+        exp, info = out or self.rollout(self.source.next_batch(), self._sample_key())
         self.source.observe(exp.results)
+        done = int(self.state.step) + 1
+        syncs = done % c.train.eval_every == 0 or done % c.train.checkpoint_every == 0
+        if self.ahead.enabled and not (syncs or done >= c.train.steps):
+            self.ahead.start(self.source, self._producer_for(self._sample_key(), copy=True))
         step_metrics = self.learner.update(exp, self._next_key)
-        done = int(self.state.step)
         self.guard.check_rewards(done, info["n_failed"], c.data.prompt_batch * c.rollout.group_size)
         self.guard.check_updates(done, step_metrics)
         if self.rollout_log is not None or jax.process_count() > 1:
             if done % c.train.rollout_log_every == 0:
-                self._log_rollouts(done, exp)
+                log_rollouts(
+                    self.rollout_log, done, exp, self.mesh, self.task.prompt, self.reward_names
+                )
 
-        return lambda dt: rl_step_scalars(step_metrics, info, dt, self.state.skipped)
-
-    def _log_rollouts(self, step: int, exp) -> None:
-        """Two groups of this process's rows to rollouts.jsonl (process 0 writes)."""
-        adv = sharding.local_rows(
-            exp.advantages.sum(-1) / jnp.maximum(exp.loss_mask.sum(-1), 1), self.mesh
-        )  # every process joins the collective
-        if self.rollout_log is None:
-            return
-        g = self.config.rollout.group_size
-        for i in range(min(len(exp.texts), 2 * g)):
-            res = exp.results[i // g]
-            self.rollout_log.write(
-                step=step,
-                prompt=self.task.prompt(res.example),
-                completion=exp.texts[i],
-                rewards=dict(zip(self.reward_names, map(float, res.rewards[i % g]))),
-                advantage=float(adv[i]),
-            )
+        lag, dropped = self.learner.version - 1 - info["policy_version"], self.ahead.dropped
+        extra = {"rollout/policy_lag": lag, "rollout/dropped_stale_total": dropped}
+        extra["perf/reshard_seconds"] = self.learner.reshard_seconds
+        return lambda dt: {**rl_step_scalars(step_metrics, info, dt, self.state.skipped), **extra}
 
     def _record_eval(self, step: int, tag: str) -> dict:
         ev = self.evaluate()

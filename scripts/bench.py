@@ -443,6 +443,7 @@ def bench_sampler(args) -> dict:
 # Implemented in their own files (each runnable alone); registered here as subcommands.
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_async  # noqa: E402
 import bench_profile  # noqa: E402
 import bench_rl  # noqa: E402
 import bench_speculative  # noqa: E402
@@ -452,6 +453,7 @@ import bench_train  # noqa: E402
 benchmark("train", bench_train.add_mfu_arguments)(bench_train.bench_mfu)
 benchmark("memory", bench_train.add_memory_arguments)(bench_train.bench_memory)
 benchmark("rl", bench_rl.add_arguments)(bench_rl.bench_rl)
+benchmark("async", bench_async.add_arguments)(bench_async.bench_async)
 benchmark("speculative", bench_speculative.add_arguments)(bench_speculative.bench_speculative)
 
 

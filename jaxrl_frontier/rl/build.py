@@ -16,7 +16,7 @@ from jaxrl_frontier.editing import build_editors
 from jaxrl_frontier.forward import make_logp_fn
 from jaxrl_frontier.objectives import losses
 from jaxrl_frontier.rewards import make_scorer
-from jaxrl_frontier.rl.learner import Learner, dropout_masks, update_layout
+from jaxrl_frontier.rl.learner import Learner, dropout_masks, reshard_to, update_layout
 from jaxrl_frontier.rl.rollout import PASSES, RolloutProducer
 from jaxrl_frontier.sampling import SamplingParams
 from jaxrl_frontier.scheduling import prompt_text
@@ -51,6 +51,7 @@ def build_rl_stages(
     teacher=None,
     log=print,
     scorer=None,
+    rollout_mesh=None,
 ) -> tuple[Learner, RolloutProducer, Any]:
     """(Learner, RolloutProducer, the policy's jitted log-prob forward) for an RL run.
 
@@ -128,6 +129,7 @@ def build_rl_stages(
         model_cfg=policy.cfg,
         teacher=teacher_pair,
         log=log,
+        reshard=None if rollout_mesh in (None, mesh) else reshard_to(rollout_mesh),
     )
     producer = RolloutProducer(
         sampler,

@@ -70,3 +70,26 @@ class Experience:
         out.update({k: getattr(self, k) for k in OPTIONAL_FIELDS if getattr(self, k) is not None})
         out.update(self.extras)
         return out
+
+
+def log_rollouts(logger, step: int, exp: Experience, mesh, prompt_of, reward_names, groups=2):
+    """The first `groups` groups of this process's rows to `logger` (a RolloutLogger on
+    process 0, None elsewhere); every process must call it (it joins a collective)."""
+    import jax.numpy as jnp
+
+    from jaxrl_frontier import sharding
+
+    seq_adv = exp.advantages.sum(-1) / jnp.maximum(exp.loss_mask.sum(-1), 1)
+    adv = sharding.local_rows(seq_adv, mesh)
+    if logger is None:
+        return
+    g = len(exp.texts) // max(len(exp.results), 1)
+    for i in range(min(len(exp.texts), groups * g)):
+        res = exp.results[i // g]
+        logger.write(
+            step=step,
+            prompt=prompt_of(res.example),
+            completion=exp.texts[i],
+            rewards=dict(zip(reward_names, map(float, res.rewards[i % g]))),
+            advantage=float(adv[i]),
+        )

@@ -16,10 +16,12 @@ microbatch inside the update (never a [B, T, V] teacher tensor on the host).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_frontier import sharding
@@ -120,6 +122,16 @@ def update_layout(
     return dict(group_size=group_size if share else 1, completion_len=completion_len)
 
 
+def reshard_to(mesh):
+    """params -> the same params laid out on `mesh` by their logical axes (`jax.device_put`
+    to the target shardings: one transfer per array, from the training to the rollout mesh)."""
+
+    def reshard(params):
+        return jax.device_put(params, sharding.state_shardings(params, mesh))
+
+    return reshard
+
+
 def minibatch_order(key, rows: int, update_groups: int) -> np.ndarray:
     """A random order of the step's rows; whole groups stay together (and in order) when
     the update runs each group's prompt once."""
@@ -187,6 +199,7 @@ class Learner:
         self._objective = objective
         self._programs: dict[tuple[str, ...], tuple[Callable, Callable]] = {}
         self._reshard = reshard or (lambda params: params)
+        self.reshard_seconds = 0.0
 
     def programs(self, keys: Sequence[str]) -> tuple[Callable, Callable]:
         """(select, update) jitted for a batch with these keys (built once per key set).
@@ -230,9 +243,16 @@ class Learner:
         """The policy version: completed RL steps."""
         return int(self.state.step)
 
-    def rollout_params(self):
-        """The policy weights for the sampler (the one resharding point between meshes)."""
-        return self._reshard(self.state.params)
+    def rollout_params(self, copy: bool = False):
+        """The policy weights for the sampler, through the one resharding function between
+        the training and the rollout mesh (the identity when they are one). copy: a fresh
+        copy even then (a rollout running while the update donates the state)."""
+        t0 = time.perf_counter()
+        params = self._reshard(self.state.params)
+        if copy and params is self.state.params:
+            params = jax.tree.map(jnp.copy, params)
+        self.reshard_seconds = time.perf_counter() - t0
+        return params
 
     def update(self, experience: Experience, next_key: Callable[[], jax.Array]) -> list[dict]:
         """Epochs x minibatches of updates on one Experience; metrics of each (on device).
