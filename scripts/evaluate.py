@@ -141,7 +141,9 @@ def evaluate_policy(
         seq = jnp.concatenate([ro.prompt_tokens, ro.completion_tokens], 1)
         am = jnp.concatenate([ro.prompt_mask, ro.completion_mask], 1)
         m = cmask.astype(np.float32)
-        lp = rows(ro.policy_logp)
+        # both scores from the same forward: the sampler's own log-probs differ by rounding,
+        # which progress (a sum over the response) would rank by
+        lp = np.asarray(logp_fn(params, seq, am))[:, -tn:] * m
         ref = None
         if reference_params is not None:
             ref = np.asarray(logp_fn(reference_params, seq, am))[:, -tn:] * m
