@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import signal
 import threading
 import traceback
@@ -79,7 +80,12 @@ class Checkpointer:
         except TypeError:
             raise  # metadata that is not JSON: a programming error, not a fault
         except Exception as e:
+            # orbax finishes the previous async save first and raises its failure here
+            pending = getattr(self, "_pending", None)
+            if pending is not None and pending not in self.all_steps():
+                step = pending
             raise CheckpointSaveError(self._save_error(step, e)) from None
+        self._pending = step
         self._write_manifests(exclude=step)  # earlier steps are finalised once save returns
         return bool(saved)
 
@@ -104,24 +110,51 @@ class Checkpointer:
         every step is damaged (starting over silently would discard the run)."""
         warn = warn or log.warning
         steps = sorted(self.all_steps(), reverse=True)
-        problems = []
+        problems, damaged = [], []
         for step in steps:
             try:
                 state, meta = self.restore(abstract_state, step)
             except Exception as e:  # any damage: report it and fall back to an older step
                 where = self.damaged_file(step)
                 problems.append(f"step {step}: {where}: {_one_line(e)}")
+                damaged.append(step)
                 warn(
                     f"checkpoint step {step} is damaged ({where}: {_one_line(e)}); "
                     "trying the next older checkpoint"
                 )
                 continue
+            if damaged:
+                # the resumed run saves these steps again: move the damaged ones aside (kept
+                # for inspection) so the new saves do not collide with them
+                moved = self._quarantine(damaged)
+                warn(f"damaged checkpoints {damaged} moved to {moved}")
             return state, meta, step
         if problems:
             raise CheckpointError(
                 f"no checkpoint in {self.directory} could be restored: " + "; ".join(problems)
             )
         return None
+
+    def _quarantine(self, steps: list[int]) -> str:
+        """Move step directories to `<directory>.damaged/<step>-<time>`; process 0 moves
+        (a shared filesystem), every process reloads its step list."""
+        import time
+
+        target = Path(self.directory + ".damaged")
+        if jax.process_index() == 0:
+            target.mkdir(exist_ok=True)
+            stamp = time.strftime("%Y%m%d-%H%M%S")
+            for step in steps:
+                src = Path(self.directory) / str(step)
+                if src.exists():
+                    os.replace(src, target / f"{step}-{stamp}")
+                (Path(self.directory) / f".manifest-{step}.json").unlink(missing_ok=True)
+        if jax.process_count() > 1:
+            from jax.experimental import multihost_utils
+
+            multihost_utils.sync_global_devices("jaxrl_frontier checkpoint quarantine")
+        self._manager.reload()
+        return str(target)
 
     def damaged_file(self, step: int) -> str:
         """The path of the first damaged file of `step` found (JSON files that do not parse or
@@ -199,8 +232,8 @@ class Checkpointer:
         try:
             self._manager.wait_until_finished()
         except Exception as e:
-            latest = self.latest_step() if step is None else step
-            raise CheckpointSaveError(self._save_error(latest or 0, e)) from None
+            step = getattr(self, "_pending", None) if step is None else step
+            raise CheckpointSaveError(self._save_error(step or 0, e)) from None
         self._write_manifests()
 
     def close(self) -> None:
@@ -227,13 +260,17 @@ def _root_os_error(err: BaseException | None) -> OSError | None:
         if isinstance(e, OSError) and e.errno is not None:
             return e
         stack += [e.__cause__, e.__context__, *getattr(e, "exceptions", ())]
-    # orbax sometimes re-raises the error as text only
-    match = None
-    for line in traceback.format_exception(err):
-        if "[Errno" in line:
-            match = line
+    # TensorStore reports the OS error as text: ... Failed writing: "PATH": ...
+    # [os_error_code='28']; orbax may re-raise any error as text only
+    text = "".join(traceback.format_exception(err))
+    code = re.search(r"os_error_code='(\d+)'", text)
+    if code:
+        paths = re.findall(r'Failed (?:writing|reading|to open)[^"]*"([^"]+)"', text)
+        errno = int(code.group(1))
+        return OSError(errno, os.strerror(errno), paths[0] if paths else None)
+    match = re.search(r"\[Errno (\d+)\] ([^\n:]+)(?:: '([^']+)')?", text)
     if match:
-        return OSError(None, match.strip())
+        return OSError(int(match.group(1)), match.group(2), match.group(3))
     return None
 
 

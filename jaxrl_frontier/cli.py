@@ -77,10 +77,12 @@ def train_main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     for noisy in ("absl", "orbax", "jax._src"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    # A failed async save (disk full) makes orbax and asyncio log the same OSError from every
-    # pending task; the one line that matters is the CheckpointSaveError printed below.
-    for noisy in ("orbax", "asyncio"):
-        logging.getLogger(noisy).setLevel(logging.CRITICAL)
+    # A failed async save (disk full) makes orbax (through absl) and asyncio log the same
+    # error with a traceback from every thread of the save; the one line that matters is the
+    # CheckpointSaveError printed below, so orbax's own error records are dropped.
+    logging.getLogger("asyncio").setLevel(logging.CRITICAL)
+    logging.getLogger("absl").addFilter(_not_orbax_errors)
+    sys.unraisablehook = _quiet_closed_loop(sys.unraisablehook)
 
     from jaxrl_frontier import distributed
 
@@ -105,8 +107,28 @@ def train_main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"training stopped: {e}") from None
     except ModelFileError as e:
         raise SystemExit(f"model file error: {e}") from None
+    except OSError as e:  # e.g. a full disk while writing the logs
+        raise SystemExit(f"error: {e.filename or ''}: {e.strerror or e}") from None
     last = summary["history"]["eval"][-1] if summary["history"]["eval"] else {}
     print(json.dumps({"step": summary["step"], "stopped": summary["stopped"], **last}))
+
+
+def _not_orbax_errors(record: logging.LogRecord) -> bool:
+    """False for ERROR records logged from orbax's code (reported once by the trainer)."""
+    return not (record.levelno >= logging.ERROR and "/orbax/" in record.pathname)
+
+
+def _quiet_closed_loop(hook):
+    """An unraisable-exception hook that drops the 'Event loop is closed' errors TensorStore's
+    callbacks raise after a failed orbax save has closed its event loop."""
+
+    def quiet(unraisable):
+        exc = unraisable.exc_value
+        if isinstance(exc, RuntimeError) and "Event loop is closed" in str(exc):
+            return
+        hook(unraisable)
+
+    return quiet
 
 
 def _override_error(argv: list[str], err: Exception) -> str:

@@ -29,13 +29,21 @@ def flush_logs(*loggers) -> None:
 
 
 def resume(ckpt, abstract_state, loggers: Sequence, say: Callable[[str], None]):
-    """(state, meta) of the newest intact checkpoint, or None for a fresh run.
+    """(state, meta) of the newest intact checkpoint, or None for a fresh run (whose logs
+    are emptied: rows left by a run killed before its first checkpoint are written again).
 
     Damaged steps are skipped with a warning naming the step and the file; the JSONL logs
     lose the rows written after the restored step (the resumed run writes them again), so
     each step's row appears exactly once."""
     restored = ckpt.restore_latest(abstract_state, warn=lambda m: say(f"warning: {m}"))
     if restored is None:
+        # no checkpoint: a run killed before its first one starts over, and so do its logs
+        dropped = sum(log.truncate_after(-1) for log in loggers if log is not None)
+        if dropped:
+            say(
+                f"no checkpoint: starting from step 0; dropped {dropped} log rows of a run "
+                "killed before its first checkpoint"
+            )
         return None
     state, meta, step = restored
     dropped = sum(log.truncate_after(step) for log in loggers if log is not None)
