@@ -332,3 +332,86 @@ def test_advantage_kwargs_supplied_from_the_batch_are_refused():
     c = _grpo().to_dict()
     c["objective"]["advantage_kwargs"]["reward_weights"] = [1.0, 0.5]
     assert "'objective.advantage_kwargs.reward_weights'" in _error(c)
+
+
+# ---------------------------------------------------------------- ranges (docs/reliability.md)
+
+
+@pytest.mark.parametrize(
+    "key, value, allowed",
+    [
+        ("rollout.temperature", -1.0, "a finite number > 0"),
+        ("rollout.temperature", 0.0, "a finite number > 0"),
+        ("rollout.top_p", 0.0, "in (0, 1]"),
+        ("rollout.top_p", 1.5, "in (0, 1]"),
+        ("rollout.min_p", 1.0, "in [0, 1)"),
+        ("rollout.dropout_rate", 1.0, "in [0, 1)"),
+        ("rollout.max_new_tokens", 0, "> 0"),
+        ("data.max_prompt_len", -3, "> 0"),
+        ("optimizer.lr", 0.0, "> 0"),
+        ("optimizer.lr", float("inf"), "> 0"),
+        ("optimizer.lr", float("nan"), "> 0"),
+        ("optimizer.b2", 1.0, "in [0, 1)"),
+        ("optimizer.max_grad_norm", -1.0, ">= 0"),
+        ("train.checkpoint_every", 0, "> 0"),
+        ("train.stop_at_pass1", 1.5, "in [0, 1]"),
+        ("train.max_skipped_updates", -1, ">= 0"),
+        ("rewards.memory_mb", 0, "> 0"),
+        ("rewards.wall_seconds", -1.0, "> 0"),
+        ("eval.pass_k", 0, "> 0"),
+    ],
+)
+def test_out_of_range_values_name_the_key_and_the_range(key, value, allowed):
+    c = _grpo()
+    section, name = key.split(".")
+    c[section][name] = value
+    msg = _error(c)
+    assert msg.startswith(f"config key {key!r} = {value!r}; allowed: ")
+    assert msg.endswith(allowed), msg
+
+
+def test_in_range_edges_are_accepted():
+    c = _grpo()
+    c.rollout.top_p, c.rollout.min_p, c.optimizer.max_grad_norm = 1.0, 0.0, 0.0
+    c.train.max_skipped_updates, c.rewards.max_failure_steps = 0, 0
+    validate(c, num_devices=8)
+
+
+def test_every_range_key_exists_in_the_schema():
+    from jaxrl_frontier.config import RANGES
+
+    c = base_config()
+    for key in RANGES:
+        node = c
+        for part in key.split("."):
+            assert part in node, key
+            node = node[part]
+
+
+def test_rewards_scorer_choices():
+    c = _grpo()
+    c.rewards.scorer = "remote"
+    assert _error(c) == (
+        "config key 'rewards.scorer' = 'remote'; allowed: 'auto', 'in_process', 'sandboxed'"
+    )
+
+
+def test_task_module_registers_a_user_task(tmp_path):
+    module = tmp_path / "my_tasks.py"
+    module.write_text(
+        "from jaxrl_frontier.tasks import TASKS\n"
+        "from jaxrl_frontier.tasks.arithmetic import Arithmetic\n\n"
+        "@TASKS.register('my_arith_from_test_config')\n"
+        "class MyArith(Arithmetic):\n"
+        "    name = 'my_arith_from_test_config'\n"
+    )
+    c = _grpo()
+    c.task.name = "my_arith_from_test_config"
+    assert "my_arith_from_test_config" in _error(c)  # unknown without the module
+    c.task.module = str(module)
+    validate(c, num_devices=8)
+    validate(c, num_devices=8)  # importing twice registers once
+    c.task.module = str(tmp_path / "nope.py")
+    assert _error(c).startswith("config key 'task.module' = ")
+    c.task.module = "no_such_module_xyz"
+    assert "No module named 'no_such_module_xyz'" in _error(c)

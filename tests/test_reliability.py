@@ -376,3 +376,96 @@ def test_sigterm_summary_names_the_step_and_resume_prints_it(tmp_path, capsys):
     assert tr.run()["step"] == 3
     assert "resumed from step 2 " in capsys.readouterr().out
     assert [r["step"] for r in read_metrics(tmp_path) if "train/loss" in r] == [1, 2, 3]
+
+
+# ============================================================================ validation up front
+
+
+@pytest.fixture(scope="module")
+def tiny_hf(tmp_path_factory):
+    """Our tiny llama, saved in HF format (config.json + model.safetensors)."""
+    from flax import nnx
+
+    from jaxrl_frontier.models import hf
+    from jaxrl_frontier.models.transformer import ModelConfig, Transformer
+
+    path = tmp_path_factory.mktemp("hf")
+    model = Transformer(ModelConfig(64, 32, 64, 2, 4, 2, family="llama"), rngs=nnx.Rngs(0))
+    hf.save(model, path)
+    return path
+
+
+def test_malformed_hf_config_names_the_file(tiny_hf, tmp_path):
+    from jaxrl_frontier.models import hf
+    from jaxrl_frontier.models.tokenizer import ModelFileError
+
+    bad = tmp_path / "bad"
+    shutil.copytree(tiny_hf, bad)
+    (bad / "config.json").write_text('{"model_type": "llama", "hidden_size": 64,')
+    with pytest.raises(
+        ModelFileError, match=rf"^{re.escape(str(bad / 'config.json'))}: invalid JSON"
+    ):
+        hf.load(bad)
+    config = json.loads((tiny_hf / "config.json").read_text())
+    del config["num_attention_heads"]
+    (bad / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ModelFileError, match=rf"^{re.escape(str(bad / 'config.json'))}: "):
+        hf.load(bad)
+
+
+def test_truncated_safetensors_names_the_file(tiny_hf, tmp_path):
+    from jaxrl_frontier.models import hf
+    from jaxrl_frontier.models.tokenizer import ModelFileError
+
+    bad = tmp_path / "bad"
+    shutil.copytree(tiny_hf, bad)
+    weights = bad / "model.safetensors"
+    for size in (weights.stat().st_size - 100, 20):  # a cut tensor; a cut header
+        with open(weights, "r+b") as f:
+            f.truncate(size)
+        with pytest.raises(ModelFileError, match=rf"^{re.escape(str(weights))}: "):
+            hf.load(bad)
+
+
+def test_broken_tokenizer_json_names_the_file(tmp_path):
+    from jaxrl_frontier.models.tokenizer import HFTokenizer, ModelFileError
+
+    (tmp_path / "tokenizer.json").write_text('{"version": "1.0", "model": ')
+    with pytest.raises(ModelFileError, match=rf"^{re.escape(str(tmp_path / 'tokenizer.json'))}"):
+        HFTokenizer(tmp_path)
+
+
+def test_long_jsonl_row_is_refused_before_any_model_is_built(tmp_path, monkeypatch):
+    from jaxrl_frontier import trainer as trainer_lib
+    from jaxrl_frontier.config import ConfigError
+
+    rows = tmp_path / "rows.jsonl"
+    questions = ["1+1"] * 26 + ["1+1 " * 20] + ["2+2"]
+    rows.write_text("".join(json.dumps({"question": q, "answer": "2"}) + "\n" for q in questions))
+    built = []
+    monkeypatch.setattr(trainer_lib, "build_model", lambda *a, **k: built.append(1) / 0)
+    overrides = {"task.name": "jsonl_math", "task.kwargs": {"path": str(rows)}}
+    c = get_config("grpo_arith", {**FAST, **overrides, "data.max_prompt_len": 16})
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(rows))}:27: prompt is 82 tokens"):
+        Trainer(c, str(tmp_path / "run"))
+    assert built == []
+
+
+@pytest.mark.parametrize("entry", ["script", "console"])
+def test_help_prints_usage_and_the_key_groups(entry):
+    script = os.path.join(REPO, "scripts", "train.py")
+    cmd = [sys.executable, script, "--help"]
+    if entry == "console":
+        cmd = [
+            sys.executable,
+            "-c",
+            "from jaxrl_frontier.cli import train_main; train_main()",
+            "-h",
+        ]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert out.startswith("usage: train.py --config=configs/FILE.py[:ARG] --workdir=DIR")
+    for group in ("model:", "rollout:", "optimizer:", "train:", "rewards:", "eval:"):
+        assert f"\n  {group} " in out, group
+    assert "temperature=1.0" in out and "max_skipped_updates=10" in out

@@ -358,3 +358,48 @@ def test_iterator_errors():
 def test_iterator_default_process_layout():
     it = make_prompt_iterator(make_task("arithmetic"), split="eval", batch_size=2, seed=0)
     assert len(next(it)["prompt"]) == 2
+
+
+# ---------------------------------------------------------------- prompt lengths, up front
+
+
+def _jsonl(path, questions):
+    path.write_text("".join(json.dumps({"question": q, "answer": "1"}) + "\n" for q in questions))
+    return path
+
+
+def test_a_prompt_too_long_is_named_by_file_and_line_before_training(tmp_path):
+    from jaxrl_frontier.config import ConfigError
+    from jaxrl_frontier.tasks import check_prompt_lengths
+
+    path = _jsonl(tmp_path / "rows.jsonl", ["one", "two", "a much longer question", "x"])
+    task = make_task("jsonl_math", path=str(path), eval_fraction=0.0)
+    tok = CharTokenizer()
+    # "{question}\n" + BOS: "a much longer question" is 22 + 1 + 1 = 24 tokens
+    with pytest.raises(ConfigError) as e:
+        check_prompt_lengths(task, tok, 23)
+    assert str(e.value).startswith(f"{path}:3: prompt is 24 tokens (with BOS), longer than ")
+    assert "'data.max_prompt_len' = 23" in str(e.value)
+    assert check_prompt_lengths(task, tok, 24) is task  # fits: the task itself
+
+
+def test_truncate_prompts_keeps_the_end_of_each_prompt(tmp_path):
+    from jaxrl_frontier.tasks import check_prompt_lengths
+
+    path = _jsonl(tmp_path / "rows.jsonl", ["short", "a much longer question"])
+    task = make_task("jsonl_math", path=str(path), eval_fraction=0.0)
+    tok = CharTokenizer()
+    cut = check_prompt_lengths(task, tok, 10, truncate=True)
+    prompts = [cut.prompt(cut.example("train", i)) for i in range(2)]
+    assert prompts == ["short\n", "question\n"]  # 9 characters + BOS = 10 tokens
+    assert all(len(tok.encode(p)) + 1 <= 10 for p in prompts)
+    assert cut.reward_names == task.reward_names and cut.num_examples("train") == 2
+
+
+def test_synthetic_tasks_are_sampled_not_drawn_whole():
+    from jaxrl_frontier.tasks import check_prompt_lengths
+
+    task = make_task("arithmetic", max_digits=3)
+    tok = CharTokenizer()
+    with pytest.raises(ValueError, match=r"task 'arithmetic' train example \d+: prompt is"):
+        check_prompt_lengths(task, tok, 6)
