@@ -130,6 +130,13 @@ def after_eval(history: dict[str, Any], ev: dict[str, float], step: int, config,
     """
     t = config.train
     key = t.collapse.metric
+    if key not in ev:
+        if t.export == "best" or t.collapse.stop:
+            raise KeyError(
+                f"config key 'train.collapse.metric' = {key!r} is not an eval metric; the "
+                f"eval's: {', '.join(sorted(ev))}"
+            )
+        return
     value = float(ev[key])
     best = history.get("best")
     if best is None or value > best["value"]:

@@ -237,11 +237,18 @@ class DynamicSource:
     without signal kept because the budget ran out) and `dynamic/draws_total`.
     """
 
-    def __init__(self, fresh: UniformSource, *, max_draws: int):
+    def __init__(self, fresh: UniformSource, *, max_draws: int, weights=None):
         if max_draws < 1:
             raise ValueError(f"config key 'data.dynamic.max_draws' must be >= 1, got {max_draws}")
         self.fresh, self.max_draws = fresh, int(max_draws)
+        self.weights = None if weights is None else np.asarray(weights, np.float32)
         self.draws_total = 0
+
+    def _signal(self, draw) -> np.ndarray:
+        """bool [P]: groups whose weighted sequence rewards sum_k w_k r_k are not all equal
+        (all reward components when no weights are given)."""
+        r = draw.rewards if self.weights is None else draw.rewards @ self.weights[:, None]
+        return signal_groups(r, draw.rows.group_size)
 
     def next_batch(self) -> list[Example]:
         self.draws_total += 1
@@ -252,14 +259,14 @@ class DynamicSource:
 
     def select(self, draw, more):
         """(ScoredRows of the first draw's prompt count, metrics); see the class docstring."""
-        p, g = len(draw.rows.examples), draw.rows.group_size
+        p = len(draw.rows.examples)
         parts = [draw]
-        found = int(signal_groups(draw.rewards, g).sum())
+        found = int(self._signal(draw).sum())
         while len(parts) < self.max_draws and _sum_over_processes(max(0, p - found)) > 0:
             parts.append(more(len(parts)))
-            found += int(signal_groups(parts[-1].rewards, g).sum())
+            found += int(self._signal(parts[-1]).sum())
         every = type(draw).concat(parts) if len(parts) > 1 else draw
-        signal = signal_groups(every.rewards, g)
+        signal = self._signal(every)
         order = np.concatenate([np.flatnonzero(signal), np.flatnonzero(~signal)])[:p]
         metrics = {
             "dynamic/draws": float(len(parts)),
@@ -279,7 +286,11 @@ class DynamicSource:
 
 @SOURCES.register("dynamic")
 def dynamic(task: Task, config, *, batch_size: int, process_index: int, process_count: int):
-    """`data.source = 'dynamic'`: DAPO dynamic sampling (`data.dynamic.max_draws`)."""
+    """`data.source = 'dynamic'`: DAPO dynamic sampling (`data.dynamic.max_draws`); signal is
+    judged on the weighted reward the advantages use (`objective.reward_weights`, with the
+    rollout shapers' components)."""
+    from jaxrl_frontier.editing import effective_reward_weights, shaper_reward_names
+
     fresh = uniform(
         task,
         config,
@@ -287,7 +298,11 @@ def dynamic(task: Task, config, *, batch_size: int, process_index: int, process_
         process_index=process_index,
         process_count=process_count,
     )
-    return DynamicSource(fresh, max_draws=config.data.dynamic.max_draws)
+    shaped = shaper_reward_names(config)
+    w = effective_reward_weights(config.objective.reward_weights.to_dict(), shaped)
+    names = list(task.reward_names) + shaped
+    vector = [w.get(n, 0.0) for n in names] if w else [float(n == "correctness") for n in names]
+    return DynamicSource(fresh, max_draws=config.data.dynamic.max_draws, weights=vector)
 
 
 # ============================================================================ ADS

@@ -88,6 +88,14 @@ def test_after_eval_exports_each_new_best_and_records_the_collapse():
     assert len(said) == 1 and "next budget 23" in said[0]
 
 
+def test_after_eval_names_a_missing_metric_only_when_it_is_needed():
+    history = {"eval": [dict(step=0, other=1.0)]}
+    dg.after_eval(history, {"other": 1.0}, 0, _train_config("last", False), None, None)
+    assert "best" not in history  # nothing asked for the metric: nothing tracked
+    with pytest.raises(KeyError, match="train.collapse.metric"):
+        dg.after_eval(history, {"other": 1.0}, 0, _train_config(), None, None)
+
+
 def test_collapse_early_stop_through_the_trainer_exports_the_peak(tmp_path):
     c = small_rl_config()
     c.train.update(steps=8, log_every=1, eval_every=1, checkpoint_every=10**6, export="best")

@@ -1,6 +1,7 @@
 """Loop-level prompt sources: DAPO dynamic sampling, ADS, ZPPO replay (hand-checked numbers),
 each resuming exactly from its JSON state, and a short trainer run of each."""
 
+import dataclasses
 import json
 
 import numpy as np
@@ -75,6 +76,31 @@ def test_dynamic_sampling_stops_at_the_draw_budget_and_reports_the_shortfall():
     # the 2 signal groups, then zero-signal groups in draw order (10, 12), kept in draw order
     assert [e["index"] for e in out.rows.examples] == [10, 11, 12, 13]
     assert m["dynamic/filled_zero_signal"] == 2 and m["dynamic/signal_groups"] == 2
+
+
+def test_dynamic_sampling_judges_signal_on_the_weighted_reward():
+    # components (correctness, format): group 0 differs only in the unweighted format
+    r = np.asarray([[1, 0], [1, 1], [0, 1], [1, 1]], np.float32)
+    draw = dataclasses.replace(_draw([10, 11], r[:, 0]), rewards=r)
+    src = DynamicSource(None, max_draws=1, weights=[1.0, 0.0])
+    out, m = src.select(draw, None)
+    assert m["dynamic/signal_groups"] == 1 and m["dynamic/filled_zero_signal"] == 1
+    assert [e["index"] for e in out.rows.examples] == [10, 11]  # 11 has signal, 10 fills
+    assert DynamicSource(None, max_draws=1)._signal(draw).tolist() == [True, True]
+
+
+def test_dynamic_builder_weighs_correctness_and_the_shaped_components():
+    from jaxrl_frontier import config as config_lib
+    from jaxrl_frontier.scheduling import make_source
+
+    c = config_lib.base_config()
+    c.data.source = "dynamic"
+    c.rollout.overlong_cache = 2
+    src = make_source(TASK, c, batch_size=4)
+    # the task's (correctness, format, length), then the shaper's overlong
+    np.testing.assert_array_equal(src.weights, [1.0, 0.0, 0.0, 1.0])
+    c.objective.reward_weights = dict(correctness=1.0, length=0.5)
+    np.testing.assert_array_equal(make_source(TASK, c, batch_size=4).weights, [1, 0, 0.5, 0])
 
 
 def test_dynamic_source_resumes_exactly():

@@ -12,7 +12,7 @@ import jax
 from flax import nnx
 
 from jaxrl_frontier.build import objective_section
-from jaxrl_frontier.editing import build_editors
+from jaxrl_frontier.editing import build_editors, effective_reward_weights
 from jaxrl_frontier.forward import make_logp_fn
 from jaxrl_frontier.objectives import losses
 from jaxrl_frontier.rewards import make_scorer
@@ -62,9 +62,8 @@ def build_rl_stages(
     c = config
     objective = objective_section(c.objective)
     editors, shapers = build_editors(c, task=task, tokenizer=tokenizer)
-    if shapers and not objective.get("reward_weights"):  # correctness + each shaped component
-        shaped = [n for s in shapers for n in s.reward_names]
-        objective["reward_weights"] = {"correctness": 1.0, **dict.fromkeys(shaped, 1.0)}
+    shaped = [n for s in shapers for n in s.reward_names]
+    objective["reward_weights"] = effective_reward_weights(objective.get("reward_weights"), shaped)
     if c.train.collapse.stop and c.train.export != "best":
         from jaxrl_frontier.config import ConfigError
 
