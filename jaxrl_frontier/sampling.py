@@ -422,7 +422,9 @@ class Sampler:
         (no copy); with a mesh, place them first with `sharding.shard_model(model, mesh)`.
       pad_id: token id written after the end of a completion.
       mesh: optional ('data', 'fsdp', 'tensor') mesh; rows are split over data x fsdp and
-        the KV cache's heads over tensor.
+        the KV cache's heads over tensor. With weights split over fsdp the decode scans the
+        stacked layers (one layer's weights gathered at a time, `scan_decode`); otherwise it
+        runs them unstacked (`transformer.unstack_layers`), faster per step.
       prompt_buckets: prompt lengths compiled for; a prompt batch is left-padded to the
         smallest bucket that holds its longest prompt.
       batch_buckets: prompt counts compiled for (None: the exact count, rounded up to a
@@ -493,6 +495,12 @@ class Sampler:
         self.compiler_options = None if compiler_options is None else dict(compiler_options)
         self._platform = None if mesh is None else mesh.devices.flat[0].platform
         self._programs: dict[tuple, Callable] = {}  # (name, options) -> jitted program
+        # Weights split over fsdp: the decode scans the stacked layers, gathering one layer's
+        # weights at a time at every step. Unstacked, XLA gathers every layer's weights once,
+        # before the loop: a full copy of the weights on every device while it decodes.
+        # Otherwise the decode runs the layers unstacked (`unstack_layers`): per-layer
+        # weights and caches read in place, 2.8x faster per step on CPU than the scan.
+        self.scan_decode = mesh is not None and mesh.shape.get("fsdp", 1) > 1
 
     def _program(self, name: str, rows: int) -> Callable:
         """The jitted prefill or decode for a call whose matmuls have `rows` rows in all."""
@@ -629,9 +637,10 @@ class Sampler:
     ):
         """Sample Tn tokens per row from the prefilled cache (see the module docstring)."""
         self.num_traces["decode"] += 1
-        # The decode loop runs the layers unstacked: per-layer weights and caches, read and
-        # written in place at every step (slices of the stacked weights would be copies).
-        model = unstack_layers(self._merge(state))
+        model = self._merge(state)
+        if not self.scan_decode:
+            # per-layer weights and caches, read and written in place at every step
+            model = unstack_layers(model)
         num_rows, tp = cache.valid.shape
         tn, k = plan.max_new_tokens, plan.steps_per_check
         mlp_mask, dropout_keys = self._mlp_mask(key, num_rows, dropout_rate, plan.use_dropout)
@@ -683,9 +692,18 @@ class Sampler:
         lengths = jnp.zeros((num_rows,), jnp.int32)
         token, rec = emit((done, lengths, out), 0, *sample(logits0, 0))
 
+        graphdef, weights = nnx.split(model)
+
         def decode_step(step, carry):
             cache, token, rec = carry
-            logits, cache = model(
+            step_model = model
+            if self.scan_decode:
+                # Tie the weights to this step, so XLA gathers each layer's shards in the
+                # step's scan instead of hoisting every gather out of the loop (a full copy
+                # of the weights on each device).
+                step_weights, token = jax.lax.optimization_barrier((weights, token))
+                step_model = nnx.merge(graphdef, step_weights)
+            logits, cache = step_model(
                 token[:, None],
                 jnp.ones((num_rows, 1), jnp.int32),
                 positions=(prompt_len + step - 1)[:, None],

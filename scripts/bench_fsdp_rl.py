@@ -97,6 +97,7 @@ def main(argv=None) -> dict:
     )
     out["build_s"] = time.perf_counter() - t0
     out["rss_after_build_mb"] = rss_mb()
+    print(f"built policy, reference and AdamW state: peak RSS {rss_mb():,.0f} MB", file=sys.stderr)
 
     def token_logp(state, tokens, mask):
         """[B, T-1] log p(tokens[:, 1:] | prefix)."""
@@ -141,6 +142,7 @@ def main(argv=None) -> dict:
         ro = sampler.generate(prompts, np.ones_like(prompts), sp, jax.random.key(step))
         seq = jax.block_until_ready(ro.sequences())
         row["rollout_s"] = time.perf_counter() - t0
+        print(f"step {step}: rollout done, peak RSS {rss_mb():,.0f} MB", file=sys.stderr)
         t0 = time.perf_counter()
         ref_logp = jax.block_until_ready(ref_logp_fn(ref_params, seq.tokens, seq.attention_mask))
         row["reference_s"] = time.perf_counter() - t0
@@ -159,6 +161,7 @@ def main(argv=None) -> dict:
         if step == 0:
             compiled = update.lower(params, opt_state, batch).compile()
             out["update_compile_s"] = time.perf_counter() - t0
+            print(f"update compiled, peak RSS {rss_mb():,.0f} MB", file=sys.stderr)
             mem = compiled.memory_analysis()
             if mem is not None:
                 out["update_memory_per_device"] = dict(
@@ -170,6 +173,9 @@ def main(argv=None) -> dict:
                     + mem.temp_size_in_bytes
                     + mem.output_size_in_bytes
                     - mem.alias_size_in_bytes,
+                )
+                print(
+                    f"update memory per device: {out['update_memory_per_device']}", file=sys.stderr
                 )
             t0 = time.perf_counter()
         params, opt_state, loss = compiled(params, opt_state, batch)
