@@ -150,9 +150,15 @@ def make_scorer(config, task: Task) -> RewardScorer:
     if kind == "auto":
         kind = getattr(task, "scorer", "in_process")
     if kind == "in_process":
+        if getattr(task, "scorer", "in_process") == "sandboxed":
+            raise ValueError(
+                f"config key 'rewards.scorer' = 'in_process', but task "
+                f"{getattr(task, 'name', '')!r} runs model-written code; allowed: 'sandboxed', "
+                "'auto'"
+            )
         return InProcessScorer(task)
     if kind == "sandboxed":
-        from jaxrl_frontier.sandbox import Limits, SandboxedScorer
+        from jaxrl_frontier.sandbox import Limits
 
         r = config.rewards
         limits = Limits(
@@ -163,3 +169,93 @@ def make_scorer(config, task: Task) -> RewardScorer:
         )
         return SandboxedScorer(task, workers=r.workers, limits=limits)
     raise ValueError(f"config key 'rewards.scorer' = {kind!r}; allowed: {', '.join(SCORERS)}")
+
+
+class SandboxedScorer:
+    """`RewardScorer` for tasks whose reward runs model-written code: each completion's
+    program (`task.program(example, completion)`) runs in a fresh sandboxed subprocess
+    (`sandbox.Sandbox`: no network, its own root with a fresh directory, an empty environment,
+    CPU / wall / memory / output / process limits), `workers` at a time, and
+    `task.score(example, completion, result)` turns the result into rewards here.
+
+    A program that loops, forks, allocates, floods its output, reads outside its directory,
+    opens a socket or signals its parent only ends its own process: its completion scores 0
+    (a fair 0, not a failure). `n_failed` counts completions whose scoring itself broke (the
+    sandbox could not start, `task.score` raised). Each completion has its own process, so a
+    dead one costs nothing but its own score; the thread pool itself runs no model code.
+    """
+
+    def __init__(self, task: Task, *, workers: int = 4, limits=None):
+        from concurrent.futures import ThreadPoolExecutor
+
+        from jaxrl_frontier.sandbox import Limits, Sandbox
+
+        for method in ("program", "score"):
+            if not callable(getattr(task, method, None)):
+                raise ValueError(
+                    f"rewards.scorer='sandboxed' needs a task with {method}(); "
+                    f"{type(task).__name__} has none (see tasks/code.py)"
+                )
+        self.task = task
+        self.reward_names = tuple(task.reward_names)
+        self.first_failure: str | None = None
+        self.sandbox = Sandbox(limits or Limits())
+        self.workers = workers
+        self._pool = ThreadPoolExecutor(workers, thread_name_prefix="sandbox")
+        self.last_results: list = []  # the latest call's SandboxResults (metrics, tests)
+        if self.sandbox.isolation != "namespaces":
+            log.warning(
+                "sandboxed scorer: no Linux namespaces here (unshare missing or refused); "
+                "programs run with rlimits and a Python guard only, which is not a security "
+                "boundary (docs/reliability.md)"
+            )
+
+    def _one(self, slot_and_row):
+        slot, ex, completion = slot_and_row
+        result = self.sandbox.run(self.task.program(ex, completion), slot=slot)
+        if result.status == "sandbox_error":
+            raise RuntimeError(f"the sandbox failed to start: {result.output}")
+        return result, _score_one(_Scored(self.task, result), ex, completion)
+
+    def __call__(
+        self, examples: Sequence[Example] | Mapping[str, Any], completions: Sequence[str]
+    ) -> tuple[np.ndarray, int]:
+        rows = _align(examples, completions)
+        jobs = [(i % self.workers, ex, c) for i, (ex, c) in enumerate(zip(rows, completions))]
+        futures = [self._pool.submit(self._one, job) for job in jobs]
+        rewards = np.zeros((len(completions), len(self.reward_names)), dtype=np.float32)
+        n_failed, results = 0, []
+        for i, fut in enumerate(futures):
+            try:
+                result, rewards[i] = fut.result()
+                results.append(result)
+            except Exception as e:  # scoring broke (not the program): 0, counted
+                results.append(None)
+                if self.first_failure is None:
+                    self.first_failure = f"{type(e).__name__}: {e}"
+                    log.warning(
+                        "sandboxed reward of task %r failed on completion %d: %r; scoring it 0 "
+                        "and counting failures (later ones are not logged)",
+                        getattr(self.task, "name", type(self.task).__name__),
+                        i,
+                        e,
+                        exc_info=e,
+                    )
+                n_failed += 1
+        self.last_results = results
+        return rewards, n_failed
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+
+
+class _Scored:
+    """`task.reward` replaced by `task.score` on a known sandbox result (for `_score_one`'s
+    key and finiteness checks)."""
+
+    def __init__(self, task, result):
+        self._task, self._result = task, result
+        self.reward_names = task.reward_names
+
+    def reward(self, example, completion):
+        return self._task.score(example, completion, self._result)

@@ -28,7 +28,7 @@ def correct_format(task, example, completion):
 
 
 def test_registry_lists_tasks():
-    assert TASKS.names() == ["arithmetic", "countdown", "jsonl_math"]
+    assert TASKS.names() == ["arithmetic", "code", "countdown", "jsonl_math"]
     with pytest.raises(KeyError, match="arithmetic"):
         make_task("arithmetc")
 

@@ -4,7 +4,7 @@
 Importing this package registers every task below.
 """
 
-from jaxrl_frontier.tasks import arithmetic, countdown, jsonl_math  # noqa: F401  (registers)
+from jaxrl_frontier.tasks import arithmetic, code, countdown, jsonl_math  # noqa: F401  (registers)
 from jaxrl_frontier.tasks.base import (
     REWARD_NAMES,
     SPLITS,
