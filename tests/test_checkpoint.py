@@ -85,3 +85,23 @@ def test_restore_onto_sharded_target(tmp_path):
     assert restored["w"].sharding == target_sharding
     assert len(restored["w"].addressable_shards) == 8
     np.testing.assert_array_equal(np.asarray(restored["w"]), np.asarray(w))
+
+
+def test_restore_latest_skips_a_damaged_step_and_names_the_file(tmp_path):
+    ck = Checkpointer(str(tmp_path / "ckpt"), max_to_keep=3)
+    for step in (1, 2, 3):
+        ck.save(step, _state(step), dict(step=step))
+    ck.wait()
+    assert (tmp_path / "ckpt" / ".manifest-3.json").exists()  # sizes of the finalised steps
+    (tmp_path / "ckpt" / "3" / "meta" / "metadata").write_text("{oops")
+    warnings = []
+    ck = Checkpointer(str(tmp_path / "ckpt"), max_to_keep=3)
+    state, meta, step = ck.restore_latest(abstract_like(_state(0)), warn=warnings.append)
+    assert step == 2 and meta == dict(step=2)
+    np.testing.assert_array_equal(np.asarray(state["params"]["b"]), np.arange(4) + 2)
+    assert warnings[0].startswith(
+        f"checkpoint step 3 is damaged ({tmp_path / 'ckpt' / '3' / 'meta' / 'metadata'} "
+    )
+    assert ck.all_steps() == [1, 2]  # moved aside: the resumed run can save step 3 again
+    assert [p.name.split("-")[0] for p in (tmp_path / "ckpt.damaged").iterdir()] == ["3"]
+    assert Checkpointer(str(tmp_path / "empty")).restore_latest(abstract_like(_state(0))) is None

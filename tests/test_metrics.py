@@ -199,3 +199,72 @@ def test_progress_bar_total_validated():
         ProgressBar(0)
     with pytest.raises(ValueError, match="initial <= total"):
         ProgressBar(10, initial=11)
+
+
+# ---------------------------------------------------------------- nothing lost, nothing twice
+
+
+def test_truncate_after_keeps_rows_up_to_the_step_and_drops_torn_lines(tmp_path):
+    from jaxrl_frontier.metrics import truncate_jsonl
+
+    w = MetricsWriter(tmp_path, process_index=0)
+    for step in (1, 2, 3, 4):
+        w.write_scalars(step, {"loss": float(step)})
+    w.flush(sync=True)
+    with open(tmp_path / METRICS_FILE, "a") as f:
+        f.write('{"step": 5, "loss": 5.0')  # a kill in the middle of a write
+    assert w.truncate_after(2) == 3  # steps 3, 4 and the torn row
+    w.write_scalars(3, {"loss": 30.0})  # the same open handle appends after the cut
+    w.close()
+    rows = [json.loads(line) for line in open(tmp_path / METRICS_FILE)]
+    assert [(r["step"], r["loss"]) for r in rows] == [(1, 1.0), (2, 2.0), (3, 30.0)]
+    assert truncate_jsonl(tmp_path / "missing.jsonl", 3) == 0
+
+
+def test_rollout_logger_truncate_after(tmp_path):
+    log = RolloutLogger(tmp_path, process_index=0)
+    for step in (1, 1, 2, 3):
+        log.write(step=step, prompt="p", completion="c", rewards={"r": 1.0}, advantage=0.0)
+    assert log.truncate_after(1) == 2
+    log.write(step=2, prompt="p", completion="again", rewards={"r": 1.0}, advantage=0.0)
+    log.close()
+    rows = [json.loads(line) for line in open(tmp_path / "rollouts.jsonl")]
+    assert [(r["step"], r["completion"]) for r in rows] == [(1, "c"), (1, "c"), (2, "again")]
+
+
+def test_a_failed_append_leaves_no_torn_line(tmp_path):
+    from jaxrl_frontier.metrics import _append_line
+
+    class FullDisk:
+        """A file whose flush writes part of the buffer, then fails (ENOSPC)."""
+
+        def __init__(self, path):
+            self.f = open(path, "a+")
+            self.pending = ""
+
+        def write(self, text):
+            self.pending += text
+
+        def flush(self):
+            if self.pending:
+                self.f.write(self.pending[:5])
+                self.f.flush()
+                self.pending = ""
+                raise OSError(28, "No space left on device")
+
+        def tell(self):
+            return self.f.tell()
+
+        def seek(self, pos):
+            self.f.seek(pos)
+
+        def truncate(self, pos):
+            self.f.truncate(pos)
+
+    path = tmp_path / "m.jsonl"
+    path.write_text('{"step": 1}\n')
+    f = FullDisk(path)
+    with pytest.raises(OSError, match="No space"):
+        _append_line(f, '{"step": 2, "loss": 1.0}')
+    f.f.close()
+    assert path.read_text() == '{"step": 1}\n'
