@@ -5,7 +5,9 @@
 
 `--config=FILE:ARG` passes ARG to get_config (e.g. `:runlocal`). Every key is overridable
 with `--config.section.key=value`; unknown keys and bad values are errors naming the key.
-Ctrl-C or SIGTERM saves a checkpoint; the same command resumes.
+Ctrl-C or SIGTERM saves a checkpoint; the same command resumes (after a kill too: at most the
+steps since the last checkpoint are lost, no log row; docs/reliability.md). `--help` lists
+the config's key groups and their defaults.
 """
 
 from jaxrl_frontier.cli import train_main
