@@ -125,3 +125,17 @@ def test_conflict_share_by_hand():
     # centred: (2/3, -1/3, -1/3), (1/3, -2/3, 1/3): row 2 disagrees -> 1/3
     assert float(dg.conflict_share(agree, jnp.asarray([1.0, 0.5]))) == pytest.approx(1 / 3)
     assert float(dg.conflict_share(r, jnp.asarray([1.0, 0.0]))) == 0.0  # one weighted reward
+
+
+def test_gd2po_run_logs_per_component_rewards_and_the_conflict_share(tmp_path):
+    c = small_rl_config()
+    c.objective.update(advantage="gd2po")
+    c.objective.reward_weights = dict(correctness=1.0, length=0.5)
+    c.train.update(steps=2, log_every=1, eval_every=10**6, checkpoint_every=10**6)
+    trainer = tr.Trainer(c, str(tmp_path))
+    trainer.evaluate = lambda num_prompts=None: {"eval/pass@1_greedy": 0.0}
+    trainer.run()
+    rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+    want = {"reward/correctness", "reward/length", "diag/conflict_share"}
+    assert all(want <= set(r) for r in rows if "train/loss" in r)
+    assert all(0.0 <= r["diag/conflict_share"] <= 1.0 for r in rows if "train/loss" in r)

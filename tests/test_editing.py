@@ -182,3 +182,24 @@ def test_dre_through_the_producer_recomputes_the_edited_log_probs_by_a_forward(t
     trainer.run()
     rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
     assert all("dre/edited" in r for r in rows if "train/loss" in r)
+
+
+def test_overlong_shaping_and_truncated_masking_through_the_trainer(tmp_path):
+    c = small_rl_config()
+    c.rollout.update(mask_truncated=True, overlong_cache=1)
+    c.train.update(steps=2, log_every=1, eval_every=10**6, checkpoint_every=10**6)
+    trainer = tr.Trainer(c, str(tmp_path))
+    trainer.evaluate = lambda num_prompts=None: {"eval/pass@1_greedy": 0.0}
+    exp, _ = trainer.rollout(trainer.source.next_batch(), jax.random.key(0))
+    ends = np.asarray([res.lengths for res in exp.results]).reshape(-1)
+    cut = np.asarray(exp.loss_mask).sum(1) == 0  # masked rows
+    # a masked row ran to the 3-token budget without a stop token: its overlong reward is
+    # 1 + R_len = 0 (|y| = L_max); every 3-token row is at 0, shorter ones at 1
+    np.testing.assert_allclose(np.asarray(exp.rewards)[:, -1], np.where(ends == 3, 0.0, 1.0))
+    last = np.asarray(exp.tokens)[:, -1]
+    np.testing.assert_array_equal(cut, (ends == 3) & (last != TOK.eos_id))  # exactly the cut
+    trainer.run()
+    rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
+    steps = [r for r in rows if "train/loss" in r]
+    assert len(steps) == 2
+    assert all({"rollout/truncated_share", "reward/overlong"} <= set(r) for r in steps)
