@@ -96,6 +96,7 @@ def _cpu() -> dict:
 
 
 def bench_async(args) -> dict:
+    """Seconds per RL step: colocated, roles on their own devices, and asynchronous."""
     out = dict(**bench_common.machine_info(), **_cpu(), settings=vars(args).copy(), variants={})
     for variant in args.variants.split(","):
         with tempfile.TemporaryDirectory() as workdir:
