@@ -396,7 +396,11 @@ def test_rewards_scorer_choices():
     )
 
 
-def test_task_module_registers_a_user_task(tmp_path):
+def test_task_module_registers_a_user_task(tmp_path, monkeypatch):
+    from jaxrl_frontier.tasks import TASKS
+
+    # the registry is process-wide: register into a copy, restored after the test
+    monkeypatch.setattr(TASKS, "_entries", dict(TASKS._entries))
     module = tmp_path / "my_tasks.py"
     module.write_text(
         "from jaxrl_frontier.tasks import TASKS\n"
