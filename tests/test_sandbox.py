@@ -203,7 +203,7 @@ def test_training_goes_on_with_hostile_completions(tmp_path, monkeypatch):
         **FAST,
         "task.name": "code",
         "task.kwargs": {"max_value": 9},  # (replaces FAST's arithmetic settings)
-        "data.max_prompt_len": 40,
+        "data.max_prompt_len": 64,
         "rollout.max_new_tokens": 6,
         "rewards.scorer": "auto",
         "rewards.workers": 4,

@@ -3,10 +3,11 @@
 Prompt (a function header and a comment stating what it returns):
 
     def f(a, b):
-        # a*b+a
+        # a*b+a, e.g. f(2, -3) = -4
         return
 
-and the completion finishes the function (" a*b+a"). The completion is model-written code, so
+(the worked input is not among the tests; it also makes prompts of one expression distinct,
+which held-out evaluation needs) and the completion finishes the function (" a*b+a"). The completion is model-written code, so
 the task is scored by `rewards.SandboxedScorer` (`scorer = "sandboxed"`): `program(example,
 completion)` is the source run in `sandbox.py` (prompt + completion + a harness that calls `f`
 on each test input and prints one JSON line per result), and `score(example, completion,
@@ -64,7 +65,8 @@ class CodeTask(SyntheticTask):
       max_value: test inputs are integers in [-max_value, max_value].
       num_tests: unit tests per example.
       (and SyntheticTask's seed, train_size, eval_size, eval_fraction, max_completion_chars)
-    Example fields: expr, entry, tests ([[a, b], expected] pairs), index.
+    Example fields: expr, entry, shown (the prompt's worked [[a, b], value]), tests
+    ([[a, b], expected] pairs), index.
     """
 
     name = "code"
@@ -95,18 +97,23 @@ class CodeTask(SyntheticTask):
     def _generate(self, rng: random.Random) -> Example:
         expr = rng.choice(self.expressions)
         fn = EXPRESSIONS[expr]
-        args = [[rng.randint(-self.max_value, self.max_value) for _ in range(2)]]
-        args += [
-            [rng.randint(-self.max_value, self.max_value) for _ in range(2)]
-            for _ in range(self.num_tests - 1)
-        ]
-        return {"expr": expr, "entry": "f", "tests": [[a, fn(*a)] for a in args]}
+        draw = lambda: [rng.randint(-self.max_value, self.max_value) for _ in range(2)]
+        args = [draw() for _ in range(self.num_tests)]
+        shown = draw()
+        return {
+            "expr": expr,
+            "entry": "f",
+            "shown": [shown, fn(*shown)],
+            "tests": [[a, fn(*a)] for a in args],
+        }
 
     def split_key(self, example: Example) -> str:
-        return f"{example['expr']}|{json.dumps(example['tests'])}"
+        return f"{example['expr']}|{json.dumps(example['shown'])}|{json.dumps(example['tests'])}"
 
     def prompt(self, example: Example) -> str:
-        return f"def {example['entry']}(a, b):\n    # {example['expr']}\n    return"
+        (a, b), value = example["shown"]
+        spec = f"{example['expr']}, e.g. {example['entry']}({a}, {b}) = {value}"
+        return f"def {example['entry']}(a, b):\n    # {spec}\n    return"
 
     def demonstration(self, example: Example) -> str:
         return f" {example['expr']}"
