@@ -4,8 +4,9 @@
 
 DAPO (Yu et al., 2025): asymmetric clip eps_low=0.2, eps_high=0.28 (more room for
 low-probability tokens to rise, against entropy collapse), token_mean aggregation, no KL.
-Dynamic sampling (refilling zero-variance groups) is a loop-level method on the roadmap;
-the number of zero-variance groups per batch is logged (rollout/zero_variance_groups).
+The number of zero-variance groups per batch is logged (rollout/zero_variance_groups);
+`configs/dapo_dynamic_arith.py` adds DAPO's dynamic sampling (data.source='dynamic'), which
+replaces them with groups that carry signal.
 """
 
 from jaxrl_frontier import presets

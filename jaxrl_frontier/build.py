@@ -99,8 +99,8 @@ def build_model(init: str, path: str, config, tokenizer, mesh, key, dtype: str) 
         )
         return sharding.shard_model(model, mesh)
     model = hf.load(export_dir(path), mesh=mesh, dtype=dtype)
-    if config.model.remat:  # a training choice, not part of the HF config
-        model.cfg = model.cfg.replace(remat=True)
+    if config.model.remat != "none":  # a training choice, not part of the HF config
+        model.cfg = model.cfg.replace(remat=config.model.remat)
     return model
 
 

@@ -108,7 +108,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.model.qk_norm = False
     c.model.max_position_embeddings = 512
     c.model.dtype = "float32"  # compute dtype: float32 | bfloat16
-    c.model.remat = False  # recompute each block in the backward pass (memory for FLOPs)
+    # recompute in the backward pass (memory for FLOPs), per scanned block: none | full (keep
+    # only each block's input) | dots_saveable (keep the matmul outputs, recompute the rest)
+    c.model.remat = "none"
 
     c.teacher = dict(init="none", path="", dtype="float32")  # none | scratch | hf | checkpoint
 
@@ -251,6 +253,7 @@ CHOICES: dict[str, tuple] = {
     "tokenizer.kind": ("char", "hf"),
     "model.init": ("scratch", "hf", "checkpoint"),
     "model.dtype": ("float32", "bfloat16"),
+    "model.remat": ("none", "full", "dots_saveable"),
     "rollout.cache_dtype": (None, "float32", "bfloat16"),
     "teacher.init": ("none", "scratch", "hf", "checkpoint"),
     "teacher.dtype": ("float32", "bfloat16"),
