@@ -216,11 +216,12 @@ class Trainer:
         stop = StopRequest()
         try:
             return self._loop(stop)
-        finally:
+        finally:  # a run's threads and files end with it (a process may hold many runs)
             stop.restore()
             self.ahead.close()
-            self.ckpt.wait()
-            self.writer.flush()
+            self.ckpt.wait()  # a failed save surfaces here, as one line
+            for part in (self.ckpt, self.writer, self.rollout_log, self.scorer):
+                getattr(part, "close", lambda: None)()
 
     def _loop(self, stop: StopRequest) -> dict[str, Any]:
         c, tag = self.config, self.config.mode
