@@ -19,6 +19,7 @@ the whole line; if that write fails (disk full), the file is cut back to the row
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
@@ -69,7 +70,7 @@ class MetricsWriter:
         self.logdir = Path(logdir)
         self.active = _is_writer(process_index)
         self._events = None
-        self._jsonl: TextIO | None = None
+        self._jsonl: io.RawIOBase | None = None
         self._closed = False
         if self.active:
             # Deferred imports: the event writer pulls in tensorboard's proto stack.
@@ -77,7 +78,7 @@ class MetricsWriter:
 
             self.logdir.mkdir(parents=True, exist_ok=True)
             self._events = EventFileWriter(str(self.logdir), flush_secs=flush_secs)
-            self._jsonl = open(self.logdir / METRICS_FILE, "a", encoding="utf-8")
+            self._jsonl = _open_appending(self.logdir / METRICS_FILE)
 
     def write_scalars(self, step: int, scalars: Mapping[str, Any]) -> None:
         """Write each name -> scalar (Python/NumPy/JAX scalar or size-1 array) at `step`."""
@@ -160,10 +161,10 @@ class RolloutLogger:
     def __init__(self, logdir: str | Path, *, process_index: int | None = None):
         self.path = Path(logdir) / ROLLOUTS_FILE
         self.active = _is_writer(process_index)
-        self._file: TextIO | None = None
+        self._file: io.RawIOBase | None = None
         if self.active:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._file = open(self.path, "a", encoding="utf-8")
+            self._file = _open_appending(self.path)
 
     def write(
         self,
@@ -249,18 +250,25 @@ class RolloutLogger:
             self.active = False
 
 
-def _append_line(f: TextIO, line: str) -> None:
-    """Append `line` + newline and flush; on failure (disk full) cut the file back to where it
-    was, so a reader (and a resumed run) never sees a torn row, then re-raise."""
-    f.flush()
-    start = f.tell()
+def _open_appending(path: Path) -> io.RawIOBase:
+    """An unbuffered append handle: each row reaches the OS in `_append_line`'s own writes, so
+    no half-written row waits in a Python buffer to be flushed later (at close, or after the
+    disk filled up)."""
+    return open(path, "ab", buffering=0)
+
+
+def _append_line(f: io.RawIOBase, line: str) -> None:
+    """Append `line` + newline; on failure (disk full) cut the file back to where it was, so a
+    reader (and a resumed run) never sees a torn row, then re-raise."""
+    data = memoryview((line + "\n").encode("utf-8"))
+    fd = f.fileno()
+    start = os.lseek(fd, 0, os.SEEK_END)
     try:
-        f.write(line + "\n")
-        f.flush()
+        while data:
+            data = data[os.write(fd, data) :]
     except OSError:
         try:
-            f.seek(start)
-            f.truncate(start)
+            os.ftruncate(fd, start)
         except OSError:
             pass  # truncate_jsonl drops the torn line on resume
         raise

@@ -3,6 +3,7 @@
 import io
 import json
 import math
+import os
 
 import numpy as np
 import pytest
@@ -232,39 +233,28 @@ def test_rollout_logger_truncate_after(tmp_path):
     assert [(r["step"], r["completion"]) for r in rows] == [(1, "c"), (1, "c"), (2, "again")]
 
 
-def test_a_failed_append_leaves_no_torn_line(tmp_path):
-    from jaxrl_frontier.metrics import _append_line
-
-    class FullDisk:
-        """A file whose flush writes part of the buffer, then fails (ENOSPC)."""
-
-        def __init__(self, path):
-            self.f = open(path, "a+")
-            self.pending = ""
-
-        def write(self, text):
-            self.pending += text
-
-        def flush(self):
-            if self.pending:
-                self.f.write(self.pending[:5])
-                self.f.flush()
-                self.pending = ""
-                raise OSError(28, "No space left on device")
-
-        def tell(self):
-            return self.f.tell()
-
-        def seek(self, pos):
-            self.f.seek(pos)
-
-        def truncate(self, pos):
-            self.f.truncate(pos)
+def test_a_failed_append_leaves_no_torn_line(tmp_path, monkeypatch):
+    from jaxrl_frontier import metrics
 
     path = tmp_path / "m.jsonl"
     path.write_text('{"step": 1}\n')
-    f = FullDisk(path)
+    f = metrics._open_appending(path)
+    real_write = os.write
+    calls = []
+
+    def full_disk_write(fd, data):
+        """The first write lands 5 bytes, the next finds the disk full (ENOSPC)."""
+        calls.append(len(data))
+        if len(calls) == 1:
+            return real_write(fd, bytes(data[:5]))
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(metrics.os, "write", full_disk_write)
     with pytest.raises(OSError, match="No space"):
-        _append_line(f, '{"step": 2, "loss": 1.0}')
-    f.f.close()
+        metrics._append_line(f, '{"step": 2, "loss": 1.0}')
+    monkeypatch.undo()
+    assert calls == [25, 20]
     assert path.read_text() == '{"step": 1}\n'
+    metrics._append_line(f, '{"step": 2}')  # the handle keeps appending after the cut
+    f.close()
+    assert path.read_text() == '{"step": 1}\n{"step": 2}\n'
