@@ -26,8 +26,7 @@ format:
 	$(BIN)/ruff check --fix jaxrl_frontier scripts configs tests
 	$(BIN)/ruff format jaxrl_frontier scripts configs tests
 
-# Two pytest processes, each half the files: one process holding every test's compiled
-# programs and run threads for 15 minutes is what a CPU machine handles worst.
+# Two pytest-xdist workers, each a process of its own with whole test files (`loadfile`):
+# the suite is compile-bound, and XLA compiles one program on one core.
 test: install-test lint
-	$(BIN)/python -m pytest -q tests/test_[a-r]*.py
-	$(BIN)/python -m pytest -q tests/test_[s-z]*.py
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile tests

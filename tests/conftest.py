@@ -23,8 +23,11 @@ if "xla_backend_optimization_level" not in os.environ["XLA_FLAGS"]:
 
 # A persistent compilation cache, one directory per session, inherited by subprocesses
 # (CLI and notebook tests): every compile after the first of a program is a cache read.
-if not os.environ.get("JAX_COMPILATION_CACHE_DIR"):
-    _cache = tempfile.mkdtemp(prefix="jaxrl_test_jax_cache_")
+# Under pytest-xdist each worker gets a directory of its own (two processes never write the
+# same entry at once).
+_worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+if not os.environ.get("JAX_COMPILATION_CACHE_DIR") or _worker:
+    _cache = tempfile.mkdtemp(prefix=f"jaxrl_test_jax_cache_{_worker}")
     atexit.register(shutil.rmtree, _cache, ignore_errors=True)
     os.environ["JAX_COMPILATION_CACHE_DIR"] = _cache
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
