@@ -19,12 +19,12 @@ demo: install
 	$(BIN)/python scripts/demo.py
 
 lint: install-test
-	$(BIN)/ruff check jaxrl_frontier scripts configs tests
-	$(BIN)/ruff format --check jaxrl_frontier scripts configs tests
+	$(BIN)/ruff check jaxrl_frontier scripts benchmarks configs tests
+	$(BIN)/ruff format --check jaxrl_frontier scripts benchmarks configs tests
 
 format:
-	$(BIN)/ruff check --fix jaxrl_frontier scripts configs tests
-	$(BIN)/ruff format jaxrl_frontier scripts configs tests
+	$(BIN)/ruff check --fix jaxrl_frontier scripts benchmarks configs tests
+	$(BIN)/ruff format jaxrl_frontier scripts benchmarks configs tests
 
 # Two pytest-xdist workers, each a process of its own with whole test files (`loadfile`):
 # the suite is compile-bound, and XLA compiles one program on one core.

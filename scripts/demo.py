@@ -1,6 +1,6 @@
 """The main job: SFT warm start of a tiny model on 3-digit addition, then GRPO.
 
-    python scripts/demo.py [--workdir runs/demo] [--rl_config configs/grpo_arith.py]
+    python scripts/demo.py [--workdir runs/demo] [--rl_config configs/grpo_arith.py] [--seed 0]
 
 Prints held-out greedy pass@1 after SFT (the RL start) and after RL, and writes
 <workdir>/summary.json. Both stages resume if interrupted: run the same command again.
@@ -34,6 +34,7 @@ def main() -> None:
     parser.add_argument("--workdir", default=os.path.join(ROOT, "runs", "demo"))
     parser.add_argument("--sft_config", default=os.path.join(ROOT, "configs", "sft_arith.py"))
     parser.add_argument("--rl_config", default=os.path.join(ROOT, "configs", "grpo_arith.py"))
+    parser.add_argument("--seed", type=int, default=0, help="config key seed of both stages")
     parser.add_argument("--runlocal", action="store_true", help="seconds-long smoke run")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
@@ -43,10 +44,13 @@ def main() -> None:
     t0 = time.time()
     sft_dir = os.path.join(args.workdir, "sft")
     print(f"\n== 1/2 SFT warm start ({args.sft_config}) -> {sft_dir}")
-    trainer.train(load_config(args.sft_config, arg), sft_dir)
+    sft_cfg = load_config(args.sft_config, arg)
+    sft_cfg.seed = args.seed
+    trainer.train(sft_cfg, sft_dir)
     t_sft = time.time() - t0
 
     rl_cfg = load_config(args.rl_config, arg)
+    rl_cfg.seed = args.seed
     rl_cfg.model.init = "checkpoint"
     rl_cfg.model.path = sft_dir
     rl_dir = os.path.join(args.workdir, "rl")
@@ -61,6 +65,7 @@ def main() -> None:
         "pass@1_greedy_after_sft": before[key],
         "pass@1_greedy_after_rl": after[key],
         "gain_points": 100 * (after[key] - before[key]),
+        "seed": args.seed,
         "rl_steps": rl["step"],
         "sft_seconds": round(t_sft, 1),
         "rl_seconds": round(t_rl, 1),

@@ -1,16 +1,10 @@
-"""scripts/bench_profile.py: op events from a Perfetto trace, and the per-step subtraction."""
-
-import sys
-from pathlib import Path
+"""benchmarks/decode_profile.py: op events from a Perfetto trace, and the per-step subtraction."""
 
 import jax
 import jax.numpy as jnp
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
-
-import bench_profile  # noqa: E402
+from benchmarks import decode_profile as bench_profile
 
 
 def _meta(kind, pid, name, tid=None):

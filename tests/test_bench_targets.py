@@ -1,28 +1,32 @@
-"""scripts/bench_targets.py: the targets table, against hand-made benchmark results, and the
+"""benchmarks/targets.py: the targets table, against hand-made benchmark results, and the
 docs page's generated table against the committed JSON it names."""
 
 import re
 import shlex
-import sys
 from pathlib import Path
 
 import pytest
 
+from benchmarks import targets as bench_targets
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
-
-import bench_targets  # noqa: E402
 
 
-def _sampler(speedups: dict[int, float], roofline: float, traces=None) -> dict:
-    batches = {
-        b: dict(
-            ours=dict(tokens_per_s=100.0 * s, traces=traces or dict(prefill=1, decode=1)),
-            transformers=dict(tokens_per_s=100.0),
-            speedup=s,
-            speedup_best=s + 0.1,
+def _sampler(speedups: dict[int, float], roofline: float, compiles=0) -> dict:
+    ours = {
+        str(b): dict(tokens_per_s=100.0 * v, compiles_in_timed_calls=0) for b, v in speedups.items()
+    }
+    first = next(iter(ours))
+    ours[first]["compiles_in_timed_calls"] = compiles
+    rows = {
+        str(b): dict(
+            ours_tokens_per_s=100.0 * v,
+            transformers_tokens_per_s=dict(threads_1=100.0, threads_2=60.0),
+            transformers_best="threads_1",
+            speedup=v,
+            speedup_best=v + 0.1,
         )
-        for b, s in speedups.items()
+        for b, v in speedups.items()
     }
     roof = dict(
         batch=256,
@@ -34,7 +38,10 @@ def _sampler(speedups: dict[int, float], roofline: float, traces=None) -> dict:
     return dict(
         benchmark="sampler",
         device="TFRT_CPU_0",
-        models=dict(m=dict(batches=batches, roofline=roof)),
+        config_args=["--config=benchmarks/configs/random_qwen2.py:m"],
+        ours=dict(batches=ours, roofline=roof),
+        transformers=dict(threads_1=dict(torch_threads=1), threads_2=dict(torch_threads=2)),
+        rows=rows,
     )
 
 
@@ -45,17 +52,22 @@ def _by_what(rows):
 def test_sampler_targets_are_judged_at_their_thresholds():
     rows = bench_targets.targets({"s.json": _sampler({16: 2.99, 64: 2.0, 256: 1.5}, 2.01)})
     met = {r.what.split(", ", 1)[1]: r.met for r in rows if "transformers" in r.what}
-    assert met == {"m, 16 rows": False, "m, 64 rows": True, "m, 256 rows": None}
+    assert met == {
+        "random_qwen2:m, 16 rows": False,
+        "random_qwen2:m, 64 rows": True,
+        "random_qwen2:m, 256 rows": None,
+    }
+    assert "at torch 1 thread(s)" in rows[0].measured and "2 thread(s) 60" in rows[0].measured
     (roof,) = [r for r in rows if "roofline" in r.what]
     assert roof.met is False and roof.value == 2.01 and "20.10 ms vs 10.00 ms" in roof.measured
-    (trace,) = [r for r in rows if "traced" in r.what]
-    assert trace.met is True and trace.measured == "once per shape"
+    (compiled,) = [r for r in rows if "compilations" in r.what]
+    assert compiled.met is True and compiled.measured == "none"
     assert all(r.source == "s.json" for r in rows)
 
-    rows = bench_targets.targets({"s": _sampler({16: 3.0}, 2.0, traces=dict(prefill=1, decode=2))})
+    rows = bench_targets.targets({"s": _sampler({16: 3.0}, 2.0, compiles=1)})
     met = [r.met for r in rows]
-    assert met == [True, True, False]  # 3.0x >= 3x, 2.0x <= 2x, a second decode trace
-    assert "m/16" in rows[-1].measured
+    assert met == [True, True, False]  # 3.0x >= 3x, 2.0x <= 2x, a compile in a timed call
+    assert '"16": 1' in rows[-1].measured
 
 
 def test_train_memory_rl_rows():
@@ -87,26 +99,28 @@ def test_train_memory_rl_rows():
         warmup=2,
         ours=dict(
             seconds_per_step=0.4,
-            compile_s=12.0,
-            traces=dict(prefill=1, decode=1),
-            update_cache_size=2,
+            compiles_in_timed_steps=2,
+            warmup_seconds=[12.2, 0.6],
         ),
-        trl=dict(threads_1=trl),
+        trl={"checkpointing_off/threads_1": trl},
+        trl_compared="checkpointing_off/threads_1",
     )
     rows = bench_targets.targets(
         {"all.json": dict(benchmark="all", train=train, memory=memory), "rl.json": rl}
     )
     by_what = _by_what(rows)
-    mfu_100m = by_what["CPU: train-step MFU, 100m, rl_plain (B=2, T=256, float32)"]
+    mfu_100m = by_what["train-step MFU, 100m, rl_plain (B=2, T=256, float32)"]
     assert mfu_100m.met is False and mfu_100m.target == ">= 40%"  # 39.9%
-    assert by_what["CPU: train-step MFU, 25m, rl_plain (B=2, T=256, float32)"].met is None
+    assert mfu_100m.machine == "CPU (model not recorded)"
+    assert by_what["train-step MFU, 25m, rl_plain (B=2, T=256, float32)"].met is None
     (mem,) = [r for r in rows if "FSDP" in r.what]
     assert mem.met is False and mem.target.startswith(">= 7.2x")  # 7.19 < 0.9 * 8
     assert "719 MB -> 100 MB" in mem.measured
     gpu = [r for r in rows if r.source == "rl.json"]
-    assert gpu[0].what.startswith("GPU cuda:0: full GRPO step vs TRL") and gpu[0].met is True
-    assert gpu[1].met is False and "update" in gpu[1].measured  # compiled twice
-    assert gpu[2].met is None and gpu[2].value == 12.0
+    assert gpu[0].machine == "GPU cuda:0 (kind not recorded)" and gpu[0].met is True
+    assert gpu[0].what.startswith("full GRPO step vs TRL `GRPOTrainer`, torch 1 thread(s)")
+    assert gpu[1].met is False and gpu[1].measured == "2"  # compiled in the timed steps
+    assert gpu[2].met is None and gpu[2].value == 12.2 + 0.6 - 2 * 0.4
 
 
 def test_memory_peak_rows():
@@ -149,7 +163,7 @@ def test_rewrite_doc_replaces_only_the_block(tmp_path):
 
 
 def test_docs_table_is_the_committed_jsons_table():
-    """docs/performance.md shows what bench_targets.py makes of the JSON files it names."""
+    """docs/performance.md shows what benchmarks/targets.py makes of the JSON files it names."""
     text = (ROOT / "docs" / "performance.md").read_text()
     block = re.search(
         re.escape(bench_targets.DOC_BEGIN)
@@ -160,7 +174,7 @@ def test_docs_table_is_the_committed_jsons_table():
     )
     assert block, "docs/performance.md has no generated targets block"
     command, table = block.groups()
-    files = shlex.split(command)[2:]  # python scripts/bench_targets.py FILE...
+    files = shlex.split(command)[3:]  # python -m benchmarks.targets FILE...
     assert files, command
     import json
 

@@ -49,7 +49,7 @@ def np_fields(stats):
 
 
 # ----------------------------------------------------------------------------- NumPy references
-# Independent slow loops over rows and tokens, written from FORMULAS.md.
+# Independent slow loops over rows and tokens, written from the formulas in docs/objectives.md.
 
 
 def ref_weight(name, s, A, **kw):

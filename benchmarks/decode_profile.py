@@ -1,4 +1,4 @@
-"""Where a decode step's time goes: `python scripts/bench.py profile [options]`.
+"""Where a decode step's time goes: `python benchmarks/bench.py profile [--config=...]`.
 
 A decode step is a rollout of Tn new tokens minus a 1-token rollout (the prefill), over
 Tn - 1 steps, as in the sampler benchmark's roofline. Each of the two warm rollouts runs once
@@ -11,8 +11,9 @@ prefill's subtracted, and divided by the steps:
   step the device spends in ops at all (summed over lanes: XLA:CPU's threads overlap). On a GPU, a step far longer than its kernels is bound
   by launches and host work, not by the kernels; `ops_per_step` counts the launches.
 
-    python scripts/bench.py profile --models 0.5b --batches 256 --dtype bfloat16   # a GPU
-    python scripts/bench.py profile --models tiny --batches 64                     # CPU
+    python benchmarks/bench.py profile --config=benchmarks/configs/random_qwen2.py:0.5b \
+        --batches 256                                                   # a GPU
+    python benchmarks/bench.py profile --batches 64                     # CPU, the tiny model
 
 The trace itself stays in --trace-dir (TensorBoard's profile plugin or ui.perfetto.dev).
 """
@@ -24,15 +25,17 @@ import gzip
 import json
 import re
 import statistics
+import sys
 import tempfile
 from pathlib import Path
 
-import bench_common
+from benchmarks import common, sampler
 
 
-def add_arguments(p, sampler_args) -> None:
-    sampler_args(p)  # the model and Sampler knobs of the sampler benchmark
-    p.set_defaults(models="tiny", batches=[64], new_tokens=32, repeats=3)
+def add_arguments(p) -> None:
+    p.add_argument("--batches", type=common.ints, default=[64], help="rows")
+    p.add_argument("--new-tokens", type=int, default=32, help="decode length of the traces")
+    p.add_argument("--repeats", type=int, default=3, help="untimed rounds of the wall step")
     p.add_argument("--trace-dir", default="", help="keep the traces here (default: a temp dir)")
     p.add_argument("--top", type=int, default=30, help="ops listed per step, largest first")
 
@@ -111,16 +114,17 @@ def per_step(full: list, prefill: list, steps: int) -> dict:
     return dict(sorted(rows.items(), key=lambda kv: -kv[1]["us"]))
 
 
-def profile_model(model, batch: int, args, rollout) -> dict:
+def profile_model(model, config, batch: int, args) -> dict:
     """Traces of a Tn-token and a 1-token rollout of `model` at `batch` rows -> per-step ops."""
     import jax
 
     tn = args.new_tokens
     if tn < 2:
         raise ValueError(f"--new-tokens must be >= 2 (one decode step), got {tn}")
-    full, sampler, _ = rollout(model, batch, args, tn)
-    prefill, _, _ = rollout(model, batch, args, 1)
-    t_full, t_prefill, _ = bench_common.decode_step_rounds(full, prefill, args.repeats)
+    tokens = sampler.prompts(model.cfg.vocab_size, batch, config.data.max_prompt_len)
+    full, _ = sampler.rollout(model, config, tokens, tn)
+    prefill, _ = sampler.rollout(model, config, tokens, 1)
+    t_full, t_prefill, _ = common.decode_step_rounds(full, prefill, args.repeats)
     walls = [(f - p) / (tn - 1) for f, p in zip(t_full, t_prefill)]  # untraced step times
     root = Path(args.trace_dir or tempfile.mkdtemp(prefix="jaxrl_profile_"))
     events = {}
@@ -142,3 +146,25 @@ def profile_model(model, batch: int, args, rollout) -> dict:
         per_step=dict(list(ops.items())[: args.top]),
         trace_dir=str(root),
     )
+
+
+def bench_profile(args) -> dict:
+    """Where a decode step's time goes: a trace's ops per step, against the untraced step."""
+    config_args = getattr(args, "config_args", [])
+    config = common.load_config(config_args, sampler.DEFAULT_CONFIG)
+    model = sampler.build_model(config)
+    result = dict(
+        **common.machine_info(),
+        config_args=config_args or [f"--config={sampler.DEFAULT_CONFIG}"],
+        model=common.config_text(config.model),
+        batches={b: profile_model(model, config, b, args) for b in args.batches},
+    )
+    for batch, row in result["batches"].items():
+        top = list(row["per_step"].items())[:5]
+        print(
+            f"[{batch} rows] {row['wall_us_per_step']:.0f} us/step, ops busy "
+            f"{row['busy_us_per_step']:.0f} us in {row['ops_per_step']:.0f} ops; top: "
+            f"{json.dumps(top)}",
+            file=sys.stderr,
+        )
+    return result

@@ -1,6 +1,6 @@
 """RL steps of a large model under FSDP on fake CPU devices: host memory and compiled memory.
 
-    /usr/bin/time -v python scripts/bench_fsdp_rl.py --devices 8 --out /tmp/fsdp_rl.json
+    /usr/bin/time -v python -m benchmarks.fsdp_rl --devices 8 --out /tmp/fsdp_rl.json
 
 Builds a policy with random weights in the shape of `--model` (default: Qwen2.5-0.5B, as
 `configs/qwen_math.py` loads it; float32), a reference copy (its own arrays), both sharded
@@ -22,9 +22,9 @@ import os
 import resource
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+from benchmarks import common
+from benchmarks.configs import random_qwen2
 
 
 def parse(argv=None):
@@ -42,14 +42,10 @@ def parse(argv=None):
 
 
 def model_config(name: str, remat: str):
-    import bench_common
-
     from jaxrl_frontier.models.transformer import ModelConfig
 
-    shape = dict(
-        bench_common.QWEN2_5_0_5B if name == "0.5b" else bench_common.TINY_QWEN2,
-        tie_word_embeddings=True,
-    )
+    shape = dict(common.QWEN2_5_0_5B if name == "0.5b" else random_qwen2.MODELS["tiny"])
+    shape.update(tie_word_embeddings=True)
     return ModelConfig(
         **shape,
         qkv_bias=True,
@@ -67,7 +63,6 @@ def main(argv=None) -> dict:
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + flag).strip()
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-    import bench_common
     import jax
     import jax.numpy as jnp
     import numpy as np
@@ -191,7 +186,7 @@ def main(argv=None) -> dict:
         x.addressable_shards[0].data.nbytes for x in jax.tree.leaves(params)
     )
     if args.out:
-        bench_common.write_json(out, args.out)
+        common.write_json(out, args.out)
     else:
         import json
 

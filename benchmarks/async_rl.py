@@ -1,8 +1,8 @@
 """Seconds per RL step: rollouts on the training mesh, on a mesh of their own, and ahead of
 the learner (asynchronous, `rollout.max_staleness = 1`), on the 8-device mesh.
 
-    python scripts/bench_async.py --out artifacts/bench_async.json
-    python scripts/bench.py async
+    python benchmarks/bench.py async
+    python benchmarks/bench.py async --steps 20 --variants colocated,async
 
 Each variant trains `configs/grpo_arith.py` (the main job's shapes, from scratch) in its own
 process with the same seed and devices; the figure is the median `perf/step_seconds` of the
@@ -21,11 +21,10 @@ import statistics
 import subprocess
 import sys
 import tempfile
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench_common  # noqa: E402
+from benchmarks import common
+
+REPO = common.REPO
 
 VARIANTS = {
     "colocated": {},
@@ -81,23 +80,10 @@ def _run(variant: str, args, workdir: str) -> dict:
     )
 
 
-def _cpu() -> dict:
-    """The CPU model, its vector extensions and the load: timings depend on all three."""
-    model, flags = "unknown", set()
-    if os.path.exists("/proc/cpuinfo"):
-        for line in open("/proc/cpuinfo"):
-            key, _, value = line.partition(":")
-            if key.strip() == "model name":
-                model = value.strip()
-            elif key.strip() == "flags":
-                flags = set(value.split())
-    ext = [e for e in ("avx2", "avx512f", "amx_tile") if e in flags]
-    return dict(cpu_model=model, vector_extensions=ext, load_average=os.getloadavg())
-
-
 def bench_async(args) -> dict:
     """Seconds per RL step: colocated, roles on their own devices, and asynchronous."""
-    out = dict(**bench_common.machine_info(), **_cpu(), settings=vars(args).copy(), variants={})
+    settings = {k: v for k, v in vars(args).items() if k != "config_args"}
+    out = dict(**common.machine_info(), settings=settings, variants={})
     for variant in args.variants.split(","):
         with tempfile.TemporaryDirectory() as workdir:
             out["variants"][variant] = _run(variant, args, workdir)
@@ -109,15 +95,3 @@ def bench_async(args) -> dict:
             v["colocated"]["seconds_per_step"] / v["async"]["seconds_per_step"]
         )
     return out
-
-
-if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    add_arguments(parser)
-    parser.add_argument("--out", default=None)
-    args = parser.parse_args()
-    result = bench_async(args)
-    text = json.dumps(result, indent=2)
-    if args.out:
-        Path(args.out).write_text(text + "\n")
-    print(text)

@@ -3,12 +3,12 @@ backward, clip + AdamW) on random Llama-shaped models, against a matmul peak mea
 same run; and per-device bytes under FSDP on 8 fake devices: params + optimizer state, and
 the compiled update's arguments, temporaries and peak (`compiled.memory_analysis()`).
 
-    python scripts/bench_train.py mfu --out artifacts/bench_train.json
-    python scripts/bench_train.py mfu --models 25m --variants rl_plain,rl_fused --repeats 3
-    python scripts/bench_train.py memory --out artifacts/bench_memory.json
+    python benchmarks/bench.py train
+    python benchmarks/bench.py train --models 25m --variants rl_plain,rl_fused --repeats 3
+    python benchmarks/bench.py memory
 
-`bench_mfu(args)` and `bench_memory(args)` are the library entries (scripts/bench.py wires
-them as `train` and `memory`, with `add_mfu_arguments` / `add_memory_arguments`).
+`bench_mfu(args)` and `bench_memory(args)` are registered in benchmarks/bench.py as `train`
+and `memory`, with `add_mfu_arguments` / `add_memory_arguments`.
 
 FLOPs of one step (stated in the JSON as `flops_formula`):
 
@@ -32,13 +32,10 @@ import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import bench_common  # noqa: E402  (scripts/ is on sys.path when run or imported)
+from benchmarks import common
 
 # Llama-shaped (no qkv bias), GQA, tied embeddings.
 TRAIN_MODELS = {
@@ -58,14 +55,14 @@ TRAIN_MODELS = {
         num_heads=12,
         num_kv_heads=4,
     ),
-    "0.5b": bench_common.QWEN2_5_0_5B,  # without qkv bias: for a GPU
+    "0.5b": common.QWEN2_5_0_5B,  # without qkv bias: for a GPU
 }
 DEFAULT_BATCH = {"25m": 4, "100m": 2, "0.5b": 16}
 VARIANTS = ("rl_plain", "rl_fused", "sft_fused", "rl_fused_remat")
 FLOPS_FORMULA = "6 * (N_nonembed + V*D) * B*T + 12 * L * T^2 * D * B"
 
 
-median_time, matmul_peak = bench_common.median_time, bench_common.matmul_peak
+median_time, matmul_peak = common.median_time, common.matmul_peak
 
 
 def model_config(name: str, dtype: str = "float32", remat: bool | str = False):
@@ -248,7 +245,7 @@ def bench_mfu(args) -> dict:
         k, v = item.split("=")
         batches[k] = int(v)
     result = dict(
-        **bench_common.machine_info(),
+        **common.machine_info(),
         flops_formula=FLOPS_FORMULA,
         rounds=args.repeats,
         models={},
@@ -431,37 +428,15 @@ def bench_memory(args) -> dict:
         env.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={args.devices}"
     ).strip()
     env["JAX_PLATFORMS"] = "cpu"
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(common.REPO), env.get("PYTHONPATH")]))
     code = (
-        "import json, sys; sys.path.insert(0, 'scripts'); import bench_train; "
-        f"print('@@' + json.dumps(bench_train._memory_child({args.model!r})))"
+        "import json; from benchmarks import train; "
+        f"print('@@' + json.dumps(train._memory_child({args.model!r})))"
     )
-    root = Path(__file__).resolve().parents[1]
-    proc = subprocess.run(
-        [sys.executable, "-c", code], env=env, cwd=root, capture_output=True, text=True
-    )
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     if proc.returncode:
         raise RuntimeError(f"memory child failed:\n{proc.stderr[-4000:]}")
     line = [x for x in proc.stdout.splitlines() if x.startswith("@@")][-1]
     result = dict(model=args.model, config=TRAIN_MODELS[args.model], **json.loads(line[2:]))
     result["xla_flags"] = env["XLA_FLAGS"]
     return result
-
-
-# ----------------------------------------------------------------------------- main
-
-
-def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="name", required=True)
-    for name, add in (("mfu", add_mfu_arguments), ("memory", add_memory_arguments)):
-        p = sub.add_parser(name)
-        p.add_argument("--out", default=f"artifacts/bench_{name}.json")
-        add(p)
-    args = parser.parse_args(argv)
-    run = bench_mfu if args.name == "mfu" else bench_memory
-    result = dict(benchmark=args.name, **run(args))
-    return bench_common.write_json(result, args.out)
-
-
-if __name__ == "__main__":
-    main()

@@ -1,0 +1,235 @@
+"""Helpers shared by the benchmarks: the config, the machine, timing, the matmul peak, JSON.
+
+Nothing here imports jax or torch at module level: the orchestrating process of a benchmark
+with a torch peer imports neither (`benchmarks/peers.py`), and each side's timing runs in a
+process of its own.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+# The packages whose versions a figure depends on (recorded in every JSON).
+VERSIONED = (
+    "jax",
+    "jaxlib",
+    "flax",
+    "optax",
+    "numpy",
+    "torch",
+    "transformers",
+    "trl",
+    "accelerate",
+)
+
+# Qwen2.5-0.5B's shape, the ~0.5B model of the GPU benchmarks (train.py; the sampler's comes
+# from benchmarks/configs/random_qwen2.py).
+QWEN2_5_0_5B = dict(
+    vocab_size=151936,
+    hidden_size=896,
+    intermediate_size=4864,
+    num_layers=24,
+    num_heads=14,
+    num_kv_heads=2,
+)
+
+
+def ints(text: str) -> list[int]:
+    """'16,64' -> [16, 64] (a comma-separated list option)."""
+    return [int(x) for x in text.split(",") if x]
+
+
+# ----------------------------------------------------------------------------- config
+
+
+def split_config_args(argv: list[str]) -> tuple[list[str], list[str]]:
+    """argv -> (the `--config=FILE[:ARG]` / `--config.KEY=VALUE` arguments, the others)."""
+    config, rest = [], []
+    for a in argv:
+        (config if a == "--config" or a.startswith(("--config=", "--config.")) else rest).append(a)
+    return config, rest
+
+
+def load_config(config_args: list[str], default: str):
+    """The experiment config as training reads it: `--config=FILE[:ARG]` (default `default`)
+    and `--config.KEY=VALUE` overrides, parsed by ml_collections' config flags."""
+    from absl import flags
+    from ml_collections import config_flags
+
+    if not any(a.startswith("--config=") for a in config_args):  # default: in this checkout
+        config_args = [f"--config={REPO / default}", *config_args]
+    argv = ["benchmark", *config_args]
+    values = flags.FlagValues()
+    config_flags.DEFINE_config_file(
+        "config", None, "config file", flag_values=values, sys_argv=argv
+    )
+    try:
+        values(argv)
+    except (flags.Error, AttributeError, KeyError, TypeError, ValueError, OSError) as e:
+        raise SystemExit(f"config error ({' '.join(config_args)}): {e}") from None
+    return values.config
+
+
+def config_text(config) -> dict:
+    """A config as JSON-able nested dicts (what the benchmark ran, in its JSON)."""
+    return json.loads(config.to_json_best_effort())
+
+
+# ----------------------------------------------------------------------------- machine
+
+
+def cpu_info() -> dict:
+    """The CPU model, its vector extensions (AVX2, AVX-512, AMX) and cores, from
+    /proc/cpuinfo: CPU timings depend on all three."""
+    model, flags = platform.processor() or "unknown", set()
+    if os.path.exists("/proc/cpuinfo"):
+        for line in open("/proc/cpuinfo"):
+            key, _, value = line.partition(":")
+            if key.strip() == "model name":
+                model = value.strip()
+            elif key.strip() == "flags":
+                flags = set(value.split())
+    names = {"avx2": "AVX2", "avx512f": "AVX-512", "amx_tile": "AMX"}
+    return dict(
+        cpu_model=model,
+        vector_extensions=[name for flag, name in names.items() if flag in flags],
+        cpu_count=os.cpu_count(),
+    )
+
+
+def versions() -> dict:
+    """Installed versions of `VERSIONED` (read from metadata: nothing is imported)."""
+    out = {}
+    for name in VERSIONED:
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def machine_info(jax_device: bool = True) -> dict:
+    """Where a figure was measured: CPU model and extensions, cores, load average, library
+    versions, XLA flags and (with `jax_device`, which imports jax) JAX's device."""
+    out = dict(
+        **cpu_info(),
+        load_average=list(os.getloadavg()),
+        platform=platform.platform(),
+        python=platform.python_version(),
+        versions=versions(),
+        xla_flags=os.environ.get("XLA_FLAGS", ""),
+    )
+    if jax_device:
+        import jax
+
+        dev = jax.devices()[0]
+        out.update(device=str(dev), device_kind=dev.device_kind, device_count=jax.device_count())
+    return out
+
+
+def foreign_modules(*roots: str) -> list[str]:
+    """The top-level modules among `roots` this process has imported (a timing process
+    reports which of the other side's frameworks it holds: none)."""
+    return sorted({m.split(".")[0] for m in sys.modules} & set(roots))
+
+
+# ----------------------------------------------------------------------------- timing
+
+
+def median_time(fn, repeats: int) -> tuple[float, list[float]]:
+    """Median wall time of `repeats` calls of `fn` (already compiled), and every time."""
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), times
+
+
+def decode_step_rounds(full, prefill, repeats: int, each_round=None):
+    """Rounds for timing a decode step as (T(full) - T(prefill)) / (Tn - 1): a rollout of Tn
+    >= 2 new tokens is the prefill (which samples the first token) plus Tn - 1 decode steps,
+    and a 1-token rollout is the prefill alone. Each round runs `each_round()` (e.g. a
+    matmul-peak probe; its results are returned), then the two warm rollouts back to back.
+    Returns (full seconds, prefill seconds, each_round's results), one per round."""
+    t_full, t_prefill, probes = [], [], []
+    for _ in range(repeats):
+        probes.append(each_round() if each_round else None)
+        for run, times in ((full, t_full), (prefill, t_prefill)):
+            t0 = time.perf_counter()
+            run()
+            times.append(time.perf_counter() - t0)
+    return t_full, t_prefill, probes
+
+
+def matmul_peak(n: int = 2048, repeats: int = 5) -> dict:
+    """GFLOP/s of an n x n jnp matmul in f32 and bf16 (median of repeats); peak = the best."""
+    import jax
+    import jax.numpy as jnp
+
+    out = {}
+    for name, dt in (("float32", jnp.float32), ("bfloat16", jnp.bfloat16)):
+        a = jax.random.normal(jax.random.key(0), (n, n), dt)
+        b = jax.random.normal(jax.random.key(1), (n, n), dt)
+        mm = jax.jit(lambda x, y: x @ y)
+        mm(a, b).block_until_ready()
+        t, _ = median_time(lambda mm=mm, a=a, b=b: mm(a, b).block_until_ready(), repeats)
+        out[f"{name}_gflops"] = 2 * n**3 / t / 1e9
+    out["peak_gflops"] = max(out["float32_gflops"], out["bfloat16_gflops"])
+    out["n"] = n
+    return out
+
+
+class CompileCounter:
+    """Counts XLA compilations while active (`jax.monitoring`'s backend-compile event): a
+    same-shaped second call compiles nothing."""
+
+    EVENT = "/jax/core/compile/backend_compile_duration"
+
+    def __init__(self):
+        import jax
+
+        self.times: list[float] = []  # time.time() at the end of each compilation
+        jax.monitoring.register_event_duration_secs_listener(self._listen)
+
+    @property
+    def count(self) -> int:
+        return len(self.times)
+
+    def _listen(self, event: str, duration: float, **kwargs) -> None:
+        if event == self.EVENT:
+            self.times.append(time.time())
+
+
+# ----------------------------------------------------------------------------- output
+
+
+def write_json(result: dict, path: str | Path, *, echo: bool = True) -> dict:
+    """Write `result` to `path` (parents created) and, with `echo`, print it."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(result, indent=2)
+    path.write_text(text + "\n")
+    if echo:
+        print(text)
+    return result
+
+
+def standalone_main(name: str, doc: str, add_arguments, run, argv=None) -> dict:
+    """`python -m benchmarks.<module> [--out PATH] [options]`: one benchmark, JSON written."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--out", default=f"artifacts/{name}.json", help="JSON path")
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    return write_json(dict(benchmark=name, **run(args)), args.out)

@@ -1,0 +1,1 @@
+"""get_config() files of the benchmarks (the training config schema, benchmark shapes)."""

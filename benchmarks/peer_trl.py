@@ -1,0 +1,99 @@
+"""The TRL side of the rl benchmark, in its own process (benchmarks/peers.py).
+
+Request (JSON on stdin): model_dir (weights and tokenizer), vocab, prompts, group_size,
+prompt_len, new_tokens, beta, temperature, lr, warmup, steps, threads and
+gradient_checkpointing: 'off' (the compared figure) or 'default' (GRPOConfig's own, recorded
+as `gradient_checkpointing`). Times `GRPOTrainer` optimizer steps with a callback from step
+begin to step end; the median after `warmup` steps.
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+import time
+
+
+def time_grpo(request: dict) -> dict:
+    import datasets
+    import numpy as np
+    import torch
+    import transformers
+    import trl
+
+    torch.set_num_threads(request["threads"])
+    torch.manual_seed(0)
+    n_steps = request["warmup"] + request["steps"]
+    n_prompts = n_steps * request["prompts"]
+    tokenizer = transformers.AutoTokenizer.from_pretrained(request["model_dir"])
+    rng = np.random.default_rng(0)
+    prompts = [  # exactly prompt_len words of one token each
+        " ".join(f"w{t}" for t in rng.integers(3, request["vocab"], request["prompt_len"]))
+        for _ in range(n_prompts)
+    ]
+
+    def reward(completions, **kwargs):  # cheap, like a verifier: count one word
+        return [float(c.count("w7")) for c in completions]
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        request["model_dir"], dtype=torch.float32
+    )
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    step_times: list[float] = []
+
+    class Timer(transformers.TrainerCallback):
+        def on_step_begin(self, *a, **kw):
+            self.t0 = time.perf_counter()
+
+        def on_step_end(self, *a, **kw):
+            step_times.append(time.perf_counter() - self.t0)
+
+    with tempfile.TemporaryDirectory() as out:
+        settings = dict(
+            output_dir=out,
+            per_device_train_batch_size=request["prompts"] * request["group_size"],
+            num_generations=request["group_size"],
+            max_completion_length=request["new_tokens"],
+            max_steps=n_steps,
+            learning_rate=request["lr"],
+            beta=request["beta"],
+            temperature=request["temperature"],
+            use_cpu=not torch.cuda.is_available(),
+            bf16=False,
+            report_to=[],
+            save_strategy="no",
+            logging_steps=10**6,
+            disable_tqdm=True,
+            dataloader_num_workers=0,
+            seed=0,
+        )
+        if request["gradient_checkpointing"] == "off":
+            settings["gradient_checkpointing"] = False
+        config = trl.GRPOConfig(**settings)
+        trainer = trl.GRPOTrainer(
+            model=model,
+            reward_funcs=reward,
+            args=config,
+            train_dataset=datasets.Dataset.from_dict({"prompt": prompts}),
+            processing_class=tokenizer,
+            callbacks=[Timer()],
+        )
+        trainer.train()
+    timed = step_times[request["warmup"] :]
+    return dict(
+        seconds_per_step=statistics.median(timed),
+        times=timed,
+        warmup_seconds=step_times[: request["warmup"]],
+        torch_threads=torch.get_num_threads(),
+        gradient_checkpointing=bool(config.gradient_checkpointing),
+        gradient_checkpointing_setting=request["gradient_checkpointing"],
+        trl=trl.__version__,
+        prompt_tokens=float(np.mean([len(tokenizer(p)["input_ids"]) for p in prompts])),
+    )
+
+
+if __name__ == "__main__":
+    from benchmarks import peers
+
+    peers.child_main(time_grpo, peers.TORCH_SIDE)

@@ -1,0 +1,167 @@
+"""One full GRPO step, ours against TRL's `GRPOTrainer`, on the same weights and shapes.
+
+    python benchmarks/bench.py rl --config=benchmarks/configs/grpo_random_qwen2.py
+    python benchmarks/bench.py rl --steps 8 --torch-threads 1,2 --config.data.prompt_batch=4
+
+The shapes come from the config (`data.prompt_batch` prompts x `rollout.group_size`
+completions of `rollout.max_new_tokens` tokens, prompts of `data.max_prompt_len`
+positions, `objective.kl_coef` as TRL's beta, `optimizer.lr`, `rollout.temperature`).
+
+Each side in a process of its own (benchmarks/peers.py), one after the other. This process
+(neither jax nor torch) writes a word-level tokenizer (`save_tokenizer`: one token a word) into
+a Hugging Face directory; the JAX child adds the config's random model to it and trains
+`warmup + steps` steps with `trainer.train` (`model.init='hf'`, `tokenizer.kind='hf'` on
+that directory): a step is the trainer's own (prompts, rollout, rewards, advantages,
+update), its time `perf/step_seconds`. A TRL child per torch thread count and
+gradient-checkpointing setting loads the same directory and times `GRPOTrainer` optimizer
+steps (generate, reward, log-probs, loss, backward, AdamW) with a callback. The figure is
+the median after the warm-up steps; the compared TRL figure is its fastest thread count
+with gradient checkpointing off; its default setting is reported beside it.
+
+Prompts: ours are the arithmetic task's (left-padded to `data.max_prompt_len`), TRL's
+`data.max_prompt_len` random words of one token each: the same prompt positions, and
+random weights make the contents irrelevant to the cost. Rewards are cheap on both sides.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from benchmarks import common, peers
+
+DEFAULT_CONFIG = "benchmarks/configs/grpo_random_qwen2.py"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--steps", type=int, default=10, help="timed steps after the warm-up")
+    p.add_argument("--warmup", type=int, default=2, help="first steps left out (>= 1: compiles)")
+    p.add_argument("--torch-threads", type=common.ints, default=[1, 2])
+    p.add_argument("--no-trl", action="store_true")
+
+
+SPECIAL = dict(pad_token="<pad>", eos_token="<eos>", unk_token="<unk>")  # ids 0, 1, 2
+
+
+def save_tokenizer(path: str, vocab: int) -> None:
+    """A word-level tokenizer: ids 0, 1, 2 the `SPECIAL` tokens, then 'w3'..'w{vocab-1}', one
+    token a word (special names that are no word's prefix: added tokens match inside words),
+    as a Hugging Face tokenizer.json + tokenizer_config.json (read by ours and by TRL)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    words = {name: i for i, name in enumerate(SPECIAL.values())}
+    words.update({f"w{i}": i for i in range(len(words), vocab)})
+    tok = Tokenizer(models.WordLevel(words, unk_token=SPECIAL["unk_token"]))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    Path(path).mkdir(parents=True, exist_ok=True)
+    tok.save(str(Path(path) / "tokenizer.json"))
+    config = dict(tokenizer_class="PreTrainedTokenizerFast", padding_side="left", **SPECIAL)
+    (Path(path) / "tokenizer_config.json").write_text(json.dumps(config))
+
+
+# ----------------------------------------------------------------------------- ours (JAX)
+
+
+def time_ours(request: dict) -> dict:
+    """The JAX child: save the random model, train warmup + steps steps, read the times."""
+    from benchmarks import sampler
+    from jaxrl_frontier import trainer
+    from jaxrl_frontier.models import hf
+
+    config = common.load_config(request["config_args"], DEFAULT_CONFIG)
+    model_dir, n = request["model_dir"], request["warmup"] + request["steps"]
+    hf.save(sampler.build_model(config), model_dir, dtype="float32")
+    config.model.update(init="hf", path=model_dir)
+    config.tokenizer.update(kind="hf", path=model_dir)
+    config.train.update(steps=n, log_every=1, eval_every=10**6, checkpoint_every=10**6)
+    counter = common.CompileCounter()
+    with tempfile.TemporaryDirectory() as workdir:
+        t0 = time.time()
+        trainer.train(config, workdir)
+        wall = time.time() - t0
+        rows = [json.loads(line) for line in open(Path(workdir) / "metrics.jsonl")]
+    rows, compiles = [r for r in rows if "perf/step_seconds" in r], counter.times
+    timed = rows[request["warmup"] :]
+    times = [r["perf/step_seconds"] for r in timed]
+    seconds = statistics.median(times)
+    rollout = statistics.median(r["rollout/seconds"] for r in timed)
+    return dict(
+        **common.machine_info(),
+        seconds_per_step=seconds,
+        rollout_seconds=rollout,
+        rollout_fraction=rollout / seconds,
+        times=times,
+        warmup_seconds=[r["perf/step_seconds"] for r in rows[: request["warmup"]]],
+        run_wall_s=wall,
+        compiles=len(compiles),
+        # between the end of the warm-up and the last step's row (the run's final eval and
+        # export compile their own programs after it)
+        compiles_in_timed_steps=sum(
+            rows[request["warmup"] - 1]["time"] < t <= rows[-1]["time"] for t in compiles
+        ),
+        mean_completion_len=statistics.median(r["rollout/response_length"] for r in timed),
+        threads="XLA CPU default (intra-op pool over all cores)",
+    )
+
+
+# ----------------------------------------------------------------------------- orchestration
+
+
+def bench_rl(args) -> dict:
+    """A full GRPO step: ours vs TRL `GRPOTrainer` (each in its own process), same weights."""
+    config_args = getattr(args, "config_args", [])
+    config = common.load_config(config_args, DEFAULT_CONFIG)
+    shape = dict(
+        prompts=config.data.prompt_batch,
+        group_size=config.rollout.group_size,
+        prompt_len=config.data.max_prompt_len,
+        new_tokens=config.rollout.max_new_tokens,
+        beta=config.objective.kl_coef,
+        temperature=config.rollout.temperature,
+        lr=config.optimizer.lr,
+    )
+    result = dict(
+        **common.machine_info(jax_device=False),
+        config_args=config_args or [f"--config={DEFAULT_CONFIG}"],
+        model=common.config_text(config.model),
+        **shape,
+        steps=args.steps,
+        warmup=args.warmup,
+        processes="ours, and TRL at each thread count and checkpointing setting, each alone",
+    )
+    with tempfile.TemporaryDirectory() as model_dir:
+        save_tokenizer(model_dir, config.model.vocab_size)
+        request = dict(
+            config_args=config_args, model_dir=model_dir, warmup=args.warmup, steps=args.steps
+        )
+        result["ours"] = ours = peers.run_child("benchmarks.rl", request)
+        result["device"], result["device_kind"] = ours["device"], ours["device_kind"]
+        print(f"[ours] {json.dumps(ours)}", file=sys.stderr)
+        if args.no_trl:
+            result["trl_skipped"] = "--no-trl"
+            return result
+        trl_request = dict(request, vocab=config.model.vocab_size, **shape)
+        result["trl"] = {}
+        for checkpointing in ("off", "default"):
+            for threads in args.torch_threads:
+                req = dict(trl_request, gradient_checkpointing=checkpointing)
+                try:
+                    row = peers.run_child("benchmarks.peer_trl", req, threads=threads)
+                except peers.ChildError as e:  # trl not installed: said in the JSON
+                    result["trl_skipped"] = str(e)[-500:]
+                    return result
+                row["ours_speedup"] = row["seconds_per_step"] / ours["seconds_per_step"]
+                result["trl"][f"checkpointing_{checkpointing}/threads_{threads}"] = row
+                print(f"[trl {checkpointing} {threads}] {json.dumps(row)}", file=sys.stderr)
+    off = {k: v for k, v in result["trl"].items() if k.startswith("checkpointing_off/")}
+    result["trl_compared"] = peers.best_of(off, "seconds_per_step", lower_is_better=True)
+    return result
+
+
+if __name__ == "__main__":
+    peers.child_main(time_ours, peers.JAX_SIDE)

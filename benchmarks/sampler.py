@@ -1,0 +1,283 @@
+"""Decode tokens/s of `Sampler.generate` against transformers `generate` on the same
+weights, and the decode step against its FLOP roofline.
+
+    python benchmarks/bench.py sampler --config=benchmarks/configs/random_qwen2.py:tiny
+    python benchmarks/bench.py sampler --config=benchmarks/configs/random_qwen2.py:25m \\
+        --batches 16,64 --repeats 3 --config.rollout.max_new_tokens=64
+
+The model, the prompt length (`data.max_prompt_len`), the completion length
+(`rollout.max_new_tokens`), the sampling settings (`rollout.temperature`, `top_k`, `top_p`,
+`min_p`) and the KV-cache dtype (`rollout.cache_dtype`) come from the config, as in
+training; the benchmark's own flags are the row counts, repeats and the roofline's sizes.
+
+Three kinds of process, one after the other: this one (imports neither jax nor torch) draws
+the prompts; a JAX child builds the random model (`model.*`, seed `seed`), saves it as a
+Hugging Face directory, and times ours; a torch child per thread count (`--torch-threads`,
+default 1 and 2) loads that directory and times `generate` on the same prompts, lengths
+and sampling settings (no EOS: every row runs to the end on both sides). The speedup is
+ours over the faster thread count; both are in the JSON.
+
+Roofline: a decode step at `--roofline-batch` rows is timed as (T(Tn) - T(1)) / (Tn - 1)
+(a Tn-token rollout is the prefill plus Tn - 1 steps; a 1-token one is the prefill alone),
+against 2 x the parameters touched per token + attention over the cache, at the FLOP/s of
+an n x n matmul timed round-robin with it (the machine is shared).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+from benchmarks import common, peers
+
+DEFAULT_CONFIG = "benchmarks/configs/random_qwen2.py:tiny"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--batches", type=common.ints, default=[16, 64, 256], help="rows")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--torch-threads", type=common.ints, default=[1, 2])
+    p.add_argument("--no-hf", action="store_true", help="skip transformers generate")
+    p.add_argument("--roofline-batch", type=int, default=256, help="0: no roofline")
+    p.add_argument("--roofline-new-tokens", type=int, default=32)
+    p.add_argument(
+        "--peak-n", type=int, default=2048, help="matmul size of the peak (8192 on a GPU)"
+    )
+
+
+def sampling_settings(config) -> dict:
+    """The settings both sides sample with (stated in the JSON)."""
+    r = config.rollout
+    return dict(
+        prompt_len=config.data.max_prompt_len,
+        new_tokens=r.max_new_tokens,
+        temperature=r.temperature,
+        top_k=r.top_k,
+        top_p=r.top_p,
+        min_p=r.min_p,
+        eos="none (every row runs to new_tokens)",
+        prompt_ids="uniform random token ids in [1, vocab), numpy default_rng(rows)",
+    )
+
+
+def prompts(vocab: int, rows: int, length: int) -> list[list[int]]:
+    """The same prompts for both sides: [rows, length] token ids."""
+    return np.random.default_rng(rows).integers(1, vocab, (rows, length)).tolist()
+
+
+# ----------------------------------------------------------------------------- ours (JAX)
+
+
+def build_model(config):
+    """The config's model with random weights (numpy-drawn: fast at any size)."""
+    from jaxrl_frontier import build
+    from jaxrl_frontier.models.random_init import random_model
+
+    if not config.model.vocab_size:
+        raise SystemExit("config key 'model.vocab_size' must be set for a benchmark model")
+    return random_model(build.model_config_from(config, None), seed=config.seed)
+
+
+def decode_step_flops(cfg, batch: int, cache_len: float) -> float:
+    """Matmul FLOPs of one decode step: 2 * params touched per token (the embedding is a
+    gather, the output layer a matmul) plus attention's q.k and p.v over the cache."""
+    per_token = cfg.num_params() - cfg.vocab_size * cfg.hidden_size * (
+        0 if cfg.tie_word_embeddings else 1
+    )
+    attn = 4 * cfg.num_layers * cfg.num_heads * cfg.resolved_head_dim * cache_len
+    return batch * (2 * per_token + attn)
+
+
+def rollout(model, config, tokens, new_tokens: int):
+    """A warm rollout of `tokens` [B, T] -> (run, compile + first call seconds); run()
+    blocks until the rollout is ready, each call with a new key."""
+    import jax
+
+    from jaxrl_frontier.sampling import Sampler, SamplingParams
+
+    r = config.rollout
+    tokens = np.asarray(tokens, np.int32)
+    sampler = Sampler(model, pad_id=0, prompt_buckets=(tokens.shape[1],), cache_dtype=r.cache_dtype)
+    params = SamplingParams(
+        max_new_tokens=new_tokens,
+        temperature=r.temperature,
+        top_k=r.top_k,
+        top_p=r.top_p,
+        min_p=r.min_p,
+    )
+    mask, calls = np.ones_like(tokens), itertools.count()
+
+    def run():
+        return jax.block_until_ready(
+            sampler.generate(tokens, mask, params, jax.random.key(next(calls)))
+        )
+
+    t0 = time.perf_counter()
+    ro = run()
+    first = time.perf_counter() - t0
+    assert int(np.asarray(ro.lengths).min()) == new_tokens  # no EOS: every row runs to the end
+    return run, first
+
+
+def peak_probe(dtype: str, n: int, calls: int = 3):
+    """A compiled n x n matmul in the compute dtype; probe() -> best FLOP/s of `calls`."""
+    import jax
+
+    a = jax.random.normal(jax.random.key(0), (n, n), dtype)
+    mm = jax.jit(lambda x, y: x @ y).lower(a, a).compile()
+    mm(a, a).block_until_ready()
+
+    def probe() -> float:
+        best = float("inf")
+        for _ in range(calls):
+            t0 = time.perf_counter()
+            mm(a, a).block_until_ready()
+            best = min(best, time.perf_counter() - t0)
+        return 2 * n**3 / best
+
+    return probe
+
+
+def roofline(model, config, rows: int, new_tokens: int, repeats: int, peak_n: int) -> dict:
+    """One decode step at `rows` rows against its FLOPs at the matmul peak (module doc)."""
+    if new_tokens < 2:
+        raise ValueError(f"--roofline-new-tokens must be >= 2 (one decode step), got {new_tokens}")
+    tokens = prompts(model.cfg.vocab_size, rows, config.data.max_prompt_len)
+    probe = peak_probe(model.cfg.dtype, peak_n)
+    full, _ = rollout(model, config, tokens, new_tokens)
+    prefill, _ = rollout(model, config, tokens, 1)
+    t_full, t_prefill, peaks = map(
+        np.asarray, common.decode_step_rounds(full, prefill, repeats, each_round=probe)
+    )
+    flops = decode_step_flops(model.cfg, rows, config.data.max_prompt_len + new_tokens / 2)
+    steps = (t_full - t_prefill) / (new_tokens - 1)
+    return dict(
+        batch=rows,
+        new_tokens=new_tokens,
+        step_s=float(np.median(steps)),
+        step_gflops=flops / 1e9,
+        peak_gflops_per_round=(peaks / 1e9).tolist(),
+        roofline_step_s=float(flops / np.median(peaks)),
+        step_over_roofline=float(np.median(steps / (flops / peaks))),
+        step_over_roofline_best=float(steps.min() / (flops / peaks.max())),
+        prefill_s=float(np.median(t_prefill)),
+        step_method="(T(new_tokens) - T(1)) / (new_tokens - 1), per round",
+    )
+
+
+def time_ours(request: dict) -> dict:
+    """The JAX child: build and save the model, time ours at each row count, the roofline."""
+    from jaxrl_frontier.models import hf
+
+    config = common.load_config(request["config_args"], DEFAULT_CONFIG)
+    counter = common.CompileCounter()
+    model = build_model(config)
+    hf.save(model, request["hf_dir"], dtype="float32")
+    new_tokens, out = config.rollout.max_new_tokens, {}
+    for rows, tokens in request["prompts"].items():
+        run, first = rollout(model, config, tokens, new_tokens)
+        before = counter.count
+        median, times = common.median_time(run, request["repeats"])
+        out[rows] = dict(
+            seconds=median,
+            tokens_per_s=int(rows) * new_tokens / median,
+            best_tokens_per_s=int(rows) * new_tokens / min(times),
+            compile_s=first - median,
+            compiles_in_timed_calls=counter.count - before,
+            times=times,
+        )
+        print(f"[ours] {rows} rows: {json.dumps(out[rows])}", file=sys.stderr)
+    result = dict(
+        **common.machine_info(),
+        params=model.cfg.num_params(),
+        dtype=model.cfg.dtype,
+        batches=out,
+    )
+    if request["roofline_batch"]:
+        result["roofline"] = roofline(
+            model,
+            config,
+            request["roofline_batch"],
+            request["roofline_new_tokens"],
+            request["repeats"],
+            request["peak_n"],
+        )
+        print(f"[ours] roofline: {json.dumps(result['roofline'])}", file=sys.stderr)
+    return result
+
+
+# ----------------------------------------------------------------------------- orchestration
+
+
+def bench_sampler(args) -> dict:
+    """Decode tokens/s vs transformers `generate` (each in its own process), and the roofline."""
+    config_args = getattr(args, "config_args", [])
+    config = common.load_config(config_args, DEFAULT_CONFIG)
+    settings = sampling_settings(config)
+    shared = {
+        str(b): prompts(config.model.vocab_size, b, config.data.max_prompt_len)
+        for b in args.batches
+    }
+    result = dict(
+        **common.machine_info(jax_device=False),
+        config_args=config_args or [f"--config={DEFAULT_CONFIG}"],
+        model=common.config_text(config.model),
+        settings=settings,
+        repeats=args.repeats,
+        processes="ours, and transformers at each thread count, each in its own process",
+    )
+    with tempfile.TemporaryDirectory() as hf_dir:
+        request = dict(
+            config_args=config_args,
+            hf_dir=hf_dir,
+            prompts=shared,
+            repeats=args.repeats,
+            roofline_batch=args.roofline_batch,
+            roofline_new_tokens=args.roofline_new_tokens,
+            peak_n=args.peak_n,
+        )
+        result["ours"] = ours = peers.run_child("benchmarks.sampler", request)
+        result["device"], result["device_kind"] = ours["device"], ours["device_kind"]
+        if not args.no_hf:
+            hf_request = dict(
+                hf_dir=hf_dir,
+                prompts=shared,
+                repeats=args.repeats,
+                dtype=config.model.dtype,
+                **settings,
+            )
+            result["transformers"] = peers.thread_runs(
+                "benchmarks.peer_hf", hf_request, args.torch_threads
+            )
+    result["rows"] = compare(result)
+    return result
+
+
+def compare(result: dict) -> dict:
+    """Per row count: ours over the faster transformers thread count (medians, and best
+    over best)."""
+    rows = {}
+    for b, ours in result["ours"]["batches"].items():
+        row = dict(ours_tokens_per_s=ours["tokens_per_s"])
+        hf = {name: run["batches"][b] for name, run in result.get("transformers", {}).items()}
+        if hf:
+            best = peers.best_of(hf, "tokens_per_s", lower_is_better=False)
+            row.update(
+                transformers_tokens_per_s={k: v["tokens_per_s"] for k, v in hf.items()},
+                transformers_best=best,
+                speedup=ours["tokens_per_s"] / hf[best]["tokens_per_s"],
+                speedup_best=ours["best_tokens_per_s"]
+                / max(v["best_tokens_per_s"] for v in hf.values()),
+            )
+        rows[b] = row
+    return rows
+
+
+if __name__ == "__main__":
+    peers.child_main(time_ours, peers.JAX_SIDE)

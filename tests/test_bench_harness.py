@@ -1,0 +1,132 @@
+"""benchmarks/: each side of a peer comparison in its own process (the JAX timing process
+never imports torch, the orchestrator neither framework), the comparison picks the faster
+torch thread count, and every JSON names its machine."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from benchmarks import common, peers, sampler, targets
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# A model small enough to compile in a few seconds (the config schema's keys, as a user
+# overrides them).
+TINY = [
+    "--config.model.vocab_size=64",
+    "--config.model.hidden_size=32",
+    "--config.model.intermediate_size=64",
+    "--config.model.num_layers=1",
+    "--config.model.num_heads=2",
+    "--config.model.num_kv_heads=1",
+    "--config.data.max_prompt_len=4",
+    "--config.rollout.max_new_tokens=3",
+]
+
+
+def test_jax_timing_process_never_imports_torch(tmp_path):
+    request = dict(
+        config_args=TINY,
+        hf_dir=str(tmp_path / "hf"),
+        prompts={"2": sampler.prompts(64, 2, 4)},
+        repeats=1,
+        roofline_batch=0,
+        roofline_new_tokens=2,
+        peak_n=64,
+    )
+    out = peers.run_child("benchmarks.sampler", request)
+    assert out["foreign_modules"] == []  # no torch, transformers, trl, accelerate
+    assert out["batches"]["2"]["compiles_in_timed_calls"] == 0
+    assert out["batches"]["2"]["tokens_per_s"] > 0
+    assert (tmp_path / "hf" / "config.json").is_file()  # the weights the torch side loads
+    assert out["cpu_count"] >= 1 and "versions" in out and "load_average" in out
+
+
+def test_orchestrator_imports_neither_framework():
+    code = (
+        "import sys; import benchmarks.bench; "
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'jax', 'torch', 'flax'}))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == "[]"
+
+
+def test_child_reports_the_other_sides_modules(monkeypatch, capsys):
+    monkeypatch.setattr(sys, "stdin", __import__("io").StringIO('{"x": 2}'))
+    monkeypatch.setitem(sys.modules, "torch", object())  # as if this JAX child had imported it
+    peers.child_main(lambda request: dict(y=request["x"] * 3), peers.JAX_SIDE)
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result == dict(y=6, foreign_modules=["torch"])
+
+
+def test_compare_takes_the_faster_thread_count():
+    result = dict(
+        ours=dict(batches={"16": dict(tokens_per_s=600.0, best_tokens_per_s=660.0)}),
+        transformers={
+            "threads_1": dict(batches={"16": dict(tokens_per_s=200.0, best_tokens_per_s=210.0)}),
+            "threads_2": dict(batches={"16": dict(tokens_per_s=150.0, best_tokens_per_s=220.0)}),
+        },
+    )
+    row = sampler.compare(result)["16"]
+    assert row["transformers_best"] == "threads_1"
+    assert row["speedup"] == 3.0  # 600 / 200, not / 150
+    assert row["speedup_best"] == 3.0  # 660 / max(210, 220)
+    runs = dict(a=dict(s=2.0), b=dict(s=1.0))
+    assert peers.best_of(runs, "s", lower_is_better=True) == "b"
+
+
+def test_config_args_are_read_as_training_reads_them():
+    config_args, rest = common.split_config_args(["--repeats", "2", *TINY[:2], "--no-hf"])
+    assert config_args == TINY[:2] and rest == ["--repeats", "2", "--no-hf"]
+    config = common.load_config(config_args, sampler.DEFAULT_CONFIG)
+    assert config.model.vocab_size == 64 and config.model.hidden_size == 32
+    assert config.model.qkv_bias  # the rest from benchmarks/configs/random_qwen2.py:tiny
+
+
+def test_targets_table_names_each_rows_machine():
+    cpu = dict(cpu_model="AMD EPYC", cpu_count=2, vector_extensions=["AVX2"], device="cpu:0")
+    assert targets.machine_of(cpu) == "AMD EPYC, 2 cores, AVX2"
+    assert targets.machine_of(dict(device="cpu:0")) == "CPU (model not recorded)"
+    assert targets.machine_of(dict(device="cuda:0", device_kind="NVIDIA H200")) == "NVIDIA H200"
+    rl = dict(
+        benchmark="rl",
+        **cpu,
+        prompts=2,
+        group_size=8,
+        new_tokens=32,
+        steps=10,
+        ours=dict(
+            seconds_per_step=0.1,
+            rollout_fraction=0.5,
+            compiles_in_timed_steps=0,
+            warmup_seconds=[2.1, 0.1],
+        ),
+        trl={
+            "checkpointing_off/threads_1": dict(
+                torch_threads=1,
+                gradient_checkpointing=False,
+                seconds_per_step=0.25,
+                ours_speedup=2.5,
+            ),
+            "checkpointing_default/threads_1": dict(
+                torch_threads=1,
+                gradient_checkpointing=True,
+                seconds_per_step=0.3,
+                ours_speedup=3.0,
+                gradient_checkpointing_setting="default",
+            ),
+        },
+        trl_compared="checkpointing_off/threads_1",
+    )
+    rows = targets.targets({"rl.json": rl})
+    assert all(r.machine == "AMD EPYC, 2 cores, AVX2" for r in rows)
+    compared = [r for r in rows if r.met is not None and "TRL" in r.what]
+    assert len(compared) == 1 and "checkpointing off" in compared[0].what
+    assert compared[0].value == 2.5 and compared[0].met is True
+    default = [r for r in rows if "TRL's default" in r.what]
+    assert default[0].met is None  # reported beside, not compared
+    table = targets.markdown(rows)
+    assert table.startswith("| machine | what |") and "| AMD EPYC, 2 cores, AVX2 |" in table
