@@ -197,7 +197,7 @@ def dppo(
     w = min(r, ratio_cap) * keep.
     Config keys: delta_low=0.15, delta_high=0.15, ratio_cap=20.0.
     DPPO (divergence-based trust region replacing ratio clipping; see the DRPO abstract,
-    "Rethinking the Divergence Regularization in LLM RL", in seeds/rl_post_training_papers.txt).
+    "Rethinking the Divergence Regularization in LLM RL").
     """
     d = _log_ratio(stats)
     r = jnp.exp(d)
