@@ -1,0 +1,337 @@
+"""Runs of a sweep and their launchers: `local` (in turn, or N processes at once) and
+`slurm` (a submitit array job, one run per task). Both call `run_one` on each run.
+
+A run is `scripts/train.py --config=FILE[:ARG] --workdir=ROOT/NAME --config.KEY=VALUE ...`.
+`run_one` writes three files into the workdir beside the trainer's own:
+  sweep_run.json      the run's config file and overrides (written before it starts)
+  sweep_attempts.jsonl one row per attempt: start, seconds, return code
+  sweep_done.json     after a successful attempt: the trainer's last line (step, final
+                      eval) and the wall time summed over attempts; its presence marks the
+                      run finished, and a later sweep skips it
+A killed attempt leaves no sweep_done.json: the next sweep starts the same command, which
+resumes from the workdir's newest checkpoint (docs/reliability.md).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import dataclasses
+import io
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+
+from jaxrl_frontier.registry import Registry
+from jaxrl_frontier.sweeps.spec import CONFIG_KEY, group_key, load_sweep, run_name, varying_keys
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TRAIN_SCRIPT = os.path.join(REPO, "scripts", "train.py")
+RUN_FILE, ATTEMPTS_FILE, DONE_FILE, LOG_FILE = (
+    "sweep_run.json",
+    "sweep_attempts.jsonl",
+    "sweep_done.json",
+    "sweep.log",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """One run of a sweep: experiment file, config overrides, workdir."""
+
+    name: str
+    config: str  # FILE.py[:ARG]
+    overrides: tuple[tuple[str, object], ...]  # (key, value), the config key excluded
+    workdir: str
+    group: str = ""  # the name without the seed: what collect averages over
+
+    def train_args(self) -> list[str]:
+        """The arguments of scripts/train.py (no program name)."""
+        args = [f"--config={self.config}", f"--workdir={self.workdir}"]
+        return args + [f"--config.{k}={_flag_value(v)}" for k, v in self.overrides]
+
+    @property
+    def done(self) -> bool:
+        return os.path.exists(os.path.join(self.workdir, DONE_FILE))
+
+
+def _flag_value(v) -> str:
+    return repr(v) if isinstance(v, float) else str(v)
+
+
+def plan(sweep_file: str, config: str | None, root: str) -> list[Run]:
+    """The runs of `sweep_file`: each override dict's config file (its `config` key, else
+    `config`) and workdir root/<run_name of its overrides, config file included, showing
+    the keys that vary over the sweep>."""
+    runs = []
+    sweep = load_sweep(sweep_file)
+    full = []
+    for overrides in sweep:
+        file = overrides.get(CONFIG_KEY, config)
+        if not file:
+            raise ValueError(
+                f"sweep file {sweep_file}: a run sets no '{CONFIG_KEY}' key and no --config "
+                "was given"
+            )
+        # the file relative to the repository: the same name from any launch directory
+        full.append({**overrides, CONFIG_KEY: os.path.relpath(_abs_config(file), REPO)})
+    shown = varying_keys(full)
+    for overrides in full:
+        rest = tuple((k, v) for k, v in overrides.items() if k != CONFIG_KEY)
+        name = run_name(overrides, shown)
+        runs.append(
+            Run(
+                name,
+                os.path.join(REPO, overrides[CONFIG_KEY]),
+                rest,
+                os.path.join(os.path.abspath(root), name),
+                group_key(overrides, shown),
+            )
+        )
+    return runs
+
+
+def _abs_config(spec: str) -> str:
+    """FILE[:ARG] with FILE absolute (as given from the current directory, else from the
+    repository root), so a run does not depend on where it is launched from."""
+    file, sep, arg = spec.partition(":")
+    for base in (os.getcwd(), REPO):
+        if os.path.isfile(os.path.join(base, file)):
+            return os.path.abspath(os.path.join(base, file)) + sep + arg
+    raise ValueError(f"config file {file!r} not found (from {os.getcwd()} or {REPO})")
+
+
+def _append_jsonl(path: str, row: dict) -> None:
+    with open(path, "a") as f:
+        f.write(json.dumps(row) + "\n")
+
+
+def _attempt_seconds(workdir: str) -> float:
+    path = os.path.join(workdir, ATTEMPTS_FILE)
+    if not os.path.exists(path):
+        return 0.0
+    with open(path) as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    return sum(r.get("seconds", 0.0) for r in rows)
+
+
+def machine() -> str:
+    """The CPU model and core count of this machine (recorded with each finished run)."""
+    model = platform.processor() or platform.machine()
+    with contextlib.suppress(OSError):
+        with open("/proc/cpuinfo") as f:
+            names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
+        model = names[0] if names else model
+    return f"{model}, {len(os.sched_getaffinity(0))} cores"
+
+
+def _last_json_line(text: str) -> dict:
+    for line in reversed(text.strip().splitlines()):
+        with contextlib.suppress(ValueError):
+            row = json.loads(line)
+            if isinstance(row, dict):
+                return row
+    return {}
+
+
+def run_one(run: Run, inprocess: bool = False, cpus: list[int] | None = None) -> dict:
+    """Train `run` unless it finished before; returns {name, status, seconds, returncode}.
+
+    status is "skipped" (sweep_done.json there), "done" or "failed". The trainer runs in a
+    subprocess (its threads, memory and any crash stay there; pinned to `cpus` when given),
+    or with inprocess=True in this process through the same entry point (tests: no second
+    JAX start-up per run).
+    """
+    if run.done:
+        return dict(name=run.name, status="skipped", seconds=0.0, returncode=0)
+    os.makedirs(run.workdir, exist_ok=True)
+    with open(os.path.join(run.workdir, RUN_FILE), "w") as f:
+        meta = dict(name=run.name, group=run.group, config=run.config)
+        json.dump(dict(meta, overrides=dict(run.overrides)), f)
+    start = time.time()
+    if inprocess:
+        returncode, out = _train_inprocess(run)
+    else:
+        returncode, out = _train_subprocess(run, cpus)
+    seconds = time.time() - start
+    _append_jsonl(
+        os.path.join(run.workdir, ATTEMPTS_FILE),
+        dict(start=start, seconds=round(seconds, 2), returncode=returncode),
+    )
+    summary = _last_json_line(out) if returncode == 0 else {}
+    # a run stopped by SIGTERM exits 0 with stopped=True: not finished, resumed next time
+    status = "done" if returncode == 0 and summary and not summary.get("stopped") else "failed"
+    if status == "done":
+        done = dict(
+            summary=summary,
+            wall_seconds=round(_attempt_seconds(run.workdir), 2),
+            machine=machine(),
+        )
+        with open(os.path.join(run.workdir, DONE_FILE), "w") as f:
+            json.dump(done, f)
+    error = "" if status == "done" else (out.strip().splitlines() or ["(no output)"])[-1]
+    return dict(name=run.name, status=status, seconds=seconds, returncode=returncode, error=error)
+
+
+def _train_subprocess(run: Run, cpus: list[int] | None) -> tuple[int, str]:
+    cmd = [sys.executable, TRAIN_SCRIPT, *run.train_args()]
+    pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
+    with open(os.path.join(run.workdir, LOG_FILE), "a") as log:
+        log.write(f"$ {' '.join(cmd)}\n")
+        log.flush()
+        proc = subprocess.run(
+            cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=log, text=True, preexec_fn=pin
+        )
+        log.write(proc.stdout)
+    # the trainer's errors are one line on stderr: the log's last line names the key/file
+    with open(os.path.join(run.workdir, LOG_FILE)) as f:
+        tail = f.read()[-4000:]
+    return proc.returncode, proc.stdout if proc.returncode == 0 else tail
+
+
+def _train_inprocess(run: Run) -> tuple[int, str]:
+    from jaxrl_frontier.cli import train_main
+
+    out = io.StringIO()
+    cwd = os.getcwd()
+    try:
+        os.chdir(REPO)  # config paths are relative to the repository, as for the CLI
+        with contextlib.redirect_stdout(out):
+            train_main(["train.py", *run.train_args()])
+        code = 0
+    except SystemExit as e:  # the CLI's one-line errors
+        code, out = (0 if e.code in (None, 0) else 1), io.StringIO(f"{out.getvalue()}\n{e}")
+    finally:
+        os.chdir(cwd)
+    with open(os.path.join(run.workdir, LOG_FILE), "a") as log:
+        log.write(out.getvalue())
+    return code, out.getvalue()
+
+
+# ------------------------------------------------------------------ launchers
+
+Say = Callable[[str], None]
+LAUNCHERS = Registry("sweep launcher")
+
+
+def _report(i: int, n: int, result: dict, say: Say) -> None:
+    status = result["status"]
+    if status == "skipped":
+        say(f"[sweep] run {i}/{n} {result['name']}: skipped (finished before)")
+    elif status == "done":
+        say(f"[sweep] run {i}/{n} {result['name']}: done in {result['seconds']:.1f}s")
+    else:
+        say(
+            f"[sweep] run {i}/{n} {result['name']}: FAILED (exit {result['returncode']}): "
+            f"{result.get('error', '')}"
+        )
+
+
+def cpu_slots(parallel: int, cores_per_run: int) -> list[list[int] | None]:
+    """The cores each of `parallel` workers is pinned to (None: unpinned, one worker).
+
+    parallel=0 sizes the pool to the machine: one worker per `cores_per_run` cores.
+    """
+    cores = sorted(os.sched_getaffinity(0))
+    if parallel == 0:
+        parallel = max(1, len(cores) // cores_per_run)
+    if parallel == 1:
+        return [None]
+    per = max(1, len(cores) // parallel)
+    return [cores[(i * per) % len(cores) :][:per] for i in range(parallel)]
+
+
+@LAUNCHERS.register("local")
+def launch_local(
+    runs: list[Run],
+    say: Say = print,
+    parallel: int = 1,
+    cores_per_run: int = 2,
+    inprocess: bool = False,
+    **_,
+) -> list[dict]:
+    """Runs one after another (parallel=1), or on a pool of worker processes, each pinned to
+    its own cores (parallel=N; 0: as many as the cores allow at `cores_per_run` each)."""
+    n = len(runs)
+    say(f"[sweep] {n} runs, {sum(r.done for r in runs)} finished before")
+    slots = [None] if inprocess else cpu_slots(parallel, cores_per_run)
+    results: list[dict] = [{}] * n
+    if len(slots) == 1:
+        for i, run in enumerate(runs):
+            results[i] = run_one(run, inprocess=inprocess, cpus=slots[0])
+            _report(i + 1, n, results[i], say)
+        return results
+    free = list(range(len(slots)))
+    with concurrent.futures.ThreadPoolExecutor(len(slots)) as pool:
+        pending = {}
+        for i, run in enumerate(runs):
+            if len(pending) == len(slots):
+                finished, _ = concurrent.futures.wait(
+                    pending, return_when=concurrent.futures.FIRST_COMPLETED
+                )
+                for fut in finished:
+                    j, slot = pending.pop(fut)
+                    free.append(slot)
+                    results[j] = fut.result()
+                    _report(j + 1, n, results[j], say)
+            slot = free.pop(0)
+            pending[pool.submit(run_one, run, False, slots[slot])] = (i, slot)
+        for fut in concurrent.futures.as_completed(list(pending)):
+            j, _slot = pending[fut]
+            results[j] = fut.result()
+            _report(j + 1, n, results[j], say)
+    return results
+
+
+def slurm_executor(folder: str, cluster: str | None = None, **params):
+    """A submitit AutoExecutor for array jobs: cluster None detects slurm, 'local' runs the
+    tasks as local processes, 'debug' in this process. `params` go to update_parameters
+    (timeout_min, slurm_partition, cpus_per_task, slurm_array_parallelism, ...)."""
+    import submitit
+
+    executor = submitit.AutoExecutor(folder=folder, cluster=cluster)
+    executor.update_parameters(**params)
+    return executor
+
+
+@LAUNCHERS.register("slurm")
+def launch_slurm(
+    runs: list[Run],
+    say: Say = print,
+    folder: str = "",
+    cluster: str | None = None,
+    wait: bool = True,
+    params: dict | None = None,
+    **_,
+) -> list[dict]:
+    """One array job over the runs not finished yet (one run per task, each through
+    run_one, in the task's own process: one run per process already); waits for the tasks
+    and reports each when wait=True. A task stopped by slurm's SIGTERM saves a checkpoint
+    and is resumed by the next sweep."""
+    todo = [r for r in runs if not r.done]
+    n = len(runs)
+    say(f"[sweep] {n} runs, {n - len(todo)} finished before; {len(todo)} in one array job")
+    results = {r.name: dict(name=r.name, status="skipped", seconds=0.0, returncode=0) for r in runs}
+    if todo:
+        executor = slurm_executor(folder, cluster, **(params or {}))
+        jobs = executor.map_array(run_one, todo, [True] * len(todo))
+        say(f"[sweep] submitted array job {jobs[0].job_id.split('_')[0]} ({len(jobs)} tasks)")
+        if not wait:
+            return [
+                dict(name=r.name, status="submitted", job_id=j.job_id) for r, j in zip(todo, jobs)
+            ]
+        for run, job in zip(todo, jobs):
+            try:
+                results[run.name] = job.result()
+            except Exception as e:  # the task itself died (time limit, node failure)
+                results[run.name] = dict(
+                    name=run.name, status="failed", seconds=0.0, returncode=-1, error=str(e)[-500:]
+                )
+    out = [results[r.name] for r in runs]
+    for i, result in enumerate(out):
+        _report(i + 1, n, result, say)
+    return out

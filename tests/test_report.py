@@ -1,0 +1,216 @@
+"""Results report: each claim's verdict rule on hand-made sweep results, the statistics
+(mean/std, standard-error distance, Spearman's rho) against numpy, and report.py writing
+docs/results.md-style pages with a figure for a collected claim and "not run yet" (with the
+commands) for the others."""
+
+import importlib.util
+import json
+import os
+
+import numpy as np
+import pytest
+
+from jaxrl_frontier.sweeps import claims
+from jaxrl_frontier.sweeps.claims import DOES_NOT, INCONCLUSIVE, REPRODUCES
+from jaxrl_frontier.sweeps.collect import RESULTS_JSON
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def make_run(config, seed, series, overrides=None, step=200, wall=10.0):
+    o = {**(overrides or {}), "seed": seed}
+    return dict(
+        name=f"{config}-{sorted(o.items())}",
+        workdir="/nowhere",
+        config=f"/repo/configs/{config}.py",
+        overrides=o,
+        group=f"{config}-{sorted((overrides or {}).items())}",
+        seed=seed,
+        status="done",
+        machine="test CPU, 2 cores",
+        wall_seconds=wall,
+        step=step,
+        series={k: [[s, v] for s, v in pts] for k, pts in series.items()},
+        final={k: pts[-1][1] for k, pts in series.items()},
+    )
+
+
+def lengths(first, last):
+    return [(10, first), (20, first), (30, first), (180, last), (190, last), (200, last)]
+
+
+def claim_a_runs(grpo_growth, dr_growth):
+    runs = []
+    for seed in range(3):
+        jitter = 0.05 * seed
+        for config, adv, growth in [
+            ("grpo_arith", None, grpo_growth),
+            ("dr_grpo_arith", None, dr_growth),
+            ("dapo_arith", None, grpo_growth),
+            ("grpo_arith", "rloo", grpo_growth),
+        ]:
+            series = {
+                "eval/pass@1_greedy": [(0, 0.3), (100, 0.4 + jitter), (200, 0.5 + jitter)],
+                "eval/pass@4": [(0, 0.4), (200, 0.6)],
+                "rollouts/length_incorrect": lengths(3.0 + jitter, 3.0 + jitter + growth),
+                "rollouts/length_correct": lengths(3.5, 3.5),
+            }
+            o = {"objective.advantage": adv} if adv else {}
+            runs.append(make_run(config, seed, series, o))
+    return runs
+
+
+def test_statistics_match_numpy():
+    a, b = [1.0, 2.0, 4.0], [0.5, 0.7, 0.2]
+    m, s = claims.mean_std(a)
+    assert m == pytest.approx(np.mean(a)) and s == pytest.approx(np.std(a, ddof=1))
+    se = np.sqrt(np.var(a, ddof=1) / 3 + np.var(b, ddof=1) / 3)
+    assert claims.differs(a, b) == pytest.approx((np.mean(a) - np.mean(b)) / se)
+    # Spearman's rho with a tie: Pearson correlation of the average ranks
+    x, y = [0.1, 0.4, 0.4, 0.9, 0.5], [1.0, 3.0, 2.0, 5.0, 4.0]
+    rx, ry = [0, 1.5, 1.5, 4, 3], [0, 2, 1, 4, 3]
+    assert claims.rank_correlation(x, y) == pytest.approx(np.corrcoef(rx, ry)[0, 1])
+    assert claims.fmt([1.0, 2.0, 3.0]) == "2.000 ± 1.000"
+
+
+@pytest.mark.parametrize(
+    "grpo_growth, dr_growth, verdict",
+    [(1.5, 0.0, REPRODUCES), (1.5, 1.5, DOES_NOT), (0.0, 0.0, INCONCLUSIVE)],
+)
+def test_claim_a_verdicts(grpo_growth, dr_growth, verdict):
+    finding = claims.analyze_a(claim_a_runs(grpo_growth, dr_growth))
+    assert finding.verdict == verdict, finding.reason
+    assert [r["method"] for r in finding.rows] == ["GRPO", "Dr. GRPO", "DAPO", "RLOO"]
+    grpo = finding.rows[0]
+    # pass@1 final over seeds 0.5, 0.55, 0.6: mean 0.55, std 0.05
+    assert grpo["pass@1 final"] == "0.550 ± 0.050" and grpo["seeds"] == "3"
+    assert finding.curves["held-out greedy pass@1"]["GRPO"]["steps"] == [0, 100, 200]
+    assert "12 runs of 200 steps" in finding.notes[0]
+
+
+def test_claim_b_steps_to_target():
+    runs = []
+    for seed in range(3):
+        for config, kl in [
+            ("opd_arith", [1.0, 0.8, 0.6, 0.4]),
+            ("iw_opd_arith", [1.0, 0.45, 0.3, 0.2]),
+        ]:
+            series = {
+                "opd/reverse_kl": list(zip([10, 20, 30, 40], [v + 0.01 * seed for v in kl])),
+                "eval/pass@1_greedy": [(0, 0.3), (40, 0.4)],
+            }
+            runs.append(make_run(config, seed, series, step=40))
+    finding = claims.analyze_b(runs)
+    # target: half the mean first KL (1.01) = 0.505; OPD reaches it at step 40, IW-OPD at 20
+    target_col = [c for c in finding.columns if c.startswith("steps to KL")][0]
+    assert target_col == "steps to KL ≤ 0.505"
+    assert {r["method"]: r[target_col] for r in finding.rows} == {
+        "OPD": "40.000 ± 0.000",
+        "IW-OPD": "20.000 ± 0.000",
+    }
+    assert finding.verdict == REPRODUCES
+    assert claims.steps_to(runs[0], "opd/reverse_kl", 0.1) == 41.0  # never: budget + 1
+
+
+def test_claim_c_d_e_rules():
+    runs = []
+    for seed in range(3):
+        for o, final in [
+            ({"objective.weight": "pg"}, 0.5),
+            (
+                {
+                    "objective.weight": "position_window",
+                    "objective.weight_kwargs.start": 0.0,
+                    "objective.weight_kwargs.end": 0.3,
+                },
+                0.45,
+            ),
+            (
+                {
+                    "objective.weight": "position_window",
+                    "objective.weight_kwargs.start": 0.7,
+                    "objective.weight_kwargs.end": 1.0,
+                },
+                0.30,
+            ),
+        ]:
+            series = {
+                "eval/pass@1_greedy": [(0, 0.3), (200, final + 0.01 * seed)],
+                "opd/reverse_kl": [(10, 1.0), (200, 0.5)],
+            }
+            runs.append(make_run("opd_arith", seed, series, o))
+    c = claims.analyze_c(runs)
+    assert [r["method"] for r in c.rows] == ["all tokens", claims.C_FIRST, claims.C_LAST]
+    assert c.verdict == REPRODUCES
+
+    runs = []
+    for seed in range(3):
+        for weight, curve in [
+            ("ppo_clip", [0.3, 0.6, 0.4]),
+            ("dppo", [0.3, 0.6, 0.6]),
+            ("drpo", [0.3, 0.5, 0.41]),
+        ]:
+            pts = list(zip([0, 100, 200], [v + 0.01 * seed for v in curve]))
+            runs.append(
+                make_run(
+                    "grpo_arith", seed, {"eval/pass@1_greedy": pts}, {"objective.weight": weight}
+                )
+            )
+    d = claims.analyze_d(runs)
+    assert {r["method"]: r["best − final pass@1"] for r in d.rows} == {
+        "PPO clip": "0.200 ± 0.000",
+        "DPPO": "0.000 ± 0.000",
+        "DRPO": "0.090 ± 0.000",
+    }
+    assert d.verdict == REPRODUCES and "DPPO +" in d.reason
+
+    runs = []
+    for seed in range(3):
+        for depth, entropy, gain in [(300, 0.9, 0.3), (600, 0.6, 0.2), (1200, 0.3, 0.1)]:
+            series = {
+                "train/entropy": [(10, entropy + 0.01 * seed), (300, 0.2)],
+                "eval/pass@1_greedy": [(0, 0.3), (300, 0.3 + gain + 0.001 * seed)],
+            }
+            path = f"runs/sweeps/claim_e_sft/train.steps={depth}__seed={seed}--abc"
+            runs.append(make_run("grpo_arith", seed, series, {"model.path": path}))
+    e = claims.analyze_e(runs)
+    assert [r["method"] for r in e.rows] == ["SFT 300 steps", "SFT 600 steps", "SFT 1200 steps"]
+    assert e.verdict == REPRODUCES and "over 9 runs" in e.reason
+
+
+def load_report():
+    spec = importlib.util.spec_from_file_location(
+        "report", os.path.join(REPO, "scripts", "report.py")
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_report_writes_a_page_with_figures_and_not_run_claims(tmp_path):
+    runs_dir = tmp_path / "runs"
+    (runs_dir / "claim_a").mkdir(parents=True)
+    with open(runs_dir / "claim_a" / RESULTS_JSON, "w") as f:
+        json.dump(dict(runs=claim_a_runs(1.5, 0.0), groups=[]), f)
+    out = tmp_path / "docs" / "results.md"
+    out.parent.mkdir()
+    text = load_report().report(str(runs_dir), str(out))
+    assert out.read_text() == text.rstrip() + "\n"
+    assert (tmp_path / "docs" / "results" / "claim_a.png").stat().st_size > 10_000
+    assert "![claim a](results/claim_a.png)" in text
+    assert f"**Verdict: {REPRODUCES}.**" in text
+    assert "| (a) | reproduces at this scale | 12 | 2.0 min |" in text
+    assert "on test CPU, 2 cores" in text
+    for key in "bcde":
+        assert f"| ({key}) | not run yet | 0 | — |" in text
+    assert "python scripts/sweep.py run sweeps/claim_e_sft.py\n" in text
+    assert "python scripts/train.py --config=configs/teacher_arith.py" in text
+
+
+def test_a_claim_with_too_few_seeds_is_not_run_yet(tmp_path):
+    runs = [r for r in claim_a_runs(1.5, 0.0) if r["seed"] < 2]
+    (tmp_path / "claim_a").mkdir()
+    with open(tmp_path / "claim_a" / RESULTS_JSON, "w") as f:
+        json.dump(dict(runs=runs, groups=[]), f)
+    text = load_report().report(str(tmp_path), str(tmp_path / "results.md"))
+    assert "**Verdict: not run yet** (8 runs finished)" in text

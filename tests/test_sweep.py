@@ -1,0 +1,242 @@
+"""Sweeps: sweep-file helpers and errors, run names, a 2 x 2 grid with 2 seeds of a tiny
+runlocal config run, collected and skipped on a re-run, a resumed run, and the slurm
+launcher's array job through submitit's local executor.
+
+Runs use grpo_arith:runlocal shrunk further (1-digit addition, 2 steps, one device, a
+4-prompt eval at the last step only) and run in this process (`inprocess=True`, through
+the CLI's entry point), so the persistent compilation cache of conftest.py serves every
+compile after the first.
+"""
+
+import csv
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from jaxrl_frontier.sweeps import SweepError, grid, load_sweep, product, run_name, seeds, zip_
+from jaxrl_frontier.sweeps.collect import RESULTS_JSON, TABLE_CSV, collect
+from jaxrl_frontier.sweeps.launch import (
+    ATTEMPTS_FILE,
+    DONE_FILE,
+    launch_local,
+    launch_slurm,
+    plan,
+)
+from jaxrl_frontier.sweeps.spec import varying_keys
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+TINY = {
+    "mesh.num_devices": 1,
+    "task.kwargs.max_digits": 1,
+    "task.kwargs.prompt_template": "{a}{op}{b}=",
+    "data.max_prompt_len": 5,
+    "data.prompt_batch": 4,
+    "rollout.max_new_tokens": 3,
+    "rollout.group_size": 4,
+    "train.steps": 2,
+    "train.minibatches": 1,
+    "train.log_every": 1,
+    "train.eval_every": 2,
+    "train.checkpoint_every": 2,
+    "train.rollout_log_every": 1,
+    "eval.at_start": False,
+    "eval.num_prompts": 4,
+    "eval.batch": 4,
+    "eval.pass_k": 1,
+}
+
+
+def write_sweep(tmp_path, body: str, name: str = "sweep.py") -> str:
+    path = tmp_path / name
+    path.write_text(body)
+    return str(path)
+
+
+GRID_SWEEP = f"""
+from jaxrl_frontier.sweeps import grid, product, seeds
+
+TINY = {TINY!r}
+
+def get_sweep():
+    axes = grid(**{{"optimizer.lr": [1e-3, 3e-3], "objective.advantage": ["grpo", "rloo"]}})
+    return product(axes, seeds(2), [TINY])
+"""
+
+
+# ============================================================================ helpers
+
+
+def test_grid_zip_product_seeds():
+    assert grid(a=[1, 2], b=["x", "y"]) == [
+        dict(a=1, b="x"),
+        dict(a=1, b="y"),
+        dict(a=2, b="x"),
+        dict(a=2, b="y"),
+    ]
+    assert grid(a=[1, 2], b=5) == [dict(a=1, b=5), dict(a=2, b=5)]
+    assert zip_(a=[1, 2], b=[3, 4]) == [dict(a=1, b=3), dict(a=2, b=4)]
+    assert seeds(3, start=1) == [dict(seed=1), dict(seed=2), dict(seed=3)]
+    assert product(zip_(a=[1, 2], b=[3, 4]), seeds(2)) == [
+        dict(a=1, b=3, seed=0),
+        dict(a=1, b=3, seed=1),
+        dict(a=2, b=4, seed=0),
+        dict(a=2, b=4, seed=1),
+    ]
+    with pytest.raises(SweepError, match="differ in length"):
+        zip_(a=[1, 2], b=[3, 4, 5])
+    with pytest.raises(SweepError, match=r"\['a'\] set by two factors"):
+        product(grid(a=[1]), grid(a=[2]))
+
+
+def test_run_names_are_stable_safe_and_distinct():
+    o = {"config": "configs/dr_grpo_arith.py:runlocal", "optimizer.lr": 0.0003, "seed": 1}
+    assert run_name(o) == "config=dr_grpo_arith-runlocal__optimizer.lr=0.0003__seed=1"
+    assert run_name(dict(reversed(list(o.items())))) == run_name(o)  # key order is irrelevant
+    assert run_name({"task.kwargs.prompt_template": "{a} / {b}="}) == (
+        "task.kwargs.prompt_template=-a-b-="
+    )
+    runs = [dict(a=1, b=2, seed=0), dict(a=1, b=3, seed=0)]
+    assert varying_keys(runs) == {"b"}
+    names = [run_name(r, varying_keys(runs)) for r in runs]
+    assert names[0].startswith("b=2--") and names[1].startswith("b=3--")
+    # a shared value hidden from the name still changes it (its hash): no stale skip
+    assert run_name(dict(a=9, b=2, seed=0), {"b"}) != names[0]
+    long = run_name({"k": "x" * 500})
+    assert len(long) <= 160 and long != run_name({"k": "x" * 499})
+
+
+@pytest.mark.parametrize(
+    "body, message",
+    [
+        ("X = 1\n", "defines no get_sweep"),
+        ("def get_sweep():\n    return []\n", "non-empty list of dicts"),
+        ("def get_sweep():\n    return [{'a': [1, 2]}]\n", r"run 0: a=\[1, 2\] is a list"),
+        ("def get_sweep():\n    return [{'a b': 1}]\n", "key 'a b' is not a config key"),
+        ("def get_sweep():\n    return [{'a': 1}, {'a': 1}]\n", "runs 0 and 1 are the same"),
+        ("import nowhere_module\n", "ModuleNotFoundError"),
+        (
+            "from jaxrl_frontier.sweeps import zip_\ndef get_sweep():\n"
+            "    return zip_(a=[1], b=[1, 2], c=[1, 2, 3])\n",
+            "differ in length",
+        ),
+    ],
+)
+def test_bad_sweep_files_name_the_file_and_the_problem(tmp_path, body, message):
+    path = write_sweep(tmp_path, body)
+    with pytest.raises(SweepError, match=message) as err:
+        load_sweep(path)
+    assert path in str(err.value)
+
+
+def test_cli_reports_a_bad_sweep_file_in_one_line(tmp_path):
+    path = write_sweep(tmp_path, "def get_sweep():\n    return [{'a': None}]\n")
+    cmd = [sys.executable, os.path.join(REPO, "scripts", "sweep.py"), "run", path]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1
+    assert out.stderr.strip() == (
+        f"sweep error: sweep file {path}: run 0: a=None is a NoneType;"
+        " values must be bool, int, float or str"
+    )
+
+
+# ============================================================================ runs
+
+
+@pytest.fixture(scope="module")
+def grid_sweep(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("grid")
+    sweep = write_sweep(tmp, GRID_SWEEP)
+    root = str(tmp / "root")
+    runs = plan(sweep, "configs/grpo_arith.py:runlocal", root)
+    said: list[str] = []
+    results = launch_local(runs, say=said.append, inprocess=True)
+    return sweep, root, runs, results, said
+
+
+def test_grid_with_seeds_runs_and_collects(grid_sweep):
+    sweep, root, runs, results, said = grid_sweep
+    assert len(runs) == 8 and len({r.workdir for r in runs}) == 8
+    assert [r["status"] for r in results] == ["done"] * 8, [r.get("error") for r in results]
+    assert said[0] == "[sweep] 8 runs, 0 finished before"
+    assert said[1].startswith("[sweep] run 1/8 ") and "done in" in said[1]
+    for run in runs:
+        done = json.load(open(os.path.join(run.workdir, DONE_FILE)))
+        assert done["summary"]["step"] == 2 and done["wall_seconds"] > 0
+        cfg = json.load(open(os.path.join(run.workdir, "config.json")))
+        given = dict(run.overrides)
+        assert cfg["seed"] == given["seed"]
+        assert cfg["optimizer"]["lr"] == given["optimizer.lr"]
+        assert cfg["objective"]["advantage"] == given["objective.advantage"]
+
+    out = collect(root)
+    assert len(out["runs"]) == 8 and len(out["groups"]) == 4
+    with open(os.path.join(root, TABLE_CSV)) as f:
+        table = list(csv.DictReader(f))
+    assert len(table) == 4 and {row["n_seeds"] for row in table} == {"2"}
+    # mean and std over seeds against the runs' own metrics.jsonl
+    for row in table:
+        members = [r for r in runs if r.group == row["group"]]
+        assert len(members) == 2
+        finals = []
+        for r in members:
+            with open(os.path.join(r.workdir, "metrics.jsonl")) as f:
+                rows = [json.loads(line) for line in f]
+            finals.append([x for x in rows if "reward/total" in x][-1]["reward/total"])
+        assert float(row["reward/total:mean"]) == pytest.approx(np.mean(finals))
+        assert float(row["reward/total:std"]) == pytest.approx(np.std(finals, ddof=1))
+    results_json = json.load(open(os.path.join(root, RESULTS_JSON)))
+    curve = results_json["groups"][0]["curves"]["reward/total"]
+    assert curve["steps"] == [1, 2] and len(curve["mean"]) == 2
+
+
+def test_rerun_skips_finished_and_resumes_a_killed_run(grid_sweep):
+    sweep, root, runs, _, _ = grid_sweep
+    killed = runs[3]
+    os.remove(os.path.join(killed.workdir, DONE_FILE))  # as if killed after its last save
+    said: list[str] = []
+    again = plan(sweep, "configs/grpo_arith.py:runlocal", root)
+    assert [r.workdir for r in again] == [r.workdir for r in runs]  # stable names
+    results = launch_local(again, say=said.append, inprocess=True)
+    assert [r["status"] for r in results] == ["skipped"] * 3 + ["done"] + ["skipped"] * 4
+    assert said[0] == "[sweep] 8 runs, 7 finished before"
+    assert "skipped (finished before)" in said[1]
+    attempts = open(os.path.join(killed.workdir, ATTEMPTS_FILE)).read().splitlines()
+    assert len(attempts) == 2
+    for run in runs:
+        if run is not killed:
+            assert len(open(os.path.join(run.workdir, ATTEMPTS_FILE)).read().splitlines()) == 1
+    # the resumed run restored step 2 and did not log any step twice
+    with open(os.path.join(killed.workdir, "metrics.jsonl")) as f:
+        steps = [json.loads(line)["step"] for line in f if "train/loss" in line]
+    assert steps == [1, 2]
+
+
+def test_slurm_launcher_runs_an_array_job_with_submitits_local_executor(tmp_path):
+    sweep = write_sweep(
+        tmp_path,
+        "from jaxrl_frontier.sweeps import product, seeds\n"
+        f"def get_sweep():\n    return product(seeds(2), [{TINY!r}])\n",
+    )
+    root = tmp_path / "root"
+    runs = plan(sweep, "configs/grpo_arith.py:runlocal", str(root))
+    said: list[str] = []
+    params = dict(timeout_min=10, cpus_per_task=1, slurm_array_parallelism=2)
+    results = launch_slurm(
+        runs, say=said.append, folder=str(tmp_path / "submitit"), cluster="local", params=params
+    )
+    assert [r["status"] for r in results] == ["done", "done"], said
+    assert said[1].startswith("[sweep] submitted array job ") and "(2 tasks)" in said[1]
+    for run in runs:
+        assert json.load(open(os.path.join(run.workdir, DONE_FILE)))["summary"]["step"] == 2
+    # the same command again submits nothing
+    said.clear()
+    results = launch_slurm(
+        runs, say=said.append, folder=str(tmp_path / "submitit"), cluster="local"
+    )
+    assert [r["status"] for r in results] == ["skipped", "skipped"]
+    assert said[0] == "[sweep] 2 runs, 2 finished before; 0 in one array job"
