@@ -98,7 +98,7 @@ def section(claim: Claim, runs_dir: str, fig_dir: str, out_dir: str) -> tuple[li
         have = "" if not runs else f" ({sum(r['status'] == 'done' for r in runs)} runs finished)"
         lines += [f"**Verdict: not run yet**{have}. Sweep files: {sweeps}. To run it:", ""]
         lines += ["```", *claim.commands(), "```", ""]
-        return lines, dict(key=claim.key, verdict="not run yet", runs=0, seconds=0.0)
+        return lines, dict(key=claim.key, verdict="not run yet", runs=0, seconds=0.0, cpu=0.0)
     finding = claim.analyze(runs)
     done = [r for r in runs if r["status"] == "done"]
     machine = sorted({r.get("machine") or "" for r in done} - {""})
@@ -114,7 +114,9 @@ def section(claim: Claim, runs_dir: str, fig_dir: str, out_dir: str) -> tuple[li
     lines += [f"![claim {claim.key}]({rel})", "", *table(finding), ""]
     lines += [f"**Verdict: {finding.verdict}.** {finding.reason}.", ""]
     seconds = sum(r["wall_seconds"] for r in done)
-    return lines, dict(key=claim.key, verdict=finding.verdict, runs=len(done), seconds=seconds)
+    cpu = sum(r.get("cpu_seconds", 0.0) for r in done)
+    entry = dict(key=claim.key, verdict=finding.verdict, runs=len(done), seconds=seconds, cpu=cpu)
+    return lines, entry
 
 
 def report(runs_dir: str, out: str) -> str:
@@ -125,14 +127,18 @@ def report(runs_dir: str, out: str) -> str:
         lines, entry = section(claim, runs_dir, fig_dir, out_dir)
         body += lines
         summary.append(entry)
-    total = sum(e["seconds"] for e in summary)
-    rows = ["| claim | verdict | runs | wall time |", "|---|---|---|---|"]
+    total, cpu = sum(e["seconds"] for e in summary), sum(e["cpu"] for e in summary)
+    rows = ["| claim | verdict | runs | wall time | CPU time |", "|---|---|---|---|---|"]
     rows += [
         f"| ({e['key']}) | {e['verdict']} | {e['runs']} | "
-        + (f"{e['seconds'] / 60:.1f} min |" if e["runs"] else "— |")
+        + (f"{e['seconds'] / 60:.1f} min | {e['cpu'] / 60:.1f} min |" if e["runs"] else "— | — |")
         for e in summary
     ]
-    rows += ["", f"Total wall time of the runs behind this page: {total / 60:.1f} min."]
+    rows += [
+        "",
+        f"The runs behind this page took {total / 60:.1f} min of wall time and "
+        f"{cpu / 60:.1f} min of CPU time (the trainer processes' user + system time).",
+    ]
     text = HEADER.format(min_seeds=MIN_SEEDS, summary="\n".join(rows)) + "\n" + "\n".join(body)
     with open(out, "w") as f:
         f.write(text.rstrip() + "\n")

@@ -29,6 +29,7 @@ def make_run(config, seed, series, overrides=None, step=200, wall=10.0):
         status="done",
         machine="test CPU, 2 cores",
         wall_seconds=wall,
+        cpu_seconds=2 * wall,
         step=step,
         series={k: [[s, v] for s, v in pts] for k, pts in series.items()},
         final={k: pts[-1][1] for k, pts in series.items()},
@@ -85,7 +86,9 @@ def test_claim_a_verdicts(grpo_growth, dr_growth, verdict):
     # pass@1 final over seeds 0.5, 0.55, 0.6: mean 0.55, std 0.05
     assert grpo["pass@1 final"] == "0.550 ± 0.050" and grpo["seeds"] == "3"
     assert finding.curves["held-out greedy pass@1"]["GRPO"]["steps"] == [0, 100, 200]
-    assert "12 runs of 200 steps" in finding.notes[0]
+    assert finding.notes[0] == (
+        "12 runs of 200 steps; wall time 10 ± 0 s per run, 2.0 min in all (4.0 CPU-min)"
+    )
 
 
 def test_claim_b_steps_to_target():
@@ -199,10 +202,10 @@ def test_report_writes_a_page_with_figures_and_not_run_claims(tmp_path):
     assert (tmp_path / "docs" / "results" / "claim_a.png").stat().st_size > 10_000
     assert "![claim a](results/claim_a.png)" in text
     assert f"**Verdict: {REPRODUCES}.**" in text
-    assert "| (a) | reproduces at this scale | 12 | 2.0 min |" in text
+    assert "| (a) | reproduces at this scale | 12 | 2.0 min | 4.0 min |" in text
     assert "on test CPU, 2 cores" in text
     for key in "bcde":
-        assert f"| ({key}) | not run yet | 0 | — |" in text
+        assert f"| ({key}) | not run yet | 0 | — | — |" in text
     assert "python scripts/sweep.py run sweeps/claim_e_sft.py\n" in text
     assert "python scripts/train.py --config=configs/teacher_arith.py" in text
 

@@ -119,11 +119,12 @@ def config_stem(run: dict) -> str:
 def wall_note(groups: dict[str, list[dict]]) -> str:
     runs = [r for rs in groups.values() for r in rs]
     total = sum(r["wall_seconds"] for r in runs)
+    cpu = sum(r.get("cpu_seconds", 0.0) for r in runs)
     m, s = mean_std([r["wall_seconds"] for r in runs])
     steps = sorted({r["step"] for r in runs})
     return (
         f"{len(runs)} runs of {', '.join(map(str, steps))} steps; wall time {m:.0f} ± {s:.0f} s "
-        f"per run, {total / 60:.1f} min in all"
+        f"per run, {total / 60:.1f} min in all ({cpu / 60:.1f} CPU-min)"
     )
 
 

@@ -78,6 +78,7 @@ def read_run(workdir: str) -> dict:
         machine=(done or {}).get("machine", ""),
         attempts=len(attempts),
         wall_seconds=done["wall_seconds"] if done else sum(a["seconds"] for a in attempts),
+        cpu_seconds=sum(a.get("cpu_seconds", 0.0) for a in attempts),
         train_seconds=round(times[-1] - times[0], 2) if len(times) > 1 else 0.0,
         step=max((s for v in series.values() for s, _ in v), default=0),
         series=series,

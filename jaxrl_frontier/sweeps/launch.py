@@ -21,8 +21,10 @@ import io
 import json
 import os
 import platform
+import resource
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 
@@ -110,13 +112,13 @@ def _append_jsonl(path: str, row: dict) -> None:
         f.write(json.dumps(row) + "\n")
 
 
-def _attempt_seconds(workdir: str) -> float:
+def _attempt_seconds(workdir: str, key: str = "seconds") -> float:
     path = os.path.join(workdir, ATTEMPTS_FILE)
     if not os.path.exists(path):
         return 0.0
     with open(path) as f:
         rows = [json.loads(line) for line in f if line.strip()]
-    return sum(r.get("seconds", 0.0) for r in rows)
+    return sum(r.get(key, 0.0) for r in rows)
 
 
 def machine() -> str:
@@ -154,13 +156,15 @@ def run_one(run: Run, inprocess: bool = False, cpus: list[int] | None = None) ->
         json.dump(dict(meta, overrides=dict(run.overrides)), f)
     start = time.time()
     if inprocess:
-        returncode, out = _train_inprocess(run)
+        returncode, out, cpu = _train_inprocess(run)
     else:
-        returncode, out = _train_subprocess(run, cpus)
+        returncode, out, cpu = _train_subprocess(run, cpus)
     seconds = time.time() - start
     _append_jsonl(
         os.path.join(run.workdir, ATTEMPTS_FILE),
-        dict(start=start, seconds=round(seconds, 2), returncode=returncode),
+        dict(
+            start=start, seconds=round(seconds, 2), cpu_seconds=round(cpu, 2), returncode=returncode
+        ),
     )
     summary = _last_json_line(out) if returncode == 0 else {}
     # a run stopped by SIGTERM exits 0 with stopped=True: not finished, resumed next time
@@ -169,6 +173,7 @@ def run_one(run: Run, inprocess: bool = False, cpus: list[int] | None = None) ->
         done = dict(
             summary=summary,
             wall_seconds=round(_attempt_seconds(run.workdir), 2),
+            cpu_seconds=round(_attempt_seconds(run.workdir, "cpu_seconds"), 2),
             machine=machine(),
         )
         with open(os.path.join(run.workdir, DONE_FILE), "w") as f:
@@ -177,25 +182,30 @@ def run_one(run: Run, inprocess: bool = False, cpus: list[int] | None = None) ->
     return dict(name=run.name, status=status, seconds=seconds, returncode=returncode, error=error)
 
 
-def _train_subprocess(run: Run, cpus: list[int] | None) -> tuple[int, str]:
+def _train_subprocess(run: Run, cpus: list[int] | None) -> tuple[int, str, float]:
+    """(return code, stdout or the log's tail on failure, CPU seconds of the child)."""
     cmd = [sys.executable, TRAIN_SCRIPT, *run.train_args()]
     pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
-    with open(os.path.join(run.workdir, LOG_FILE), "a") as log:
+    log_path = os.path.join(run.workdir, LOG_FILE)
+    with open(log_path, "a") as log, tempfile.TemporaryFile("w+") as out:
         log.write(f"$ {' '.join(cmd)}\n")
         log.flush()
-        proc = subprocess.run(
-            cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=log, text=True, preexec_fn=pin
-        )
-        log.write(proc.stdout)
+        proc = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=log, preexec_fn=pin)
+        _, status, usage = os.wait4(proc.pid, 0)  # this child's own CPU time
+        proc.returncode = returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        stdout = out.read()
+        log.write(stdout)
     # the trainer's errors are one line on stderr: the log's last line names the key/file
-    with open(os.path.join(run.workdir, LOG_FILE)) as f:
+    with open(log_path) as f:
         tail = f.read()[-4000:]
-    return proc.returncode, proc.stdout if proc.returncode == 0 else tail
+    return returncode, stdout if returncode == 0 else tail, usage.ru_utime + usage.ru_stime
 
 
-def _train_inprocess(run: Run) -> tuple[int, str]:
+def _train_inprocess(run: Run) -> tuple[int, str, float]:
     from jaxrl_frontier.cli import train_main
 
+    cpu0 = _self_cpu()
     out = io.StringIO()
     cwd = os.getcwd()
     try:
@@ -209,7 +219,12 @@ def _train_inprocess(run: Run) -> tuple[int, str]:
         os.chdir(cwd)
     with open(os.path.join(run.workdir, LOG_FILE), "a") as log:
         log.write(out.getvalue())
-    return code, out.getvalue()
+    return code, out.getvalue(), _self_cpu() - cpu0
+
+
+def _self_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
 
 
 # ------------------------------------------------------------------ launchers
