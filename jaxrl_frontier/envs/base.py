@@ -1,0 +1,124 @@
+"""The environment contract, the environment registry, and loading user environments.
+
+An environment is a text game played over several turns:
+
+    reset(seed) -> observation                         str, the first message of the episode
+    step(action) -> (observation, reward, done, info)  str, float, bool, dict
+
+`action` is the text the policy produced in one turn (decoded, without the turn's stop
+token). `reward` is the reward of that turn alone (an episode's return is their sum);
+`done` ends the episode. The same seed and the same actions give the same episode, so the
+G rollouts of one group start from the same state and differ only by what the policy does.
+
+`info` keys every built-in environment fills (others may add their own):
+
+    success  bool      the episode reached its goal (the outcome a success rate counts)
+    state    hashable  the environment state after the step: steps from equal states are
+                       compared by the turn-level baselines (`rl.step_credit`)
+    invalid  bool      the action could not be parsed (the step changed nothing)
+
+`state_key()` gives the current state the same way (the state before the next action).
+Budgets (turns, tokens) are the batch's job (`envs.batch.EpisodeBatch`), not the
+environment's.
+
+Environments are entries of `ENVS` (`@ENVS.register("name")` on the class);
+`make_env(name, **kwargs)` builds one. A user environment lives in any module: name it in
+the config (`env.module`, a dotted name on sys.path or a .py file) and `load_env_module`
+imports it, which registers it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import sys
+from collections.abc import Hashable
+from typing import Any, ClassVar, Protocol, runtime_checkable
+
+from jaxrl_frontier.registry import Registry
+
+ENVS = Registry("environment")
+
+StepResult = tuple[str, float, bool, dict[str, Any]]
+
+
+@runtime_checkable
+class Environment(Protocol):
+    """What the rollout loop may call on an environment (see the module docstring)."""
+
+    def reset(self, seed: int) -> str: ...
+
+    def step(self, action: str) -> StepResult: ...
+
+    def state_key(self) -> Hashable: ...
+
+
+class TextEnv:
+    """Optional base class: holds `name`, checks `step` is not called before `reset` or after
+    the end. Subclasses implement `_reset(seed) -> str`, `_step(action) -> StepResult` and
+    `state_key()`."""
+
+    name: ClassVar[str] = ""
+
+    def __init__(self) -> None:
+        self._live = False
+
+    def reset(self, seed: int) -> str:
+        obs = self._reset(int(seed))
+        self._live = True
+        return obs
+
+    def step(self, action: str) -> StepResult:
+        if not self._live:
+            raise RuntimeError(
+                f"environment {self.name!r}: step() before reset() or after the episode ended"
+            )
+        obs, reward, done, info = self._step(str(action))
+        if done:
+            self._live = False
+        return obs, float(reward), bool(done), info
+
+    def state_key(self) -> Hashable:
+        raise NotImplementedError
+
+    def _reset(self, seed: int) -> str:
+        raise NotImplementedError
+
+    def _step(self, action: str) -> StepResult:
+        raise NotImplementedError
+
+
+def make_env(name: str, **kwargs: Any) -> Environment:
+    """The environment registered as `name`, built from keyword arguments (`env.kwargs`)."""
+    return ENVS.get(name)(**kwargs)
+
+
+def load_env_module(module: str) -> None:
+    """Import `module` (a dotted name on sys.path, or a path to a .py file) so the environments
+    it registers (`@ENVS.register("name")`) can be named in the config (`env.module`, then
+    `env.name`). Importing twice is a no-op (the module is cached in sys.modules)."""
+    if not module:
+        return
+    if module.endswith(".py") or os.sep in module:
+        path = os.path.abspath(module)
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"config key 'env.module': no such file {path}")
+        name = "jaxrl_user_env_" + "".join(c if c.isalnum() else "_" for c in path)
+        if name in sys.modules:
+            return
+        spec = importlib.util.spec_from_file_location(name, path)
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        try:
+            spec.loader.exec_module(mod)
+        except BaseException:
+            del sys.modules[name]  # a failed import is retried, not half-registered
+            raise
+        return
+    try:
+        importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        raise ModuleNotFoundError(
+            f"config key 'env.module' = {module!r}: {e} (give a module on sys.path or a .py file)"
+        ) from None
