@@ -15,7 +15,8 @@ Rules of one turn:
   - with probability `slip_prob` an agent's move (not `stay`) turns into one of the two
     perpendicular moves, each equally likely (FrozenLake's slippery ice);
   - a move off the grid stays put; an agent on its goal stays there;
-  - agents moving into the same cell, or swapping cells, are blocked (they stay);
+  - agents moving into the same cell, or swapping cells, are blocked (they stay), and so is
+    an agent moving into the cell of one that stays; following one that moves away is fine;
   - then: any agent in a hole -> done, failure; every agent on its goal -> done, success
     (`success_reward`); otherwise `step_penalty`, plus `goal_reward` for each agent that
     reached its goal this turn.
