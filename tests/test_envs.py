@@ -7,7 +7,7 @@ from fractions import Fraction
 
 import pytest
 
-from jaxrl_frontier.envs import ENVS, EpisodeBatch, load_env_module, make_env
+from jaxrl_frontier.envs import ENVS, EpisodeBatch, env_from_config, load_env_module, make_env
 from jaxrl_frontier.envs import calculator as calc
 from jaxrl_frontier.envs import gridworld as gw
 
@@ -128,8 +128,16 @@ def test_user_environment_from_a_module_file(tmp_path):
         load_env_module(str(f))  # twice: a no-op, not a duplicate registration
         env = make_env("echo_test_env")
         assert env.reset(3) == "say 3" and env.step("hi")[1] == 1.0
+        env = env_from_config({"module": str(f), "name": "echo_test_env", "kwargs": {}})
+        assert env.reset(4) == "say 4"
     finally:
         ENVS._entries.pop("echo_test_env", None)
+    with pytest.raises(KeyError, match="'env.name'.*gridworld"):
+        env_from_config({"name": "no_such_env"})
+    import ml_collections
+
+    cfg = ml_collections.ConfigDict({"name": "gridworld", "module": "", "kwargs": {"size": 3}})
+    assert env_from_config(cfg).config.size == 3
     with pytest.raises(FileNotFoundError, match="env.module"):
         load_env_module(str(tmp_path / "missing.py"))
     with pytest.raises(ModuleNotFoundError, match="env.module"):

@@ -8,6 +8,7 @@ from jaxrl_frontier.envs.base import (
     Environment,
     StepResult,
     TextEnv,
+    env_from_config,
     load_env_module,
     make_env,
 )
@@ -21,6 +22,7 @@ __all__ = [
     "EpisodeBatch",
     "StepResult",
     "TextEnv",
+    "env_from_config",
     "load_env_module",
     "make_env",
 ]

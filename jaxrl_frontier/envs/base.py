@@ -122,3 +122,20 @@ def load_env_module(module: str) -> None:
         raise ModuleNotFoundError(
             f"config key 'env.module' = {module!r}: {e} (give a module on sys.path or a .py file)"
         ) from None
+
+
+def env_from_config(section: Any) -> Environment:
+    """The environment an `env` config block names: `module` (imported first, so a user
+    environment it registers can be named), `name`, `kwargs` (a mapping). Errors name the
+    key: 'env.module' for an import, 'env.name' for an unknown name."""
+    get = section.get if hasattr(section, "get") else lambda k, d=None: getattr(section, k, d)
+    load_env_module(get("module", "") or "")
+    name = get("name", "")
+    kwargs = get("kwargs", None) or {}
+    if hasattr(kwargs, "to_dict"):
+        kwargs = kwargs.to_dict()
+    try:
+        cls = ENVS.get(name)
+    except KeyError as e:
+        raise KeyError(f"config key 'env.name': {e.args[0]}") from None
+    return cls(**dict(kwargs))
