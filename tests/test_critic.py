@@ -140,30 +140,37 @@ def test_critics_shapes_alignment_and_training(kind):
     tokens = jnp.asarray(np.random.default_rng(1).integers(0, 32, size=(2, 6)), jnp.int32)
     am = jnp.ones((2, 6), jnp.int32)
     hidden = jnp.asarray(np.random.default_rng(2).normal(size=(2, 6, 16)), jnp.float32)
-    v = c.values(tokens, am, hidden=hidden)
+    graphdef, params = nnx.split(c)
+    values_fn = jax.jit(lambda p, t: nnx.merge(graphdef, p).values(t, am, hidden))
+    v = values_fn(params, tokens)
     assert v.shape == (2, 6)
     np.testing.assert_allclose(np.asarray(v), 0.0)  # zero-initialised head
     # a few steps of the value loss on fixed targets lower it
     mask = jnp.asarray([[0, 1, 1, 1, 0, 1], [0, 0, 1, 1, 1, 1]], jnp.float32)
     R = jnp.asarray(np.random.default_rng(3).normal(size=(2, 6)), jnp.float32)
-    graphdef, params = nnx.split(c)
 
-    def loss_fn(p):
-        return critic.value_loss(
-            nnx.merge(graphdef, p).values(tokens, am, hidden), v, R, mask, None
-        )[0]
+    @jax.jit
+    def sgd(p):
+        def loss_fn(p):
+            return critic.value_loss(values_fn(p, tokens), v, R, mask, None)[0]
 
-    first = float(loss_fn(params))
-    for _ in range(20):
-        g = jax.grad(loss_fn)(params)
-        params = jax.tree.map(lambda a, b: a - 0.05 * b, params, g)
-    assert float(loss_fn(params)) < first
+        loss, g = jax.value_and_grad(loss_fn)(p)
+        return loss, jax.tree.map(lambda a, b: a - 0.05 * b, p, g)
+
+    first, params = sgd(params)
+    for _ in range(10):
+        last, params = sgd(params)
+    assert float(last) < float(first)
     # values are aligned: column 0 is 0 and column t reads position t-1 (changing the last
     # token changes no value)
-    v2 = nnx.merge(graphdef, params).values(tokens.at[:, -1].set(0), am, hidden)
-    v1 = nnx.merge(graphdef, params).values(tokens, am, hidden)
+    v1 = values_fn(params, tokens)
+    v2 = values_fn(params, tokens.at[:, -1].set(0))
     np.testing.assert_allclose(np.asarray(v1[:, 0]), 0.0)
     np.testing.assert_allclose(np.asarray(v1), np.asarray(v2), atol=1e-6)
+    if kind == "head":
+        head = nnx.merge(graphdef, params)
+        ref = np.asarray(hidden[:, :-1]) @ np.asarray(head.w[...]) + float(head.b[...])
+        np.testing.assert_allclose(np.asarray(v1[:, 1:]), ref, rtol=1e-5, atol=1e-6)
 
 
 def test_head_needs_hidden_and_unknown_kind():
