@@ -8,7 +8,14 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from jaxrl_frontier.envs import ENVS, EpisodeBatch, env_from_config, load_env_module, make_env
+from jaxrl_frontier.envs import (
+    ENVS,
+    EpisodeBatch,
+    env_from_config,
+    load_env_module,
+    make_env,
+    split_seeds,
+)
 from jaxrl_frontier.envs import calculator as calc
 from jaxrl_frontier.envs import gridworld as gw
 from jaxrl_frontier.envs.trajectory import episode_row, pack
@@ -234,6 +241,26 @@ def test_grid_slips_are_seeded_and_perpendicular():
                 break
         runs.append(obs)
     assert runs[0] == runs[1]  # same seed, same actions: the same episode
+
+
+def test_layout_statistics_and_split_seeds():
+    stats = gw.layout_statistics(
+        {"size": 5, "hole_density": 0.0, "min_goal_distance": 3}, range(20)
+    )
+    assert stats["holes_mean"] == 0.0 and stats["distance_mean"] >= 3
+    assert stats["distance_max"] <= 8  # corner to corner of a 5x5 board without holes
+    lay = gw.generate(gw.GridConfig(size=5, hole_density=0.3), 0)
+    one = gw.layout_statistics({"size": 5, "hole_density": 0.3}, [0])
+    assert one["holes_mean"] == len(lay.holes)
+    assert one["distance_mean"] == gw.shortest_path(5, lay.holes, lay.starts[0], lay.goals[0])
+    train = split_seeds("gridworld", "train", 200, eval_fraction=0.2)
+    evals = split_seeds("gridworld", "eval", 50, eval_fraction=0.2)
+    assert len(set(train)) == 200 and len(set(evals)) == 50 and not set(train) & set(evals)
+    assert split_seeds("gridworld", "train", 200, 0.2) == train  # stable
+    assert 0.1 < 50 / max(evals) < 0.3  # about eval_fraction of the seeds
+    assert not set(evals) & set(split_seeds("gridworld", "train", 50, 0.2, start=max(evals)))
+    with pytest.raises(ValueError, match="unknown split"):
+        split_seeds("gridworld", "test", 1)
 
 
 def test_random_policy_success_rate():

@@ -11,6 +11,7 @@ from jaxrl_frontier.envs.base import (
     env_from_config,
     load_env_module,
     make_env,
+    split_seeds,
 )
 from jaxrl_frontier.envs.batch import CUT_REASONS, Episode, EpisodeBatch
 
@@ -25,4 +26,5 @@ __all__ = [
     "env_from_config",
     "load_env_module",
     "make_env",
+    "split_seeds",
 ]

@@ -139,3 +139,21 @@ def env_from_config(section: Any) -> Environment:
     except KeyError as e:
         raise KeyError(f"config key 'env.name': {e.args[0]}") from None
     return cls(**dict(kwargs))
+
+
+def split_seeds(name: str, split: str, n: int, eval_fraction: float = 0.1, start: int = 0):
+    """The first `n` seeds (counting from `start`) of environment `name` that belong to
+    `split` ('train' or 'eval'): a seed is eval iff a stable hash of (name, seed) falls below
+    `eval_fraction`, as task instances are split (`tasks.base`), so training never meets an
+    evaluation episode, for any run seed."""
+    from jaxrl_frontier.tasks.base import check_split, hash_unit
+
+    check_split(split)
+    if not 0.0 < eval_fraction < 1.0:
+        raise ValueError(f"split_seeds: eval_fraction must be in (0, 1), got {eval_fraction}")
+    out, seed = [], int(start)
+    while len(out) < n:
+        if (hash_unit(f"env|{name}|{seed}") < eval_fraction) == (split == "eval"):
+            out.append(seed)
+        seed += 1
+    return out

@@ -258,6 +258,24 @@ class GridWorld(TextEnv):
                 target[i] = old[i]
 
 
+def layout_statistics(config: GridConfig | dict, seeds) -> dict[str, float]:
+    """What the layouts of `config` look like over `seeds` (for an environment designer
+    choosing the next configuration): mean holes, mean and max shortest start-goal distance."""
+    cfg = config if isinstance(config, GridConfig) else GridConfig(**config)
+    holes, dists = [], []
+    for seed in seeds:
+        lay = generate(cfg, seed)
+        holes.append(len(lay.holes))
+        for s, g in zip(lay.starts, lay.goals):
+            d = shortest_path(cfg.size, lay.holes, s, g)
+            dists.append(float("inf") if d is None else d)
+    return {
+        "holes_mean": sum(holes) / len(holes),
+        "distance_mean": sum(dists) / len(dists),
+        "distance_max": max(dists),
+    }
+
+
 def random_policy_success(
     config: GridConfig | dict, *, episodes: int = 200, max_turns: int = 8, seed: int = 0
 ) -> float:
