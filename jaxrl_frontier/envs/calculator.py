@@ -246,7 +246,7 @@ class CalculatorEnv(TextEnv):
         if answer is not None:
             value = parse_answer(answer)
             correct = value is not None and value == self.problem["answer"]
-            info = {"success": correct, "invalid": value is None, "state": ("answered", correct)}
+            info = {"success": correct, "invalid": value is None, "state": self.state_key()}
             return "", self.correct_reward if correct else 0.0, True, info
         call = s.find(action, s.call_open, s.call_close)
         if call is not None:
