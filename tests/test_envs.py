@@ -453,3 +453,36 @@ def test_gridworld_episodes_to_token_advantages():
         jnp.asarray(batch.turn_rewards()), jnp.asarray(packed["turn_index"]), jnp.asarray(mask)
     )
     np.testing.assert_allclose(np.asarray(r_tok).sum(1), batch.returns())
+
+
+def test_observation_tokens_get_no_gradient_through_the_loss():
+    """A hand-built two-turn trajectory: the loss mask is 0 on the prompt and the
+    observation, and the objective's gradient w.r.t. the per-token log-probs is 0 there even
+    with an advantage of 1 on every column (only the mask protects them)."""
+    import jax
+    import jax.numpy as jnp
+
+    from jaxrl_frontier.objectives import losses
+    from jaxrl_frontier.objectives.stats import TokenStats
+
+    packed = pack(
+        prompts=[[9, 9, 9], [9]],
+        episodes=[([[1, 2], [3, 4, 5]], [[7, 7]]), ([[1], [2]], [[7, 7, 7]])],
+        pad_id=0,
+    )
+    mask = jnp.asarray(packed["loss_mask"])
+    policy = np.zeros(mask.shape)
+    policy[0, 3:5] = policy[0, 7:10] = 1  # actions of row 0: after the 3-token prompt
+    policy[1, 3] = policy[1, 7] = 1  # row 1: prompt left-padded to width 3
+    np.testing.assert_array_equal(np.asarray(mask), policy)
+    logp0 = jnp.asarray(np.random.default_rng(0).normal(size=mask.shape), jnp.float32) - 2.0
+    adv = jnp.ones(mask.shape)
+    cfg = losses.default_config()
+
+    def loss(logp):
+        stats = TokenStats(logp=logp, old_logp=jax.lax.stop_gradient(logp0), mask=mask)
+        return losses.objective_loss(stats, adv, cfg)[0]
+
+    g = np.asarray(jax.grad(loss)(logp0))
+    assert np.all(g[policy == 0] == 0)
+    assert np.all(g[policy == 1] < 0)  # a positive advantage raises every sampled token
