@@ -196,3 +196,29 @@ def random_model(cfg, seed: int = 0):
         noise = 0.2 * rng.standard_normal(var.get_value().shape)
         var.set_value(jnp.asarray(base + noise, jnp.float32))
     return nnx.merge(graphdef, state)
+
+
+@pytest.fixture
+def count_compiles():
+    """`with count_compiles() as seen:` -> `seen` lists the function name of every XLA
+    compile inside the block (a `jax.monitoring` listener on backend compiles), eager ops
+    included: a hot path called again with same-shaped inputs must leave it empty."""
+    import contextlib
+
+    import jax
+
+    @contextlib.contextmanager
+    def counting():
+        seen: list[str] = []
+
+        def listener(event, duration, **kwargs):
+            if event == "/jax/core/compile/backend_compile_duration":
+                seen.append(str(kwargs.get("fun_name", "")))
+
+        jax.monitoring.register_event_duration_secs_listener(listener)
+        try:
+            yield seen
+        finally:
+            jax.monitoring.unregister_event_duration_listener(listener)
+
+    return counting

@@ -2,7 +2,8 @@
 distribution (chi-square), stop tokens, padding invariance, sharding, no recompilation.
 
 Compiles are the cost here, so the tests share one tiny model and a few samplers whose
-static plans (greedy / sampled, max_new_tokens, n, batch bucket) are reused across tests.
+static plans (greedy / sampled, max_new_tokens, n, batch bucket) are reused across tests;
+every forward runs jitted.
 """
 
 import dataclasses
@@ -15,11 +16,11 @@ import pytest
 from flax import nnx
 
 from jaxrl_frontier import sharding as shd
-from jaxrl_frontier import xla_options
 from jaxrl_frontier.models.random_init import random_model
 from jaxrl_frontier.models.transformer import ModelConfig, Transformer
 from jaxrl_frontier.sampling import (
     FinishReason,
+    Knobs,
     Sampler,
     SamplingParams,
     mlp_dropout_mask,
@@ -68,8 +69,7 @@ def model():
 
 @pytest.fixture(scope="module")
 def sampler(model):
-    # 2 decode chunks of cache length (4 steps per check): the chunked path is the default one.
-    return Sampler(model, pad_id=PAD, batch_buckets=(4,), decode_chunks=2, steps_per_check=4)
+    return Sampler(model, pad_id=PAD, batch_buckets=(4,))
 
 
 @pytest.fixture(scope="module")
@@ -190,38 +190,29 @@ def test_sampled_logps_match_teacher_forcing(sampler, forward):
     assert len({tuple(r) for r in out}) > 4
 
 
-def test_no_recompilation(sampler):
-    """Same shapes and static plan -> no new trace; temperature / stop ids are traced."""
+def test_no_recompilation(sampler, count_compiles):
+    """Same shapes and static plan -> nothing compiles again: prompts, their lengths, keys,
+    temperature, top_p, min_p and the stop ids are traced."""
     a = SamplingParams(max_new_tokens=TN, n=N, temperature=0.7, top_k=20, top_p=0.9, min_p=0.02)
     b = SamplingParams(
         max_new_tokens=TN, n=N, temperature=1.3, top_k=20, top_p=0.5, min_p=0.1, eos_ids=(7,)
     )
-    sampler.generate(*prompts([3, 5], seed=5), a, jax.random.key(0))
-    traces = dict(sampler.num_traces)
-    compiled = sampler.num_compiled()
-    sampler.generate(*prompts([9, 2, 4], seed=6), b, jax.random.key(1))
-    sampler.generate(*prompts([12], seed=7), a, jax.random.key(2))
-    assert sampler.num_traces == traces
-    assert sampler.num_compiled() == compiled
+    jax.block_until_ready(sampler.generate(*prompts([3, 5], seed=5), a, jax.random.key(0)))
+    with count_compiles() as seen:
+        jax.block_until_ready(sampler.generate(*prompts([9, 2], seed=6), b, jax.random.key(1)))
+        jax.block_until_ready(sampler.generate(*prompts([12, 1], seed=7), a, jax.random.key(2)))
+    assert seen == [], f"compiled again on a same-shaped call: {seen}"
 
 
 def test_sharded_greedy_equals_single_device(sampler):
-    """8 devices (data 2, fsdp 2, tensor 2) with a one-chunk decode checked every step,
-    against the single-device sampler's two-chunk decode: one compile covers both the
-    mesh and the cache-length chunking."""
+    """8 devices (data 2, fsdp 2, tensor 2: rows over data x fsdp, heads over tensor, the
+    decode scanning the fsdp-split layers) against one device (layers unstacked)."""
     if jax.device_count() < 8:
         pytest.skip("needs XLA_FLAGS=--xla_force_host_platform_device_count=8")
     mesh = shd.make_mesh((2, 2, 2))
     sharded_model = shd.shard_model(make_model(), mesh)
     assert "tensor" in str(sharded_model.layers.attn.q_proj[...].sharding.spec)
-    sharded = Sampler(
-        sharded_model,
-        pad_id=PAD,
-        mesh=mesh,
-        batch_buckets=(4,),
-        decode_chunks=1,
-        steps_per_check=1,
-    )
+    sharded = Sampler(sharded_model, pad_id=PAD, mesh=mesh, batch_buckets=(4,))
     tokens, mask = prompts([6, 14, 2, 9], seed=2)
     a = sharded.generate(tokens, mask, GREEDY, jax.random.key(0))
     b = sampler.generate(tokens, mask, GREEDY, jax.random.key(0))
@@ -232,7 +223,7 @@ def test_sharded_greedy_equals_single_device(sampler):
 
 def test_dropout_masks_fixed_per_row(model, forward):
     """Each row samples under its own MLP mask; policy_logp is that sub-network's log-prob."""
-    drop = Sampler(model, pad_id=PAD, batch_buckets=(4,), decode_chunks=1)
+    drop = Sampler(model, pad_id=PAD, batch_buckets=(4,))
     params = SamplingParams(max_new_tokens=TN, n=4, greedy=True, dropout_rate=0.5)
     tokens, mask = prompts([7], seed=3)
     ro = drop.generate(tokens, mask, params, jax.random.key(4))
@@ -332,61 +323,18 @@ def test_greedy_sample_logits_and_errors(sampler):
         sampler.generate(tokens, mask[:, ::-1], GREEDY, jax.random.key(0))
 
 
-@pytest.mark.skipif(jax.default_backend() != "cpu", reason="XLA:CPU options")
-def test_cpu_compiler_options_change_speed_not_results(model, sampler, monkeypatch):
-    """The default sampler picks each program's options with
-    `xla_options.rollout_compiler_options` from its matmul rows (on CPU: YNNPACK for
-    reductions, and for dots too from 64 rows); XLA's own defaults ({}) and the dot options
-    forced on every program must sample the same tokens."""
-    ynn = "xla_cpu_experimental_ynn_fusion_type"
-    reduce_only = {ynn: "LIBRARY_FUSION_TYPE_REDUCE"}
-    with_dots = {ynn: "LIBRARY_FUSION_TYPE_REDUCE,LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"}
-    assert xla_options.rollout_compiler_options("cpu", rows=63) == reduce_only
-    assert xla_options.rollout_compiler_options("cpu", rows=64) == with_dots
-    assert sampler.compiler_options is None
-    tokens, mask = prompts([3, 9, 14, 6])
-    params = SamplingParams(max_new_tokens=TN, n=N, temperature=1.0, top_p=0.9)
-    ours = sampler.generate(tokens, mask, params, jax.random.key(7))
-    # 4 prompts x 16 positions -> the prefill gets the dots; 4 x N decode rows do not.
-    key = lambda name, options: (name, tuple(sorted(options.items())))  # noqa: E731
-    assert set(sampler._programs) == {key("prefill", with_dots), key("decode", reduce_only)}
-    for options in ({}, with_dots):
-        other = Sampler(
-            model,
-            pad_id=PAD,
-            batch_buckets=(4,),
-            decode_chunks=2,
-            steps_per_check=4,
-            compiler_options=options,
-        )
-        ref = other.generate(tokens, mask, params, jax.random.key(7))
-        assert {name for name, _ in other._programs} == {"prefill", "decode"}
-        assert all(dict(opts) == options for _, opts in other._programs)
-        np.testing.assert_array_equal(
-            np.asarray(ours.completion_tokens), np.asarray(ref.completion_tokens)
-        )
-        for field in ("policy_logp", "sample_logp"):
-            np.testing.assert_allclose(
-                np.asarray(getattr(ours, field)), np.asarray(getattr(ref, field)), atol=1e-5
-            )
-    # An option this jaxlib does not know is dropped, not a compile error at the first rollout.
-    monkeypatch.setitem(xla_options.ROLLOUT_OPTIONS, "cpu", ((0, {"xla_cpu_no_such_option": "1"}),))
-    assert xla_options.rollout_compiler_options("cpu") == {}
-
-
 def test_bf16_cache_is_bf16_and_close(model, sampler, forward):
     """`cache_dtype='bfloat16'`: the cache is stored in bf16 (half the bytes), and sampled
     log-probs stay close to a teacher-forced f32 forward over the same tokens."""
-    bf16 = Sampler(
-        model, pad_id=PAD, batch_buckets=(4,), decode_chunks=2, steps_per_check=4,
-        cache_dtype="bfloat16",
-    )  # fmt: skip
+    bf16 = Sampler(model, pad_id=PAD, batch_buckets=(4,), cache_dtype="bfloat16")
     tokens, mask = prompts([3, 9, 14, 6])
-    cache, _, _ = bf16._program("prefill", rows=tokens.size)(
-        nnx.state(model), jnp.asarray(tokens), jnp.asarray(mask), jax.random.key(0),
-        np.float32(0.0), n=1, use_dropout=False,
-    )  # fmt: skip
+    knobs = Knobs.of(SamplingParams(max_new_tokens=TN))
+    prompts_d, _ = bf16.pad_prompts(tokens, mask)
+    cache, _, _ = bf16.prefill(
+        nnx.state(model), *prompts_d, jax.random.key(0), knobs, n=1, use_dropout=False, slots=TN
+    )
     assert {x.dtype for x in cache.k + cache.v} == {jnp.dtype(jnp.bfloat16)}
+    assert cache.k[0].shape == (4, CFG.num_kv_heads, 16 + TN, CFG.resolved_head_dim)
     params = SamplingParams(max_new_tokens=TN, n=N, temperature=1.0)
     ro = bf16.generate(tokens, mask, params, jax.random.key(3))
     seq = ro.sequences()
@@ -399,22 +347,3 @@ def test_bf16_cache_is_bf16_and_close(model, sampler, forward):
     assert err.size > 0 and err.max() < 5e-2, err.max()  # bf16 keys/values: ~3 significant digits
     with pytest.raises(ValueError, match="cache_dtype"):
         Sampler(model, pad_id=PAD, cache_dtype="float16")
-
-
-def test_weights_cast_once_samples_the_same_rollout():
-    """bf16 compute on f32 parameters: the weights cast once per program (the default) give
-    bitwise the rollout of casting them at every use, sampled and with stop tokens."""
-    model = random_model(
-        CFG.replace(dtype="bfloat16"), seed=1, std=0.02, head_std=0.16, legacy_rng=True
-    )
-    tokens, mask = prompts([5, 14])
-    params = SamplingParams(max_new_tokens=TN, n=N, temperature=0.9, top_p=0.95, eos_ids=(3,))
-    rollouts = {}
-    for once in (True, False):
-        sampler = Sampler(model, pad_id=PAD, steps_per_check=4, cast_weights_once=once)
-        rollouts[once] = sampler.generate(tokens, mask, params, jax.random.key(7))
-    for field in ("completion_tokens", "lengths", "policy_logp", "sample_logp"):
-        np.testing.assert_array_equal(
-            np.asarray(getattr(rollouts[True], field)), np.asarray(getattr(rollouts[False], field))
-        )
-    assert len(set(np.asarray(rollouts[True].completion_tokens).ravel().tolist())) > 4  # sampled

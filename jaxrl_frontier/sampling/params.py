@@ -1,0 +1,126 @@
+"""How to sample (`SamplingParams`), why a completion ended (`FinishReason`), and the split
+of the settings into what compiles (`Plan`, static) and what does not (`Knobs`, traced)."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+
+import flax.struct
+import jax
+import numpy as np
+
+
+class FinishReason(enum.IntEnum):
+    """Why a completion ended (`Rollout.finish_reason`)."""
+
+    STOP = 0  # it emitted an EOS or stop token (the last completion token)
+    LENGTH = 1  # it reached max_new_tokens
+
+
+# field -> (is the value allowed, the allowed values in words)
+_CHECKS = {
+    "max_new_tokens": (lambda p: p.max_new_tokens >= 1, ">= 1"),
+    "n": (lambda p: p.n >= 1, ">= 1"),
+    "temperature": (lambda p: p.greedy or p.temperature > 0, "> 0 (or greedy=True)"),
+    "top_k": (lambda p: p.top_k >= 0, ">= 0 (0 = off)"),
+    "top_p": (lambda p: 0.0 < p.top_p <= 1.0, "in (0, 1]"),
+    "min_p": (lambda p: 0.0 <= p.min_p < 1.0, "in [0, 1)"),
+    "dropout_rate": (lambda p: 0.0 <= p.dropout_rate < 1.0, "in [0, 1)"),
+}
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SamplingParams:
+    """How to sample completions.
+
+    max_new_tokens: completion length Tn (the stop token included).
+    n:              completions per prompt (the GRPO group size).
+    temperature:    logits are divided by it before truncation (ignored when greedy).
+    top_k:          keep the k most likely tokens (0 = off).
+    top_p:          then keep the smallest top set whose probability is >= top_p (1 = off).
+    min_p:          then keep tokens with p >= min_p * max p (0 = off).
+    greedy:         argmax of the plain logits (sample_logp is then 0 = log 1).
+    eos_ids, stop_ids: token ids that end a row (both kept as the last completion token).
+    dropout_rate:   Dropout-GRPO: one Bernoulli(1 - rate) / (1 - rate) mask on the MLP hidden
+                    units per row, fixed for the whole rollout (0 = off).
+    """
+
+    max_new_tokens: int
+    n: int = 1
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    greedy: bool = False
+    eos_ids: tuple[int, ...] = ()
+    stop_ids: tuple[int, ...] = ()
+    dropout_rate: float = 0.0
+
+    def __post_init__(self):
+        object.__setattr__(self, "eos_ids", tuple(int(i) for i in self.eos_ids))
+        object.__setattr__(self, "stop_ids", tuple(int(i) for i in self.stop_ids))
+        for name, (ok, allowed) in _CHECKS.items():
+            if not ok(self):
+                raise ValueError(
+                    f"SamplingParams.{name}={getattr(self, name)!r}; must be {allowed}"
+                )
+
+    @property
+    def all_stop_ids(self) -> tuple[int, ...]:
+        return tuple(sorted(set(self.eos_ids) | set(self.stop_ids)))
+
+    @property
+    def stop_id_slots(self) -> int:
+        """Static width of the stop-id array: the count rounded up to a multiple of 4, so
+        adding a stop token rarely recompiles (the ids themselves are traced)."""
+        return max(4, -(-len(self.all_stop_ids) // 4) * 4)
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """Everything static about one compiled rollout (the jit cache key besides shapes)."""
+
+    n: int
+    max_new_tokens: int
+    greedy: bool
+    top_k: int
+    use_top_p: bool
+    use_min_p: bool
+    num_stop_ids: int  # the stop ids themselves are traced, padded with -1 to this count
+    use_dropout: bool
+
+    @classmethod
+    def of(cls, p: SamplingParams) -> Plan:
+        return cls(
+            n=p.n,
+            max_new_tokens=p.max_new_tokens,
+            greedy=p.greedy,
+            top_k=p.top_k,
+            use_top_p=p.top_p < 1.0,
+            use_min_p=p.min_p > 0.0,
+            num_stop_ids=p.stop_id_slots,
+            use_dropout=p.dropout_rate > 0.0,
+        )
+
+
+@flax.struct.dataclass
+class Knobs:
+    """The traced sampling settings: changing them does not recompile.
+
+    temperature, top_p, min_p, dropout_rate: f32 []; stop_ids: int32 [Plan.num_stop_ids],
+    the eos and stop ids padded with -1 (which never matches a token).
+    """
+
+    temperature: jax.Array
+    top_p: jax.Array
+    min_p: jax.Array
+    dropout_rate: jax.Array
+    stop_ids: jax.Array
+
+    @classmethod
+    def of(cls, p: SamplingParams) -> Knobs:
+        stop_ids = np.full((p.stop_id_slots,), -1, np.int32)
+        stop_ids[: len(p.all_stop_ids)] = p.all_stop_ids
+        f32 = np.float32
+        return cls(f32(p.temperature), f32(p.top_p), f32(p.min_p), f32(p.dropout_rate), stop_ids)
