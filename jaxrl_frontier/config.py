@@ -194,6 +194,8 @@ def base_config() -> ml_collections.ConfigDict:
     c.optimizer.max_grad_norm = 1.0
     c.optimizer.grad_accum = 1  # microbatches per minibatch
 
+    # SC-GRPO's self-conditioned pass: vocabulary entries per chunk of its KL sum
+    c.rollout.sc_vocab_chunk = 2048
     c.train = ml_collections.ConfigDict()
     c.train.steps = 100
     c.train.epochs = 1  # passes over each rollout batch (PPO epochs)
@@ -310,6 +312,7 @@ RANGES: dict[str, tuple] = {
     "eval.batch": (0, None, False, None),
     "rewards.max_failure_steps": (0, None, True, None),
     "rewards.workers": (0, None, False, None),
+    "rollout.sc_vocab_chunk": (0, None, False, None),
     "rewards.cpu_seconds": (0, None, False, None),
     "rewards.wall_seconds": (0, None, False, None),
     "rewards.memory_mb": (0, None, False, None),

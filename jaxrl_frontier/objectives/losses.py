@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxrl_frontier.objectives.advantages import ADVANTAGES
-from jaxrl_frontier.objectives.stats import TokenStats
+from jaxrl_frontier.objectives.stats import OPTIONAL_FIELDS, TokenStats
 from jaxrl_frontier.objectives.weights import WEIGHTS
 from jaxrl_frontier.registry import Registry
 
@@ -659,7 +659,7 @@ def objective_loss(
     kl_ref, weight_mean, ratio_mean, adv_mean.
     """
     validate_objective_config(cfg)
-    present = {f for f in ("ref_logp", "teacher_logp", "sc_logp") if getattr(stats, f) is not None}
+    present = {f for f in OPTIONAL_FIELDS if getattr(stats, f) is not None}
     present |= {"logits"} if logits is not None else set()
     present |= {"teacher_logits"} if teacher_logits is not None or distill_bt is not None else set()
     _check_available(cfg, present | {"logp", "old_logp", "mask"})
@@ -758,7 +758,7 @@ def loss_fn(
     (`chunked_token_stats`), never from the whole batch's. Without apply_hidden_fn the
     teacher's logits are formed in full from it.
     batch: tokens, attention_mask, loss_mask, old_logp, advantages (all [B, T]); optional
-    ref_logp, teacher_logp, sc_logp [B, T] and teacher_logits [B, T, V] (the full-logits
+    ref_logp, teacher_logp, sc_logp, sc_kl [B, T] and teacher_logits [B, T, V] (the full-logits
     path of a distillation loss).
     first_scored: on the chunked path, log-probs and entropy are computed from this
     position on (0 before it); the caller guarantees loss_mask is 0 there.
@@ -805,6 +805,7 @@ def loss_fn(
         ref_logp=batch.get("ref_logp"),
         teacher_logp=batch.get("teacher_logp"),
         sc_logp=batch.get("sc_logp"),
+        sc_kl=batch.get("sc_kl"),
     )
     return objective_loss(
         stats,

@@ -24,6 +24,8 @@ class TokenStats:
     teacher_logp: log pi_teacher(y_t) on the student's sampled token (optional; OPD).
     sc_logp:      log pi_theta(y_t | prompt + one verified own solution), the
                   self-conditioned pass of SC-GRPO (optional).
+    sc_kl:        KL(pi_theta(. | prompt, y<t) || pi_theta(. | prompt + that solution, y<t)),
+                  summed over the vocabulary by the same pass (optional; SC-GRPO).
     """
 
     logp: Array
@@ -32,6 +34,7 @@ class TokenStats:
     ref_logp: Array | None = None
     teacher_logp: Array | None = None
     sc_logp: Array | None = None
+    sc_kl: Array | None = None
 
 
-OPTIONAL_FIELDS = ("ref_logp", "teacher_logp", "sc_logp")
+OPTIONAL_FIELDS = ("ref_logp", "teacher_logp", "sc_logp", "sc_kl")

@@ -294,23 +294,33 @@ def position_window(stats: TokenStats, adv: Array, start: float = 0.0, end: floa
 
 
 @register_weight("sc_grpo", requires=("sc_logp",))
-def sc_grpo(stats: TokenStats, adv: Array, coef: float = 1.0) -> Array:
+def sc_grpo(stats: TokenStats, adv: Array, coef: float = 1.0, max_kl: float = 10.0) -> Array:
     """SC-GRPO: the self-conditioning KL as a multiplicative credit on the GRPO gradient.
 
-    Chosen form (the paper leaves the estimator open): with u = sc_logp - old_logp on the
-    sampled token (sampled from the plain policy),
-        kl_t = clip(exp(u) - 1 - u, 0, 10)   (k3: unbiased, >= 0, for KL(pi || pi_sc)),
-        w = 1 + coef * kl_t.
-    The "1 +" keeps plain GRPO credit on tokens the own solution does not change; tokens
-    whose distribution moves most under self-conditioning (pivotal steps) get more.
-    Config keys: coef=1.0.  Needs: sc_logp.
+        KL_t = KL( pi(. | x, y<t) || pi(. | x, s, y<t) ),  s a verified own solution to x,
+        w_t  = 1 + coef * min(KL_t, max_kl).
+
+    KL_t is `sc_kl`, the exact sum over the vocabulary from the self-conditioned pass. Given
+    only `sc_logp` (no `sc_kl`: a caller with sampled-token log-probs alone), KL_t is its
+    single-sample k3 estimate on the sampled token, u = sc_logp - old_logp,
+    exp(u) - 1 - u (>= 0, unbiased for the same KL since y_t ~ pi).
+    Chosen form (the paper leaves it open): "1 +" keeps plain GRPO credit on tokens the own
+    solution does not change and on rows of prompts with no verified solution (KL = 0
+    there); tokens whose distribution moves most under self-conditioning (pivotal steps)
+    get more. Unlike KL_t / mean over the row, it does not rescale a row whose tokens all
+    move alike, and it stays finite on rows where nothing moves. max_kl bounds a
+    copy-dominated token.
+    Config keys: coef=1.0, max_kl=10.0.  Needs: sc_logp (sc_kl when present).
     Shan et al. 2026 (Learning from Own Solutions: Self-Conditioned Credit Assignment for RLVR).
     """
     del adv
-    u = jnp.where(stats.mask > 0, stats.sc_logp - stats.old_logp, 0.0)
-    u = jnp.clip(u, -20.0, 20.0)
-    kl = jnp.clip(jnp.exp(u) - 1.0 - u, 0.0, 10.0)
-    return sg(1.0 + coef * kl)
+    m = stats.mask > 0
+    if stats.sc_kl is not None:
+        kl = jnp.where(m, stats.sc_kl, 0.0)
+    else:
+        u = jnp.clip(jnp.where(m, stats.sc_logp - stats.old_logp, 0.0), -20.0, 20.0)
+        kl = jnp.exp(u) - 1.0 - u
+    return sg(1.0 + coef * jnp.clip(kl, 0.0, max_kl))
 
 
 @register_weight("prob_power")

@@ -13,7 +13,7 @@ from flax import nnx
 
 from jaxrl_frontier.build import objective_section
 from jaxrl_frontier.editing import build_editors, effective_reward_weights
-from jaxrl_frontier.forward import make_logp_fn
+from jaxrl_frontier.forward import apply_hidden, make_logp_fn
 from jaxrl_frontier.objectives import losses
 from jaxrl_frontier.rewards import make_scorer
 from jaxrl_frontier.rl.learner import Learner, dropout_masks, reshard_to, update_layout
@@ -75,8 +75,8 @@ def build_rl_stages(
     available |= {"ref_logp"} if reference else set()
     available |= {"teacher_logp", "teacher_logits"} if teacher is not None else set()
     needed = {f for fields in losses.required_fields(objective).values() for f in fields}
-    self_conditioned = "sc_logp" in needed
-    available |= {"sc_logp"} if self_conditioned else set()
+    self_conditioned = bool({"sc_logp", "sc_kl"} & needed)
+    available |= {"sc_logp", "sc_kl"} if self_conditioned else set()
     losses.validate_objective_config(objective, available=available)
 
     g, tn, rate = c.rollout.group_size, c.rollout.max_new_tokens, c.rollout.dropout_rate
@@ -103,6 +103,8 @@ def build_rl_stages(
             group_size=g,
             completion_len=tn,
             correct_column=list(task.reward_names).index("correctness"),
+            hidden_fn=apply_hidden(graphdef),  # both forwards' hidden states: the full KL
+            vocab_chunk=c.rollout.sc_vocab_chunk,
         )
         names.append("self_conditioned")
     teacher_pair = None

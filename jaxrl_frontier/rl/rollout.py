@@ -35,6 +35,7 @@ from jaxrl_frontier.registry import Registry
 from jaxrl_frontier.rewards import RewardScorer
 from jaxrl_frontier.rl import credit
 from jaxrl_frontier.rl.experience import Experience
+from jaxrl_frontier.rl.self_conditioning import chunked_kl_and_logp, conditioned_rows
 from jaxrl_frontier.sampling import SamplingParams
 from jaxrl_frontier.scheduling import PromptResult
 from jaxrl_frontier.tasks.base import Example
@@ -179,13 +180,14 @@ class LogprobPass:
     field: the Experience field it fills (`old_logp`, `ref_logp`, `teacher_logp`, or any
       other name, which lands in `Experience.extras` for a loss to read).
     role: whose weights it takes: 'policy', 'reference' or 'teacher'.
-    fn: (params, experience) -> [B, T] (jitted by its builder); the producer masks it with
+    fn: (params, experience) -> [B, T] (jitted by its builder), or {field name: [B, T]} for a
+      pass that fills several fields from the same forwards; the producer masks each with
       the loss mask.
     """
 
     field: str
     role: str
-    fn: Callable[[Any, Experience], Array]
+    fn: Callable[[Any, Experience], Array | dict[str, Array]]
 
 
 # name -> builder(**context) -> LogprobPass; the trainer passes graphdefs and layouts.
@@ -224,41 +226,68 @@ def teacher_pass(*, teacher_logp_fn, **_):
 
 @PASSES.register("self_conditioned")
 def self_conditioned_pass(
-    *, scored_logp_fn, group_size: int, completion_len: int, correct_column: int, **_
+    *,
+    scored_logp_fn,
+    group_size: int,
+    completion_len: int,
+    correct_column: int,
+    hidden_fn=None,
+    vocab_chunk: int = 2048,
+    **_,
 ):
-    """sc_logp (SC-GRPO, "Learning from Own Solutions: Self-Conditioned Credit Assignment
-    for RLVR"): each completion teacher-forced after its group's first verified solution,
+    """SC-GRPO's pass ("Learning from Own Solutions: Self-Conditioned Credit Assignment for
+    RLVR"): each completion teacher-forced after its group's first verified solution
+    (`self_conditioning.conditioned_rows`: [prompt | solution | completion]),
 
         sc_logp[b, t] = log pi(y_bt | prompt_g, solution_g, y_b<t),
+        sc_kl[b, t]   = KL( pi(. | prompt_g, y_b<t) || pi(. | prompt_g, solution_g, y_b<t) ),
 
-    the row laid out as [prompt | solution | completion], the solution (with its stop token)
-    right-aligned in its block so that its last token directly precedes the completion (the
-    padding before it is masked out). A group with no correct completion takes the behaviour
-    log-probs (sc_logp = old_logp), so SC-GRPO's weight is 1 there. Computed once per rollout
-    with the sampling weights, as the behaviour log-probs are (the weight holds it constant).
-    Runs when the objective needs `sc_logp`.
+    the KL a sum over the vocabulary in chunks of `vocab_chunk` (`rollout.sc_vocab_chunk`),
+    from the hidden states of the plain and the conditioned forward. A group with no correct
+    completion takes sc_logp = old_logp and sc_kl = 0, so SC-GRPO's weight is 1 there.
+    Computed once per rollout with the sampling weights, as the behaviour log-probs are (the
+    weight holds it constant). Runs when the objective needs `sc_kl` or `sc_logp`.
+
+    hidden_fn: `forward.apply_hidden(graphdef)`; given, fn returns {'sc_logp', 'sc_kl'} (both
+    from the same two forwards); without it only sc_logp, through `scored_logp_fn`.
     """
     tn = completion_len
 
+    def rows(exp: Experience):
+        correct = exp.rewards[:, correct_column] > 0
+        return conditioned_rows(
+            exp.tokens, exp.attention_mask, correct, group_size=group_size, completion_len=tn
+        )
+
     @jax.jit
-    def fn(params, exp: Experience):
+    def logp_only(params, exp: Experience):
+        b, t = exp.tokens.shape
+        tokens, mask, solved = rows(exp)
+        logp = scored_logp_fn(params, tokens, mask)[:, t:]  # the completion's Tn
+        logp = jnp.where(solved[:, None], logp, exp.old_logp[:, t - tn :])
+        return jnp.concatenate([jnp.zeros((b, t - tn), logp.dtype), logp], axis=1)
+
+    @jax.jit
+    def with_kl(params, exp: Experience):
         b, t = exp.tokens.shape
         tp = t - tn
-        correct = (exp.rewards[:, correct_column] > 0).reshape(-1, group_size)  # [P, G]
-        first = jnp.argmax(correct, axis=1)  # first solved row of each group
-        solved = jnp.repeat(jnp.any(correct, axis=1), group_size)  # [B]
-        rows = jnp.repeat(jnp.arange(b // group_size) * group_size + first, group_size)
-        sol, sol_mask = exp.tokens[rows, tp:], exp.attention_mask[rows, tp:]
-        shift = tn - jnp.sum(sol_mask, axis=1)  # right-align: no gap before the completion
-        sol, sol_mask = (jax.vmap(jnp.roll)(x, shift) for x in (sol, sol_mask))
-        tokens = jnp.concatenate([exp.tokens[:, :tp], sol, exp.tokens[:, tp:]], axis=1)
-        mask = jnp.concatenate(
-            [exp.attention_mask[:, :tp], sol_mask, exp.attention_mask[:, tp:]], axis=1
+        tokens, mask, solved = rows(exp)
+        h_u, w_out = hidden_fn(params, exp.tokens, exp.attention_mask)
+        h_c, _ = hidden_fn(params, tokens, mask)
+        # positions t - 1 predict token t: the completion's Tn tokens on each side
+        h_u = h_u[:, tp - 1 : t - 1].reshape(b * tn, -1)
+        h_c = h_c[:, tp + tn - 1 : t + tn - 1].reshape(b * tn, -1)
+        y = exp.tokens[:, tp:].reshape(-1)
+        kl, logq = chunked_kl_and_logp(h_u, h_c, w_out, y, vocab_chunk=vocab_chunk)
+        kl, logq = kl.reshape(b, tn), logq.reshape(b, tn)
+        zeros = jnp.zeros((b, tp), jnp.float32)
+        sc_logp = jnp.where(solved[:, None], logq, exp.old_logp[:, tp:])
+        sc_kl = jnp.where(solved[:, None], kl, 0.0)
+        return dict(
+            sc_logp=jnp.concatenate([zeros, sc_logp], 1), sc_kl=jnp.concatenate([zeros, sc_kl], 1)
         )
-        logp = scored_logp_fn(params, tokens, mask)[:, tp + tn :]  # the completion's Tn
-        logp = jnp.where(solved[:, None], logp, exp.old_logp[:, tp:])
-        return jnp.concatenate([jnp.zeros((b, tp), logp.dtype), logp], axis=1)
 
+    fn = logp_only if hidden_fn is None else with_kl
     return LogprobPass("sc_logp", "policy", lambda params, exp: fn(params, exp))
 
 
@@ -404,11 +433,13 @@ class RolloutProducer:
             rows, draw.prompt_tokens, draw.prompt_mask, rewards, draw.dropout_keys, version
         )
         for p in self.passes:
-            value = p.fn(weights[p.role], exp) * exp.loss_mask
-            if p.field in ("old_logp", "ref_logp", "teacher_logp"):
-                exp = exp.replace(**{p.field: value})
-            else:
-                exp = exp.replace(extras={**exp.extras, p.field: value})
+            out = p.fn(weights[p.role], exp)
+            for name, value in (out if isinstance(out, dict) else {p.field: out}).items():
+                value = value * exp.loss_mask
+                if name in ("old_logp", "ref_logp", "teacher_logp"):
+                    exp = exp.replace(**{name: value})
+                else:
+                    exp = exp.replace(extras={**exp.extras, name: value})
         adv, r_b, metrics = _advantages_and_metrics(exp, self.objective, self.reward_names, g)
         metrics = {**metrics, **{k: jnp.float32(v) for k, v in selected.items()}}
         exp = exp.replace(advantages=adv)
