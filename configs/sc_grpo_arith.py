@@ -3,10 +3,11 @@
     python scripts/train.py --config=configs/sc_grpo_arith.py --workdir=runs/sc_grpo_arith
 
 SC-GRPO ("Learning from Own Solutions: Self-Conditioned Credit Assignment for Reinforcement
-Learning with Verifiable Rewards"): the self-conditioned log-prob pass puts one of the
-group's own verified solutions before each completion (sc_logp); the sc_grpo weight is
-w_t = 1 + coef * KL_t with KL_t the k3 estimate of KL(pi(. | x, y<t) || pi(. | x, s, y<t))
-on the sampled token; rows of prompts with no verified solution keep w = 1.
+Learning with Verifiable Rewards"): the self-conditioned log-prob pass puts the group's
+first verified solution s before each completion and computes, per completion
+token, KL_t = KL(pi(. | x, y<t) || pi(. | x, s, y<t)) summed over the vocabulary (in chunks
+of rollout.sc_vocab_chunk entries); the sc_grpo weight is w_t = 1 + coef * min(KL_t,
+max_kl); rows of prompts with no verified solution keep w = 1.
 """
 
 from jaxrl_frontier import presets
@@ -16,7 +17,7 @@ def get_config(arg=None):
     c = presets.arithmetic("rl")
     c.objective.advantage = "grpo"
     c.objective.weight = "sc_grpo"
-    c.objective.weight_kwargs = dict(coef=1.0)
+    c.objective.weight_kwargs = dict(coef=1.0, max_kl=10.0)
     c.objective.aggregation = "token_mean"
     c.optimizer.update(lr=1e-4, warmup_steps=5, max_grad_norm=1.0)
     c.train.update(steps=300, minibatches=2, log_every=10, eval_every=100, checkpoint_every=50)

@@ -7,8 +7,10 @@ whose group accuracy is < 0.5 enter a FIFO replay buffer (data.zppo.capacity) an
 as a quarter of each batch, alternately as BCQ ("<a>,<b>;123+456=": the reference answer
 and one wrong student answer, unlabelled, in a seeded order) and NCQ ("not <w1>,<w2>;
 123+456=": the student's wrong answers), until their accuracy reaches 0.5 (graduation).
-The reference answer is the task's own (no teacher model is used). Logged:
-zppo/buffer_size, zppo/graduations, zppo/evictions, zppo/replayed.
+The reference answer is the teacher's greedy answer when the run has a teacher and that
+answer is verified correct (e.g. --config.teacher.init=hf --config.teacher.path=DIR), else
+the task's own. Logged: zppo/buffer_size, zppo/graduations, zppo/evictions, zppo/replayed
+(and zppo/teacher_references with a teacher).
 """
 
 from jaxrl_frontier import presets

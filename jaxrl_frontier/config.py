@@ -129,7 +129,16 @@ def base_config() -> ml_collections.ConfigDict:
     # max_draws draws of prompt_batch prompts per step), ADS, ZPPO's hard-prompt replay
     c.data.dynamic = dict(max_draws=4)
     c.data.ads = dict(
-        pool=4, momentum=0.7, boundary=0.17, boundary_weight=4.0, off_weight=0.25, floor=0.01
+        pool=4,
+        momentum=0.7,
+        boundary=0.17,
+        boundary_weight=4.0,
+        off_weight=0.25,
+        floor=0.01,
+        clusters="task",
+        kmeans_k=8,
+        kmeans_sample=1024,
+        kmeans_iters=25,
     )
     c.data.zppo = dict(
         capacity=64,
@@ -137,6 +146,8 @@ def base_config() -> ml_collections.ConfigDict:
         max_wrong=3,
         bcq_template="{candidates};{question}",
         ncq_template="not {wrong};{question}",
+    # ADS clusters: 'task' (the task's cluster key) or 'kmeans' (kmeans_k clusters of prompt
+    # features fitted on kmeans_sample train prompts; clustering.py)
     )
 
     # Multi-host (docs/distributed.md): unset = JAX's own TPU-pod / SLURM detection, or one

@@ -24,6 +24,7 @@ from typing import Any, Protocol
 import grain
 import numpy as np
 
+from jaxrl_frontier.clustering import CLUSTERINGS, TaskClusters
 from jaxrl_frontier.registry import Registry
 from jaxrl_frontier.tasks.base import Example, Task, check_split
 from jaxrl_frontier.tasks.pipeline import _READ_OPTIONS, _LoadExample
@@ -308,18 +309,6 @@ def dynamic(task: Task, config, *, batch_size: int, process_index: int, process_
 # ============================================================================ ADS
 
 
-def cluster_key(task: Task, example: Example) -> str:
-    """A prompt's cluster: the task's `cluster_key(example)` when it defines one, else
-    operation x operand digit counts for examples with `a`, `op`, `b` (arithmetic), else the
-    number of whitespace-separated words of the prompt (a coarse length bucket)."""
-    key = getattr(task, "cluster_key", None)
-    if key is not None:
-        return str(key(example))
-    if {"a", "b", "op"} <= set(example):
-        return f"{example['op']}{len(str(abs(example['a'])))}x{len(str(abs(example['b'])))}"
-    return f"len{len(prompt_text(task, example).split())}"
-
-
 class ADSSource:
     """Adaptive Data Scheduling ("Learning at the Right Pace: Adaptive Data Scheduling
     Improves LLM Reinforcement Learning"): a distribution over prompt clusters moved toward
@@ -333,6 +322,8 @@ class ADSSource:
         p_k    <- momentum p_k + (1 - momentum) s_k / sum_j s_j,   renormalised
 
     (momentum 0.7; a newly seen cluster enters with acc 0.5, p = the mean of the others).
+    Clusters come from `clusters` (`clustering.TaskClusters`: the task's key, the default;
+    or `clustering.KMeansClusters`: k-means on prompt features), whose state is saved too.
     Sample level: each step draws a pool of `pool` x P candidates from the uniform stream,
     then fills each of the P slots by drawing a cluster from p (restricted to the pool's
     clusters) and a prompt of that cluster with weight `boundary_weight` if its last solve
@@ -357,6 +348,7 @@ class ADSSource:
         floor: float = 0.01,
         process_index: int = 0,
         process_count: int = 1,
+        clusters=None,
     ):
         if pool < 1 or not 0 <= momentum < 1:
             raise ValueError(
@@ -364,6 +356,7 @@ class ADSSource:
                 f"got {pool}, {momentum}"
             )
         self.task, self.fresh, self.pool = task, fresh, int(pool)
+        self.clusters = clusters or TaskClusters(task, lambda e: prompt_text(task, e))
         self.momentum, self.boundary, self.floor = momentum, boundary, floor
         self.boundary_weight, self.off_weight = boundary_weight, off_weight
         self.pi, self.pn = process_index, process_count
@@ -390,7 +383,7 @@ class ADSSource:
         # every process builds the whole global pool (pool x its own slice from each process
         # would differ), so the uniform stream here is the un-sliced global one
         cands = [ex for _ in range(self.pool) for ex in self.fresh.next_batch()]
-        keys = [cluster_key(self.task, ex) for ex in cands]
+        keys = [self.clusters.key(ex) for ex in cands]
         for k in keys:
             self._add_cluster(k)
         by = {}
@@ -411,9 +404,7 @@ class ADSSource:
         return _slice(chosen, self.pi, self.pn)
 
     def observe(self, results: Sequence[PromptResult]) -> None:
-        mine = [
-            [int(r.index), float(r.correct), cluster_key(self.task, r.example)] for r in results
-        ]
+        mine = [[int(r.index), float(r.correct), self.clusters.key(r.example)] for r in results]
         every = [x for part in _allgather_json(mine) for x in part]
         seen: dict[str, list[float]] = {}
         for index, correct, k in every:
@@ -441,6 +432,7 @@ class ADSSource:
             "p": self.p,
             "acc": self.acc,
             "solve": self.solve,
+            "clusters": self.clusters.state(),
         }
 
     def restore(self, state: dict[str, Any]) -> None:
@@ -448,12 +440,21 @@ class ADSSource:
         self.rng = _rng_from(state["rng"])
         self.p, self.acc = dict(state["p"]), dict(state["acc"])
         self.solve = dict(state["solve"])
+        self.clusters.restore(state.get("clusters", {}))
 
 
 @SOURCES.register("ads")
 def ads(task: Task, config, *, batch_size: int, process_index: int, process_count: int):
-    """`data.source = 'ads'`: Adaptive Data Scheduling (`data.ads.*`)."""
+    """`data.source = 'ads'`: Adaptive Data Scheduling (`data.ads.*`; the clusters:
+    `data.ads.clusters`, a `clustering.CLUSTERINGS` name)."""
     a = config.data.ads
+    try:
+        make_clusters = CLUSTERINGS.get(a.clusters)
+    except KeyError as e:
+        from jaxrl_frontier.config import ConfigError
+
+        raise ConfigError(f"config key 'data.ads.clusters': {e.args[0]}") from None
+    clusters = make_clusters(task, a, seed=config.seed, prompt_of=lambda e: prompt_text(task, e))
     fresh = UniformSource(task, batch_size=batch_size, seed=config.seed)  # the global stream
     return ADSSource(
         task,
@@ -467,6 +468,7 @@ def ads(task: Task, config, *, batch_size: int, process_index: int, process_coun
         floor=a.floor,
         process_index=process_index,
         process_count=process_count,
+        clusters=clusters,
     )
 
 
@@ -486,11 +488,16 @@ class ZPPOSource:
              answer} in a seeded random order, unlabelled; question)
         NCQ: ncq_template(wrong = the student's wrong answers; question)
 
-    (the reference is the task's own answer: `task.demonstration`). The replayed prompt is
+    The reference is the teacher's greedy answer to the question when the run has a teacher
+    model and that answer is verified correct (`use_teacher`, asked once when the prompt
+    enters the buffer, kept in the entry), else the task's own (`task.demonstration`). The
+    replayed prompt is
     scored against the original question's answer; when a replay's (or a fresh draw's) group
     accuracy is >= 0.5 the prompt graduates and leaves the buffer. Results are gathered from
     every process (the buffer is the same everywhere); all of it is in `state()`. Metrics:
-    `zppo/buffer_size`, `zppo/graduations`, `zppo/evictions` (run totals), `zppo/replayed`.
+    `zppo/buffer_size`, `zppo/graduations`, `zppo/evictions` (run totals), `zppo/replayed`,
+    and with a teacher `zppo/teacher_references` (admissions whose reference is the
+    teacher's, run total).
     """
 
     def __init__(
@@ -520,6 +527,8 @@ class ZPPOSource:
         self.cursor = 0
         self.graduations = self.evictions = 0
         self._replayed = 0
+        self.teacher_answers = None  # examples -> [verified teacher answer or None]
+        self.teacher_references = 0
         names = tuple(task.reward_names)
         self._correct_col = names.index("correctness") if "correctness" in names else 0
 
@@ -529,12 +538,18 @@ class ZPPOSource:
         question = self.task.prompt(ex)
         if entry["replays"] % 2 == 0:
             rng = np.random.default_rng([self.seed, entry["index"], entry["replays"]])
-            pair = [self.task.demonstration(ex), entry["wrong"][0]]
+            reference = entry.get("reference") or self.task.demonstration(ex)
+            pair = [reference, entry["wrong"][0]]
             order = rng.permutation(2)
             cands = ",".join(pair[i] for i in order)
             return "bcq", self.bcq_template.format(candidates=cands, question=question)
         wrong = ",".join(entry["wrong"])
         return "ncq", self.ncq_template.format(wrong=wrong, question=question)
+
+    def use_teacher(self, answers) -> None:
+        """Take BCQ references from `answers(examples) -> [str | None]` (a
+        `teacher_answers.TeacherAnswers`: the teacher's verified greedy answers)."""
+        self.teacher_answers = answers
 
     def next_batch(self) -> list[Example]:
         b = self.fresh.batch_size
@@ -557,6 +572,7 @@ class ZPPOSource:
             solved = np.asarray(r.rewards)[:, self._correct_col] > 0
             wrong = [t.strip() for t, c in zip(r.texts, solved) if not c and t.strip()]
             mine.append([int(r.index), float(r.correct), wrong[: self.max_wrong]])
+        admitted = []
         for index, acc, wrong in (x for part in _allgather_json(mine) for x in part):
             at = next((i for i, e in enumerate(self.buffer) if e["index"] == index), None)
             if at is not None:
@@ -566,6 +582,7 @@ class ZPPOSource:
                     self.graduations += 1
             elif acc < 0.5 and wrong:
                 self.buffer.append(dict(index=index, wrong=wrong, replays=0))
+                admitted.append(self.buffer[-1])
                 if len(self.buffer) > self.capacity:  # FIFO eviction
                     del self.buffer[0]
                     self.cursor = max(self.cursor - 1, 0)
@@ -574,6 +591,11 @@ class ZPPOSource:
             self.cursor %= len(self.buffer)
         else:
             self.cursor = 0
+        if self.teacher_answers is not None and admitted:  # the same list on every process
+            examples = [self.task.example("train", e["index"]) for e in admitted]
+            for entry, answer in zip(admitted, self.teacher_answers(examples)):
+                entry["reference"] = answer
+                self.teacher_references += answer is not None
 
     def metrics(self) -> dict[str, float]:
         return {
@@ -581,6 +603,11 @@ class ZPPOSource:
             "zppo/graduations": float(self.graduations),
             "zppo/evictions": float(self.evictions),
             "zppo/replayed": float(self._replayed),
+            **(
+                {"zppo/teacher_references": float(self.teacher_references)}
+                if self.teacher_answers is not None
+                else {}
+            ),
         }
 
     def state(self) -> dict[str, Any]:
@@ -590,6 +617,7 @@ class ZPPOSource:
             "cursor": self.cursor,
             "graduations": self.graduations,
             "evictions": self.evictions,
+            "teacher_references": self.teacher_references,
         }
 
     def restore(self, state: dict[str, Any]) -> None:
@@ -597,6 +625,7 @@ class ZPPOSource:
         self.buffer = [dict(e) for e in state["buffer"]]
         self.cursor = int(state["cursor"])
         self.graduations, self.evictions = int(state["graduations"]), int(state["evictions"])
+        self.teacher_references = int(state.get("teacher_references", 0))
 
 
 @SOURCES.register("zppo")

@@ -20,6 +20,7 @@ from jaxrl_frontier.rl.learner import Learner, dropout_masks, reshard_to, update
 from jaxrl_frontier.rl.rollout import PASSES, RolloutProducer
 from jaxrl_frontier.sampling import SamplingParams
 from jaxrl_frontier.scheduling import prompt_text
+from jaxrl_frontier.teacher_answers import TeacherAnswers
 
 
 def rollout_sampling(config, tokenizer) -> SamplingParams:
@@ -135,7 +136,19 @@ def build_rl_stages(
     producer = RolloutProducer(
         sampler,
         tokenizer,
-        scorer or make_scorer(c, task),
+    scorer = scorer or make_scorer(c, task)
+    teacher_answers = None
+    if teacher is not None and c.data.source == "zppo":  # BCQ references from the teacher
+        teacher_answers = TeacherAnswers(
+            teacher,
+            tokenizer,
+            task,
+            scorer,
+            max_prompt_len=c.data.max_prompt_len,
+            max_new_tokens=c.rollout.max_new_tokens,
+            mesh=mesh,
+        )
+        scorer,
         mesh=mesh,
         sampling=rollout_sampling(c, tokenizer),
         max_prompt_len=c.data.max_prompt_len,
@@ -146,3 +159,4 @@ def build_rl_stages(
         shapers=shapers,
     )
     return learner, producer, logp_fn
+        teacher_answers=teacher_answers,

@@ -388,8 +388,10 @@ class RolloutProducer:
         passes: Sequence[LogprobPass] = (),
         editors: Sequence[RolloutEditor] = (),
         shapers: Sequence[RewardShaper] = (),
+        teacher_answers=None,
     ):
         self.sampler, self.tokenizer, self.scorer = sampler, tokenizer, scorer
+        self.teacher_answers = teacher_answers  # ZPPO's BCQ references (teacher_answers.py)
         self.mesh, self.sampling, self.max_prompt_len = mesh, sampling, max_prompt_len
         self.objective = _FrozenObjective(objective)
         self.prompt_of = prompt_of
@@ -412,11 +414,14 @@ class RolloutProducer:
 
         source: the PromptSource the examples came from. One that is also a `GroupSelector`
         (has `select`: dynamic sampling) chooses the groups, drawing more of its prompts
-        (`source.next_batch()`) when it needs them.
+        (`source.next_batch()`) when it needs them; one with `use_teacher` (ZPPO) is handed
+        the producer's `teacher_answers` when the run has a teacher.
         info: device scalars `metrics` (global; with the selector's, editors' and shapers'
         host metrics), `n_failed` (global), `rollout_seconds` (sampling, editing, scoring).
         """
         g = self.sampling.n
+        if self.teacher_answers is not None and hasattr(source, "use_teacher"):
+            source.use_teacher(self.teacher_answers)
         t0 = time.perf_counter()
         self.sampler.update_weights(weights["policy"], version)
         draw = self._draw(examples, key)
