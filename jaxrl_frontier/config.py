@@ -128,6 +128,8 @@ def base_config() -> ml_collections.ConfigDict:
     # the loop-level sources (scheduling.py, docs/methods.md): DAPO dynamic sampling (at most
     # max_draws draws of prompt_batch prompts per step), ADS, ZPPO's hard-prompt replay
     c.data.dynamic = dict(max_draws=4)
+    # ADS clusters: 'task' (the task's cluster key) or 'kmeans' (kmeans_k clusters of prompt
+    # features fitted on kmeans_sample train prompts; clustering.py)
     c.data.ads = dict(
         pool=4,
         momentum=0.7,
@@ -146,8 +148,6 @@ def base_config() -> ml_collections.ConfigDict:
         max_wrong=3,
         bcq_template="{candidates};{question}",
         ncq_template="not {wrong};{question}",
-    # ADS clusters: 'task' (the task's cluster key) or 'kmeans' (kmeans_k clusters of prompt
-    # features fitted on kmeans_sample train prompts; clustering.py)
     )
 
     # Multi-host (docs/distributed.md): unset = JAX's own TPU-pod / SLURM detection, or one
@@ -185,6 +185,8 @@ def base_config() -> ml_collections.ConfigDict:
     c.rollout.mask_truncated = False
     c.rollout.overlong_cache = 0
     c.rollout.dre_bonus = 0.1
+    # SC-GRPO's self-conditioned pass: vocabulary entries per chunk of its KL sum
+    c.rollout.sc_vocab_chunk = 2048
 
     # every key and default of the objective is defined once, in objectives.losses.DEFAULTS
     from jaxrl_frontier.objectives import losses
@@ -205,8 +207,6 @@ def base_config() -> ml_collections.ConfigDict:
     c.optimizer.max_grad_norm = 1.0
     c.optimizer.grad_accum = 1  # microbatches per minibatch
 
-    # SC-GRPO's self-conditioned pass: vocabulary entries per chunk of its KL sum
-    c.rollout.sc_vocab_chunk = 2048
     c.train = ml_collections.ConfigDict()
     c.train.steps = 100
     c.train.epochs = 1  # passes over each rollout batch (PPO epochs)
@@ -298,6 +298,7 @@ RANGES: dict[str, tuple] = {
     "rollout.top_p": (0, 1, False, True),
     "rollout.min_p": (0, 1, True, False),
     "rollout.dropout_rate": (0, 1, True, False),
+    "rollout.sc_vocab_chunk": (0, None, False, None),
     "optimizer.lr": (0, None, False, None),
     "optimizer.warmup_steps": (0, None, True, None),
     "optimizer.b1": (0, 1, True, False),
@@ -323,7 +324,6 @@ RANGES: dict[str, tuple] = {
     "eval.batch": (0, None, False, None),
     "rewards.max_failure_steps": (0, None, True, None),
     "rewards.workers": (0, None, False, None),
-    "rollout.sc_vocab_chunk": (0, None, False, None),
     "rewards.cpu_seconds": (0, None, False, None),
     "rewards.wall_seconds": (0, None, False, None),
     "rewards.memory_mb": (0, None, False, None),

@@ -101,11 +101,11 @@ def build_rl_stages(
     if self_conditioned:  # [prompt | solution | completion]: only the completion scored
         context.update(
             scored_logp_fn=make_logp_fn(graphdef, completion_len=tn),
+            hidden_fn=apply_hidden(graphdef),  # both forwards' hidden states: the full KL
+            vocab_chunk=c.rollout.sc_vocab_chunk,
             group_size=g,
             completion_len=tn,
             correct_column=list(task.reward_names).index("correctness"),
-            hidden_fn=apply_hidden(graphdef),  # both forwards' hidden states: the full KL
-            vocab_chunk=c.rollout.sc_vocab_chunk,
         )
         names.append("self_conditioned")
     teacher_pair = None
@@ -133,9 +133,6 @@ def build_rl_stages(
         log=log,
         reshard=None if rollout_mesh in (None, mesh) else reshard_to(rollout_mesh),
     )
-    producer = RolloutProducer(
-        sampler,
-        tokenizer,
     scorer = scorer or make_scorer(c, task)
     teacher_answers = None
     if teacher is not None and c.data.source == "zppo":  # BCQ references from the teacher
@@ -148,6 +145,9 @@ def build_rl_stages(
             max_new_tokens=c.rollout.max_new_tokens,
             mesh=mesh,
         )
+    producer = RolloutProducer(
+        sampler,
+        tokenizer,
         scorer,
         mesh=mesh,
         sampling=rollout_sampling(c, tokenizer),
@@ -157,6 +157,6 @@ def build_rl_stages(
         passes=[PASSES.get(name)(**context) for name in names],
         editors=editors,
         shapers=shapers,
+        teacher_answers=teacher_answers,
     )
     return learner, producer, logp_fn
-        teacher_answers=teacher_answers,
