@@ -175,9 +175,10 @@ def base_config() -> ml_collections.ConfigDict:
     c.rollout.max_staleness = 0
     # KV cache dtype: None (the compute dtype) | float32 | bfloat16
     c.rollout.cache_dtype = config_dict.placeholder(str)
-    # bf16 compute on f32 params: cast the weights once per rollout program (a bf16 copy while
-    # it runs) rather than re-read the f32 weights at every decode step
-    c.rollout.cast_weights_once = True
+    # speculative rollouts (sampling/speculative.py, one device): the policy's first `draft`
+    # layers propose k tokens a round, the policy verifies them in one forward and rejection
+    # sampling keeps its distribution exactly; draft None: off (the plain sampler)
+    c.rollout.speculative = dict(draft=config_dict.placeholder(int), k=4)
     # rollout editors and reward shaping (editing.py): editor names in editing.EDITORS, e.g.
     # ('dre',); DAPO's masking of completions cut off by the budget and its soft overlong
     # penalty over the last overlong_cache tokens of max_new_tokens (0: off); DRE's bonus
@@ -298,6 +299,7 @@ RANGES: dict[str, tuple] = {
     "rollout.top_p": (0, 1, False, True),
     "rollout.min_p": (0, 1, True, False),
     "rollout.dropout_rate": (0, 1, True, False),
+    "rollout.speculative.k": (0, None, False, None),
     "rollout.sc_vocab_chunk": (0, None, False, None),
     "optimizer.lr": (0, None, False, None),
     "optimizer.warmup_steps": (0, None, True, None),

@@ -47,7 +47,7 @@ from jaxrl_frontier.rl.build import build_rl_stages
 from jaxrl_frontier.rl.experience import Experience, log_rollouts
 from jaxrl_frontier.rl.learner import reshard_to, rl_loss  # noqa: F401
 from jaxrl_frontier.rl.overlap import RolloutsAhead
-from jaxrl_frontier.sampling import Sampler
+from jaxrl_frontier.sampling import Sampler, make_sampler
 from jaxrl_frontier.scheduling import make_source
 from jaxrl_frontier.sft import SFTStep, encode_demonstrations, sft_loss  # noqa: F401
 from jaxrl_frontier.tasks import task_for
@@ -202,11 +202,8 @@ class Trainer:
             policy = self.policy  # on the rollout mesh, when roles are disaggregated
             if self.rollout_mesh is not self.mesh:
                 policy = nnx.merge(self.graphdef, reshard_to(self.rollout_mesh)(nnx.state(policy)))
-            self._sampler = Sampler(
-                policy,
-                pad_id=self.tokenizer.pad_id,
-                mesh=self.rollout_mesh,
-                cache_dtype=self.config.rollout.cache_dtype or None,
+            self._sampler = make_sampler(  # rollout.speculative: a SpeculativeSampler
+                policy, self.config.rollout, pad_id=self.tokenizer.pad_id, mesh=self.rollout_mesh
             )
         return self._sampler
 

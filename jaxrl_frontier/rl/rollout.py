@@ -447,6 +447,8 @@ class RolloutProducer:
                     exp = exp.replace(extras={**exp.extras, name: value})
         adv, r_b, metrics = _advantages_and_metrics(exp, self.objective, self.reward_names, g)
         metrics = {**metrics, **{k: jnp.float32(v) for k, v in selected.items()}}
+        for name, value in getattr(self.sampler, "stats", {}).items():  # speculative rollouts
+            metrics[f"rollout/speculative_{name}"] = jnp.float32(value)
         exp = exp.replace(advantages=adv)
         local = lambda x: sharding.local_rows(x, self.mesh)
         results = self._results(rows, rewards, local(r_b))

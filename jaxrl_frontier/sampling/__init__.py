@@ -5,8 +5,8 @@
     ops.py          truncation, the exact draw, log-probs, Dropout-GRPO masks
     rollout.py      Rollout, Sequences, prompt padding
     sampler.py      Sampler
-    speculative.py  SpeculativeSampler, shallow_draft
-    build.py        make_sampler: the sampler a `rollout` config section asks for
+    speculative.py  SpeculativeSampler, shallow_draft; make_sampler (the sampler a `rollout`
+                    config section asks for)
 """
 
 from jaxrl_frontier.sampling.ops import mlp_dropout_mask, sample_logits, truncate_logits
@@ -18,6 +18,7 @@ from jaxrl_frontier.sampling.rollout import (
     left_pad_prompts,
 )
 from jaxrl_frontier.sampling.sampler import DecodeState, Sampler
+from jaxrl_frontier.sampling.speculative import SpeculativeSampler, make_sampler, shallow_draft
 
 __all__ = [
     "DEFAULT_PROMPT_BUCKETS",
@@ -29,8 +30,11 @@ __all__ = [
     "Sampler",
     "SamplingParams",
     "Sequences",
+    "SpeculativeSampler",
     "left_pad_prompts",
+    "make_sampler",
     "mlp_dropout_mask",
     "sample_logits",
+    "shallow_draft",
     "truncate_logits",
 ]

@@ -147,8 +147,9 @@ class SpeculativeSampler:
     ):
         if mesh is not None and mesh.size > 1:
             raise ValueError(
-                f"SpeculativeSampler runs on one device, not on mesh {dict(mesh.shape)}: turn "
-                "rollout.speculative off, or give the rollouts one device (rollout.devices=1)"
+                f"SpeculativeSampler (config key 'rollout.speculative') runs on one device, not "
+                f"on mesh {dict(mesh.shape)}: set rollout.speculative.draft = None, or give the "
+                "rollouts one device (rollout.devices = 1, or mesh.num_devices = 1)"
             )
         if k < 1:
             raise ValueError(f"k={k}; must be >= 1")
@@ -343,3 +344,15 @@ class SpeculativeSampler:
         if num_rows != rollout.completion_tokens.shape[0]:  # drop the batch-bucket padding rows
             rollout = jax.tree.map(lambda x: x[:num_rows], rollout)
         return rollout
+
+
+def make_sampler(model: Transformer, rollout, *, pad_id: int, mesh: Mesh | None = None):
+    """The sampler a `rollout` config section asks for: a `SpeculativeSampler` when
+    `rollout.speculative.draft` is set (the policy's first `draft` layers propose
+    `rollout.speculative.k` tokens a round), else a `Sampler`; KV cache in
+    `rollout.cache_dtype`."""
+    spec = rollout.get("speculative") or {}
+    kw = dict(pad_id=pad_id, mesh=mesh, cache_dtype=rollout.get("cache_dtype") or None)
+    if spec.get("draft") is None:
+        return Sampler(model, **kw)
+    return SpeculativeSampler(model, int(spec["draft"]), k=int(spec.get("k", 4)), **kw)
