@@ -127,6 +127,22 @@ def test_conflict_share_by_hand():
     assert float(dg.conflict_share(r, jnp.asarray([1.0, 0.0]))) == 0.0  # one weighted reward
 
 
+def test_conflict_share_is_the_share_of_rows_gd2po_hard_masking_zeroes():
+    """On binary correctness x graded brevity rewards (no constant group), the rows
+    gd2po(mode='hard') sets to 0 are exactly the conflicting ones diag/conflict_share counts."""
+    from jaxrl_frontier.objectives.advantages import ADVANTAGES
+
+    rng = np.random.default_rng(0)
+    correct = rng.integers(0, 2, (16, 8)).astype(np.float32)
+    correct[:, 0], correct[:, 1] = 1.0, 0.0  # every group has signal on correctness
+    brevity = rng.uniform(0, 1, (16, 8)).astype(np.float32)
+    r = jnp.asarray(np.stack([correct, brevity], -1))
+    adv = np.asarray(ADVANTAGES.get("gd2po")(r, reward_weights=(1.0, 0.5), mode="hard"))
+    share = float(dg.conflict_share(r, jnp.asarray([1.0, 0.5])))
+    assert 0.2 < share < 0.8  # both kinds of rows present
+    assert np.mean(adv == 0.0) == pytest.approx(share)
+
+
 def test_gd2po_run_logs_per_component_rewards_and_the_conflict_share(tmp_path):
     c = small_rl_config()
     c.objective.update(advantage="gd2po")
