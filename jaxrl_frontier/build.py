@@ -14,7 +14,7 @@ import numpy as np
 import optax
 from flax import nnx
 
-from jaxrl_frontier import sharding
+from jaxrl_frontier import lora, sharding
 from jaxrl_frontier.config import ConfigError
 from jaxrl_frontier.models import hf
 from jaxrl_frontier.models.tokenizer import CharTokenizer, load_tokenizer
@@ -102,6 +102,20 @@ def build_model(init: str, path: str, config, tokenizer, mesh, key, dtype: str) 
     if config.model.remat != "none":  # a training choice, not part of the HF config
         model.cfg = model.cfg.replace(remat=config.model.remat)
     return model
+
+
+def attach_lora(policy: Transformer, config, mesh, key) -> Transformer:
+    """The policy with LoRA adapters (`model.lora.*`, `lora.add_adapters`) placed on `mesh`
+    when model.lora.rank > 0; as it is otherwise. `key`: the policy's own key (the adapters
+    draw from a fold of it, so the base is the same with and without them)."""
+    m = config.model
+    if not m.lora.rank:
+        return policy
+    k_lora = jax.random.fold_in(key, 1)
+    lora.add_adapters(
+        policy, rank=m.lora.rank, alpha=m.lora.alpha, targets=m.lora.targets, key=k_lora
+    )
+    return sharding.shard_model(policy, mesh)  # the adapters by their logical axes
 
 
 def build_teacher(config, tokenizer, mesh, key, policy_cfg) -> Transformer | None:

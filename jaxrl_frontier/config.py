@@ -111,6 +111,15 @@ def base_config() -> ml_collections.ConfigDict:
     # recompute in the backward pass (memory for FLOPs), per scanned block: none | full (keep
     # only each block's input) | dots_saveable (keep the matmul outputs, recompute the rest)
     c.model.remat = "none"
+    # LoRA (lora.py, Hu et al. 2021): rank > 0 trains rank-r adapters on the `targets`
+    # projections beside the frozen weights (RL): y = x W + (alpha / rank) x A B. Only the
+    # adapters and their optimizer state are trained and checkpointed; the reference policy
+    # is the frozen base; the export merges them into the weights.
+    c.model.lora = dict(
+        rank=0,
+        alpha=16.0,
+        targets=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
+    )
 
     c.teacher = dict(init="none", path="", dtype="float32")  # none | scratch | hf | checkpoint
 
@@ -233,6 +242,9 @@ def base_config() -> ml_collections.ConfigDict:
     # this many updates in a row skipped for a non-finite loss / gradient stop the run with an
     # error and no export (a diverged run otherwise exits 0 with broken weights); 0: never
     c.train.max_skipped_updates = 10
+    # keep the optimizer state (Adam's mu, nu) in pinned host memory between updates, on
+    # backends with a separate host memory (TPU, GPU; not CPU): train_step.optimizer_memory_kind
+    c.train.offload_optimizer = False
 
     # Reward scoring (rewards.py). scorer: auto (the task's choice) | in_process | sandboxed
     # (each completion run as a program in a locked-down subprocess: sandbox.py). A reward
@@ -290,6 +302,8 @@ RANGES: dict[str, tuple] = {
     "model.vocab_size": (0, None, True, None),
     "model.rope_theta": (0, None, False, None),
     "model.max_position_embeddings": (0, None, False, None),
+    "model.lora.rank": (0, None, True, None),  # 0: no adapters
+    "model.lora.alpha": (0, None, False, None),
     "data.prompt_batch": (0, None, False, None),
     "data.max_prompt_len": (0, None, False, None),
     "rollout.group_size": (0, None, False, None),
@@ -544,6 +558,20 @@ def _check_roles(c: ml_collections.ConfigDict, num_devices: int) -> None:
         )
 
 
+def _check_lora(c: ml_collections.ConfigDict) -> None:
+    from jaxrl_frontier import lora
+
+    if c.mode != "rl":
+        raise ConfigError(
+            f"config key 'model.lora.rank' = {c.model.lora.rank}: adapters train in mode='rl' "
+            f"only (mode={c.mode!r}); set model.lora.rank = 0"
+        )
+    try:
+        lora.check_targets(c.model.lora.targets)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
 def _check_consistency(c: ml_collections.ConfigDict, num_devices: int | None) -> None:
     _positive(c, "rollout.group_size", "rollout.max_new_tokens", "data.prompt_batch", "train.steps")
     _positive(c, "train.epochs", "train.minibatches", "optimizer.grad_accum")
@@ -586,6 +614,8 @@ def _check_consistency(c: ml_collections.ConfigDict, num_devices: int | None) ->
                 f"microbatch of {micro} rollouts is not divisible by the {batch_devices} devices "
                 f"on the mesh's batch axes (mesh.data x mesh.fsdp)"
             )
+    if c.model.lora.rank:
+        _check_lora(c)
     if c.model.init != "scratch" and not c.model.path:
         raise ConfigError(f"config key 'model.path' is required when model.init={c.model.init!r}")
     if c.teacher.init in ("hf", "checkpoint") and not c.teacher.path:

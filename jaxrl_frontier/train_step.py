@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import optax
 
 from jaxrl_frontier import sharding
+from jaxrl_frontier.config import ConfigError
 
 # Metrics that are each microbatch's share of a minibatch total (summed, not averaged).
 ADDITIVE_METRICS = ("loss", "pg_loss", "kl_loss", "distill_loss", "nll")
@@ -36,19 +37,56 @@ class TrainState:
     skipped: jax.Array  # int32 [], updates skipped for non-finite loss/grads
 
 
-def init_opt_state(tx: optax.GradientTransformation, params, mesh):
+HOST_MEMORY = "pinned_host"  # where `train.offload_optimizer` keeps the optimizer state
+
+
+def optimizer_memory_kind(offload: bool, mesh, *, allow_shared_memory: bool = False):
+    """The memory kind of the optimizer state: None (device memory), or 'pinned_host' with
+    `train.offload_optimizer` on a backend whose devices address a separate host memory.
+
+    CPU devices list a 'pinned_host' kind too, but it is the same RAM as their 'device'
+    memory: offloading there moves nothing, so it is refused with the key to change
+    (`allow_shared_memory`: place it anyway, to test the placement on CPU)."""
+    if not offload:
+        return None
+    device = mesh.devices.flat[0]
+    kinds = sorted(m.kind for m in device.addressable_memories())
+    if device.platform == "cpu" and not allow_shared_memory:
+        raise ConfigError(
+            "config key 'train.offload_optimizer' = True: the CPU backend has no separate host "
+            f"memory (its memory kinds {kinds} are all host RAM), so there is nothing to "
+            "offload the optimizer state to; set train.offload_optimizer = False (offload "
+            "applies on TPU and GPU)"
+        )
+    if HOST_MEMORY not in kinds:
+        raise ConfigError(
+            f"config key 'train.offload_optimizer' = True: {device.platform} devices offer the "
+            f"memory kinds {kinds}, without {HOST_MEMORY!r}; set train.offload_optimizer = False"
+        )
+    return HOST_MEMORY
+
+
+def _on_memory(shardings, kind: str):
+    """Every NamedSharding of the tree moved to memory `kind` (other leaves as they are)."""
+    is_named = lambda s: isinstance(s, jax.sharding.NamedSharding)
+    return jax.tree.map(lambda s: s.with_memory_kind(kind) if is_named(s) else s, shardings)
+
+
+def init_opt_state(tx: optax.GradientTransformation, params, mesh, memory_kind=None):
     """`tx.init(params)` with every parameter-shaped leaf (Adam's mu, nu) sharded like its
     parameter (FSDP shards the optimizer state too) and the rest (step counts) replicated.
 
     A plain `jax.jit(tx.init)` puts its zeros on the default device: replicating them would
     keep a full optimizer state on every device. Every leaf gets a NamedSharding on `mesh`
     (also on one device), so the update's output state has the input's types and the update
-    compiles once.
+    compiles once. memory_kind ('pinned_host', `optimizer_memory_kind`): the parameter-shaped
+    leaves live there between updates (the update brings them to the device and back).
     """
     abstract = jax.eval_shape(tx.init, params)
+    placed = (lambda s: s) if memory_kind is None else (lambda s: s.with_memory_kind(memory_kind))
     out_shardings = optax.tree_map_params(
         tx,
-        lambda _, s: s,
+        lambda _, s: placed(s),
         abstract,
         jax.tree.map(lambda x: x.sharding, params),
         transform_non_params=lambda _: sharding.replicated(mesh),
@@ -56,11 +94,12 @@ def init_opt_state(tx: optax.GradientTransformation, params, mesh):
     return jax.jit(tx.init, out_shardings=out_shardings)(params)
 
 
-def init_train_state(tx, params, mesh, rng_key) -> TrainState:
+def init_train_state(tx, params, mesh, rng_key, memory_kind=None) -> TrainState:
+    """A fresh state; memory_kind: where the optimizer state lives (`init_opt_state`)."""
     repl = sharding.replicated(mesh)
     return TrainState(
         params=params,
-        opt_state=init_opt_state(tx, params, mesh),
+        opt_state=init_opt_state(tx, params, mesh, memory_kind),
         step=jax.device_put(jnp.zeros((), jnp.int32), repl),
         rng=jax.device_put(jax.random.key_data(rng_key), repl),
         skipped=jax.device_put(jnp.zeros((), jnp.int32), repl),
@@ -126,6 +165,13 @@ def make_update_fn(
     and counts it in `state.skipped`, so one bad batch does not end a long run.
     """
     del graphdef  # the loss closes over it
+    # an optimizer state offloaded to host memory (`init_opt_state`) comes to the device for
+    # the update; the output shardings send the new one back
+    offloaded = any(
+        getattr(s, "memory_kind", None) == HOST_MEMORY
+        for s in jax.tree.leaves(state_sharding.opt_state)
+    )
+    device_opt = _on_memory(state_sharding.opt_state, "device") if offloaded else None
 
     def update(state: TrainState, batch, frozen=None):
         den = None if denominator_fn is None else denominator_fn(batch)
@@ -134,12 +180,15 @@ def make_update_fn(
         )
         grad_norm = optax.tree.norm(grads)
         finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-        updates, new_opt = tx.update(grads, state.opt_state, state.params)
+        opt_state = state.opt_state
+        if device_opt is not None:
+            opt_state = jax.device_put(opt_state, device_opt)
+        updates, new_opt = tx.update(grads, opt_state, state.params)
         new_params = optax.apply_updates(state.params, updates)
         keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
         state = state.replace(
             params=keep(new_params, state.params),
-            opt_state=keep(new_opt, state.opt_state),
+            opt_state=keep(new_opt, opt_state),
             skipped=state.skipped + (~finite).astype(jnp.int32),
         )
         metrics = dict(metrics, loss=loss, grad_norm=grad_norm, update_skipped=1.0 - finite)

@@ -27,8 +27,9 @@ import ml_collections
 from flax import nnx
 
 from jaxrl_frontier import config as config_lib
-from jaxrl_frontier import diagnostics, distributed, evaluation, faults, sharding
+from jaxrl_frontier import diagnostics, distributed, evaluation, faults, lora, sharding
 from jaxrl_frontier.build import (
+    attach_lora,
     build_meshes,
     build_model,
     build_optimizer,
@@ -56,6 +57,7 @@ from jaxrl_frontier.train_step import (  # noqa: F401  (the step's pieces, impor
     init_opt_state,
     init_train_state,
     make_update_fn,
+    optimizer_memory_kind,
 )
 
 
@@ -87,16 +89,25 @@ class Trainer:
         self.policy = build_model(
             c.model.init, c.model.path, c, self.tokenizer, self.mesh, k_model, c.model.dtype
         )
+        self.policy = attach_lora(self.policy, c, self.mesh, k_model)
         self.graphdef, params = nnx.split(self.policy)
+        self.base_params = None  # LoRA: the frozen weights; `params` become the adapters
+        if lora.has_adapters(params):
+            params, self.base_params = lora.split(params)
         self.ref_params = None
         if c.mode == "rl" and c.objective.kl_coef > 0:
-            self.ref_params = jax.tree.map(jnp.copy, params)
+            self.ref_params = (
+                jax.tree.map(jnp.copy, params)
+                if self.base_params is None
+                else lora.reference(self.base_params, params)  # the base, not a copy
+            )
         self.teacher = build_teacher(c, self.tokenizer, self.mesh, k_teacher, self.policy.cfg)
         self.teacher_params = None if self.teacher is None else nnx.state(self.teacher)
 
         # ---- optimizer, state, stages
         self.tx = build_optimizer(c.optimizer, total_updates(c))
-        state = init_train_state(self.tx, params, self.mesh, rng0)
+        offload = optimizer_memory_kind(c.train.offload_optimizer, self.mesh)
+        state = init_train_state(self.tx, params, self.mesh, rng0, memory_kind=offload)
         self.state_sharding = jax.tree.map(lambda x: x.sharding, state)
         n, pi = jax.process_count(), jax.process_index()
         batch = c.data.prompt_batch if c.mode == "rl" else c.train.sft_batch
@@ -116,6 +127,7 @@ class Trainer:
                 log=self._print,
                 scorer=self.scorer,
                 rollout_mesh=self.rollout_mesh,
+                base=self.base_params,
             )
         else:
             self._state = state
@@ -179,11 +191,12 @@ class Trainer:
             print(msg, flush=True)
 
     def export(self, path: str | None = None) -> str:
-        """Write the current policy in Hugging Face format (+ tokenizer) to workdir/export."""
+        """Write the current policy in Hugging Face format (+ tokenizer) to workdir/export;
+        LoRA adapters merged into the weights (W + (alpha / r) A B)."""
         path = path or os.path.join(self.workdir, "export")
         nnx.update(self.policy, sharding.host_copy(self.state.params))  # every process joins
         if self.is_main:
-            hf.save(self.policy, path)
+            hf.save(self.policy if self.base_params is None else lora.merged(self.policy), path)
             self.tokenizer.save(path)
         return path
 
@@ -191,7 +204,10 @@ class Trainer:
 
     def evaluate(self, num_prompts: int | None = None) -> dict[str, float]:
         """Held-out greedy pass@1 and sampled pass@k (k = eval.pass_k) of the current policy."""
-        self.sampler.update_weights(self.state.params, int(self.state.step))
+        params = self.state.params
+        if self.base_params is not None:  # the base + adapters, unmerged
+            params = lora.combine(self.base_params, params)
+        self.sampler.update_weights(params, int(self.state.step))
         return evaluation.evaluate(
             self.sampler, self.tokenizer, self.task, self.config, num_prompts, scorer=self.scorer
         )

@@ -217,6 +217,20 @@ def dense(x: jax.Array, w: jax.Array, contract: int = 1) -> jax.Array:
     return y.reshape(*lead, *out)
 
 
+def project(module: nnx.Module, name: str, x: jax.Array, dt, contract: int = 1) -> jax.Array:
+    """`dense(x, W)` for the module's weight `name`, plus its low-rank adapter's update
+    (alpha / r) (x A) B where the module holds one (`jaxrl_frontier.lora`; Hu et al., 2021):
+    A `name_lora_a` [*in, r], B `name_lora_b` [r, *out], the scale `lora_scale`. The adapter
+    runs beside the frozen weight, unmerged, in every forward (update, scoring, decode)."""
+    y = dense(x, getattr(module, name)[...].astype(dt), contract)
+    a = getattr(module, f"{name}_lora_a", None)
+    if a is None:
+        return y
+    h = dense(x, a[...].astype(dt), contract)  # [..., r]
+    b = getattr(module, f"{name}_lora_b")[...].astype(dt)
+    return y + dense(h, b * jnp.asarray(module.lora_scale, dt))
+
+
 def _param(rngs: nnx.Rngs, shape, axes, dtype, init="normal", stack=()) -> nnx.Param:
     """A parameter of `shape` with logical `axes`; `stack` (L,) prepends the layers axis."""
     shape, axes = (*stack, *shape), ("layers",) * len(stack) + tuple(axes)
@@ -262,9 +276,9 @@ class Attention(nnx.Module):
         """x [..., D], positions [...] -> q [..., H, Dh], k and v [..., K, Dh], with the
         biases, the q/k norms and RoPE applied (compute dtype)."""
         cfg, dt = self.cfg, self.cfg.compute_dtype
-        q = dense(x, self.q_proj[...].astype(dt))
-        k = dense(x, self.k_proj[...].astype(dt))
-        v = dense(x, self.v_proj[...].astype(dt))
+        q = project(self, "q_proj", x, dt)
+        k = project(self, "k_proj", x, dt)
+        v = project(self, "v_proj", x, dt)
         if cfg.qkv_bias:
             q = q + self.q_bias[...].astype(dt)
             k = k + self.k_bias[...].astype(dt)
@@ -275,7 +289,7 @@ class Attention(nnx.Module):
 
     def project_out(self, out):
         """Attention output [..., H, Dh] -> [..., D]."""
-        return dense(out, self.o_proj[...].astype(self.cfg.compute_dtype), contract=2)
+        return project(self, "o_proj", out, self.cfg.compute_dtype, contract=2)
 
     def __call__(self, x, positions, inv_freq, attn_bias, kv=None):
         """x [B, T, D]; attn_bias [B, 1, 1, T, S] additive.
@@ -367,11 +381,11 @@ class MLP(nnx.Module):
 
     def __call__(self, x, hidden_mask=None):
         dt = self.dtype
-        gate = dense(x, self.gate_proj[...].astype(dt))
-        h = jax.nn.silu(gate) * dense(x, self.up_proj[...].astype(dt))
+        gate = project(self, "gate_proj", x, dt)
+        h = jax.nn.silu(gate) * project(self, "up_proj", x, dt)
         if hidden_mask is not None:  # [B, F] fixed dropout mask (Dropout-GRPO rollouts)
             h = h * hidden_mask[:, None, :].astype(dt)
-        return dense(h, self.down_proj[...].astype(dt))
+        return project(self, "down_proj", h, dt)
 
 
 class Block(nnx.Module):

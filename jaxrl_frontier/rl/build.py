@@ -53,12 +53,14 @@ def build_rl_stages(
     log=print,
     scorer=None,
     rollout_mesh=None,
+    base=None,
 ) -> tuple[Learner, RolloutProducer, Any]:
     """(Learner, RolloutProducer, the policy's jitted log-prob forward) for an RL run.
 
     The objective is checked against what the run provides (a reference when
     `reference`, a teacher when given) before anything is traced. `scorer`: the run's
-    RewardScorer (default: the one `rewards.scorer` selects).
+    RewardScorer (default: the one `rewards.scorer` selects). `base`: with LoRA, the frozen
+    weights (`state.params` then holds the adapters).
     """
     c = config
     objective = objective_section(c.objective)
@@ -132,6 +134,7 @@ def build_rl_stages(
         teacher=teacher_pair,
         log=log,
         reshard=None if rollout_mesh in (None, mesh) else reshard_to(rollout_mesh),
+        base=base,
     )
     scorer = scorer or make_scorer(c, task)
     teacher_answers = None

@@ -8,6 +8,11 @@
     learner.rollout_params() -> the policy weights for the sampler, through one resharding
         function (the identity when rollouts run on the training mesh).
 
+With LoRA (`base` given: `lora.py`) the train state holds the adapters only; the frozen base
+weights ride beside them as `frozen['base']` (an argument of the update, never donated or
+differentiated), every forward runs `lora.combine(base, adapters)`, and only the adapters
+move to the rollout mesh at each step (the base is resharded there once).
+
 The loss is `losses.loss_fn` over the policy: log-probs from the fused, chunked output layer,
 the rollout's Dropout-GRPO masks applied (the update runs the sub-network that sampled each
 row), and, for a full-vocabulary distillation loss, the teacher's hidden states computed per
@@ -24,7 +29,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxrl_frontier import sharding
+from jaxrl_frontier import lora, sharding
 from jaxrl_frontier.forward import apply_hidden, apply_logits, first_scored
 from jaxrl_frontier.objectives import losses
 from jaxrl_frontier.rl.experience import Experience
@@ -102,6 +107,17 @@ def rl_loss(
     return loss_of
 
 
+def with_base(loss_of):
+    """`loss_of` over adapters: (adapters, batch, denominator, frozen) -> loss_of(base +
+    adapters, ...) with the base from `frozen['base']`, so the gradient is the adapters'."""
+
+    def adapters_loss(adapters, batch, denominator=None, frozen=None):
+        params = lora.combine(frozen["base"], adapters)
+        return loss_of(params, batch, denominator=denominator, frozen=frozen)
+
+    return adapters_loss
+
+
 def update_layout(
     *,
     rows: int,
@@ -161,9 +177,11 @@ class Learner:
         model_cfg=None,
         teacher: tuple[Any, Any] | None = None,
         reshard: Callable[[Any], Any] | None = None,
+        base=None,
         log: Callable[[str], None] = print,
     ):
         self.state = state
+        self.base = base  # LoRA: the frozen weights (state.params holds the adapters)
         self.mesh = mesh
         self.epochs, self.minibatches = epochs, minibatches
         self.rows = rows
@@ -195,11 +213,15 @@ class Learner:
             model_cfg=model_cfg,
             teacher_graphdef=teacher[0] if uses_teacher else None,
         )
+        if base is not None:
+            self.frozen = {**(self.frozen or {}), "base": base}
+            self._loss_of = with_base(self._loss_of)
         self._graphdef, self._tx, self._grad_accum = graphdef, tx, grad_accum
         self._objective = objective
         self._programs: dict[tuple[str, ...], tuple[Callable, Callable]] = {}
         self._reshard = reshard or (lambda params: params)
         self.reshard_seconds = 0.0
+        self._rollout_base = None  # LoRA: the base on the rollout mesh, placed once
 
     def programs(self, keys: Sequence[str]) -> tuple[Callable, Callable]:
         """(select, update) jitted for a batch with these keys (built once per key set).
@@ -251,8 +273,18 @@ class Learner:
         params = self._reshard(self.state.params)
         if copy and params is self.state.params:
             params = jax.tree.map(jnp.copy, params)
+        if self.base is not None:  # only the adapters move at each step
+            if self._rollout_base is None:
+                self._rollout_base = self._reshard(self.base)
+            params = lora.combine(self._rollout_base, params)
         self.reshard_seconds = time.perf_counter() - t0
         return params
+
+    def policy_params(self):
+        """The policy's full parameters on the training mesh (base + adapters with LoRA)."""
+        if self.base is None:
+            return self.state.params
+        return lora.combine(self.base, self.state.params)
 
     def update(self, experience: Experience, next_key: Callable[[], jax.Array]) -> list[dict]:
         """Epochs x minibatches of updates on one Experience; metrics of each (on device).
