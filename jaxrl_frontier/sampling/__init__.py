@@ -4,10 +4,11 @@
     params.py       SamplingParams, FinishReason; Plan (static) and Knobs (traced)
     ops.py          truncation, the exact draw, log-probs, Dropout-GRPO masks
     rollout.py      Rollout, Sequences, prompt padding
-    sampler.py      Sampler
+    sampler.py      Sampler, DecodeState
     speculative.py  SpeculativeSampler, shallow_draft; make_sampler (the sampler a `rollout`
                     config section asks for)
 """
+# ruff: noqa: F401  (the package's public names)
 
 from jaxrl_frontier.sampling.ops import mlp_dropout_mask, sample_logits, truncate_logits
 from jaxrl_frontier.sampling.params import FinishReason, Knobs, Plan, SamplingParams
@@ -19,22 +20,3 @@ from jaxrl_frontier.sampling.rollout import (
 )
 from jaxrl_frontier.sampling.sampler import DecodeState, Sampler
 from jaxrl_frontier.sampling.speculative import SpeculativeSampler, make_sampler, shallow_draft
-
-__all__ = [
-    "DEFAULT_PROMPT_BUCKETS",
-    "DecodeState",
-    "FinishReason",
-    "Knobs",
-    "Plan",
-    "Rollout",
-    "Sampler",
-    "SamplingParams",
-    "Sequences",
-    "SpeculativeSampler",
-    "left_pad_prompts",
-    "make_sampler",
-    "mlp_dropout_mask",
-    "sample_logits",
-    "shallow_draft",
-    "truncate_logits",
-]

@@ -1,11 +1,7 @@
 """Pure sampling ops on logits [..., V]: truncation, the exact draw, log-probs, dropout masks.
-
-    q = softmax(truncate(logits / T))       the sampling distribution (`sampling_logits`)
-    p = softmax(logits)                     the plain policy (T = 1, no truncation)
-
-`draw` returns the token, log q(token) (`sample_logp`) and log p(token) (`policy_logp`, the
-behaviour log-prob the RL objectives need); both samplers draw through it.
-"""
+With q = softmax(truncate(logits / T)) the sampling distribution (`sampling_logits`) and p =
+softmax(logits) the plain policy, `draw` gives the token, log q (`sample_logp`) and log p
+(`policy_logp`, the behaviour log-prob the objectives need)."""
 
 from __future__ import annotations
 
@@ -30,10 +26,9 @@ def truncate_logits(
     `use_top_p` / `use_min_p` say statically whether the step runs (by default: unless the
     value is a Python 1.0 / 0.0). Temperature is applied by the caller, before truncation.
     """
-    if use_top_p is None:
-        use_top_p = not (isinstance(top_p, int | float) and top_p >= 1.0)
-    if use_min_p is None:
-        use_min_p = not (isinstance(min_p, int | float) and min_p <= 0.0)
+    python = (int, float)
+    use_top_p = not (isinstance(top_p, python) and top_p >= 1) if use_top_p is None else use_top_p
+    use_min_p = not (isinstance(min_p, python) and min_p <= 0) if use_min_p is None else use_min_p
     neg_inf = jnp.asarray(-jnp.inf, logits.dtype)
     top_values = None  # the kept values in descending order, when we already have them
     if 0 < top_k < logits.shape[-1]:
@@ -60,14 +55,8 @@ def sampling_logits(logits: jax.Array, plan: Plan, knobs: Knobs) -> jax.Array:
     logits = logits.astype(jnp.float32)
     if plan.greedy:
         return logits
-    return truncate_logits(
-        logits / knobs.temperature,
-        plan.top_k,
-        knobs.top_p,
-        knobs.min_p,
-        use_top_p=plan.use_top_p,
-        use_min_p=plan.use_min_p,
-    )
+    on = dict(use_top_p=plan.use_top_p, use_min_p=plan.use_min_p)
+    return truncate_logits(logits / knobs.temperature, plan.top_k, knobs.top_p, knobs.min_p, **on)
 
 
 def log_prob(logits: jax.Array, token: jax.Array) -> jax.Array:
@@ -83,19 +72,15 @@ def _last_true(mask):
 
 
 def inverse_cdf(q_logits: jax.Array, u: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """token ~ softmax(q_logits) by inverse CDF, with log q(token).
+    """token ~ softmax(q_logits) by inverse CDF: q_logits f32 [B, V] (-inf outside the kept
+    set), u f32 [B] uniform in [0, 1) -> (token int32 [B], log q(token) f32 [B]).
 
-    q_logits f32 [B, V] (-inf outside the kept set), u f32 [B] uniform in [0, 1) ->
-    (token int32 [B], log q(token) f32 [B]).
-
-    One uniform per row instead of Gumbel-max's V (`jax.random.categorical`: on CPU the
-    threefry hash of [B, V] bits cost more than the model's matmuls at small batch). Two
-    levels keep it O(V) with short f32 prefix sums: the block of `_CDF_BLOCK` tokens holding
-    u * total, then the token inside it. Exact in distribution up to f32 rounding of the
-    sums and the 2^-24 granularity of u (as Gumbel-max on f32 uniforms); a zero-mass
-    (truncated) token never strictly raises a prefix sum, so it is never drawn; a draw that
-    rounding pushes past the last kept block or token falls back to the last one with mass.
-    """
+    One uniform per row, not Gumbel-max's V (`jax.random.categorical`: on CPU hashing [B, V]
+    random bits cost more than the matmuls at small batch). Two levels keep the f32 prefix
+    sums short: the block of `_CDF_BLOCK` tokens holding u * total, then the token in it.
+    Exact up to f32 rounding and u's 2^-24 granularity (as Gumbel-max on f32 uniforms); a
+    zero-mass token never raises a prefix sum, so it is never drawn; a draw rounding pushes
+    past the last kept block or token falls back to the last one with mass."""
     b, v = q_logits.shape
     m = jnp.max(q_logits, axis=-1, keepdims=True)
     p = jnp.exp(q_logits - m)  # in [0, 1]; 0 on truncated tokens
@@ -150,11 +135,8 @@ def mlp_dropout_mask(
     keys: jax.Array, rate, num_layers: int, hidden: int, dtype=jnp.float32
 ) -> jax.Array:
     """[L, B, F] inverted-dropout mask, Bernoulli(1 - rate) / (1 - rate), one per row key.
-
-    Dropout-GRPO (Jung, 2026): one mask per rollout, fixed over all its steps, so the group's
-    completions differ through the sampled sub-network. The trainer rebuilds the same mask
-    from `Rollout.dropout_keys` (`jax.random.wrap_key_data`).
-    """
+    Dropout-GRPO (Jung, 2026): fixed over a rollout, so a group's completions differ through
+    the sampled sub-network; the trainer rebuilds it from `Rollout.dropout_keys`."""
     keep = jax.vmap(lambda k: jax.random.bernoulli(k, 1.0 - rate, (num_layers, hidden)))(keys)
     return (jnp.swapaxes(keep, 0, 1) / (1.0 - rate)).astype(dtype)
 

@@ -92,25 +92,14 @@ class Plan:
 
     @classmethod
     def of(cls, p: SamplingParams) -> Plan:
-        return cls(
-            n=p.n,
-            max_new_tokens=p.max_new_tokens,
-            greedy=p.greedy,
-            top_k=p.top_k,
-            use_top_p=p.top_p < 1.0,
-            use_min_p=p.min_p > 0.0,
-            num_stop_ids=p.stop_id_slots,
-            use_dropout=p.dropout_rate > 0.0,
-        )
+        on = (p.top_p < 1.0, p.min_p > 0.0, p.stop_id_slots, p.dropout_rate > 0.0)
+        return cls(p.n, p.max_new_tokens, p.greedy, p.top_k, *on)
 
 
 @flax.struct.dataclass
 class Knobs:
-    """The traced sampling settings: changing them does not recompile.
-
-    temperature, top_p, min_p, dropout_rate: f32 []; stop_ids: int32 [Plan.num_stop_ids],
-    the eos and stop ids padded with -1 (which never matches a token).
-    """
+    """The traced settings (changing them does not recompile): temperature, top_p, min_p,
+    dropout_rate f32 []; stop_ids int32 [Plan.num_stop_ids], padded with -1 (no token)."""
 
     temperature: jax.Array
     top_p: jax.Array

@@ -43,15 +43,12 @@ class Rollout:
     prompt_mask:       int32 [B, Tp]   1 on real prompt tokens.
     completion_tokens: int32 [B, Tn]   pad_id after the end of the completion.
     completion_mask:   int32 [B, Tn]   1 up to and including the stop token.
-    policy_mask:       int32 [B, Tn]   1 on tokens sampled by the policy (for now, the
-                                       completion mask; multi-turn rollouts will zero the
-                                       environment's observation tokens).
+    policy_mask:       int32 [B, Tn]   1 on tokens the policy sampled (the completion mask;
+                                       multi-turn rollouts zero observation tokens).
     lengths:           int32 [B]       completion lengths (sum of completion_mask).
     finish_reason:     int32 [B]       a `FinishReason` code (STOP or LENGTH).
-    sample_logp:       f32   [B, Tn]   log q(y_t): sampling distribution (temperature,
-                                       truncation); 0 off the mask.
-    policy_logp:       f32   [B, Tn]   log p(y_t): plain policy (temperature 1, no
-                                       truncation) = the behaviour log-prob; 0 off the mask.
+    sample_logp:       f32   [B, Tn]   log q(y_t), the sampled distribution; 0 off the mask.
+    policy_logp:       f32   [B, Tn]   log p(y_t), the behaviour log-prob; 0 off the mask.
     policy_version:    int32 [B]       version of the weights that sampled each row.
     dropout_keys:      uint32 [B, ...] key data of each row's MLP dropout mask, or None.
     group_size:        n (static).
@@ -73,6 +70,12 @@ class Rollout:
     @property
     def num_prompts(self) -> int:
         return self.completion_tokens.shape[0] // self.group_size
+
+    def take_rows(self, num_rows: int) -> Rollout:
+        """The first `num_rows` rows (the rest: batch-bucket padding)."""
+        if num_rows == self.completion_tokens.shape[0]:
+            return self
+        return jax.tree.map(lambda x: x[:num_rows], self)
 
     def finish_reason_names(self) -> list[str]:
         """Host list of 'stop' / 'length', one per row."""
@@ -119,7 +122,7 @@ def make_rollout(
     )
 
 
-def _bucket(size: int, buckets: Sequence[int], what: str, option: str, owner: str) -> int:
+def bucket(size: int, buckets: Sequence[int], what: str, option: str, owner: str) -> int:
     for b in sorted(buckets):
         if size <= b:
             return b
@@ -153,13 +156,10 @@ def left_pad_prompts(
         rows = np.flatnonzero(np.any(np.diff(mask, axis=1) < 0, axis=1)).tolist()
         raise ValueError(f"prompts must be left-padded; rows {rows[:8]} are not")
     longest = int(lengths.max())
-    tp = _bucket(longest, prompt_buckets, "prompt length", "prompt_buckets", owner)
+    tp = bucket(longest, prompt_buckets, "prompt length", "prompt_buckets", owner)
     num_rows = num_prompts if num_rows is None else num_rows
-    # Left-padded: the last `longest` columns hold every real token.
-    out_tokens = np.full((num_rows, tp), pad_id, np.int32)
-    out_mask = np.zeros((num_rows, tp), np.int32)
-    out_tokens[:num_prompts, tp - longest :] = tokens[:, tokens.shape[1] - longest :]
-    out_mask[:num_prompts, tp - longest :] = mask[:, mask.shape[1] - longest :]
-    out_tokens[num_prompts:] = out_tokens[0]  # batch padding: copies of a real prompt
-    out_mask[num_prompts:] = out_mask[0]
+    # left-padded: the last `longest` columns hold every real token
+    widths = ((0, num_rows - num_prompts), (tp - longest, 0))
+    out_tokens, out_mask = (np.pad(x[:, x.shape[1] - longest :], widths) for x in (tokens, mask))
+    out_tokens[num_prompts:], out_mask[num_prompts:] = out_tokens[0], out_mask[0]  # batch padding
     return np.where(out_mask == 1, out_tokens, pad_id).astype(np.int32), out_mask
