@@ -33,6 +33,27 @@ difference counts when it exceeds twice its standard error. Verdicts hold **at t
 models. A claim without runs says "not run yet" and gives the commands that run it.
 
 {summary}
+
+## Running a sweep
+
+A sweep file defines `get_sweep()`, a list of override dicts built with the helpers of
+`jaxrl_frontier.sweeps` (`grid`, `zip_`, `product`, `seeds`); each dict is one
+`scripts/train.py` run (`--config.KEY=VALUE` per key; the key `config` picks the
+experiment file), in `runs/sweeps/<sweep>/<the keys that vary>--<hash of all overrides>`.
+
+```
+python scripts/sweep.py run sweeps/claim_a.py --dry_run          # list the runs
+python scripts/sweep.py run sweeps/claim_a.py                    # one after another
+python scripts/sweep.py run sweeps/claim_a.py --parallel=0       # one per 2 cores, pinned
+python scripts/sweep.py run sweeps/claim_a.py --launcher=slurm --partition=P --timeout_min=60
+python scripts/sweep.py collect runs/sweeps/claim_a              # sweep_table.csv, .json
+```
+
+Running the same command again skips finished runs (`sweep_done.json` in the workdir) and
+resumes killed ones from their newest checkpoint. The slurm launcher submits one submitit
+array job, one run per task (`--cluster=local` runs the tasks as local processes). `collect`
+writes one row per run (`sweep_runs.csv`), one per group of seeds with the mean and std of
+every final metric (`sweep_table.csv`), and both with the curves (`sweep_results.json`).
 """
 
 
@@ -106,13 +127,15 @@ def section(claim: Claim, runs_dir: str, fig_dir: str, out_dir: str) -> tuple[li
     png = os.path.join(fig_dir, f"claim_{claim.key}.png")
     plot(finding, f"({claim.key}) {claim.title}", png, machine_text)
     rel = os.path.relpath(png, out_dir)
+    first = finding.notes[0] if finding.notes else f"{len(done)} runs"
     lines += [
-        f"**Runs.** Sweep files: {sweeps}; {'; '.join(finding.notes)}; on {machine_text}.",
+        f"**Runs.** Sweep files: {sweeps}; {first}; on {machine_text}.",
         "",
     ]
     lines += ["Commands:", "", "```", *claim.commands(), "```", ""]
     lines += [f"![claim {claim.key}]({rel})", "", *table(finding), ""]
     lines += [f"**Verdict: {finding.verdict}.** {finding.reason}.", ""]
+    lines += [f"Note: {note}." for note in finding.notes[1:]] + ([""] if finding.notes[1:] else [])
     seconds = sum(r["wall_seconds"] for r in done)
     cpu = sum(r.get("cpu_seconds", 0.0) for r in done)
     entry = dict(key=claim.key, verdict=finding.verdict, runs=len(done), seconds=seconds, cpu=cpu)

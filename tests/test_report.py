@@ -55,6 +55,7 @@ def claim_a_runs(grpo_growth, dr_growth):
                 "eval/pass@4": [(0, 0.4), (200, 0.6)],
                 "rollouts/length_incorrect": lengths(3.0 + jitter, 3.0 + jitter + growth),
                 "rollouts/length_correct": lengths(3.5, 3.5),
+                "train/ratio_clip_frac": [(10, 0.001), (20, 0.003)],
             }
             o = {"objective.advantage": adv} if adv else {}
             runs.append(make_run(config, seed, series, o))
@@ -86,6 +87,8 @@ def test_claim_a_verdicts(grpo_growth, dr_growth, verdict):
     # pass@1 final over seeds 0.5, 0.55, 0.6: mean 0.55, std 0.05
     assert grpo["pass@1 final"] == "0.550 ± 0.050" and grpo["seeds"] == "3"
     assert finding.curves["held-out greedy pass@1"]["GRPO"]["steps"] == [0, 100, 200]
+    assert "equals GRPO's exactly in 3 of 3 seeds" in finding.notes[1]
+    assert "GRPO clips 0.20% of tokens" in finding.notes[1]
     assert finding.notes[0] == (
         "12 runs of 200 steps; wall time 10 ± 0 s per run, 2.0 min in all (4.0 CPU-min)"
     )

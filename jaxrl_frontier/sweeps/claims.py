@@ -196,8 +196,9 @@ def analyze_a(runs: list[dict]) -> Finding:
         verdict = INCONCLUSIVE
         reason = (
             f"GRPO's incorrect completions change by {fmt(g_grpo, 2)} tokens over the run "
-            f"(not > 2 SE above 0): there is no length growth for Dr. GRPO to remove; Dr. GRPO: "
-            f"{fmt(g_dr, 2)}"
+            f"(not > 2 SE above 0): there is no length growth for Dr. GRPO to remove "
+            f"(Dr. GRPO: {fmt(g_dr, 2)}); on this task a completion's length is set by its "
+            "answer's digits, and all four methods raise pass@1 alike"
         )
     else:
         z = differs(g_dr, g_grpo)
@@ -208,9 +209,23 @@ def analyze_a(runs: list[dict]) -> Finding:
             f"incorrect-completion growth: GRPO {fmt(g_grpo, 2)} tokens, Dr. GRPO "
             f"{fmt(g_dr, 2)} ({z:+.1f} SE)"
         )
-    return Finding(
-        verdict, reason, rows, list(rows[0]) if rows else [], curves, [wall_note(groups)]
-    )
+    notes = [wall_note(groups)]
+    same = _same_curves(groups.get("GRPO", []), groups.get("DAPO", []), PASS1)
+    clip = [v for r in groups.get("GRPO", []) for _, v in series(r, "train/ratio_clip_frac")]
+    if same and clip:
+        notes.append(
+            f"DAPO's pass@1 curve equals GRPO's exactly in {same} of "
+            f"{len(groups['DAPO'])} seeds: its clip-higher bound (eps_high 0.28 against 0.2) "
+            "hardly binds with 2 minibatches per batch (GRPO clips "
+            f"{100 * sum(clip) / len(clip):.2f}% of tokens, train/ratio_clip_frac)"
+        )
+    return Finding(verdict, reason, rows, list(rows[0]) if rows else [], curves, notes)
+
+
+def _same_curves(a: list[dict], b: list[dict], key: str) -> int:
+    """How many seeds of `b` log exactly the curve of `key` that `a`'s run of that seed does."""
+    by_seed = {r["seed"]: series(r, key) for r in a}
+    return sum(by_seed.get(r["seed"]) == series(r, key) for r in b)
 
 
 # ------------------------------------------------------------------ shared comparison

@@ -191,7 +191,11 @@ def _train_subprocess(run: Run, cpus: list[int] | None) -> tuple[int, str, float
         log.write(f"$ {' '.join(cmd)}\n")
         log.flush()
         proc = subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=log, preexec_fn=pin)
-        _, status, usage = os.wait4(proc.pid, 0)  # this child's own CPU time
+        try:
+            _, status, usage = os.wait4(proc.pid, 0)  # this child's own CPU time
+        except KeyboardInterrupt:  # Ctrl-C reached the trainer too: let it save and stop
+            proc.wait()
+            raise
         proc.returncode = returncode = os.waitstatus_to_exitcode(status)
         out.seek(0)
         stdout = out.read()
