@@ -137,6 +137,19 @@ def test_sc_grpo_weight_reads_the_full_kl_when_present():
     np.testing.assert_allclose(w_sampled[0, 1:], [1 + 2 * k3, 1.0, 1.0], rtol=1e-6)
 
 
+def test_sc_grpo_relative_weight_keeps_each_rows_mean_at_one():
+    """relative=True: w = max(0, 1 + coef (k / mean_row k - 1)); a row with KL 0 keeps 1."""
+    mask = jnp.asarray([[1.0, 1.0, 1.0, 0.0], [1.0, 1.0, 0.0, 0.0]])
+    kl = jnp.asarray([[1.0, 2.0, 3.0, 50.0], [0.0, 0.0, 0.0, 0.0]])
+    stats = TokenStats(logp=mask, old_logp=mask, mask=mask, sc_logp=mask, sc_kl=kl)
+    fn = weights.WEIGHTS.get("sc_grpo")
+    w = np.asarray(fn(stats, jnp.zeros_like(mask), relative=True))
+    np.testing.assert_allclose(w[0, :3], [0.5, 1.0, 1.5])  # mean 2 -> k / 2
+    np.testing.assert_allclose(w[1], 1.0)
+    w = np.asarray(fn(stats, jnp.zeros_like(mask), coef=3.0, relative=True))
+    np.testing.assert_allclose(w[0, :3], [0.0, 1.0, 2.5])  # 1 + 3 (0.5 - 1) < 0 -> 0
+
+
 def test_loss_fn_passes_sc_kl_from_the_batch_to_the_weight():
     """weight_mean of the loss's metrics is the token mean of 1 + coef * sc_kl."""
     model = random_model(ModelConfig(vocab_size=V, **SMALL_MODEL))

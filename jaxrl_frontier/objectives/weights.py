@@ -294,23 +294,30 @@ def position_window(stats: TokenStats, adv: Array, start: float = 0.0, end: floa
 
 
 @register_weight("sc_grpo", requires=("sc_logp",))
-def sc_grpo(stats: TokenStats, adv: Array, coef: float = 1.0, max_kl: float = 10.0) -> Array:
+def sc_grpo(
+    stats: TokenStats, adv: Array, coef: float = 1.0, max_kl: float = 10.0, relative: bool = False
+) -> Array:
     """SC-GRPO: the self-conditioning KL as a multiplicative credit on the GRPO gradient.
 
         KL_t = KL( pi(. | x, y<t) || pi(. | x, s, y<t) ),  s a verified own solution to x,
-        w_t  = 1 + coef * min(KL_t, max_kl).
+        k_t  = min(KL_t, max_kl),
+        w_t  = 1 + coef * k_t                                   relative=False
+             = max(0, 1 + coef * (k_t / mean_row(k) - 1))       relative=True
 
-    KL_t is `sc_kl`, the exact sum over the vocabulary from the self-conditioned pass. Given
-    only `sc_logp` (no `sc_kl`: a caller with sampled-token log-probs alone), KL_t is its
-    single-sample k3 estimate on the sampled token, u = sc_logp - old_logp,
-    exp(u) - 1 - u (>= 0, unbiased for the same KL since y_t ~ pi).
+    (mean_row over the row's masked tokens; a row whose mean is ~0, e.g. a prompt with no
+    verified solution, keeps w = 1). KL_t is `sc_kl`, the exact sum over the vocabulary
+    from the self-conditioned pass. Given only `sc_logp` (no `sc_kl`: a caller with
+    sampled-token log-probs alone), KL_t is its single-sample k3 estimate on the sampled
+    token, u = sc_logp - old_logp, exp(u) - 1 - u (>= 0, unbiased for the same KL since
+    y_t ~ pi).
     Chosen form (the paper leaves it open): "1 +" keeps plain GRPO credit on tokens the own
     solution does not change and on rows of prompts with no verified solution (KL = 0
     there); tokens whose distribution moves most under self-conditioning (pivotal steps)
-    get more. Unlike KL_t / mean over the row, it does not rescale a row whose tokens all
-    move alike, and it stays finite on rows where nothing moves. max_kl bounds a
-    copy-dominated token.
-    Config keys: coef=1.0, max_kl=10.0.  Needs: sc_logp (sc_kl when present).
+    get more. relative=True keeps each row's mean weight at 1 and moves credit between its
+    tokens only: for a policy that reads the solution context off its training
+    distribution, KL_t has a large common part that the plain form would turn into a
+    larger step size. max_kl bounds a copy-dominated token.
+    Config keys: coef=1.0, max_kl=10.0, relative=False.  Needs: sc_logp (sc_kl when present).
     Shan et al. 2026 (Learning from Own Solutions: Self-Conditioned Credit Assignment for RLVR).
     """
     del adv
@@ -320,7 +327,14 @@ def sc_grpo(stats: TokenStats, adv: Array, coef: float = 1.0, max_kl: float = 10
     else:
         u = jnp.clip(jnp.where(m, stats.sc_logp - stats.old_logp, 0.0), -20.0, 20.0)
         kl = jnp.exp(u) - 1.0 - u
-    return sg(1.0 + coef * jnp.clip(kl, 0.0, max_kl))
+    k = jnp.clip(kl, 0.0, max_kl)
+    if not relative:
+        return sg(1.0 + coef * k)
+    n = jnp.maximum(jnp.sum(m, axis=1, keepdims=True), 1)
+    mean = jnp.sum(jnp.where(m, k, 0.0), axis=1, keepdims=True) / n
+    ratio = k / jnp.maximum(mean, 1e-6)
+    w = jnp.maximum(0.0, 1.0 + coef * (ratio - 1.0))
+    return sg(jnp.where(mean > 1e-6, w, 1.0))
 
 
 @register_weight("prob_power")

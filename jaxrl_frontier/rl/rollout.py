@@ -253,42 +253,46 @@ def self_conditioned_pass(
     """
     tn = completion_len
 
-    def rows(exp: Experience):
-        correct = exp.rewards[:, correct_column] > 0
-        return conditioned_rows(
-            exp.tokens, exp.attention_mask, correct, group_size=group_size, completion_len=tn
-        )
+    # jitted over arrays, not the Experience: its host fields (results, texts) are static
+    # pytree metadata, and a change there would recompile
+    def rows(tokens, mask, rewards):
+        correct = rewards[:, correct_column] > 0
+        return conditioned_rows(tokens, mask, correct, group_size=group_size, completion_len=tn)
 
     @jax.jit
-    def logp_only(params, exp: Experience):
-        b, t = exp.tokens.shape
-        tokens, mask, solved = rows(exp)
-        logp = scored_logp_fn(params, tokens, mask)[:, t:]  # the completion's Tn
-        logp = jnp.where(solved[:, None], logp, exp.old_logp[:, t - tn :])
+    def logp_only(params, tokens, mask, rewards, old_logp):
+        b, t = tokens.shape
+        sc_tokens, sc_mask, solved = rows(tokens, mask, rewards)
+        logp = scored_logp_fn(params, sc_tokens, sc_mask)[:, t:]  # the completion's Tn
+        logp = jnp.where(solved[:, None], logp, old_logp[:, t - tn :])
         return jnp.concatenate([jnp.zeros((b, t - tn), logp.dtype), logp], axis=1)
 
     @jax.jit
-    def with_kl(params, exp: Experience):
-        b, t = exp.tokens.shape
+    def with_kl(params, tokens, mask, rewards, old_logp):
+        b, t = tokens.shape
         tp = t - tn
-        tokens, mask, solved = rows(exp)
-        h_u, w_out = hidden_fn(params, exp.tokens, exp.attention_mask)
-        h_c, _ = hidden_fn(params, tokens, mask)
+        sc_tokens, sc_mask, solved = rows(tokens, mask, rewards)
+        h_u, w_out = hidden_fn(params, tokens, mask)
+        h_c, _ = hidden_fn(params, sc_tokens, sc_mask)
         # positions t - 1 predict token t: the completion's Tn tokens on each side
         h_u = h_u[:, tp - 1 : t - 1].reshape(b * tn, -1)
         h_c = h_c[:, tp + tn - 1 : t + tn - 1].reshape(b * tn, -1)
-        y = exp.tokens[:, tp:].reshape(-1)
+        y = tokens[:, tp:].reshape(-1)
         kl, logq = chunked_kl_and_logp(h_u, h_c, w_out, y, vocab_chunk=vocab_chunk)
         kl, logq = kl.reshape(b, tn), logq.reshape(b, tn)
         zeros = jnp.zeros((b, tp), jnp.float32)
-        sc_logp = jnp.where(solved[:, None], logq, exp.old_logp[:, tp:])
+        sc_logp = jnp.where(solved[:, None], logq, old_logp[:, tp:])
         sc_kl = jnp.where(solved[:, None], kl, 0.0)
         return dict(
             sc_logp=jnp.concatenate([zeros, sc_logp], 1), sc_kl=jnp.concatenate([zeros, sc_kl], 1)
         )
 
-    fn = logp_only if hidden_fn is None else with_kl
-    return LogprobPass("sc_logp", "policy", lambda params, exp: fn(params, exp))
+    inner = logp_only if hidden_fn is None else with_kl
+
+    def fn(params, exp: Experience):
+        return inner(params, exp.tokens, exp.attention_mask, exp.rewards, exp.old_logp)
+
+    return LogprobPass("sc_logp", "policy", fn)
 
 
 # ----------------------------------------------------------------------------- producer
