@@ -169,6 +169,12 @@ METHODS = {
         "rollout.overlong_cache": 2,
         "objective.weight": "sc_grpo",
     },
+    # DAPO dynamic sampling (its draws) on GD^2PO's conflicting rewards
+    "dynamic+gd2po": {
+        "data.source": "dynamic",
+        "objective.advantage": "gd2po",
+        "objective.reward_weights": {"correctness": 1.0, "length": 0.5},
+    },
     # ZPPO's replay with BCQ references asked of a teacher model; DAPO's truncation mask
     "zppo+teacher": {
         "data.source": "zppo",
@@ -215,5 +221,6 @@ def test_each_method_resumes_bitwise_from_its_checkpoint(tmp_path, method):
     own = {
         "ads_kmeans+dre+sc_grpo": ("ads/p/k0", "dre/edited"),
         "zppo+teacher": ("zppo/buffer_size", "zppo/teacher_references"),
+        "dynamic+gd2po": ("dynamic/draws", "diag/conflict_share"),
     }
     assert all(k in want[0] for k in own[method]), sorted(want[0])
