@@ -8,8 +8,8 @@ target far above the student's (the demo's SFT start, ~30% greedy pass@1).
 tokenizer and task. Unlike sft_arith, whose `train.stop_at_pass1=0.3` picks an RL start
 mid-way, the teacher stops only at 90% greedy pass@1 on 256 held-out prompts (evaluated
 every 250 steps) or after 4,000 steps of 128 demonstrations. Budget: at most 4,000 steps;
-the issue's run of this shape took 3 min 42 s for 1,200 steps on a 2-core AMD EPYC CPU, so
-about 12 min for the full budget there (not yet measured to the end). Check the teacher
+a model of this shape trains 1,200 steps in about 3 min 40 s on a 2-core AMD EPYC CPU, so
+the full budget is about 12 min there (estimated, not timed to the end). Check the teacher
 before distilling: its last eval line (`[sft] step N: eval/pass@1_greedy=...`) must be
 well above the student's.
 """
