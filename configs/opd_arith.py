@@ -1,8 +1,7 @@
 """On-policy distillation on 3-digit addition: a larger SFT teacher scores the student.
 
-    # teacher: a bigger model from the SFT path
-    python scripts/train.py --config=configs/sft_arith.py --workdir=runs/teacher_arith \
-        --config.model.hidden_size=256 --config.model.num_layers=4 --config.train.steps=1500
+    # teacher: a bigger SFT model with its own budget and stop (configs/teacher_arith.py)
+    python scripts/train.py --config=configs/teacher_arith.py --workdir=runs/teacher_arith
     python scripts/train.py --config=configs/opd_arith.py --workdir=runs/opd_arith
 
 OPD (OPD survey, 2026): per-token reward a_t = log q_teacher(y_t) - log p_student(y_t) on the
