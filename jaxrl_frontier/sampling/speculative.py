@@ -38,6 +38,7 @@ from jaxrl_frontier.sampling import ops
 from jaxrl_frontier.sampling.params import Knobs, Plan, SamplingParams
 from jaxrl_frontier.sampling.rollout import DEFAULT_PROMPT_BUCKETS, Rollout, make_rollout
 from jaxrl_frontier.sampling.sampler import DecodeState, Sampler, as_key
+from jaxrl_frontier.xla_options import rollout_compiler_options
 
 
 def shallow_draft(model: Transformer, num_layers: int) -> Transformer:
@@ -118,7 +119,13 @@ class SpeculativeSampler(Sampler):
         super().__init__(policy, mesh=mesh, cache_dtype=cache_dtype, **kw)
         self.proposer = Sampler(draft, mesh=mesh, cache_dtype=cache_dtype, **kw)
         self.k, self.stats = int(k), {}
-        self.speculate = jax.jit(self._speculate, static_argnames="plan", donate_argnames="caches")
+        options = dict(rollout_compiler_options(self.platform, 1))  # as a small decode's
+        self.speculate = jax.jit(
+            self._speculate,
+            static_argnames="plan",
+            donate_argnames="caches",
+            compiler_options=options,
+        )
 
     def update_weights(self, model_or_state, version: int | None = None) -> None:
         """As `Sampler.update_weights`, for the policy (and a draft that follows it)."""
