@@ -1,11 +1,11 @@
 """Speculative rollouts against plain ones: seconds per rollout batch, as the trainer runs it.
 
     python benchmarks/bench.py speculative --config=benchmarks/configs/grpo_random_qwen2.py \\
-        --config.rollout.speculative.k=4 --config.rollout.speculative.draft=...
+        --config.rollout.speculative.draft=1 --config.rollout.speculative.k=4
 
 Both variants are the config's run, built by `Trainer` (the random model saved as a Hugging
 Face directory first, as in the rl benchmark), one with `rollout.speculative` as the config
-sets it and one with it off (None); each times `Trainer.rollout` on the same prompts
+sets it and one with it off (`rollout.speculative.draft` None); each times `Trainer.rollout` on the same prompts
 (rollout, rewards, advantages) for `--repeats` calls after one warm-up call (compiles). The
 draft and `k` are the config's: see the `rollout.speculative` key in
 jaxrl_frontier/config.py. Random weights are not a trained pair: the acceptance says little
@@ -55,10 +55,10 @@ def bench_speculative(args) -> dict:
 
     config_args = getattr(args, "config_args", [])
     config = common.load_config(config_args, DEFAULT_CONFIG)
-    if "speculative" not in config.rollout or not config.rollout.speculative:
+    if "speculative" not in config.rollout or config.rollout.speculative.get("draft") is None:
         raise SystemExit(
-            "speculative: set the config key rollout.speculative (a draft and k), e.g. "
-            "--config.rollout.speculative.k=4; this config has none"
+            "speculative: set the config key rollout.speculative.draft (the policy's first N "
+            "layers as the draft), e.g. --config.rollout.speculative.draft=1; this config has none"
         )
     result = dict(
         **common.machine_info(),
@@ -73,7 +73,7 @@ def bench_speculative(args) -> dict:
         config.model.update(init="hf", path=model_dir)
         config.tokenizer.update(kind="hf", path=model_dir)
         plain = copy.deepcopy(config)
-        plain.rollout.speculative = None
+        plain.rollout.speculative.draft = None
         result["plain"] = _time_rollouts(plain, args.repeats)
         result["speculative_rollout"] = _time_rollouts(config, args.repeats)
     result["speedup"] = result["plain"]["seconds"] / result["speculative_rollout"]["seconds"]
