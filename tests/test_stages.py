@@ -217,6 +217,7 @@ def _plain_loss(graphdef, objective):
             ref_logp=batch.get("ref_logp"),
             teacher_logp=batch.get("teacher_logp"),
             sc_logp=batch.get("sc_logp"),
+            sc_kl=batch.get("sc_kl"),
         )
         extra = {}
         if batch.get("teacher_logits") is not None:
