@@ -211,16 +211,19 @@ def _train_inprocess(run: Run) -> tuple[int, str, float]:
 
     cpu0 = _self_cpu()
     out = io.StringIO()
-    cwd = os.getcwd()
+    cwd, argv = os.getcwd(), sys.argv
     try:
         os.chdir(REPO)  # config paths are relative to the repository, as for the CLI
+        # ml_collections defines the --config.KEY override flags from sys.argv itself
+        sys.argv = ["train.py", *run.train_args()]
         with contextlib.redirect_stdout(out):
-            train_main(["train.py", *run.train_args()])
+            train_main(list(sys.argv))
         code = 0
     except SystemExit as e:  # the CLI's one-line errors
         code, out = (0 if e.code in (None, 0) else 1), io.StringIO(f"{out.getvalue()}\n{e}")
     finally:
         os.chdir(cwd)
+        sys.argv = argv
     with open(os.path.join(run.workdir, LOG_FILE), "a") as log:
         log.write(out.getvalue())
     return code, out.getvalue(), _self_cpu() - cpu0
