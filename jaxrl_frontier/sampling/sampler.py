@@ -126,21 +126,20 @@ class Sampler:
         self._jits = {}  # (program, XLA options) -> jitted program
 
     def program(self, name: str, rows: int):
-        """The jitted prefill or decode whose matmuls have `rows` rows (options per device)."""
+        """The jitted prefill or decode for matmuls of `rows` rows (XLA options per device)."""
         options = rollout_compiler_options(self.platform, rows // self.batch_multiple)
         if (name, options) not in self._jits:
-            fn, kw = {
-                "prefill": (self._prefill, dict(static_argnames=("n", "use_dropout", "slots"))),
-                "decode": (self._decode, dict(static_argnames="plan", donate_argnames="cache")),
-            }[name]
-            self._jits[name, options] = jax.jit(fn, compiler_options=dict(options), **kw)
+            statics = dict(prefill=("n", "use_dropout", "slots"), decode=("plan",))[name]
+            fn, donate = getattr(self, f"_{name}"), ("cache",) if name == "decode" else ()
+            self._jits[name, options] = jax.jit(
+                fn, static_argnames=statics, donate_argnames=donate, compiler_options=dict(options)
+            )
         return self._jits[name, options]
 
     def prefill(self, state, tokens, mask, key, knobs, *, n: int, use_dropout: bool, slots: int):
         """The prefill program (`_prefill`) for these prompts [P, Tp]."""
-        rows = tokens.size * (n if use_dropout else 1)
-        prefill = self.program("prefill", rows)
-        return prefill(state, tokens, mask, key, knobs, n=n, use_dropout=use_dropout, slots=slots)
+        run = self.program("prefill", tokens.size * (n if use_dropout else 1))
+        return run(state, tokens, mask, key, knobs, n=n, use_dropout=use_dropout, slots=slots)
 
     def decode(self, state, cache, *args, plan: Plan):
         """The decode program (`_decode`) for this prefilled cache (its buffers donated)."""

@@ -119,12 +119,9 @@ class SpeculativeSampler(Sampler):
         super().__init__(policy, mesh=mesh, cache_dtype=cache_dtype, **kw)
         self.proposer = Sampler(draft, mesh=mesh, cache_dtype=cache_dtype, **kw)
         self.k, self.stats = int(k), {}
-        options = dict(rollout_compiler_options(self.platform, 1))  # as a small decode's
+        kw = dict(compiler_options=dict(rollout_compiler_options(self.platform, 1)))
         self.speculate = jax.jit(
-            self._speculate,
-            static_argnames="plan",
-            donate_argnames="caches",
-            compiler_options=options,
+            self._speculate, static_argnames="plan", donate_argnames="caches", **kw
         )
 
     def update_weights(self, model_or_state, version: int | None = None) -> None:
