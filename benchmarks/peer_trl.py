@@ -25,7 +25,15 @@ def time_grpo(request: dict) -> dict:
     torch.manual_seed(0)
     n_steps = request["warmup"] + request["steps"]
     n_prompts = n_steps * request["prompts"]
-    tokenizer = transformers.AutoTokenizer.from_pretrained(request["model_dir"])
+    # from the file itself: AutoTokenizer's object from this directory tokenizes
+    # `tokenizer(text=[...])`, TRL's call, to empty ids (transformers 5.24)
+    tokenizer = transformers.PreTrainedTokenizerFast(
+        tokenizer_file=f"{request['model_dir']}/tokenizer.json",
+        pad_token="<pad>",
+        eos_token="<eos>",
+        unk_token="<unk>",
+        padding_side="left",
+    )
     rng = np.random.default_rng(0)
     prompts = [  # exactly prompt_len words of one token each
         " ".join(f"w{t}" for t in rng.integers(3, request["vocab"], request["prompt_len"]))
