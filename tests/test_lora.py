@@ -24,6 +24,7 @@ CFG = ModelConfig(
     vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4, num_kv_heads=2
 )
 ALL = tuple(lora.TARGETS)
+forward = nnx.jit(lambda model, *args, **kw: model(*args, **kw))  # one compile, not op by op
 
 
 def adapted(cfg=CFG, rank=4, alpha=8.0, targets=ALL, seed=0, b_scale=0.05):
@@ -46,9 +47,11 @@ def adapted(cfg=CFG, rank=4, alpha=8.0, targets=ALL, seed=0, b_scale=0.05):
 def test_adapters_start_as_the_base_and_take_the_weight_axes():
     model = Transformer(CFG, rngs=nnx.Rngs(0))
     tokens = jnp.arange(12).reshape(2, 6)
-    before = np.asarray(model(tokens))
+    before = np.asarray(forward(model, tokens))
     lora.add_adapters(model, rank=4, alpha=8.0, targets=ALL, key=jax.random.key(1))
-    np.testing.assert_array_equal(np.asarray(model(tokens)), before)  # B = 0: exactly the base
+    np.testing.assert_array_equal(
+        np.asarray(forward(model, tokens)), before
+    )  # B = 0: exactly the base
     attn, mlp = model.layers.attn, model.layers.mlp
     assert attn.q_proj_lora_a.shape == (2, 32, 4) and attn.q_proj_lora_b.shape == (2, 4, 4, 8)
     assert attn.o_proj_lora_a.shape == (2, 4, 8, 4) and attn.o_proj_lora_b.shape == (2, 4, 32)
@@ -76,7 +79,7 @@ def test_merged_weights_are_base_plus_scaled_a_b():
             got = np.asarray(getattr(getattr(merged.layers, sub), name)[...])[layer]
             np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7, err_msg=name)
     tokens = jnp.arange(12).reshape(2, 6) % 64
-    np.testing.assert_allclose(merged(tokens), model(tokens), atol=1e-5)
+    np.testing.assert_allclose(forward(merged, tokens), forward(model, tokens), atol=1e-5)
     # the model keeps its own adapters and weights
     w_after = model.layers.attn.q_proj[...]
     np.testing.assert_array_equal(w_after, base["layers"]["attn"]["q_proj"].get_value())
@@ -105,12 +108,13 @@ def test_gradient_touches_only_adapters_and_the_reference_is_the_base():
     def loss_of(params, batch, denominator=None, frozen=None):
         return jnp.mean(nnx.merge(graphdef, params)(batch) ** 2), {}
 
-    grads = jax.grad(lambda a: with_base(loss_of)(a, tokens, frozen={"base": base})[0])(adapters)
+    adapters_loss = lambda a: with_base(loss_of)(a, tokens, frozen={"base": base})[0]
+    grads = jax.jit(jax.grad(adapters_loss))(adapters)
     paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_leaves_with_path(grads)]
     assert len(paths) == 2 * len(ALL) and all("_lora_" in p for p in paths)
     assert all(float(jnp.abs(g).max()) > 0 for g in jax.tree.leaves(grads))
     # the full gradient's adapter part is the same: the base is only read
-    full = jax.grad(lambda p: loss_of(p, tokens)[0])(lora.combine(base, adapters))
+    full = jax.jit(jax.grad(lambda p: loss_of(p, tokens)[0]))(lora.combine(base, adapters))
     for g, f in zip(jax.tree.leaves(grads), jax.tree.leaves(lora.split(full)[0])):
         np.testing.assert_allclose(g, f, rtol=1e-6)
     # reference = the base's own arrays (no copy) with B = 0: the base model's logits
@@ -118,7 +122,7 @@ def test_gradient_touches_only_adapters_and_the_reference_is_the_base():
     ref_base = lora.split(ref)[1]
     assert all(x is y for x, y in zip(jax.tree.leaves(ref_base), jax.tree.leaves(base)))
     plain = Transformer(CFG, rngs=nnx.Rngs(0))  # the same seed: the same base weights
-    np.testing.assert_array_equal(nnx.merge(graphdef, ref)(tokens), plain(tokens))
+    np.testing.assert_array_equal(forward(nnx.merge(graphdef, ref), tokens), forward(plain, tokens))
 
 
 def test_the_decode_path_runs_the_adapters_unmerged():
@@ -127,6 +131,7 @@ def test_the_decode_path_runs_the_adapters_unmerged():
     model, graphdef, base, adapters = adapted()
     tokens = jnp.arange(10).reshape(2, 5) % 64
 
+    @nnx.jit
     def decode_step(m):  # prefill 5 tokens, then one cached step
         logits, cache = m(tokens, cache=m.init_cache(2, 8))
         return m(tokens[:, -1:], positions=jnp.full((2, 1), 5), cache=cache)[0]
@@ -186,8 +191,10 @@ def test_merged_export_loads_in_transformers_with_the_adapted_logits(hf_checkpoi
     )
     model = nnx.merge(graphdef, lora.combine(base, adapters))
     tokens, mask = left_padded_batch()
-    ours = np.asarray(model(jnp.asarray(tokens), jnp.asarray(mask)))
-    base_logits = np.asarray(nnx.merge(graphdef, lora.reference(base, adapters))(tokens, mask))
+    ours = np.asarray(forward(model, tokens, mask))
+    base_logits = np.asarray(
+        forward(nnx.merge(graphdef, lora.reference(base, adapters)), tokens, mask)
+    )
     real = mask.astype(bool)
     assert np.abs(ours - base_logits)[real].max() > 1e-2  # the adapters move the logits
     out = tmp_path / "merged"
@@ -236,3 +243,21 @@ def test_lora_rl_run_trains_adapters_only(tmp_path):
     want = lora.merged(nnx.merge(tr.graphdef, tr.learner.policy_params()))
     for x, y in zip(jax.tree.leaves(nnx.state(exported)), jax.tree.leaves(nnx.state(want))):
         np.testing.assert_allclose(x, y, atol=1e-6)
+
+
+def test_adapters_are_sharded_like_their_weights():
+    """On a (1, fsdp 4, tensor 2) mesh of fake devices: A's input dims and B's output dims
+    take the weight's mesh axes, the rank axis is replicated."""
+    from jax.sharding import PartitionSpec as Spec
+
+    mesh = sharding.make_mesh((1, 4, 2), jax.devices()[:8])
+    model = Transformer(CFG, rngs=nnx.Rngs(0))
+    lora.add_adapters(model, rank=4, alpha=8.0, targets=ALL, key=jax.random.key(1))
+    sharding.shard_model(model, mesh)
+    attn, mlp = model.layers.attn, model.layers.mlp
+    spec = lambda v: v[...].sharding.spec
+    assert spec(attn.q_proj) == Spec(None, "fsdp", "tensor", None)
+    assert spec(attn.q_proj_lora_a) == Spec(None, "fsdp", None)
+    assert spec(attn.q_proj_lora_b) == Spec(None, None, "tensor", None)
+    assert spec(attn.o_proj_lora_a) == Spec(None, "tensor", None, None)
+    assert spec(mlp.down_proj_lora_b) == Spec(None, None, "fsdp")
