@@ -1,11 +1,6 @@
-"""XLA compiler options of the rollout programs, by backend and matmul rows per device.
-
-XLA:CPU hands matmuls, reductions and elementwise ops to YNNPACK fusions by default; in a
-decode step its reductions keep the cache attention fast, its dots below 64 rows lose to
-XLA's own emitter. So CPU rollouts keep YNNPACK for reductions, and for dots from 64 rows
-(figures: docs/sampling.md); other backends keep the defaults. An option set XLA rejects
-warns once with XLA's reason, and the programs compile with the defaults.
-"""
+"""XLA options of the rollout programs by backend and matmul rows per device: on CPU, YNNPACK
+for reductions (the cache attention), for dots too from 64 rows; elsewhere the defaults. A
+set XLA rejects warns once with XLA's reason (figures: docs/sampling.md)."""
 
 import functools
 import warnings

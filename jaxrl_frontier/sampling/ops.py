@@ -1,7 +1,5 @@
-"""Pure sampling ops on logits [..., V]: truncation, the exact draw, log-probs, dropout masks.
-With q = softmax(truncate(logits / T)) the sampling distribution (`sampling_logits`) and p =
-softmax(logits) the plain policy, `draw` gives the token, log q (`sample_logp`) and log p
-(`policy_logp`, the behaviour log-prob the objectives need)."""
+"""Pure ops on logits [..., V]: truncation, the exact draw, log-probs, dropout masks. `draw`
+gives the token, log q (q = softmax(truncate(logits / T))) and log p (p = softmax(logits))."""
 
 from __future__ import annotations
 
@@ -18,14 +16,10 @@ _CDF_BLOCK = 128  # vocabulary block of the two-level inverse CDF
 def truncate_logits(
     logits: jax.Array, top_k: int = 0, top_p=1.0, min_p=0.0, *, use_top_p=None, use_min_p=None
 ) -> jax.Array:
-    """Logits [..., V] with the tokens outside the kept set at -inf.
-
-    In order: top-k (the k largest logits; ties at the k-th are kept), top-p (the smallest
-    top set of the renormalised remainder with probability >= top_p), min-p (tokens with
-    p >= min_p * max p). `top_k` is static; `top_p` / `min_p` may be traced, and then
-    `use_top_p` / `use_min_p` say statically whether the step runs (by default: unless the
-    value is a Python 1.0 / 0.0). Temperature is applied by the caller, before truncation.
-    """
+    """Logits [..., V], -inf outside the kept set: top-k (ties at the k-th kept), then top-p
+    (the smallest top set of the remainder with mass >= top_p), then min-p (p >= min_p * max
+    p). top_k static; traced top_p / min_p run when use_top_p / use_min_p (default: unless a
+    Python 1.0 / 0.0). Temperature is the caller's, before truncation."""
     python = (int, float)
     use_top_p = not (isinstance(top_p, python) and top_p >= 1) if use_top_p is None else use_top_p
     use_min_p = not (isinstance(min_p, python) and min_p <= 0) if use_min_p is None else use_min_p
@@ -50,8 +44,7 @@ def truncate_logits(
 
 
 def sampling_logits(logits: jax.Array, plan: Plan, knobs: Knobs) -> jax.Array:
-    """f32 logits of q: temperature, then truncation (the plain logits when greedy, where
-    only the argmax matters)."""
+    """f32 logits of q: temperature, then truncation (greedy: the plain logits)."""
     logits = logits.astype(jnp.float32)
     if plan.greedy:
         return logits
@@ -60,8 +53,7 @@ def sampling_logits(logits: jax.Array, plan: Plan, knobs: Knobs) -> jax.Array:
 
 
 def log_prob(logits: jax.Array, token: jax.Array) -> jax.Array:
-    """log softmax(logits)[token] over the last axis, without the full log-softmax; token
-    has logits' leading shape."""
+    """log softmax(logits)[token] over the last axis (token: logits' leading shape)."""
     picked = jnp.take_along_axis(logits, token[..., None], axis=-1)[..., 0]
     return picked - jax.nn.logsumexp(logits, axis=-1)
 
@@ -124,8 +116,7 @@ def sample_logits(
 
 
 def row_keys(key: jax.Array, num_rows: int) -> tuple[jax.Array, jax.Array]:
-    """Per row r: (dropout-mask key, sampling stream key) from fold_in(key, r), so a row's
-    completion does not depend on the batch bucket or the mesh."""
+    """Per row r: (dropout-mask key, sampling stream key) from fold_in(key, r)."""
     rows = jax.vmap(lambda r: jax.random.fold_in(key, r))(jnp.arange(num_rows))
     pair = jax.vmap(jax.random.split)(rows)  # [B, 2]
     return pair[:, 0], pair[:, 1]

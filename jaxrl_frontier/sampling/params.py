@@ -1,5 +1,4 @@
-"""How to sample (`SamplingParams`), why a completion ended (`FinishReason`), and the split
-of the settings into what compiles (`Plan`, static) and what does not (`Knobs`, traced)."""
+"""SamplingParams, FinishReason, and the settings' split into Plan (static) and Knobs."""
 
 from __future__ import annotations
 
@@ -34,14 +33,10 @@ _CHECKS = {
 class SamplingParams:
     """How to sample completions.
 
-    max_new_tokens: completion length Tn (the stop token included).
-    n:              completions per prompt (the GRPO group size).
-    temperature:    logits are divided by it before truncation (ignored when greedy).
-    top_k:          keep the k most likely tokens (0 = off).
-    top_p:          then keep the smallest top set whose probability is >= top_p (1 = off).
-    min_p:          then keep tokens with p >= min_p * max p (0 = off).
-    greedy:         argmax of the plain logits (sample_logp is then 0 = log 1).
-    eos_ids, stop_ids: token ids that end a row (both kept as the last completion token).
+    max_new_tokens Tn (stop token included); n completions per prompt (the group size);
+    temperature (before truncation; not used when greedy); top_k (0 = off), then top_p (the
+    smallest top set with mass >= top_p; 1 = off), then min_p (p >= min_p * max p; 0 = off);
+    greedy: argmax of the plain logits (sample_logp 0); eos_ids, stop_ids end a row (kept).
     dropout_rate:   Dropout-GRPO: one Bernoulli(1 - rate) / (1 - rate) mask on the MLP hidden
                     units per row, fixed for the whole rollout (0 = off).
     """

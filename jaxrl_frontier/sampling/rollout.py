@@ -17,16 +17,10 @@ DEFAULT_PROMPT_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 
 @flax.struct.dataclass
 class Sequences:
-    """A rollout as full sequences, every array [B, Tp + Tn] and aligned with `tokens`:
-    `x[b, t]` is about `tokens[b, t]` given `tokens[b, :t]` (the objectives' alignment).
-
-    tokens:         prompt (left-padded) then completion (right-padded with pad_id).
-    attention_mask: 1 on real prompt and completion tokens.
-    loss_mask:      1.0 on completion tokens (the stop token included), else 0.
-    old_logp:       log p(tokens[b, t] | tokens[b, :t]) under the behaviour policy; 0 off
-                    the completion.
-    policy_mask:    1.0 on tokens sampled by the policy (multi-turn: not observations).
-    """
+    """A rollout as full sequences [B, Tp + Tn], `x[b, t]` about `tokens[b, t]` given
+    `tokens[b, :t]`: tokens (prompt, completion, pad_id), attention_mask (1 on real tokens),
+    loss_mask (1.0 on completion tokens, stop included), old_logp (behaviour log-prob; 0 off
+    the completion), policy_mask (1.0 on tokens the policy sampled)."""
 
     tokens: jax.Array
     attention_mask: jax.Array
@@ -97,9 +91,7 @@ class Rollout:
         )
 
 
-def make_rollout(
-    prompt_tokens, prompt_mask, out, lengths, stopped, *, n, version, dropout_keys=None
-):
+def make_rollout(prompt_tokens, prompt_mask, out, lengths, stopped, *, n, version, dropout_keys):
     """The `Rollout` of a decode: prompts [P, Tp] (each repeated n times), out = (tokens,
     policy_logp, sample_logp) [B, Tn] (pad_id / 0 past each row's end), lengths int32 [B],
     stopped bool [B] (it emitted a stop token), version int32 []."""
@@ -135,10 +127,9 @@ def bucket(size: int, buckets: Sequence[int], what: str, option: str, owner: str
 def left_pad_prompts(
     prompt_tokens, prompt_mask, *, pad_id: int, prompt_buckets, num_rows=None, owner="Sampler"
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Host prompts [P, T] -> (tokens, mask) int32 numpy [num_rows or P, Tp], left-padded to
-    the smallest prompt bucket Tp that holds the longest prompt; rows past P repeat prompt 0
-    (batch padding). Checks the contract and names what breaks it: [P, T] shapes, no empty
-    prompt, left padding (mask 0 then 1 on each row)."""
+    """Host prompts [P, T] -> int32 (tokens, mask) [num_rows or P, Tp], left-padded to the
+    smallest bucket Tp that fits; rows past P repeat prompt 0. Errors name what breaks the
+    contract: [P, T] shapes, an empty prompt, a row not left-padded."""
     tokens = np.asarray(prompt_tokens)
     mask = np.asarray(prompt_mask)
     if tokens.ndim != 2 or tokens.shape != mask.shape:

@@ -1,23 +1,13 @@
 """Rollouts: one jitted prefill and one jitted decode loop over a fixed-size KV cache.
 
-P prompts, n completions each (B = P * n rows, prompt-major: rows g*n .. g*n+n-1 share g):
-
-    prefill  cache[P, Tp], logits_0 = model(prompt[P, Tp]): each prompt once; the cache
-             repeated n times and widened to Tp + Tn slots
-    decode   y_0 ~ q(. | logits_0); while s < Tn and some row has not stopped:
+    prefill  cache[P, Tp], logits_0 = model(prompt[P, Tp]), each prompt once; the cache
+             repeated n times (B = P * n rows, prompt-major) and widened to Tp + Tn slots
+    decode   y_0 ~ q(. | logits_0); while s < Tn and some row runs:
              logits_s = model(y_{s-1} at slot Tp+s-1, position len+s-1), y_s ~ q(. | logits_s)
 
-with log q(y_s) (`sample_logp`) and log p(y_s) (`policy_logp`) for every token (`ops`).
-The decode is one `lax.while_loop` over a named state (`DecodeState`), the model traced
-once; the cache has its final size from the start and is donated to the decode (updated in
-place). Attention is the model's one selection point (`ModelConfig.attention`); unwritten
-slots are masked by `KVCache.valid`. The decode's weights are cast to the compute dtype
-once (`with_compute_weights`: XLA does not hoist a cast out of a while loop) and split per
-layer (`unstack_layers`: a scan's layer slices inside the loop are copies); on a mesh that
-splits the weights over fsdp it scans the stacked layers, gathering one layer at a time.
-Static per compile: the batch and prompt buckets and the `Plan`; the `Knobs` are traced.
-Row r draws from `fold_in(key, r)`, so its completion depends neither on the batch bucket
-nor on the mesh; each row draws its Tn uniforms before the loop, step s reads column s.
+One `lax.while_loop` over a named state (`DecodeState`), the model traced once, the cache
+donated and updated in place; weights cast to the compute dtype once and split per layer
+(scanned on fsdp meshes). Row r draws from `fold_in(key, r)`. Details: docs/sampling.md.
 """
 
 from __future__ import annotations
@@ -73,18 +63,11 @@ class DecodeState:
 
 
 class Sampler:
-    """Prompts -> a `Rollout`, by one jitted prefill and one jitted decode loop compiled
-    once per (batch bucket, prompt bucket, `Plan`).
-
-    model: the policy; its parameters are read at every `generate` (no copy); on a mesh,
-      placed first (`sharding.shard_model`). pad_id: written after a completion's end.
-    mesh: optional ('data', 'fsdp', 'tensor') mesh: rows over data x fsdp, heads over tensor.
-    prompt_buckets: prompt lengths compiled for (left-padded to the smallest that fits).
-    batch_buckets: prompt counts compiled for (None: the count rounded up to a multiple of
-      the batch axes' devices); padding rows are dropped from the result.
-    cache_dtype: of the KV cache ('bfloat16': half the bytes a step reads; attention still
-      accumulates in f32); None: the compute dtype.
-    """
+    """Prompts -> a `Rollout` by one prefill and one decode program per (batch bucket, prompt
+    bucket, `Plan`). model: read at every `generate` (on a mesh: `sharding.shard_model` it
+    first); mesh: rows over data x fsdp, heads over tensor; prompt_buckets / batch_buckets:
+    prompt lengths / counts compiled for (None: the count rounded up to the batch devices);
+    cache_dtype: of the KV cache (None: the compute dtype; 'bfloat16' halves it)."""
 
     def __init__(
         self,

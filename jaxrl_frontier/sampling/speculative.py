@@ -10,16 +10,11 @@ emitted, not yet in the policy's cache):
     correct   t ~ norm(max(0, p_{a+1} - q_{a+1})) if a < k, else t ~ p_{k+1} (the bonus)
     emit      d_1..d_a, t                                       (1 .. k+1 tokens)
 
-p, q: both models' sampling distributions (`ops.sampling_logits`), so the tokens follow the
-`Sampler`'s; greedy is the point-mass case; draws are `ops.inverse_cdf`. Built on the
-`Sampler`'s pieces (a subclass: prompt padding, prefill with k extra slots, decode model,
-`DecodeState` over rounds, `make_rollout`). Rows accept different counts, while `KVCache`
-writes all rows at one slot: the model runs under `jax.vmap` over rows with per-row slots
-(`forward_rows`); stale slots of rejected drafts are rewritten before a query reads them
-(causal in slot space). The draft's cache trails by up to two tokens, so a round's first
-draft call feeds [x_{n-1}, x_n]. One device (the row vmap does not split over a mesh), no
-Dropout-GRPO masks; it pays where a (k+1)-token forward costs about a one-token one
-(memory-bound decoding on an accelerator), not on a CPU.
+p, q: both models' sampling distributions, so the tokens follow the `Sampler`'s (greedy:
+the point-mass case). A `Sampler` subclass on its pieces; the model runs under `jax.vmap`
+over rows with per-row cache slots (`forward_rows`; stale slots of rejected drafts are
+rewritten before they are read), so one device only, and no Dropout-GRPO masks. It pays
+where a (k+1)-token forward costs about a one-token one (an accelerator), not on a CPU.
 """
 
 from __future__ import annotations
@@ -84,12 +79,10 @@ class SpeculativeState(DecodeState):
 
 
 class SpeculativeSampler(Sampler):
-    """A `Sampler` (its distribution, its `Rollout`) whose decode lets a `draft` propose `k`
-    tokens per policy forward; the draft is a `Transformer` of the same vocabulary, or an
-    int N for `shallow_draft(policy, N)`, which follows the weights `update_weights` gives.
-    Other arguments as `Sampler`'s (mesh: None or one device). `stats`: the last rollout's
-    device scalars acceptance_rate, tokens_per_policy_forward (per row; 1 without
-    speculation), rounds, policy_forwards, draft_tokens_proposed, draft_tokens_accepted."""
+    """A `Sampler` whose decode lets a `draft` (a `Transformer` of the same vocabulary, or N:
+    `shallow_draft(policy, N)`, following `update_weights`) propose `k` tokens per policy
+    forward; mesh: None or one device. `stats`: the last rollout's acceptance_rate,
+    tokens_per_policy_forward, rounds, policy_forwards, draft_tokens_proposed / _accepted."""
 
     def __init__(
         self,
@@ -227,7 +220,8 @@ class SpeculativeSampler(Sampler):
         running = lambda s: ~jnp.all(s.done | (s.lengths >= tn))
         s = jax.lax.while_loop(running, speculation_round, state)
         out = tuple(x[:, :tn] for x in s.out)
-        rollout = make_rollout(*prompts, out, s.lengths, s.done, n=plan.n, version=version)
+        record = dict(n=plan.n, version=version, dropout_keys=None)
+        rollout = make_rollout(*prompts, out, s.lengths, s.done, **record)
         proposed, per_row = k * s.live_rounds, jnp.sum(s.lengths) / (num_rows + s.live_rounds)
         stats = dict(acceptance_rate=s.accepted / jnp.maximum(proposed, 1), rounds=s.step - 1)
         stats.update(tokens_per_policy_forward=per_row, policy_forwards=s.step)  # prefill: 1
