@@ -46,7 +46,7 @@ def test_rollout_mesh_of_its_own_is_the_same_run(tmp_path):
     assert one.mesh.devices.size == 8 and one.rollout_mesh is one.mesh
     assert two.mesh.devices.size == 4 and two.rollout_mesh.devices.size == 4
     assert not set(two.mesh.devices.flat) & set(two.rollout_mesh.devices.flat)
-    sampler_devices = {d for x in jax.tree.leaves(two.sampler._weights()) for d in x.devices()}
+    sampler_devices = {d for x in jax.tree.leaves(two.sampler.weights()) for d in x.devices()}
     assert sampler_devices == set(two.rollout_mesh.devices.flat)
     for a, b in zip(rows1, rows2, strict=True):
         np.testing.assert_allclose(b["train/loss"], a["train/loss"], rtol=1e-5, atol=1e-6)
