@@ -12,8 +12,9 @@ only at 90% greedy pass@1 on 256 held-out prompts (evaluated every 250 steps) or
 
 Budget: at most 4,000 steps. Measured on a 2-core AMD EPYC CPU (shared with other jobs):
 81.2% greedy pass@1 at step 250 and 98.0% at step 500, where it stops; 9 min 20 s wall
-in all (0.6-0.9 steps/s), against the student's 28.9% start. Check the teacher before distilling: its last eval line
-(`[sft] step N: eval/pass@1_greedy=...`) must be well above the student's.
+in all (0.6-0.9 steps/s), against the student's 28.9% start. Check the teacher before
+distilling: its last eval line (`[sft] step N: eval/pass@1_greedy=...`) must be well above
+the student's.
 """
 
 from jaxrl_frontier import presets

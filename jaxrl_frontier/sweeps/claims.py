@@ -508,7 +508,9 @@ CLAIMS: dict[str, Claim] = {
             "IW-OPD (Xie et al., 2026): weighting each token by the discrepancy not yet "
             "accumulated converges faster than plain on-policy distillation.",
             ["sweeps/claim_b.py"],
-            _ARITH + "; a longer task (countdown, up to 24 tokens) is the stronger test",
+            _ARITH + "; the teacher is configs/teacher_arith.py's run (98.0% greedy pass@1 "
+            "after 500 steps, 9 min 20 s on the 2-core AMD EPYC, against the student's 28.9%); "
+            "a longer task (countdown, up to 24 tokens) is the stronger test",
             analyze_b,
             [_DEMO, _TEACHER],
         ),
