@@ -114,6 +114,22 @@ def reference(base: nnx.State, adapters: nnx.State) -> nnx.State:
     return combine(base, zero_update(adapters))
 
 
+def trained_and_frozen(policy, *, with_reference: bool):
+    """(graphdef, trained params, frozen base or None, reference params or None) of a policy.
+
+    Without adapters the whole state is trained and the reference is a copy of it; with
+    adapters only they are trained, the base stays frozen, and the reference is the base
+    (`reference`: no second copy of the weights)."""
+    graphdef, params = nnx.split(policy)
+    base = None
+    if has_adapters(params):
+        params, base = split(params)
+    ref = None
+    if with_reference:
+        ref = jax.tree.map(jnp.copy, params) if base is None else reference(base, params)
+    return graphdef, params, base, ref
+
+
 def delta(a: jax.Array, b: jax.Array, n_in: int, scale: float) -> jax.Array:
     """(alpha / r) A B, f32, in the weight's [L, *in, *out] shape; a [L, *in, r], b [L, r, *out]."""
     lead, ins, outs = a.shape[:1], a.shape[1 : 1 + n_in], b.shape[2:]

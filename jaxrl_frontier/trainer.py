@@ -22,7 +22,6 @@ import time
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 from flax import nnx
 
@@ -90,17 +89,10 @@ class Trainer:
             c.model.init, c.model.path, c, self.tokenizer, self.mesh, k_model, c.model.dtype
         )
         self.policy = attach_lora(self.policy, c, self.mesh, k_model)
-        self.graphdef, params = nnx.split(self.policy)
-        self.base_params = None  # LoRA: the frozen weights; `params` become the adapters
-        if lora.has_adapters(params):
-            params, self.base_params = lora.split(params)
-        self.ref_params = None
-        if c.mode == "rl" and c.objective.kl_coef > 0:
-            self.ref_params = (
-                jax.tree.map(jnp.copy, params)
-                if self.base_params is None
-                else lora.reference(self.base_params, params)  # the base, not a copy
-            )
+        # LoRA: `params` are the adapters, `base_params` the frozen weights (else None)
+        self.graphdef, params, self.base_params, self.ref_params = lora.trained_and_frozen(
+            self.policy, with_reference=c.mode == "rl" and c.objective.kl_coef > 0
+        )
         self.teacher = build_teacher(c, self.tokenizer, self.mesh, k_teacher, self.policy.cfg)
         self.teacher_params = None if self.teacher is None else nnx.state(self.teacher)
 
@@ -204,9 +196,8 @@ class Trainer:
 
     def evaluate(self, num_prompts: int | None = None) -> dict[str, float]:
         """Held-out greedy pass@1 and sampled pass@k (k = eval.pass_k) of the current policy."""
-        params = self.state.params
-        if self.base_params is not None:  # the base + adapters, unmerged
-            params = lora.combine(self.base_params, params)
+        params = self.state.params  # LoRA: the base + adapters, unmerged
+        params = params if self.base_params is None else lora.combine(self.base_params, params)
         self.sampler.update_weights(params, int(self.state.step))
         return evaluation.evaluate(
             self.sampler, self.tokenizer, self.task, self.config, num_prompts, scorer=self.scorer
