@@ -56,6 +56,9 @@ def test_orchestrator_imports_neither_framework():
 
 def test_child_reports_the_other_sides_modules(monkeypatch, capsys):
     monkeypatch.setattr(sys, "stdin", __import__("io").StringIO('{"x": 2}'))
+    for name in list(sys.modules):  # other tests in this process may have imported them
+        if name.split(".")[0] in peers.TORCH_SIDE:
+            monkeypatch.delitem(sys.modules, name)
     monkeypatch.setitem(sys.modules, "torch", object())  # as if this JAX child had imported it
     peers.child_main(lambda request: dict(y=request["x"] * 3), peers.JAX_SIDE)
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
