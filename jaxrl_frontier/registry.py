@@ -9,6 +9,10 @@ an error that lists the known ones, so a typo in a sweep fails at setup, not mid
 from __future__ import annotations
 
 import difflib
+import importlib
+import importlib.util
+import os
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
@@ -77,3 +81,34 @@ class Registry:
 
     def __repr__(self) -> str:
         return f"Registry({self.kind!r}, names={self.names()})"
+
+
+def import_user_module(module: str, *, key: str) -> None:
+    """Import `module` (a dotted name on sys.path, or a path to a .py file) so the entries it
+    registers can be named in the config; `key` is the config key that gave it (for errors).
+    Importing twice is a no-op: the module is cached in sys.modules under its name, or for a
+    file under a name derived from its absolute path."""
+    if not module:
+        return
+    if module.endswith(".py") or os.sep in module:
+        path = os.path.abspath(module)
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"config key {key!r}: no such file {path}")
+        name = "jaxrl_user_" + "".join(c if c.isalnum() else "_" for c in path)
+        if name in sys.modules:
+            return
+        spec = importlib.util.spec_from_file_location(name, path)
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        try:
+            spec.loader.exec_module(mod)
+        except BaseException:
+            del sys.modules[name]  # a failed import is retried, not half-registered
+            raise
+        return
+    try:
+        importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        raise ModuleNotFoundError(
+            f"config key {key!r} = {module!r}: {e} (give a module on sys.path or a .py file)"
+        ) from None

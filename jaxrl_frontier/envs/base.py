@@ -29,14 +29,10 @@ imports it, which registers it.
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
-import os
-import sys
 from collections.abc import Hashable
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
-from jaxrl_frontier.registry import Registry
+from jaxrl_frontier.registry import Registry, import_user_module
 
 ENVS = Registry("environment")
 
@@ -98,30 +94,7 @@ def load_env_module(module: str) -> None:
     """Import `module` (a dotted name on sys.path, or a path to a .py file) so the environments
     it registers (`@ENVS.register("name")`) can be named in the config (`env.module`, then
     `env.name`). Importing twice is a no-op (the module is cached in sys.modules)."""
-    if not module:
-        return
-    if module.endswith(".py") or os.sep in module:
-        path = os.path.abspath(module)
-        if not os.path.isfile(path):
-            raise FileNotFoundError(f"config key 'env.module': no such file {path}")
-        name = "jaxrl_user_env_" + "".join(c if c.isalnum() else "_" for c in path)
-        if name in sys.modules:
-            return
-        spec = importlib.util.spec_from_file_location(name, path)
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[name] = mod
-        try:
-            spec.loader.exec_module(mod)
-        except BaseException:
-            del sys.modules[name]  # a failed import is retried, not half-registered
-            raise
-        return
-    try:
-        importlib.import_module(module)
-    except ModuleNotFoundError as e:
-        raise ModuleNotFoundError(
-            f"config key 'env.module' = {module!r}: {e} (give a module on sys.path or a .py file)"
-        ) from None
+    import_user_module(module, key="env.module")
 
 
 def env_from_config(section: Any) -> Environment:

@@ -4,6 +4,7 @@
 Importing this package registers every task below.
 """
 
+from jaxrl_frontier.registry import import_user_module
 from jaxrl_frontier.tasks import arithmetic, code, countdown, jsonl_math  # noqa: F401  (registers)
 from jaxrl_frontier.tasks.base import (
     REWARD_NAMES,
@@ -27,35 +28,7 @@ def load_task_module(module: str) -> None:
     rewards it registers (`@TASKS.register("name")`) can be named in the config
     (`task.module`, then `task.name`). Importing twice is a no-op: the module is cached in
     sys.modules under its name, or for a file under a name derived from its absolute path."""
-    import importlib
-    import importlib.util
-    import os
-    import sys
-
-    if not module:
-        return
-    if module.endswith(".py") or os.sep in module:
-        path = os.path.abspath(module)
-        if not os.path.isfile(path):
-            raise FileNotFoundError(f"config key 'task.module': no such file {path}")
-        name = "jaxrl_user_task_" + "".join(c if c.isalnum() else "_" for c in path)
-        if name in sys.modules:
-            return
-        spec = importlib.util.spec_from_file_location(name, path)
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[name] = mod
-        try:
-            spec.loader.exec_module(mod)
-        except BaseException:
-            del sys.modules[name]  # a failed import is retried, not half-registered
-            raise
-        return
-    try:
-        importlib.import_module(module)
-    except ModuleNotFoundError as e:
-        raise ModuleNotFoundError(
-            f"config key 'task.module' = {module!r}: {e} (give a module on sys.path or a .py file)"
-        ) from None
+    import_user_module(module, key="task.module")
 
 
 def make_task(name: str, **kwargs) -> Task:
