@@ -129,6 +129,11 @@ def base_config() -> ml_collections.ConfigDict:
     # .py file), so a task or reward registered there needs no edit of the package
     c.task.module = ""
     c.task.kwargs = ml_collections.ConfigDict()
+    # format each prompt with an instruct model's own chat template (tasks/chat.py): False
+    # (raw prompt text), True (the template of tokenizer.path's model directory) or a path to
+    # a model directory; rollouts then also stop at the token that ends an assistant turn
+    c.task.chat_template = False
+    c.task.system_prompt = ""  # with a chat template: a system message first ('' : none)
 
     # P prompts per RL step (all processes together); source: a scheduling.SOURCES name
     # truncate_prompts: cut prompts longer than max_prompt_len (keeping their end) instead of
