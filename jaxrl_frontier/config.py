@@ -129,9 +129,9 @@ def base_config() -> ml_collections.ConfigDict:
     # .py file), so a task or reward registered there needs no edit of the package
     c.task.module = ""
     c.task.kwargs = ml_collections.ConfigDict()
-    # format each prompt with an instruct model's own chat template (tasks/chat.py): False
-    # (raw prompt text), True (the template of tokenizer.path's model directory) or a path to
-    # a model directory; rollouts then also stop at the token that ends an assistant turn
+    # True: format each prompt with the instruct model's own chat template (tasks/chat.py),
+    # read from tokenizer.path's directory (chat_template.jinja or tokenizer_config.json);
+    # rollouts then also stop at the token that ends an assistant turn. False: raw text
     c.task.chat_template = False
     c.task.system_prompt = ""  # with a chat template: a system message first ('' : none)
 
