@@ -13,7 +13,7 @@ from jaxrl_frontier import sharding
 from jaxrl_frontier.build import encode_prompts
 from jaxrl_frontier.rewards import InProcessScorer
 from jaxrl_frontier.sampling import SamplingParams
-from jaxrl_frontier.tasks import eval_examples
+from jaxrl_frontier.tasks import chat, eval_examples
 
 
 def decode(tokenizer, tokens: np.ndarray, mask: np.ndarray) -> tuple[str, ...]:
@@ -73,7 +73,7 @@ def evaluate(
     # at most the held-out split (a small local JSONL may hold only a few eval rows)
     n = min(num_prompts or c.eval.num_prompts, task.num_examples("eval"))
     examples = eval_examples(task, n, c.seed)
-    eos, tn = (tokenizer.eos_id,), c.rollout.max_new_tokens
+    eos, tn = chat.stop_ids(c, tokenizer), c.rollout.max_new_tokens
     run = lambda params, key: solve_rate(
         sampler,
         tokenizer,

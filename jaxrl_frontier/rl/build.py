@@ -20,6 +20,7 @@ from jaxrl_frontier.rl.learner import Learner, dropout_masks, reshard_to, update
 from jaxrl_frontier.rl.rollout import PASSES, RolloutProducer
 from jaxrl_frontier.sampling import SamplingParams
 from jaxrl_frontier.scheduling import prompt_text
+from jaxrl_frontier.tasks import chat
 from jaxrl_frontier.teacher_answers import TeacherAnswers
 
 
@@ -33,7 +34,7 @@ def rollout_sampling(config, tokenizer) -> SamplingParams:
         min_p=r.min_p,
         n=r.group_size,
         max_new_tokens=r.max_new_tokens,
-        eos_ids=(tokenizer.eos_id,),
+        eos_ids=chat.stop_ids(config, tokenizer),
         dropout_rate=r.dropout_rate,
     )
 

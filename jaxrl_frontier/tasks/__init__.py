@@ -5,7 +5,7 @@ Importing this package registers every task below.
 """
 
 from jaxrl_frontier.registry import import_user_module
-from jaxrl_frontier.tasks import arithmetic, code, countdown, jsonl_math  # noqa: F401  (registers)
+from jaxrl_frontier.tasks import arithmetic, chat, code, countdown, jsonl_math  # noqa: F401
 from jaxrl_frontier.tasks.base import (
     REWARD_NAMES,
     SPLITS,
@@ -37,9 +37,13 @@ def make_task(name: str, **kwargs) -> Task:
 
 
 def task_for(config, tokenizer) -> Task:
-    """The config's task (`task.name`, `task.kwargs`) with every prompt's length checked
-    against `data.max_prompt_len`, or truncated when `data.truncate_prompts`."""
+    """The config's task (`task.name`, `task.kwargs`), its prompts in the model's chat template
+    when `task.chat_template`, with every prompt's length checked against
+    `data.max_prompt_len`, or truncated when `data.truncate_prompts`."""
     task = make_task(config.task.name, **config.task.kwargs.to_dict())
+    template = chat.template_for(config)
+    if template is not None:
+        task = chat.ChatPrompts(task, template, config.task.get("system_prompt", ""))
     d = config.data
     return check_prompt_lengths(task, tokenizer, d.max_prompt_len, truncate=d.truncate_prompts)
 

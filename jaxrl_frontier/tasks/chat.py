@@ -283,3 +283,46 @@ class ChatTemplate:
         suffix = self.assistant_suffix
         rest = suffix[suffix.find(stop) + len(stop) :] if stop and stop in suffix else suffix
         return rest + after[len(before) :]
+
+
+class ChatPrompts:
+    """A task whose prompts are rendered by a chat template (`task.chat_template`): the task's
+    raw prompt becomes the user message ([system,] user, generation prompt). A leading BOS the
+    template writes is dropped, since the tokenizer's `batch_encode` adds its own."""
+
+    def __init__(self, task, template: ChatTemplate, system: str | None = None):
+        self._task, self.template, self._system = task, template, system or None
+
+    def prompt(self, example) -> str:
+        text = self.template.prompt(self._task.prompt(example), system=self._system)
+        bos = self.template.special_tokens.get("bos_token")
+        return text[len(bos) :] if bos and text.startswith(bos) else text
+
+    def __getattr__(self, name):  # everything else is the task's
+        return getattr(self._task, name)
+
+    def __repr__(self) -> str:
+        return f"ChatPrompts({self._task!r}, template={self.template.name!r})"
+
+
+def template_for(config) -> ChatTemplate | None:
+    """The chat template `task.chat_template` asks for (from `tokenizer.path`), or None."""
+    if not config.task.get("chat_template", False):
+        return None
+    path = config.tokenizer.path
+    if not path:
+        raise ChatTemplateError(
+            "config key 'task.chat_template' = True needs a model directory in 'tokenizer.path' "
+            f"(tokenizer.kind = {config.tokenizer.kind!r} has none); set task.chat_template=False"
+        )
+    return ChatTemplate.from_dir(path)
+
+
+def stop_ids(config, tokenizer) -> tuple[int, ...]:
+    """The ids a rollout stops at: the tokenizer's EOS, and with a chat template the token
+    that ends an assistant turn (e.g. Qwen2.5's <|im_end|>)."""
+    template = template_for(config)
+    ids = [int(tokenizer.eos_id)]
+    if template is not None:
+        ids += [i for i in template.stop_token_ids(tokenizer) if i not in ids]
+    return tuple(ids)
