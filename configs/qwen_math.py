@@ -5,8 +5,10 @@
         --config.task.kwargs.path=/data/gsm8k_train.jsonl
 
 Nothing is downloaded: the model directory (config.json, *.safetensors, tokenizer.json)
-and the JSONL file are local paths. The mesh shards parameters over fsdp and heads over
-tensor; `runlocal` swaps in a tiny random model and the repo's sample JSONL.
+and the JSONL file are local paths. Prompts are rendered in the model's chat template
+(`task.chat_template`) and rollouts stop at its <|im_end|>. The mesh shards parameters over
+fsdp and heads over tensor; `runlocal` swaps in a tiny random model and the repo's sample
+JSONL.
 """
 
 from jaxrl_frontier import presets
@@ -22,6 +24,7 @@ def get_config(arg=None):
     c.model.dtype = "bfloat16"
     c.task.name = "jsonl_math"
     c.task.kwargs = dict(path="data/sample_math.jsonl")
+    c.task.chat_template = True  # the Instruct model's own template (its tokenizer_config.json)
     c.data.update(prompt_batch=32, max_prompt_len=256)
     c.rollout.update(group_size=8, max_new_tokens=512, temperature=1.0)
     c.objective.advantage = "grpo"
@@ -33,6 +36,7 @@ def get_config(arg=None):
     c.eval.update(num_prompts=256, batch=64, pass_k=4)
     if arg == "runlocal":  # a tiny random model with the char tokenizer on the sample JSONL
         c.tokenizer.update(kind="char", path="")
+        c.task.chat_template = False  # the char tokenizer has no template
         c.model.dtype = "float32"
         c.mesh.update(data=-1, fsdp=1, tensor=1)
         c.data.max_prompt_len = 160

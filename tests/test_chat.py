@@ -286,3 +286,54 @@ def test_template_files(tmp_path):
     (tmp_path / "tokenizer_config.json").write_text("{bad")
     with pytest.raises(ChatTemplateError, match="tokenizer_config.json: invalid JSON"):
         read_template(tmp_path)
+
+
+def _chat_config(model_dir, **task):
+    from jaxrl_frontier.config import base_config
+
+    c = base_config()
+    c.tokenizer.update(kind="hf", path=str(model_dir))
+    c.task.update(chat_template=True, **task)
+    c.data.max_prompt_len = 128
+    return c
+
+
+def test_task_chat_template_key_formats_prompts_and_stops(model_dir, hf_tok):
+    from jaxrl_frontier.tasks import chat as chat_mod
+    from jaxrl_frontier.tasks import make_task, task_for
+
+    tok = HFTokenizer(model_dir)
+    raw = make_task("arithmetic")
+    ex = raw.example("train", 3)
+    task = task_for(_chat_config(model_dir), tok)
+    ids = tok.encode(task.prompt(ex))
+    ref = hf_tok.apply_chat_template(
+        [{"role": "user", "content": raw.prompt(ex)}],
+        add_generation_prompt=True,
+        tokenize=True,
+        return_dict=False,
+    )
+    assert ids == list(ref)
+    assert task.prompt(ex).endswith(f"user\n{raw.prompt(ex)}<|im_end|>\n<|im_start|>assistant\n")
+    assert task.reward_names == raw.reward_names  # the rest is the task's
+    system = task_for(_chat_config(model_dir, system_prompt="Be brief."), tok).prompt(ex)
+    assert system.startswith("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n")
+    # stops: the EOS, then the turn's end token when the two differ
+    c = _chat_config(model_dir)
+    eos_other = HFTokenizer(model_dir, eos="<|endoftext|>")
+    im_end, eot = tok.encode("<|im_end|>")[0], tok.encode("<|endoftext|>")[0]
+    assert chat_mod.stop_ids(c, eos_other) == (eot, im_end)
+    c.task.chat_template = False
+    assert chat_mod.stop_ids(c, eos_other) == (eot,)
+    assert task_for(c, tok).prompt(ex) == raw.prompt(ex)
+
+
+def test_task_chat_template_without_a_model_directory_names_the_keys():
+    from jaxrl_frontier.config import base_config
+    from jaxrl_frontier.models.tokenizer import CharTokenizer
+    from jaxrl_frontier.tasks import task_for
+
+    c = base_config()
+    c.task.chat_template = True
+    with pytest.raises(ChatTemplateError, match="task.chat_template.*tokenizer.path"):
+        task_for(c, CharTokenizer())
