@@ -211,6 +211,17 @@ def base_config() -> ml_collections.ConfigDict:
     # resolve tells a command-line switch of objective.weight etc. from the file's choice
     c.objective.as_written = ml_collections.ConfigDict()
 
+    # PPO's learned critic (rl/ppo.py, rl/critic.py): kind none | head (a value head on the
+    # policy's final hidden states) | model (a small separate transformer); it goes with
+    # objective.advantage = 'gae': per-token GAE on its values over the policy tokens, a
+    # clipped value loss (value_clip; 0: unclipped) weighted by value_coef, its own Adam
+    # (lr; None: optimizer.lr). whiten: advantages scaled to zero mean, unit variance over
+    # the batch's policy tokens. stop_gradient: the head's value loss leaves the policy's
+    # trunk alone. hidden_size / num_layers: the separate model's size.
+    c.critic = dict(kind="none", gamma=1.0, lam=0.95, value_clip=0.2, value_coef=0.5)
+    c.critic.lr = config_dict.placeholder(float)
+    c.critic.update(whiten=True, stop_gradient=False, hidden_size=64, num_layers=2)
+
     c.optimizer = ml_collections.ConfigDict()
     c.optimizer.lr = 1e-4
     c.optimizer.schedule = "constant"  # constant | cosine | linear
@@ -292,6 +303,7 @@ CHOICES: dict[str, tuple] = {
     "objective.kl_estimator": ("k1", "k2", "k3"),
     "rewards.scorer": ("auto", "in_process", "sandboxed"),
     "train.export": ("last", "best"),
+    "critic.kind": ("none", "head", "model"),
 }
 
 # Every numeric key with a range: (low, high, low inclusive, high inclusive); None = open.
@@ -340,6 +352,12 @@ RANGES: dict[str, tuple] = {
     "train.stop_at_pass1": (0, 1, True, True),
     "train.max_skipped_updates": (0, None, True, None),
     "objective.kl_coef": (0, None, True, None),
+    "critic.gamma": (0, 1, True, True),
+    "critic.lam": (0, 1, True, True),
+    "critic.value_clip": (0, None, True, None),  # 0: the unclipped value loss
+    "critic.value_coef": (0, None, False, None),
+    "critic.hidden_size": (0, None, False, None),
+    "critic.num_layers": (0, None, False, None),
     "eval.num_prompts": (0, None, False, None),
     "eval.pass_k": (0, None, False, None),
     "eval.batch": (0, None, False, None),
@@ -588,6 +606,13 @@ def _check_consistency(c: ml_collections.ConfigDict, num_devices: int | None) ->
             "a_t = beta * (l_policy - l_ref) is 0 at step 0, where the reference is the initial "
             "policy, so the gradient is 0 and the policy never moves from it. Progress is a "
             "test-time score (advantages.step_scores); choose another advantage for mode='rl'"
+        )
+    if c.mode == "rl" and (c.objective.advantage == "gae") != (c.critic.kind != "none"):
+        raise ConfigError(
+            f"config key 'critic.kind' = {c.critic.kind!r} with objective.advantage = "
+            f"{c.objective.advantage!r}: GAE reads a learned critic's values, so "
+            "objective.advantage = 'gae' goes with critic.kind 'head' or 'model', and the "
+            "other advantages with critic.kind = 'none'"
         )
     rows = c.data.prompt_batch * c.rollout.group_size
     per_update = c.train.minibatches * c.optimizer.grad_accum
