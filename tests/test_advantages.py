@@ -112,6 +112,7 @@ def test_registry_kinds():
         "reinforce_pp",
         "gdpo",
         "gd2po",
+        "gae",
     }
     assert set(token_advantage_names()) == {"opd", "opd_hybrid", "progress"}
     assert advantage_level("opd") == "token" and advantage_level("grpo") == "group"

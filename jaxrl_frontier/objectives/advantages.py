@@ -223,6 +223,19 @@ def reinforce(rewards: Array, reward_weights: Sequence[float] | None = None) -> 
     return R - jnp.mean(R)
 
 
+@_register("gae", "group")
+def gae(rewards: Array, reward_weights: Sequence[float] | None = None) -> Array:
+    """GAE from a learned critic (PPO): needs `critic.kind` 'head' or 'model' (rl/ppo.py).
+
+    At rollout time A = R, the sequence reward with no baseline (GAE with V = 0 and
+    gamma = 1); before the update the learner replaces it with GAE on the critic's values,
+    per policy token (`rl.critic.gae`, `critic.gamma`, `critic.lam`).
+    Config keys: reward_weights=None.
+    Schulman et al. 2016 (GAE); Schulman et al. 2017 (PPO).
+    """
+    return combine_rewards(rewards, reward_weights)
+
+
 @_register("reinforce_pp", "group")
 def reinforce_pp(
     rewards: Array,
