@@ -38,6 +38,7 @@ log = logging.getLogger(__name__)
 # Subtrees whose keys are not fixed by the schema (checked against what they configure).
 FREE_FORM = (
     "task.kwargs",
+    "env.kwargs",  # the environment's keyword arguments (checked by the environment)
     "objective.reward_weights",  # reward component -> weight, checked against the task's names
     "objective.advantage_kwargs",
     "objective.weight_kwargs",
@@ -283,6 +284,33 @@ def base_config() -> ml_collections.ConfigDict:
     )
 
     c.eval = dict(num_prompts=256, pass_k=4, batch=128)
+
+    # Multi-turn environments (envs/, rl/agent_rollout.py, docs/agents.md): a non-empty name
+    # trains on episodes of that environment (the examples are its seeds, the prompt its
+    # first observation) instead of task prompts. module: imported first (a user's
+    # environment). Per episode: max_turns turns of at most turn_tokens sampled tokens, each
+    # ending at EOS or a `stop` string (one token each); observations of at most obs_tokens
+    # tokens, formatted by observation_template; max_tokens: the episode's token budget (0:
+    # none). credit: 'episode' (objective.advantage on episode returns), 'gigpo' (anchor-state
+    # step groups: gamma, step_weight, scale) or '3spo' (state scores: sspo.*, on GiGPO).
+    c.env = ml_collections.ConfigDict()
+    c.env.name = ""
+    c.env.module = ""
+    c.env.kwargs = ml_collections.ConfigDict()
+    c.env.max_turns = 6
+    c.env.max_tokens = 0
+    c.env.turn_tokens = 8
+    c.env.obs_tokens = 64
+    c.env.stop = ()
+    c.env.observation_template = "{observation}"
+    c.env.credit = "episode"
+    c.env.gamma = 0.95
+    c.env.step_weight = 1.0
+    c.env.scale = "mean"
+    c.env.sspo = dict(alpha=1.0, xi=10.0, zeta=0.1, g_max=8, omega_k=0.1)
+    c.env.eval_fraction = 0.1
+    c.env.train_size = 1_000_000
+    c.env.eval_size = 10_000
     c.eval.at_start = True  # RL: evaluate the starting policy at step 0 (off: faster tests)
     c.lock()
     return c
@@ -522,6 +550,10 @@ def _check_registries(c: ml_collections.ConfigDict) -> None:
     from jaxrl_frontier.editing import shaper_reward_names
 
     names = list(task_cls.reward_names) + shaper_reward_names(c)  # + rollout shapers' rewards
+    if c.env.name:  # an environment run: the episode's rewards (empty weights: the return)
+        from jaxrl_frontier.envs.task import check_env_config
+
+        names = list(check_env_config(c))
     for k, v in c.objective.reward_weights.items():
         if k not in names:
             raise ConfigError(
@@ -530,7 +562,7 @@ def _check_registries(c: ml_collections.ConfigDict) -> None:
             )
         if isinstance(v, bool) or not isinstance(v, int | float):
             raise ConfigError(f"config key 'objective.reward_weights.{k}' = {v!r} is not a number")
-    if not c.objective.reward_weights and "correctness" not in names:
+    if not c.objective.reward_weights and "correctness" not in names and not c.env.name:
         raise ConfigError(
             "config key 'objective.reward_weights' is empty (the correctness reward only) but "
             f"the task {c.task.name!r} has no 'correctness' reward; its rewards: {', '.join(names)}"
