@@ -303,6 +303,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.env.obs_tokens = 64
     c.env.stop = ()
     c.env.observation_template = "{observation}"
+    # mode='sft' on an environment: each seed's demonstration is one of these action texts,
+    # drawn uniformly (a warm start that clones a uniformly random policy over them)
+    c.env.demonstrations = ()
     c.env.credit = "episode"
     c.env.gamma = 0.95
     c.env.step_weight = 1.0
