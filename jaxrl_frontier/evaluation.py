@@ -69,6 +69,8 @@ def evaluate(
     prompts (k = eval.pass_k, temperature 1); reward_failed counts the completions whose
     reward raised (scored 0)."""
     c = config
+    if hasattr(task, "evaluate"):  # an environment: held-out episodes (envs.task.EnvTask)
+        return task.evaluate(sampler, tokenizer, c, num_prompts)
     failures: list = []
     # at most the held-out split (a small local JSONL may hold only a few eval rows)
     n = min(num_prompts or c.eval.num_prompts, task.num_examples("eval"))

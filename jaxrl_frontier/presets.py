@@ -51,6 +51,40 @@ def arithmetic_opd(teacher_path: str = "runs/teacher_arith") -> ml_collections.C
     return c
 
 
+# A 4x4 frozen lake, one agent, a few holes, moves as words; the observation's last line
+# ends in "move:" so the turn that follows is the policy's move (EOS ends it).
+FROZENLAKE_ENV = dict(size=4, num_agents=1, hole_density=0.15, min_goal_distance=2)
+MOVE_WORDS = ("up", "down", "left", "right")
+
+
+def frozenlake(mode: str) -> ml_collections.ConfigDict:
+    """Multi-turn episodes of the grid world (envs/gridworld.py) with a 2-layer d=128 char
+    model: 6 turns of at most 8 tokens; RL starts from the SFT warm start that clones a
+    uniformly random mover (configs/sft_frozenlake.py)."""
+    c = base_config()
+    c.mode = mode
+    c.env.update(
+        name="gridworld",
+        max_turns=6,
+        turn_tokens=8,
+        obs_tokens=56,
+        observation_template="{observation}move:",
+        demonstrations=MOVE_WORDS,
+    )
+    c.env.kwargs = dict(FROZENLAKE_ENV)
+    c.data.update(prompt_batch=8, max_prompt_len=56)  # BOS + a 4x4 board + its last line
+    c.rollout.update(group_size=8, max_new_tokens=8, temperature=1.0)
+    c.model.update(
+        hidden_size=128, intermediate_size=384, num_layers=2, num_heads=4, num_kv_heads=2,
+        max_position_embeddings=512,
+    )  # fmt: skip
+    c.objective.reward_weights = {"return": 1.0}
+    if mode == "rl":
+        c.model.init = "checkpoint"
+        c.model.path = "runs/sft_frozenlake"
+    return c
+
+
 def shrink(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     """The `runlocal` variant: a tiny model from scratch, a few steps, small eval."""
     c.model.init = "scratch"

@@ -16,6 +16,7 @@ from jaxrl_frontier.editing import build_editors, effective_reward_weights
 from jaxrl_frontier.forward import apply_hidden, make_logp_fn
 from jaxrl_frontier.objectives import losses
 from jaxrl_frontier.rewards import make_scorer
+from jaxrl_frontier.rl import agent_rollout
 from jaxrl_frontier.rl.learner import Learner, dropout_masks, reshard_to, update_layout
 from jaxrl_frontier.rl.rollout import PASSES, RolloutProducer
 from jaxrl_frontier.sampling import SamplingParams
@@ -84,6 +85,8 @@ def build_rl_stages(
     losses.validate_objective_config(objective, available=available)
 
     g, tn, rate = c.rollout.group_size, c.rollout.max_new_tokens, c.rollout.dropout_rate
+    if c.env.name:  # an environment run: the completion is the episode after its prompt
+        tn = agent_rollout.completion_width(c.env)
     rows = c.data.prompt_batch * g
     layout = update_layout(
         rows=rows,
@@ -149,6 +152,14 @@ def build_rl_stages(
             max_new_tokens=c.rollout.max_new_tokens,
             mesh=mesh,
         )
+    passes = [PASSES.get(name)(**context) for name in names]
+    if c.env.name:  # episodes of an environment (rl/agent_rollout.py)
+        sampling = rollout_sampling(c, tokenizer)
+        producer = agent_rollout.env_producer(
+            c, sampler, tokenizer, task, mesh=mesh, sampling=sampling, objective=objective,
+            passes=passes,
+        )  # fmt: skip
+        return learner, producer, logp_fn
     producer = RolloutProducer(
         sampler,
         tokenizer,
@@ -158,7 +169,7 @@ def build_rl_stages(
         max_prompt_len=c.data.max_prompt_len,
         objective=objective,
         prompt_of=lambda example: prompt_text(task, example),
-        passes=[PASSES.get(name)(**context) for name in names],
+        passes=passes,
         editors=editors,
         shapers=shapers,
         teacher_answers=teacher_answers,

@@ -37,13 +37,20 @@ def make_task(name: str, **kwargs) -> Task:
 
 
 def task_for(config, tokenizer) -> Task:
-    """The config's task (`task.name`, `task.kwargs`), its prompts in the model's chat template
+    """The config's task (`task.name`, `task.kwargs`; with `env.name` set, the environment's
+    seeds: `envs.task.EnvTask`), its prompts in the model's chat template
     when `task.chat_template`, with every prompt's length checked against
     `data.max_prompt_len`, or truncated when `data.truncate_prompts`."""
-    task = make_task(config.task.name, **config.task.kwargs.to_dict())
-    template = chat.template_for(config)
-    if template is not None:
-        task = chat.ChatPrompts(task, template, config.task.get("system_prompt", ""))
+    env = config.get("env")
+    if env is not None and env.name:  # an environment run: its seeds are the examples
+        from jaxrl_frontier.envs.task import EnvTask
+
+        task = EnvTask(env)
+    else:
+        task = make_task(config.task.name, **config.task.kwargs.to_dict())
+        template = chat.template_for(config)
+        if template is not None:
+            task = chat.ChatPrompts(task, template, config.task.get("system_prompt", ""))
     d = config.data
     return check_prompt_lengths(task, tokenizer, d.max_prompt_len, truncate=d.truncate_prompts)
 
