@@ -314,6 +314,15 @@ def base_config() -> ml_collections.ConfigDict:
     c.env.eval_fraction = 0.1
     c.env.train_size = 1_000_000
     c.env.eval_size = 10_000
+
+    # PACT (rl/pact.py): rollouts stay prompt-only; each prompt's expert trace (a
+    # pact.TRACE_SOURCES name: 'calculator', 'answer') enters the update as a context after
+    # the prompt, scoring the rollout (trace_coef x the trace-conditioned surrogate), and as
+    # SFT targets (component weights; sft_coef annealed to 0 over anneal_steps by schedule)
+    c.pact = dict(enabled=False, source="calculator", context="expert solution: {trace}\n")
+    c.pact.update(trace_coef=0.5, sft_coef=0.2, anneal_steps=200, schedule="linear")
+    c.pact.weights = dict(reasoning=0.5, tool_call=1.0, answer=1.0)
+    c.pact.update(context_len=96, trace_len=64)
     c.eval.at_start = True  # RL: evaluate the starting policy at step 0 (off: faster tests)
     c.lock()
     return c
@@ -327,6 +336,7 @@ CHOICES: dict[str, tuple] = {
     "model.init": ("scratch", "hf", "checkpoint"),
     "model.dtype": ("float32", "bfloat16"),
     "model.remat": ("none", "full", "dots_saveable"),
+    "pact.schedule": ("linear", "cosine", "constant"),
     "rollout.cache_dtype": (None, "float32", "bfloat16"),
     "teacher.init": ("none", "scratch", "hf", "checkpoint"),
     "teacher.dtype": ("float32", "bfloat16"),
