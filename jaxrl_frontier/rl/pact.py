@@ -280,3 +280,58 @@ def calculator_trace(example, env=None) -> list[Turn]:
 def answer_trace(example, env=None) -> list[Turn]:
     """A single-turn task's reference answer (`example['answer']`) as the whole trace."""
     return [Turn((("answer", str(example["answer"])),))]
+
+
+# ------------------------------------------------------------------ the producer
+
+
+class PactProducer:
+    """A RolloutProducer whose Experience also carries the PACT fields (`pact_fields`) of
+    its rows, built on the host from each prompt's expert trace; everything else is the
+    wrapped producer's. The rollouts themselves never see a trace."""
+
+    def __init__(self, producer, config, tokenizer, *, mesh, obs_text=lambda s: s, env=None):
+        p = config.pact
+        self.producer, self.tokenizer, self.mesh = producer, tokenizer, mesh
+        self.trace = TRACE_SOURCES.get(p.source)
+        self.cfg, self.obs_text, self.env = p, obs_text, env
+        self.weights = {k: float(v) for k, v in p.weights.to_dict().items()}
+        unknown = set(self.weights) - set(COMPONENTS)
+        if unknown:
+            raise ValueError(
+                f"config key 'pact.weights': unknown components {sorted(unknown)}; "
+                f"allowed: {list(COMPONENTS)}"
+            )
+        # a turn ends as the rollouts' turns do: at the first `env.stop` string, else EOS
+        stops = tuple(config.get("env", {}).get("stop", ())) if env is not None else ()
+        self.stop_id = int(tokenizer.encode(stops[0])[0]) if stops else int(tokenizer.eos_id)
+
+    def produce(self, examples, weights, key, *, version: int = 0, source=None):
+        from jaxrl_frontier import sharding
+
+        exp, info = self.producer.produce(examples, weights, key, version=version, source=source)
+        local = lambda x: sharding.local_rows(x, self.mesh)
+        g = exp.num_rows // max(len(exp.results), 1) // max(jax.process_count(), 1)
+        traces = [self.trace(r.example, self.env) for r in exp.results for _ in range(g)]
+        p = self.cfg
+        beta = anneal(version, p.sft_coef, p.anneal_steps, p.schedule)
+        host = pact_fields(
+            self.tokenizer,
+            tokens=local(exp.tokens),
+            attention_mask=local(exp.attention_mask),
+            loss_mask=local(exp.loss_mask),
+            advantages=local(exp.advantages),
+            traces=traces,
+            context=p.context,
+            weights=self.weights,
+            stop_id=self.stop_id,
+            beta=beta,
+            context_len=p.context_len,
+            trace_len=p.trace_len,
+            obs_text=self.obs_text,
+        )
+        fields = sharding.shard_local_batch(host, self.mesh)
+        return exp.replace(extras={**exp.extras, **fields}), info
+
+    def __getattr__(self, name):  # the wrapped producer's attributes (sampler, ...)
+        return getattr(self.producer, name)
