@@ -115,3 +115,116 @@ def test_greedy_session_equals_turn_by_turn_reprefill(sampler, model):
             session.append(obs)
             for i in range(3):
                 histories[i] += obs[i]
+
+
+# ----------------------------------------------------------------------------- producer
+
+
+def char_model():
+    from jaxrl_frontier.models.tokenizer import CharTokenizer
+
+    tok = CharTokenizer()
+    cfg = ModelConfig(
+        vocab_size=tok.vocab_size, hidden_size=32, intermediate_size=64, num_layers=2,
+        num_heads=4, num_kv_heads=2,
+    )  # fmt: skip
+    return tok, random_model(cfg, seed=1, std=0.05, head_std=0.3, legacy_rng=True)
+
+
+@pytest.fixture(scope="module")
+def char_setup():
+    tok, m = char_model()
+    return tok, m, Sampler(m, pad_id=tok.pad_id, prompt_buckets=(16,))
+
+
+def scripted_producer(char_setup, rewards, **env):
+    """An AgentRolloutProducer over the scripted environment (turn rewards `rewards`)."""
+    from jaxrl_frontier import sharding
+    from jaxrl_frontier.config import base_config
+    from jaxrl_frontier.envs.task import EnvTask
+    from jaxrl_frontier.rl.agent_rollout import AgentRolloutProducer, env_section
+
+    tok, m, sampler = char_setup
+    c = base_config()
+    c.data.max_prompt_len = 16
+    c.env.update(name="scripted", max_turns=4, turn_tokens=3, obs_tokens=6, **env)
+    c.env.kwargs = {"rewards": list(rewards)}
+    section = env_section(c)
+    producer = AgentRolloutProducer(
+        sampler, tok, EnvTask(section), env=section, objective={"advantage": "grpo"},
+        mesh=sharding.make_mesh((1, 1, 1), jax.devices()[:1]),
+        sampling=SamplingParams(max_new_tokens=3, n=2, temperature=1.0),
+    )  # fmt: skip
+    examples = [{"index": 0, "seed": 3}, {"index": 1, "seed": 4}]
+    exp, info = producer.produce(examples, {"policy": nnx.state(m)}, jax.random.key(0))
+    return tok, exp, {k: float(v) for k, v in info["metrics"].items()}
+
+
+def test_scripted_environment_rewards_per_turn_through_the_producer(char_setup):
+    """Rewards (0.5, 0, 2): every episode lasts 3 turns whatever the policy writes; the
+    return is 2.5, each turn's reward sits on that turn's last action token, the
+    observations are the environment's, and only action tokens carry the loss mask."""
+    tok, exp, metrics = scripted_producer(char_setup, (0.5, 0.0, 2.0))
+    np.testing.assert_allclose(np.asarray(exp.rewards), [[2.5, 1.0]] * 4)
+    tokens, mask = np.asarray(exp.tokens), np.asarray(exp.loss_mask)
+    turn, attn = np.asarray(exp.turn_index), np.asarray(exp.attention_mask)
+    per_token = np.asarray(exp.extras["turn_rewards"])
+    tp = 16
+    for b in range(4):
+        for k, r in enumerate((0.5, 0.0, 2.0)):
+            cols = np.flatnonzero((mask[b] == 1) & (turn[b] == k))
+            assert len(cols) >= 1 and np.all(np.diff(cols) == 1)
+            want = np.zeros(len(cols))
+            want[-1] = r
+            np.testing.assert_allclose(per_token[b, cols], want)
+        # between the actions: exactly the environment's observations, never in the loss
+        obs = tokens[b, tp:][(mask[b, tp:] == 0) & (attn[b, tp:] == 1)]
+        assert tok.decode(obs.tolist()) == "obs 1obs 2"
+        assert tokens[b, tp - 1] != tok.pad_id and np.all(mask[b, :tp] == 0)
+        np.testing.assert_array_equal(np.asarray(exp.old_logp)[b][mask[b] == 0], 0.0)
+        assert np.all(np.asarray(exp.old_logp)[b][mask[b] == 1] < 0)
+    assert metrics["env/success_rate"] == 1.0 and metrics["env/turns"] == 3.0
+    assert metrics["env/cut"] == 0.0 and metrics["reward/return"] == 2.5
+    np.testing.assert_array_equal(np.asarray(exp.advantages), 0.0)  # equal returns: no signal
+
+
+def test_observation_tokens_get_no_gradient_through_the_loss(char_setup):
+    """On the producer's trajectories, with an advantage of 1 on EVERY column: the loss's
+    gradient w.r.t. the logits that predict prompt, observation or padding tokens is exactly
+    0, and nonzero for every logit row predicting an action token."""
+    from jaxrl_frontier.objectives import losses
+
+    tok, exp, _ = scripted_producer(char_setup, (0.5, 0.0, 2.0))
+    mask = np.asarray(exp.loss_mask)
+    batch = dict(exp.update_batch())
+    batch["advantages"] = jnp.ones_like(exp.loss_mask)
+    b, t = mask.shape
+    logits = jax.random.normal(jax.random.key(1), (b, t, tok.vocab_size), jnp.float32)
+    cfg = losses.default_config()
+    cfg.weight = "pg"  # no ratio clipping: every action token's gradient is live
+
+    def loss(lg):
+        return losses.loss_fn(lg, batch, cfg, apply_fn=lambda p, tk, m: p)[0]
+
+    g = np.abs(np.asarray(jax.grad(loss)(logits))).sum(-1)  # [B, T]
+    predicts = np.zeros_like(mask)
+    predicts[:, :-1] = mask[:, 1:]  # logits at t score token t + 1
+    assert np.all(g[predicts == 0] == 0.0)
+    assert np.all(g[predicts == 1] > 0.0)
+
+
+def test_episodes_over_budget_are_cut_and_flagged(char_setup):
+    """Ten scripted turns of reward 1 with a 4-turn budget: every episode is cut by turns
+    with return 4; with a token budget of 12 (the 7-token first observation, an action of 1
+    to 3 tokens, then the 5-token observation reaches it) every episode is cut by tokens
+    after its first turn, its observation not appended."""
+    _, exp, metrics = scripted_producer(char_setup, (1.0,) * 10)
+    np.testing.assert_allclose(np.asarray(exp.rewards), [[4.0, 0.0]] * 4)
+    assert metrics["env/cut_turns"] == 1.0 and metrics["env/cut"] == 1.0
+    assert metrics["env/turns"] == 4.0 and metrics["env/success_rate"] == 0.0
+    _, exp, metrics = scripted_producer(char_setup, (1.0,) * 10, max_tokens=12)
+    assert metrics["env/cut_tokens"] == 1.0 and metrics["env/cut_turns"] == 0.0
+    np.testing.assert_allclose(np.asarray(exp.rewards), [[1.0, 0.0]] * 4)
+    assert metrics["env/turns"] == 1.0
+    completion = np.asarray(exp.attention_mask)[:, 16:]
+    np.testing.assert_array_equal(completion, np.asarray(exp.loss_mask)[:, 16:])  # no obs
