@@ -6,7 +6,7 @@
 
 configs/grpo_arith.py with each trust region's weight at its defaults, every rollout
 batch reused for train.epochs=4 passes of 2 minibatches (8 updates per batch: the later
-ones on data 7 updates stale), 300 steps, 3 seeds. Stability: best minus final eval pass@1.
+ones on data 7 updates stale), 200 steps, 3 seeds. Stability: best minus final eval pass@1.
 """
 
 from jaxrl_frontier.sweeps import grid, product, seeds
@@ -15,7 +15,7 @@ COMMON = {
     "config": "configs/grpo_arith.py",
     "model.path": "runs/demo/sft",
     "train.epochs": 4,
-    "train.steps": 300,
+    "train.steps": 200,
     "train.eval_every": 50,
     "train.checkpoint_every": 50,
 }
