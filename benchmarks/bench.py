@@ -12,6 +12,7 @@ arguments, read as training reads them) and returns a JSON-able dict, written to
     python benchmarks/bench.py speculative            # speculative vs plain rollouts
     python benchmarks/bench.py profile                # a decode step's ops (decode_profile.py)
     python benchmarks/bench.py async                  # roles on devices, rollouts ahead
+    python benchmarks/bench.py agents                 # multi-turn vs single-turn rollouts
 
 `python -m benchmarks.bench ...` is the same from the repository root.
 """
@@ -32,6 +33,7 @@ if __name__ == "__main__" and not __package__:
     os.execv(sys.executable, [sys.executable, "-m", "benchmarks.bench", *sys.argv[1:]])
 
 from benchmarks import (  # noqa: E402  (after the re-run as a module above)
+    agents,
     async_rl,
     common,
     decode_profile,
@@ -63,6 +65,7 @@ benchmark("memory", train.add_memory_arguments)(train.bench_memory)
 benchmark("speculative", speculative.add_arguments)(speculative.bench_speculative)
 benchmark("profile", decode_profile.add_arguments)(decode_profile.bench_profile)
 benchmark("async", async_rl.add_arguments)(async_rl.bench_async)
+benchmark("agents", agents.add_arguments)(agents.bench_agents)
 
 
 def main(argv=None) -> dict:

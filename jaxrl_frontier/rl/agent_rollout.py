@@ -67,6 +67,15 @@ def stop_ids(tokenizer, stops: Sequence[str]) -> tuple[int, ...]:
     return tuple(dict.fromkeys(ids))
 
 
+def encode_observation(tokenizer, text: str) -> list[int]:
+    """An observation's ids; a character the tokenizer lacks becomes its unknown token
+    (an environment's error message must not end the run)."""
+    try:
+        return tokenizer.encode(text)
+    except ValueError:
+        return tokenizer.encode(text, errors="replace")
+
+
 @dataclasses.dataclass
 class Played:
     """A batch of finished episodes and their tokens (host).
@@ -88,7 +97,7 @@ def play(session: TurnSession, task: EnvTask, tokenizer, seeds, key, *, env) -> 
     """Play one episode per row: seeds [P] (G rows each, `session.params.n`), to the end or
     a budget (module docstring)."""
     g = session.plan.n
-    obs_ids = lambda text: tokenizer.encode(task.observation_text(text))
+    obs_ids = lambda text: encode_observation(tokenizer, task.observation_text(text))
     envs = [env_from_config(env) for _ in range(len(seeds) * g)]
     batch = EpisodeBatch(
         envs,
