@@ -7,7 +7,8 @@ Builds a policy with random weights in the shape of `--model` (default: Qwen2.5-
 over an fsdp mesh of `--devices` fake CPU devices, and runs `--steps` RL steps: a rollout
 (`Sampler.generate`, `--prompts` x `--group-size` completions of `--new-tokens` tokens),
 the reference's log-probs, and a jitted update (a clipped importance-weighted policy
-gradient with a k3 KL to the reference, value and gradient, clip + AdamW, state donated).
+gradient with a k3 KL to the reference, value and gradient, clip + AdamW, state donated);
+both log-prob passes run the trainer's fused, chunked output layer.
 The trainer's own step is not used: this measures the model, sampler and sharding alone.
 
 Reported: seconds per part, the compiled update's per-device arguments, temporaries and
@@ -36,7 +37,7 @@ def parse(argv=None):
     p.add_argument("--prompt-len", type=int, default=16)
     p.add_argument("--new-tokens", type=int, default=32)
     p.add_argument("--steps", type=int, default=2)
-    p.add_argument("--remat", default="none", help="ModelConfig.remat of the policy")
+    p.add_argument("--remat", default="full", help="ModelConfig.remat of the policy")
     p.add_argument("--out", default="")
     return p.parse_args(argv)
 
@@ -70,7 +71,9 @@ def main(argv=None) -> dict:
     from flax import nnx
 
     from jaxrl_frontier import sharding
+    from jaxrl_frontier.forward import apply_hidden
     from jaxrl_frontier.models.random_init import random_model
+    from jaxrl_frontier.objectives import losses
     from jaxrl_frontier.sampling import Sampler, SamplingParams
 
     def rss_mb() -> float:  # peak so far (Linux: kilobytes)
@@ -94,13 +97,13 @@ def main(argv=None) -> dict:
     out["rss_after_build_mb"] = rss_mb()
     print(f"built policy, reference and AdamW state: peak RSS {rss_mb():,.0f} MB", file=sys.stderr)
 
+    hidden_fn = apply_hidden(graphdef)
+
     def token_logp(state, tokens, mask):
-        """[B, T-1] log p(tokens[:, 1:] | prefix)."""
-        model = nnx.merge(graphdef, state)
-        hidden, _ = model.hidden_states(tokens, mask)
-        logits = model.logits(hidden[:, :-1])
-        picked = jnp.take_along_axis(logits, tokens[:, 1:, None], axis=-1)[..., 0]
-        return picked - jax.nn.logsumexp(logits, axis=-1)
+        """[B, T-1] log p(tokens[:, 1:] | prefix), through the trainer's fused, chunked
+        output layer (no [B, T, V] logits)."""
+        hidden, w_out = hidden_fn(state, tokens, mask)
+        return losses.token_logprobs_from_hidden(hidden, w_out, tokens)[:, 1:]
 
     def loss_fn(state, batch):
         logp = token_logp(state, batch["tokens"], batch["mask"])

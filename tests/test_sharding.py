@@ -83,7 +83,8 @@ def test_weights_are_split_2x2x2(checkpoint):
     mesh = sharding.make_mesh((2, 2, 2))
     model = hf.load(checkpoint, mesh=mesh)
     expected = {
-        ("embed",): P("tensor", "fsdp"),  # [V, D]
+        # [V, D]: the vocabulary over tensor x fsdp (vocab-parallel lookup and logits)
+        ("embed",): P(("tensor", "fsdp"), None),
         # stacked layers [L, ...]: the layers axis is not split
         ("layers", "mlp", "gate_proj"): P(None, "fsdp", "tensor"),  # [L, D, F]
         ("layers", "mlp", "down_proj"): P(None, "tensor", "fsdp"),  # [L, F, D]
@@ -91,7 +92,7 @@ def test_weights_are_split_2x2x2(checkpoint):
         ("layers", "attn", "k_proj"): P(None, "fsdp", "tensor", None),  # [L, D, K, Dh]
         ("layers", "attn", "o_proj"): P(None, "tensor", None, "fsdp"),  # [L, H, Dh, D]
         ("layers", "attn", "q_bias"): P(None, "tensor", None),  # [L, H, Dh]
-        ("lm_head",): P("fsdp", "tensor"),  # [D, V]
+        ("lm_head",): P(None, ("tensor", "fsdp")),  # [D, V]
         ("final_norm", "weight"): P(None),  # replicated
     }
     for path, spec in expected.items():
