@@ -18,6 +18,7 @@ from jaxrl_frontier.objectives import losses
 from jaxrl_frontier.rewards import make_scorer
 from jaxrl_frontier.rl import agent_rollout
 from jaxrl_frontier.rl.learner import Learner, dropout_masks, reshard_to, update_layout
+from jaxrl_frontier.rl.ppo import build_critic
 from jaxrl_frontier.rl.rollout import PASSES, RolloutProducer
 from jaxrl_frontier.sampling import SamplingParams
 from jaxrl_frontier.scheduling import prompt_text
@@ -120,6 +121,12 @@ def build_rl_stages(
         context["teacher_logp_fn"] = make_logp_fn(teacher_pair[0], **layout)
         names.append("teacher")
 
+    # PPO's learned critic (critic.kind; None: none), trained and checkpointed with the policy
+    critic = build_critic(
+        c, policy, mesh=mesh, reward_names=task.reward_names, objective=objective, layout=layout
+    )
+    if critic is not None:
+        state = state.replace(critic=critic.init_state())
     learner = Learner(
         graphdef,
         tx,
@@ -139,6 +146,7 @@ def build_rl_stages(
         log=log,
         reshard=None if rollout_mesh in (None, mesh) else reshard_to(rollout_mesh),
         base=base,
+        critic=critic,
     )
     scorer = scorer or make_scorer(c, task)
     teacher_answers = None
