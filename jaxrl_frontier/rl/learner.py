@@ -21,6 +21,7 @@ microbatch inside the update (never a [B, T, V] teacher tensor on the host).
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -61,6 +62,7 @@ def rl_loss(
     dropout_rate: float = 0.0,
     model_cfg=None,
     teacher_graphdef=None,
+    capture_hidden: bool = False,
 ):
     """`loss_of(params, batch, denominator=None, frozen=None) -> (loss, metrics)`:
     `losses.loss_fn` over the policy.
@@ -71,6 +73,8 @@ def rl_loss(
     `dropout_keys` [B, 2] and every policy forward runs under those rows' masks
     (`model_cfg` gives their shape). teacher_graphdef: `frozen['teacher']` holds its
     weights, and a distillation loss reads its hidden states (no gradient).
+    capture_hidden: metrics['hidden'] holds the policy's final hidden states [B, T, D] of the
+    loss's own forward (a value head reads them: `rl.ppo`), when that forward computes them.
     """
     logits_fn = apply_logits(graphdef, group_size, completion_len)
     hidden_fn = None
@@ -91,18 +95,25 @@ def rl_loss(
             kwargs["teacher_hidden"] = sg(
                 teacher_hidden_fn(frozen["teacher"], batch["tokens"], batch["attention_mask"])
             )
-        return losses.loss_fn(
+        seen = {}
+
+        def hidden_of(p, t, m):
+            seen["hidden"], w_out = hidden_fn(p, t, m, mlp_mask)
+            return seen["hidden"], w_out
+
+        loss, metrics = losses.loss_fn(
             params,
             batch,
             objective_cfg,
             apply_fn=lambda p, t, m: logits_fn(p, t, m, mlp_mask),
-            apply_hidden_fn=None
-            if hidden_fn is None
-            else (lambda p, t, m: hidden_fn(p, t, m, mlp_mask)),
+            apply_hidden_fn=None if hidden_fn is None else hidden_of,
             logprob_chunk=logprob_chunk or losses.DEFAULT_LOGPROB_CHUNK,
             first_scored=first_scored(batch["tokens"], completion_len),
             **kwargs,
         )
+        if capture_hidden and "hidden" in seen:
+            metrics = {**metrics, "hidden": seen["hidden"]}
+        return loss, metrics
 
     return loss_of
 
@@ -179,8 +190,10 @@ class Learner:
         reshard: Callable[[Any], Any] | None = None,
         base=None,
         log: Callable[[str], None] = print,
+        critic=None,
     ):
         self.state = state
+        self.critic = critic  # rl/ppo.py's Critic: GAE before, the value loss in, the update
         self.base = base  # LoRA: the frozen weights (state.params holds the adapters)
         self.mesh = mesh
         self.epochs, self.minibatches = epochs, minibatches
@@ -212,6 +225,7 @@ class Learner:
             dropout_rate=dropout_rate,
             model_cfg=model_cfg,
             teacher_graphdef=teacher[0] if uses_teacher else None,
+            capture_hidden=critic is not None and critic.reads_hidden,
         )
         if base is not None:
             self.frozen = {**(self.frozen or {}), "base": base}
@@ -235,8 +249,11 @@ class Learner:
             if self.frozen is not None:
                 frozen_sh = jax.tree.map(lambda x: x.sharding, self.frozen)
             objective = self._objective
-            update = make_update_fn(
-                self._graphdef,
+            if self.critic is None:
+                make = functools.partial(make_update_fn, self._graphdef)
+            else:  # the critic trained alongside the policy
+                make = self.critic.make_update
+            update = make(
                 self._tx,
                 self._loss_of,
                 self._grad_accum,
@@ -291,6 +308,11 @@ class Learner:
 
         next_key() draws a key from the run's RNG stream (one per epoch's permutation).
         """
+        rollout_metrics = {}
+        if self.critic is not None:  # GAE on the critic's values replaces the advantages
+            experience, rollout_metrics = self.critic.prepare(
+                self.state, experience, self.policy_params()
+            )
         batch = experience.update_batch()
         select, update = self.programs(batch)
         metrics = []
@@ -303,6 +325,6 @@ class Learner:
                     self.state, m = update(self.state, mb)
                 else:
                     self.state, m = update(self.state, mb, self.frozen)
-                metrics.append(m)
+                metrics.append({**m, **rollout_metrics})
         self.state = self.state.replace(step=self.state.step + 1)
         return metrics
