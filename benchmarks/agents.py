@@ -13,10 +13,14 @@ repeats (the first call of each compiles and is not timed):
                (their cost is theirs)
   single-turn  `Sampler.generate` with max_new_tokens = every token the episode adds
                (turns x turn-tokens + (turns - 1) x obs-tokens), all of them decoded
+  same split   `Sampler.generate` of a prompt holding the prompt and every observation
+               token (prefilled at once) and turns x turn-tokens decoded: the same tokens
+               prefilled and decoded as the episode, in one piece
 
-Tokens per second count every token after the prompt (sampled and observed) on both
-sides; `ratio` is the multi-turn seconds over the single-turn seconds (the target: at most
-about 1.3).
+Tokens per second count every token after the prompt (sampled and observed) on every
+side; `ratio` is the multi-turn seconds over the single-turn seconds (the target: at most
+about 1.3), `ratio_same_split` over the same-split rollout's (the cost of taking turns:
+decoding in pieces, observations prefilled between them, the host loop).
 """
 
 from __future__ import annotations
@@ -61,6 +65,10 @@ def bench_agents(args) -> dict:
     turn = SamplingParams(max_new_tokens=ta, n=1, temperature=1.0)
     session = TurnSession(sampler, turn, obs_tokens=to, max_turns=k)
     single = SamplingParams(max_new_tokens=episode_tokens, n=1, temperature=1.0)
+    long_prompt = args.prompt_len + (k - 1) * to  # the prompt and every observation
+    split_sampler = Sampler(model, pad_id=0, prompt_buckets=(long_prompt,))
+    split_prompts = rng.randint(1, cfg.vocab_size, size=(rows, long_prompt)).astype(np.int32)
+    split = SamplingParams(max_new_tokens=k * ta, n=1, temperature=1.0)
 
     def multi_turn(seed=0):
         session.start(prompts, mask, jax.random.key(seed))
@@ -75,11 +83,19 @@ def bench_agents(args) -> dict:
         ro = sampler.generate(prompts, mask, single, jax.random.key(seed))
         jax.block_until_ready(ro.completion_tokens)
 
-    multi_turn(), single_turn()  # compile both
-    times = {"multi_turn": [], "single_turn": []}
-    for r in range(args.repeats):  # alternating: a load change hits both sides alike
-        times["multi_turn"].append(common.median_time(lambda: multi_turn(r), 1)[0])
-        times["single_turn"].append(common.median_time(lambda: single_turn(r), 1)[0])
+    def same_split(seed=0):
+        ro = split_sampler.generate(
+            split_prompts, np.ones_like(split_prompts), split, jax.random.key(seed)
+        )
+        jax.block_until_ready(ro.completion_tokens)
+
+    sides = dict(multi_turn=multi_turn, single_turn=single_turn, same_split=same_split)
+    for run in sides.values():  # compile each
+        run()
+    times = {name: [] for name in sides}
+    for r in range(args.repeats):  # alternating: a load change hits every side alike
+        for name, run in sides.items():
+            times[name].append(common.median_time(lambda: run(r), 1)[0])
     med = {name: float(np.median(t)) for name, t in times.items()}
     tokens = rows * episode_tokens
     return dict(
@@ -98,6 +114,7 @@ def bench_agents(args) -> dict:
         seconds=med,
         tokens_per_second={name: tokens / s for name, s in med.items()},
         ratio=med["multi_turn"] / med["single_turn"],
+        ratio_same_split=med["multi_turn"] / med["same_split"],
         times=times,
         machine=common.machine_info(),
     )
