@@ -167,9 +167,33 @@ def test_combined_loss_gradient_is_anchor_plus_trace_plus_sft():
         np.testing.assert_allclose(g, r, atol=1e-5)
     # the trace term moves the weights: its gradient alone is not zero
     tc_only = pact.with_pact(lambda p, b, **_: (0.0, {}), logp_fn, trace_coef=1.0)
-    f0 = dict(batch, pact_beta=np.zeros(2, np.float32))
+    f0 = dict(batch, pact_beta=np.zeros((2, 1), np.float32))
     g_tc = jax.grad(lambda p: tc_only(p, f0)[0])(params)
     assert max(float(jnp.abs(x).max()) for x in jax.tree.leaves(g_tc)) > 1e-4
     # without the PACT fields the loss is the anchor's alone
     plain = {k: v for k, v in batch.items() if k not in pact.FIELDS}
     np.testing.assert_allclose(total(params, plain)[0], anchor(params, plain)[0], rtol=1e-6)
+
+
+def test_pact_run_trains_on_the_expert_trace(tmp_path):
+    """configs/pact_calculator_tool.py:runlocal for 6 steps: every update logs the PACT
+    terms, beta follows the linear schedule of the policy version, and the expert trace's
+    NLL falls (the SFT term trains the policy, though the rollouts never see the trace)."""
+    from test_trainer import get_config, read_metrics
+
+    from jaxrl_frontier.trainer import Trainer
+
+    c = get_config(
+        "pact_calculator_tool",
+        {"train.steps": 6, "train.log_every": 1, "optimizer.lr": 3e-3, "optimizer.warmup_steps": 0,
+         "pact.sft_coef": 1.0, "pact.anneal_steps": 10, "eval.at_start": False,
+         "train.eval_every": 10**6},
+    )  # fmt: skip
+    Trainer(c, str(tmp_path)).run()
+    rows = [r for r in read_metrics(tmp_path) if "train/pact/sft_nll" in r]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6]
+    np.testing.assert_allclose(
+        [r["train/pact/beta"] for r in rows], [1.0 - k / 10 for k in range(6)], rtol=1e-6
+    )
+    nll = [r["train/pact/sft_nll"] for r in rows]
+    assert nll[-1] < nll[0] - 0.3, nll

@@ -16,7 +16,7 @@ from jaxrl_frontier.editing import build_editors, effective_reward_weights
 from jaxrl_frontier.forward import apply_hidden, make_logp_fn
 from jaxrl_frontier.objectives import losses
 from jaxrl_frontier.rewards import make_scorer
-from jaxrl_frontier.rl import agent_rollout
+from jaxrl_frontier.rl import agent_rollout, pact
 from jaxrl_frontier.rl.learner import Learner, dropout_masks, reshard_to, update_layout
 from jaxrl_frontier.rl.ppo import build_critic
 from jaxrl_frontier.rl.rollout import PASSES, RolloutProducer
@@ -147,6 +147,7 @@ def build_rl_stages(
         reshard=None if rollout_mesh in (None, mesh) else reshard_to(rollout_mesh),
         base=base,
         critic=critic,
+        loss_wrap=pact.loss_wrap(c, graphdef),
     )
     scorer = scorer or make_scorer(c, task)
     teacher_answers = None
@@ -167,7 +168,7 @@ def build_rl_stages(
             c, sampler, tokenizer, task, mesh=mesh, sampling=sampling, objective=objective,
             passes=passes,
         )  # fmt: skip
-        return learner, producer, logp_fn
+        return learner, pact.wrap_producer(producer, c, tokenizer, mesh=mesh, task=task), logp_fn
     producer = RolloutProducer(
         sampler,
         tokenizer,
@@ -182,4 +183,4 @@ def build_rl_stages(
         shapers=shapers,
         teacher_answers=teacher_answers,
     )
-    return learner, producer, logp_fn
+    return learner, pact.wrap_producer(producer, c, tokenizer, mesh=mesh), logp_fn

@@ -191,6 +191,7 @@ class Learner:
         base=None,
         log: Callable[[str], None] = print,
         critic=None,
+        loss_wrap: Callable | None = None,
     ):
         self.state = state
         self.critic = critic  # rl/ppo.py's Critic: GAE before, the value loss in, the update
@@ -227,6 +228,8 @@ class Learner:
             teacher_graphdef=teacher[0] if uses_teacher else None,
             capture_hidden=critic is not None and critic.reads_hidden,
         )
+        if loss_wrap is not None:  # terms beside the objective's, on full params (rl/pact.py)
+            self._loss_of = loss_wrap(self._loss_of)
         if base is not None:
             self.frozen = {**(self.frozen or {}), "base": base}
             self._loss_of = with_base(self._loss_of)

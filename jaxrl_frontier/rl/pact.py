@@ -160,7 +160,7 @@ def pact_fields(
         advantages on the completion's columns only
     sft_tokens / sft_mask / sft_weight  [B, Tp + Ts]: prompt | the trace's ids
         (right-padded to Ts = trace_len), component weights on the trace's tokens
-    pact_beta [B]: beta(k) (the same in every row)
+    pact_beta [B, 1]: beta(k) (the same in every row)
 
     A context or trace longer than its width is an error naming the key."""
     tokens, attention_mask = np.asarray(tokens), np.asarray(attention_mask)
@@ -201,7 +201,7 @@ def pact_fields(
         "sft_tokens": np.concatenate([prompt_tok, trace_tok], 1).astype(np.int32),
         "sft_mask": np.concatenate([prompt_mask, trace_mask], 1).astype(np.int32),
         "sft_weight": np.concatenate([np.zeros((b, tp), np.float32), trace_w], 1),
-        "pact_beta": np.full((b,), beta, np.float32),
+        "pact_beta": np.full((b, 1), beta, np.float32),
     }
 
 
@@ -335,3 +335,28 @@ class PactProducer:
 
     def __getattr__(self, name):  # the wrapped producer's attributes (sampler, ...)
         return getattr(self.producer, name)
+
+
+def loss_wrap(config, graphdef):
+    """The Learner's `loss_wrap` for the config: `with_pact` over the policy's full-row
+    log-probs, or None when PACT is off."""
+    p = section(config)
+    if p is None:
+        return None
+    from jaxrl_frontier.forward import make_logp_fn
+
+    logp_fn = make_logp_fn(graphdef)
+    return lambda loss_of: with_pact(loss_of, logp_fn, float(p.trace_coef))
+
+
+def wrap_producer(producer, config, tokenizer, *, mesh, task=None):
+    """`PactProducer` around the run's producer when PACT is on (for an environment run the
+    observations are formatted as its rollouts format them), else the producer."""
+    if section(config) is None:
+        return producer
+    env, obs_text = None, lambda s: s
+    if config.env.name:
+        from jaxrl_frontier.envs.base import env_from_config
+
+        env, obs_text = env_from_config(config.env), task.observation_text
+    return PactProducer(producer, config, tokenizer, mesh=mesh, obs_text=obs_text, env=env)
