@@ -303,10 +303,22 @@ def analyze_b(runs: list[dict]) -> Finding:
         "sampled reverse KL to the teacher": {lbl: mean_curve(groups[lbl], KL) for lbl in labels},
         "held-out greedy pass@1": {lbl: mean_curve(groups[lbl], PASS1) for lbl in labels},
     }
+    fn = metrics[f"steps to KL ≤ {target:.3f}"]
+    censored = all(fn(r) > r["step"] for r in done)
     if len(labels) < 2:
         verdict, reason = INCONCLUSIVE, "OPD or IW-OPD has no finished run"
+    elif censored:
+        moves = ", ".join(
+            f"{lbl} {mean_std([series(r, KL)[0][1] for r in groups[lbl]])[0]:.3f} → "
+            f"{mean_std([_final(KL)(r) for r in groups[lbl]])[0]:.3f}"
+            for lbl in labels
+        )
+        verdict = INCONCLUSIVE
+        reason = (
+            f"no run reached the target (half the starting reverse KL) within its steps, so "
+            f"the step counts are the budget + 1; the sampled reverse KL went {moves}"
+        )
     else:
-        fn = metrics[f"steps to KL ≤ {target:.3f}"]
         verdict, reason = _verdict_faster_or_higher(
             [fn(r) for r in groups["IW-OPD"]],
             [fn(r) for r in groups["OPD"]],
