@@ -200,14 +200,14 @@ def test_gae_advantages_in_the_experience_match_numpy():
 
 
 def test_gae_reads_per_turn_rewards_and_the_kl_in_the_reward():
-    """A multi-turn producer's per-turn rewards (extras['token_rewards'], each turn's on its
+    """A multi-turn producer's per-turn rewards (extras['turn_rewards'], each turn's on its
     last policy token) replace the sequence reward; kl_in_reward subtracts beta * k1."""
     learner, critic, policy = make_learner("head", beta=0.1, whiten=True)
     _set_head(learner, seed=4)
     exp = experience(seed=2)
     turn_rewards = jnp.asarray(np.random.default_rng(5).normal(size=(ROWS, 2)), jnp.float32)
     tok = critic_lib.turn_rewards_to_tokens(turn_rewards, exp.turn_index, exp.loss_mask)
-    exp = exp.replace(extras={"token_rewards": tok})
+    exp = exp.replace(extras={"turn_rewards": tok})
     got, _ = critic.prepare(learner.state, exp, learner.policy_params())
     mask = np.asarray(exp.loss_mask)
     # by hand: a row with an observation gap has two turns, each rewarded on its last token

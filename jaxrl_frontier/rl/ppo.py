@@ -12,8 +12,10 @@ Experience's and `old_values`, `returns` ride in its extras into the update. It 
 Experience fields (tokens, attention_mask, loss_mask, rewards, old / ref log-probs), so a
 single-turn and a multi-turn producer are handled alike. Rewards on tokens:
 
-    r[b, t] = extras['token_rewards'][b, t]           when a producer gives them (per-turn
-                                                      rewards: `critic.turn_rewards_to_tokens`)
+    r[b, t] = extras['turn_rewards'][b, t]           when the producer gives them (each turn's
+                                                      reward on its last policy token, as the
+                                                      environment producer rl/agent_rollout.py
+                                                      does: `critic.turn_rewards_to_tokens`)
             = (sum_k w_k rewards[b, k]) on the row's last policy token, 0 elsewhere  (else)
             - beta * k(old_logp - ref_logp)[b, t]     with objective.kl_in_reward
 
@@ -50,8 +52,6 @@ from jaxrl_frontier.rl.experience import Experience
 from jaxrl_frontier.train_step import TrainState, init_opt_state, make_update_fn
 
 Array = jax.Array
-# the Experience extras the critic adds (the update reads them, the policy loss does not)
-CRITIC_FIELDS = ("old_values", "returns", "token_rewards")
 
 
 def last_token_rewards(seq_reward: Array, mask: Array) -> Array:
@@ -162,8 +162,8 @@ class Critic:
     def token_rewards(self, batch: dict) -> Array:
         """The per-token rewards [B, T] GAE reads (module docstring)."""
         mask = batch["loss_mask"].astype(jnp.float32)
-        if "token_rewards" in batch:
-            r = batch["token_rewards"].astype(jnp.float32) * mask
+        if "turn_rewards" in batch:
+            r = batch["turn_rewards"].astype(jnp.float32) * mask
         else:
             r = last_token_rewards(batch["rewards"].astype(jnp.float32) @ self.w_k, mask)
         if self.beta:
@@ -192,8 +192,8 @@ class Critic:
         batch.update(loss_mask=exp.loss_mask, rewards=exp.rewards, old_logp=exp.old_logp)
         if self.beta:
             batch["ref_logp"] = exp.ref_logp
-        if "token_rewards" in exp.extras:
-            batch["token_rewards"] = exp.extras["token_rewards"]
+        if "turn_rewards" in exp.extras:
+            batch["turn_rewards"] = exp.extras["turn_rewards"]
         key = tuple(sorted(batch))
         if key not in self._annotate:
             rows = sharding.batch_sharding(self.mesh, 2)
@@ -212,7 +212,7 @@ class Critic:
         def loss(joint, batch, denominator=None, frozen=None):
             batch = dict(batch)
             old_v, ret = batch.pop("old_values"), batch.pop("returns")
-            batch.pop("token_rewards", None)
+            batch.pop("turn_rewards", None)
             den = denominator or {}
             kw = {} if frozen is None else {"frozen": frozen}
             total, metrics = loss_of(joint["policy"], batch, denominator=den.get("policy"), **kw)
