@@ -24,7 +24,7 @@ def parse(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="0.5b", help="'0.5b' (Qwen2.5-0.5B shape) or 'tiny'")
     p.add_argument("--devices", type=int, default=8, help="fake CPU devices (fsdp axis)")
-    p.add_argument("--prompts", type=int, default=8, help="prompts per rollout (all devices)")
+    p.add_argument("--prompts", type=int, default=2, help="prompts per RL step (all devices)")
     p.add_argument("--group-size", type=int, default=4)
     p.add_argument("--prompt-len", type=int, default=16)
     p.add_argument("--new-tokens", type=int, default=32)
@@ -74,7 +74,8 @@ def main(argv=None) -> dict:
     from jaxrl_frontier import sharding
     from jaxrl_frontier.forward import make_logp_fn
     from jaxrl_frontier.models.transformer import Transformer
-    from jaxrl_frontier.rl.learner import rl_loss
+    from jaxrl_frontier.objectives import losses
+    from jaxrl_frontier.rl.learner import rl_loss, update_layout
     from jaxrl_frontier.sampling import Sampler, SamplingParams
     from jaxrl_frontier.sampling.params import Knobs, Plan
     from jaxrl_frontier.train_step import make_update_fn
@@ -92,8 +93,10 @@ def main(argv=None) -> dict:
     nnx.update(abstract, state)
     n, tp, tn = args.group_size, args.prompt_len, args.new_tokens
     rows, t = args.prompts * n, tp + tn
+    # the sampler pads the prompts to a multiple of the batch devices (`Sampler.pad_prompts`)
+    m = sharding.batch_size_multiple(mesh)
+    sampled = -(-args.prompts // m) * m
     batch_sh = sharding.batch_sharding(mesh, 2)
-    row_sh = sharding.batch_sharding(mesh, 1)
     out = dict(
         benchmark="fsdp_programs",
         settings=vars(args),
@@ -116,32 +119,35 @@ def main(argv=None) -> dict:
     sampler = Sampler(abstract, pad_id=0, mesh=mesh, prompt_buckets=(tp,))
     sp = SamplingParams(max_new_tokens=tn, n=n)
     plan, knobs, key = Plan.of(sp), Knobs.of(sp), jax.random.key(0)
-    prompts = jax.ShapeDtypeStruct((args.prompts, tp), jnp.int32, sharding=batch_sh)
+    prompts = jax.ShapeDtypeStruct((sampled, tp), jnp.int32, sharding=batch_sh)
     if "prefill" in wanted or "decode" in wanted:
         t0 = time.perf_counter()
-        run = sampler.program("prefill", args.prompts * tp)
+        run = sampler.program("prefill", sampled * tp)
         lowered = run.lower(state, prompts, prompts, key, knobs, n=n, use_dropout=False, slots=tn)
         compiled = record("prefill", lowered, t0)
         cache, logits0, prompt_len = abstract_out(lowered, compiled)
     if "decode" in wanted:
         t0 = time.perf_counter()
-        run = sampler.program("decode", rows)
+        run = sampler.program("decode", sampled * n)
         version = jnp.int32(0)
         lowered = run.lower(
             state, cache, logits0, prompt_len, (prompts, prompts), key, knobs, version, plan=plan
         )
         record("decode", lowered, t0)
     tokens = jax.ShapeDtypeStruct((rows, t), jnp.int32, sharding=batch_sh)
+    # the trainer's layout: each group's prompt once where whole groups split over the devices
+    layout = update_layout(rows=rows, group_size=n, completion_len=tn, mesh=mesh, share_prompt=True)
+    out["layout"] = layout
     if "reference" in wanted:
         t0 = time.perf_counter()
-        logp_fn = make_logp_fn(graphdef, group_size=n, completion_len=tn)
+        logp_fn = make_logp_fn(graphdef, **layout)
         record("reference", logp_fn.lower(state, tokens, tokens), t0)
     if "update" in wanted:
         from configs import qwen_math
         from jaxrl_frontier.build import objective_section
 
         objective = objective_section(qwen_math.get_config().objective)
-        loss_of = rl_loss(graphdef, objective, group_size=n, completion_len=tn, model_cfg=cfg)
+        loss_of = rl_loss(graphdef, objective, model_cfg=cfg, **layout)
         tx = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-6))
         train_state = abstract_state(tx, state, mesh)
         f32 = jax.ShapeDtypeStruct((rows, t), jnp.float32, sharding=batch_sh)
@@ -149,9 +155,11 @@ def main(argv=None) -> dict:
             tokens=tokens, attention_mask=tokens, loss_mask=f32, old_logp=f32, advantages=f32,
             ref_logp=f32,
         )  # fmt: skip
-        del row_sh
         state_sh = jax.tree.map(lambda x: x.sharding, train_state)
-        update = make_update_fn(graphdef, tx, loss_of, 1, state_sh, {k: batch_sh for k in batch})
+        update = make_update_fn(
+            graphdef, tx, loss_of, 1, state_sh, {k: batch_sh for k in batch},
+            denominator_fn=lambda b: losses.aggregation_denominator(objective, b["loss_mask"]),
+        )  # fmt: skip
         t0 = time.perf_counter()
         record("update", update.lower(train_state, batch), t0)
     if args.out:

@@ -104,6 +104,31 @@ def logical_to_spec(
     return PartitionSpec(*spec)
 
 
+def constrain_vocab(z: jax.Array, like: jax.Array) -> jax.Array:
+    """z [N, ..., V] (logits, or a chunk of them) with V split as the vocabulary rule splits
+    it, N over the batch axes the vocabulary leaves free (`data` with the default rules)
+    and the rest whole, on the mesh `like` (the output layer) is placed on; z as it is
+    without a mesh. The vocab-parallel output layer of Megatron-LM (Shoeybi et al., 2019):
+    each device computes its V / S share of the logits from the gathered [.., D]
+    activations, the log-softmax reduces over the devices, and the [D, V] weight and its
+    gradient stay split. Left to itself, XLA laid a chunk of rows-split positions out by
+    its rows and gathered the whole table on every device (at Qwen2.5-0.5B in f32: 544 MB,
+    and as much again for its gradient)."""
+    mesh = getattr(jax.typeof(like).sharding, "mesh", None)
+    if mesh is None or not set(MESH_AXES) <= set(mesh.shape) or math.prod(mesh.shape.values()) == 1:
+        return z
+    vocab = logical_to_spec(("vocab",), z.shape[-1:], mesh)[0]
+    if vocab is None:  # an indivisible vocabulary: replicated, nothing to lay out
+        return z
+    used = {vocab} if isinstance(vocab, str) else set(vocab)
+    free = tuple(a for a in BATCH_AXES if a not in used and mesh.shape[a] > 1)
+    lead = None
+    if free and z.ndim > 1 and z.shape[0] % math.prod(mesh.shape[a] for a in free) == 0:
+        lead = free[0] if len(free) == 1 else free
+    spec = PartitionSpec(*((lead,) if z.ndim > 1 else ()), *([None] * (z.ndim - 2)), vocab)
+    return jax.lax.with_sharding_constraint(z, NamedSharding(mesh, spec))
+
+
 def _is_var(x) -> bool:
     return isinstance(x, nnx.Variable)
 

@@ -10,7 +10,7 @@ gradient of a policy-gradient loss through the chunked output layer, clip + Adam
 donated) for `--rows` rows of `--seq` tokens per microbatch. Nothing executes: the figures
 are `compiled.memory_analysis()` per device (arguments, temporaries) beside the
 arithmetic of docs/scaling.md (parameters, gradients, Adam's two moments, saved
-activations, one gathered layer). `--lora R` trains rank-R adapters on every projection
+activations, one gathered layer, the vocab-parallel logits chunk). `--lora R` trains rank-R adapters on every projection
 instead (the base an argument, not differentiated, no optimizer state).
 """
 
@@ -64,9 +64,11 @@ def arithmetic(cfg, n_params: int, trained: int, args) -> dict:
         adam=8 * trained // shards,
         saved_activations=saved,
         gathered_layer=layer * act,  # one layer's weights, cast, gathered whole
-        # the output layer [D, V], cast and gathered whole for the logits (fsdp splits D)
-        gathered_output_layer=vocab * act // args.tensor,
-        # one chunk of f32 logits and its gradient: rows x chunk x V x 4 x 2
+        # the output layer [D, V] is split by vocabulary over fsdp x tensor and never
+        # gathered (vocab-parallel logits): its cast share only
+        output_layer_share=vocab * act // shards,
+        # one chunk of f32 logits and its gradient: the chunk's positions of the fsdp
+        # group's rows on this device's V / (fsdp x tensor) share, rows x chunk x V x 4 x 2
         logits_chunk=rows * min(args.chunk, args.seq) * cfg.vocab_size * 8 // args.tensor,
     )
     out["arguments"] = out["params"] + out["adam"]

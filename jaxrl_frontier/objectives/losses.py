@@ -30,6 +30,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from jaxrl_frontier import sharding
 from jaxrl_frontier.objectives.advantages import ADVANTAGES
 from jaxrl_frontier.objectives.stats import OPTIONAL_FIELDS, TokenStats
 from jaxrl_frontier.objectives.weights import WEIGHTS
@@ -159,6 +160,7 @@ def chunked_token_stats(
     def one(args):
         h_cd, y_c = args[:2]
         z = jnp.einsum("cd,dv->cv", h_cd, w, preferred_element_type=jnp.float32)
+        z = sharding.constrain_vocab(z, w)  # vocab-parallel: no device gathers w
         lse = jax.nn.logsumexp(z, axis=-1)
         logp = jnp.take_along_axis(z, y_c[:, None], axis=-1)[:, 0] - lse
         ent = jnp.zeros_like(logp)
@@ -168,6 +170,7 @@ def chunked_token_stats(
         dist = jnp.zeros_like(logp)
         if with_distill:
             z_t = jnp.einsum("cd,dv->cv", args[2], w_t, preferred_element_type=jnp.float32)
+            z_t = sharding.constrain_vocab(z_t, w_t)
             dist = distill(z, z_t, y_c)
         return logp, ent, dist
 
