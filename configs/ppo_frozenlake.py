@@ -22,7 +22,7 @@ def get_config(arg=None):
     c.objective.aggregation = "token_mean"
     c.critic.update(kind="head", gamma=0.95, lam=0.9, value_clip=0.2, value_coef=0.5, lr=1e-3)
     c.optimizer.update(lr=3e-4, warmup_steps=5, max_grad_norm=1.0)
-    c.train.update(steps=100, epochs=2, minibatches=2, log_every=5, eval_every=25)
+    c.train.update(steps=100, log_every=5, eval_every=25)
     c.train.checkpoint_every = 25
     c.eval.update(num_prompts=128, pass_k=2, batch=128)
     return presets.finish(c, arg)

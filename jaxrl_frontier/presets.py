@@ -51,9 +51,11 @@ def arithmetic_opd(teacher_path: str = "runs/teacher_arith") -> ml_collections.C
     return c
 
 
-# A 3x3 frozen lake, one agent, few holes, moves as words (a random mover succeeds in 20.2%
-# of 6-turn episodes); the observation ends in "move:", the policy's turn follows (EOS ends it).
-FROZENLAKE_ENV = dict(size=3, num_agents=1, hole_density=0.1, min_goal_distance=2)
+# A 3x3 frozen lake as the classic one (start top-left, goal bottom-right, holes by seed), one
+# agent, moves as words (a uniformly random mover succeeds in 6.2% of 6-turn episodes, one
+# that only moves right or down in 58%); the observation ends in "move:", the policy's turn
+# follows (EOS ends it).
+FROZENLAKE_ENV = dict(size=3, num_agents=1, hole_density=0.1, min_goal_distance=2, corners=True)
 MOVE_WORDS = ("up", "down", "left", "right")
 
 

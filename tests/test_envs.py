@@ -486,3 +486,20 @@ def test_observation_tokens_get_no_gradient_through_the_loss():
     g = np.asarray(jax.grad(loss)(logp0))
     assert np.all(g[policy == 0] == 0)
     assert np.all(g[policy == 1] < 0)  # a positive advantage raises every sampled token
+
+
+def test_gridworld_corners_is_the_classic_board():
+    from jaxrl_frontier.envs import gridworld
+
+    cfg = gridworld.GridConfig(size=4, hole_density=0.3, corners=True)
+    layouts = [gridworld.generate(cfg, seed) for seed in range(20)]
+    assert all(lay.starts == ((0, 0),) and lay.goals == ((3, 3),) for lay in layouts)
+    assert len({lay.holes for lay in layouts}) > 5  # only the holes vary by seed
+    assert all(gridworld.shortest_path(4, lay.holes, (0, 0), (3, 3)) for lay in layouts)
+    with pytest.raises(ValueError, match="corners needs num_agents = 1, got 2"):
+        gridworld.GridConfig(num_agents=2, corners=True)
+    env = gridworld.GridWorld(size=2, hole_density=0.0, corners=True, min_goal_distance=2)
+    assert env.reset(0) == "a.\n.1\na at (0, 0) goal (1, 1)\n"
+    assert env.step("right")[2] is False
+    _, reward, done, info = env.step("down")
+    assert done and info["success"] and reward == 1.0

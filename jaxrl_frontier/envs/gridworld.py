@@ -60,6 +60,8 @@ class GridConfig:
       holes) from its agent's start.
     solvable: every agent has a path from start to goal around the holes (other agents
       and slips ignored); layouts are redrawn until it holds.
+    corners: the classic FrozenLake board: one agent starts at the top-left cell and its
+      goal is the bottom-right one (only the holes vary by seed); False: both drawn.
     success_reward, goal_reward, step_penalty, invalid_penalty: the rewards (module docstring).
     """
 
@@ -69,6 +71,7 @@ class GridConfig:
     slip_prob: float = 0.0
     min_goal_distance: int = 2
     solvable: bool = True
+    corners: bool = False
     success_reward: float = 1.0
     goal_reward: float = 0.0
     step_penalty: float = 0.0
@@ -88,6 +91,8 @@ class GridConfig:
             raise ValueError(f"gridworld: hole_density must be in [0, 1), got {self.hole_density}")
         if not 0.0 <= self.slip_prob <= 1.0:
             raise ValueError(f"gridworld: slip_prob must be in [0, 1], got {self.slip_prob}")
+        if self.corners and self.num_agents != 1:
+            raise ValueError(f"gridworld: corners needs num_agents = 1, got {self.num_agents}")
         if self.min_goal_distance < 1:
             raise ValueError(
                 f"gridworld: min_goal_distance must be >= 1, got {self.min_goal_distance}"
@@ -134,6 +139,8 @@ def generate(config: GridConfig, seed: int) -> Layout:
     for draw in range(MAX_DRAWS):
         rng = random.Random(f"gridworld|{seed}|{draw}")
         picked = rng.sample(cells, 2 * config.num_agents)
+        if config.corners:
+            picked = [(0, 0), (n - 1, n - 1)]
         starts, goals = tuple(picked[::2]), tuple(picked[1::2])
         fixed = set(picked)
         holes = frozenset(
