@@ -337,3 +337,37 @@ def test_task_chat_template_without_a_model_directory_names_the_keys():
     c.task.chat_template = True
     with pytest.raises(ChatTemplateError, match="task.chat_template.*tokenizer.path"):
         task_for(c, CharTokenizer())
+
+
+def test_episode_in_the_chat_template_equals_apply_chat_template(model_dir, hf_tok):
+    """An environment episode with task.chat_template: the first prompt, then each sampled
+    turn (its stop token included) and the observation after it, give exactly the ids of
+    transformers' apply_chat_template on the conversation (user observations, assistant
+    actions) with the generation prompt."""
+    from jaxrl_frontier.config import base_config
+    from jaxrl_frontier.rl.agent_rollout import stop_ids
+    from jaxrl_frontier.tasks import task_for
+
+    c = _chat_config(model_dir)
+    c.env.update(name="scripted", observation_template="see: {observation}")
+    c.env.kwargs = dict(rewards=[0.0, 0.0, 1.0], observations=["two", "three", "end"])
+    c.data.max_prompt_len = 128
+    tok = HFTokenizer(model_dir)
+    task = task_for(c, tok)
+    first = task.env.reset(5)
+    ids = tok.encode(task.prompt({"seed": 5}))
+    messages = [{"role": "user", "content": f"see: {first}"}]
+    im_end = tok.encode("<|im_end|>")[0]
+    assert im_end in stop_ids(tok, (), task)
+    for action, obs in (("go left", "two"), ("go right", "three")):
+        ids += tok.encode(action) + [im_end]  # the sampled turn ends at its stop token
+        ids += tok.encode(task.observation_text(obs))
+        messages += [
+            {"role": "assistant", "content": action},
+            {"role": "user", "content": f"see: {obs}"},
+        ]
+    ref = hf_tok.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=True, return_dict=False
+    )
+    assert ids == list(ref)
+    assert base_config().task.chat_template is False  # raw text unless asked

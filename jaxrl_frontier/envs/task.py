@@ -40,8 +40,12 @@ class EnvTask(Task):
     name = "environment"
     reward_names = ENV_REWARD_NAMES
 
-    def __init__(self, env):
+    def __init__(self, env, chat=None, tokenizer=None, system: str = ""):
         self.section = env
+        # an instruct model's chat template (`task.chat_template`): the first observation is
+        # the user's message, each later one the text that closes the assistant's turn and
+        # opens the next (`ChatTemplate.turn_text`)
+        self.chat, self.tokenizer, self.system = chat, tokenizer, system or None
         self.env_name = section_get(env, "name")
         self.env = env_from_config(env)  # one instance: prompts are reset's observations
         self.template = section_get(env, "observation_template", "{observation}")
@@ -74,11 +78,22 @@ class EnvTask(Task):
         return {"index": int(index), "seed": self.seed_of(split, int(index))}
 
     def observation_text(self, observation: str) -> str:
-        """An observation as the policy reads it (`env.observation_template`)."""
-        return self.template.format(observation=observation)
+        """An observation after a turn of the policy, as the policy reads it: formatted by
+        `env.observation_template`; with a chat template, the rest of the assistant's turn,
+        the observation as the user's message and the next generation prompt."""
+        text = self.template.format(observation=observation)
+        if self.chat is None:
+            return text
+        history = [{"role": "user", "content": "."}, {"role": "assistant", "content": "."}]
+        return self.chat.turn_text(self.tokenizer, history, [{"role": "user", "content": text}])
+
+    def first_text(self, observation: str) -> str:
+        """The episode's first observation as the prompt (in the chat template, if any)."""
+        text = self.template.format(observation=observation)
+        return text if self.chat is None else self.chat.prompt(text, system=self.system)
 
     def prompt(self, example: Example) -> str:
-        return self.observation_text(self.env.reset(int(example["seed"])))
+        return self.first_text(self.env.reset(int(example["seed"])))
 
     def demonstration(self, example: Example) -> str:
         """One of `env.demonstrations`, drawn from the example's index: SFT on these clones

@@ -56,9 +56,12 @@ def completion_width(env) -> int:
     return min(width, e("max_tokens")) if e("max_tokens") else width
 
 
-def stop_ids(tokenizer, stops: Sequence[str]) -> tuple[int, ...]:
-    """The turn's end tokens: EOS and each `env.stop` string (one token each)."""
+def stop_ids(tokenizer, stops: Sequence[str], task=None) -> tuple[int, ...]:
+    """The turn's end tokens: EOS, each `env.stop` string (one token each), and with a chat
+    template (`task.chat`) the token that ends an assistant turn."""
     ids = [tokenizer.eos_id]
+    if getattr(task, "chat", None) is not None:
+        ids += task.chat.stop_token_ids(tokenizer)
     for s in stops:
         enc = tokenizer.encode(s)
         if len(enc) != 1:
@@ -107,7 +110,7 @@ def play(session: TurnSession, task: EnvTask, tokenizer, seeds, key, *, env) -> 
     )
     row_seeds = np.repeat(np.asarray(seeds, np.int64), g)
     first = batch.reset(row_seeds.tolist(), groups=np.repeat(np.arange(len(seeds)), g).tolist())
-    texts = [task.observation_text(first[i * g]) for i in range(len(seeds))]
+    texts = [task.first_text(first[i * g]) for i in range(len(seeds))]
     tok, mask = encode_prompts(tokenizer, texts, int(section_get(env, "max_prompt_len")))
     rows = session.start(tok, mask, key)
     ptok, pmask = (np.repeat(x[: len(seeds)], g, axis=0) for x in session.prompts)
@@ -211,7 +214,7 @@ class AgentRolloutProducer:
         self.params = dataclasses.replace(
             sampling,
             max_new_tokens=int(env.turn_tokens),
-            stop_ids=stop_ids(tokenizer, tuple(env.stop)),
+            stop_ids=stop_ids(tokenizer, tuple(env.stop), task),
         )
         self.session = TurnSession(
             sampler, self.params, obs_tokens=int(env.obs_tokens), max_turns=int(env.max_turns)
@@ -351,7 +354,7 @@ def evaluate_episodes(task: EnvTask, sampler, tokenizer, config, num_prompts=Non
     env = env_section(c)
     n = min(num_prompts or c.eval.num_prompts, task.num_examples("eval"))
     seeds = [task.example("eval", i)["seed"] for i in range(n)]
-    stops = stop_ids(tokenizer, tuple(env.stop))
+    stops = stop_ids(tokenizer, tuple(env.stop), task)
 
     def run(k: int, greedy: bool, key):
         params = SamplingParams(

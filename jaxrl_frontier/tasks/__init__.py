@@ -45,7 +45,8 @@ def task_for(config, tokenizer) -> Task:
     if env is not None and env.name:  # an environment run: its seeds are the examples
         from jaxrl_frontier.envs.task import EnvTask
 
-        task = EnvTask(env)
+        system = config.task.get("system_prompt", "")
+        task = EnvTask(env, chat.template_for(config), tokenizer, system)
     else:
         task = make_task(config.task.name, **config.task.kwargs.to_dict())
         template = chat.template_for(config)
