@@ -19,6 +19,8 @@ import json
 import os
 import time
 
+from benchmarks import common
+
 
 def parse(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -102,8 +104,7 @@ def main(argv=None) -> dict:
         settings=vars(args),
         params=cfg.num_params(),
         devices=jax.device_count(),
-        machine="2-core AMD EPYC (AVX2), fake CPU devices",
-        jax=jax.__version__,
+        machine=common.machine_info(),
         programs={},
     )
     wanted = args.programs.split(",")
@@ -163,8 +164,7 @@ def main(argv=None) -> dict:
         t0 = time.perf_counter()
         record("update", update.lower(train_state, batch), t0)
     if args.out:
-        with open(args.out, "w") as f:
-            json.dump(out, f, indent=1)
+        common.write_json(out, args.out, echo=False)
     return out
 
 

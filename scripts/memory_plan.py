@@ -18,7 +18,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks import common  # noqa: E402  (the repository root on the path first)
 
 QWEN2_5 = {  # Hugging Face config.json of Qwen/Qwen2.5-{0.5B,7B,32B}
     "0.5b": dict(hidden_size=896, intermediate_size=4864, num_layers=24, num_heads=14,
@@ -188,12 +193,11 @@ def main(argv=None) -> dict:
             aliased=stats.alias_size_in_bytes,
         ),
         compile_seconds=round(seconds, 1),
-        machine="2-core AMD EPYC (AVX2), 8 fake CPU devices",
+        machine=common.machine_info(),
     )
     print(json.dumps(out, indent=1))
     if args.out:
-        with open(args.out, "w") as f:
-            json.dump(out, f, indent=1)
+        common.write_json(out, args.out, echo=False)
     return out
 
 

@@ -42,7 +42,7 @@ from jaxrl_frontier.envs.trajectory import pack
 from jaxrl_frontier.rl import step_credit
 from jaxrl_frontier.rl.critic import turn_rewards_to_tokens
 from jaxrl_frontier.rl.experience import Experience
-from jaxrl_frontier.rl.rollout import _advantages_and_metrics, _FrozenObjective
+from jaxrl_frontier.rl.rollout import _advantages_and_metrics, _FrozenObjective, run_passes
 from jaxrl_frontier.sampling import SamplingParams
 from jaxrl_frontier.sampling.turns import TurnSession
 from jaxrl_frontier.scheduling import PromptResult
@@ -245,14 +245,7 @@ class AgentRolloutProducer:
         batch = played.batch
         host = self._pack(played, examples, version)
         exp = Experience(**sharding.shard_local_batch(host, self.mesh))
-        for p in self.passes:
-            out = p.fn(weights[p.role], exp)
-            for name, value in (out if isinstance(out, dict) else {p.field: out}).items():
-                value = value * exp.loss_mask
-                if name in ("old_logp", "ref_logp", "teacher_logp"):
-                    exp = exp.replace(**{name: value})
-                else:
-                    exp = exp.replace(extras={**exp.extras, name: value})
+        exp = run_passes(self.passes, weights, exp)
         adv, r_b, metrics = _advantages_and_metrics(exp, self.objective, self.reward_names, g)
         if self.credit != "episode":
             adv = self._step_advantages(batch, exp)

@@ -206,6 +206,20 @@ def logprob_pass(field: str, role: str, logp_fn, mlp_masks=None) -> LogprobPass:
 
 
 @PASSES.register("behaviour")
+def run_passes(passes: Sequence[LogprobPass], weights: dict, exp: Experience) -> Experience:
+    """`exp` with each pass's arrays (masked to the policy's tokens) filled in: old_logp /
+    ref_logp / teacher_logp in place, any other field in `extras`."""
+    for p in passes:
+        out = p.fn(weights[p.role], exp)
+        for name, value in (out if isinstance(out, dict) else {p.field: out}).items():
+            value = value * exp.loss_mask
+            if name in ("old_logp", "ref_logp", "teacher_logp"):
+                exp = exp.replace(**{name: value})
+            else:
+                exp = exp.replace(extras={**exp.extras, name: value})
+    return exp
+
+
 def behaviour_pass(*, policy_logp_fn, mlp_masks=None, **_):
     """old_logp recomputed by the trainer's forward (`train.recompute_old_logp`), not the
     sampler's: removes the sampler/trainer numerics mismatch from the ratio."""
@@ -441,14 +455,7 @@ class RolloutProducer:
         exp = self._assemble(
             rows, draw.prompt_tokens, draw.prompt_mask, rewards, draw.dropout_keys, version
         )
-        for p in self.passes:
-            out = p.fn(weights[p.role], exp)
-            for name, value in (out if isinstance(out, dict) else {p.field: out}).items():
-                value = value * exp.loss_mask
-                if name in ("old_logp", "ref_logp", "teacher_logp"):
-                    exp = exp.replace(**{name: value})
-                else:
-                    exp = exp.replace(extras={**exp.extras, name: value})
+        exp = run_passes(self.passes, weights, exp)
         adv, r_b, metrics = _advantages_and_metrics(exp, self.objective, self.reward_names, g)
         metrics = {**metrics, **{k: jnp.float32(v) for k, v in selected.items()}}
         for name, value in getattr(self.sampler, "stats", {}).items():  # speculative rollouts
