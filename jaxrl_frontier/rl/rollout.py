@@ -205,7 +205,6 @@ def logprob_pass(field: str, role: str, logp_fn, mlp_masks=None) -> LogprobPass:
     return LogprobPass(field, role, fn)
 
 
-@PASSES.register("behaviour")
 def run_passes(passes: Sequence[LogprobPass], weights: dict, exp: Experience) -> Experience:
     """`exp` with each pass's arrays (masked to the policy's tokens) filled in: old_logp /
     ref_logp / teacher_logp in place, any other field in `extras`."""
@@ -220,6 +219,7 @@ def run_passes(passes: Sequence[LogprobPass], weights: dict, exp: Experience) ->
     return exp
 
 
+@PASSES.register("behaviour")
 def behaviour_pass(*, policy_logp_fn, mlp_masks=None, **_):
     """old_logp recomputed by the trainer's forward (`train.recompute_old_logp`), not the
     sampler's: removes the sampler/trainer numerics mismatch from the ratio."""
