@@ -8,7 +8,8 @@ As configs/grpo_frozenlake.py, with per-turn credit (`env.credit = '3spo'`, 3SPO
 State-Score-Supervised Policy Optimization for LLM Agents, on GiGPO's anchor groups):
 A(t) = A_E(episode) + step_weight * norm_anchor(R(s_t, s_t+1)), where R rewards novel
 moves and moves to states the policy has rarely succeeded from, scored from the run's own
-history (`rl.step_credit.StateScores`, kept by the producer for the run).
+history. `data.source = 'sspo'` keeps that history (checkpointed with the run) and draws
+each batch's boards by 3SPO's allocation n(s0) = ceil(G_max S(s0)) of their start states.
 """
 
 from jaxrl_frontier import presets
@@ -18,6 +19,8 @@ def get_config(arg=None):
     c = presets.frozenlake("rl")
     c.env.update(credit="3spo", step_weight=1.0, scale="mean")
     c.env.sspo = dict(alpha=1.0, xi=10.0, zeta=0.1, g_max=8, omega_k=0.1)
+    c.data.source = "sspo"
+    c.data.sspo = dict(pool=4, allocate=True)
     c.objective.advantage = "grpo"  # the metrics' group baseline; the update reads 3SPO's
     c.objective.weight = "ppo_clip"
     c.objective.weight_kwargs = dict(eps_low=0.2, eps_high=0.2)

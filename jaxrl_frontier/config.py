@@ -157,6 +157,9 @@ def base_config() -> ml_collections.ConfigDict:
         kmeans_sample=1024,
         kmeans_iters=25,
     )
+    # 3SPO's state history and start-state allocation (environment runs; envs/allocation.py):
+    # pool x prompt_batch candidate seeds, prompt_batch drawn by n(s0); allocate=False: uniform
+    c.data.sspo = dict(pool=4, allocate=True)
     c.data.zppo = dict(
         capacity=64,
         replay_fraction=0.25,
@@ -292,7 +295,8 @@ def base_config() -> ml_collections.ConfigDict:
     # ending at EOS or a `stop` string (one token each); observations of at most obs_tokens
     # tokens, formatted by observation_template; max_tokens: the episode's token budget (0:
     # none). credit: 'episode' (objective.advantage on episode returns), 'gigpo' (anchor-state
-    # step groups: gamma, step_weight, scale) or '3spo' (state scores: sspo.*, on GiGPO).
+    # step groups: gamma, step_weight, scale) or '3spo' (state scores: sspo.*, on GiGPO; needs
+    # data.source='sspo', which keeps the history).
     c.env = ml_collections.ConfigDict()
     c.env.name = ""
     c.env.module = ""

@@ -46,6 +46,7 @@ class PromptResult:
     index: the example's dataset index.  rewards: [G, K] reward vectors of its completions.
     reward: [G] combined sequence rewards.  correct: fraction of completions with
     correctness > 0.  lengths: [G] completion lengths.  texts: the G decoded completions.
+    episode_states: in environment runs, the G episodes' visited states.
     """
 
     index: int
@@ -55,6 +56,7 @@ class PromptResult:
     correct: float
     lengths: np.ndarray
     texts: tuple[str, ...] = ()
+    episode_states: tuple = ()  # environment runs: each episode's visited states (3SPO)
 
 
 class PromptSource(Protocol):
@@ -454,3 +456,7 @@ def zppo(task: Task, config, *, batch_size: int, process_index: int, process_cou
         process_index=process_index,
         process_count=process_count,
     )
+
+
+# 3SPO's allocation lives with the environments; importing it registers 'sspo'.
+from jaxrl_frontier.envs import allocation as _allocation  # noqa: E402, F401

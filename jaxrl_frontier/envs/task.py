@@ -135,6 +135,11 @@ def check_env_config(c) -> tuple[str, ...]:
         raise ConfigError(f"config key 'env.name' = {e.name!r}; allowed: {', '.join(ENVS.names())}")
     if e.credit not in CREDITS:
         raise ConfigError(f"config key 'env.credit' = {e.credit!r}; allowed: {', '.join(CREDITS)}")
+    if e.credit == "3spo" and c.data.source != "sspo":
+        raise ConfigError(
+            "config key 'env.credit' = '3spo' reads the state history that data.source='sspo' "
+            f"keeps (and checkpoints); data.source is {c.data.source!r}"
+        )
     for key in ("max_turns", "turn_tokens", "obs_tokens"):
         if e[key] < 1:
             raise ConfigError(f"config key 'env.{key}' = {e[key]} must be >= 1")
@@ -144,7 +149,7 @@ def check_env_config(c) -> tuple[str, ...]:
         "rollout.dropout_rate": c.rollout.dropout_rate > 0,
         "rollout.speculative.draft": c.rollout.speculative.draft is not None,
         "rollout.editors": bool(c.rollout.editors),
-        "data.source": c.data.source not in ("uniform",),
+        "data.source": c.data.source not in ("uniform", "sspo"),
     }
     for key, bad in refused.items():
         if bad:

@@ -226,9 +226,6 @@ class AgentRolloutProducer:
         self.reward_names = ENV_REWARD_NAMES
         self.completion_len = completion_width(env)
         self.credit = str(env.credit)
-        self.scores = None
-        if self.credit == "3spo":
-            self.scores = step_credit.StateScores(**dict(env.sspo))
 
     def produce(
         self, examples, weights: dict[str, Any], key, *, version: int = 0, source=None
@@ -248,12 +245,15 @@ class AgentRolloutProducer:
         exp = run_passes(self.passes, weights, exp)
         adv, r_b, metrics = _advantages_and_metrics(exp, self.objective, self.reward_names, g)
         if self.credit != "episode":
-            adv = self._step_advantages(batch, exp)
-        metrics = {**metrics, **{k: jnp.float32(v) for k, v in episode_metrics(batch).items()}}
+            adv = self._step_advantages(batch, exp, getattr(source, "scores", None))
+        source_metrics = source.metrics() if hasattr(source, "metrics") else {}  # 3SPO's
+        host_metrics = {**episode_metrics(batch), **source_metrics}
+        metrics = {**metrics, **{k: jnp.float32(v) for k, v in host_metrics.items()}}
         exp = exp.replace(advantages=adv)
         texts = tuple(transcript(ep) for ep in batch.episodes)
+        states = tuple(tuple(ep.states) for ep in batch.episodes)
         exp = exp.replace(
-            results=self._results(examples, host, np.asarray(r_b), texts), texts=texts
+            results=self._results(examples, host, np.asarray(r_b), texts, states), texts=texts
         )
         info = dict(
             metrics=metrics, n_failed=0.0, rollout_seconds=t_rollout, policy_version=version
@@ -298,25 +298,26 @@ class AgentRolloutProducer:
         host["extras"] = {"turn_rewards": np.asarray(per_token, np.float32)}
         return host
 
-    def _step_advantages(self, batch: EpisodeBatch, exp: Experience):
+    def _step_advantages(self, batch: EpisodeBatch, exp: Experience, scores):
         """Per-turn advantages (GiGPO, or 3SPO on GiGPO's episode term) on each turn's
-        action tokens, [B, T]."""
+        action tokens, [B, T]. scores: 3SPO's state history (the 'sspo' prompt source's,
+        updated when it observes this batch)."""
         e = self.env
         steps = step_credit.Steps.from_episodes(batch.episodes)
         gi = step_credit.gigpo_advantages(
             steps, gamma=float(e.gamma), step_weight=float(e.step_weight), scale=str(e.scale)
         )
         per_step = gi["advantage"]
-        if self.scores is not None:  # 3SPO: state-score step rewards compared at anchors
-            a_s = self.scores.advantages(steps, scale=str(e.scale))
+        if self.credit == "3spo":  # state-score step rewards compared at anchors
+            if scores is None:
+                raise ValueError("env.credit='3spo' reads the state history of data.source='sspo'")
+            a_s = scores.advantages(steps, scale=str(e.scale))
             per_step = gi["episode"] + float(e.step_weight) * a_s
-            for ep in batch.episodes:
-                self.scores.update(ep.states, ep.success)
         values = np.zeros((len(batch.episodes), batch.max_turns), np.float32)
         values[steps.episode, steps.turn] = per_step
         return step_credit.steps_to_tokens(jnp.asarray(values), exp.turn_index, exp.loss_mask)
 
-    def _results(self, examples, host, r_b, texts) -> tuple[PromptResult, ...]:
+    def _results(self, examples, host, r_b, texts, states) -> tuple[PromptResult, ...]:
         g = self.params.n
         rewards = host["rewards"]
         lengths = host["loss_mask"].sum(1)
@@ -329,6 +330,7 @@ class AgentRolloutProducer:
                 correct=float(np.mean(rewards[i * g : (i + 1) * g, 1] > 0)),
                 lengths=lengths[i * g : (i + 1) * g],
                 texts=texts[i * g : (i + 1) * g],
+                episode_states=states[i * g : (i + 1) * g],
             )
             for i, ex in enumerate(examples)
         )
