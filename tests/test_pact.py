@@ -144,7 +144,7 @@ def test_combined_loss_gradient_is_anchor_plus_trace_plus_sft():
 
     batch = dict(tokens=tokens, attention_mask=attn, loss_mask=loss_mask, old_logp=old, **f)
     total = pact.with_pact(anchor, logp_fn, trace_coef=0.7)
-    (value, metrics), grads = jax.value_and_grad(total, has_aux=True)(params, batch)
+    (value, metrics), grads = jax.jit(jax.value_and_grad(total, has_aux=True))(params, batch)
 
     def reference(p):  # the three terms from full-vocabulary log-softmaxes
         def lp(t, m):
@@ -159,7 +159,7 @@ def test_combined_loss_gradient_is_anchor_plus_trace_plus_sft():
         sft = -jnp.sum(w * lp(f["sft_tokens"], f["sft_mask"])) / (w > 0).sum()
         return a + 0.7 * tc + 0.3 * sft, sft
 
-    (ref_value, ref_sft), ref_grads = jax.value_and_grad(reference, has_aux=True)(params)
+    (ref_value, ref_sft), ref_grads = jax.jit(jax.value_and_grad(reference, has_aux=True))(params)
     np.testing.assert_allclose(value, ref_value, rtol=1e-5)
     np.testing.assert_allclose(metrics["pact/sft_nll"], ref_sft, rtol=1e-5)
     assert float(metrics["pact/beta"]) == pytest.approx(0.3)
@@ -168,7 +168,7 @@ def test_combined_loss_gradient_is_anchor_plus_trace_plus_sft():
     # the trace term moves the weights: its gradient alone is not zero
     tc_only = pact.with_pact(lambda p, b, **_: (0.0, {}), logp_fn, trace_coef=1.0)
     f0 = dict(batch, pact_beta=np.zeros((2, 1), np.float32))
-    g_tc = jax.grad(lambda p: tc_only(p, f0)[0])(params)
+    g_tc = jax.jit(jax.grad(lambda p: tc_only(p, f0)[0]))(params)
     assert max(float(jnp.abs(x).max()) for x in jax.tree.leaves(g_tc)) > 1e-4
     # without the PACT fields the loss is the anchor's alone
     plain = {k: v for k, v in batch.items() if k not in pact.FIELDS}
