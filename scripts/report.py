@@ -65,14 +65,28 @@ def load_runs(root: str) -> list[dict] | None:
         return json.load(f)["runs"]
 
 
-def enough(runs: list[dict] | None) -> bool:
-    """Every group of the sweep has at least MIN_SEEDS finished runs."""
+def enough(runs: list[dict] | None, group_of=None) -> bool:
+    """Every group of the sweep (the claim's `group_of`, else collect's seed groups) has at
+    least MIN_SEEDS finished runs."""
     if not runs:
         return False
+    group_of = group_of or (lambda r: r["group"])
     counts: dict[str, int] = {}
     for r in runs:
-        counts[r["group"]] = counts.get(r["group"], 0) + (r["status"] == "done")
+        counts[group_of(r)] = counts.get(group_of(r), 0) + (r["status"] == "done")
     return min(counts.values()) >= MIN_SEEDS
+
+
+def stage_note(claim: Claim, runs_dir: str) -> tuple[str, float, float]:
+    """The earlier stages of a claim of several sweeps (e.g. the SFT runs before RL): a
+    note of their runs and time, and their wall and CPU seconds."""
+    notes, wall, cpu = [], 0.0, 0.0
+    for sweep, root in zip(claim.sweeps[:-1], claim.roots(runs_dir)[:-1]):
+        done = [r for r in load_runs(root) or [] if r["status"] == "done"]
+        w, c = sum(r["wall_seconds"] for r in done), sum(r.get("cpu_seconds", 0.0) for r in done)
+        wall, cpu = wall + w, cpu + c
+        notes.append(f"`{sweep}` first: {len(done)} runs, {w / 60:.1f} min ({c / 60:.1f} CPU-min)")
+    return "; ".join(notes), wall, cpu
 
 
 def plot(finding: Finding, title: str, path: str, machine: str) -> None:
@@ -115,7 +129,7 @@ def section(claim: Claim, runs_dir: str, fig_dir: str, out_dir: str) -> tuple[li
     lines += [f"**Task.** {claim.task}.", ""]
     sweeps = ", ".join(f"`{s}`" for s in claim.sweeps)
     runs = load_runs(claim.roots(runs_dir)[-1])
-    if not enough(runs):
+    if not enough(runs, claim.group_of):
         have = "" if not runs else f" ({sum(r['status'] == 'done' for r in runs)} runs finished)"
         lines += [f"**Verdict: not run yet**{have}. Sweep files: {sweeps}. To run it:", ""]
         lines += ["```", *claim.commands(), "```", ""]
@@ -128,6 +142,8 @@ def section(claim: Claim, runs_dir: str, fig_dir: str, out_dir: str) -> tuple[li
     plot(finding, f"({claim.key}) {claim.title}", png, machine_text)
     rel = os.path.relpath(png, out_dir)
     first = finding.notes[0] if finding.notes else f"{len(done)} runs"
+    stages, stage_wall, stage_cpu = stage_note(claim, runs_dir)
+    first = f"{stages}; then {first}" if stages else first
     lines += [
         f"**Runs.** Sweep files: {sweeps}; {first}; on {machine_text}.",
         "",
@@ -136,8 +152,8 @@ def section(claim: Claim, runs_dir: str, fig_dir: str, out_dir: str) -> tuple[li
     lines += [f"![claim {claim.key}]({rel})", "", *table(finding), ""]
     lines += [f"**Verdict: {finding.verdict}.** {finding.reason}.", ""]
     lines += [f"Note: {note}." for note in finding.notes[1:]] + ([""] if finding.notes[1:] else [])
-    seconds = sum(r["wall_seconds"] for r in done)
-    cpu = sum(r.get("cpu_seconds", 0.0) for r in done)
+    seconds = sum(r["wall_seconds"] for r in done) + stage_wall
+    cpu = sum(r.get("cpu_seconds", 0.0) for r in done) + stage_cpu
     entry = dict(key=claim.key, verdict=finding.verdict, runs=len(done), seconds=seconds, cpu=cpu)
     return lines, entry
 

@@ -5,7 +5,7 @@
     python scripts/sweep.py collect runs/sweeps/claim_e_rl && python scripts/report.py
 
 Does the policy entropy before RL (train/entropy at the first logged RL step) predict the
-GRPO outcome (the pass@1 gain)? configs/grpo_arith.py for 300 steps from each of the 12
+GRPO outcome (the pass@1 gain)? configs/grpo_arith.py for 200 steps from each of the 9
 SFT runs; model.path names the SFT run's workdir (train.steps=N in it gives the depth).
 """
 
@@ -17,7 +17,7 @@ SFT_SWEEP = os.path.join(REPO, "sweeps", "claim_e_sft.py")
 SFT_ROOT = os.path.join("runs", "sweeps", "claim_e_sft")
 COMMON = {
     "config": "configs/grpo_arith.py",
-    "train.steps": 300,
+    "train.steps": 200,
     "train.eval_every": 50,
     "train.checkpoint_every": 50,
 }

@@ -10,7 +10,7 @@ steps, 3 seeds each: deeper SFT sharpens the policy (lower entropy) and raises p
 
 from jaxrl_frontier.sweeps import grid, product, seeds
 
-DEPTHS = [300, 600, 1200, 2400]
+DEPTHS = [200, 600, 1800]
 COMMON = {"config": "configs/sft_arith.py", "train.stop_at_pass1": 0.0}
 
 

@@ -220,3 +220,30 @@ def test_a_claim_with_too_few_seeds_is_not_run_yet(tmp_path):
         json.dump(dict(runs=runs, groups=[]), f)
     text = load_report().report(str(tmp_path), str(tmp_path / "results.md"))
     assert "**Verdict: not run yet** (8 runs finished)" in text
+
+
+def test_a_two_stage_claim_counts_seeds_by_depth_and_its_sft_stage_time(tmp_path):
+    """Claim (e): every RL run is a collect group of its own (its model.path differs), so the
+    seeds are counted by the SFT depth; the SFT sweep's time is in the claim's total."""
+    sft, rl = [], []
+    for seed in range(3):
+        for depth, entropy, gain, start in [(200, 0.9, 0.0, 0.02), (600, 0.6, 0.1, 0.2)]:
+            name = f"train.steps={depth}__seed={seed}--abc"
+            sft.append(make_run("sft_arith", seed, {"eval/pass@1_greedy": [(0, 0.0)]}, wall=30.0))
+            series = {
+                "train/entropy": [(10, entropy + 0.01 * seed), (200, 0.2)],
+                "eval/pass@1_greedy": [(0, start), (200, start + gain - 0.001 * seed)],
+            }
+            run = make_run(
+                "grpo_arith", seed, series, {"model.path": f"runs/sweeps/claim_e_sft/{name}"}
+            )
+            rl.append({**run, "group": run["name"]})
+    for sweep, runs in [("claim_e_sft", sft), ("claim_e_rl", rl)]:
+        (tmp_path / sweep).mkdir()
+        with open(tmp_path / sweep / RESULTS_JSON, "w") as f:
+            json.dump(dict(runs=runs, groups=[]), f)
+    text = load_report().report(str(tmp_path), str(tmp_path / "results.md"))
+    # 6 RL runs x 10 s + 6 SFT runs x 30 s = 4.0 min wall, twice that in CPU time
+    assert "| (e) | does not reproduce at this scale | 6 | 4.0 min | 8.0 min |" in text, text
+    assert "`sweeps/claim_e_sft.py` first: 6 runs, 3.0 min (6.0 CPU-min)" in text
+    assert "rises with every SFT depth (SFT 200 steps 0.020, SFT 600 steps 0.200)" in text

@@ -33,6 +33,7 @@ class Claim:
     task: str  # which task, and whether its completions are long enough
     analyze: Callable[[list[dict]], Finding]
     prerequisites: list[str] = dataclasses.field(default_factory=list)  # commands run first
+    group_of: Callable[[dict], str] | None = None  # run -> its group (default: collect's)
 
     def roots(self, runs_dir: str) -> list[str]:
         return [
@@ -488,7 +489,29 @@ def analyze_e(runs: list[dict]) -> Finding:
     t = rho * math.sqrt((n - 2) / max(1 - rho**2, 1e-12))
     verdict = REPRODUCES if t > 2 else DOES_NOT if t < -2 else INCONCLUSIVE
     reason = f"Spearman rho(pre-RL entropy, pass@1 gain) = {rho:+.2f} over {n} runs (t = {t:+.1f})"
-    return Finding(verdict, reason, rows, list(rows[0]), curves, [wall_note(groups)])
+    return Finding(
+        verdict,
+        reason,
+        rows,
+        list(rows[0]),
+        curves,
+        [wall_note(groups), _depth_note(groups, labels)],
+    )
+
+
+def _depth_note(groups: dict[str, list[dict]], labels: list[str]) -> str:
+    """Whether the SFT depths reach over-training: the RL start's greedy pass@1 by depth."""
+    start = {lbl: mean_std([series(r, PASS1)[0][1] for r in groups[lbl]])[0] for lbl in labels}
+    cells = ", ".join(f"{lbl} {v:.3f}" for lbl, v in start.items())
+    values = list(start.values())
+    if all(b > a for a, b in zip(values, values[1:])):
+        return (
+            f"greedy pass@1 at the start of RL rises with every SFT depth ({cells}): the "
+            "depths run from under-trained to better-trained starts and none is past its "
+            "best, so the over-training the claim is about is not reached; deeper SFT is "
+            "the test of it"
+        )
+    return f"greedy pass@1 at the start of RL by SFT depth: {cells}"
 
 
 # ------------------------------------------------------------------ the claims
@@ -533,8 +556,10 @@ CLAIMS: dict[str, Claim] = {
             "early tokens; training on the first 30% of each completion does better than "
             "on the last 30%.",
             ["sweeps/claim_c.py"],
-            _ARITH + ": 30% of a 4-token completion is one token, too short for a position "
-            "effect to show clearly; countdown (24 tokens) is the longer task",
+            _ARITH + ". On a completion of 3 or 4 digits + EOS, [0%, 30%) is its first two "
+            "tokens (the leading digits) and [70%, 100%) its last one, the EOS token; so the "
+            "windows compare the leading digits with the end-of-sequence token, not early "
+            "with late reasoning; countdown (up to 24 tokens) is the longer task",
             analyze_c,
             [_DEMO, _TEACHER],
         ),
@@ -556,8 +581,10 @@ CLAIMS: dict[str, Claim] = {
             "pre-RL entropy is positively associated with the GRPO outcome; SFT overtraining "
             "collapses the entropy and the later gain.",
             ["sweeps/claim_e_sft.py", "sweeps/claim_e_rl.py"],
-            _ARITH,
+            _ARITH + "; configs/sft_arith.py for 200, 600 and 1800 steps (no pass@1 stop), "
+            "then 200 steps of configs/grpo_arith.py from each",
             analyze_e,
+            group_of=_label_e,
         ),
     ]
 }
