@@ -165,3 +165,42 @@ def test_the_config_errors_name_their_keys():
     plain.data.source = "sspo"
     with pytest.raises(ConfigError, match="'data.source' = 'sspo' needs an environment"):
         make_source(EnvTask(c.env), plain, batch_size=8)
+
+
+def test_a_3spo_run_cut_after_two_steps_resumes_bitwise(tmp_path):
+    """configs/3spo_frozenlake.py:runlocal on 6 training boards (so start states repeat and
+    the history steers the draws): 3 uninterrupted steps == 2 steps, a new trainer on the
+    same workdir, 1 more step: the same parameters and the same step-3 numbers, the 3SPO
+    history and the allocation included."""
+    import jax
+    from test_trainer import get_config
+
+    from jaxrl_frontier.trainer import Trainer
+
+    def trainer(workdir, steps):
+        c = get_config(
+            "3spo_frozenlake",
+            {"train.steps": steps, "train.log_every": 1, "train.checkpoint_every": 1,
+             "train.eval_every": 10**6, "eval.at_start": False, "mesh.num_devices": 1,
+             "env.train_size": 6, "data.sspo.pool": 1},
+        )  # fmt: skip
+        t = Trainer(c, str(workdir))
+        t.evaluate = lambda num_prompts=None: {"eval/pass@1_greedy": 0.0}
+        return t
+
+    full = trainer(tmp_path / "full", 3)
+    full.run()
+    trainer(tmp_path / "cut", 2).run()
+    resumed = trainer(tmp_path / "cut", 3)
+    resumed.run()
+    # the history came back from the checkpoint: step 3 alone would give t = 1 + 16
+    assert resumed.source.scores.t == full.source.scores.t == 1 + 3 * 16
+    assert resumed.source.scores.counts == full.source.scores.counts
+    for a, b in zip(jax.tree.leaves(full.state), jax.tree.leaves(resumed.state), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    rows = lambda d: [json.loads(line) for line in open(d / "metrics.jsonl")]
+    want = [r for r in rows(tmp_path / "full") if r["step"] == 3 and "train/loss" in r]
+    got = [r for r in rows(tmp_path / "cut") if r["step"] == 3 and "train/loss" in r]
+    numbers = lambda r: {k: v for k, v in r.items() if "time" not in k and "second" not in k}
+    assert len(want) == len(got) == 1 and numbers(got[0]) == numbers(want[0])
+    assert "sspo/allocation_mean" in want[0] and "env/success_rate" in want[0]
