@@ -90,6 +90,25 @@ def assert_same_loss_and_grads(a, b, atol: float = 1e-5):
         np.testing.assert_allclose(y, x, atol=atol, rtol=1e-4)
 
 
+def assert_resumed_run_equal(full, resumed, full_dir, cut_dir, step: int) -> dict:
+    """An uninterrupted trainer and one resumed on a cut workdir ended the same: bitwise
+    equal train states and equal logged numbers at `step` (timings aside). Returns that
+    step's metrics row."""
+    import json
+
+    import jax
+    import numpy as np
+
+    for a, b in zip(jax.tree.leaves(full.state), jax.tree.leaves(resumed.state), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    rows = lambda d: [json.loads(line) for line in open(os.path.join(d, "metrics.jsonl"))]
+    want = [r for r in rows(full_dir) if r["step"] == step and "train/loss" in r]
+    got = [r for r in rows(cut_dir) if r["step"] == step and "train/loss" in r]
+    numbers = lambda r: {k: v for k, v in r.items() if "time" not in k and "second" not in k}
+    assert len(want) == len(got) == 1 and numbers(got[0]) == numbers(want[0])
+    return want[0]
+
+
 def small_rl_config(mode: str = "rl", num_devices: int = 1):
     """A base config for seconds-long trainer tests: one-digit additions (prompts of 5
     tokens), 4 prompts x 4 completions of 3 tokens, a d=32 model."""

@@ -172,7 +172,7 @@ def test_a_3spo_run_cut_after_two_steps_resumes_bitwise(tmp_path):
     the history steers the draws): 3 uninterrupted steps == 2 steps, a new trainer on the
     same workdir, 1 more step: the same parameters and the same step-3 numbers, the 3SPO
     history and the allocation included."""
-    import jax
+    from conftest import assert_resumed_run_equal
     from test_trainer import get_config
 
     from jaxrl_frontier.trainer import Trainer
@@ -196,11 +196,5 @@ def test_a_3spo_run_cut_after_two_steps_resumes_bitwise(tmp_path):
     # the history came back from the checkpoint: step 3 alone would give t = 1 + 16
     assert resumed.source.scores.t == full.source.scores.t == 1 + 3 * 16
     assert resumed.source.scores.counts == full.source.scores.counts
-    for a, b in zip(jax.tree.leaves(full.state), jax.tree.leaves(resumed.state), strict=True):
-        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-    rows = lambda d: [json.loads(line) for line in open(d / "metrics.jsonl")]
-    want = [r for r in rows(tmp_path / "full") if r["step"] == 3 and "train/loss" in r]
-    got = [r for r in rows(tmp_path / "cut") if r["step"] == 3 and "train/loss" in r]
-    numbers = lambda r: {k: v for k, v in r.items() if "time" not in k and "second" not in k}
-    assert len(want) == len(got) == 1 and numbers(got[0]) == numbers(want[0])
-    assert "sspo/allocation_mean" in want[0] and "env/success_rate" in want[0]
+    row = assert_resumed_run_equal(full, resumed, tmp_path / "full", tmp_path / "cut", step=3)
+    assert "sspo/allocation_mean" in row and "env/success_rate" in row
