@@ -39,10 +39,26 @@ def arithmetic(mode: str, runlocal: bool = False) -> ml_collections.ConfigDict:
     return c
 
 
-def arithmetic_opd(teacher_path: str = "runs/teacher_arith") -> ml_collections.ConfigDict:
+def column_addition(mode: str) -> ml_collections.ConfigDict:
+    """The same model on 3-digit addition worked column by column (tasks/column_addition.py):
+    completions of 32 tokens instead of 6, for claims about where along a completion a
+    signal lands."""
+    c = arithmetic(mode)
+    c.task.name = "column_addition"
+    c.task.kwargs = dict(digits=3)
+    c.rollout.max_new_tokens = 32  # 3 blocks "x+y+c=ss," + a 4-digit sum + EOS
+    if mode == "rl":
+        c.model.path = "runs/sft_column_addition"
+    return c
+
+
+def arithmetic_opd(
+    teacher_path: str = "runs/teacher_arith", task: str = "arithmetic"
+) -> ml_collections.ConfigDict:
     """On-policy distillation on arithmetic: a teacher run's export scores the student's
-    own samples; the per-token advantage is l_teacher - l_student (the `opd` estimator)."""
-    c = arithmetic("rl")
+    own samples; the per-token advantage is l_teacher - l_student (the `opd` estimator).
+    `task`: "arithmetic" (6-token answers) or "column_addition" (32-token worked sums)."""
+    c = {"arithmetic": arithmetic, "column_addition": column_addition}[task]("rl")
     c.teacher.update(init="checkpoint", path=teacher_path)
     c.objective.update(advantage="opd", weight="pg", aggregation="token_mean")
     c.objective.advantage_kwargs = dict(estimator="immediate")

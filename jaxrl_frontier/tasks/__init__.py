@@ -5,7 +5,14 @@ Importing this package registers every task below.
 """
 
 from jaxrl_frontier.registry import import_user_module
-from jaxrl_frontier.tasks import arithmetic, chat, code, countdown, jsonl_math  # noqa: F401
+from jaxrl_frontier.tasks import (  # noqa: F401
+    arithmetic,
+    chat,
+    code,
+    column_addition,
+    countdown,
+    jsonl_math,
+)
 from jaxrl_frontier.tasks.base import (
     REWARD_NAMES,
     SPLITS,

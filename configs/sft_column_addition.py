@@ -1,0 +1,27 @@
+"""SFT warm start on worked column addition (32-token completions): the OPD student.
+
+    python scripts/train.py --config=configs/sft_column_addition.py \
+        --workdir=runs/sft_column_addition
+
+The demo's 2-layer d=128 char model and optimiser (configs/sft_arith.py) on
+tasks/column_addition.py: "123+459=" -> "3+9+0=12,2+5+1=08,1+4+0=05,0582". Like sft_arith
+it stops at the first eval with greedy pass@1 >= 30%, a start with room to improve for
+the distillation that follows (configs/opd_column_addition.py).
+"""
+
+from jaxrl_frontier import presets
+
+
+def get_config(arg=None):
+    c = presets.column_addition("sft")
+    c.optimizer.update(lr=3e-3, warmup_steps=50, schedule="constant")
+    c.train.update(
+        steps=1500,
+        sft_batch=128,
+        log_every=20,
+        eval_every=20,
+        checkpoint_every=100,
+        stop_at_pass1=0.3,
+    )
+    c.eval.update(num_prompts=128, batch=128, pass_k=1)
+    return presets.finish(c, arg)
