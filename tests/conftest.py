@@ -35,6 +35,28 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
 import pytest  # noqa: E402  (after the flags on purpose: nothing above may import jax)
 
+# The longest files first (`make test`'s --durations, summed per file): pytest-xdist's
+# `loadfile` hands whole files to whichever worker is free, in collection order, so a long
+# file collected last runs alone on one worker while the other idles.
+SLOW_FILES_FIRST = (
+    "test_configs.py",
+    "test_trainer.py",
+    "test_notebooks.py",
+    "test_multihost.py",
+    "test_async.py",
+    "test_pact.py",
+    "test_reliability.py",
+    "test_sweep.py",
+    "test_stages.py",
+    "test_envs.py",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: i for i, name in enumerate(SLOW_FILES_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: file order kept
+
+
 # Tiny HF configs (f32, hidden 64, 2 layers, 4 heads, 2 kv heads, vocab 128) covering every
 # option the loader maps: rope scaling, tied embeddings, qkv bias, qk-norm, explicit head_dim.
 TINY = dict(

@@ -210,7 +210,7 @@ def test_report_writes_a_page_with_figures_and_not_run_claims(tmp_path):
     for key in "bcde":
         assert f"| ({key}) | not run yet | 0 | — | — |" in text
     assert "python scripts/sweep.py run sweeps/claim_e_sft.py\n" in text
-    assert "python scripts/train.py --config=configs/teacher_arith.py" in text
+    assert "python scripts/train.py --config=configs/teacher_column_addition.py" in text
 
 
 def test_a_claim_with_too_few_seeds_is_not_run_yet(tmp_path):

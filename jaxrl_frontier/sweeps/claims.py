@@ -283,7 +283,7 @@ def _label_b(run: dict) -> str:
     return (
         "IW-OPD"
         if run["overrides"].get("objective.weight", "") == "iw_opd"
-        or (config_stem(run) == "iw_opd_arith")
+        or config_stem(run).startswith("iw_opd")
         else "OPD"
     )
 
@@ -521,7 +521,16 @@ _ARITH = (
     "2-layer d=128 char model"
 )
 _DEMO = "make demo  # the SFT start, runs/demo/sft"
-_TEACHER = "python scripts/train.py --config=configs/teacher_arith.py --workdir=runs/teacher_arith"
+_COLUMNS = (
+    '3-digit addition worked column by column, "123+459=" -> "3+9+0=12,2+5+1=08,'
+    '1+4+0=05,0582" (completions of 32 tokens with EOS; configs/opd_column_addition.py); '
+    "the student is the demo's 2-layer d=128 char model after configs/sft_column_addition.py, "
+    "the teacher configs/teacher_column_addition.py's 4-layer d=256 model (3.16M parameters)"
+)
+_COLUMN_RUNS = [
+    f"python scripts/train.py --config=configs/{name}.py --workdir=runs/{name}"
+    for name in ("teacher_column_addition", "sft_column_addition")
+]
 
 CLAIMS: dict[str, Claim] = {
     c.key: c
@@ -543,11 +552,9 @@ CLAIMS: dict[str, Claim] = {
             "IW-OPD (Xie et al., 2026): weighting each token by the discrepancy not yet "
             "accumulated converges faster than plain on-policy distillation.",
             ["sweeps/claim_b.py"],
-            _ARITH + "; the teacher is configs/teacher_arith.py's run (98.0% greedy pass@1 "
-            "after 500 steps, 9 min 20 s on the 2-core AMD EPYC, against the student's 28.9%); "
-            "a longer task (countdown, up to 24 tokens) is the stronger test",
+            _COLUMNS,
             analyze_b,
-            [_DEMO, _TEACHER],
+            _COLUMN_RUNS,
         ),
         Claim(
             "c",
@@ -556,12 +563,11 @@ CLAIMS: dict[str, Claim] = {
             "early tokens; training on the first 30% of each completion does better than "
             "on the last 30%.",
             ["sweeps/claim_c.py"],
-            _ARITH + ". On a completion of 3 or 4 digits + EOS, [0%, 30%) is its first two "
-            "tokens (the leading digits) and [70%, 100%) its last one, the EOS token; so the "
-            "windows compare the leading digits with the end-of-sequence token, not early "
-            "with late reasoning; countdown (up to 24 tokens) is the longer task",
+            _COLUMNS + "; [0%, 30%) of a 32-token completion is its first column block and a "
+            "half (the units and the tens' digits), [70%, 100%) the last block's sum and the "
+            "answer",
             analyze_c,
-            [_DEMO, _TEACHER],
+            _COLUMN_RUNS,
         ),
         Claim(
             "d",
