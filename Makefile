@@ -29,4 +29,4 @@ format:
 # Two pytest-xdist workers, each a process of its own with whole test files (`loadfile`):
 # the suite is compile-bound, and XLA compiles one program on one core.
 test: install-test lint
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile --durations=25 tests
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=25 tests
