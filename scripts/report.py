@@ -155,6 +155,9 @@ def section(claim: Claim, runs_dir: str, fig_dir: str, out_dir: str) -> tuple[li
     seconds = sum(r["wall_seconds"] for r in done) + stage_wall
     cpu = sum(r.get("cpu_seconds", 0.0) for r in done) + stage_cpu
     entry = dict(key=claim.key, verdict=finding.verdict, runs=len(done), seconds=seconds, cpu=cpu)
+    # a run two claims share (same overrides, so the same name) counts once in the page total
+    entry["per_run"] = {r["name"]: (r["wall_seconds"], r.get("cpu_seconds", 0.0)) for r in done}
+    entry["stage"] = (stage_wall, stage_cpu)
     return lines, entry
 
 
@@ -166,7 +169,10 @@ def report(runs_dir: str, out: str) -> str:
         lines, entry = section(claim, runs_dir, fig_dir, out_dir)
         body += lines
         summary.append(entry)
-    total, cpu = sum(e["seconds"] for e in summary), sum(e["cpu"] for e in summary)
+    per_run = {name: t for e in summary for name, t in e.get("per_run", {}).items()}
+    stages = [e["stage"] for e in summary if "stage" in e]
+    total = sum(w for w, _ in per_run.values()) + sum(w for w, _ in stages)
+    cpu = sum(c for _, c in per_run.values()) + sum(c for _, c in stages)
     rows = ["| claim | verdict | runs | wall time | CPU time |", "|---|---|---|---|---|"]
     rows += [
         f"| ({e['key']}) | {e['verdict']} | {e['runs']} | "
@@ -176,7 +182,8 @@ def report(runs_dir: str, out: str) -> str:
     rows += [
         "",
         f"The runs behind this page took {total / 60:.1f} min of wall time and "
-        f"{cpu / 60:.1f} min of CPU time (the trainer processes' user + system time).",
+        f"{cpu / 60:.1f} min of CPU time (the trainer processes' user + system time; a run "
+        "that two claims share counts once).",
     ]
     text = HEADER.format(min_seeds=MIN_SEEDS, summary="\n".join(rows)) + "\n" + "\n".join(body)
     with open(out, "w") as f:

@@ -116,6 +116,7 @@ def test_claim_b_steps_to_target():
     }
     assert finding.verdict == REPRODUCES
     assert claims.steps_to(runs[0], "opd/reverse_kl", 0.1) == 41.0  # never: budget + 1
+    assert "logged every 10 steps" in finding.notes[-1]
 
 
 def test_claim_c_d_e_rules():
@@ -148,6 +149,22 @@ def test_claim_c_d_e_rules():
     c = claims.analyze_c(runs)
     assert [r["method"] for r in c.rows] == ["all tokens", claims.C_FIRST, claims.C_LAST]
     assert c.verdict == REPRODUCES
+    assert not any("peaks" in n for n in c.notes)  # every curve ends at its best
+
+    # a window that rises to 0.70 at step 100 and falls to 0.42 (+- 0.01): a peak note
+    for r in runs:
+        if r["overrides"].get("objective.weight_kwargs.start") == 0.0:
+            s = r["seed"]
+            r["series"]["eval/pass@1_greedy"] = [
+                [0, 0.3],
+                [100, 0.7 + 0.01 * s],
+                [200, 0.42 - 0.01 * s],
+            ]
+    c = claims.analyze_c(runs)
+    assert c.verdict == REPRODUCES  # first 30% still ends at 0.41, above the last 30%'s 0.31
+    (note,) = [n for n in c.notes if "peaks" in n]
+    assert note.startswith(f"{claims.C_FIRST}: greedy pass@1 peaks at 0.710 ± 0.010 (step 100")
+    assert "ends at 0.410 ± 0.010" in note
 
     runs = []
     for seed in range(3):
@@ -247,3 +264,15 @@ def test_a_two_stage_claim_counts_seeds_by_depth_and_its_sft_stage_time(tmp_path
     assert "| (e) | does not reproduce at this scale | 6 | 4.0 min | 8.0 min |" in text, text
     assert "`sweeps/claim_e_sft.py` first: 6 runs, 3.0 min (6.0 CPU-min)" in text
     assert "rises with every SFT depth (SFT 200 steps 0.020, SFT 600 steps 0.200)" in text
+
+
+def test_a_run_two_claims_share_counts_once_in_the_page_total(tmp_path):
+    runs = claim_a_runs(1.5, 0.0)  # 12 runs of 10 s wall, 20 s CPU
+    for root in ("claim_a", "claim_d"):  # the same runs (same names) behind two claims
+        (tmp_path / root).mkdir()
+        with open(tmp_path / root / RESULTS_JSON, "w") as f:
+            json.dump(dict(runs=runs, groups=[]), f)
+    text = load_report().report(str(tmp_path), str(tmp_path / "results.md"))
+    assert "| (a) | reproduces at this scale | 12 | 2.0 min | 4.0 min |" in text
+    assert "| (d) | " in text and "| 12 | 2.0 min | 4.0 min |" in text.split("| (d) |")[1]
+    assert "took 2.0 min of wall time and 4.0 min of CPU time" in text  # not 4.0 and 8.0

@@ -328,9 +328,14 @@ def analyze_b(runs: list[dict]) -> Finding:
             "steps to the target KL",
             lower=True,
         )
-    return Finding(
-        verdict, reason, rows, list(rows[0]) if rows else [], curves, [wall_note(groups)]
-    )
+    notes = [wall_note(groups)]
+    steps = [int(s) for s, _ in series(done[0], KL)] if done else []
+    if len(steps) > 1:
+        notes.append(
+            f"the reverse KL is logged every {steps[1] - steps[0]} steps, so a step count "
+            "has that resolution"
+        )
+    return Finding(verdict, reason, rows, list(rows[0]) if rows else [], curves, notes)
 
 
 # ------------------------------------------------------------------ (c)
@@ -369,8 +374,23 @@ def analyze_c(runs: list[dict]) -> Finding:
             "final pass@1",
             lower=False,
         )
+    notes = [wall_note(groups)] + [_peak_note(lbl, groups[lbl]) for lbl in labels]
     return Finding(
-        verdict, reason, rows, list(rows[0]) if rows else [], curves, [wall_note(groups)]
+        verdict, reason, rows, list(rows[0]) if rows else [], curves, [n for n in notes if n]
+    )
+
+
+def _peak_note(label: str, runs: list[dict]) -> str:
+    """A group whose pass@1 falls from its best eval to its last by > 2 SE: both, and when."""
+    best = [max(v for _, v in series(r, PASS1)) for r in runs]
+    final = [_final(PASS1)(r) for r in runs]
+    if differs(best, final) <= 2:
+        return ""
+    when = sorted(max(series(r, PASS1), key=lambda p: p[1])[0] for r in runs)
+    return (
+        f"{label}: greedy pass@1 peaks at {fmt(best)} (step {when[len(when) // 2]:.0f}, the "
+        f"median over seeds) and ends at {fmt(final)}: the positions outside the window get "
+        "no teacher signal, and the shared weights drift there"
     )
 
 
