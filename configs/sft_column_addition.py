@@ -15,15 +15,5 @@ from jaxrl_frontier import presets
 
 
 def get_config(arg=None):
-    c = presets.column_addition("sft")
-    c.optimizer.update(lr=3e-3, warmup_steps=50, schedule="constant")
-    c.train.update(
-        steps=1500,
-        sft_batch=128,
-        log_every=20,
-        eval_every=20,
-        checkpoint_every=100,
-        stop_at_pass1=0.3,
-    )
-    c.eval.update(num_prompts=128, batch=128, pass_k=1)
+    c = presets.sft_start(presets.column_addition("sft"))
     return presets.finish(c, arg)

@@ -19,18 +19,5 @@ from jaxrl_frontier import presets
 
 
 def get_config(arg=None):
-    c = presets.column_addition("sft")
-    c.model.update(
-        hidden_size=256, intermediate_size=768, num_layers=4, num_heads=8, num_kv_heads=4
-    )
-    c.optimizer.update(lr=1e-3, warmup_steps=100, schedule="cosine")
-    c.train.update(
-        steps=4000,
-        sft_batch=128,
-        log_every=50,
-        eval_every=250,
-        checkpoint_every=250,
-        stop_at_pass1=0.9,
-    )
-    c.eval.update(num_prompts=256, batch=128, pass_k=1)
+    c = presets.sft_teacher(presets.column_addition("sft"))
     return presets.finish(c, arg)

@@ -39,6 +39,44 @@ def arithmetic(mode: str, runlocal: bool = False) -> ml_collections.ConfigDict:
     return c
 
 
+def sft_start(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """The SFT recipe of an RL start: lr 3e-3, stop at the first eval with greedy pass@1
+    >= 30%. The phase transition where the carries click comes at a different step with
+    every float rounding; the start of RL should not."""
+    c.optimizer.update(lr=3e-3, warmup_steps=50, schedule="constant")
+    c.train.update(
+        steps=1500,
+        sft_batch=128,
+        log_every=20,
+        eval_every=20,
+        checkpoint_every=100,
+        stop_at_pass1=0.3,
+    )
+    c.eval.update(num_prompts=128, batch=128, pass_k=1)
+    return c
+
+
+def sft_teacher(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """The SFT recipe of an OPD teacher: 4 layers, d=256, MLP 768, 8 heads (3.16M parameters,
+    ~8x the 2-layer student), lr 1e-3 with a cosine decay (a larger model wants a smaller
+    step than sft_start's 3e-3), until 90% greedy pass@1 on 256 held-out prompts (evaluated
+    every 250 steps) or 4,000 steps of 128 demonstrations."""
+    c.model.update(
+        hidden_size=256, intermediate_size=768, num_layers=4, num_heads=8, num_kv_heads=4
+    )
+    c.optimizer.update(lr=1e-3, warmup_steps=100, schedule="cosine")
+    c.train.update(
+        steps=4000,
+        sft_batch=128,
+        log_every=50,
+        eval_every=250,
+        checkpoint_every=250,
+        stop_at_pass1=0.9,
+    )
+    c.eval.update(num_prompts=256, batch=128, pass_k=1)
+    return c
+
+
 def column_addition(mode: str) -> ml_collections.ConfigDict:
     """The same model on 3-digit addition worked column by column (tasks/column_addition.py):
     completions of 32 tokens instead of 6, for claims about where along a completion a
