@@ -36,7 +36,7 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 import pytest  # noqa: E402  (after the flags on purpose: nothing above may import jax)
 
 # The longest files first, by their summed test time in a full `make test` (`--durations=0`;
-# test_stages 17%, test_configs 10%, test_trainer 8% of the suite), the rest in name order.
+# test_stages 15%, test_configs 12%, test_trainer 8% of the suite), the rest in name order.
 # pytest-xdist's `loadfile` hands whole files to whichever worker is free, in collection
 # order (with --no-loadscope-reorder; its default orders by test count instead), so a long
 # file collected last would run alone on one worker while the other idles.
