@@ -240,3 +240,14 @@ def test_slurm_launcher_runs_an_array_job_with_submitits_local_executor(tmp_path
     )
     assert [r["status"] for r in results] == ["skipped", "skipped"]
     assert said[0] == "[sweep] 2 runs, 2 finished before; 0 in one array job"
+
+
+def test_a_pinned_run_records_the_cores_it_had():
+    import os
+
+    from jaxrl_frontier.sweeps.launch import machine
+
+    assert machine([0]).endswith(", 1 core")
+    assert machine([0, 1, 2]).endswith(", 3 cores")
+    n = len(os.sched_getaffinity(0))
+    assert machine().endswith(f", {n} core{'s' if n > 1 else ''}")

@@ -374,14 +374,15 @@ def analyze_c(runs: list[dict]) -> Finding:
             "final pass@1",
             lower=False,
         )
-    notes = [wall_note(groups)] + [_peak_note(lbl, groups[lbl]) for lbl in labels]
+    windows = [lbl for lbl in labels if lbl != "all tokens"]
+    notes = [wall_note(groups)] + [_peak_note(lbl, groups[lbl]) for lbl in windows]
     return Finding(
         verdict, reason, rows, list(rows[0]) if rows else [], curves, [n for n in notes if n]
     )
 
 
 def _peak_note(label: str, runs: list[dict]) -> str:
-    """A group whose pass@1 falls from its best eval to its last by > 2 SE: both, and when."""
+    """A window whose pass@1 falls from its best eval to its last by > 2 SE: both, and when."""
     best = [max(v for _, v in series(r, PASS1)) for r in runs]
     final = [_final(PASS1)(r) for r in runs]
     if differs(best, final) <= 2:
@@ -389,8 +390,8 @@ def _peak_note(label: str, runs: list[dict]) -> str:
     when = sorted(max(series(r, PASS1), key=lambda p: p[1])[0] for r in runs)
     return (
         f"{label}: greedy pass@1 peaks at {fmt(best)} (step {when[len(when) // 2]:.0f}, the "
-        f"median over seeds) and ends at {fmt(final)}: the positions outside the window get "
-        "no teacher signal, and the shared weights drift there"
+        f"median over seeds) and ends at {fmt(final)}; the positions outside the window get "
+        "no teacher signal, so the shared weights are free to drift there"
     )
 
 

@@ -121,14 +121,16 @@ def _attempt_seconds(workdir: str, key: str = "seconds") -> float:
     return sum(r.get(key, 0.0) for r in rows)
 
 
-def machine() -> str:
-    """The CPU model and core count of this machine (recorded with each finished run)."""
+def machine(cpus: list[int] | None = None) -> str:
+    """The CPU model and the cores a run had: `cpus` when it was pinned, else every core
+    this process may use (recorded with each finished run)."""
     model = platform.processor() or platform.machine()
     with contextlib.suppress(OSError):
         with open("/proc/cpuinfo") as f:
             names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
         model = names[0] if names else model
-    return f"{model}, {len(os.sched_getaffinity(0))} cores"
+    cores = len(cpus) if cpus else len(os.sched_getaffinity(0))
+    return f"{model}, {cores} core{'s' if cores > 1 else ''}"
 
 
 def _last_json_line(text: str) -> dict:
@@ -174,7 +176,7 @@ def run_one(run: Run, inprocess: bool = False, cpus: list[int] | None = None) ->
             summary=summary,
             wall_seconds=round(_attempt_seconds(run.workdir), 2),
             cpu_seconds=round(_attempt_seconds(run.workdir, "cpu_seconds"), 2),
-            machine=machine(),
+            machine=machine(cpus),
         )
         with open(os.path.join(run.workdir, DONE_FILE), "w") as f:
             json.dump(done, f)
