@@ -9,13 +9,17 @@ and a small greedy eval at the last step only.
 """
 
 import glob
+import importlib.metadata
 import importlib.util
 import json
 import math
 import os
+import re
 
 import pytest
 from test_trainer import REPO, get_config, read_metrics, series
+
+from benchmarks.common import cpu_info
 
 from jaxrl_frontier.checkpoint import Checkpointer
 from jaxrl_frontier.config import validate
@@ -30,6 +34,49 @@ QUICK = {
     "eval.batch": 4,
     "eval.pass_k": 1,
 }
+
+# Each runlocal run's logged metrics, recorded once (`JAXRL_RECORD_RUNLOCAL=1 pytest
+# tests/test_configs.py`) and compared at every run: a refactor that changes no math logs the
+# same numbers. Keys that measure time are left out.
+RECORDS = os.path.join(REPO, "tests", "data", "runlocal_metrics")
+TIMED = re.compile(r"time|seconds|per_s|/s$|_s$|throughput|tokens_per|wall|compile")
+
+
+def logged_numbers(rows: list[dict]) -> list[dict]:
+    return [{k: v for k, v in r.items() if not TIMED.search(k)} for r in rows]
+
+
+def check_record(name: str, rows: list[dict]) -> None:
+    """Bitwise against the record on the CPU it was made on (same model, vector extensions and
+    jax); elsewhere to rtol 1e-4: another vector width reorders the f32 reductions (each off by
+    at most ~n * 6e-8 for a reduction of length n <= 512 here, 3e-5), over two steps."""
+    path = os.path.join(RECORDS, f"{name}.json")
+    got = logged_numbers(rows)
+    machine = dict(cpu_info(), jax=importlib.metadata.version("jax"))
+    machine.pop("cpu_count")
+    if os.environ.get("JAXRL_RECORD_RUNLOCAL"):
+        os.makedirs(RECORDS, exist_ok=True)
+        with open(path, "w") as f:
+            json.dump({"machine": machine, "rows": got}, f, indent=0, sort_keys=True)
+        return
+    if not os.path.exists(path):
+        pytest.fail(f"no record {path}: make it with JAXRL_RECORD_RUNLOCAL=1")
+    with open(path) as f:
+        record = json.load(f)
+    assert [sorted(r) for r in got] == [sorted(r) for r in record["rows"]], "logged keys differ"
+    if record["machine"] == machine:
+        assert got == record["rows"]
+        return
+    for mine, theirs in zip(got, record["rows"]):
+        for key, value in theirs.items():
+            if isinstance(value, float):
+                assert math.isclose(mine[key], value, rel_tol=1e-4, abs_tol=1e-6), (
+                    key,
+                    mine[key],
+                    value,
+                )
+            else:
+                assert mine[key] == value, key
 
 
 # config -> (test file, test or fixture that trains its runlocal variant)
@@ -79,6 +126,7 @@ def test_runlocal_trains_two_steps(name, tmp_path, monkeypatch):
     assert summary["step"] == 2 and not summary["stopped"]
     assert int(tr.state.step) == 2 and int(tr.state.skipped) == 0
     rows = read_metrics(tmp_path)
+    check_record(name, rows)
     loss_key = "train/nll" if c.mode == "sft" else "train/loss"
     logged = series(rows, loss_key)
     assert 2 in logged
