@@ -73,14 +73,14 @@ def main(argv=None) -> dict:
     from flax import nnx
 
     from benchmarks.fsdp_rl import model_config
-    from jaxrl_frontier import sharding
-    from jaxrl_frontier.forward import make_logp_fn
+    from jaxrl_frontier.core import sharding
     from jaxrl_frontier.models.transformer import Transformer
     from jaxrl_frontier.objectives import losses
-    from jaxrl_frontier.rl.learner import rl_loss, update_layout
+    from jaxrl_frontier.rl.learn.forward import make_logp_fn
+    from jaxrl_frontier.rl.learn.learner import rl_loss, update_layout
+    from jaxrl_frontier.rl.learn.train_step import make_update_fn
     from jaxrl_frontier.sampling import Sampler, SamplingParams
     from jaxrl_frontier.sampling.params import Knobs, Plan
-    from jaxrl_frontier.train_step import make_update_fn
     from scripts.memory_plan import abstract_state
 
     cfg = model_config(args.model, args.remat).replace(dtype=args.dtype)
@@ -145,7 +145,7 @@ def main(argv=None) -> dict:
         record("reference", logp_fn.lower(state, tokens, tokens), t0)
     if "update" in wanted:
         from configs import qwen_math
-        from jaxrl_frontier.build import objective_section
+        from jaxrl_frontier.run.build import objective_section
 
         objective = objective_section(qwen_math.get_config().objective)
         loss_of = rl_loss(graphdef, objective, model_cfg=cfg, **layout)

@@ -70,10 +70,10 @@ def main(argv=None) -> dict:
     import optax
     from flax import nnx
 
-    from jaxrl_frontier import sharding
-    from jaxrl_frontier.forward import apply_hidden
+    from jaxrl_frontier.core import sharding
     from jaxrl_frontier.models.random_init import random_model
     from jaxrl_frontier.objectives import losses
+    from jaxrl_frontier.rl.learn.forward import apply_hidden
     from jaxrl_frontier.sampling import Sampler, SamplingParams
 
     def rss_mb() -> float:  # peak so far (Linux: kilobytes)

@@ -70,8 +70,8 @@ def save_tokenizer(path: str, vocab: int) -> None:
 def time_ours(request: dict) -> dict:
     """The JAX child: save the random model, train warmup + steps steps, read the times."""
     from benchmarks import sampler
-    from jaxrl_frontier import trainer
     from jaxrl_frontier.models import hf
+    from jaxrl_frontier.run import trainer
 
     config = common.load_config(request["config_args"], DEFAULT_CONFIG)
     model_dir, n = request["model_dir"], request["warmup"] + request["steps"]

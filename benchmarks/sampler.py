@@ -76,8 +76,8 @@ def prompts(vocab: int, rows: int, length: int) -> list[list[int]]:
 
 def build_model(config):
     """The config's model with random weights (numpy-drawn: fast at any size)."""
-    from jaxrl_frontier import build
     from jaxrl_frontier.models.random_init import random_model
+    from jaxrl_frontier.run import build
 
     if not config.model.vocab_size:
         raise SystemExit("config key 'model.vocab_size' must be set for a benchmark model")

@@ -8,7 +8,7 @@ Face directory first, as in the rl benchmark), one with `rollout.speculative` as
 sets it and one with it off (`rollout.speculative.draft` None); each times `Trainer.rollout` on the same prompts
 (rollout, rewards, advantages) for `--repeats` calls after one warm-up call (compiles). The
 draft and `k` are the config's: see the `rollout.speculative` key in
-jaxrl_frontier/config.py. Random weights are not a trained pair: the acceptance says little
+jaxrl_frontier/run/config.py. Random weights are not a trained pair: the acceptance says little
 about a real policy and draft; the cost at a given acceptance is what this measures.
 """
 
@@ -32,7 +32,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def _time_rollouts(config, repeats: int) -> dict:
     import jax
 
-    from jaxrl_frontier.trainer import Trainer
+    from jaxrl_frontier.run.trainer import Trainer
 
     with tempfile.TemporaryDirectory() as workdir:
         trainer = Trainer(config, workdir)

@@ -99,7 +99,7 @@ def train_step_flops(cfg, batch: int, seq: int) -> dict:
 def build_model(cfg, mesh=None, seed: int = 0):
     """A Transformer with random weights drawn by numpy (fast at any size), placed on `mesh`."""
 
-    from jaxrl_frontier import sharding
+    from jaxrl_frontier.core import sharding
     from jaxrl_frontier.models.random_init import random_model
 
     model = random_model(cfg, seed=seed, std=0.02)
@@ -113,8 +113,8 @@ def make_state(params, tx, mesh):
     import jax
     import jax.numpy as jnp
 
-    from jaxrl_frontier import sharding
-    from jaxrl_frontier.trainer import TrainState, init_opt_state
+    from jaxrl_frontier.core import sharding
+    from jaxrl_frontier.run.trainer import TrainState, init_opt_state
 
     repl = sharding.replicated(mesh)
     opt_state = init_opt_state(tx, params, mesh)
@@ -143,10 +143,10 @@ def rl_batch(vocab: int, batch: int, seq: int, prompt_len: int, seed: int = 0) -
 
 
 def _update_fn(variant: str, graphdef, tx, state, mesh, batch_keys):
-    from jaxrl_frontier import config as config_lib
-    from jaxrl_frontier import sharding
-    from jaxrl_frontier import trainer as tr
+    from jaxrl_frontier.core import sharding
     from jaxrl_frontier.objectives import losses
+    from jaxrl_frontier.run import config as config_lib
+    from jaxrl_frontier.run import trainer as tr
 
     chunk = None if variant.endswith("plain") else losses.DEFAULT_LOGPROB_CHUNK
     if variant.startswith("sft"):
@@ -167,9 +167,9 @@ def prepare_train_step(name: str, variant: str, batch: int, seq: int, dtype: str
     import jax
     from flax import nnx
 
-    from jaxrl_frontier import config as config_lib
-    from jaxrl_frontier import sharding
-    from jaxrl_frontier.trainer import build_optimizer
+    from jaxrl_frontier.core import sharding
+    from jaxrl_frontier.run import config as config_lib
+    from jaxrl_frontier.run.trainer import build_optimizer
 
     mesh = sharding.make_mesh((1, 1, 1), jax.devices()[:1])
     cfg = model_config(name, dtype, remat=variant.endswith("remat"))
@@ -349,9 +349,9 @@ def _memory_child(model: str) -> dict:
     import jax
     from flax import nnx
 
-    from jaxrl_frontier import config as config_lib
-    from jaxrl_frontier import sharding
-    from jaxrl_frontier.trainer import build_optimizer
+    from jaxrl_frontier.core import sharding
+    from jaxrl_frontier.run import config as config_lib
+    from jaxrl_frontier.run.trainer import build_optimizer
 
     n = jax.device_count()
     tx = build_optimizer(config_lib.base_config().optimizer, 1000)

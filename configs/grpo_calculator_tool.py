@@ -14,8 +14,8 @@ write the call and answer syntax earns no reward: start from one that does (an i
 model, or an SFT warm start); the default scratch model only exercises the pipeline.
 """
 
-from jaxrl_frontier import presets
-from jaxrl_frontier.config import base_config
+from jaxrl_frontier.run import presets
+from jaxrl_frontier.run.config import base_config
 
 SYNTAX = dict(
     call_open="{calc ",

@@ -11,7 +11,7 @@ token (rl/ppo.py; observations are context: no advantage, no value loss). PPO-cl
 ratio, the clipped value loss trained with the policy (its own Adam, lr 1e-3).
 """
 
-from jaxrl_frontier import presets
+from jaxrl_frontier.run import presets
 
 
 def get_config(arg=None):

@@ -11,7 +11,7 @@ fsdp and heads over tensor; `runlocal` swaps in a tiny random model and the repo
 JSONL.
 """
 
-from jaxrl_frontier import presets
+from jaxrl_frontier.run import presets
 
 
 def get_config(arg=None):

@@ -11,7 +11,7 @@ EPYC CPU: greedy pass@1 on 128 held-out prompts goes 21.9% -> 45.3% between the 
 steps 260 and 280, where it stops (about 5 min wall).
 """
 
-from jaxrl_frontier import presets
+from jaxrl_frontier.run import presets
 
 
 def get_config(arg=None):

@@ -15,7 +15,7 @@ student's SFT for 5 of its minutes): 41.4% greedy pass@1 at step 250 and 100.0% 
 45.3% start.
 """
 
-from jaxrl_frontier import presets
+from jaxrl_frontier.run import presets
 
 
 def get_config(arg=None):

@@ -17,7 +17,7 @@ import time
 
 import jax
 
-from jaxrl_frontier import trainer
+from jaxrl_frontier.run import trainer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

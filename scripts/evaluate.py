@@ -31,7 +31,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from jaxrl_frontier.registry import Registry  # noqa: E402
+from jaxrl_frontier.core.registry import Registry  # noqa: E402
 
 # name -> fn(logp [N, T], ref_logp [N, T] | None, mask [N, T]) -> scores [N] (higher: better)
 RERANKERS = Registry("reranker")
@@ -89,12 +89,13 @@ def evaluate_policy(
     """The figures of the module docstring for `policy` (an nnx Transformer)."""
     from flax import nnx
 
-    from jaxrl_frontier import evaluation, sharding
-    from jaxrl_frontier.build import encode_prompts
-    from jaxrl_frontier.forward import make_logp_fn
-    from jaxrl_frontier.rewards import InProcessScorer
+    from jaxrl_frontier.core import sharding
+    from jaxrl_frontier.data.rewards.scorer import InProcessScorer
+    from jaxrl_frontier.data.tasks import eval_examples
+    from jaxrl_frontier.rl.learn.forward import make_logp_fn
+    from jaxrl_frontier.run.build import encode_prompts
     from jaxrl_frontier.sampling import Sampler, SamplingParams
-    from jaxrl_frontier.tasks import eval_examples
+    from jaxrl_frontier.train import evaluation
 
     c = config
     rerankers = {name: RERANKERS.get(name) for name in rerank}
@@ -171,9 +172,9 @@ def main(argv=None) -> dict[str, float]:
     from absl import flags
     from ml_collections import config_flags
 
-    from jaxrl_frontier import config as config_lib
-    from jaxrl_frontier.build import build_mesh, build_model, build_tokenizer
-    from jaxrl_frontier.tasks import make_task
+    from jaxrl_frontier.data.tasks import make_task
+    from jaxrl_frontier.run import config as config_lib
+    from jaxrl_frontier.run.build import build_mesh, build_model, build_tokenizer
 
     f = flags.FlagValues()
     config_flags.DEFINE_config_file(

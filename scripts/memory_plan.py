@@ -88,8 +88,8 @@ def abstract_state(tx, params, mesh):
     import jax.numpy as jnp
     import optax
 
-    from jaxrl_frontier import sharding
-    from jaxrl_frontier.train_step import TrainState
+    from jaxrl_frontier.core import sharding
+    from jaxrl_frontier.rl.learn.train_step import TrainState
 
     repl = sharding.replicated(mesh)
     opt = jax.eval_shape(tx.init, params)
@@ -113,12 +113,13 @@ def main(argv=None) -> dict:
     import optax
     from flax import nnx
 
-    from jaxrl_frontier import lora, sharding
-    from jaxrl_frontier.forward import apply_hidden
+    from jaxrl_frontier.core import sharding
+    from jaxrl_frontier.models import lora
     from jaxrl_frontier.models.transformer import ModelConfig, Transformer
     from jaxrl_frontier.objectives import losses
-    from jaxrl_frontier.rl.learner import with_base
-    from jaxrl_frontier.train_step import make_update_fn
+    from jaxrl_frontier.rl.learn.forward import apply_hidden
+    from jaxrl_frontier.rl.learn.learner import with_base
+    from jaxrl_frontier.rl.learn.train_step import make_update_fn
 
     cfg = ModelConfig(**QWEN2_5[args.model], qkv_bias=True, rope_theta=1e6, family="qwen2",
                       dtype=args.dtype, remat=args.remat)  # fmt: skip

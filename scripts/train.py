@@ -10,7 +10,7 @@ steps since the last checkpoint are lost, no log row; docs/reliability.md). `--h
 the config's key groups and their defaults.
 """
 
-from jaxrl_frontier.cli import train_main
+from jaxrl_frontier.run.cli import train_main
 
 if __name__ == "__main__":
     train_main()

@@ -142,7 +142,7 @@ def assert_resumed_run_equal(full, resumed, full_dir, cut_dir, step: int) -> dic
 def small_rl_config(mode: str = "rl", num_devices: int = 1):
     """A base config for seconds-long trainer tests: one-digit additions (prompts of 5
     tokens), 4 prompts x 4 completions of 3 tokens, a d=32 model."""
-    from jaxrl_frontier import config as config_lib
+    from jaxrl_frontier.run import config as config_lib
 
     c = config_lib.base_config()
     c.mode = mode

@@ -12,8 +12,8 @@ import jax
 import numpy as np
 from conftest import small_rl_config
 
-from jaxrl_frontier import config as config_lib
-from jaxrl_frontier import trainer as tr
+from jaxrl_frontier.run import config as config_lib
+from jaxrl_frontier.run import trainer as tr
 
 
 def _config(**overrides):
@@ -111,7 +111,7 @@ def test_lora_on_disaggregated_roles_moves_only_the_adapters(tmp_path):
     """LoRA with rollouts on 4 devices and training on the other 4, one version ahead: the
     same run as one 8-device mesh at staleness 0; the rollout mesh keeps its own copy of the
     frozen base (placed once) and samples base + the latest adapters."""
-    from jaxrl_frontier import lora
+    from jaxrl_frontier.models import lora
 
     def run(name, **overrides):
         c = _config(**overrides)

@@ -7,8 +7,8 @@ import json
 import jinja2
 import pytest
 
+from jaxrl_frontier.data.tasks.chat import ChatTemplate, ChatTemplateError, read_template
 from jaxrl_frontier.models.tokenizer import HFTokenizer
-from jaxrl_frontier.tasks.chat import ChatTemplate, ChatTemplateError, read_template
 
 # The Qwen2.5-Instruct template (tools, tool calls, tool responses, default system prompt).
 QWEN25_TEMPLATE = (
@@ -289,7 +289,7 @@ def test_template_files(tmp_path):
 
 
 def _chat_config(model_dir, **task):
-    from jaxrl_frontier.config import base_config
+    from jaxrl_frontier.run.config import base_config
 
     c = base_config()
     c.tokenizer.update(kind="hf", path=str(model_dir))
@@ -299,8 +299,8 @@ def _chat_config(model_dir, **task):
 
 
 def test_task_chat_template_key_formats_prompts_and_stops(model_dir, hf_tok):
-    from jaxrl_frontier.tasks import chat as chat_mod
-    from jaxrl_frontier.tasks import make_task, task_for
+    from jaxrl_frontier.data.tasks import chat as chat_mod
+    from jaxrl_frontier.data.tasks import make_task, task_for
 
     tok = HFTokenizer(model_dir)
     raw = make_task("arithmetic")
@@ -329,9 +329,9 @@ def test_task_chat_template_key_formats_prompts_and_stops(model_dir, hf_tok):
 
 
 def test_task_chat_template_without_a_model_directory_names_the_keys():
-    from jaxrl_frontier.config import base_config
+    from jaxrl_frontier.data.tasks import task_for
     from jaxrl_frontier.models.tokenizer import CharTokenizer
-    from jaxrl_frontier.tasks import task_for
+    from jaxrl_frontier.run.config import base_config
 
     c = base_config()
     c.task.chat_template = True
@@ -344,9 +344,9 @@ def test_episode_in_the_chat_template_equals_apply_chat_template(model_dir, hf_t
     turn (its stop token included) and the observation after it, give exactly the ids of
     transformers' apply_chat_template on the conversation (user observations, assistant
     actions) with the generation prompt."""
-    from jaxrl_frontier.config import base_config
-    from jaxrl_frontier.rl.agent_rollout import stop_ids
-    from jaxrl_frontier.tasks import task_for
+    from jaxrl_frontier.data.tasks import task_for
+    from jaxrl_frontier.rl.produce.agent import stop_ids
+    from jaxrl_frontier.run.config import base_config
 
     c = _chat_config(model_dir)
     c.env.update(name="scripted", observation_template="see: {observation}")

@@ -5,8 +5,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxrl_frontier import sharding
-from jaxrl_frontier.checkpoint import Checkpointer, abstract_like
+from jaxrl_frontier.core import sharding
+from jaxrl_frontier.train.checkpoint import Checkpointer, abstract_like
 
 
 def _state(seed: int):

@@ -8,7 +8,7 @@ import sys
 import ml_collections
 import pytest
 
-from jaxrl_frontier.config import ConfigError, base_config, entry_defaults, resolve, validate
+from jaxrl_frontier.run.config import ConfigError, base_config, entry_defaults, resolve, validate
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -212,7 +212,7 @@ def _command_line(*overrides, config="grpo_arith.py:runlocal"):
 
 def test_switching_the_weight_restarts_its_kwargs_from_the_new_defaults(caplog):
     c = _command_line("--config.objective.weight=dppo")
-    with caplog.at_level("INFO", logger="jaxrl_frontier.config"):
+    with caplog.at_level("INFO", logger="jaxrl_frontier.run.config"):
         r = resolve(c)
     assert r.objective.weight_kwargs.to_dict() == dict(
         delta_low=0.15, delta_high=0.15, ratio_cap=20.0
@@ -378,7 +378,7 @@ def test_in_range_edges_are_accepted():
 
 
 def test_every_range_key_exists_in_the_schema():
-    from jaxrl_frontier.config import RANGES
+    from jaxrl_frontier.run.config import RANGES
 
     c = base_config()
     for key in RANGES:
@@ -397,14 +397,14 @@ def test_rewards_scorer_choices():
 
 
 def test_task_module_registers_a_user_task(tmp_path, monkeypatch):
-    from jaxrl_frontier.tasks import TASKS
+    from jaxrl_frontier.data.tasks import TASKS
 
     # the registry is process-wide: register into a copy, restored after the test
     monkeypatch.setattr(TASKS, "_entries", dict(TASKS._entries))
     module = tmp_path / "my_tasks.py"
     module.write_text(
-        "from jaxrl_frontier.tasks import TASKS\n"
-        "from jaxrl_frontier.tasks.arithmetic import Arithmetic\n\n"
+        "from jaxrl_frontier.data.tasks import TASKS\n"
+        "from jaxrl_frontier.data.tasks.arithmetic import Arithmetic\n\n"
         "@TASKS.register('my_arith_from_test_config')\n"
         "class MyArith(Arithmetic):\n"
         "    name = 'my_arith_from_test_config'\n"

@@ -20,10 +20,9 @@ import pytest
 from test_trainer import REPO, get_config, read_metrics, series
 
 from benchmarks.common import cpu_info
-
-from jaxrl_frontier.checkpoint import Checkpointer
-from jaxrl_frontier.config import validate
-from jaxrl_frontier.trainer import Trainer
+from jaxrl_frontier.run.config import validate
+from jaxrl_frontier.run.trainer import Trainer
+from jaxrl_frontier.train.checkpoint import Checkpointer
 
 CONFIGS = sorted(os.path.basename(p)[:-3] for p in glob.glob(os.path.join(REPO, "configs", "*.py")))
 QUICK = {

@@ -8,7 +8,7 @@ import pytest
 from flax import nnx
 
 from jaxrl_frontier.models.transformer import ModelConfig
-from jaxrl_frontier.rl import critic
+from jaxrl_frontier.rl.methods import critic
 
 
 def gae_reference(rewards, values, mask, gamma, lam, last_value=None):

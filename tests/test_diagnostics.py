@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from conftest import small_rl_config
 
-from jaxrl_frontier import diagnostics as dg
-from jaxrl_frontier import trainer as tr
+from jaxrl_frontier.rl import diagnostics as dg
+from jaxrl_frontier.run import trainer as tr
 
 
 def test_p_star_is_where_half_the_groups_are_all_equal():

@@ -10,19 +10,19 @@ import pytest
 from conftest import small_rl_config
 from flax import nnx
 
-from jaxrl_frontier import config as config_lib
-from jaxrl_frontier import trainer as tr
-from jaxrl_frontier.editing import (
+from jaxrl_frontier.data.tasks import make_task
+from jaxrl_frontier.models.tokenizer import CharTokenizer
+from jaxrl_frontier.rl.produce.editors import (
     DynamicRolloutEditing,
     MaskTruncated,
     OverlongShaping,
     build_editors,
     overlong_penalty,
 )
-from jaxrl_frontier.models.tokenizer import CharTokenizer
-from jaxrl_frontier.rl.rollout import RolloutRows
+from jaxrl_frontier.rl.produce.rollout import RolloutRows
+from jaxrl_frontier.run import config as config_lib
+from jaxrl_frontier.run import trainer as tr
 from jaxrl_frontier.sampling import Rollout
-from jaxrl_frontier.tasks import make_task
 
 TASK = make_task("arithmetic", max_digits=1, ops="+", prompt_template="{a}{op}{b}=")
 TOK = CharTokenizer()

@@ -8,7 +8,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from jaxrl_frontier.envs import (
+from jaxrl_frontier.data.envs import (
     ENVS,
     EpisodeBatch,
     env_from_config,
@@ -16,9 +16,9 @@ from jaxrl_frontier.envs import (
     make_env,
     split_seeds,
 )
-from jaxrl_frontier.envs import calculator as calc
-from jaxrl_frontier.envs import gridworld as gw
-from jaxrl_frontier.envs.trajectory import episode_row, pack
+from jaxrl_frontier.data.envs import calculator as calc
+from jaxrl_frontier.data.envs import gridworld as gw
+from jaxrl_frontier.data.envs.trajectory import episode_row, pack
 
 # ----------------------------------------------------------------- scripted, batch, budgets
 
@@ -121,7 +121,7 @@ def test_registry_lists_environments_and_names_unknown_ones():
 def test_user_environment_from_a_module_file(tmp_path):
     f = tmp_path / "my_env.py"
     f.write_text(
-        "from jaxrl_frontier.envs import ENVS, TextEnv\n"
+        "from jaxrl_frontier.data.envs import ENVS, TextEnv\n"
         "@ENVS.register('echo_test_env')\n"
         "class Echo(TextEnv):\n"
         "    name = 'echo_test_env'\n"
@@ -389,9 +389,9 @@ def test_gridworld_episodes_to_token_advantages():
     sampler replaced by fixed actions): advantages land on the policy's tokens only."""
     import jax.numpy as jnp
 
+    from jaxrl_frontier.data.tasks.chat import ChatTemplate
     from jaxrl_frontier.models.tokenizer import CharTokenizer
-    from jaxrl_frontier.rl import critic, step_credit
-    from jaxrl_frontier.tasks.chat import ChatTemplate
+    from jaxrl_frontier.rl.methods import critic, step_credit
 
     tok = CharTokenizer()
     chat = ChatTemplate(
@@ -489,7 +489,7 @@ def test_observation_tokens_get_no_gradient_through_the_loss():
 
 
 def test_gridworld_corners_is_the_classic_board():
-    from jaxrl_frontier.envs import gridworld
+    from jaxrl_frontier.data.envs import gridworld
 
     cfg = gridworld.GridConfig(size=4, hole_density=0.3, corners=True)
     layouts = [gridworld.generate(cfg, seed) for seed in range(20)]

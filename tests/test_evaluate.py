@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from conftest import small_rl_config
 
-from jaxrl_frontier import build as build_lib
 from jaxrl_frontier.models import hf
+from jaxrl_frontier.run import build as build_lib
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 spec = importlib.util.spec_from_file_location("evaluate", os.path.join(REPO, "scripts/evaluate.py"))

@@ -12,13 +12,13 @@ from conftest import hf_logits, left_padded_batch
 from flax import nnx
 from test_trainer import FAST, RL, get_config
 
-from jaxrl_frontier import lora, sharding
-from jaxrl_frontier.checkpoint import Checkpointer
-from jaxrl_frontier.config import ConfigError, validate
-from jaxrl_frontier.models import hf
+from jaxrl_frontier.core import sharding
+from jaxrl_frontier.models import hf, lora
 from jaxrl_frontier.models.transformer import ModelConfig, Transformer, unstack_layers
-from jaxrl_frontier.rl.learner import with_base
-from jaxrl_frontier.train_step import init_train_state
+from jaxrl_frontier.rl.learn.learner import with_base
+from jaxrl_frontier.rl.learn.train_step import init_train_state
+from jaxrl_frontier.run.config import ConfigError, validate
+from jaxrl_frontier.train.checkpoint import Checkpointer
 
 CFG = ModelConfig(
     vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4, num_kv_heads=2
@@ -218,7 +218,7 @@ def test_lora_config_checks():
 def test_lora_rl_run_trains_adapters_only(tmp_path):
     """Two RL steps: the state and its optimizer hold adapters only, the base weights stay
     bitwise as built, the adapters move, the export is base + scaled A B."""
-    from jaxrl_frontier.trainer import Trainer
+    from jaxrl_frontier.run.trainer import Trainer
 
     c = get_config("grpo_arith_lora", {**FAST, **RL, "train.steps": 2})
     tr = Trainer(c, str(tmp_path))

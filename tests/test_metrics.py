@@ -8,7 +8,7 @@ import os
 import numpy as np
 import pytest
 
-from jaxrl_frontier.metrics import (
+from jaxrl_frontier.train.metrics import (
     METRICS_FILE,
     ROLLOUTS_FILE,
     MetricsWriter,
@@ -206,7 +206,7 @@ def test_progress_bar_total_validated():
 
 
 def test_truncate_after_keeps_rows_up_to_the_step_and_drops_torn_lines(tmp_path):
-    from jaxrl_frontier.metrics import truncate_jsonl
+    from jaxrl_frontier.train.metrics import truncate_jsonl
 
     w = MetricsWriter(tmp_path, process_index=0)
     for step in (1, 2, 3, 4):
@@ -234,7 +234,7 @@ def test_rollout_logger_truncate_after(tmp_path):
 
 
 def test_a_failed_append_leaves_no_torn_line(tmp_path, monkeypatch):
-    from jaxrl_frontier import metrics
+    from jaxrl_frontier.train import metrics
 
     path = tmp_path / "m.jsonl"
     path.write_text('{"step": 1}\n')

@@ -12,9 +12,13 @@ import optax
 import pytest
 from test_trainer import FAST, get_config
 
-from jaxrl_frontier import sharding
-from jaxrl_frontier.config import ConfigError
-from jaxrl_frontier.train_step import init_train_state, make_update_fn, optimizer_memory_kind
+from jaxrl_frontier.core import sharding
+from jaxrl_frontier.rl.learn.train_step import (
+    init_train_state,
+    make_update_fn,
+    optimizer_memory_kind,
+)
+from jaxrl_frontier.run.config import ConfigError
 
 
 def _mesh():
@@ -22,7 +26,7 @@ def _mesh():
 
 
 def test_cpu_refuses_the_offload_naming_the_key(tmp_path):
-    from jaxrl_frontier.trainer import Trainer
+    from jaxrl_frontier.run.trainer import Trainer
 
     assert optimizer_memory_kind(False, _mesh()) is None
     c = get_config("grpo_arith", {**FAST, "train.offload_optimizer": True})

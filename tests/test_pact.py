@@ -11,12 +11,12 @@ import pytest
 from conftest import random_model
 from flax import nnx
 
-from jaxrl_frontier.envs.calculator import CalculatorEnv
-from jaxrl_frontier.forward import make_logp_fn
+from jaxrl_frontier.data.envs.calculator import CalculatorEnv
 from jaxrl_frontier.models.tokenizer import CharTokenizer
 from jaxrl_frontier.models.transformer import ModelConfig
 from jaxrl_frontier.objectives import losses
-from jaxrl_frontier.rl import pact
+from jaxrl_frontier.rl.learn.forward import make_logp_fn
+from jaxrl_frontier.rl.methods import pact
 
 SYNTAX = dict(
     call_open="c{", call_close="}", result_open="r{", result_close="}", answer_open="a{",
@@ -181,7 +181,7 @@ def test_pact_run_trains_on_the_expert_trace(tmp_path):
     NLL falls (the SFT term trains the policy, though the rollouts never see the trace)."""
     from test_trainer import get_config, read_metrics
 
-    from jaxrl_frontier.trainer import Trainer
+    from jaxrl_frontier.run.trainer import Trainer
 
     c = get_config(
         "pact_calculator_tool",

@@ -9,10 +9,10 @@ import pytest
 from conftest import SMALL_MODEL, assert_same_loss_and_grads
 from flax import nnx
 
-from jaxrl_frontier import config as config_lib
-from jaxrl_frontier import trainer as tr
 from jaxrl_frontier.models.transformer import ModelConfig, Transformer
 from jaxrl_frontier.objectives import losses
+from jaxrl_frontier.run import config as config_lib
+from jaxrl_frontier.run import trainer as tr
 
 B, T, D, V = 3, 11, 16, 37
 

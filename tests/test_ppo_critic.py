@@ -15,16 +15,16 @@ import pytest
 from conftest import SMALL_MODEL, random_model
 from flax import nnx
 
-from jaxrl_frontier import config as config_lib
-from jaxrl_frontier import sharding
-from jaxrl_frontier.checkpoint import Checkpointer, abstract_like
-from jaxrl_frontier.forward import apply_hidden
+from jaxrl_frontier.core import sharding
 from jaxrl_frontier.models.transformer import ModelConfig
-from jaxrl_frontier.rl import critic as critic_lib
-from jaxrl_frontier.rl import ppo
 from jaxrl_frontier.rl.experience import Experience
-from jaxrl_frontier.rl.learner import Learner, rl_loss
-from jaxrl_frontier.train_step import init_train_state
+from jaxrl_frontier.rl.learn.forward import apply_hidden
+from jaxrl_frontier.rl.learn.learner import Learner, rl_loss
+from jaxrl_frontier.rl.learn.train_step import init_train_state
+from jaxrl_frontier.rl.methods import critic as critic_lib
+from jaxrl_frontier.rl.methods import ppo
+from jaxrl_frontier.run import config as config_lib
+from jaxrl_frontier.train.checkpoint import Checkpointer, abstract_like
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 VOCAB, ROWS, T, TP = 20, 8, 8, 4

@@ -12,9 +12,9 @@ import pytest
 from conftest import small_rl_config
 from flax import nnx
 
-from jaxrl_frontier import sharding
-from jaxrl_frontier import trainer as tr
+from jaxrl_frontier.core import sharding
 from jaxrl_frontier.models.transformer import ModelConfig, Transformer
+from jaxrl_frontier.run import trainer as tr
 from jaxrl_frontier.sampling import Sampler, SamplingParams
 
 

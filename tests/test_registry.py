@@ -1,6 +1,6 @@
 import pytest
 
-from jaxrl_frontier.registry import Registry
+from jaxrl_frontier.core.registry import Registry
 
 
 def test_register_get_names_and_doc():

@@ -20,10 +20,10 @@ import pytest
 from safetensors.numpy import load_file
 from test_trainer import FAST, RL, get_config, host_leaves, read_metrics, series
 
-from jaxrl_frontier.checkpoint import Checkpointer
-from jaxrl_frontier.faults import TrainingFault
-from jaxrl_frontier.metrics import METRICS_FILE, ROLLOUTS_FILE
-from jaxrl_frontier.trainer import Trainer
+from jaxrl_frontier.run.trainer import Trainer
+from jaxrl_frontier.train.checkpoint import Checkpointer
+from jaxrl_frontier.train.faults import TrainingFault
+from jaxrl_frontier.train.metrics import METRICS_FILE, ROLLOUTS_FILE
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CKPT2 = {**RL, "train.steps": 4, "train.checkpoint_every": 2, "train.rollout_log_every": 1}
@@ -241,7 +241,7 @@ def _can_mount_tmpfs() -> bool:
 
 CHECK_AFTER_FULL_DISK = """
 import json, sys
-from jaxrl_frontier.checkpoint import Checkpointer
+from jaxrl_frontier.train.checkpoint import Checkpointer
 workdir = sys.argv[1]
 ck = Checkpointer(workdir + "/checkpoints")
 lines = open(workdir + "/metrics.jsonl").read().split("\\n")
@@ -312,7 +312,7 @@ def test_diverging_updates_warn_and_stop_the_run_without_an_export(tmp_path, cap
 
 
 def test_skips_that_recover_reset_the_count(tmp_path):
-    from jaxrl_frontier.faults import RunGuard
+    from jaxrl_frontier.train.faults import RunGuard
 
     said = []
     guard = RunGuard(max_skipped_updates=2, max_failure_steps=0, say=said.append)
@@ -436,8 +436,8 @@ def test_broken_tokenizer_json_names_the_file(tmp_path):
 
 
 def test_long_jsonl_row_is_refused_before_any_model_is_built(tmp_path, monkeypatch):
-    from jaxrl_frontier import trainer as trainer_lib
-    from jaxrl_frontier.config import ConfigError
+    from jaxrl_frontier.run import trainer as trainer_lib
+    from jaxrl_frontier.run.config import ConfigError
 
     rows = tmp_path / "rows.jsonl"
     questions = ["1+1"] * 26 + ["1+1 " * 20] + ["2+2"]
@@ -459,7 +459,7 @@ def test_help_prints_usage_and_the_key_groups(entry):
         cmd = [
             sys.executable,
             "-c",
-            "from jaxrl_frontier.cli import train_main; train_main()",
+            "from jaxrl_frontier.run.cli import train_main; train_main()",
             "-h",
         ]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=60)

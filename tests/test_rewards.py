@@ -5,9 +5,9 @@ import logging
 import numpy as np
 import pytest
 
-from jaxrl_frontier.rewards import InProcessScorer, score_completions
-from jaxrl_frontier.tasks import REWARD_NAMES, make_prompt_iterator, make_task
-from jaxrl_frontier.tasks.base import Task
+from jaxrl_frontier.data.rewards.scorer import InProcessScorer, score_completions
+from jaxrl_frontier.data.tasks import REWARD_NAMES, make_prompt_iterator, make_task
+from jaxrl_frontier.data.tasks.base import Task
 
 
 class Flaky(Task):
@@ -56,7 +56,7 @@ def test_failures_zeroed_counted_and_logged_once(caplog):
     task = Flaky()
     examples = [{"index": i} for i in range(5)]
     completions = ["ok", "boom", "keys", "nan", "boom again"]
-    with caplog.at_level(logging.WARNING, logger="jaxrl_frontier.rewards"):
+    with caplog.at_level(logging.WARNING, logger="jaxrl_frontier.data.rewards.scorer"):
         rewards, n_failed = score_completions(task, examples, completions)
     assert n_failed == 4
     np.testing.assert_array_equal(rewards[0], [1.0, 0.5, 0.25])
@@ -68,7 +68,7 @@ def test_failures_zeroed_counted_and_logged_once(caplog):
 def test_in_process_scorer_warns_once_over_its_lifetime(caplog):
     scorer = InProcessScorer(Flaky())
     assert scorer.reward_names == REWARD_NAMES
-    with caplog.at_level(logging.WARNING, logger="jaxrl_frontier.rewards"):
+    with caplog.at_level(logging.WARNING, logger="jaxrl_frontier.data.rewards.scorer"):
         for _ in range(3):
             rewards, n_failed = scorer([{"index": 0}], ["boom"])
             assert n_failed == 1 and not rewards.any()

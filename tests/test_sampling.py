@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from jaxrl_frontier import sharding as shd
+from jaxrl_frontier.core import sharding as shd
 from jaxrl_frontier.models.random_init import random_model
 from jaxrl_frontier.models.transformer import ModelConfig, Transformer
 from jaxrl_frontier.sampling import (
@@ -353,7 +353,7 @@ def test_rollout_compiler_options_and_rejected_ones_warn_once(monkeypatch):
     """CPU rollouts: YNNPACK for reductions, and for dots too from 64 matmul rows per device;
     other backends: XLA's defaults. An option set XLA rejects warns once, naming XLA's reason,
     and gives the defaults."""
-    from jaxrl_frontier import xla_options
+    from jaxrl_frontier.core import xla_options
 
     ynn = "xla_cpu_experimental_ynn_fusion_type"
     assert xla_options.rollout_compiler_options("cpu", 63) == ((ynn, "LIBRARY_FUSION_TYPE_REDUCE"),)

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 from test_trainer import FAST, get_config, read_metrics, series
 
-from jaxrl_frontier.rewards import SandboxedScorer
-from jaxrl_frontier.sandbox import Limits, Sandbox
-from jaxrl_frontier.tasks import make_task
+from jaxrl_frontier.data.rewards.sandbox import Limits, Sandbox
+from jaxrl_frontier.data.rewards.scorer import SandboxedScorer
+from jaxrl_frontier.data.tasks import make_task
 
 LIMITS = Limits(cpu_s=1.0, wall_s=3.0, memory_mb=256, output_bytes=4096, processes=16)
 TASK = make_task("code", expressions=["a+b"])
@@ -197,7 +197,7 @@ def test_fallback_guard_refuses_sockets_and_outside_files(tmp_path):
 
 
 def test_training_goes_on_with_hostile_completions(tmp_path, monkeypatch):
-    from jaxrl_frontier.trainer import Trainer
+    from jaxrl_frontier.run.trainer import Trainer
 
     overrides = {
         **FAST,

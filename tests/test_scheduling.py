@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from conftest import small_rl_config
 
-from jaxrl_frontier import trainer as tr
-from jaxrl_frontier.rl.rollout import RolloutRows, ScoredRows
-from jaxrl_frontier.scheduling import (
+from jaxrl_frontier.data.tasks import make_task
+from jaxrl_frontier.rl.produce.rollout import RolloutRows, ScoredRows
+from jaxrl_frontier.rl.sources.base import (
     ADSSource,
     DynamicSource,
     PromptResult,
@@ -18,7 +18,7 @@ from jaxrl_frontier.scheduling import (
     ZPPOSource,
     signal_groups,
 )
-from jaxrl_frontier.tasks import make_task
+from jaxrl_frontier.run import trainer as tr
 
 TASK = make_task("arithmetic", max_digits=1, ops="+", prompt_template="{a}{op}{b}=", train_size=64)
 
@@ -90,8 +90,8 @@ def test_dynamic_sampling_judges_signal_on_the_weighted_reward():
 
 
 def test_dynamic_builder_weighs_correctness_and_the_shaped_components():
-    from jaxrl_frontier import config as config_lib
-    from jaxrl_frontier.scheduling import make_source
+    from jaxrl_frontier.rl.sources.base import make_source
+    from jaxrl_frontier.run import config as config_lib
 
     c = config_lib.base_config()
     c.data.source = "dynamic"

@@ -11,7 +11,7 @@ from conftest import left_padded_batch, random_model
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
-from jaxrl_frontier import sharding
+from jaxrl_frontier.core import sharding
 from jaxrl_frontier.models import hf
 from jaxrl_frontier.models.transformer import ModelConfig
 

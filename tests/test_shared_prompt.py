@@ -12,12 +12,12 @@ import pytest
 from conftest import SMALL_MODEL, assert_same_loss_and_grads, random_model, small_rl_config
 from flax import nnx
 
-from jaxrl_frontier import config as config_lib
-from jaxrl_frontier import sharding
-from jaxrl_frontier import trainer as tr
+from jaxrl_frontier.core import sharding
 from jaxrl_frontier.models.transformer import ModelConfig
 from jaxrl_frontier.objectives import losses
-from jaxrl_frontier.rl.learner import minibatch_order, update_layout
+from jaxrl_frontier.rl.learn.learner import minibatch_order, update_layout
+from jaxrl_frontier.run import config as config_lib
+from jaxrl_frontier.run import trainer as tr
 
 V, TP, TN, N, G = 41, 6, 5, 4, 3  # vocab, prompt / completion positions, group size, groups
 

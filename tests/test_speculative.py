@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from jaxrl_frontier import sharding as shd
+from jaxrl_frontier.core import sharding as shd
 from jaxrl_frontier.models.random_init import random_model
 from jaxrl_frontier.models.transformer import ModelConfig, Transformer
 from jaxrl_frontier.sampling import (
@@ -270,7 +270,7 @@ def test_config_turns_speculative_rollouts_on(tmp_path):
     feed the RL step and log the acceptance figures."""
     from conftest import small_rl_config
 
-    from jaxrl_frontier import trainer as tr
+    from jaxrl_frontier.run import trainer as tr
 
     c = small_rl_config()
     c.rollout.speculative = dict(draft=1, k=2)

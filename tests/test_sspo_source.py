@@ -7,12 +7,12 @@ import json
 import numpy as np
 import pytest
 
-from jaxrl_frontier import presets
-from jaxrl_frontier.config import ConfigError
-from jaxrl_frontier.envs.allocation import SSPOSource
-from jaxrl_frontier.envs.task import EnvTask, check_env_config
-from jaxrl_frontier.rl.step_credit import StateScores
-from jaxrl_frontier.scheduling import PromptResult, UniformSource, make_source
+from jaxrl_frontier.data.envs.task import EnvTask, check_env_config
+from jaxrl_frontier.rl.methods.step_credit import StateScores
+from jaxrl_frontier.rl.sources.base import PromptResult, UniformSource, make_source
+from jaxrl_frontier.rl.sources.sspo import SSPOSource
+from jaxrl_frontier.run import presets
+from jaxrl_frontier.run.config import ConfigError
 
 
 class Stream:
@@ -175,7 +175,7 @@ def test_a_3spo_run_cut_after_two_steps_resumes_bitwise(tmp_path):
     from conftest import assert_resumed_run_equal
     from test_trainer import get_config
 
-    from jaxrl_frontier.trainer import Trainer
+    from jaxrl_frontier.run.trainer import Trainer
 
     def trainer(workdir, steps):
         c = get_config(

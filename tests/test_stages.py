@@ -18,18 +18,18 @@ import pytest
 from conftest import SMALL_MODEL, random_model, small_rl_config
 from flax import nnx
 
-from jaxrl_frontier import sharding
-from jaxrl_frontier import trainer as tr
+from jaxrl_frontier.core import sharding
+from jaxrl_frontier.data.tasks import make_task
 from jaxrl_frontier.models.tokenizer import CharTokenizer
 from jaxrl_frontier.models.transformer import ModelConfig
 from jaxrl_frontier.objectives import TokenStats, advantages, losses, weights
 from jaxrl_frontier.rl.experience import Experience
-from jaxrl_frontier.rl.learner import Learner, minibatch_order
-from jaxrl_frontier.rl.rollout import RolloutProducer, RolloutRows
+from jaxrl_frontier.rl.learn.learner import Learner, minibatch_order
+from jaxrl_frontier.rl.learn.train_step import init_train_state
+from jaxrl_frontier.rl.produce.rollout import RolloutProducer, RolloutRows
+from jaxrl_frontier.rl.sources.base import UniformSource
+from jaxrl_frontier.run import trainer as tr
 from jaxrl_frontier.sampling import Rollout, SamplingParams
-from jaxrl_frontier.scheduling import UniformSource
-from jaxrl_frontier.tasks import make_task
-from jaxrl_frontier.train_step import init_train_state
 
 TASK = make_task("arithmetic", max_digits=1, ops="+", prompt_template="{a}{op}{b}=")
 
@@ -346,8 +346,8 @@ def test_self_conditioned_pass_equals_a_direct_forward_after_the_groups_solution
     """sc_logp of each row = log-probs of its completion after [prompt, the group's first
     verified solution], computed here on a compact (gap-free) sequence; a group with no
     solution keeps the behaviour log-probs."""
-    from jaxrl_frontier.forward import make_logp_fn
-    from jaxrl_frontier.rl.rollout import PASSES
+    from jaxrl_frontier.rl.learn.forward import make_logp_fn
+    from jaxrl_frontier.rl.produce.rollout import PASSES
 
     model = random_model(ModelConfig(vocab_size=20, **SMALL_MODEL))
     graphdef, params = nnx.split(model)

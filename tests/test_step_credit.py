@@ -7,9 +7,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxrl_frontier.envs import EpisodeBatch, make_env
-from jaxrl_frontier.envs.batch import Episode
-from jaxrl_frontier.rl import step_credit as sc
+from jaxrl_frontier.data.envs import EpisodeBatch, make_env
+from jaxrl_frontier.data.envs.batch import Episode
+from jaxrl_frontier.rl.methods import step_credit as sc
 
 
 def episode(group, states, rewards, success=False):

@@ -6,8 +6,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from jaxrl_frontier.models.tokenizer import CharTokenizer
-from jaxrl_frontier.tasks import (
+from jaxrl_frontier.data.tasks import (
     REWARD_NAMES,
     TASKS,
     eval_examples,
@@ -15,9 +14,10 @@ from jaxrl_frontier.tasks import (
     make_task,
     unbatch,
 )
-from jaxrl_frontier.tasks.expression import ExpressionError, parse_expression
-from jaxrl_frontier.tasks.jsonl_math import SAMPLE_MATH_PATH
-from jaxrl_frontier.tasks.math_answer import extract_answer, normalize_answer
+from jaxrl_frontier.data.tasks.expression import ExpressionError, parse_expression
+from jaxrl_frontier.data.tasks.jsonl_math import SAMPLE_MATH_PATH
+from jaxrl_frontier.data.tasks.math_answer import extract_answer, normalize_answer
+from jaxrl_frontier.models.tokenizer import CharTokenizer
 
 
 def correct_format(task, example, completion):
@@ -403,8 +403,8 @@ def _jsonl(path, questions):
 
 
 def test_a_prompt_too_long_is_named_by_file_and_line_before_training(tmp_path):
-    from jaxrl_frontier.config import ConfigError
-    from jaxrl_frontier.tasks import check_prompt_lengths
+    from jaxrl_frontier.data.tasks import check_prompt_lengths
+    from jaxrl_frontier.run.config import ConfigError
 
     path = _jsonl(tmp_path / "rows.jsonl", ["one", "two", "a much longer question", "x"])
     task = make_task("jsonl_math", path=str(path), eval_fraction=0.0)
@@ -418,7 +418,7 @@ def test_a_prompt_too_long_is_named_by_file_and_line_before_training(tmp_path):
 
 
 def test_truncate_prompts_keeps_the_end_of_each_prompt(tmp_path):
-    from jaxrl_frontier.tasks import check_prompt_lengths
+    from jaxrl_frontier.data.tasks import check_prompt_lengths
 
     path = _jsonl(tmp_path / "rows.jsonl", ["short", "a much longer question"])
     task = make_task("jsonl_math", path=str(path), eval_fraction=0.0)
@@ -431,7 +431,7 @@ def test_truncate_prompts_keeps_the_end_of_each_prompt(tmp_path):
 
 
 def test_synthetic_tasks_are_sampled_not_drawn_whole():
-    from jaxrl_frontier.tasks import check_prompt_lengths
+    from jaxrl_frontier.data.tasks import check_prompt_lengths
 
     task = make_task("arithmetic", max_digits=3)
     tok = CharTokenizer()

@@ -21,18 +21,18 @@ import ml_collections
 import numpy as np
 import pytest
 
-from jaxrl_frontier import sharding  # noqa: E402
-from jaxrl_frontier import trainer as trainer_lib  # noqa: E402
-from jaxrl_frontier.checkpoint import Checkpointer  # noqa: E402
-from jaxrl_frontier.metrics import METRICS_FILE  # noqa: E402
-from jaxrl_frontier.rl.rollout import RolloutProducer  # noqa: E402
-from jaxrl_frontier.trainer import (  # noqa: E402
+from jaxrl_frontier.core import sharding  # noqa: E402
+from jaxrl_frontier.rl.produce.rollout import RolloutProducer  # noqa: E402
+from jaxrl_frontier.run import trainer as trainer_lib  # noqa: E402
+from jaxrl_frontier.run.trainer import (  # noqa: E402
     Trainer,
     encode_demonstrations,
     make_update_fn,
     objective_section,
     rl_loss,
 )
+from jaxrl_frontier.train.checkpoint import Checkpointer  # noqa: E402
+from jaxrl_frontier.train.metrics import METRICS_FILE  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -495,7 +495,7 @@ def test_encode_demonstrations_layout():
 
 
 def test_trainer_needs_a_workdir():
-    from jaxrl_frontier.config import ConfigError
+    from jaxrl_frontier.run.config import ConfigError
 
     with pytest.raises(ConfigError, match="workdir"):
         Trainer(get_config("grpo_arith", FAST))

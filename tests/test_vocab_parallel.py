@@ -10,10 +10,10 @@ import pytest
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
-from jaxrl_frontier import sharding
-from jaxrl_frontier.forward import apply_hidden, make_logp_fn
+from jaxrl_frontier.core import sharding
 from jaxrl_frontier.models.transformer import ModelConfig, Transformer
 from jaxrl_frontier.objectives import losses
+from jaxrl_frontier.rl.learn.forward import apply_hidden, make_logp_fn
 
 # the table dominates: V D = 4096 x 64 (1 MB in f32) against 2 layers of 0.07 MB
 CFG = ModelConfig(

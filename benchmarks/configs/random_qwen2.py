@@ -9,7 +9,7 @@ Variants (the `:ARG`): tiny (3.2M parameters), 25m (26.2M), 0.5b (Qwen2.5-0.5B's
 `rollout.max_new_tokens` = 128, sampling at temperature 1 without truncation.
 """
 
-from jaxrl_frontier import config as config_lib
+from jaxrl_frontier.run import config as config_lib
 
 MODELS = {
     "tiny": dict(

@@ -45,10 +45,10 @@ from jax.sharding import Mesh, SingleDeviceSharding
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
+from jaxrl_frontier.core.registry import Registry
+from jaxrl_frontier.core.sharding import DEFAULT_RULES, state_shardings
 from jaxrl_frontier.models.tokenizer import ModelFileError
 from jaxrl_frontier.models.transformer import ModelConfig, Transformer
-from jaxrl_frontier.registry import Registry
-from jaxrl_frontier.sharding import DEFAULT_RULES, state_shardings
 
 CONFIG_FILE = "config.json"
 SINGLE_FILE = "model.safetensors"
@@ -438,7 +438,7 @@ def load(
         on the default device.
       dtype: compute dtype ("float32" or "bfloat16"); default float32.
       param_dtype: parameter storage dtype; default float32 whatever the checkpoint holds.
-      rules: logical-axis -> mesh-axis rules (`jaxrl_frontier.sharding.DEFAULT_RULES`).
+      rules: logical-axis -> mesh-axis rules (`jaxrl_frontier.core.sharding.DEFAULT_RULES`).
 
     Returns:
       the model; `model(tokens [B, T], attention_mask [B, T])` -> logits [B, T, V].

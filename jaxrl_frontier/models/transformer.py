@@ -30,7 +30,7 @@
 - Parameters are kept in `param_dtype` (f32) and cast to `dtype` (bf16 or f32) for compute;
   softmax, norms and logits are computed in f32.
 - Every parameter carries `logical_axes` metadata (`layers`, `vocab`, `embed`, `heads`,
-  `kv_heads`, `mlp`, or None); `jaxrl_frontier.sharding` maps these names to mesh axes
+  `kv_heads`, `mlp`, or None); `jaxrl_frontier.core.sharding` maps these names to mesh axes
   (`layers` to none: every device holds its shard of every layer).
 """
 
@@ -47,7 +47,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import NamedSharding
 
-from jaxrl_frontier import sharding as shd
+from jaxrl_frontier.core import sharding as shd
 
 _NEG_INF = -1e30  # finite, so a fully masked (padding) query row gives a uniform softmax, not NaN
 
@@ -219,7 +219,7 @@ def dense(x: jax.Array, w: jax.Array, contract: int = 1) -> jax.Array:
 
 def project(module: nnx.Module, name: str, x: jax.Array, dt, contract: int = 1) -> jax.Array:
     """`dense(x, W)` for the module's weight `name`, plus its low-rank adapter's update
-    (alpha / r) (x A) B where the module holds one (`jaxrl_frontier.lora`; Hu et al., 2021):
+    (alpha / r) (x A) B where the module holds one (`jaxrl_frontier.models.lora`; Hu et al., 2021):
     A `name_lora_a` [*in, r], B `name_lora_b` [r, *out], the scale `lora_scale`. The adapter
     runs beside the frozen weight, unmerged, in every forward (update, scoring, decode)."""
     y = dense(x, getattr(module, name)[...].astype(dt), contract)

@@ -24,8 +24,8 @@ from collections.abc import Callable, Sequence
 import jax
 import jax.numpy as jnp
 
+from jaxrl_frontier.core.registry import Registry
 from jaxrl_frontier.objectives.stats import TokenStats
-from jaxrl_frontier.registry import Registry
 
 Array = jax.Array
 

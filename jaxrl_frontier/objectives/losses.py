@@ -30,11 +30,11 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jaxrl_frontier import sharding
+from jaxrl_frontier.core import sharding
+from jaxrl_frontier.core.registry import Registry
 from jaxrl_frontier.objectives.advantages import ADVANTAGES
 from jaxrl_frontier.objectives.stats import OPTIONAL_FIELDS, TokenStats
 from jaxrl_frontier.objectives.weights import WEIGHTS
-from jaxrl_frontier.registry import Registry
 
 Array = jax.Array
 sg = jax.lax.stop_gradient

@@ -23,8 +23,8 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
+from jaxrl_frontier.core.registry import Registry
 from jaxrl_frontier.objectives.stats import TokenStats
-from jaxrl_frontier.registry import Registry
 
 Array = jax.Array
 sg = jax.lax.stop_gradient

@@ -31,7 +31,7 @@ from typing import Any
 import flax.struct
 import jax
 
-from jaxrl_frontier.scheduling import PromptResult
+from jaxrl_frontier.rl.sources.base import PromptResult
 
 Array = jax.Array
 
@@ -77,7 +77,7 @@ def log_rollouts(logger, step: int, exp: Experience, mesh, prompt_of, reward_nam
     process 0, None elsewhere); every process must call it (it joins a collective)."""
     import jax.numpy as jnp
 
-    from jaxrl_frontier import sharding
+    from jaxrl_frontier.core import sharding
 
     seq_adv = exp.advantages.sum(-1) / jnp.maximum(exp.loss_mask.sum(-1), 1)
     adv = sharding.local_rows(seq_adv, mesh)

@@ -21,13 +21,13 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 
-from jaxrl_frontier import sharding as shd
+from jaxrl_frontier.core import sharding as shd
+from jaxrl_frontier.core.xla_options import rollout_compiler_options
 from jaxrl_frontier.models import transformer as tfm
 from jaxrl_frontier.models.transformer import KVCache, Transformer
 from jaxrl_frontier.sampling import ops
 from jaxrl_frontier.sampling import rollout as ro
 from jaxrl_frontier.sampling.params import Knobs, Plan, SamplingParams
-from jaxrl_frontier.xla_options import rollout_compiler_options
 
 CACHE_DTYPES = (None, "float32", "bfloat16")
 
@@ -100,7 +100,7 @@ class Sampler:
         ):
             raise ValueError(
                 "the model's parameters are not placed on the sampler's mesh; call "
-                "jaxrl_frontier.sharding.shard_model(model, mesh) first"
+                "jaxrl_frontier.core.sharding.shard_model(model, mesh) first"
             )
         # fsdp-split weights: scan the layers (unstacked, XLA gathers every layer before the
         # loop); elsewhere per-layer weights are read in place (2.8x faster per step on CPU)

@@ -28,12 +28,12 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 
+from jaxrl_frontier.core.xla_options import rollout_compiler_options
 from jaxrl_frontier.models.transformer import KVCache, Transformer
 from jaxrl_frontier.sampling import ops
 from jaxrl_frontier.sampling.params import Knobs, Plan, SamplingParams
 from jaxrl_frontier.sampling.rollout import DEFAULT_PROMPT_BUCKETS, Rollout, make_rollout
 from jaxrl_frontier.sampling.sampler import DecodeState, Sampler, as_key
-from jaxrl_frontier.xla_options import rollout_compiler_options
 
 
 def shallow_draft(model: Transformer, num_layers: int) -> Transformer:

@@ -28,7 +28,7 @@ import tempfile
 import time
 from collections.abc import Callable
 
-from jaxrl_frontier.registry import Registry
+from jaxrl_frontier.core.registry import Registry
 from jaxrl_frontier.sweeps.spec import CONFIG_KEY, group_key, load_sweep, run_name, varying_keys
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -209,7 +209,7 @@ def _train_subprocess(run: Run, cpus: list[int] | None) -> tuple[int, str, float
 
 
 def _train_inprocess(run: Run) -> tuple[int, str, float]:
-    from jaxrl_frontier.cli import train_main
+    from jaxrl_frontier.run.cli import train_main
 
     cpu0 = _self_cpu()
     out = io.StringIO()

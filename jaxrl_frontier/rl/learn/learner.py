@@ -1,0 +1,334 @@
+"""The Learner: owns the train state and the jitted, donated RL update.
+
+    learner.update(experience, key) -> [metrics per optimizer step]
+        epochs x minibatches over a fresh permutation of the rows each epoch (whole groups
+        when each group's prompt runs once); each minibatch is `grad_accum` microbatches
+        whose gradient is exactly the minibatch's (the aggregation's denominator is the
+        minibatch's, see `train_step`).
+    learner.rollout_params() -> the policy weights for the sampler, through one resharding
+        function (the identity when rollouts run on the training mesh).
+
+With LoRA (`base` given: `lora.py`) the train state holds the adapters only; the frozen base
+weights ride beside them as `frozen['base']` (an argument of the update, never donated or
+differentiated), every forward runs `lora.combine(base, adapters)`, and only the adapters
+move to the rollout mesh at each step (the base is resharded there once).
+
+The loss is `losses.loss_fn` over the policy: log-probs from the fused, chunked output layer,
+the rollout's Dropout-GRPO masks applied (the update runs the sub-network that sampled each
+row), and, for a full-vocabulary distillation loss, the teacher's hidden states computed per
+microbatch inside the update (never a [B, T, V] teacher tensor on the host).
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxrl_frontier.core import sharding
+from jaxrl_frontier.models import lora
+from jaxrl_frontier.objectives import losses
+from jaxrl_frontier.rl.experience import Experience
+from jaxrl_frontier.rl.learn.forward import apply_hidden, apply_logits, first_scored
+from jaxrl_frontier.rl.learn.train_step import TrainState, make_update_fn, microbatch_grads
+from jaxrl_frontier.sampling import mlp_dropout_mask
+
+sg = jax.lax.stop_gradient
+
+
+def dropout_masks(model_cfg, dropout_rate: float, keys_data):
+    """The rollout's Dropout-GRPO masks [L, B, F] rebuilt from its row keys [B, 2]."""
+    keys = jax.random.wrap_key_data(keys_data)
+    return mlp_dropout_mask(
+        keys,
+        dropout_rate,
+        model_cfg.num_layers,
+        model_cfg.intermediate_size,
+        model_cfg.compute_dtype,
+    )
+
+
+def rl_loss(
+    graphdef,
+    objective_cfg,
+    logprob_chunk: int | None = losses.DEFAULT_LOGPROB_CHUNK,
+    *,
+    group_size: int = 1,
+    completion_len: int = 0,
+    dropout_rate: float = 0.0,
+    model_cfg=None,
+    teacher_graphdef=None,
+    capture_hidden: bool = False,
+):
+    """`loss_of(params, batch, denominator=None, frozen=None) -> (loss, metrics)`:
+    `losses.loss_fn` over the policy.
+
+    completion_len > 0: log-probs only over the last `completion_len` positions (the loss
+    mask is 0 on the prompt); with group_size > 1 each group's prompt runs once. Both need
+    prompt-major groups of [prompt | completion] rows. dropout_rate > 0: the batch carries
+    `dropout_keys` [B, 2] and every policy forward runs under those rows' masks
+    (`model_cfg` gives their shape). teacher_graphdef: `frozen['teacher']` holds its
+    weights, and a distillation loss reads its hidden states (no gradient).
+    capture_hidden: metrics['hidden'] holds the policy's final hidden states [B, T, D] of the
+    loss's own forward (a value head reads them: `rl.ppo`), when that forward computes them.
+    """
+    logits_fn = apply_logits(graphdef, group_size, completion_len)
+    hidden_fn = None
+    if logprob_chunk is not None:
+        hidden_fn = apply_hidden(graphdef, group_size, completion_len)
+    teacher_hidden_fn = None if teacher_graphdef is None else apply_hidden(teacher_graphdef)
+
+    def loss_of(params, batch, denominator=None, frozen=None):
+        batch = dict(batch)
+        mlp_mask = None
+        keys = batch.pop("dropout_keys", None)
+        if dropout_rate > 0:
+            mlp_mask = dropout_masks(model_cfg, dropout_rate, keys)
+        kwargs: dict[str, Any] = {}
+        if denominator is not None:
+            kwargs["denominator"] = denominator
+        if teacher_hidden_fn is not None and frozen is not None:
+            kwargs["teacher_hidden"] = sg(
+                teacher_hidden_fn(frozen["teacher"], batch["tokens"], batch["attention_mask"])
+            )
+        seen = {}
+
+        def hidden_of(p, t, m):
+            seen["hidden"], w_out = hidden_fn(p, t, m, mlp_mask)
+            return seen["hidden"], w_out
+
+        loss, metrics = losses.loss_fn(
+            params,
+            batch,
+            objective_cfg,
+            apply_fn=lambda p, t, m: logits_fn(p, t, m, mlp_mask),
+            apply_hidden_fn=None if hidden_fn is None else hidden_of,
+            logprob_chunk=logprob_chunk or losses.DEFAULT_LOGPROB_CHUNK,
+            first_scored=first_scored(batch["tokens"], completion_len),
+            **kwargs,
+        )
+        if capture_hidden and "hidden" in seen:
+            metrics = {**metrics, "hidden": seen["hidden"]}
+        return loss, metrics
+
+    return loss_of
+
+
+def with_base(loss_of):
+    """`loss_of` over adapters: (adapters, batch, denominator, frozen) -> loss_of(base +
+    adapters, ...) with the base from `frozen['base']`, so the gradient is the adapters'."""
+
+    def adapters_loss(adapters, batch, denominator=None, frozen=None):
+        params = lora.combine(frozen["base"], adapters)
+        return loss_of(params, batch, denominator=denominator, frozen=frozen)
+
+    return adapters_loss
+
+
+def update_layout(
+    *,
+    rows: int,
+    group_size: int,
+    completion_len: int,
+    mesh,
+    share_prompt: bool,
+    dropout_rate: float = 0.0,
+) -> dict[str, int]:
+    """How `rows` rows of an RL batch may run: only the last `completion_len` positions are
+    scored, and with `share_prompt` each group's prompt runs once when `rows` holds whole
+    groups that split evenly over the mesh's batch devices (otherwise the packed prompt and
+    completion rows would be resharded in every layer) and no row has its own dropout mask.
+    Keyword arguments of `forward.make_logp_fn` and `rl_loss`."""
+    groups, rem = divmod(rows, group_size)
+    share = share_prompt and group_size > 1 and not rem and dropout_rate == 0.0
+    share = share and groups % sharding.batch_size_multiple(mesh) == 0
+    return dict(group_size=group_size if share else 1, completion_len=completion_len)
+
+
+def reshard_to(mesh):
+    """params -> the same params laid out on `mesh` by their logical axes (`jax.device_put`
+    to the target shardings: one transfer per array, from the training to the rollout mesh)."""
+
+    def reshard(params):
+        return jax.device_put(params, sharding.state_shardings(params, mesh))
+
+    return reshard
+
+
+def minibatch_order(key, rows: int, update_groups: int) -> np.ndarray:
+    """A random order of the step's rows; whole groups stay together (and in order) when
+    the update runs each group's prompt once."""
+    perm = np.asarray(jax.random.permutation(key, rows // update_groups))
+    return (perm[:, None] * update_groups + np.arange(update_groups)).reshape(-1)
+
+
+class Learner:
+    """Owns the train state; `update(experience, key)` runs epochs x minibatches."""
+
+    def __init__(
+        self,
+        graphdef,
+        tx,
+        state: TrainState,
+        *,
+        mesh,
+        objective: dict,
+        rows: int,
+        group_size: int,
+        completion_len: int,
+        epochs: int = 1,
+        minibatches: int = 1,
+        grad_accum: int = 1,
+        share_prompt: bool = True,
+        dropout_rate: float = 0.0,
+        model_cfg=None,
+        teacher: tuple[Any, Any] | None = None,
+        reshard: Callable[[Any], Any] | None = None,
+        base=None,
+        log: Callable[[str], None] = print,
+        critic=None,
+        loss_wrap: Callable | None = None,
+    ):
+        self.state = state
+        self.critic = critic  # rl/ppo.py's Critic: GAE before, the value loss in, the update
+        self.base = base  # LoRA: the frozen weights (state.params holds the adapters)
+        self.mesh = mesh
+        self.epochs, self.minibatches = epochs, minibatches
+        self.rows = rows
+        self.minibatch_rows = rows // minibatches
+        micro_rows = self.minibatch_rows // grad_accum
+        layout = update_layout(
+            rows=micro_rows,
+            group_size=group_size,
+            completion_len=completion_len,
+            mesh=mesh,
+            share_prompt=share_prompt,
+            dropout_rate=dropout_rate,
+        )
+        if share_prompt and layout["group_size"] == 1 and group_size > 1 and not dropout_rate:
+            log(
+                f"[rl] train.share_prompt_forward is off for the update: a microbatch of "
+                f"{micro_rows} rows is not whole groups of {group_size} that split evenly "
+                f"over the {sharding.batch_size_multiple(mesh)} batch devices"
+            )
+        self.update_groups = layout["group_size"]
+        self.teacher = teacher
+        uses_teacher = teacher is not None and bool(objective.get("distill"))
+        self.frozen = {"teacher": teacher[1]} if uses_teacher else None
+        self._loss_of = rl_loss(
+            graphdef,
+            objective,
+            **layout,
+            dropout_rate=dropout_rate,
+            model_cfg=model_cfg,
+            teacher_graphdef=teacher[0] if uses_teacher else None,
+            capture_hidden=critic is not None and critic.reads_hidden,
+        )
+        if loss_wrap is not None:  # terms beside the objective's, on full params (rl/pact.py)
+            self._loss_of = loss_wrap(self._loss_of)
+        if base is not None:
+            self.frozen = {**(self.frozen or {}), "base": base}
+            self._loss_of = with_base(self._loss_of)
+        self._graphdef, self._tx, self._grad_accum = graphdef, tx, grad_accum
+        self._objective = objective
+        self._programs: dict[tuple[str, ...], tuple[Callable, Callable]] = {}
+        self._reshard = reshard or (lambda params: params)
+        self.reshard_seconds = 0.0
+        self._rollout_base = None  # LoRA: the base on the rollout mesh, placed once
+
+    def programs(self, keys: Sequence[str]) -> tuple[Callable, Callable]:
+        """(select, update) jitted for a batch with these keys (built once per key set).
+
+        select(batch, idx) gathers a minibatch onto the batch axes; update is
+        `train_step.make_update_fn`'s, with the minibatch's aggregation denominator."""
+        keys = tuple(sorted(keys))
+        if keys not in self._programs:
+            batch_sh = {k: sharding.batch_sharding(self.mesh, 2) for k in keys}
+            frozen_sh = None
+            if self.frozen is not None:
+                frozen_sh = jax.tree.map(lambda x: x.sharding, self.frozen)
+            objective = self._objective
+            if self.critic is None:
+                make = functools.partial(make_update_fn, self._graphdef)
+            else:  # the critic trained alongside the policy
+                make = self.critic.make_update
+            update = make(
+                self._tx,
+                self._loss_of,
+                self._grad_accum,
+                jax.tree.map(lambda x: x.sharding, self.state),
+                batch_sh,
+                denominator_fn=lambda b: losses.aggregation_denominator(objective, b["loss_mask"]),
+                frozen_sharding=frozen_sh,
+            )
+            select = jax.jit(
+                lambda batch, idx: jax.tree.map(lambda x: x[idx], batch), out_shardings=batch_sh
+            )
+            self._programs[keys] = (select, update)
+        return self._programs[keys]
+
+    def gradient(self, experience: Experience):
+        """(loss, grads, metrics) of one minibatch holding every row in order, as the update
+        computes them (microbatches, the minibatch's denominator); for tests and probes."""
+        batch = experience.update_batch()
+        den = losses.aggregation_denominator(self._objective, batch["loss_mask"])
+        return microbatch_grads(
+            self._loss_of, self.state.params, batch, self._grad_accum, self.frozen, den
+        )
+
+    @property
+    def version(self) -> int:
+        """The policy version: completed RL steps."""
+        return int(self.state.step)
+
+    def rollout_params(self, copy: bool = False):
+        """The policy weights for the sampler, through the one resharding function between
+        the training and the rollout mesh (the identity when they are one). copy: a fresh
+        copy even then (a rollout running while the update donates the state)."""
+        t0 = time.perf_counter()
+        params = self._reshard(self.state.params)
+        if copy and params is self.state.params:
+            params = jax.tree.map(jnp.copy, params)
+        if self.base is not None:  # only the adapters move at each step
+            if self._rollout_base is None:
+                self._rollout_base = self._reshard(self.base)
+            params = lora.combine(self._rollout_base, params)
+        self.reshard_seconds = time.perf_counter() - t0
+        return params
+
+    def policy_params(self):
+        """The policy's full parameters on the training mesh (base + adapters with LoRA)."""
+        if self.base is None:
+            return self.state.params
+        return lora.combine(self.base, self.state.params)
+
+    def update(self, experience: Experience, next_key: Callable[[], jax.Array]) -> list[dict]:
+        """Epochs x minibatches of updates on one Experience; metrics of each (on device).
+
+        next_key() draws a key from the run's RNG stream (one per epoch's permutation).
+        """
+        rollout_metrics = {}
+        if self.critic is not None:  # GAE on the critic's values replaces the advantages
+            experience, rollout_metrics = self.critic.prepare(
+                self.state, experience, self.policy_params()
+            )
+        batch = experience.update_batch()
+        select, update = self.programs(batch)
+        metrics = []
+        for _ in range(self.epochs):
+            order = minibatch_order(next_key(), self.rows, self.update_groups)
+            for j in range(self.minibatches):
+                idx = order[j * self.minibatch_rows : (j + 1) * self.minibatch_rows]
+                mb = select(batch, idx)  # host indices: the same on every process
+                if self.frozen is None:
+                    self.state, m = update(self.state, mb)
+                else:
+                    self.state, m = update(self.state, mb, self.frozen)
+                metrics.append({**m, **rollout_metrics})
+        self.state = self.state.replace(step=self.state.step + 1)
+        return metrics

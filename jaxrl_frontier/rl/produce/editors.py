@@ -1,0 +1,230 @@
+"""Rollout editors and reward shapers: what happens to completions between sampling and credit.
+
+    RolloutEditor   edit(rows) -> rows           before scoring (rl/rollout.py `RolloutRows`)
+    RewardShaper    (rows, rewards) -> rewards   after scoring: appends reward components
+
+Editors are chosen by `rollout.editors` (names in `EDITORS`), built with the run's task,
+tokenizer and config; `rollout.mask_truncated` adds `mask_truncated`, `rollout.overlong_cache`
+> 0 the `overlong` shaper. An editor or shaper with `metrics()` has them logged every step.
+A shaper's components enter the sequence reward through `objective.reward_weights` (when
+that is empty, correctness and every shaper component weigh 1).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from jaxrl_frontier.core.registry import Registry
+from jaxrl_frontier.rl.produce.rollout import RolloutRows
+from jaxrl_frontier.rl.sources.base import _sum_over_processes
+
+# name -> builder(*, task, tokenizer, config) -> RolloutEditor
+EDITORS = Registry("rollout editor")
+
+
+def completion_ends(rows: RolloutRows, eos_id: int) -> np.ndarray:
+    """bool [B]: the completion ends with the stop token (False: cut off by the budget)."""
+    n = rows.completion_mask.sum(1)
+    last = rows.completion_tokens[np.arange(len(n)), np.maximum(n - 1, 0)]
+    return (n > 0) & (last == eos_id)
+
+
+# ----------------------------------------------------------------------------- DAPO
+
+
+def overlong_penalty(lengths: np.ndarray, l_max: int, l_cache: int) -> np.ndarray:
+    """DAPO's soft overlong punishment ("DAPO: An Open-Source LLM Reinforcement Learning
+    System at Scale"), per completion of |y| tokens:
+
+        R_len = 0                              |y| <= L_max - L_cache
+              = (L_max - L_cache - |y|) / L_cache    L_max - L_cache < |y| <= L_max
+              = -1                             |y| > L_max
+    """
+    y = np.asarray(lengths, np.float32)
+    soft = l_max - l_cache
+    return np.where(y <= soft, 0.0, np.where(y <= l_max, (soft - y) / l_cache, -1.0)).astype(
+        np.float32
+    )
+
+
+class OverlongShaping:
+    """The `overlong` reward component, 1 + R_len in [0, 1]: `overlong_penalty` of each
+    completion's length (tokens, stop token included), L_max = `rollout.max_new_tokens`,
+    L_cache = `rollout.overlong_cache`. The constant 1 keeps every reward in [0, 1] (and
+    reward/total comparable across runs); it cancels in every group baseline, so the
+    advantages are DAPO's R + R_len ones."""
+
+    reward_names = ("overlong",)
+
+    def __init__(self, l_max: int, l_cache: int):
+        if not 0 < l_cache <= l_max:
+            raise ValueError(
+                f"config key 'rollout.overlong_cache' must be in (0, rollout.max_new_tokens="
+                f"{l_max}], got {l_cache}"
+            )
+        self.l_max, self.l_cache = l_max, l_cache
+
+    def __call__(self, rows: RolloutRows, rewards: np.ndarray) -> np.ndarray:
+        pen = overlong_penalty(rows.completion_mask.sum(1), self.l_max, self.l_cache)
+        return np.concatenate([rewards, 1.0 + pen[:, None]], axis=1)
+
+
+class MaskTruncated:
+    """DAPO's overlong filtering: a completion cut off by the token budget (no stop token)
+    keeps its reward but is masked out of the loss (policy_mask 0 on the whole row).
+    Metric: `rollout/truncated_share` (of this process's rows)."""
+
+    def __init__(self, eos_id: int):
+        self.eos_id, self._share = eos_id, 0.0
+
+    def edit(self, rows: RolloutRows) -> RolloutRows:
+        ends = completion_ends(rows, self.eos_id)
+        self._share = float(np.mean(~ends))
+        return rows.replace(policy_mask=rows.policy_mask * ends[:, None].astype(np.int32))
+
+    def metrics(self) -> dict[str, float]:
+        return {"rollout/truncated_share": self._share}
+
+
+@EDITORS.register("mask_truncated")
+def mask_truncated(*, tokenizer, **_):
+    """`rollout.editors = ('mask_truncated',)` (or `rollout.mask_truncated = True`)."""
+    return MaskTruncated(tokenizer.eos_id)
+
+
+# ----------------------------------------------------------------------------- DRE
+
+
+class DynamicRolloutEditing:
+    """DRE ("Dynamic Rollout Editing for Reducing Overthinking in RL-Trained Reasoning
+    Models"): a correct rollout that keeps generating after its answer has appeared is cut
+    to its verified prefix.
+
+    For each completion y whose full text is correct, find the shortest prefix y_<=k (k
+    tokens, before the stop token) whose decoded text the task already verifies as correct;
+    if k + 1 < |y| the row becomes [y_1 .. y_k, EOS] (completion mask k + 1, the rest
+    padding), re-decoded and re-scored by the producer as usual. The inserted stop token is
+    trained (policy_mask 1: teaching the policy to stop is the point of the edit); its
+    behaviour log-prob is recomputed by a teacher-forced forward (the builder turns on the
+    `behaviour` pass, which recomputes every row's). The edited rollout is preferred within
+    its group through the `dre` reward component, `bonus` on edited rows and 0 elsewhere.
+
+    Metrics (all processes): `dre/edited` (rows edited), `dre/tokens_after_answer_before` and
+    `dre/tokens_after_answer_after`: tokens after the verified prefix and its stop token,
+    summed over the correct rows, before and after editing (after is 0 by construction
+    when every correct row with a verified strict prefix is edited).
+    """
+
+    reward_names = ("dre",)
+    changes_tokens = True  # the builder recomputes the behaviour log-probs
+
+    def __init__(self, task, tokenizer, *, bonus: float = 0.1):
+        self.task, self.tokenizer, self.bonus = task, tokenizer, float(bonus)
+        self._edited = np.zeros((0,), bool)
+        self._counts = (0, 0, 0)
+
+    def _correct(self, example, text: str) -> bool:
+        return float(self.task.reward(example, text).get("correctness", 0.0)) > 0
+
+    def verified_prefix(self, example, tokens: np.ndarray, n: int) -> int | None:
+        """The shortest k < n - 1 with the first k tokens verified correct, or None."""
+        eos = self.tokenizer.eos_id
+        body = n - 1 if n > 0 and tokens[n - 1] == eos else n
+        for k in range(1, body):
+            if self._correct(example, self.tokenizer.decode(tokens[:k].tolist())):
+                return k
+        return None
+
+    def edit(self, rows: RolloutRows) -> RolloutRows:
+        g, eos = rows.group_size, self.tokenizer.eos_id
+        tok, cmask = rows.completion_tokens.copy(), rows.completion_mask.copy()
+        pmask, logp = rows.policy_mask.copy(), rows.policy_logp.copy()
+        texts, edited = list(rows.texts), np.zeros(len(rows.texts), bool)
+        before = after = 0
+        for b, text in enumerate(rows.texts):
+            example = rows.examples[b // g]
+            if not self._correct(example, text):
+                continue
+            n = int(cmask[b].sum())
+            k = self.verified_prefix(example, tok[b], n)
+            if k is None:
+                continue
+            before += n - (k + 1)
+            tok[b, k] = eos
+            tok[b, k + 1 :] = self.tokenizer.pad_id
+            cmask[b, k + 1 :] = 0
+            pmask[b, k] = pmask[b, k - 1]  # trained where the prefix is
+            pmask[b, k + 1 :] = 0
+            logp[b, k:] = 0.0  # the stop token's log-prob comes from the recompute
+            texts[b] = self.tokenizer.decode(tok[b, :k].tolist())
+            edited[b] = True
+        self._edited = edited
+        self._counts = (int(edited.sum()), before, after)
+        return rows.replace(
+            completion_tokens=tok,
+            completion_mask=cmask,
+            policy_mask=pmask,
+            policy_logp=logp,
+            texts=tuple(texts),
+        )
+
+    def __call__(self, rows: RolloutRows, rewards: np.ndarray) -> np.ndarray:
+        """The `dre` preference component of the rows just edited."""
+        if len(self._edited) != len(rewards):
+            raise ValueError("DRE shapes the rows it edited last: call edit first")
+        return np.concatenate([rewards, (self.bonus * self._edited)[:, None]], axis=1)
+
+    def metrics(self) -> dict[str, float]:
+        edited, before, after = (_sum_over_processes(x) for x in self._counts)
+        return {
+            "dre/edited": edited,
+            "dre/tokens_after_answer_before": before,
+            "dre/tokens_after_answer_after": after,
+        }
+
+
+@EDITORS.register("dre")
+def dre(*, task, tokenizer, config, **_):
+    """`rollout.editors = ('dre',)`: DRE (`rollout.dre_bonus`: the edited rows' bonus)."""
+    return DynamicRolloutEditing(task, tokenizer, bonus=config.rollout.dre_bonus)
+
+
+def build_editors(config, *, task, tokenizer) -> tuple[list[Any], list[Any]]:
+    """(editors, shapers) from `rollout.editors`, `rollout.mask_truncated` and
+    `rollout.overlong_cache`. An editor that is also a shaper (DRE) is both."""
+    r = config.rollout
+    names = list(r.editors) + (["mask_truncated"] if r.mask_truncated else [])
+    editors = []
+    for name in dict.fromkeys(names):
+        try:
+            builder = EDITORS.get(name)
+        except KeyError as e:
+            from jaxrl_frontier.run.config import ConfigError
+
+            raise ConfigError(f"config key 'rollout.editors': {e.args[0]}") from None
+        editors.append(builder(task=task, tokenizer=tokenizer, config=config))
+    shapers = [e for e in editors if hasattr(e, "reward_names")]
+    if r.overlong_cache:
+        shapers.append(OverlongShaping(r.max_new_tokens, r.overlong_cache))
+    return editors, shapers
+
+
+# the reward components each shaper adds, by the config that turns it on (for config checks)
+SHAPER_REWARDS = {"dre": ("dre",), "overlong": ("overlong",)}
+
+
+def shaper_reward_names(config) -> list[str]:
+    """The reward components the configured shapers append (after the task's)."""
+    r = config.rollout
+    names = [n for e in dict.fromkeys(r.editors) for n in SHAPER_REWARDS.get(e, ())]
+    return names + (list(SHAPER_REWARDS["overlong"]) if r.overlong_cache else [])
+
+
+def effective_reward_weights(reward_weights, shaped: list[str]) -> dict[str, float]:
+    """The weights the advantages use: `objective.reward_weights`, or when that is empty the
+    correctness reward and every shaped component (`shaped`) at weight 1."""
+    if reward_weights:
+        return {k: float(v) for k, v in dict(reward_weights).items()}
+    return {"correctness": 1.0, **dict.fromkeys(shaped, 1.0)} if shaped else {}

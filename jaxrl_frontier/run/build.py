@@ -1,0 +1,215 @@
+"""Builders from a config: mesh, tokenizer, models, optimizer, prompt encoding.
+
+The only functions besides the trainer that read a ConfigDict; what they build takes plain
+arguments.
+"""
+
+from __future__ import annotations
+
+import os
+
+import jax
+import ml_collections
+import numpy as np
+import optax
+from flax import nnx
+
+from jaxrl_frontier.core import sharding
+from jaxrl_frontier.models import hf, lora
+from jaxrl_frontier.models.tokenizer import CharTokenizer, load_tokenizer
+from jaxrl_frontier.models.transformer import ModelConfig, Transformer
+from jaxrl_frontier.run.config import ConfigError
+
+
+def build_mesh(config) -> jax.sharding.Mesh:
+    """The training (data, fsdp, tensor) mesh; see `build_meshes`."""
+    return build_meshes(config)[0]
+
+
+def role_devices(config) -> tuple[list, list]:
+    """(train devices, rollout devices) of the run's devices (the first `mesh.num_devices`,
+    0: all). `rollout.devices = N > 0` disaggregates: every process gives its last N / P
+    local devices to rollouts, so each host keeps its own rows on both meshes."""
+    devices = jax.devices()[: config.mesh.num_devices or None]
+    n = config.rollout.devices
+    if not n:
+        return devices, []
+    per = n // jax.process_count()
+    train, rollout = [], []
+    for p in range(jax.process_count()):
+        local = [d for d in devices if d.process_index == p]
+        train += local[: len(local) - per]
+        rollout += local[len(local) - per :]
+    return train, rollout
+
+
+def build_meshes(config) -> tuple[jax.sharding.Mesh, jax.sharding.Mesh]:
+    """(train mesh, rollout mesh): `mesh.*` over the training devices and, when
+    `rollout.devices > 0`, `rollout.mesh.*` over the rollout devices (else the same mesh)."""
+    train, rollout = role_devices(config)
+    train_mesh = sharding.make_mesh([config.mesh[a] for a in sharding.MESH_AXES], train)
+    if not rollout:
+        return train_mesh, train_mesh
+    shape = [config.rollout.mesh[a] for a in sharding.MESH_AXES]
+    return train_mesh, sharding.make_mesh(shape, rollout)
+
+
+def build_tokenizer(config):
+    if config.tokenizer.kind == "hf":
+        return load_tokenizer(config.tokenizer.path)
+    for path in (config.tokenizer.path, export_dir(config.model.path)):
+        if path and os.path.exists(os.path.join(path, "jaxrl_tokenizer.json")):
+            return load_tokenizer(path)
+    return CharTokenizer()
+
+
+def export_dir(path: str) -> str:
+    """A workdir of ours holds its HF-format export in `export/`; any other path is itself."""
+    if path and os.path.isdir(os.path.join(path, "export")):
+        return os.path.join(path, "export")
+    return path
+
+
+def model_config_from(config, tokenizer) -> ModelConfig:
+    m = config.model
+    return ModelConfig(
+        vocab_size=m.vocab_size or tokenizer.vocab_size,
+        hidden_size=m.hidden_size,
+        intermediate_size=m.intermediate_size,
+        num_layers=m.num_layers,
+        num_heads=m.num_heads,
+        num_kv_heads=m.num_kv_heads,
+        head_dim=m.head_dim or None,
+        rope_theta=m.rope_theta,
+        tie_word_embeddings=m.tie_word_embeddings,
+        qkv_bias=m.qkv_bias,
+        qk_norm=m.qk_norm,
+        max_position_embeddings=m.max_position_embeddings,
+        dtype=m.dtype,
+        family="qwen2" if m.qkv_bias else ("qwen3" if m.qk_norm else "llama"),
+        remat=m.remat,
+    )
+
+
+def build_model(init: str, path: str, config, tokenizer, mesh, key, dtype: str) -> Transformer:
+    """The policy (or teacher): from scratch, a Hugging Face dir, or a workdir's export."""
+    if init == "scratch":
+        model = Transformer(
+            model_config_from(config, tokenizer), rngs=nnx.Rngs(params=jax.random.key_data(key))
+        )
+        return sharding.shard_model(model, mesh)
+    model = hf.load(export_dir(path), mesh=mesh, dtype=dtype)
+    if config.model.remat != "none":  # a training choice, not part of the HF config
+        model.cfg = model.cfg.replace(remat=config.model.remat)
+    return model
+
+
+def attach_lora(policy: Transformer, config, mesh, key) -> Transformer:
+    """The policy with LoRA adapters (`model.lora.*`, `lora.add_adapters`) placed on `mesh`
+    when model.lora.rank > 0; as it is otherwise. `key`: the policy's own key (the adapters
+    draw from a fold of it, so the base is the same with and without them)."""
+    m = config.model
+    if not m.lora.rank:
+        return policy
+    k_lora = jax.random.fold_in(key, 1)
+    lora.add_adapters(
+        policy, rank=m.lora.rank, alpha=m.lora.alpha, targets=m.lora.targets, key=k_lora
+    )
+    return sharding.shard_model(policy, mesh)  # the adapters by their logical axes
+
+
+def build_teacher(config, tokenizer, mesh, key, policy_cfg) -> Transformer | None:
+    """The teacher (`teacher.*`), or None; it must share the policy's vocabulary."""
+    t = config.teacher
+    if t.init == "none":
+        return None
+    teacher = build_model(t.init, t.path, config, tokenizer, mesh, key, t.dtype)
+    if teacher.cfg.vocab_size != policy_cfg.vocab_size:
+        raise ConfigError(
+            f"teacher vocab {teacher.cfg.vocab_size} != policy vocab {policy_cfg.vocab_size}: "
+            "teacher and student must share a tokenizer"
+        )
+    return teacher
+
+
+def learning_rate_schedule(opt_cfg, total_updates: int) -> optax.Schedule:
+    """Linear warmup to `lr` over `warmup_steps`, then constant / cosine / linear decay to 0
+    at `total_updates`."""
+    warmup = opt_cfg.warmup_steps
+    decay_steps = max(total_updates - warmup, 1)
+    decay = {
+        "constant": lambda: optax.constant_schedule(opt_cfg.lr),
+        "cosine": lambda: optax.cosine_decay_schedule(opt_cfg.lr, decay_steps),
+        "linear": lambda: optax.linear_schedule(opt_cfg.lr, 0.0, decay_steps),
+    }[opt_cfg.schedule]()
+    if not warmup:
+        return decay
+    return optax.join_schedules([optax.linear_schedule(0.0, opt_cfg.lr, warmup), decay], [warmup])
+
+
+def build_optimizer(opt_cfg, total_updates: int) -> optax.GradientTransformation:
+    return optax.chain(
+        optax.clip_by_global_norm(opt_cfg.max_grad_norm),
+        optax.adamw(
+            learning_rate_schedule(opt_cfg, total_updates),
+            b1=opt_cfg.b1,
+            b2=opt_cfg.b2,
+            eps=opt_cfg.eps,
+            weight_decay=opt_cfg.weight_decay,
+        ),
+    )
+
+
+def total_updates(config) -> int:
+    """Optimizer steps of the whole run (the schedule's horizon)."""
+    c = config
+    per_step = c.train.epochs * c.train.minibatches if c.mode == "rl" else 1
+    return c.train.steps * per_step
+
+
+def encode_prompts(tokenizer, texts: list[str], max_len: int):
+    """Left-padded int32 [N, max_len] prompts and their mask."""
+    tokens, mask = tokenizer.batch_encode(texts, max_len=max_len, add_bos=True)
+    pad = max_len - tokens.shape[1]
+    if pad > 0:
+        tokens = np.pad(tokens, ((0, 0), (pad, 0)), constant_values=tokenizer.pad_id)
+        mask = np.pad(mask, ((0, 0), (pad, 0)))
+    return tokens.astype(np.int32), mask.astype(np.int32)
+
+
+def objective_section(objective) -> dict:
+    """The keys of `config.objective` the loss and the advantages read, as a plain dict."""
+    from jaxrl_frontier.objectives import losses
+
+    out = {k: v for k, v in objective.to_dict().items() if k in losses.DEFAULTS}
+    out["distill"] = out.get("distill") or None
+    return out
+
+
+# The keys that fix the learning-rate schedule: a resume must not silently change them.
+SCHEDULE_KEYS = ("optimizer.lr", "optimizer.schedule", "optimizer.warmup_steps")
+
+
+def check_resume_schedule(saved: dict, config) -> None:
+    """Refuse a resume whose learning-rate schedule differs from the checkpoint's (`saved`:
+    the checkpointed config): the optimizer's step count would follow another curve without
+    a word. A decaying schedule's horizon (train.steps x epochs x minibatches) counts too."""
+    if not saved.get("optimizer") or not saved.get("train"):
+        return
+    now = config.to_dict()
+    get = lambda d, key: d[key.split(".")[0]].get(key.split(".")[1])
+    changed = [k for k in SCHEDULE_KEYS if get(saved, k) != get(now, k)]
+    if now["optimizer"]["schedule"] != "constant":
+        before = total_updates(ml_collections.ConfigDict(saved))
+        if before != total_updates(config):
+            changed.append(
+                f"train.steps x epochs x minibatches ({before} -> {total_updates(config)} "
+                "optimizer steps, the decay's horizon)"
+            )
+    if changed:
+        raise ConfigError(
+            f"resuming with another learning-rate schedule than the checkpoint's: "
+            f"{', '.join(changed)} changed. A schedule is fixed by the run that started it: "
+            "restore those keys, or start a new workdir from this one's export "
+            "(model.init='checkpoint')"
+        )

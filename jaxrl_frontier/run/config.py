@@ -1,0 +1,705 @@
+"""The config schema: every key a run reads, its default, and validation.
+
+Experiment files in `configs/` start from `base_config()` (a locked `ConfigDict`: assigning a
+key it lacks, or a value of another type, fails at once in ml-collections) and override what
+they change. `resolve(config)` merges any config (a ConfigDict or a plain nested dict) over the
+schema, so unknown keys and wrong types raise `ConfigError` naming the dotted key, and settles
+the registry kwargs (below). `validate(config)` resolves, then checks choices, consistency and
+the registry names and kwargs before anything is built; every error names the key and the
+allowed values. None means unset (`config_dict.placeholder`, so a command line can set it).
+
+Free-form blocks (`task.kwargs`, `objective.reward_weights`, `objective.*_kwargs`) are
+checked against what they configure: the task's `__init__`, the task's reward names, the
+registry entry's keyword defaults (`objectives.losses.entry_defaults`).
+
+Switching a registry entry. `presets.finish` spells out each `objective.<block>_kwargs`
+(block = weight, advantage, aggregation, distill) with the chosen entry's defaults, adds an
+unset placeholder for every other knob of that registry (so
+`--config.objective.weight_kwargs.delta_low=0.1` parses), and records the choices in
+`objective.as_written`. When a command line then switches the entry
+(`--config.objective.weight=dppo`), `resolve` restarts that block from the new entry's
+defaults: keys still holding the value the file wrote for the old entry are dropped (logged),
+keys set since (a changed or a new value) are kept, and a key the new entry does not take is
+an error naming the allowed keys.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import ml_collections
+from ml_collections import config_dict
+
+log = logging.getLogger(__name__)
+
+# Subtrees whose keys are not fixed by the schema (checked against what they configure).
+FREE_FORM = (
+    "task.kwargs",
+    "env.kwargs",  # the environment's keyword arguments (checked by the environment)
+    "objective.reward_weights",  # reward component -> weight, checked against the task's names
+    "objective.advantage_kwargs",
+    "objective.weight_kwargs",
+    "objective.aggregation_kwargs",
+    "objective.distill_kwargs",
+    "objective.as_written",
+)
+# objective.<block> names an entry of a registry; objective.<block>_kwargs configures it.
+REGISTRY_BLOCKS = ("weight", "advantage", "aggregation", "distill")
+
+
+class ConfigError(ValueError):
+    """A config value is unknown, mistyped or inconsistent; the message names the key."""
+
+
+def registry_entry(block: str, name: str):
+    """The callable `objective.<block> = name` selects (ConfigError listing the known ones)."""
+    from jaxrl_frontier.objectives import advantages, losses, weights
+
+    registry = {
+        "weight": weights.WEIGHTS,
+        "advantage": advantages.ADVANTAGES,
+        "aggregation": losses.AGGREGATIONS,
+        "distill": losses.DISTILL_LOSSES,
+    }[block]
+    try:
+        return registry.get(name)
+    except KeyError as e:
+        raise ConfigError(f"config key 'objective.{block}': {e.args[0]}") from None
+
+
+def entry_defaults(block: str, name: str | None) -> dict[str, Any]:
+    """The keyword defaults of the entry `objective.<block> = name` that are set (not None);
+    {} for no entry (distill None)."""
+    from jaxrl_frontier.objectives import losses
+
+    if not name:
+        return {}
+    defaults = losses.entry_defaults(registry_entry(block, name))
+    return {k: v for k, v in defaults.items() if v is not None}
+
+
+def base_config() -> ml_collections.ConfigDict:
+    """All keys with their defaults (a tiny char model on arithmetic, GRPO)."""
+    c = ml_collections.ConfigDict()
+    c.seed = 0
+    c.mode = "rl"  # rl | sft
+    c.workdir = ""  # set by --workdir; a run resumes when it holds a checkpoint
+
+    # -1 takes the remaining devices; num_devices=0 uses all, N > 0 the first N (tests, roles)
+    c.mesh = dict(data=-1, fsdp=1, tensor=1, num_devices=0)
+
+    c.tokenizer = dict(kind="char", path="")  # char | hf (path to a tokenizer.json dir)
+
+    c.model = ml_collections.ConfigDict()
+    c.model.init = "scratch"  # scratch | hf (path = HF dir) | checkpoint (path = workdir)
+    c.model.path = ""
+    c.model.vocab_size = 0  # 0: the tokenizer's
+    c.model.hidden_size = 128
+    c.model.intermediate_size = 384
+    c.model.num_layers = 2
+    c.model.num_heads = 4
+    c.model.num_kv_heads = 2
+    c.model.head_dim = 0  # 0: hidden_size // num_heads
+    c.model.rope_theta = 10000.0
+    c.model.tie_word_embeddings = True
+    c.model.qkv_bias = False
+    c.model.qk_norm = False
+    c.model.max_position_embeddings = 512
+    c.model.dtype = "float32"  # compute dtype: float32 | bfloat16
+    # recompute in the backward pass (memory for FLOPs), per scanned block: none | full (keep
+    # only each block's input) | dots_saveable (keep the matmul outputs, recompute the rest)
+    c.model.remat = "none"
+    # LoRA (lora.py, Hu et al. 2021): rank > 0 trains rank-r adapters on the `targets`
+    # projections beside the frozen weights (RL): y = x W + (alpha / rank) x A B. Only the
+    # adapters and their optimizer state are trained and checkpointed; the reference policy
+    # is the frozen base; the export merges them into the weights.
+    c.model.lora = dict(
+        rank=0,
+        alpha=16.0,
+        targets=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
+    )
+
+    c.teacher = dict(init="none", path="", dtype="float32")  # none | scratch | hf | checkpoint
+
+    c.task = ml_collections.ConfigDict()
+    c.task.name = "arithmetic"
+    # a Python module to import before the task is looked up (a dotted name on sys.path or a
+    # .py file), so a task or reward registered there needs no edit of the package
+    c.task.module = ""
+    c.task.kwargs = ml_collections.ConfigDict()
+    # True: format each prompt with the instruct model's own chat template (tasks/chat.py),
+    # read from tokenizer.path's directory (chat_template.jinja or tokenizer_config.json);
+    # rollouts then also stop at the token that ends an assistant turn. False: raw text
+    c.task.chat_template = False
+    c.task.system_prompt = ""  # with a chat template: a system message first ('' : none)
+
+    # P prompts per RL step (all processes together); source: a scheduling.SOURCES name
+    # truncate_prompts: cut prompts longer than max_prompt_len (keeping their end) instead of
+    # refusing the prompt file before training
+    c.data = dict(prompt_batch=16, max_prompt_len=16, source="uniform", truncate_prompts=False)
+    # the loop-level sources (scheduling.py, docs/methods.md): DAPO dynamic sampling (at most
+    # max_draws draws of prompt_batch prompts per step), ADS, ZPPO's hard-prompt replay
+    c.data.dynamic = dict(max_draws=4)
+    # ADS clusters: 'task' (the task's cluster key) or 'kmeans' (kmeans_k clusters of prompt
+    # features fitted on kmeans_sample train prompts; clustering.py)
+    c.data.ads = dict(
+        pool=4,
+        momentum=0.7,
+        boundary=0.17,
+        boundary_weight=4.0,
+        off_weight=0.25,
+        floor=0.01,
+        clusters="task",
+        kmeans_k=8,
+        kmeans_sample=1024,
+        kmeans_iters=25,
+    )
+    # 3SPO's state history and start-state allocation (environment runs; envs/allocation.py):
+    # pool x prompt_batch candidate seeds, prompt_batch drawn by n(s0); allocate=False: uniform
+    c.data.sspo = dict(pool=4, allocate=True)
+    c.data.zppo = dict(
+        capacity=64,
+        replay_fraction=0.25,
+        max_wrong=3,
+        bcq_template="{candidates};{question}",
+        ncq_template="not {wrong};{question}",
+    )
+
+    # Multi-host (docs/distributed.md): unset = JAX's own TPU-pod / SLURM detection, or one
+    # process; set all three for any other launcher (e.g. several processes on localhost).
+    c.distributed = ml_collections.ConfigDict()
+    c.distributed.coordinator_address = config_dict.placeholder(str)
+    c.distributed.num_processes = config_dict.placeholder(int)
+    c.distributed.process_id = config_dict.placeholder(int)
+
+    c.rollout = ml_collections.ConfigDict()
+    c.rollout.group_size = 8  # G completions per prompt
+    c.rollout.max_new_tokens = 8
+    c.rollout.temperature = 1.0
+    c.rollout.top_k = 0
+    c.rollout.top_p = 1.0
+    c.rollout.min_p = 0.0
+    c.rollout.dropout_rate = 0.0  # Dropout-GRPO: per-rollout fixed MLP dropout mask
+    # Roles on devices: 0 = rollouts on the training mesh; N > 0 = the last N devices (N / P
+    # per process) form a rollout mesh of shape rollout.mesh, and the weights are resharded
+    # to it after each update (docs/scaling.md)
+    c.rollout.devices = 0
+    c.rollout.mesh = dict(data=-1, fsdp=1, tensor=1)
+    # > 0: batch k+1 is sampled (by the previous weights) while the learner updates on batch
+    # k; a batch more than this many policy versions behind the learner is dropped
+    c.rollout.max_staleness = 0
+    # KV cache dtype: None (the compute dtype) | float32 | bfloat16
+    c.rollout.cache_dtype = config_dict.placeholder(str)
+    # speculative rollouts (sampling/speculative.py, one device): the policy's first `draft`
+    # layers propose k tokens a round, the policy verifies them in one forward and rejection
+    # sampling keeps its distribution exactly; draft None: off (the plain sampler)
+    c.rollout.speculative = dict(draft=config_dict.placeholder(int), k=4)
+    # rollout editors and reward shaping (editing.py): editor names in editing.EDITORS, e.g.
+    # ('dre',); DAPO's masking of completions cut off by the budget and its soft overlong
+    # penalty over the last overlong_cache tokens of max_new_tokens (0: off); DRE's bonus
+    c.rollout.editors = ()
+    c.rollout.mask_truncated = False
+    c.rollout.overlong_cache = 0
+    c.rollout.dre_bonus = 0.1
+    # SC-GRPO's self-conditioned pass: vocabulary entries per chunk of its KL sum
+    c.rollout.sc_vocab_chunk = 2048
+
+    # every key and default of the objective is defined once, in objectives.losses.DEFAULTS
+    from jaxrl_frontier.objectives import losses
+
+    c.objective = losses.default_config()
+    # the registry choices and kwargs as the config file wrote them (presets.finish): how
+    # resolve tells a command-line switch of objective.weight etc. from the file's choice
+    c.objective.as_written = ml_collections.ConfigDict()
+
+    # PPO's learned critic (rl/ppo.py, rl/critic.py): kind none | head (a value head on the
+    # policy's final hidden states) | model (a small separate transformer); it goes with
+    # objective.advantage = 'gae': per-token GAE on its values over the policy tokens, a
+    # clipped value loss (value_clip; 0: unclipped) weighted by value_coef, its own Adam
+    # (lr; None: optimizer.lr). whiten: advantages scaled to zero mean, unit variance over
+    # the batch's policy tokens. stop_gradient: the head's value loss leaves the policy's
+    # trunk alone. hidden_size / num_layers: the separate model's size.
+    c.critic = dict(kind="none", gamma=1.0, lam=0.95, value_clip=0.2, value_coef=0.5)
+    c.critic.lr = config_dict.placeholder(float)
+    c.critic.update(whiten=True, stop_gradient=False, hidden_size=64, num_layers=2)
+
+    c.optimizer = ml_collections.ConfigDict()
+    c.optimizer.lr = 1e-4
+    c.optimizer.schedule = "constant"  # constant | cosine | linear
+    c.optimizer.warmup_steps = 0
+    c.optimizer.b1 = 0.9
+    c.optimizer.b2 = 0.99
+    c.optimizer.eps = 1e-8
+    c.optimizer.weight_decay = 0.0
+    c.optimizer.max_grad_norm = 1.0
+    c.optimizer.grad_accum = 1  # microbatches per minibatch
+
+    c.train = ml_collections.ConfigDict()
+    c.train.steps = 100
+    c.train.epochs = 1  # passes over each rollout batch (PPO epochs)
+    c.train.minibatches = 1  # optimizer steps per epoch
+    c.train.recompute_old_logp = (
+        False  # True: old log-probs from a trainer forward, not the sampler
+    )
+    # RL: each group's prompt runs through the model once, not once per completion, in the
+    # update and the reference/teacher log-probs (same values; the prompt's FLOPs / group
+    # size). Minibatches are then drawn as whole groups. Off by itself when a microbatch
+    # (rows / minibatches / grad_accum) is not whole groups that split evenly over the
+    # batch devices (mesh data x fsdp).
+    c.train.share_prompt_forward = True
+    c.train.log_every = 10
+    c.train.eval_every = 50
+    c.train.checkpoint_every = 50
+    c.train.keep_checkpoints = 2
+    c.train.rollout_log_every = 50
+    c.train.sft_batch = 64  # sequences per SFT step
+    # > 0: finish once held-out greedy pass@1 reaches this (checked at each eval); e.g. an
+    # SFT warm start that should hand RL a policy near 50%, whatever the learning curve.
+    c.train.stop_at_pass1 = 0.0
+    # this many updates in a row skipped for a non-finite loss / gradient stop the run with an
+    # error and no export (a diverged run otherwise exits 0 with broken weights); 0: never
+    c.train.max_skipped_updates = 10
+    # keep the optimizer state (Adam's mu, nu) in pinned host memory between updates, on
+    # backends with a separate host memory (TPU, GPU; not CPU): train_step.optimizer_memory_kind
+    c.train.offload_optimizer = False
+
+    # Reward scoring (rewards.py). scorer: auto (the task's choice) | in_process | sandboxed
+    # (each completion run as a program in a locked-down subprocess: sandbox.py). A reward
+    # that fails on every completion for max_failure_steps steps in a row stops the run (0:
+    # never). The limits apply per completion in the sandbox.
+    c.rewards = ml_collections.ConfigDict()
+    c.rewards.scorer = "auto"
+    c.rewards.max_failure_steps = 3
+    c.rewards.workers = 4  # completions run in parallel
+    c.rewards.cpu_seconds = 2.0
+    c.rewards.wall_seconds = 5.0
+    c.rewards.memory_mb = 512
+    c.rewards.max_output_bytes = 65536
+
+    # the policy exported at the end: 'last', or 'best' (exported at each new best eval of
+    # train.collapse.metric). collapse.stop: the rise-and-collapse early stop (diagnostics.py)
+    c.train.export = "last"
+    c.train.collapse = dict(
+        stop=False, metric="eval/pass@1_greedy", rise=0.05, drop=0.05, patience=2
+    )
+
+    c.eval = dict(num_prompts=256, pass_k=4, batch=128)
+
+    # Multi-turn environments (envs/, rl/agent_rollout.py, docs/agents.md): a non-empty name
+    # trains on episodes of that environment (the examples are its seeds, the prompt its
+    # first observation) instead of task prompts. module: imported first (a user's
+    # environment). Per episode: max_turns turns of at most turn_tokens sampled tokens, each
+    # ending at EOS or a `stop` string (one token each); observations of at most obs_tokens
+    # tokens, formatted by observation_template; max_tokens: the episode's token budget (0:
+    # none). credit: 'episode' (objective.advantage on episode returns), 'gigpo' (anchor-state
+    # step groups: gamma, step_weight, scale) or '3spo' (state scores: sspo.*, on GiGPO; needs
+    # data.source='sspo', which keeps the history).
+    c.env = ml_collections.ConfigDict()
+    c.env.name = ""
+    c.env.module = ""
+    c.env.kwargs = ml_collections.ConfigDict()
+    c.env.max_turns = 6
+    c.env.max_tokens = 0
+    c.env.turn_tokens = 8
+    c.env.obs_tokens = 64
+    c.env.stop = ()
+    c.env.observation_template = "{observation}"
+    # mode='sft' on an environment: each seed's demonstration is one of these action texts,
+    # drawn uniformly (a warm start that clones a uniformly random policy over them)
+    c.env.demonstrations = ()
+    c.env.credit = "episode"
+    c.env.gamma = 0.95
+    c.env.step_weight = 1.0
+    c.env.scale = "mean"
+    c.env.sspo = dict(alpha=1.0, xi=10.0, zeta=0.1, g_max=8, omega_k=0.1)
+    c.env.eval_fraction = 0.1
+    c.env.train_size = 1_000_000
+    c.env.eval_size = 10_000
+
+    # PACT (rl/pact.py): rollouts stay prompt-only; each prompt's expert trace (a
+    # pact.TRACE_SOURCES name: 'calculator', 'answer') enters the update as a context after
+    # the prompt, scoring the rollout (trace_coef x the trace-conditioned surrogate), and as
+    # SFT targets (component weights; sft_coef annealed to 0 over anneal_steps by schedule)
+    c.pact = dict(enabled=False, source="calculator", context="expert solution: {trace}\n")
+    c.pact.update(trace_coef=0.5, sft_coef=0.2, anneal_steps=200, schedule="linear")
+    c.pact.weights = dict(reasoning=0.5, tool_call=1.0, answer=1.0)
+    c.pact.update(context_len=96, trace_len=64)
+    c.eval.at_start = True  # RL: evaluate the starting policy at step 0 (off: faster tests)
+    c.lock()
+    return c
+
+
+# --------------------------------------------------------------------------- resolve
+
+CHOICES: dict[str, tuple] = {
+    "mode": ("rl", "sft"),
+    "tokenizer.kind": ("char", "hf"),
+    "model.init": ("scratch", "hf", "checkpoint"),
+    "model.dtype": ("float32", "bfloat16"),
+    "model.remat": ("none", "full", "dots_saveable"),
+    "pact.schedule": ("linear", "cosine", "constant"),
+    "rollout.cache_dtype": (None, "float32", "bfloat16"),
+    "teacher.init": ("none", "scratch", "hf", "checkpoint"),
+    "teacher.dtype": ("float32", "bfloat16"),
+    "optimizer.schedule": ("constant", "cosine", "linear"),
+    "objective.kl_estimator": ("k1", "k2", "k3"),
+    "rewards.scorer": ("auto", "in_process", "sandboxed"),
+    "train.export": ("last", "best"),
+    "critic.kind": ("none", "head", "model"),
+}
+
+# Every numeric key with a range: (low, high, low inclusive, high inclusive); None = open.
+# (The keys also checked for consistency below, e.g. group_size >= 2 in RL, are here too.)
+RANGES: dict[str, tuple] = {
+    "seed": (0, None, True, None),
+    "model.hidden_size": (0, None, False, None),
+    "model.intermediate_size": (0, None, False, None),
+    "model.num_layers": (0, None, False, None),
+    "model.num_heads": (0, None, False, None),
+    "model.num_kv_heads": (0, None, False, None),
+    "model.head_dim": (0, None, True, None),
+    "model.vocab_size": (0, None, True, None),
+    "model.rope_theta": (0, None, False, None),
+    "model.max_position_embeddings": (0, None, False, None),
+    "model.lora.rank": (0, None, True, None),  # 0: no adapters
+    "model.lora.alpha": (0, None, False, None),
+    "data.prompt_batch": (0, None, False, None),
+    "data.max_prompt_len": (0, None, False, None),
+    "rollout.group_size": (0, None, False, None),
+    "rollout.max_new_tokens": (0, None, False, None),
+    "rollout.temperature": (0, None, False, None),  # > 0 (greedy decoding is its own flag)
+    "rollout.top_k": (0, None, True, None),  # 0: off
+    "rollout.top_p": (0, 1, False, True),
+    "rollout.min_p": (0, 1, True, False),
+    "rollout.dropout_rate": (0, 1, True, False),
+    "rollout.speculative.k": (0, None, False, None),
+    "rollout.sc_vocab_chunk": (0, None, False, None),
+    "optimizer.lr": (0, None, False, None),
+    "optimizer.warmup_steps": (0, None, True, None),
+    "optimizer.b1": (0, 1, True, False),
+    "optimizer.b2": (0, 1, True, False),
+    "optimizer.eps": (0, None, True, None),
+    "optimizer.weight_decay": (0, None, True, None),
+    "optimizer.max_grad_norm": (0, None, True, None),  # 0: no clipping
+    "optimizer.grad_accum": (0, None, False, None),
+    "train.steps": (0, None, False, None),
+    "train.epochs": (0, None, False, None),
+    "train.minibatches": (0, None, False, None),
+    "train.log_every": (0, None, False, None),
+    "train.eval_every": (0, None, False, None),
+    "train.checkpoint_every": (0, None, False, None),
+    "train.keep_checkpoints": (0, None, False, None),
+    "train.rollout_log_every": (0, None, False, None),
+    "train.sft_batch": (0, None, False, None),
+    "train.stop_at_pass1": (0, 1, True, True),
+    "train.max_skipped_updates": (0, None, True, None),
+    "objective.kl_coef": (0, None, True, None),
+    "critic.gamma": (0, 1, True, True),
+    "critic.lam": (0, 1, True, True),
+    "critic.value_clip": (0, None, True, None),  # 0: the unclipped value loss
+    "critic.value_coef": (0, None, False, None),
+    "critic.hidden_size": (0, None, False, None),
+    "critic.num_layers": (0, None, False, None),
+    "eval.num_prompts": (0, None, False, None),
+    "eval.pass_k": (0, None, False, None),
+    "eval.batch": (0, None, False, None),
+    "rewards.max_failure_steps": (0, None, True, None),
+    "rewards.workers": (0, None, False, None),
+    "rewards.cpu_seconds": (0, None, False, None),
+    "rewards.wall_seconds": (0, None, False, None),
+    "rewards.memory_mb": (0, None, False, None),
+    "rewards.max_output_bytes": (0, None, False, None),
+}
+
+
+def _range_text(low, high, low_in, high_in) -> str:
+    if high is None:
+        return f"{'>=' if low_in else '>'} {low}"
+    return f"in {'[' if low_in else '('}{low}, {high}{']' if high_in else ')'}"
+
+
+def _check_ranges(c: ml_collections.ConfigDict) -> None:
+    """Each RANGES key (present in this schema) is a finite number within its range."""
+    import math
+
+    for key, (low, high, low_in, high_in) in RANGES.items():
+        node, *path = c, *key.split(".")
+        for part in path[:-1]:
+            node = node.get(part) if part in node else None
+            if node is None:
+                break
+        if node is None or path[-1] not in node:
+            continue  # a key another part of the schema dropped: nothing to check
+        v = node[path[-1]]
+        bad = isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v)
+        if not bad:
+            bad = v < low or (v == low and not low_in)
+            bad = bad or (high is not None and (v > high or (v == high and not high_in)))
+        if bad:
+            raise ConfigError(
+                f"config key {key!r} = {v!r}; allowed: a finite number "
+                + _range_text(low, high, low_in, high_in)
+            )
+
+
+def resolve(config: Mapping | ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """`config` merged over `base_config()` (locked): a file may replace a whole section
+    (`c.mesh = dict(data=2)`) and still get the section's other keys at their defaults.
+    An unknown key or a value of the wrong type raises ConfigError naming the dotted key;
+    the objective's kwargs blocks are settled for the entries now chosen (module docstring).
+    Idempotent: resolving a resolved config changes nothing."""
+    given = config.to_dict() if hasattr(config, "to_dict") else dict(config)
+    out = base_config()
+    _merge(out, given, "")
+    _settle_registry_kwargs(out.objective)
+    return out
+
+
+def _merge(node: ml_collections.ConfigDict, given: Mapping, prefix: str) -> None:
+    for k, v in given.items():
+        key = f"{prefix}{k}"
+        if k not in node:
+            where = f" under {prefix[:-1]!r}" if prefix else ""
+            raise ConfigError(
+                f"unknown config key {key!r}; known keys{where}: {', '.join(sorted(node))}"
+            )
+        if key in FREE_FORM:
+            node[k] = ml_collections.ConfigDict(dict(v or {}))
+        elif isinstance(node[k], ml_collections.ConfigDict) and isinstance(v, Mapping):
+            _merge(node[k], v, key + ".")
+        else:
+            try:
+                node[k] = v
+            except TypeError:  # ml-collections refuses to cast the value to the field's type
+                expected = node.get_type(k).__name__
+                raise ConfigError(
+                    f"config key {key!r} = {v!r} has type {type(v).__name__}; expected {expected}"
+                ) from None
+
+
+def _settle_registry_kwargs(o: ml_collections.ConfigDict) -> None:
+    """Each `<block>_kwargs` for the entry `<block>` names now, without unset placeholders;
+    after a switch away from the entry recorded in `as_written`, restarted from the new
+    entry's defaults (keys left as the file wrote them for the old entry are dropped)."""
+    written = o.as_written.to_dict()
+    for block in REGISTRY_BLOCKS:
+        kw_key = f"{block}_kwargs"
+        name = o[block]
+        given = {k: v for k, v in o[kw_key].to_dict().items() if v is not None}
+        if block in written and written[block] != name:
+            as_written = written.get(kw_key) or {}
+            kept = {k: v for k, v in given.items() if as_written.get(k, None) != v}
+            dropped = {k: v for k, v in given.items() if k not in kept}
+            given = {**entry_defaults(block, name), **kept}
+            log.info(
+                "config: objective.%s is %r, the config file chose %r: objective.%s start from "
+                "%r's defaults%s",
+                block,
+                name,
+                written[block],
+                kw_key,
+                name,
+                f" (dropped {dropped}, written for {written[block]!r})" if dropped else "",
+            )
+        o[kw_key] = ml_collections.ConfigDict(given)
+        written[block], written[kw_key] = name, dict(given)
+    o.as_written = ml_collections.ConfigDict(written)
+
+
+# --------------------------------------------------------------------------- validate
+
+
+def validate(config: Mapping | ml_collections.ConfigDict, num_devices: int | None = None) -> None:
+    """Raise ConfigError naming the first bad key; returns None when the config is usable.
+
+    Resolves first (unknown keys, types, kwargs blocks), then: choices, consistency of the
+    sizes with each other and with `num_devices`, registry names and their kwargs."""
+    c = resolve(config)
+    for key, allowed in CHOICES.items():
+        section, name = key.rsplit(".", 1) if "." in key else ("", key)
+        value = (c[section] if section else c)[name]
+        if value not in allowed:
+            raise ConfigError(
+                f"config key {key!r} = {value!r}; allowed: {', '.join(map(repr, allowed))}"
+            )
+    _check_ranges(c)
+    _check_consistency(c, num_devices)
+    _check_registries(c)
+
+
+def _check_task_kwargs(task_cls: type, kwargs: Mapping) -> None:
+    """`task.kwargs` keys against the task's __init__ (following **kwargs up the MRO)."""
+    allowed: list[str] = []
+    for cls in task_cls.__mro__:
+        if "__init__" not in vars(cls):
+            continue
+        params = list(inspect.signature(vars(cls)["__init__"]).parameters.values())[1:]
+        allowed += [p.name for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        if not any(p.kind is p.VAR_KEYWORD for p in params):
+            break
+    else:
+        return  # **kwargs all the way up: nothing to check against
+    for k in kwargs:
+        if k not in allowed:
+            raise ConfigError(
+                f"config key 'task.kwargs.{k}' is not a parameter of task "
+                f"{task_cls.__name__}; allowed: {', '.join(sorted(set(allowed)))}"
+            )
+
+
+def _check_registries(c: ml_collections.ConfigDict) -> None:
+    """Registry names and their kwargs (task, reward weights, objective) before anything is built."""
+    from jaxrl_frontier.data.tasks import TASKS, load_task_module
+    from jaxrl_frontier.objectives import advantages, losses
+
+    try:
+        load_task_module(c.task.module)  # registers the user's tasks before the lookup
+    except (ImportError, OSError) as e:
+        raise ConfigError(f"config key 'task.module' = {c.task.module!r}: {e}") from None
+    try:
+        task_cls = TASKS.get(c.task.name)
+    except KeyError as e:
+        raise ConfigError(f"config key 'task.name': {e.args[0]}") from None
+    _check_task_kwargs(task_cls, c.task.kwargs.to_dict())
+    from jaxrl_frontier.rl.produce.editors import shaper_reward_names
+
+    names = list(task_cls.reward_names) + shaper_reward_names(c)  # + rollout shapers' rewards
+    if c.env.name:  # an environment run: the episode's rewards (empty weights: the return)
+        from jaxrl_frontier.data.envs.task import check_env_config
+
+        names = list(check_env_config(c))
+    for k, v in c.objective.reward_weights.items():
+        if k not in names:
+            raise ConfigError(
+                f"config key 'objective.reward_weights.{k}': the task {c.task.name!r} has no "
+                f"reward {k!r}; its rewards: {', '.join(names)}"
+            )
+        if isinstance(v, bool) or not isinstance(v, int | float):
+            raise ConfigError(f"config key 'objective.reward_weights.{k}' = {v!r} is not a number")
+    if not c.objective.reward_weights and "correctness" not in names and not c.env.name:
+        raise ConfigError(
+            "config key 'objective.reward_weights' is empty (the correctness reward only) but "
+            f"the task {c.task.name!r} has no 'correctness' reward; its rewards: {', '.join(names)}"
+        )
+    for k in c.objective.advantage_kwargs:
+        if k in advantages.SUPPLIED_KWARGS:
+            raise ConfigError(
+                f"config key 'objective.advantage_kwargs.{k}' is supplied from the batch "
+                "(reward_weights: set objective.reward_weights)"
+            )
+    section = {k: v for k, v in c.objective.to_dict().items() if k in losses.DEFAULTS}
+    try:
+        losses.validate_objective_config(section)
+    except (KeyError, ValueError) as e:  # both name config.objective.<key>
+        raise ConfigError(e.args[0] if e.args else str(e)) from None
+
+
+def _positive(config, *keys):
+    for key in keys:
+        section, name = key.split(".")
+        if config[section][name] <= 0:
+            raise ConfigError(f"config key {key!r} = {config[section][name]} must be positive")
+
+
+def _check_roles(c: ml_collections.ConfigDict, num_devices: int) -> None:
+    """rollout.devices / rollout.mesh / rollout.max_staleness against the devices at hand."""
+    import jax
+
+    from jaxrl_frontier.core import sharding
+
+    n, procs = c.rollout.devices, jax.process_count()
+    if n < 0 or n >= num_devices or n % procs:
+        raise ConfigError(
+            f"config key 'rollout.devices' = {n}: must be 0 (rollouts on the training mesh) or "
+            f"a multiple of the {procs} processes below the run's {num_devices} devices"
+        )
+    if n:
+        try:
+            sharding.resolve_mesh_shape([c.rollout.mesh[a] for a in sharding.MESH_AXES], n)
+        except ValueError as e:
+            raise ConfigError(f"config key 'rollout.mesh': {e}") from None
+    if c.rollout.max_staleness < 0:
+        raise ConfigError("config key 'rollout.max_staleness' must be >= 0")
+    if c.rollout.max_staleness and procs > 1:
+        raise ConfigError(
+            "config key 'rollout.max_staleness' > 0 runs rollouts in a second thread, whose "
+            "collectives could interleave differently on each host: it is single-process only"
+        )
+
+
+def _check_lora(c: ml_collections.ConfigDict) -> None:
+    from jaxrl_frontier.models import lora
+
+    if c.mode != "rl":
+        raise ConfigError(
+            f"config key 'model.lora.rank' = {c.model.lora.rank}: adapters train in mode='rl' "
+            f"only (mode={c.mode!r}); set model.lora.rank = 0"
+        )
+    try:
+        lora.check_targets(c.model.lora.targets)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+
+
+def _check_consistency(c: ml_collections.ConfigDict, num_devices: int | None) -> None:
+    _positive(c, "rollout.group_size", "rollout.max_new_tokens", "data.prompt_batch", "train.steps")
+    _positive(c, "train.epochs", "train.minibatches", "optimizer.grad_accum")
+    if c.mode == "rl" and c.rollout.group_size < 2:
+        raise ConfigError("config key 'rollout.group_size' must be >= 2 for group baselines")
+    if c.mode == "rl" and c.objective.advantage == "progress":
+        raise ConfigError(
+            "config key 'objective.advantage' = 'progress' cannot train a policy: its "
+            "a_t = beta * (l_policy - l_ref) is 0 at step 0, where the reference is the initial "
+            "policy, so the gradient is 0 and the policy never moves from it. Progress is a "
+            "test-time score (advantages.step_scores); choose another advantage for mode='rl'"
+        )
+    if c.mode == "rl" and (c.objective.advantage == "gae") != (c.critic.kind != "none"):
+        raise ConfigError(
+            f"config key 'critic.kind' = {c.critic.kind!r} with objective.advantage = "
+            f"{c.objective.advantage!r}: GAE reads a learned critic's values, so "
+            "objective.advantage = 'gae' goes with critic.kind 'head' or 'model', and the "
+            "other advantages with critic.kind = 'none'"
+        )
+    rows = c.data.prompt_batch * c.rollout.group_size
+    per_update = c.train.minibatches * c.optimizer.grad_accum
+    if rows % per_update:
+        raise ConfigError(
+            f"batch of {rows} rollouts (data.prompt_batch={c.data.prompt_batch} x "
+            f"rollout.group_size={c.rollout.group_size}) is not divisible by "
+            f"train.minibatches x optimizer.grad_accum = {per_update}"
+        )
+    if num_devices is not None:
+        from jaxrl_frontier.core import sharding
+
+        if c.mesh.num_devices > num_devices:
+            raise ConfigError(
+                f"config key 'mesh.num_devices' = {c.mesh.num_devices} but only {num_devices} "
+                "devices are available"
+            )
+        num_devices = c.mesh.num_devices or num_devices
+        _check_roles(c, num_devices)
+        num_devices -= c.rollout.devices
+        try:
+            dims = sharding.resolve_mesh_shape([c.mesh[a] for a in sharding.MESH_AXES], num_devices)
+        except ValueError as e:
+            raise ConfigError(f"config key 'mesh': {e}") from None
+        batch_devices = dims[0] * dims[1]
+        micro = rows // per_update
+        if micro % batch_devices:
+            raise ConfigError(
+                f"microbatch of {micro} rollouts is not divisible by the {batch_devices} devices "
+                f"on the mesh's batch axes (mesh.data x mesh.fsdp)"
+            )
+    if c.model.lora.rank:
+        _check_lora(c)
+    if c.model.init != "scratch" and not c.model.path:
+        raise ConfigError(f"config key 'model.path' is required when model.init={c.model.init!r}")
+    if c.teacher.init in ("hf", "checkpoint") and not c.teacher.path:
+        raise ConfigError(
+            f"config key 'teacher.path' is required when teacher.init={c.teacher.init!r}"
+        )
+    if c.tokenizer.kind == "hf" and not c.tokenizer.path:
+        raise ConfigError("config key 'tokenizer.path' is required when tokenizer.kind='hf'")

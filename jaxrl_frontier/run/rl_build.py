@@ -1,0 +1,187 @@
+"""The RL stages from a config: the log-prob passes, the Learner and the RolloutProducer.
+
+The trainer hands over what it already built (mesh, tokenizer, task, models, optimizer,
+sampler); this module reads the config keys that choose and size each stage.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+from flax import nnx
+
+from jaxrl_frontier.data.rewards.scorer import make_scorer
+from jaxrl_frontier.data.tasks import chat
+from jaxrl_frontier.objectives import losses
+from jaxrl_frontier.rl.learn.forward import apply_hidden, make_logp_fn
+from jaxrl_frontier.rl.learn.learner import Learner, dropout_masks, reshard_to, update_layout
+from jaxrl_frontier.rl.methods import pact
+from jaxrl_frontier.rl.methods.ppo import build_critic
+from jaxrl_frontier.rl.produce import agent as agent_rollout
+from jaxrl_frontier.rl.produce.editors import build_editors, effective_reward_weights
+from jaxrl_frontier.rl.produce.rollout import PASSES, RolloutProducer
+from jaxrl_frontier.rl.sources.base import prompt_text
+from jaxrl_frontier.rl.sources.teacher_answers import TeacherAnswers
+from jaxrl_frontier.run.build import objective_section
+from jaxrl_frontier.sampling import SamplingParams
+
+
+def rollout_sampling(config, tokenizer) -> SamplingParams:
+    """The training rollouts' sampling settings (`rollout.*`)."""
+    r = config.rollout
+    return SamplingParams(
+        temperature=r.temperature,
+        top_k=r.top_k,
+        top_p=r.top_p,
+        min_p=r.min_p,
+        n=r.group_size,
+        max_new_tokens=r.max_new_tokens,
+        eos_ids=chat.stop_ids(config, tokenizer),
+        dropout_rate=r.dropout_rate,
+    )
+
+
+def build_rl_stages(
+    config,
+    *,
+    mesh,
+    tokenizer,
+    task,
+    policy,
+    tx,
+    state,
+    sampler,
+    reference: bool,
+    teacher=None,
+    log=print,
+    scorer=None,
+    rollout_mesh=None,
+    base=None,
+) -> tuple[Learner, RolloutProducer, Any]:
+    """(Learner, RolloutProducer, the policy's jitted log-prob forward) for an RL run.
+
+    The objective is checked against what the run provides (a reference when
+    `reference`, a teacher when given) before anything is traced. `scorer`: the run's
+    RewardScorer (default: the one `rewards.scorer` selects). `base`: with LoRA, the frozen
+    weights (`state.params` then holds the adapters).
+    """
+    c = config
+    objective = objective_section(c.objective)
+    editors, shapers = build_editors(c, task=task, tokenizer=tokenizer)
+    shaped = [n for s in shapers for n in s.reward_names]
+    objective["reward_weights"] = effective_reward_weights(objective.get("reward_weights"), shaped)
+    if c.train.collapse.stop and c.train.export != "best":
+        from jaxrl_frontier.run.config import ConfigError
+
+        raise ConfigError(
+            "config key 'train.collapse.stop' rolls the peak forward through the export: "
+            "set train.export = 'best'"
+        )
+    available = {"logp", "old_logp", "mask"}
+    available |= {"ref_logp"} if reference else set()
+    available |= {"teacher_logp", "teacher_logits"} if teacher is not None else set()
+    needed = {f for fields in losses.required_fields(objective).values() for f in fields}
+    self_conditioned = bool({"sc_logp", "sc_kl"} & needed)
+    available |= {"sc_logp", "sc_kl"} if self_conditioned else set()
+    losses.validate_objective_config(objective, available=available)
+
+    g, tn, rate = c.rollout.group_size, c.rollout.max_new_tokens, c.rollout.dropout_rate
+    if c.env.name:  # an environment run: the completion is the episode after its prompt
+        tn = agent_rollout.completion_width(c.env)
+    rows = c.data.prompt_batch * g
+    layout = update_layout(
+        rows=rows,
+        group_size=g,
+        completion_len=tn,
+        mesh=mesh,
+        share_prompt=c.train.share_prompt_forward,
+        dropout_rate=rate,
+    )
+    graphdef = nnx.graphdef(policy)
+    logp_fn = make_logp_fn(graphdef, **layout)
+    masks = jax.jit(lambda keys: dropout_masks(policy.cfg, rate, keys)) if rate > 0 else None
+    context: dict[str, Any] = dict(policy_logp_fn=logp_fn, mlp_masks=masks)
+    # an editor that changes tokens (DRE) needs their behaviour log-probs recomputed
+    recompute = c.train.recompute_old_logp or any(getattr(e, "changes_tokens", 0) for e in editors)
+    names = ["behaviour"] if recompute else []
+    names += ["reference"] if reference else []
+    if self_conditioned:  # [prompt | solution | completion]: only the completion scored
+        context.update(
+            scored_logp_fn=make_logp_fn(graphdef, completion_len=tn),
+            hidden_fn=apply_hidden(graphdef),  # both forwards' hidden states: the full KL
+            vocab_chunk=c.rollout.sc_vocab_chunk,
+            group_size=g,
+            completion_len=tn,
+            correct_column=list(task.reward_names).index("correctness"),
+        )
+        names.append("self_conditioned")
+    teacher_pair = None
+    if teacher is not None:
+        teacher_pair = (nnx.graphdef(teacher), nnx.state(teacher))
+        context["teacher_logp_fn"] = make_logp_fn(teacher_pair[0], **layout)
+        names.append("teacher")
+
+    # PPO's learned critic (critic.kind; None: none), trained and checkpointed with the policy
+    critic = build_critic(
+        c, policy, mesh=mesh, reward_names=task.reward_names, objective=objective, layout=layout
+    )
+    if critic is not None:
+        state = state.replace(critic=critic.init_state())
+    learner = Learner(
+        graphdef,
+        tx,
+        state,
+        mesh=mesh,
+        objective=objective,
+        rows=rows,
+        group_size=g,
+        completion_len=tn,
+        epochs=c.train.epochs,
+        minibatches=c.train.minibatches,
+        grad_accum=c.optimizer.grad_accum,
+        share_prompt=c.train.share_prompt_forward,
+        dropout_rate=rate,
+        model_cfg=policy.cfg,
+        teacher=teacher_pair,
+        log=log,
+        reshard=None if rollout_mesh in (None, mesh) else reshard_to(rollout_mesh),
+        base=base,
+        critic=critic,
+        loss_wrap=pact.loss_wrap(c, graphdef),
+    )
+    scorer = scorer or make_scorer(c, task)
+    teacher_answers = None
+    if teacher is not None and c.data.source == "zppo":  # BCQ references from the teacher
+        teacher_answers = TeacherAnswers(
+            teacher,
+            tokenizer,
+            task,
+            scorer,
+            max_prompt_len=c.data.max_prompt_len,
+            max_new_tokens=c.rollout.max_new_tokens,
+            mesh=mesh,
+        )
+    passes = [PASSES.get(name)(**context) for name in names]
+    if c.env.name:  # episodes of an environment (rl/agent_rollout.py)
+        sampling = rollout_sampling(c, tokenizer)
+        producer = agent_rollout.env_producer(
+            c, sampler, tokenizer, task, mesh=mesh, sampling=sampling, objective=objective,
+            passes=passes,
+        )  # fmt: skip
+        return learner, pact.wrap_producer(producer, c, tokenizer, mesh=mesh, task=task), logp_fn
+    producer = RolloutProducer(
+        sampler,
+        tokenizer,
+        scorer,
+        mesh=mesh,
+        sampling=rollout_sampling(c, tokenizer),
+        max_prompt_len=c.data.max_prompt_len,
+        objective=objective,
+        prompt_of=lambda example: prompt_text(task, example),
+        passes=passes,
+        editors=editors,
+        shapers=shapers,
+        teacher_answers=teacher_answers,
+    )
+    return learner, pact.wrap_producer(producer, c, tokenizer, mesh=mesh), logp_fn

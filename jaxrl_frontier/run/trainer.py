@@ -1,0 +1,352 @@
+"""The loop: wires the stages of a step and holds the run's state.
+
+One RL step, stage by stage (each a class in its own module, taking its neighbours as
+arguments; none imports this one):
+
+    PromptSource.next_batch()                                  scheduling.py
+      -> RolloutProducer.produce(examples, weights, key)       rl/rollout.py   -> Experience
+      -> PromptSource.observe(experience.results)
+      -> Learner.update(experience)                            rl/learner.py
+    metrics -> TensorBoard + JSONL + console;  state -> orbax checkpoint
+
+SFT replaces the producer and learner by `sft.SFTStep`. Evaluation, checkpoints and stop
+handling are shared. A run resumes whenever its workdir already holds a checkpoint;
+SIGTERM/SIGINT save one and return. On several hosts every process runs this same loop on
+its own prompts (`docs/distributed.md`); process 0 writes logs and exports.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import jax
+import ml_collections
+from flax import nnx
+
+from jaxrl_frontier.core import distributed, sharding
+from jaxrl_frontier.data.rewards.scorer import make_scorer
+from jaxrl_frontier.data.tasks import task_for
+from jaxrl_frontier.models import hf, lora
+from jaxrl_frontier.rl import diagnostics
+from jaxrl_frontier.rl.experience import Experience, log_rollouts
+from jaxrl_frontier.rl.learn.forward import make_logp_fn  # noqa: F401  (re-exported, as below)
+from jaxrl_frontier.rl.learn.learner import reshard_to, rl_loss  # noqa: F401
+from jaxrl_frontier.rl.learn.train_step import (  # noqa: F401  (the step's pieces, importable here too)
+    TrainState,
+    init_opt_state,
+    init_train_state,
+    make_update_fn,
+    optimizer_memory_kind,
+)
+from jaxrl_frontier.rl.overlap import RolloutsAhead
+from jaxrl_frontier.rl.sources.base import make_source
+from jaxrl_frontier.run import config as config_lib
+from jaxrl_frontier.run.build import (  # noqa: F401  (re-exported)
+    attach_lora,
+    build_meshes,
+    build_model,
+    build_optimizer,
+    build_teacher,
+    build_tokenizer,
+    check_resume_schedule,
+    objective_section,
+    total_updates,
+)
+from jaxrl_frontier.run.rl_build import build_rl_stages
+from jaxrl_frontier.sampling import Sampler, make_sampler
+from jaxrl_frontier.train import evaluation, faults
+from jaxrl_frontier.train.checkpoint import Checkpointer, StopRequest, abstract_like
+from jaxrl_frontier.train.metrics import MetricsWriter, ProgressBar, RolloutLogger, rl_step_scalars
+from jaxrl_frontier.train.sft import SFTStep, encode_demonstrations, sft_loss  # noqa: F401
+
+
+class Trainer:
+    """Builds every stage from a config and runs SFT or RL; `run()` returns a summary dict."""
+
+    def __init__(self, config: ml_collections.ConfigDict, workdir: str | None = None):
+        config = config_lib.resolve(config)
+        if workdir:
+            config.workdir = workdir
+        if not config.workdir:
+            raise config_lib.ConfigError("config key 'workdir' is empty: pass --workdir")
+        distributed.initialize(config)  # before any device is touched
+        config_lib.validate(config, num_devices=jax.device_count())
+        self.config = c = config
+        self.workdir = os.path.abspath(c.workdir)
+        os.makedirs(self.workdir, exist_ok=True)
+        self.is_main = jax.process_index() == 0
+
+        # ---- mesh, tokenizer, task
+        self.mesh, self.rollout_mesh = build_meshes(c)  # the same mesh unless rollout.devices
+        self.tokenizer = build_tokenizer(c)
+        self.task = task_for(c, self.tokenizer)  # every prompt's length checked
+        self.reward_names = list(self.task.reward_names)
+        self.scorer = make_scorer(c, self.task)  # one per run: training and evaluation
+
+        # ---- models: policy (trained), reference (frozen copy of the start), teacher
+        k_model, k_teacher, rng0 = jax.random.split(jax.random.key(c.seed), 3)
+        self.policy = build_model(
+            c.model.init, c.model.path, c, self.tokenizer, self.mesh, k_model, c.model.dtype
+        )
+        self.policy = attach_lora(self.policy, c, self.mesh, k_model)
+        # LoRA: `params` are the adapters, `base_params` the frozen weights (else None)
+        self.graphdef, params, self.base_params, self.ref_params = lora.trained_and_frozen(
+            self.policy, with_reference=c.mode == "rl" and c.objective.kl_coef > 0
+        )
+        self.teacher = build_teacher(c, self.tokenizer, self.mesh, k_teacher, self.policy.cfg)
+        self.teacher_params = None if self.teacher is None else nnx.state(self.teacher)
+
+        # ---- optimizer, state, stages
+        self.tx = build_optimizer(c.optimizer, total_updates(c))
+        offload = optimizer_memory_kind(c.train.offload_optimizer, self.mesh)
+        state = init_train_state(self.tx, params, self.mesh, rng0, memory_kind=offload)
+        self.state_sharding = jax.tree.map(lambda x: x.sharding, state)
+        n, pi = jax.process_count(), jax.process_index()
+        batch = c.data.prompt_batch if c.mode == "rl" else c.train.sft_batch
+        self.source = make_source(self.task, c, batch_size=batch, process_index=pi, process_count=n)
+        if c.mode == "rl":
+            self.learner, self.producer, self.logp_fn = build_rl_stages(
+                c,
+                mesh=self.mesh,
+                tokenizer=self.tokenizer,
+                task=self.task,
+                policy=self.policy,
+                tx=self.tx,
+                state=state,
+                sampler=self.sampler,
+                reference=self.ref_params is not None,
+                teacher=self.teacher,
+                log=self._print,
+                scorer=self.scorer,
+                rollout_mesh=self.rollout_mesh,
+                base=self.base_params,
+            )
+        else:
+            self._state = state
+            self.sft_step = SFTStep.from_config(
+                c, self.graphdef, self.tx, self.state_sharding, self.mesh, self.task, self.tokenizer
+            )
+
+        # ---- checkpointing, logging
+        self.ckpt = Checkpointer(
+            os.path.join(self.workdir, "checkpoints"), max_to_keep=c.train.keep_checkpoints
+        )
+        self.writer = MetricsWriter(self.workdir)
+        self.rollout_log = RolloutLogger(self.workdir) if self.is_main else None
+        self.history: dict[str, Any] = {"eval": []}
+        self.guard = faults.RunGuard.from_config(c, say=self._print, scorer=self.scorer)
+        self.ahead = RolloutsAhead(c.rollout.max_staleness if c.mode == "rl" else 0)
+        if self.is_main:
+            with open(os.path.join(self.workdir, "config.json"), "w") as f:
+                f.write(c.to_json_best_effort(indent=2))
+
+    # ------------------------------------------------------------------ state
+
+    @property
+    def state(self):
+        """The train state (the Learner's in RL)."""
+        return self.learner.state if self.config.mode == "rl" else self._state
+
+    @state.setter
+    def state(self, value) -> None:
+        if self.config.mode == "rl":
+            self.learner.state = value
+        else:
+            self._state = value
+
+    def _next_key(self):
+        """Split the state's RNG (kept in the checkpoint, so a resume continues the stream)."""
+        rng, key = jax.random.split(jax.random.wrap_key_data(self.state.rng))
+        self.state = self.state.replace(rng=jax.random.key_data(rng))
+        return key
+
+    def _save(self) -> None:
+        data = self.ahead.source_state(self.source)  # before any batch still in flight
+        meta = dict(data=data, history=self.history, config=self.config.to_dict())
+        faults.flush_logs(self.writer, self.rollout_log)  # a checkpoint's rows are on disk first
+        self.ckpt.save(int(self.state.step), self.state, meta)
+
+    def _restore(self) -> None:
+        """Resume from the newest intact checkpoint in the workdir, if any (faults.resume)."""
+        logs = (self.writer, self.rollout_log)
+        restored = faults.resume(self.ckpt, abstract_like(self.state), logs, self._print)
+        if restored is None:
+            return
+        self.state, meta = restored
+        check_resume_schedule(meta.get("config") or {}, self.config)
+        self.history = meta.get("history") or {"eval": []}
+        if meta.get("data") is not None:
+            self.source.restore(meta["data"])
+
+    def _print(self, msg: str) -> None:
+        if self.is_main:
+            print(msg, flush=True)
+
+    def export(self, path: str | None = None) -> str:
+        """Write the current policy in Hugging Face format (+ tokenizer) to workdir/export;
+        LoRA adapters merged into the weights (W + (alpha / r) A B)."""
+        path = path or os.path.join(self.workdir, "export")
+        nnx.update(self.policy, sharding.host_copy(self.state.params))  # every process joins
+        if self.is_main:
+            hf.save(self.policy if self.base_params is None else lora.merged(self.policy), path)
+            self.tokenizer.save(path)
+        return path
+
+    # ------------------------------------------------------------------ evaluation
+
+    def evaluate(self, num_prompts: int | None = None) -> dict[str, float]:
+        """Held-out greedy pass@1 and sampled pass@k (k = eval.pass_k) of the current policy."""
+        params = self.state.params  # LoRA: the base + adapters, unmerged
+        params = params if self.base_params is None else lora.combine(self.base_params, params)
+        self.sampler.update_weights(params, int(self.state.step))
+        return evaluation.evaluate(
+            self.sampler, self.tokenizer, self.task, self.config, num_prompts, scorer=self.scorer
+        )
+
+    @property
+    def sampler(self) -> Sampler:
+        if not hasattr(self, "_sampler"):
+            policy = self.policy  # on the rollout mesh, when roles are disaggregated
+            if self.rollout_mesh is not self.mesh:
+                policy = nnx.merge(self.graphdef, reshard_to(self.rollout_mesh)(nnx.state(policy)))
+            self._sampler = make_sampler(  # rollout.speculative: a SpeculativeSampler
+                policy, self.config.rollout, pad_id=self.tokenizer.pad_id, mesh=self.rollout_mesh
+            )
+        return self._sampler
+
+    # ------------------------------------------------------------------ run
+
+    def run(self) -> dict[str, Any]:
+        stop = StopRequest()
+        try:
+            return self._loop(stop)
+        finally:  # a run's threads and files end with it (a process may hold many runs)
+            stop.restore()
+            self.ahead.close()
+            self.ckpt.wait()  # a failed save surfaces here, as one line
+            for part in (self.ckpt, self.writer, self.rollout_log, self.scorer):
+                getattr(part, "close", lambda: None)()
+
+    def _loop(self, stop: StopRequest) -> dict[str, Any]:
+        c, tag = self.config, self.config.mode
+        self._restore()
+        start = int(self.state.step)
+        if start == 0 and tag == "rl" and c.eval.at_start:
+            self._record_eval(0, tag)
+        if start == 0 and tag == "sft":
+            self._print(
+                f"[sft] {self.policy.cfg.num_params() / 1e6:.2f}M params, "
+                f"{c.train.steps} steps of {c.train.sft_batch} demonstrations"
+            )
+        bar = ProgressBar(c.train.steps, initial=start, desc=tag) if self.is_main else None
+        steps = range(0) if diagnostics.finished(self.history) else range(start, c.train.steps)
+        for step in steps:
+            t0 = time.perf_counter()
+            scalars = self._rl_step() if tag == "rl" else self._sft_step()
+            done = step + 1
+            if done % c.train.log_every == 0 or done == c.train.steps:
+                scalars = scalars(time.perf_counter() - t0)
+                self.writer.write_scalars(done, scalars)
+                if bar:
+                    shown = dict(reward="reward/total", loss="train/loss") if tag == "rl" else {}
+                    bar.update(
+                        done, {k: scalars[v] for k, v in (shown or {"nll": "train/nll"}).items()}
+                    )
+            outcome = self._end_of_step(done, stop, tag)
+            if outcome == "signal":
+                return dict(stopped=True, step=done, history=self.history)
+            if outcome == "target":
+                break
+        if bar:
+            bar.close()
+        self.ckpt.wait()
+        if c.train.export == "last":  # 'best': written at the best eval
+            self.export()
+        return dict(stopped=False, step=int(self.state.step), history=self.history)
+
+    def _sft_step(self):
+        self.state, metrics = self.sft_step(self.state, self.source.next_batch())
+        self.guard.check_updates(int(self.state.step), metrics)
+        return lambda dt: {f"train/{k}": float(v) for k, v in jax.device_get(metrics).items()}
+
+    def rollout(self, examples, key) -> tuple[Experience, dict]:
+        """One Experience (and its info) of `examples` from the current policy."""
+        return self._producer_for(key)(examples)
+
+    def _producer_for(self, key, copy: bool = False):
+        """produce(examples) over the weights and version of now (captured here, so that a
+        rollout ahead samples with them while the learner moves on)."""
+        p, v = self.learner.rollout_params(copy), self.learner.version
+        weights = dict(policy=p, reference=self.ref_params, teacher=self.teacher_params)
+        # the source may draw more prompts (dynamic sampling)
+        return lambda ex: self.producer.produce(ex, weights, key, version=v, source=self.source)
+
+    def _sample_key(self):  # uncommitted: the rollout mesh may hold other devices
+        return jax.random.wrap_key_data(
+            jax.device_get(jax.random.key_data(jax.random.split(self._next_key())[0]))
+        )
+
+    def _rl_step(self):
+        c = self.config
+        out = self.ahead.take(self.learner.version)  # a batch produced during the last update
+        exp, info = out or self.rollout(self.source.next_batch(), self._sample_key())
+        self.source.observe(exp.results)
+        done = int(self.state.step) + 1
+        syncs = done % c.train.eval_every == 0 or done % c.train.checkpoint_every == 0
+        if self.ahead.enabled and not (syncs or done >= c.train.steps):
+            self.ahead.start(self.source, self._producer_for(self._sample_key(), copy=True))
+        step_metrics = self.learner.update(exp, self._next_key)
+        self.guard.check_rewards(done, info["n_failed"], c.data.prompt_batch * c.rollout.group_size)
+        self.guard.check_updates(done, step_metrics)
+        if self.rollout_log is not None or jax.process_count() > 1:
+            if done % c.train.rollout_log_every == 0:
+                log_rollouts(
+                    self.rollout_log, done, exp, self.mesh, self.task.prompt, self.reward_names
+                )
+
+        lag, dropped = self.learner.version - 1 - info["policy_version"], self.ahead.dropped
+        extra = {"rollout/policy_lag": lag, "rollout/dropped_stale_total": dropped}
+        extra["perf/reshard_seconds"] = self.learner.reshard_seconds
+        return lambda dt: {**rl_step_scalars(step_metrics, info, dt, self.state.skipped), **extra}
+
+    def _record_eval(self, step: int, tag: str) -> dict:
+        ev = self.evaluate()
+        self.history["eval"].append(dict(step=step, **ev))
+        self.writer.write_scalars(step, ev)
+        diagnostics.after_eval(self.history, ev, step, self.config, self.export, self._print)
+        self._print(f"[{tag}] step {step}: " + _fmt(ev))
+        return ev
+
+    def _end_of_step(self, done: int, stop: StopRequest, tag: str) -> str | None:
+        """Eval, checkpoint and stop handling after step `done`.
+
+        Returns None to go on, "signal" after SIGTERM/SIGINT (checkpoint saved), or "target"
+        when pass@1 reached `train.stop_at_pass1` or the eval curve collapsed (checkpoint saved;
+        the history records it, so running the same command again does not train further).
+        """
+        c = self.config
+        outcome = "signal" if stop.requested else None
+        if done % c.train.eval_every == 0 or done == c.train.steps:
+            ev = self._record_eval(done, tag)
+            target = c.train.stop_at_pass1
+            if target > 0 and ev["eval/pass@1_greedy"] >= target and outcome is None:
+                self.history["target_reached_at"] = done
+                self._print(f"[{tag}] pass@1 reached train.stop_at_pass1={target}: done")
+                outcome = "target"
+            outcome = outcome or diagnostics.collapse_outcome(self.history, done)
+        if done % c.train.checkpoint_every == 0 or done == c.train.steps or outcome:
+            self._save()
+        if outcome == "signal":
+            self._print(f"[{tag}] stopped by {stop.signal_name} at step {done}; checkpoint saved")
+        return outcome
+
+
+def _fmt(d: dict) -> str:
+    return "  ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}" for k, v in d.items())
+
+
+def train(config: ml_collections.ConfigDict, workdir: str | None = None) -> dict[str, Any]:
+    """Build a Trainer and run it (resuming from workdir if it holds a checkpoint)."""
+    return Trainer(config, workdir).run()

@@ -1,0 +1,2 @@
+"""What every run shares, RL or SFT: the SFT step, evaluation, checkpoints, metrics writers and
+stop rules."""

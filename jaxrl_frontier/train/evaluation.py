@@ -1,0 +1,104 @@
+"""Held-out evaluation: greedy pass@1 and sampled pass@k on a fixed set of eval prompts.
+
+Every process runs the same rollouts (the eval prompts are the same everywhere) and scores
+every row, so each process returns the same figures.
+"""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+
+from jaxrl_frontier.core import sharding
+from jaxrl_frontier.data.rewards.scorer import InProcessScorer
+from jaxrl_frontier.data.tasks import chat, eval_examples
+from jaxrl_frontier.run.build import encode_prompts
+from jaxrl_frontier.sampling import SamplingParams
+
+
+def decode(tokenizer, tokens: np.ndarray, mask: np.ndarray) -> tuple[str, ...]:
+    """Completions [B, Tn] -> texts (special tokens dropped, cut at EOS)."""
+    return tuple(
+        tokenizer.decode(t[m.astype(bool)].tolist(), skip_special=True, stop_at_eos=True)
+        for t, m in zip(tokens, mask)
+    )
+
+
+def solve_rate(
+    sampler,
+    tokenizer,
+    task,
+    examples,
+    params: SamplingParams,
+    key,
+    *,
+    batch: int,
+    max_prompt_len: int,
+    scorer=None,
+    failures: list | None = None,
+) -> np.ndarray:
+    """Correctness of each of the len(examples) * params.n completions, in prompt-major order.
+
+    `scorer`: the run's RewardScorer (its first-failure warning is once per run); each
+    chunk's failure count is appended to `failures` when given."""
+    scorer = scorer or InProcessScorer(task)
+    column = list(task.reward_names).index("correctness")
+    correct = []
+    for i in range(0, len(examples), batch):
+        chunk = examples[i : i + batch]
+        tok, mask = encode_prompts(tokenizer, [task.prompt(e) for e in chunk], max_prompt_len)
+        key, sub = jax.random.split(key)
+        ro = sampler.generate(tok, mask, params, sub)
+        texts = decode(
+            tokenizer,
+            sharding.all_rows(ro.completion_tokens),
+            sharding.all_rows(ro.completion_mask),
+        )
+        r, n_failed = scorer([e for e in chunk for _ in range(params.n)], list(texts))
+        if failures is not None:
+            failures.append(n_failed)
+        correct.append(r[:, column])
+    return np.concatenate(correct)
+
+
+def evaluate(
+    sampler, tokenizer, task, config, num_prompts: int | None = None, *, scorer=None
+) -> dict:
+    """{'eval/pass@1_greedy', 'eval/pass@k', 'eval/mean_correct_sampled',
+    'eval/reward_failed'} of the sampler's current weights on `eval.num_prompts` held-out
+    prompts (k = eval.pass_k, temperature 1); reward_failed counts the completions whose
+    reward raised (scored 0)."""
+    c = config
+    if hasattr(task, "evaluate"):  # an environment: held-out episodes (envs.task.EnvTask)
+        return task.evaluate(sampler, tokenizer, c, num_prompts)
+    failures: list = []
+    # at most the held-out split (a small local JSONL may hold only a few eval rows)
+    n = min(num_prompts or c.eval.num_prompts, task.num_examples("eval"))
+    examples = eval_examples(task, n, c.seed)
+    eos, tn = chat.stop_ids(c, tokenizer), c.rollout.max_new_tokens
+    run = lambda params, key: solve_rate(
+        sampler,
+        tokenizer,
+        task,
+        examples,
+        params,
+        key,
+        batch=c.eval.batch,
+        max_prompt_len=c.data.max_prompt_len,
+        scorer=scorer,
+        failures=failures,
+    )
+    greedy = run(
+        SamplingParams(greedy=True, n=1, max_new_tokens=tn, eos_ids=eos), jax.random.key(0)
+    )
+    out = {"eval/pass@1_greedy": float(np.mean(greedy))}
+    if c.eval.pass_k > 1:
+        k = c.eval.pass_k
+        sampled = run(
+            SamplingParams(temperature=1.0, n=k, max_new_tokens=tn, eos_ids=eos), jax.random.key(1)
+        )
+        per_prompt = sampled.reshape(len(examples), k)
+        out[f"eval/pass@{k}"] = float(per_prompt.max(1).mean())
+        out["eval/mean_correct_sampled"] = float(per_prompt.mean())
+    out["eval/reward_failed"] = float(sum(failures))
+    return out
