@@ -21,6 +21,7 @@ demo: install
 lint: install-test
 	$(BIN)/ruff check jaxrl_frontier scripts benchmarks configs tests
 	$(BIN)/ruff format --check jaxrl_frontier scripts benchmarks configs tests
+	$(BIN)/lint-imports
 
 format:
 	$(BIN)/ruff check --fix jaxrl_frontier scripts benchmarks configs tests

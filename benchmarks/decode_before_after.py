@@ -42,8 +42,8 @@ def worker(args) -> dict:
     import jax
     import numpy as np
 
+    from jaxrl_frontier.models.layers import ModelConfig
     from jaxrl_frontier.models.random_init import random_model
-    from jaxrl_frontier.models.transformer import ModelConfig
     from jaxrl_frontier.sampling import Sampler, SamplingParams
 
     compile_s = []

@@ -43,7 +43,7 @@ def parse(argv=None):
 
 
 def model_config(name: str, remat: str):
-    from jaxrl_frontier.models.transformer import ModelConfig
+    from jaxrl_frontier.models.layers import ModelConfig
 
     shape = dict(common.QWEN2_5_0_5B if name == "0.5b" else random_qwen2.MODELS["tiny"])
     shape.update(tie_word_embeddings=True)
@@ -72,7 +72,7 @@ def main(argv=None) -> dict:
 
     from jaxrl_frontier.core import sharding
     from jaxrl_frontier.models.random_init import random_model
-    from jaxrl_frontier.objectives import losses
+    from jaxrl_frontier.objectives import logprobs
     from jaxrl_frontier.rl.learn.forward import apply_hidden
     from jaxrl_frontier.sampling import Sampler, SamplingParams
 
@@ -103,7 +103,7 @@ def main(argv=None) -> dict:
         """[B, T-1] log p(tokens[:, 1:] | prefix), through the trainer's fused, chunked
         output layer (no [B, T, V] logits)."""
         hidden, w_out = hidden_fn(state, tokens, mask)
-        return losses.token_logprobs_from_hidden(hidden, w_out, tokens)[:, 1:]
+        return logprobs.token_logprobs_from_hidden(hidden, w_out, tokens)[:, 1:]
 
     def loss_fn(state, batch):
         logp = token_logp(state, batch["tokens"], batch["mask"])

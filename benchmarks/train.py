@@ -66,7 +66,7 @@ median_time, matmul_peak = common.median_time, common.matmul_peak
 
 
 def model_config(name: str, dtype: str = "float32", remat: bool | str = False):
-    from jaxrl_frontier.models.transformer import ModelConfig
+    from jaxrl_frontier.models.layers import ModelConfig
 
     return ModelConfig(
         **TRAIN_MODELS[name],
@@ -114,7 +114,7 @@ def make_state(params, tx, mesh):
     import jax.numpy as jnp
 
     from jaxrl_frontier.core import sharding
-    from jaxrl_frontier.run.trainer import TrainState, init_opt_state
+    from jaxrl_frontier.rl.learn.train_step import TrainState, init_opt_state
 
     repl = sharding.replicated(mesh)
     opt_state = init_opt_state(tx, params, mesh)
@@ -144,11 +144,11 @@ def rl_batch(vocab: int, batch: int, seq: int, prompt_len: int, seed: int = 0) -
 
 def _update_fn(variant: str, graphdef, tx, state, mesh, batch_keys):
     from jaxrl_frontier.core import sharding
-    from jaxrl_frontier.objectives import losses
+    from jaxrl_frontier.objectives import logprobs
     from jaxrl_frontier.run import config as config_lib
     from jaxrl_frontier.run import trainer as tr
 
-    chunk = None if variant.endswith("plain") else losses.DEFAULT_LOGPROB_CHUNK
+    chunk = None if variant.endswith("plain") else logprobs.DEFAULT_LOGPROB_CHUNK
     if variant.startswith("sft"):
         loss_of = tr.sft_loss(graphdef, logprob_chunk=chunk)
     else:  # GRPO: ppo_clip weight, token_mean, the base config's objective
@@ -168,8 +168,8 @@ def prepare_train_step(name: str, variant: str, batch: int, seq: int, dtype: str
     from flax import nnx
 
     from jaxrl_frontier.core import sharding
+    from jaxrl_frontier.rl.learn.optimizer import build_optimizer
     from jaxrl_frontier.run import config as config_lib
-    from jaxrl_frontier.run.trainer import build_optimizer
 
     mesh = sharding.make_mesh((1, 1, 1), jax.devices()[:1])
     cfg = model_config(name, dtype, remat=variant.endswith("remat"))
@@ -350,8 +350,8 @@ def _memory_child(model: str) -> dict:
     from flax import nnx
 
     from jaxrl_frontier.core import sharding
+    from jaxrl_frontier.rl.learn.optimizer import build_optimizer
     from jaxrl_frontier.run import config as config_lib
-    from jaxrl_frontier.run.trainer import build_optimizer
 
     n = jax.device_count()
     tx = build_optimizer(config_lib.base_config().optimizer, 1000)

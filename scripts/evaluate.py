@@ -92,8 +92,8 @@ def evaluate_policy(
     from jaxrl_frontier.core import sharding
     from jaxrl_frontier.data.rewards.scorer import InProcessScorer
     from jaxrl_frontier.data.tasks import eval_examples
+    from jaxrl_frontier.models.text import encode_prompts
     from jaxrl_frontier.rl.learn.forward import make_logp_fn
-    from jaxrl_frontier.run.build import encode_prompts
     from jaxrl_frontier.sampling import Sampler, SamplingParams
     from jaxrl_frontier.train import evaluation
 

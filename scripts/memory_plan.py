@@ -115,8 +115,9 @@ def main(argv=None) -> dict:
 
     from jaxrl_frontier.core import sharding
     from jaxrl_frontier.models import lora
-    from jaxrl_frontier.models.transformer import ModelConfig, Transformer
-    from jaxrl_frontier.objectives import losses
+    from jaxrl_frontier.models.layers import ModelConfig
+    from jaxrl_frontier.models.transformer import Transformer
+    from jaxrl_frontier.objectives import logprobs
     from jaxrl_frontier.rl.learn.forward import apply_hidden
     from jaxrl_frontier.rl.learn.learner import with_base
     from jaxrl_frontier.rl.learn.train_step import make_update_fn
@@ -149,7 +150,7 @@ def main(argv=None) -> dict:
 
     def loss_of(p, batch, denominator=None, frozen=None):  # -mean(A * log pi), chunked
         hidden, w_out = hidden_fn(p, batch["tokens"], batch["attention_mask"])
-        logp = losses.token_logprobs_from_hidden(hidden, w_out, batch["tokens"], args.chunk, 1)
+        logp = logprobs.token_logprobs_from_hidden(hidden, w_out, batch["tokens"], args.chunk, 1)
         return -jnp.mean(logp * batch["advantages"]), {}
 
     batch_sh = sharding.batch_sharding(mesh, 2)

@@ -2,7 +2,7 @@
 
     python scripts/report.py [--runs runs/sweeps] [--out docs/results.md]
 
-Claim by claim (jaxrl_frontier/sweeps/claims.py): the sweep files in sweeps/ that redo it,
+Claim by claim (scripts/claims.py): the sweep files in sweeps/ that redo it,
 the task, a figure of mean +- std curves over seeds, a table (mean +- std over seeds),
 steps and wall time, and a verdict from a stated rule. A claim whose sweeps have not been
 collected (`python scripts/sweep.py collect ROOT`) with at least 3 finished seeds per
@@ -17,8 +17,10 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # claims.py beside this file
 
-from jaxrl_frontier.sweeps.claims import CLAIMS, MIN_SEEDS, Claim, Finding  # noqa: E402
+from claims import CLAIMS, MIN_SEEDS, Claim, Finding  # noqa: E402  (scripts/claims.py)
+
 from jaxrl_frontier.sweeps.collect import RESULTS_JSON  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -27,9 +27,9 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from jaxrl_frontier.core.errors import SweepError  # noqa: E402
 from jaxrl_frontier.sweeps.collect import RESULTS_JSON, TABLE_CSV, collect  # noqa: E402
 from jaxrl_frontier.sweeps.launch import LAUNCHERS, plan  # noqa: E402
-from jaxrl_frontier.sweeps.spec import SweepError  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -8,7 +8,8 @@ import sys
 import ml_collections
 import pytest
 
-from jaxrl_frontier.run.config import ConfigError, base_config, entry_defaults, resolve, validate
+from jaxrl_frontier.core.errors import ConfigError
+from jaxrl_frontier.run.config import base_config, entry_defaults, resolve, validate
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

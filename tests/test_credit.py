@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from jaxrl_frontier.objectives import ADVANTAGES, TokenStats
-from jaxrl_frontier.objectives.losses import KL_ESTIMATORS
+from jaxrl_frontier.objectives.distillation import KL_ESTIMATORS
 from jaxrl_frontier.rl import credit
 
 NAMES = ("correctness", "format")

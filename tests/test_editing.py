@@ -12,6 +12,7 @@ from flax import nnx
 
 from jaxrl_frontier.data.tasks import make_task
 from jaxrl_frontier.models.tokenizer import CharTokenizer
+from jaxrl_frontier.rl.experience import RolloutRows
 from jaxrl_frontier.rl.produce.editors import (
     DynamicRolloutEditing,
     MaskTruncated,
@@ -19,7 +20,6 @@ from jaxrl_frontier.rl.produce.editors import (
     build_editors,
     overlong_penalty,
 )
-from jaxrl_frontier.rl.produce.rollout import RolloutRows
 from jaxrl_frontier.run import config as config_lib
 from jaxrl_frontier.run import trainer as tr
 from jaxrl_frontier.sampling import Rollout
@@ -156,7 +156,7 @@ def test_dre_through_the_producer_recomputes_the_edited_log_probs_by_a_forward(t
     exp, info = trainer.rollout(trainer.source.next_batch(), jax.random.key(0))
     tok, am = np.asarray(exp.tokens), np.asarray(exp.attention_mask)
     tp = tok.shape[1] - 5
-    for b, res in enumerate(r for r in exp.results for _ in range(4)):
+    for b, res in enumerate(r for r in info["results"] for _ in range(4)):
         ans = TOK.encode(str(res.example["answer"]))
         np.testing.assert_array_equal(tok[b, tp : tp + len(ans) + 1], ans + [TOK.eos_id])
         assert am[b, tp:].sum() == len(ans) + 1
@@ -176,7 +176,7 @@ def test_dre_through_the_producer_recomputes_the_edited_log_probs_by_a_forward(t
     m = {k: float(v) for k, v in info["metrics"].items()}
     assert m["dre/edited"] == 16 and m["dre/tokens_after_answer_after"] == 0
     assert m["dre/tokens_after_answer_before"] == sum(
-        5 - (len(str(r.example["answer"])) + 1) for r in exp.results for _ in range(4)
+        5 - (len(str(r.example["answer"])) + 1) for r in info["results"] for _ in range(4)
     )
     # and a short run trains with it, logging its metrics
     trainer.run()
@@ -190,8 +190,8 @@ def test_overlong_shaping_and_truncated_masking_through_the_trainer(tmp_path):
     c.train.update(steps=2, log_every=1, eval_every=10**6, checkpoint_every=10**6)
     trainer = tr.Trainer(c, str(tmp_path))
     trainer.evaluate = lambda num_prompts=None: {"eval/pass@1_greedy": 0.0}
-    exp, _ = trainer.rollout(trainer.source.next_batch(), jax.random.key(0))
-    ends = np.asarray([res.lengths for res in exp.results]).reshape(-1)
+    exp, info = trainer.rollout(trainer.source.next_batch(), jax.random.key(0))
+    ends = np.asarray([res.lengths for res in info["results"]]).reshape(-1)
     cut = np.asarray(exp.loss_mask).sum(1) == 0  # masked rows
     # a masked row ran to the 3-token budget without a stop token: its overlong reward is
     # 1 + R_len = 0 (|y| = L_max); every 3-token row is at 0, shorter ones at 1

@@ -19,7 +19,7 @@ from flax import nnx
 from safetensors.numpy import load_file, save_file
 
 from jaxrl_frontier.models import hf
-from jaxrl_frontier.models.transformer import ModelConfig
+from jaxrl_frontier.models.layers import ModelConfig
 
 TOL = 1e-4  # f32 logits, max |ours - transformers| over real positions
 MAX_DIFFS = {}  # case -> measured max diff, printed at the end (pytest -s)

@@ -8,12 +8,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jaxrl_frontier.core.errors import ObjectiveConfigError
 from jaxrl_frontier.objectives import (
     AGGREGATIONS,
     DISTILL_LOSSES,
     KL_ESTIMATORS,
     WEIGHTS,
-    ObjectiveConfigError,
     TokenStats,
     default_config,
     kl_reward_penalty,
@@ -469,7 +469,7 @@ def test_chunked_teacher_distillation_equals_the_full_logits_path(name, kw):
 
 
 def test_unknown_names_list_the_known_ones():
-    with pytest.raises(KeyError, match=r"config.objective.weight.*'ppo_clipp'.*ppo_clip"):
+    with pytest.raises(KeyError, match=r"config key 'objective.weight'.*'ppo_clipp'.*ppo_clip"):
         validate_objective_config({"weight": "ppo_clipp"})
     with pytest.raises(KeyError, match=r"aggregation.*'mean'.*token_mean"):
         validate_objective_config({"aggregation": "mean"})

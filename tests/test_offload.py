@@ -13,12 +13,12 @@ import pytest
 from test_trainer import FAST, get_config
 
 from jaxrl_frontier.core import sharding
+from jaxrl_frontier.core.errors import ConfigError
 from jaxrl_frontier.rl.learn.train_step import (
     init_train_state,
     make_update_fn,
     optimizer_memory_kind,
 )
-from jaxrl_frontier.run.config import ConfigError
 
 
 def _mesh():

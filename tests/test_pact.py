@@ -12,9 +12,9 @@ from conftest import random_model
 from flax import nnx
 
 from jaxrl_frontier.data.envs.calculator import CalculatorEnv
+from jaxrl_frontier.models.layers import ModelConfig
 from jaxrl_frontier.models.tokenizer import CharTokenizer
-from jaxrl_frontier.models.transformer import ModelConfig
-from jaxrl_frontier.objectives import losses
+from jaxrl_frontier.objectives import logprobs
 from jaxrl_frontier.rl.learn.forward import make_logp_fn
 from jaxrl_frontier.rl.methods import pact
 
@@ -81,7 +81,7 @@ def test_host_layout_of_the_context_and_sft_rows():
     loss_mask[0, 4:7], loss_mask[1, 4:6] = 1, 1
     adv = loss_mask * np.array([[1.5], [-0.5]], np.float32)
     f = pact.pact_fields(
-        tok, tokens=tokens, attention_mask=attn, loss_mask=loss_mask, advantages=adv,
+        tok, dict(tokens=tokens, attention_mask=attn, loss_mask=loss_mask, advantages=adv),
         traces=[trace, trace], context="hint: {trace};", weights=WEIGHTS, stop_id=tok.eos_id,
         beta=0.25, context_len=64, trace_len=48,
     )  # fmt: skip
@@ -110,7 +110,7 @@ def test_host_layout_of_the_context_and_sft_rows():
     assert not f["sft_weight"][:, :4].any() and (f["pact_beta"] == 0.25).all()
     with pytest.raises(ValueError, match="'pact.trace_len' = 8"):
         pact.pact_fields(
-            tok, tokens=tokens, attention_mask=attn, loss_mask=loss_mask, advantages=adv,
+            tok, dict(tokens=tokens, attention_mask=attn, loss_mask=loss_mask, advantages=adv),
             traces=[trace, trace], context="{trace}", weights=WEIGHTS, stop_id=2, beta=0.0,
             context_len=64, trace_len=8,
         )  # fmt: skip
@@ -131,7 +131,7 @@ def test_combined_loss_gradient_is_anchor_plus_trace_plus_sft():
     loss_mask[:, 5:] = 1
     adv = loss_mask * np.array([[1.0], [-2.0]], np.float32)
     f = pact.pact_fields(
-        tok, tokens=tokens, attention_mask=attn, loss_mask=loss_mask, advantages=adv,
+        tok, dict(tokens=tokens, attention_mask=attn, loss_mask=loss_mask, advantages=adv),
         traces=[trace, trace], context="{trace}", weights=WEIGHTS, stop_id=tok.eos_id,
         beta=0.3, context_len=40, trace_len=40,
     )  # fmt: skip
@@ -149,7 +149,7 @@ def test_combined_loss_gradient_is_anchor_plus_trace_plus_sft():
     def reference(p):  # the three terms from full-vocabulary log-softmaxes
         def lp(t, m):
             logits = nnx.merge(graphdef, p)(t, m)
-            return losses.token_logprobs(logits, t)
+            return logprobs.token_logprobs(logits, t)
 
         a = -jnp.sum(lp(tokens, attn) * loss_mask)
         l_tc = lp(f["pact_tokens"], f["pact_mask"])

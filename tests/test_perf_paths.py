@@ -9,8 +9,9 @@ import pytest
 from conftest import SMALL_MODEL, assert_same_loss_and_grads
 from flax import nnx
 
-from jaxrl_frontier.models.transformer import ModelConfig, Transformer
-from jaxrl_frontier.objectives import losses
+from jaxrl_frontier.models.layers import ModelConfig
+from jaxrl_frontier.models.transformer import Transformer
+from jaxrl_frontier.objectives import logprobs
 from jaxrl_frontier.run import config as config_lib
 from jaxrl_frontier.run import trainer as tr
 
@@ -28,12 +29,12 @@ def _inputs(seed=0):
 @pytest.mark.parametrize("chunk", [1, 4, 7, 256])  # 7 does not divide B * (T - 1) = 30
 def test_chunked_logprobs_equal_plain(chunk):
     h, w, tok = _inputs()
-    plain = losses.token_logprobs(h @ w, tok)
-    fused = losses.token_logprobs_from_hidden(h, w, tok, chunk)
+    plain = logprobs.token_logprobs(h @ w, tok)
+    fused = logprobs.token_logprobs_from_hidden(h, w, tok, chunk)
     np.testing.assert_allclose(fused, plain, atol=1e-5, rtol=0)
-    logp, ent = losses.token_stats_from_hidden(h, w, tok, chunk, entropy=True)
+    logp, ent = logprobs.token_stats_from_hidden(h, w, tok, chunk, entropy=True)
     np.testing.assert_allclose(logp, plain, atol=1e-5, rtol=0)
-    np.testing.assert_allclose(ent, losses.token_entropy(h @ w), atol=1e-5, rtol=0)
+    np.testing.assert_allclose(ent, logprobs.token_entropy(h @ w), atol=1e-5, rtol=0)
     assert fused.shape == (B, T) and float(jnp.abs(fused[:, 0]).max()) == 0.0
 
 
@@ -43,12 +44,12 @@ def test_chunked_logprob_gradients_equal_plain(chunk):
     c = jax.random.normal(jax.random.key(9), (B, T))  # a generic cotangent
 
     def plain(h, w):
-        return jnp.sum(c * losses.token_logprobs(h @ w, tok)) + jnp.sum(
-            c**2 * losses.token_entropy(h @ w)
+        return jnp.sum(c * logprobs.token_logprobs(h @ w, tok)) + jnp.sum(
+            c**2 * logprobs.token_entropy(h @ w)
         )
 
     def fused(h, w):
-        logp, ent = losses.token_stats_from_hidden(h, w, tok, chunk, entropy=True)
+        logp, ent = logprobs.token_stats_from_hidden(h, w, tok, chunk, entropy=True)
         return jnp.sum(c * logp) + jnp.sum(c**2 * ent)
 
     gp, gf = jax.grad(plain, (0, 1))(h, w), jax.grad(fused, (0, 1))(h, w)
@@ -61,7 +62,7 @@ def test_entropy_metric_only_has_no_gradient():
 
     def f(h):
         return jnp.sum(
-            losses.token_stats_from_hidden(h, w, tok, 8, entropy=True, entropy_grad=False)[1]
+            logprobs.token_stats_from_hidden(h, w, tok, 8, entropy=True, entropy_grad=False)[1]
         )
 
     assert float(jnp.abs(jax.grad(f)(h)).max()) == 0.0

@@ -16,10 +16,10 @@ from conftest import SMALL_MODEL, random_model
 from flax import nnx
 
 from jaxrl_frontier.core import sharding
-from jaxrl_frontier.models.transformer import ModelConfig
+from jaxrl_frontier.models.layers import ModelConfig
 from jaxrl_frontier.rl.experience import Experience
 from jaxrl_frontier.rl.learn.forward import apply_hidden
-from jaxrl_frontier.rl.learn.learner import Learner, rl_loss
+from jaxrl_frontier.rl.learn.learner import Learner, LearnerOptions, rl_loss
 from jaxrl_frontier.rl.learn.train_step import init_train_state
 from jaxrl_frontier.rl.methods import critic as critic_lib
 from jaxrl_frontier.rl.methods import ppo
@@ -87,11 +87,9 @@ def make_learner(kind="head", *, grad_accum=1, epochs=1, minibatches=1, beta=0.0
         policy_graphdef=graphdef,
         layout=layout,
         reward_weights=jnp.asarray([1.0, 0.5]),
-        gamma=0.9,
-        lam=0.8,
-        value_clip=None,
-        whiten=whiten,
-        kl_coef_in_reward=beta,
+        options=ppo.GAEOptions(
+            gamma=0.9, lam=0.8, value_clip=None, whiten=whiten, kl_coef_in_reward=beta
+        ),
     )
     tx = optax.adam(1e-3)
     # placed on the mesh as the trainer places them (else the update's NamedSharding outputs
@@ -99,11 +97,7 @@ def make_learner(kind="head", *, grad_accum=1, epochs=1, minibatches=1, beta=0.0
     placed = jax.device_put(params, sharding.state_shardings(params, mesh))
     state = init_train_state(tx, placed, mesh, jax.random.key(0))
     state = state.replace(critic=critic.init_state())
-    learner = Learner(
-        graphdef,
-        tx,
-        state,
-        mesh=mesh,
+    options = LearnerOptions(
         objective=OBJECTIVE,
         rows=ROWS,
         group_size=4,
@@ -111,6 +105,13 @@ def make_learner(kind="head", *, grad_accum=1, epochs=1, minibatches=1, beta=0.0
         epochs=epochs,
         minibatches=minibatches,
         grad_accum=grad_accum,
+    )
+    learner = Learner(
+        graphdef,
+        tx,
+        state,
+        options,
+        mesh=mesh,
         critic=critic,
         log=lambda m: None,
     )

@@ -13,7 +13,8 @@ from conftest import small_rl_config
 from flax import nnx
 
 from jaxrl_frontier.core import sharding
-from jaxrl_frontier.models.transformer import ModelConfig, Transformer
+from jaxrl_frontier.models.layers import ModelConfig
+from jaxrl_frontier.models.transformer import Transformer
 from jaxrl_frontier.run import trainer as tr
 from jaxrl_frontier.sampling import Sampler, SamplingParams
 

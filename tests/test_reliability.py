@@ -20,9 +20,9 @@ import pytest
 from safetensors.numpy import load_file
 from test_trainer import FAST, RL, get_config, host_leaves, read_metrics, series
 
+from jaxrl_frontier.core.errors import TrainingFault
 from jaxrl_frontier.run.trainer import Trainer
 from jaxrl_frontier.train.checkpoint import Checkpointer
-from jaxrl_frontier.train.faults import TrainingFault
 from jaxrl_frontier.train.metrics import METRICS_FILE, ROLLOUTS_FILE
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -387,7 +387,8 @@ def tiny_hf(tmp_path_factory):
     from flax import nnx
 
     from jaxrl_frontier.models import hf
-    from jaxrl_frontier.models.transformer import ModelConfig, Transformer
+    from jaxrl_frontier.models.layers import ModelConfig
+    from jaxrl_frontier.models.transformer import Transformer
 
     path = tmp_path_factory.mktemp("hf")
     model = Transformer(ModelConfig(64, 32, 64, 2, 4, 2, family="llama"), rngs=nnx.Rngs(0))
@@ -396,8 +397,8 @@ def tiny_hf(tmp_path_factory):
 
 
 def test_malformed_hf_config_names_the_file(tiny_hf, tmp_path):
+    from jaxrl_frontier.core.errors import ModelFileError
     from jaxrl_frontier.models import hf
-    from jaxrl_frontier.models.tokenizer import ModelFileError
 
     bad = tmp_path / "bad"
     shutil.copytree(tiny_hf, bad)
@@ -414,8 +415,8 @@ def test_malformed_hf_config_names_the_file(tiny_hf, tmp_path):
 
 
 def test_truncated_safetensors_names_the_file(tiny_hf, tmp_path):
+    from jaxrl_frontier.core.errors import ModelFileError
     from jaxrl_frontier.models import hf
-    from jaxrl_frontier.models.tokenizer import ModelFileError
 
     bad = tmp_path / "bad"
     shutil.copytree(tiny_hf, bad)
@@ -428,7 +429,8 @@ def test_truncated_safetensors_names_the_file(tiny_hf, tmp_path):
 
 
 def test_broken_tokenizer_json_names_the_file(tmp_path):
-    from jaxrl_frontier.models.tokenizer import HFTokenizer, ModelFileError
+    from jaxrl_frontier.core.errors import ModelFileError
+    from jaxrl_frontier.models.tokenizer import HFTokenizer
 
     (tmp_path / "tokenizer.json").write_text('{"version": "1.0", "model": ')
     with pytest.raises(ModelFileError, match=rf"^{re.escape(str(tmp_path / 'tokenizer.json'))}"):
@@ -436,8 +438,8 @@ def test_broken_tokenizer_json_names_the_file(tmp_path):
 
 
 def test_long_jsonl_row_is_refused_before_any_model_is_built(tmp_path, monkeypatch):
+    from jaxrl_frontier.core.errors import ConfigError
     from jaxrl_frontier.run import trainer as trainer_lib
-    from jaxrl_frontier.run.config import ConfigError
 
     rows = tmp_path / "rows.jsonl"
     questions = ["1+1"] * 26 + ["1+1 " * 20] + ["2+2"]

@@ -6,15 +6,17 @@ commands) for the others."""
 import importlib.util
 import json
 import os
+import sys
 
 import numpy as np
 import pytest
 
-from jaxrl_frontier.sweeps import claims
-from jaxrl_frontier.sweeps.claims import DOES_NOT, INCONCLUSIVE, REPRODUCES
 from jaxrl_frontier.sweeps.collect import RESULTS_JSON
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, "scripts"))  # the results page's claims live beside report.py
+import claims  # noqa: E402
+from claims import DOES_NOT, INCONCLUSIVE, REPRODUCES  # noqa: E402
 
 
 def make_run(config, seed, series, overrides=None, step=200, wall=10.0):

@@ -9,12 +9,12 @@ import pytest
 from conftest import SMALL_MODEL, random_model
 from flax import nnx
 
-from jaxrl_frontier.models.transformer import ModelConfig
+from jaxrl_frontier.models.layers import ModelConfig
 from jaxrl_frontier.objectives import TokenStats, losses, weights
 from jaxrl_frontier.rl.experience import Experience
 from jaxrl_frontier.rl.learn.forward import apply_hidden, make_logp_fn
 from jaxrl_frontier.rl.methods.self_conditioning import chunked_kl_and_logp
-from jaxrl_frontier.rl.produce.rollout import PASSES
+from jaxrl_frontier.rl.produce.passes import PASSES
 
 V = 20
 

@@ -9,15 +9,11 @@ import pytest
 from conftest import small_rl_config
 
 from jaxrl_frontier.data.tasks import make_task
-from jaxrl_frontier.rl.produce.rollout import RolloutRows, ScoredRows
-from jaxrl_frontier.rl.sources.base import (
-    ADSSource,
-    DynamicSource,
-    PromptResult,
-    UniformSource,
-    ZPPOSource,
-    signal_groups,
-)
+from jaxrl_frontier.rl.experience import PromptResult, RolloutRows, ScoredRows
+from jaxrl_frontier.rl.sources.ads import ADSSource
+from jaxrl_frontier.rl.sources.base import UniformSource
+from jaxrl_frontier.rl.sources.dynamic import DynamicSource, signal_groups
+from jaxrl_frontier.rl.sources.zppo import ZPPOSource
 from jaxrl_frontier.run import trainer as tr
 
 TASK = make_task("arithmetic", max_digits=1, ops="+", prompt_template="{a}{op}{b}=", train_size=64)
@@ -90,7 +86,7 @@ def test_dynamic_sampling_judges_signal_on_the_weighted_reward():
 
 
 def test_dynamic_builder_weighs_correctness_and_the_shaped_components():
-    from jaxrl_frontier.rl.sources.base import make_source
+    from jaxrl_frontier.rl.sources import make_source
     from jaxrl_frontier.run import config as config_lib
 
     c = config_lib.base_config()

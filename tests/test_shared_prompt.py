@@ -13,8 +13,8 @@ from conftest import SMALL_MODEL, assert_same_loss_and_grads, random_model, smal
 from flax import nnx
 
 from jaxrl_frontier.core import sharding
-from jaxrl_frontier.models.transformer import ModelConfig
-from jaxrl_frontier.objectives import losses
+from jaxrl_frontier.models.layers import ModelConfig
+from jaxrl_frontier.objectives import logprobs
 from jaxrl_frontier.rl.learn.learner import minibatch_order, update_layout
 from jaxrl_frontier.run import config as config_lib
 from jaxrl_frontier.run import trainer as tr
@@ -121,13 +121,13 @@ def test_chunked_logprobs_from_a_start_position():
     h = jax.random.normal(jax.random.key(0), (3, 9, 8))
     w = jax.random.normal(jax.random.key(1), (8, V))
     tok = jax.random.randint(jax.random.key(2), (3, 9), 0, V)
-    plain = np.asarray(losses.token_logprobs(h @ w, tok))
+    plain = np.asarray(logprobs.token_logprobs(h @ w, tok))
     for start in (1, 4, 8):
-        got = np.asarray(losses.token_logprobs_from_hidden(h, w, tok, 5, start=start))
+        got = np.asarray(logprobs.token_logprobs_from_hidden(h, w, tok, 5, start=start))
         np.testing.assert_allclose(got[:, start:], plain[:, start:], atol=1e-5)
         assert np.abs(got[:, :start]).max() == 0.0
     with pytest.raises(ValueError, match="start = 9 must be in"):
-        losses.token_logprobs_from_hidden(h, w, tok, 5, start=9)
+        logprobs.token_logprobs_from_hidden(h, w, tok, 5, start=9)
 
 
 def _trainer(tmp_path, **overrides):

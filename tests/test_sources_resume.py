@@ -7,12 +7,15 @@ import numpy as np
 import pytest
 from conftest import SMALL_MODEL, assert_resumed_run_equal, random_model, small_rl_config
 
+from jaxrl_frontier.core.errors import ConfigError
 from jaxrl_frontier.data.tasks import make_task
+from jaxrl_frontier.models.layers import ModelConfig
 from jaxrl_frontier.models.tokenizer import CharTokenizer
-from jaxrl_frontier.models.transformer import ModelConfig
-from jaxrl_frontier.rl.sources.base import PromptResult, UniformSource, ZPPOSource, make_source
+from jaxrl_frontier.rl.experience import PromptResult
+from jaxrl_frontier.rl.sources import make_source
+from jaxrl_frontier.rl.sources.base import UniformSource
 from jaxrl_frontier.rl.sources.clustering import KMeansClusters, kmeans, prompt_features
-from jaxrl_frontier.run.config import ConfigError
+from jaxrl_frontier.rl.sources.zppo import ZPPOSource
 
 TASK = make_task("arithmetic", max_digits=2, ops="+-", prompt_template="{a}{op}{b}=", train_size=64)
 
@@ -130,9 +133,9 @@ def test_teacher_answers_keep_only_verified_greedy_answers():
     returned (stripped), the other None."""
     import jax
 
+    from jaxrl_frontier.models.text import decode
     from jaxrl_frontier.rl.sources.teacher_answers import TeacherAnswers
     from jaxrl_frontier.sampling import Sampler, SamplingParams
-    from jaxrl_frontier.train.evaluation import decode
 
     tok = CharTokenizer()
     model = random_model(ModelConfig(vocab_size=tok.vocab_size, **SMALL_MODEL))
@@ -147,7 +150,7 @@ def test_teacher_answers_keep_only_verified_greedy_answers():
     examples = [task.example("train", i) for i in (0, 1)]
     answers = TeacherAnswers(model, tok, task, FirstOnly(), max_prompt_len=5, max_new_tokens=3)
     got = answers(examples)
-    from jaxrl_frontier.run.build import encode_prompts
+    from jaxrl_frontier.models.text import encode_prompts
 
     t, m = encode_prompts(tok, [task.prompt(e) for e in examples], 5)
     params = SamplingParams(greedy=True, n=1, max_new_tokens=3, eos_ids=(tok.eos_id,))

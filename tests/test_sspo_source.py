@@ -7,12 +7,14 @@ import json
 import numpy as np
 import pytest
 
+from jaxrl_frontier.core.errors import ConfigError
 from jaxrl_frontier.data.envs.task import EnvTask, check_env_config
+from jaxrl_frontier.rl.experience import PromptResult
 from jaxrl_frontier.rl.methods.step_credit import StateScores
-from jaxrl_frontier.rl.sources.base import PromptResult, UniformSource, make_source
+from jaxrl_frontier.rl.sources import make_source
+from jaxrl_frontier.rl.sources.base import UniformSource
 from jaxrl_frontier.rl.sources.sspo import SSPOSource
 from jaxrl_frontier.run import presets
-from jaxrl_frontier.run.config import ConfigError
 
 
 class Stream:
@@ -132,9 +134,9 @@ def test_observe_records_every_episode_and_the_state_resumes_exactly():
     )  # fmt: skip
     again.restore(saved)
     # the restored history holds the same (tuple) states: scores equal, draws equal
-    assert again.scores.t == 25
+    assert again.state_scores.t == 25
     for state, counts in list(scores.counts.items())[:10]:
-        assert again.scores.counts[state] == counts
+        assert again.state_scores.counts[state] == counts
     assert [[e["seed"] for e in again.next_batch()] for _ in range(4)] == want
 
 
@@ -194,7 +196,7 @@ def test_a_3spo_run_cut_after_two_steps_resumes_bitwise(tmp_path):
     resumed = trainer(tmp_path / "cut", 3)
     resumed.run()
     # the history came back from the checkpoint: step 3 alone would give t = 1 + 16
-    assert resumed.source.scores.t == full.source.scores.t == 1 + 3 * 16
-    assert resumed.source.scores.counts == full.source.scores.counts
+    assert resumed.source.state_scores.t == full.source.state_scores.t == 1 + 3 * 16
+    assert resumed.source.state_scores.counts == full.source.state_scores.counts
     row = assert_resumed_run_equal(full, resumed, tmp_path / "full", tmp_path / "cut", step=3)
     assert "sspo/allocation_mean" in row and "env/success_rate" in row

@@ -20,14 +20,22 @@ from flax import nnx
 
 from jaxrl_frontier.core import sharding
 from jaxrl_frontier.data.tasks import make_task
+from jaxrl_frontier.models.layers import ModelConfig
 from jaxrl_frontier.models.tokenizer import CharTokenizer
-from jaxrl_frontier.models.transformer import ModelConfig
-from jaxrl_frontier.objectives import TokenStats, advantages, losses, weights
-from jaxrl_frontier.rl.experience import Experience
-from jaxrl_frontier.rl.learn.learner import Learner, minibatch_order
+from jaxrl_frontier.objectives import (
+    TokenStats,
+    advantages,
+    aggregation,
+    distillation,
+    logprobs,
+    losses,
+    weights,
+)
+from jaxrl_frontier.rl.experience import Experience, RolloutRows
+from jaxrl_frontier.rl.learn.learner import Learner, LearnerOptions, minibatch_order
 from jaxrl_frontier.rl.learn.train_step import init_train_state
-from jaxrl_frontier.rl.produce.rollout import RolloutProducer, RolloutRows
-from jaxrl_frontier.rl.sources.base import UniformSource
+from jaxrl_frontier.rl.produce.rollout import RolloutProducer
+from jaxrl_frontier.rl.sources.base import PromptSource, UniformSource
 from jaxrl_frontier.run import trainer as tr
 from jaxrl_frontier.sampling import Rollout, SamplingParams
 
@@ -55,7 +63,7 @@ def test_uniform_source_is_one_global_stream_sliced_per_process_and_resumes_exac
         UniformSource(TASK, batch_size=3, seed=0, process_count=2)
 
 
-class ReplayUnsolved:
+class ReplayUnsolved(PromptSource):
     """A PromptSource written in a test: half of each batch replays prompts that none of a
     group's completions solved, the rest comes from a uniform source."""
 
@@ -195,9 +203,9 @@ def test_rollout_producer_builds_the_experience_by_hand():
     np.testing.assert_array_equal(np.asarray(exp.group_id), [0] * 4 + [1] * 4)
     np.testing.assert_array_equal(np.asarray(exp.prompt_index), [11] * 4 + [12] * 4)
     np.testing.assert_array_equal(np.asarray(exp.policy_version), [7] * 8)
-    assert [r.index for r in exp.results] == [11, 12]
-    np.testing.assert_allclose(exp.results[1].reward, [4, 5, 6, 7])
-    assert exp.results[0].correct == 0.75  # rewards 1, 2, 3 > 0
+    assert [r.index for r in info["results"]] == [11, 12]
+    np.testing.assert_allclose(info["results"][1].reward, [4, 5, 6, 7])
+    assert info["results"][0].correct == 0.75  # rewards 1, 2, 3 > 0
     np.testing.assert_allclose(float(info["metrics"]["reward/total"]), 3.5)
     np.testing.assert_allclose(float(info["metrics"]["rollout/response_length"]), 2.5)
 
@@ -211,7 +219,7 @@ def _plain_loss(graphdef, objective):
     def loss(params, batch):
         logits = nnx.merge(graphdef, params)(batch["tokens"], batch["attention_mask"])
         stats = TokenStats(
-            logp=losses.token_logprobs(logits, batch["tokens"]),
+            logp=logprobs.token_logprobs(logits, batch["tokens"]),
             old_logp=batch["old_logp"],
             mask=batch["loss_mask"],
             ref_logp=batch.get("ref_logp"),
@@ -261,11 +269,7 @@ def test_learner_epochs_minibatches_microbatches_equal_plain_full_batch_steps(ag
     objective = dict(weight="ppo_clip", aggregation=aggregation, advantage="grpo")
     tx = optax.adam(1e-2)
     state = init_train_state(tx, jax.tree.map(jnp.copy, params), mesh, jax.random.key(0))
-    learner = Learner(
-        graphdef,
-        tx,
-        state,
-        mesh=mesh,
+    options = LearnerOptions(
         objective=objective,
         rows=16,
         group_size=4,
@@ -273,8 +277,8 @@ def test_learner_epochs_minibatches_microbatches_equal_plain_full_batch_steps(ag
         epochs=2,
         minibatches=2,
         grad_accum=2,
-        log=lambda m: None,
     )
+    learner = Learner(graphdef, tx, state, options, mesh=mesh, log=lambda m: None)
     exp = _experience()
     keys = iter(jax.random.split(jax.random.key(1), 2))
     learner.update(exp, lambda: next(keys))
@@ -304,8 +308,8 @@ NAMES = (
     [("weight", n) for n in weights.WEIGHTS.names()]
     # progress cannot train (config.py); gae needs a critic (tests/test_ppo_critic.py)
     + [("advantage", n) for n in advantages.ADVANTAGES.names() if n not in ("progress", "gae")]
-    + [("aggregation", n) for n in losses.AGGREGATIONS.names()]
-    + [("distill", n) for n in losses.DISTILL_LOSSES.names()]
+    + [("aggregation", n) for n in aggregation.AGGREGATIONS.names()]
+    + [("distill", n) for n in distillation.DISTILL_LOSSES.names()]
 )
 
 
@@ -347,7 +351,7 @@ def test_self_conditioned_pass_equals_a_direct_forward_after_the_groups_solution
     verified solution], computed here on a compact (gap-free) sequence; a group with no
     solution keeps the behaviour log-probs."""
     from jaxrl_frontier.rl.learn.forward import make_logp_fn
-    from jaxrl_frontier.rl.produce.rollout import PASSES
+    from jaxrl_frontier.rl.produce.passes import PASSES
 
     model = random_model(ModelConfig(vocab_size=20, **SMALL_MODEL))
     graphdef, params = nnx.split(model)
@@ -374,7 +378,7 @@ def test_self_conditioned_pass_equals_a_direct_forward_after_the_groups_solution
 
     def direct(context, completion):
         seq = jnp.asarray([context + completion], jnp.int32)
-        logp = losses.token_logprobs(model(seq, jnp.ones_like(seq)), seq)
+        logp = logprobs.token_logprobs(model(seq, jnp.ones_like(seq)), seq)
         return np.asarray(logp)[0, -tn:]
 
     solution = [13, 2]  # row 1's completion up to and with its stop token

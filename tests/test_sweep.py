@@ -17,7 +17,8 @@ import sys
 import numpy as np
 import pytest
 
-from jaxrl_frontier.sweeps import SweepError, grid, load_sweep, product, run_name, seeds, zip_
+from jaxrl_frontier.core.errors import SweepError
+from jaxrl_frontier.sweeps import grid, load_sweep, product, run_name, seeds, zip_
 from jaxrl_frontier.sweeps.collect import RESULTS_JSON, TABLE_CSV, collect
 from jaxrl_frontier.sweeps.launch import (
     ATTEMPTS_FILE,

@@ -403,8 +403,8 @@ def _jsonl(path, questions):
 
 
 def test_a_prompt_too_long_is_named_by_file_and_line_before_training(tmp_path):
+    from jaxrl_frontier.core.errors import ConfigError
     from jaxrl_frontier.data.tasks import check_prompt_lengths
-    from jaxrl_frontier.run.config import ConfigError
 
     path = _jsonl(tmp_path / "rows.jsonl", ["one", "two", "a much longer question", "x"])
     task = make_task("jsonl_math", path=str(path), eval_fraction=0.0)

@@ -22,17 +22,16 @@ import numpy as np
 import pytest
 
 from jaxrl_frontier.core import sharding  # noqa: E402
+from jaxrl_frontier.core.errors import ConfigError  # noqa: E402
+from jaxrl_frontier.rl.learn.learner import rl_loss  # noqa: E402
+from jaxrl_frontier.rl.learn.train_step import make_update_fn  # noqa: E402
 from jaxrl_frontier.rl.produce.rollout import RolloutProducer  # noqa: E402
 from jaxrl_frontier.run import trainer as trainer_lib  # noqa: E402
-from jaxrl_frontier.run.trainer import (  # noqa: E402
-    Trainer,
-    encode_demonstrations,
-    make_update_fn,
-    objective_section,
-    rl_loss,
-)
+from jaxrl_frontier.run.build import objective_section  # noqa: E402
+from jaxrl_frontier.run.trainer import Trainer  # noqa: E402
 from jaxrl_frontier.train.checkpoint import Checkpointer  # noqa: E402
 from jaxrl_frontier.train.metrics import METRICS_FILE  # noqa: E402
+from jaxrl_frontier.train.sft import encode_demonstrations  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -495,7 +494,7 @@ def test_encode_demonstrations_layout():
 
 
 def test_trainer_needs_a_workdir():
-    from jaxrl_frontier.run.config import ConfigError
+    from jaxrl_frontier.core.errors import ConfigError
 
     with pytest.raises(ConfigError, match="workdir"):
         Trainer(get_config("grpo_arith", FAST))
@@ -549,9 +548,9 @@ def test_dropout_grpo_update_runs_the_sub_network_that_sampled_each_row(tmp_path
 def test_resume_with_another_decay_horizon_is_refused(tmp_path):
     cosine = {**RL, "optimizer.schedule": "cosine", "train.checkpoint_every": 2}
     run("grpo_arith", tmp_path, {**cosine, "train.steps": 2})
-    with pytest.raises(trainer_lib.config_lib.ConfigError, match="train.steps x epochs"):
+    with pytest.raises(ConfigError, match="train.steps x epochs"):
         run("grpo_arith", tmp_path, {**cosine, "train.steps": 4})
-    with pytest.raises(trainer_lib.config_lib.ConfigError, match="optimizer.lr"):
+    with pytest.raises(ConfigError, match="optimizer.lr"):
         run("grpo_arith", tmp_path, {**cosine, "train.steps": 2, "optimizer.lr": 1e-3})
 
 

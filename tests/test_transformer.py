@@ -12,14 +12,8 @@ import pytest
 from conftest import left_padded_batch, random_model
 from flax import nnx
 
-from jaxrl_frontier.models.transformer import (
-    ModelConfig,
-    Transformer,
-    dense,
-    init_cache,
-    positions_from_mask,
-    with_compute_weights,
-)
+from jaxrl_frontier.models.layers import ModelConfig, dense, init_cache, positions_from_mask
+from jaxrl_frontier.models.transformer import Transformer, with_compute_weights
 
 BASE = dict(
     vocab_size=128,
@@ -179,7 +173,7 @@ def test_dense_equals_einsum_values_and_gradients(contract):
 def test_mlp_weight_gradients_need_no_transposed_copies():
     """The reason for `dense`: XLA:CPU copies a transposed [B, T, F] cotangent before each
     weight-gradient dot of a 3-D matmul; flattened, the compiled backward has no copy."""
-    from jaxrl_frontier.models.transformer import MLP
+    from jaxrl_frontier.models.layers import MLP
 
     mlp = MLP(ModelConfig(**BASE), rngs=nnx.Rngs(0))  # one layer's MLP (unstacked)
     graphdef, state = nnx.split(mlp)

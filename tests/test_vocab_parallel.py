@@ -11,8 +11,9 @@ from flax import nnx
 from jax.sharding import PartitionSpec as P
 
 from jaxrl_frontier.core import sharding
-from jaxrl_frontier.models.transformer import ModelConfig, Transformer
-from jaxrl_frontier.objectives import losses
+from jaxrl_frontier.models.layers import ModelConfig
+from jaxrl_frontier.models.transformer import Transformer
+from jaxrl_frontier.objectives import logprobs
 from jaxrl_frontier.rl.learn.forward import apply_hidden, make_logp_fn
 
 # the table dominates: V D = 4096 x 64 (1 MB in f32) against 2 layers of 0.07 MB
@@ -49,7 +50,7 @@ def test_vocab_split_logprobs_and_gradients_equal_one_device(shape, spec):
     assert embed.addressable_shards[0].data.shape == (CFG.vocab_size // split, 64)
     tokens, mask = _batch()
     graphdef, params = nnx.split(_model())
-    plain = losses.token_logprobs(nnx.merge(graphdef, params)(tokens, mask), tokens)
+    plain = logprobs.token_logprobs(nnx.merge(graphdef, params)(tokens, mask), tokens)
     _, sharded_params = nnx.split(model)
     t, m = sharding.shard_batch((tokens, mask), mesh)
     chunked = make_logp_fn(graphdef, 16)(sharded_params, t, m)  # fused output layer, 16 rows
@@ -60,7 +61,7 @@ def test_vocab_split_logprobs_and_gradients_equal_one_device(shape, spec):
 
     def loss(p, tokens, mask):
         h, w = hidden_fn(p, tokens, mask)
-        return jnp.sum(c * losses.token_logprobs_from_hidden(h, w, tokens, 16))
+        return jnp.sum(c * logprobs.token_logprobs_from_hidden(h, w, tokens, 16))
 
     g_one = jax.grad(loss)(params, tokens, mask)
     g_mesh = jax.jit(jax.grad(loss))(sharded_params, t, m)
@@ -85,7 +86,7 @@ def test_update_temporaries_hold_no_whole_table():
     def update(params, opt, tokens, mask):
         def loss(p):
             h, w = hidden_fn(p, tokens, mask)
-            return -jnp.mean(losses.token_logprobs_from_hidden(h, w, tokens, 16))
+            return -jnp.mean(logprobs.token_logprobs_from_hidden(h, w, tokens, 16))
 
         grads = jax.grad(loss)(params)
         updates, opt = tx.update(grads, opt, params)

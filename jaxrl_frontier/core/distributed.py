@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import logging
 import os
+from typing import Any
 
 import jax
+import numpy as np
 
 log = logging.getLogger(__name__)
 
@@ -70,3 +72,24 @@ def initialize(config) -> bool:
         jax.device_count(),
     )
     return True
+
+
+def allgather_json(obj: Any) -> list[Any]:
+    """Every process's `obj` (JSON-able), in process order (a collective: all processes call)."""
+    if jax.process_count() == 1:
+        return [obj]
+    import json
+
+    from jax.experimental import multihost_utils
+
+    data = np.frombuffer(json.dumps(obj).encode(), np.uint8)
+    n = multihost_utils.process_allgather(np.asarray([data.size], np.int64)).reshape(-1)
+    buf = np.zeros(int(n.max()), np.uint8)
+    buf[: data.size] = data
+    every = multihost_utils.process_allgather(buf).reshape(len(n), -1)
+    return [json.loads(bytes(every[i, : n[i]]).decode()) for i in range(len(n))]
+
+
+def sum_over_processes(x: float) -> float:
+    """The sum of every process's `x` (a collective: all processes call)."""
+    return float(sum(allgather_json(float(x))))

@@ -2,8 +2,10 @@
 
 Every swappable piece of the codebase (weight functions, advantage estimators, tasks,
 aggregations, model families) is an entry in a `Registry`, registered in its defining
-module with the `register` decorator. Configs name entries by string; an unknown name is
-an error that lists the known ones, so a typo in a sweep fails at setup, not mid-run.
+module with the `register` decorator. A registry knows the config key it serves
+(`Registry("weight function", key="objective.weight")`); configs name entries by string,
+and an unknown name is an `UnknownNameError` (a `ConfigError`) that names the key and lists
+the known names, so a typo in a sweep fails at setup, not mid-run.
 """
 
 from __future__ import annotations
@@ -16,21 +18,23 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
+from jaxrl_frontier.core.errors import UnknownNameError
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 
 class Registry:
     """Name -> callable table.
 
-    >>> WEIGHTS = Registry("weight function")
+    >>> WEIGHTS = Registry("weight function", key="objective.weight")
     >>> @WEIGHTS.register("pg")
     ... def pg(stats, adv): ...
     >>> WEIGHTS.get("pg") is pg
     True
     """
 
-    def __init__(self, kind: str):
-        self.kind = kind
+    def __init__(self, kind: str, key: str | None = None):
+        self.kind, self.key = kind, key  # key: the config key whose values name entries
         self._entries: dict[str, Callable[..., Any]] = {}
 
     def register(self, name: str) -> Callable[[F], F]:
@@ -52,14 +56,17 @@ class Registry:
         return decorator
 
     def get(self, name: str) -> Callable[..., Any]:
-        """The callable registered under `name`; `KeyError` listing the known names if absent."""
+        """The callable registered under `name`; an `UnknownNameError` naming the registry's
+        config key and listing the known names if absent."""
         try:
             return self._entries[name]
         except KeyError:
             close = difflib.get_close_matches(str(name), self._entries, n=1)
             hint = f" Did you mean {close[0]!r}?" if close else ""
-            raise KeyError(
-                f"unknown {self.kind} {name!r}. Known {self.kind}s: {', '.join(self.names())}.{hint}"
+            where = f"config key {self.key!r}: " if self.key else ""
+            raise UnknownNameError(
+                f"{where}unknown {self.kind} {name!r}. "
+                f"Known {self.kind}s: {', '.join(self.names())}.{hint}"
             ) from None
 
     def names(self) -> list[str]:
@@ -80,7 +87,7 @@ class Registry:
         return len(self._entries)
 
     def __repr__(self) -> str:
-        return f"Registry({self.kind!r}, names={self.names()})"
+        return f"Registry({self.kind!r}, key={self.key!r}, names={self.names()})"
 
 
 def import_user_module(module: str, *, key: str) -> None:

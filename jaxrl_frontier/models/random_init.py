@@ -11,7 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxrl_frontier.models.transformer import ModelConfig, Transformer
+from jaxrl_frontier.models.layers import ModelConfig
+from jaxrl_frontier.models.transformer import Transformer
 
 
 def random_model(

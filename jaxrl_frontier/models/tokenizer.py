@@ -29,6 +29,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from jaxrl_frontier.core.errors import ModelFileError
+
 META_FILE = "jaxrl_tokenizer.json"
 HF_FILE = "tokenizer.json"
 HF_CONFIG_FILE = "tokenizer_config.json"
@@ -391,11 +393,6 @@ class HFTokenizer(_BatchMixin):
 
 
 _CLASSES = {"char": CharTokenizer, "hf": HFTokenizer}
-
-
-class ModelFileError(ValueError):
-    """A model or tokenizer file (config.json, *.safetensors, tokenizer.json) is unreadable;
-    the message names the file."""
 
 
 def load_tokenizer(directory: str | Path) -> CharTokenizer | HFTokenizer:

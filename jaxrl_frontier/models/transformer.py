@@ -36,417 +36,25 @@
 
 from __future__ import annotations
 
-import dataclasses
-import functools
-import math
-from typing import Any
-
-import flax.struct
 import jax
 import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import NamedSharding
 
 from jaxrl_frontier.core import sharding as shd
-
-_NEG_INF = -1e30  # finite, so a fully masked (padding) query row gives a uniform softmax, not NaN
-
-
-@dataclasses.dataclass(frozen=True)
-class ModelConfig:
-    """Architecture hyperparameters (names follow Hugging Face's config.json)."""
-
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int | None = None  # None -> hidden_size // num_heads
-    rope_theta: float = 10000.0
-    # None, or a sorted tuple of (key, value) items of HF's rope_scaling dict (hashable).
-    rope_scaling: tuple[tuple[str, Any], ...] | None = None
-    rms_norm_eps: float = 1e-6
-    tie_word_embeddings: bool = False
-    qkv_bias: bool = False  # Qwen2
-    qk_norm: bool = False  # Qwen3
-    max_position_embeddings: int = 4096
-    dtype: str = "float32"  # compute dtype: float32 | bfloat16
-    param_dtype: str = "float32"
-    family: str = "llama"  # llama | qwen2 | qwen3 (the HF architecture written back on save)
-    # recompute each block in the backward pass (jax.checkpoint of the scanned body): False /
-    # 'none', True / 'full' (keep only each block's input), 'dots_saveable' (keep the matmul
-    # outputs too)
-    remat: bool | str = False
-    attention: str = "xla"  # the attention implementation (`ATTENTION_IMPLS`)
-
-    def __post_init__(self):
-        if self.num_heads % self.num_kv_heads:
-            raise ValueError(
-                f"num_heads={self.num_heads} must be a multiple of num_kv_heads={self.num_kv_heads}"
-            )
-        if self.dtype not in ("float32", "bfloat16"):
-            raise ValueError(f"dtype={self.dtype!r}; allowed: 'float32', 'bfloat16'")
-        if self.attention not in ATTENTION_IMPLS:
-            raise ValueError(f"attention={self.attention!r}; allowed: {ATTENTION_IMPLS}")
-        if self.remat not in REMAT_POLICIES:
-            raise ValueError(f"remat={self.remat!r}; allowed: {tuple(REMAT_POLICIES)}")
-
-    @property
-    def resolved_head_dim(self) -> int:
-        return self.head_dim or self.hidden_size // self.num_heads
-
-    @property
-    def compute_dtype(self):
-        return jnp.dtype(self.dtype)
-
-    def replace(self, **kwargs) -> ModelConfig:
-        return dataclasses.replace(self, **kwargs)
-
-    def num_params(self) -> int:
-        d, f, v, hd = (
-            self.hidden_size,
-            self.intermediate_size,
-            self.vocab_size,
-            self.resolved_head_dim,
-        )
-        attn = d * hd * (self.num_heads * 2 + self.num_kv_heads * 2)
-        if self.qkv_bias:
-            attn += hd * (self.num_heads + 2 * self.num_kv_heads)
-        if self.qk_norm:
-            attn += 2 * hd
-        layer = attn + 3 * d * f + 2 * d
-        emb = v * d * (1 if self.tie_word_embeddings else 2)
-        return self.num_layers * layer + emb + d
-
-
-@flax.struct.dataclass
-class KVCache:
-    """Every layer's keys and values for incremental decoding.
-
-    k, v:  tuples of L arrays [B, K, S, Dh] (K kv heads, S cache slots; see the module
-           docstring)
-    valid: [B, S] bool       slot holds a real (non-padding) token
-    index: int32 []          next slot to write (the same for every row)
-    """
-
-    k: jax.Array
-    v: jax.Array
-    valid: jax.Array
-    index: jax.Array
-
-    @property
-    def max_len(self) -> int:
-        return self.k[0].shape[2]
-
-
-def init_cache(cfg: ModelConfig, batch_size: int, max_len: int, dtype=None) -> KVCache:
-    """An empty cache of `max_len` slots (prompt + generated tokens)."""
-    dtype = dtype or cfg.compute_dtype
-    shape = (batch_size, cfg.num_kv_heads, max_len, cfg.resolved_head_dim)
-    return KVCache(
-        k=tuple(jnp.zeros(shape, dtype) for _ in range(cfg.num_layers)),
-        v=tuple(jnp.zeros(shape, dtype) for _ in range(cfg.num_layers)),
-        valid=jnp.zeros((batch_size, max_len), bool),
-        index=jnp.zeros((), jnp.int32),
-    )
-
-
-def positions_from_mask(attention_mask: jax.Array) -> jax.Array:
-    """[B, T] positions of real tokens (0, 1, ...), padding slots get 0."""
-    return jnp.maximum(jnp.cumsum(attention_mask, axis=-1) - 1, 0).astype(jnp.int32)
-
-
-# ----------------------------------------------------------------------------- RoPE
-
-
-def rope_inv_freq(cfg: ModelConfig) -> jax.Array:
-    """[Dh/2] inverse frequencies, with HF's `linear` and `llama3` scaling."""
-    hd = cfg.resolved_head_dim
-    inv_freq = 1.0 / (cfg.rope_theta ** (jnp.arange(0, hd, 2, dtype=jnp.float32) / hd))
-    scaling = dict(cfg.rope_scaling or ())
-    kind = scaling.get("rope_type", scaling.get("type", "default"))
-    if kind == "default":
-        return inv_freq
-    if kind == "linear":
-        return inv_freq / scaling["factor"]
-    if kind == "llama3":
-        factor = scaling["factor"]
-        low, high = scaling["low_freq_factor"], scaling["high_freq_factor"]
-        old_len = scaling["original_max_position_embeddings"]
-        wavelen = 2 * math.pi / inv_freq
-        scaled = jnp.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
-        smooth = (old_len / wavelen - low) / (high - low)
-        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
-        medium = (wavelen >= old_len / high) & (wavelen <= old_len / low)
-        return jnp.where(medium, smoothed, scaled)
-    raise ValueError(
-        f"rope_scaling type {kind!r} is not supported; supported: default, linear, llama3"
-    )
-
-
-def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: jax.Array) -> jax.Array:
-    """x [..., H, Dh], positions [...] (e.g. [B, T]) -> x rotated (rotate-half convention)."""
-    angles = positions[..., None].astype(jnp.float32) * inv_freq  # [..., Dh/2]
-    cos = jnp.cos(jnp.concatenate([angles, angles], -1))[..., None, :]
-    sin = jnp.sin(jnp.concatenate([angles, angles], -1))[..., None, :]
-    x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
-    rotated = jnp.concatenate([-x2, x1], axis=-1)
-    return (x * cos + rotated * sin).astype(x.dtype)
-
-
-# ----------------------------------------------------------------------------- layers
-
-
-def dense(x: jax.Array, w: jax.Array, contract: int = 1) -> jax.Array:
-    """x [..., *w.shape[:contract]] @ w -> [..., *w.shape[contract:]], as one 2-D matmul.
-
-    The leading dims of x are flattened into the matmul's rows, so autodiff's weight
-    gradient is a plain [in, rows] x [rows, out] dot. Left as a 3-D dot_general
-    (`einsum("btd,df->btf")`), XLA:CPU (jaxlib 0.10) transposes the [B, T, F] cotangent
-    into a copy before each weight-gradient dot: measured on a 4-block SwiGLU stack at
-    [16, 48] tokens, the backward pass ran 1.26x to 1.28x faster flattened (same values,
-    no copies left). The reshapes are row-major bitcasts (no data moves), and a batch
-    dim sharded over the mesh stays the major dim of the rows.
-    """
-    lead, inner = x.shape[: x.ndim - contract], w.shape[:contract]
-    if x.shape[x.ndim - contract :] != inner:
-        raise ValueError(f"dense: x {x.shape} does not end in w's input dims {inner}")
-    out = w.shape[contract:]
-    y = x.reshape(-1, math.prod(inner)) @ w.reshape(math.prod(inner), math.prod(out))
-    return y.reshape(*lead, *out)
-
-
-def project(module: nnx.Module, name: str, x: jax.Array, dt, contract: int = 1) -> jax.Array:
-    """`dense(x, W)` for the module's weight `name`, plus its low-rank adapter's update
-    (alpha / r) (x A) B where the module holds one (`jaxrl_frontier.models.lora`; Hu et al., 2021):
-    A `name_lora_a` [*in, r], B `name_lora_b` [r, *out], the scale `lora_scale`. The adapter
-    runs beside the frozen weight, unmerged, in every forward (update, scoring, decode)."""
-    y = dense(x, getattr(module, name)[...].astype(dt), contract)
-    a = getattr(module, f"{name}_lora_a", None)
-    if a is None:
-        return y
-    h = dense(x, a[...].astype(dt), contract)  # [..., r]
-    b = getattr(module, f"{name}_lora_b")[...].astype(dt)
-    return y + dense(h, b * jnp.asarray(module.lora_scale, dt))
-
-
-def _param(rngs: nnx.Rngs, shape, axes, dtype, init="normal", stack=()) -> nnx.Param:
-    """A parameter of `shape` with logical `axes`; `stack` (L,) prepends the layers axis."""
-    shape, axes = (*stack, *shape), ("layers",) * len(stack) + tuple(axes)
-    if init == "normal":
-        value = 0.02 * jax.random.normal(rngs.params(), shape, dtype)
-    elif init == "ones":
-        value = jnp.ones(shape, dtype)
-    else:
-        value = jnp.zeros(shape, dtype)
-    return nnx.Param(value, logical_axes=axes)
-
-
-class RMSNorm(nnx.Module):
-    def __init__(self, dim: int, eps: float, param_dtype, rngs: nnx.Rngs, stack=()):
-        self.weight = _param(rngs, (dim,), (None,), param_dtype, init="ones", stack=stack)
-        self.eps = eps
-
-    def __call__(self, x: jax.Array) -> jax.Array:
-        x32 = x.astype(jnp.float32)
-        x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
-        return (self.weight[...].astype(jnp.float32) * x32).astype(x.dtype)
-
-
-class Attention(nnx.Module):
-    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs, stack=()):
-        d, h, k, hd = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.resolved_head_dim
-        pd = jnp.dtype(cfg.param_dtype)
-        param = functools.partial(_param, rngs, dtype=pd, stack=stack)
-        self.cfg = cfg
-        self.q_proj = param((d, h, hd), ("embed", "heads", None))
-        self.k_proj = param((d, k, hd), ("embed", "kv_heads", None))
-        self.v_proj = param((d, k, hd), ("embed", "kv_heads", None))
-        self.o_proj = param((h, hd, d), ("heads", None, "embed"))
-        if cfg.qkv_bias:
-            self.q_bias = param((h, hd), ("heads", None), init="zeros")
-            self.k_bias = param((k, hd), ("kv_heads", None), init="zeros")
-            self.v_bias = param((k, hd), ("kv_heads", None), init="zeros")
-        if cfg.qk_norm:
-            self.q_norm = RMSNorm(hd, cfg.rms_norm_eps, pd, rngs, stack)
-            self.k_norm = RMSNorm(hd, cfg.rms_norm_eps, pd, rngs, stack)
-
-    def project_qkv(self, x, positions, inv_freq):
-        """x [..., D], positions [...] -> q [..., H, Dh], k and v [..., K, Dh], with the
-        biases, the q/k norms and RoPE applied (compute dtype)."""
-        cfg, dt = self.cfg, self.cfg.compute_dtype
-        q = project(self, "q_proj", x, dt)
-        k = project(self, "k_proj", x, dt)
-        v = project(self, "v_proj", x, dt)
-        if cfg.qkv_bias:
-            q = q + self.q_bias[...].astype(dt)
-            k = k + self.k_bias[...].astype(dt)
-            v = v + self.v_bias[...].astype(dt)
-        if cfg.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
-        return apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq), v
-
-    def project_out(self, out):
-        """Attention output [..., H, Dh] -> [..., D]."""
-        return project(self, "o_proj", out, self.cfg.compute_dtype, contract=2)
-
-    def __call__(self, x, positions, inv_freq, attn_bias, kv=None):
-        """x [B, T, D]; attn_bias [B, 1, 1, T, S] additive.
-
-        kv: None, or (k_cache, v_cache, index) with this layer's cache [B, K, S, Dh]; the new
-        keys/values are written in place at slots [index, index + T).
-        Returns (out [B, T, D], (k_cache, v_cache) or None).
-        """
-        q, k, v = self.project_qkv(x, positions, inv_freq)
-        new_kv, kv_spec = None, "bskd"  # without a cache: the fresh [B, T, K, Dh] keys
-        if kv is not None:
-            k_cache, v_cache, index = kv
-            # Only the T new tokens are transposed to the cache's [B, K, T, Dh] layout.
-            start = (0, 0, index, 0)
-            k_new = jnp.swapaxes(k, 1, 2).astype(k_cache.dtype)
-            v_new = jnp.swapaxes(v, 1, 2).astype(v_cache.dtype)
-            k = jax.lax.dynamic_update_slice(k_cache, k_new, start)
-            v = jax.lax.dynamic_update_slice(v_cache, v_new, start)
-            new_kv, kv_spec = (k, v), "bksd"
-        out = attention(q, k, v, attn_bias, kv_spec, impl=self.cfg.attention)
-        return self.project_out(out.astype(x.dtype)), new_kv
-
-
-ATTENTION_IMPLS = ("xla",)  # ModelConfig.attention
-
-
-def attention(q, k, v, attn_bias, kv_spec: str = "bskd", *, impl: str = "xla"):
-    """The model's one attention-selection point (`ModelConfig.attention`, static).
-
-    q [B, T, H, Dh]; k, v [B, S, K, Dh] (kv_spec 'bskd') or [B, K, S, Dh] ('bksd', the
-    cache's layout); attn_bias [B, 1, 1, T, S] additive. Returns [B, T, H, Dh].
-
-    'xla': plain XLA. A one-query step over the cache (decode) runs as broadcast-multiply
-    and reductions (`_attend_one_query`), every other call as `attend`'s einsums.
-    """
-    if impl not in ATTENTION_IMPLS:
-        raise ValueError(f"attention impl {impl!r}; allowed: {ATTENTION_IMPLS}")
-    if q.shape[1] == 1 and kv_spec == "bksd":
-        b, _, h, hd = q.shape
-        kvh = k.shape[1]
-        out = _attend_one_query(q.reshape(b, kvh, h // kvh, hd), k, v, attn_bias[:, 0, 0, 0])
-        return out.astype(q.dtype).reshape(b, 1, h, hd)
-    return attend(q, k, v, attn_bias, kv_spec)
-
-
-def attend(q, k, v, attn_bias, kv_spec: str = "bskd"):
-    """softmax(q k^T / sqrt(Dh) + bias) v with grouped-query heads; scores and softmax in f32.
-
-    q [B, T, H, Dh]; k, v [B, S, K, Dh] (kv_spec 'bskd') or [B, K, S, Dh] ('bksd', the
-    cache's layout); attn_bias [B, 1, 1, T, S] additive. Returns [B, T, H, Dh], q's dtype.
-    """
-    b, t, h, hd = q.shape
-    dt = q.dtype
-    kvh = k.shape[kv_spec.index("k")]
-    q = q.reshape(b, t, kvh, h // kvh, hd)  # group query heads by their kv head
-    scores = jnp.einsum(
-        f"btkgd,{kv_spec}->bkgts", q, k.astype(dt), preferred_element_type=jnp.float32
-    )
-    scores = scores / math.sqrt(hd) + attn_bias
-    probs = jax.nn.softmax(scores, axis=-1).astype(dt)
-    out = jnp.einsum(f"bkgts,{kv_spec}->btkgd", probs, v.astype(dt))
-    return out.reshape(b, t, h, hd)
-
-
-def _attend_one_query(q, k, v, bias):
-    """One decode step's attention as broadcast-multiply + reduce, in f32.
-
-    q [B, K, G, Dh] (query heads grouped by kv head); k, v: one layer's cache [B, K, S, Dh];
-    bias [B, S] additive. Returns f32 [B, K, G, Dh]. With one query per row, XLA:CPU runs
-    the einsum form as B*K tiny batched dots (measured ~150 us per layer at B=16, S=144,
-    ~1% of peak); as reductions they fuse into loops that read the cache in place.
-    """
-    f32 = jnp.float32
-    qf = q.astype(f32)
-    scores = jnp.sum(qf[:, :, :, None, :] * k[:, :, None].astype(f32), axis=-1)  # [B,K,G,S]
-    scores = scores / math.sqrt(q.shape[-1]) + bias[:, None, None, :]
-    probs = jax.nn.softmax(scores, axis=-1)
-    return jnp.sum(probs[..., None] * v[:, :, None].astype(f32), axis=3)  # [B, K, G, Dh]
-
-
-class MLP(nnx.Module):
-    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs, stack=()):
-        d, f, pd = cfg.hidden_size, cfg.intermediate_size, jnp.dtype(cfg.param_dtype)
-        param = functools.partial(_param, rngs, dtype=pd, stack=stack)
-        self.dtype = cfg.compute_dtype
-        self.gate_proj = param((d, f), ("embed", "mlp"))
-        self.up_proj = param((d, f), ("embed", "mlp"))
-        self.down_proj = param((f, d), ("mlp", "embed"))
-
-    def __call__(self, x, hidden_mask=None):
-        dt = self.dtype
-        gate = project(self, "gate_proj", x, dt)
-        h = jax.nn.silu(gate) * project(self, "up_proj", x, dt)
-        if hidden_mask is not None:  # [B, F] fixed dropout mask (Dropout-GRPO rollouts)
-            h = h * hidden_mask[:, None, :].astype(dt)
-        return project(self, "down_proj", h, dt)
-
-
-class Block(nnx.Module):
-    """One decoder layer. Built with `stack=(L,)` (as `Transformer.layers`), it holds L
-    layers' parameters stacked along a leading `layers` axis; `Transformer.scan_layers`
-    runs it one layer at a time, each call seeing one layer's slice."""
-
-    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs, stack=()):
-        pd = jnp.dtype(cfg.param_dtype)
-        self.input_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, pd, rngs, stack)
-        self.attn = Attention(cfg, rngs, stack)
-        self.post_attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, pd, rngs, stack)
-        self.mlp = MLP(cfg, rngs, stack)
-
-    def __call__(self, x, positions, inv_freq, attn_bias, kv=None, hidden_mask=None):
-        a, new_kv = self.attn(self.input_norm(x), positions, inv_freq, attn_bias, kv)
-        return self.feed_forward(x + a, hidden_mask), new_kv
-
-    def feed_forward(self, x, hidden_mask=None):
-        """The block's second residual half: x + MLP(RMSNorm(x)); x [..., D]."""
-        return x + self.mlp(self.post_attn_norm(x), hidden_mask)
-
-
-def _attn_bias(allowed: jax.Array) -> jax.Array:
-    """allowed [B, T, S] bool -> additive attention bias [B, 1, 1, T, S] (f32)."""
-    return jnp.where(allowed, 0.0, _NEG_INF).astype(jnp.float32)[:, None, None]
-
-
-# ModelConfig.remat -> the jax.checkpoint policy of the scanned body (None: no remat)
-REMAT_POLICIES = {
-    False: None,
-    "none": None,
-    True: jax.checkpoint_policies.nothing_saveable,
-    "full": jax.checkpoint_policies.nothing_saveable,
-    "dots_saveable": jax.checkpoint_policies.dots_saveable,
-}
-
-
-def _shared_prompt_block(layer: Block, x, positions, inv_freq, bias_p, bias_c, *, n, tp):
-    """One `Block` over packed rows x [G, Tp + n * Tn, D]: group g's prompt rows, then its
-    n completions' rows. Row-wise work (norms, projections, MLP) runs once over all rows,
-    with each weight used once; prompts attend to their prompt (bias_p [G, 1, 1, Tp, Tp]),
-    completions to their group's prompt keys and their own (bias_c [B, 1, 1, Tn, T]).
-    Groups stay the major axis throughout, so a batch sharded by group moves no data."""
-    groups = x.shape[0]
-    tn = (x.shape[1] - tp) // n
-
-    def split(a):  # [G, Tp + n Tn, ...] -> prompts [G, Tp, ...], completions [B, Tn, ...]
-        return a[:, :tp], a[:, tp:].reshape(groups * n, tn, *a.shape[2:])
-
-    (q_p, q_c), (k_p, k_c), (v_p, v_c) = map(
-        split, layer.attn.project_qkv(layer.input_norm(x), positions, inv_freq)
-    )
-    impl = layer.attn.cfg.attention
-    out_p = attention(q_p, k_p, v_p, bias_p, impl=impl)
-    keys = jnp.concatenate([jnp.repeat(k_p, n, axis=0), k_c], axis=1)  # [B, T, K, Dh]
-    values = jnp.concatenate([jnp.repeat(v_p, n, axis=0), v_c], axis=1)
-    out_c = attention(q_c, keys, values, bias_c, impl=impl)
-    out = jnp.concatenate([out_p, out_c.reshape(groups, n * tn, *out_c.shape[2:])], axis=1)
-    return layer.feed_forward(x + layer.attn.project_out(out))
-
+from jaxrl_frontier.models.layers import (
+    REMAT_POLICIES,
+    Block,
+    KVCache,
+    ModelConfig,
+    RMSNorm,
+    init_cache,
+    make_param,
+    mask_to_bias,
+    positions_from_mask,
+    rope_inv_freq,
+    shared_prompt_block,
+)
 
 # ----------------------------------------------------------------------------- model
 
@@ -461,11 +69,13 @@ class Transformer(nnx.Module):
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         pd = jnp.dtype(cfg.param_dtype)
         self.cfg = cfg
-        self.embed = _param(rngs, (cfg.vocab_size, cfg.hidden_size), ("vocab", "embed"), pd)
+        self.embed = make_param(rngs, (cfg.vocab_size, cfg.hidden_size), ("vocab", "embed"), pd)
         self.layers = Block(cfg, rngs, stack=(cfg.num_layers,))
         self.final_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, pd, rngs)
         if not cfg.tie_word_embeddings:
-            self.lm_head = _param(rngs, (cfg.hidden_size, cfg.vocab_size), ("embed", "vocab"), pd)
+            self.lm_head = make_param(
+                rngs, (cfg.hidden_size, cfg.vocab_size), ("embed", "vocab"), pd
+            )
 
     def constrain_rows(self, x: jax.Array) -> jax.Array:
         """x [B, ...] with its rows split over the mesh's batch axes, on the mesh the
@@ -558,7 +168,7 @@ class Transformer(nnx.Module):
         s = key_valid.shape[1]
         # query i sits in slot offset + i; it sees valid slots up to its own
         causal = (offset + jnp.arange(t))[:, None] >= jnp.arange(s)[None, :]  # [T, S]
-        attn_bias = _attn_bias(causal[None] & key_valid[:, None, :])
+        attn_bias = mask_to_bias(causal[None] & key_valid[:, None, :])
 
         inv_freq = rope_inv_freq(cfg)
         x = self.constrain_rows(self.embed[...].astype(cfg.compute_dtype)[tokens])
@@ -643,15 +253,15 @@ class Transformer(nnx.Module):
             return jnp.concatenate([first_of_group(x), completions], axis=1)
 
         prompt_causal = jnp.arange(tp)[:, None] >= jnp.arange(tp)[None, :]
-        bias_p = _attn_bias(prompt_causal[None] & first_of_group(real)[:, None, :])
+        bias_p = mask_to_bias(prompt_causal[None] & first_of_group(real)[:, None, :])
         completion_causal = (tp + jnp.arange(tn))[:, None] >= jnp.arange(t)[None, :]
-        bias_c = _attn_bias(completion_causal[None] & real[:, None, :])  # [B, 1, 1, Tn, T]
+        bias_c = mask_to_bias(completion_causal[None] & real[:, None, :])  # [B, 1, 1, Tn, T]
 
         inv_freq = rope_inv_freq(cfg)
         rows_positions = pack(positions)
 
         def block(layer, x, _):
-            out = _shared_prompt_block(
+            out = shared_prompt_block(
                 layer, self.constrain_rows(x), rows_positions, inv_freq, bias_p, bias_c, n=n, tp=tp
             )
             return out, None

@@ -1,9 +1,13 @@
-"""Objectives: advantages, the w(p) weight registry and the loss (docs/objectives.md):
+"""Objectives: pure math, no state (docs/objectives.md): the advantage registry
+(advantages.py), the w(p) weight registry (weights.py), aggregations (aggregation.py),
+KL estimators and distillation losses (distillation.py), per-token statistics from logits
+(logprobs.py), and the loss assembled from them with its config section (losses.py):
 grad L = -(1/Z) sum_{b,t} m w A grad logp.
 
     from jaxrl_frontier.objectives import ADVANTAGES, WEIGHTS, TokenStats, loss_fn
 """
 
+from jaxrl_frontier.core.errors import ObjectiveConfigError
 from jaxrl_frontier.objectives.advantages import (
     ADVANTAGES,
     advantage_level,
@@ -12,20 +16,16 @@ from jaxrl_frontier.objectives.advantages import (
     zero_variance_groups,
     zero_variance_mask,
 )
+from jaxrl_frontier.objectives.aggregation import AGGREGATIONS
+from jaxrl_frontier.objectives.distillation import DISTILL_LOSSES, KL_ESTIMATORS, kl_reward_penalty
+from jaxrl_frontier.objectives.logprobs import chunked_token_stats, token_entropy, token_logprobs
 from jaxrl_frontier.objectives.losses import (
-    AGGREGATIONS,
-    DISTILL_LOSSES,
-    KL_ESTIMATORS,
-    ObjectiveConfigError,
+    REGISTRIES,
     aggregation_denominator,
-    chunked_token_stats,
     default_config,
     entry_defaults,
-    kl_reward_penalty,
     loss_fn,
     objective_loss,
-    token_entropy,
-    token_logprobs,
     validate_objective_config,
 )
 from jaxrl_frontier.objectives.stats import TokenStats
@@ -36,6 +36,7 @@ __all__ = [
     "AGGREGATIONS",
     "DISTILL_LOSSES",
     "KL_ESTIMATORS",
+    "REGISTRIES",
     "WEIGHTS",
     "ObjectiveConfigError",
     "TokenStats",

@@ -29,7 +29,7 @@ from jaxrl_frontier.objectives.stats import TokenStats
 
 Array = jax.Array
 
-ADVANTAGES = Registry("advantage estimator")
+ADVANTAGES = Registry("advantage estimator", key="objective.advantage")
 
 # Keyword arguments the caller supplies from the batch (`rl.credit`), not config keys:
 # the reward weights (from objective.reward_weights), completion lengths, the verifier's

@@ -1,12 +1,8 @@
-"""The loss: aggregation (Z), the w(p) policy-gradient surrogate, KL to the reference,
-entropy bonus, and OPD distributional losses on logits.
-
-ALIGNMENT. Every [B, T] per-token statistic is aligned with `tokens`:
-`x[b, t]` is about `tokens[b, t]` given `tokens[b, :t]`. Model logits are not: `logits[:, t]`
-predicts token t + 1. `token_logprobs`, `token_entropy` and the distillation losses do the
-shift (logits at t - 1 predict token t) and put 0 in column 0, which is never a completion
-token. `teacher_logits` are the teacher's raw output on the same tokens (unshifted, like
-the student's `apply_fn` output).
+"""The loss: the `config.objective` section (defaults, checks) and its assembly from the
+w(p) policy-gradient surrogate, KL to the reference, the entropy bonus and the OPD
+distributional losses (aggregation.py, distillation.py; per-token statistics: logprobs.py).
+`teacher_logits` are the teacher's raw output on the same tokens (unshifted, like the
+student's `apply_fn` output).
 
 The total loss, with `agg` the configured aggregation and m the completion mask:
 
@@ -16,8 +12,7 @@ The total loss, with `agg` the configured aggregation and m the completion mask:
       + distill_coef * agg(D(student, teacher))
 
 Every aggregation is agg(x) = N(x) / Z, N additive over rows and Z a function of the mask
-only, so gradient accumulation is exact: each microbatch's loss with the whole batch's Z
-(`aggregation_denominator`, `loss_fn(denominator=)`) sums to the whole batch's loss.
+only, so gradient accumulation is exact (`loss_fn(denominator=)`).
 """
 
 from __future__ import annotations
@@ -30,468 +25,22 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jaxrl_frontier.core import sharding
+from jaxrl_frontier.core.errors import ObjectiveConfigError
 from jaxrl_frontier.core.registry import Registry
 from jaxrl_frontier.objectives.advantages import ADVANTAGES
+from jaxrl_frontier.objectives.aggregation import AGGREGATIONS, token_mean
+from jaxrl_frontier.objectives.distillation import DISTILL_LOSSES, KL_ESTIMATORS, kl_to_ref
+from jaxrl_frontier.objectives.logprobs import (
+    DEFAULT_LOGPROB_CHUNK,
+    chunked_token_stats,
+    token_entropy,
+    token_logprobs,
+)
 from jaxrl_frontier.objectives.stats import OPTIONAL_FIELDS, TokenStats
 from jaxrl_frontier.objectives.weights import WEIGHTS
 
 Array = jax.Array
 sg = jax.lax.stop_gradient
-
-AGGREGATIONS = Registry("aggregation")
-KL_ESTIMATORS = Registry("kl estimator")
-DISTILL_LOSSES = Registry("distillation loss")
-
-
-# ----------------------------------------------------------------------------- alignment
-
-
-def _shift_right(x_bt: Array) -> Array:
-    """Prepend a zero column and drop the last: position t - 1's value lands on column t."""
-    pad = jnp.zeros_like(x_bt[:, :1])
-    return jnp.concatenate([pad, x_bt[:, :-1]], axis=1)
-
-
-def token_logprobs(logits_btv: Array, tokens_bt: Array) -> Array:
-    """logp[b, t] = log p(tokens[b, t] | tokens[b, :t]) from logits[b, t - 1]; logp[:, 0] = 0.
-
-    [B, T, V], [B, T] int -> [B, T] float32. Gathers the logit and subtracts the logsumexp,
-    so no [B, T, V] log-softmax is materialised.
-    """
-    z = logits_btv[:, :-1].astype(jnp.float32)
-    z_y = jnp.take_along_axis(z, tokens_bt[:, 1:, None], axis=-1)[..., 0]
-    return _shift_right(jnp.pad(z_y - jax.nn.logsumexp(z, axis=-1), ((0, 0), (0, 1))))
-
-
-def token_entropy(logits_btv: Array) -> Array:
-    """H[b, t] = entropy of p(. | tokens[b, :t]) (from logits[b, t - 1]); H[:, 0] = 0. [B, T]."""
-    l = jax.nn.log_softmax(logits_btv.astype(jnp.float32), axis=-1)
-    return _shift_right(-jnp.sum(jnp.exp(l) * l, axis=-1))
-
-
-DEFAULT_LOGPROB_CHUNK = 256  # positions per chunk of the fused output layer (logits [chunk, V])
-
-
-def token_stats_from_hidden(
-    hidden_btd: Array,
-    w_out_dv: Array,
-    tokens_bt: Array,
-    chunk: int = DEFAULT_LOGPROB_CHUNK,
-    *,
-    entropy: bool = False,
-    entropy_grad: bool = True,
-    start: int = 1,
-) -> tuple[Array, Array | None]:
-    """`token_logprobs` (and `token_entropy`) from final hidden states, never holding the
-    [B, T, V] logits: the output layer, logsumexp and gather run over chunks of `chunk`
-    positions (`lax.map`), each chunk under `jax.checkpoint`, so the backward pass recomputes
-    one chunk's [chunk, V] logits at a time instead of storing all of them.
-
-    hidden [B, T, D] (compute dtype), w_out [D, V], tokens [B, T] int -> (logp [B, T] f32,
-    entropy [B, T] f32 or None), aligned with tokens like `token_logprobs` (column 0 is 0).
-    Logits are accumulated in f32 as in `Transformer.logits`. `entropy_grad=False` holds the
-    entropy constant (a metric only). Cost: the output matmul runs once more in the backward
-    pass (8 instead of 6 * B * T * D * V FLOPs). start >= 1: only tokens [start, T) are
-    scored, the columns before it are 0 (an RL batch's prompt, which the loss masks out).
-    """
-    logp, ent, _ = chunked_token_stats(
-        hidden_btd,
-        w_out_dv,
-        tokens_bt,
-        chunk,
-        entropy=entropy,
-        entropy_grad=entropy_grad,
-        start=start,
-    )
-    return logp, ent
-
-
-def chunked_token_stats(
-    hidden_btd: Array,
-    w_out_dv: Array,
-    tokens_bt: Array,
-    chunk: int = DEFAULT_LOGPROB_CHUNK,
-    *,
-    entropy: bool = False,
-    entropy_grad: bool = True,
-    start: int = 1,
-    teacher_hidden: tuple[Array, Array] | None = None,
-    distill: Callable[..., Array] | None = None,
-) -> tuple[Array, Array | None, Array | None]:
-    """`token_stats_from_hidden`, plus a distillation loss from the teacher's hidden states.
-
-    teacher_hidden = (teacher final hidden [B, T, D_t], teacher output layer [D_t, V]) and
-    distill = a per-position loss (`DISTILL_LOSSES.get(name).per_position` with its kwargs
-    bound): each chunk computes the student's [chunk, V] and the teacher's [chunk, V] logits
-    (the teacher's held constant) and the loss between them, so neither [B, T, V] exists.
-    -> (logp [B, T], entropy [B, T] or None, distill [B, T] or None), all aligned with the
-    tokens (column t scores token t; columns before `start` are 0).
-    """
-    b, t, d = hidden_btd.shape
-    if not 1 <= start < t:
-        raise ValueError(f"start = {start} must be in [1, {t}) for {t} positions")
-    with_distill = distill is not None
-    if with_distill and teacher_hidden is None:
-        raise ValueError("chunked_token_stats: distill needs teacher_hidden")
-
-    def positions(x_btx):  # positions t - 1 predict token t
-        x = x_btx[:, start - 1 : -1]
-        return x.reshape(-1, *x.shape[2:])
-
-    h = positions(hidden_btd)
-    y = tokens_bt[:, start:].reshape(-1)
-    n = h.shape[0]
-    chunk = max(1, min(chunk, n))
-    pad = -n % chunk
-
-    def chunked(x_n):
-        x_n = jnp.pad(x_n, ((0, pad),) + ((0, 0),) * (x_n.ndim - 1))
-        return x_n.reshape(-1, chunk, *x_n.shape[1:])
-
-    w = w_out_dv.astype(hidden_btd.dtype)
-    xs = (chunked(h), chunked(y))
-    if with_distill:
-        h_t, w_t = (sg(x) for x in teacher_hidden)
-        xs += (chunked(positions(h_t)),)
-        w_t = w_t.astype(h_t.dtype)
-
-    @jax.checkpoint
-    def one(args):
-        h_cd, y_c = args[:2]
-        z = jnp.einsum("cd,dv->cv", h_cd, w, preferred_element_type=jnp.float32)
-        z = sharding.constrain_vocab(z, w)  # vocab-parallel: no device gathers w
-        lse = jax.nn.logsumexp(z, axis=-1)
-        logp = jnp.take_along_axis(z, y_c[:, None], axis=-1)[:, 0] - lse
-        ent = jnp.zeros_like(logp)
-        if entropy:
-            zh, lh = (z, lse) if entropy_grad else (sg(z), sg(lse))
-            ent = lh - jnp.sum(jnp.exp(zh - lh[:, None]) * zh, axis=-1)  # H = lse - E_p[z]
-        dist = jnp.zeros_like(logp)
-        if with_distill:
-            z_t = jnp.einsum("cd,dv->cv", args[2], w_t, preferred_element_type=jnp.float32)
-            z_t = sharding.constrain_vocab(z_t, w_t)
-            dist = distill(z, z_t, y_c)
-        return logp, ent, dist
-
-    logp, ent, dist = jax.lax.map(one, xs)
-
-    def aligned(x):
-        x = x.reshape(-1)[:n].reshape(b, t - start)
-        return jnp.pad(x, ((0, 0), (start, 0)))
-
-    return (
-        aligned(logp),
-        aligned(ent) if entropy else None,
-        aligned(dist) if with_distill else None,
-    )
-
-
-def token_logprobs_from_hidden(
-    hidden_btd: Array,
-    w_out_dv: Array,
-    tokens_bt: Array,
-    chunk: int = DEFAULT_LOGPROB_CHUNK,
-    start: int = 1,
-) -> Array:
-    """[B, T] log-probs of `tokens` from hidden states and the output layer, chunked.
-
-    Equals `token_logprobs(hidden @ w_out, tokens)` on columns >= start (0 before); see
-    `token_stats_from_hidden`.
-    """
-    return token_stats_from_hidden(hidden_btd, w_out_dv, tokens_bt, chunk, start=start)[0]
-
-
-# ----------------------------------------------------------------------------- aggregations
-# Every aggregation is a ratio  agg(x) = N(x) / Z  with
-#   N(x) = sum_{b,t} c[b,t] x[b,t]   additive over rows (c depends on row b's own mask only),
-#   Z    = a function of the mask alone.
-# The registered entry is fn(x_bt, mask_bt, **kwargs) -> N(x) / Z; `fn.numerator` and
-# `fn.denominator(mask_bt, **kwargs)` are its two parts. Summing N over microbatches and
-# dividing by the full batch's Z is then exactly the full-batch aggregate (and gradient),
-# whatever token counts the microbatches hold: `aggregation_denominator`, `loss_fn(denominator=)`.
-# "Rows" are rows with at least one valid token.
-
-
-def register_aggregation(name: str, denominator: Callable[..., Array]) -> Callable:
-    """Register `numerator(x_bt, mask_bt, **kw) -> scalar` (additive over rows) with its
-    `denominator(mask_bt, **kw) -> scalar`; the entry is `fn(x, mask, **kw) = N / Z`."""
-
-    def decorator(numerator: Callable[..., Array]) -> Callable[..., Array]:
-        @functools.wraps(numerator)
-        def aggregate(x_bt: Array, mask_bt: Array, **kwargs) -> Array:
-            return numerator(x_bt, mask_bt, **kwargs) / denominator(mask_bt, **kwargs)
-
-        aggregate.numerator = numerator
-        aggregate.denominator = denominator
-        return AGGREGATIONS.register(name)(aggregate)
-
-    return decorator
-
-
-def _valid_rows(mask_bt: Array, **_) -> Array:
-    """Z = number of rows with a valid token (at least 1)."""
-    return jnp.maximum(jnp.sum(jnp.sum(mask_bt, axis=1) > 0), 1).astype(jnp.float32)
-
-
-def _valid_tokens(mask_bt: Array, **_) -> Array:
-    """Z = number of valid tokens (at least 1)."""
-    return jnp.maximum(jnp.sum(mask_bt), 1.0)
-
-
-def _valid_rows_times_c(mask_bt: Array, max_completion_len: int | None = None) -> Array:
-    """Z = rows * C, C = max_completion_len (None: the row width T, a constant too)."""
-    C = mask_bt.shape[1] if max_completion_len is None else max_completion_len
-    return _valid_rows(mask_bt) * C
-
-
-@register_aggregation("token_mean", denominator=_valid_tokens)
-def token_mean(x_bt: Array, mask_bt: Array) -> Array:
-    """sum m*L / sum m: every valid token of the batch counts once (DAPO). Config keys: none.
-
-    N = sum_{b,t} m L, Z = sum_{b,t} m.
-    """
-    return jnp.sum(mask_bt * x_bt)
-
-
-@register_aggregation("seq_mean_token_mean", denominator=_valid_rows)
-def seq_mean_token_mean(x_bt: Array, mask_bt: Array) -> Array:
-    """mean_b (sum_t m*L / sum_t m): each sequence counts once (GRPO, GSPO). Config keys: none.
-
-    N = sum_b (sum_t m L / sum_t m), Z = rows.
-    """
-    return jnp.sum(jnp.sum(mask_bt * x_bt, axis=1) / jnp.maximum(jnp.sum(mask_bt, axis=1), 1.0))
-
-
-@register_aggregation("seq_mean_token_sum", denominator=_valid_rows)
-def seq_mean_token_sum(x_bt: Array, mask_bt: Array) -> Array:
-    """mean_b (sum_t m*L): longer sequences weigh more. Config keys: none.
-
-    N = sum_{b,t} m L, Z = rows.
-    """
-    return jnp.sum(mask_bt * x_bt)
-
-
-@register_aggregation("seq_mean_token_sum_norm", denominator=_valid_rows_times_c)
-def seq_mean_token_sum_norm(
-    x_bt: Array, mask_bt: Array, max_completion_len: int | None = None
-) -> Array:
-    """mean_b (sum_t m*L) / C, C a constant: the max completion length (Dr. GRPO).
-
-    N = sum_{b,t} m L, Z = rows * C.
-    Config keys: max_completion_len=None (None: the row width T, also a constant).
-    Liu et al. 2025 (Understanding R1-Zero-Like Training: A Critical Perspective).
-    """
-    del max_completion_len  # only in Z
-    return jnp.sum(mask_bt * x_bt)
-
-
-def aggregation_denominator(cfg: Any, mask_bt: Array) -> Array:
-    """Z of the configured aggregation for `mask_bt` [B, T] (a scalar, a function of the mask).
-
-    Compute it over a whole minibatch and pass it to `loss_fn(..., denominator=Z)` for each
-    of its microbatches: the sum of the microbatch losses (and gradients) is then exactly the
-    minibatch's.
-    """
-    name = _get(cfg, "aggregation")
-    entry = _lookup(AGGREGATIONS, "aggregation", name)
-    return entry.denominator(mask_bt.astype(jnp.float32), **_get(cfg, "aggregation_kwargs"))
-
-
-# ----------------------------------------------------------------------------- KL to reference
-# fn(d_bt) -> k_bt with d = l - l_ref (masked to 0 by the caller).
-
-
-@KL_ESTIMATORS.register("k1")
-def k1(d_bt: Array) -> Array:
-    """k1 = d (unbiased for KL(pi || ref), high variance, can be negative). Schulman 2020."""
-    return d_bt
-
-
-@KL_ESTIMATORS.register("k2")
-def k2(d_bt: Array) -> Array:
-    """k2 = d^2 / 2 (biased, low variance; its gradient is the true KL's). Schulman 2020."""
-    return 0.5 * d_bt**2
-
-
-@KL_ESTIMATORS.register("k3")
-def k3(d_bt: Array) -> Array:
-    """k3 = exp(-d) + d - 1 (unbiased, >= 0), with -d clamped to [-20, 20] and the result
-    to [-10, 10] (GRPO's low-variance KL). Schulman 2020; Shao et al. 2024."""
-    neg_d = jnp.clip(-d_bt, -20.0, 20.0)
-    return jnp.clip(jnp.exp(neg_d) - neg_d - 1.0, -10.0, 10.0)
-
-
-def kl_to_ref(stats: TokenStats, estimator: str = "k3") -> Array:
-    """Per-token KL estimate to the reference, [B, T], 0 on masked positions."""
-    d = jnp.where(stats.mask > 0, stats.logp - stats.ref_logp, 0.0)
-    return stats.mask * KL_ESTIMATORS.get(estimator)(d)
-
-
-def kl_reward_penalty(stats: TokenStats, beta: float, estimator: str = "k1") -> Array:
-    """The KL folded into the reward: R_t -= beta * k(l_rollout - l_ref), [B, T] (to add).
-
-    Uses old_logp (the rollout policy) and is constant (no gradient): add it to per-token
-    rewards before the return / advantage estimate, and set `kl_in_reward=True`.
-    """
-    d = jnp.where(stats.mask > 0, stats.old_logp - stats.ref_logp, 0.0)
-    return -beta * stats.mask * sg(KL_ESTIMATORS.get(estimator)(d))
-
-
-# ----------------------------------------------------------------------------- distillation
-# An entry is written per position: fn.per_position(logits_s [..., V], logits_t [..., V],
-# next_tokens [...], **kwargs) -> loss [...] for the distribution that predicts next_tokens.
-# The registered entry is its [B, T] form: fn(logits_btv, teacher_logits_btv, tokens_bt,
-# **kwargs) -> per-token loss [B, T], aligned with the tokens (logits at t - 1 score token t,
-# column 0 is 0). The chunked path (`loss_fn(teacher_hidden=)`) calls `per_position` on chunks.
-
-
-def register_distill(name: str) -> Callable:
-    """Register a per-position distillation loss under `name` (see the section comment)."""
-
-    def decorator(per_position: Callable[..., Array]) -> Callable[..., Array]:
-        @functools.wraps(per_position)
-        def per_token(
-            logits_btv: Array, teacher_logits_btv: Array, tokens_bt: Array | None, **kwargs
-        ) -> Array:
-            next_tokens = None if tokens_bt is None else tokens_bt[:, 1:]
-            loss = per_position(
-                _predictive(logits_btv), _predictive(teacher_logits_btv), next_tokens, **kwargs
-            )
-            return _aligned(loss)
-
-        per_token.per_position = per_position
-        return DISTILL_LOSSES.register(name)(per_token)
-
-    return decorator
-
-
-def _kl(la: Array, lb: Array) -> Array:
-    """KL(a || b) over the last axis from log-probs; 0 * log 0 = 0."""
-    pa = jnp.exp(la)
-    return jnp.sum(jnp.where(pa > 0, pa * (la - lb), 0.0), axis=-1)
-
-
-def _support(logits_s: Array, logits_t: Array, top_k: int | None) -> tuple[Array, Array]:
-    """Student and teacher log-probs on the full vocabulary, or on the teacher's top-k
-    support plus one bucket holding the rest of the mass ([..., k + 1])."""
-    ls = jax.nn.log_softmax(logits_s.astype(jnp.float32), axis=-1)
-    lt = jax.nn.log_softmax(logits_t.astype(jnp.float32), axis=-1)
-    if top_k is None:
-        return ls, lt
-    _, idx = jax.lax.top_k(lt, top_k)
-
-    def lump(l):
-        top = jnp.take_along_axis(l, idx, axis=-1)
-        rest = jnp.log(jnp.clip(1.0 - jnp.sum(jnp.exp(top), axis=-1, keepdims=True), 1e-20, 1.0))
-        return jnp.concatenate([top, rest], axis=-1)
-
-    return lump(ls), lump(lt)
-
-
-def _predictive(logits_btv: Array) -> Array:
-    """Positions that predict a token: logits[:, :-1] (their loss lands on column t + 1)."""
-    return logits_btv[:, :-1]
-
-
-def _aligned(per_pos_b_tm1: Array) -> Array:
-    return _shift_right(jnp.pad(per_pos_b_tm1, ((0, 0), (0, 1))))
-
-
-@register_distill("forward_kl")
-def forward_kl(
-    logits_s: Array, logits_t: Array, next_tokens: Array | None, top_k: int | None = None
-) -> Array:
-    """Forward KL(p_T || p_S) per position (mode covering; supervised KD on student states).
-
-    Config keys: top_k=None (teacher's top-k support, rest lumped into one bucket).
-    Hinton et al. 2015 (Distilling the Knowledge in a Neural Network); Agarwal et al. 2024
-    (On-Policy Distillation of Language Models: Learning from Self-Generated Mistakes, GKD).
-    """
-    del next_tokens
-    ls, lt = _support(logits_s, logits_t, top_k)
-    return _kl(lt, ls)
-
-
-@register_distill("reverse_kl")
-def reverse_kl(
-    logits_s: Array, logits_t: Array, next_tokens: Array | None, top_k: int | None = None
-) -> Array:
-    """Reverse KL(p_S || p_T) per position (mode seeking), the full-vocabulary form of OPD.
-
-    Config keys: top_k=None.  Gu et al. 2024 (MiniLLM: Knowledge Distillation of Large
-    Language Models); Agarwal et al. 2024 (GKD).
-    """
-    del next_tokens
-    ls, lt = _support(logits_s, logits_t, top_k)
-    return _kl(ls, lt)
-
-
-@register_distill("jsd")
-def jsd(
-    logits_s: Array,
-    logits_t: Array,
-    next_tokens: Array | None,
-    beta: float = 0.5,
-    top_k: int | None = None,
-) -> Array:
-    """Generalised JSD(beta): M = beta p_T + (1 - beta) p_S,
-    JSD = beta KL(p_T || M) + (1 - beta) KL(p_S || M); beta = 0 is forward KL and beta = 1
-    reverse KL by convention (the formula itself vanishes there).
-    Config keys: beta=0.5, top_k=None.  Agarwal et al. 2024 (GKD).
-    """
-    if beta == 0.0:
-        return forward_kl.per_position(logits_s, logits_t, next_tokens, top_k=top_k)
-    if beta == 1.0:
-        return reverse_kl.per_position(logits_s, logits_t, next_tokens, top_k=top_k)
-    ls, lt = _support(logits_s, logits_t, top_k)
-    lm = jnp.logaddexp(jnp.log(beta) + lt, jnp.log1p(-beta) + ls)
-    return beta * _kl(lt, lm) + (1.0 - beta) * _kl(ls, lm)
-
-
-@register_distill("cr_opd")
-def cr_opd(
-    logits_s: Array,
-    logits_t: Array,
-    next_tokens: Array,
-    eta: float = 1.0,
-    top_k: int | None = None,
-) -> Array:
-    """CR-OPD, counterfactual routed OPD: route the mass a negatively scored sampled token
-    loses toward teacher-supported alternatives the student can reach.
-
-    Chosen form (the survey leaves it open). At each position, with y the sampled token and
-    p_S (held constant), p_T the student and teacher distributions:
-      removed mass   Delta = eta * max(p_S(y) - p_T(y), 0)       (> 0 iff a_t = l_T - l_S < 0)
-      routing        rho(v) ∝ sqrt(p_T(v) p_S(v)) for v != y      (0 if the teacher gives v no
-                     mass or the student cannot reach it; only the teacher's top-k if top_k)
-      target         q = p_S - Delta e_y + Delta rho               (a distribution, constant)
-      loss           KL(q || p_S^theta)
-    Its logit gradient is p_S - q = Delta (e_y - rho): y is pushed down by exactly Delta and
-    that mass goes to rho, not spread over the whole vocabulary in proportion to p_S as the
-    sampled-token OPD gradient does. Positively scored tokens (Delta = 0) contribute 0, so
-    combine with the `opd` advantage surrogate for their signal.
-    Config keys: eta=1.0 (fraction of the gap moved), top_k=None.  Needs the tokens.
-    Zhang 2026 (A Formula-Driven Survey and Research Agenda for On-Policy Distillation).
-    """
-    ls = jax.nn.log_softmax(logits_s.astype(jnp.float32), axis=-1)
-    lt = jax.nn.log_softmax(logits_t.astype(jnp.float32), axis=-1)
-    ps, pt = sg(jnp.exp(ls)), jnp.exp(lt)
-    onehot_y = jax.nn.one_hot(next_tokens, ls.shape[-1], dtype=ps.dtype)
-    ps_y, pt_y = jnp.sum(ps * onehot_y, -1), jnp.sum(pt * onehot_y, -1)
-    delta = eta * jnp.maximum(ps_y - pt_y, 0.0)
-    score = jnp.sqrt(pt * ps) * (1.0 - onehot_y)
-    if top_k is not None:
-        kth = jax.lax.top_k(lt, top_k)[0][..., -1:]
-        score = score * (lt >= kth)
-    total = jnp.sum(score, -1, keepdims=True)
-    rho = score / jnp.maximum(total, 1e-30)
-    delta = jnp.where(total[..., 0] > 0, delta, 0.0)[..., None]
-    q = sg(jnp.clip(ps - delta * onehot_y + delta * rho, 0.0, 1.0))
-    lq = jnp.log(jnp.maximum(q, 1e-30))
-    kl = jnp.sum(jnp.where(q > 0, q * (lq - ls), 0.0), axis=-1)
-    # where no mass is routed q = p_S: the loss and its gradient are 0, exactly not up to rounding
-    return jnp.where(delta[..., 0] > 0, kl, 0.0)
 
 
 # ----------------------------------------------------------------------------- config
@@ -519,6 +68,15 @@ DEFAULTS: Mapping[str, Any] = {
 }
 
 
+# objective.<block> names an entry of a registry; objective.<block>_kwargs configures it.
+REGISTRIES: Mapping[str, Registry] = {
+    "weight": WEIGHTS,
+    "advantage": ADVANTAGES,
+    "aggregation": AGGREGATIONS,
+    "distill": DISTILL_LOSSES,
+}
+
+
 def default_config():
     """A fresh `config.objective` ConfigDict with every key at its default."""
     from ml_collections import config_dict
@@ -526,10 +84,6 @@ def default_config():
     cfg = config_dict.ConfigDict({k: v for k, v in DEFAULTS.items() if v is not None})
     cfg.distill = config_dict.placeholder(str)  # None, but overridable from the command line
     return cfg
-
-
-class ObjectiveConfigError(ValueError):
-    """A bad `config.objective`: the message names the key and the allowed values."""
 
 
 def entry_defaults(fn: Callable) -> dict[str, Any]:
@@ -553,13 +107,6 @@ def _get(cfg: Any, key: str) -> Any:
         value = value.to_dict() if hasattr(value, "to_dict") else value
         return {k: v for k, v in value.items() if v is not None}
     return value
-
-
-def _lookup(registry: Registry, cfg_key: str, name: str) -> Callable:
-    try:
-        return registry.get(name)
-    except KeyError as e:
-        raise KeyError(f"config.objective.{cfg_key}: {e.args[0]}") from None
 
 
 def _check_kwargs(fn: Callable, name: str, cfg_key: str, kwargs: Mapping[str, Any]) -> None:
@@ -598,19 +145,14 @@ def validate_objective_config(cfg: Any, available: Iterable[str] | None = None) 
             raise ObjectiveConfigError(
                 f"config.objective: unknown key {key!r}; allowed keys: {', '.join(DEFAULTS)}"
             )
-    for cfg_key, registry in (
-        ("weight", WEIGHTS),
-        ("aggregation", AGGREGATIONS),
-        ("distill", DISTILL_LOSSES),
-        ("advantage", ADVANTAGES),
-    ):
+    for cfg_key, registry in REGISTRIES.items():
         name = _get(cfg, cfg_key)
         if not name:  # distill None or '' (off)
             continue
-        fn = _lookup(registry, cfg_key, name)
+        fn = registry.get(name)
         kw_key = f"{cfg_key}_kwargs"
         _check_kwargs(fn, name, kw_key, _get(cfg, kw_key))
-    _lookup(KL_ESTIMATORS, "kl_estimator", _get(cfg, "kl_estimator"))
+    KL_ESTIMATORS.get(_get(cfg, "kl_estimator"))
     if available is not None:
         _check_available(cfg, set(available))
 
@@ -623,6 +165,18 @@ def _check_available(cfg: Any, present: set[str]) -> None:
                     f"config.objective: {who} needs {field!r}, which is missing "
                     f"(present: {', '.join(sorted(present))})"
                 )
+
+
+def aggregation_denominator(cfg: Any, mask_bt: Array) -> Array:
+    """Z of the configured aggregation for `mask_bt` [B, T] (a scalar, a function of the mask).
+
+    Compute it over a whole minibatch and pass it to `loss_fn(..., denominator=Z)` for each
+    of its microbatches: the sum of the microbatch losses (and gradients) is then exactly the
+    minibatch's.
+    """
+    name = _get(cfg, "aggregation")
+    entry = AGGREGATIONS.get(name)
+    return entry.denominator(mask_bt.astype(jnp.float32), **_get(cfg, "aggregation_kwargs"))
 
 
 # ----------------------------------------------------------------------------- the loss
@@ -778,7 +332,7 @@ def loss_fn(
         per_position = None
         if distill:
             per_position = functools.partial(
-                _lookup(DISTILL_LOSSES, "distill", distill).per_position,
+                DISTILL_LOSSES.get(distill).per_position,
                 **_get(cfg, "distill_kwargs"),
             )
         logp, entropy, distill_bt = chunked_token_stats(

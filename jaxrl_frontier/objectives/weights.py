@@ -29,7 +29,7 @@ from jaxrl_frontier.objectives.stats import TokenStats
 Array = jax.Array
 sg = jax.lax.stop_gradient
 
-WEIGHTS = Registry("weight function")
+WEIGHTS = Registry("weight function", key="objective.weight")
 
 
 def register_weight(name: str, requires: tuple[str, ...] = ()) -> Callable:

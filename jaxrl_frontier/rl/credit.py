@@ -34,7 +34,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxrl_frontier.objectives import advantages as adv_lib
-from jaxrl_frontier.objectives import losses
+from jaxrl_frontier.objectives import distillation, losses
 from jaxrl_frontier.objectives.advantages import zero_variance_groups
 from jaxrl_frontier.objectives.stats import TokenStats
 
@@ -76,10 +76,10 @@ def reward_weight_vector(reward_weights: Mapping[str, float], reward_names: Sequ
 
 def kl_reward_tokens(stats: TokenStats, estimator: str) -> Array:
     """-k(l_rollout - l_ref) per completion token, [B, T] (0 off the mask, no gradient):
-    the reward a unit KL coefficient adds (`losses.kl_reward_penalty` with beta = 1)."""
+    the reward a unit KL coefficient adds (`distillation.kl_reward_penalty` with beta = 1)."""
     if stats.ref_logp is None:
         raise ValueError("objective.kl_in_reward needs the reference log-probs (ref_logp)")
-    return losses.kl_reward_penalty(stats, 1.0, estimator)
+    return distillation.kl_reward_penalty(stats, 1.0, estimator)
 
 
 def compute_advantages(

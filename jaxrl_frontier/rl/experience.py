@@ -20,20 +20,140 @@ g*G .. g*G+G-1 are the G completions of prompt g, and a group never spans proces
     dropout_keys    uint32 [B, 2]  Dropout-GRPO row keys (the update rebuilds their masks), or None
     extras          {name: [B, T]} arrays filled by registered log-prob passes (e.g. sc_logp)
 
-`results` (host, not a pytree leaf) holds one `PromptResult` per prompt this process owns, for
-the `PromptSource`; `texts` the decoded completions of this process's rows.
+The host-side results travel beside it, in the producer's `info`: `info["results"]`, one
+`PromptResult` per prompt this process owns (for `PromptSource.observe`), and `info["texts"]`,
+the decoded completions of this process's rows.
 """
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Sequence
 from typing import Any
 
 import flax.struct
 import jax
+import numpy as np
 
-from jaxrl_frontier.rl.sources.base import PromptResult
+from jaxrl_frontier.data.tasks.base import Example
 
 Array = jax.Array
+
+
+@dataclasses.dataclass(frozen=True)
+class PromptResult:
+    """How one prompt's group went (host values; one per prompt this process owns).
+
+    index: the example's dataset index.  rewards: [G, K] reward vectors of its completions.
+    reward: [G] combined sequence rewards.  correct: fraction of completions with
+    correctness > 0.  lengths: [G] completion lengths.  texts: the G decoded completions.
+    episode_states: in environment runs, the G episodes' visited states.
+    """
+
+    index: int
+    example: Example
+    rewards: np.ndarray
+    reward: np.ndarray
+    correct: float
+    lengths: np.ndarray
+    texts: tuple[str, ...] = ()
+    episode_states: tuple = ()  # environment runs: each episode's visited states (3SPO)
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutRows:
+    """This process's rows of a rollout on the host, as editors see them (prompt-major).
+
+    examples: P_l examples; row b is completion b % G of examples[b // G].
+    completion_tokens int32 [B_l, Tn], completion_mask int32 [B_l, Tn] (1 up to and with the
+    stop token), policy_mask int32 [B_l, Tn] (1 on tokens the policy sampled: an editor that
+    inserts tokens sets 0 there, so they get no gradient), policy_logp f32 [B_l, Tn],
+    texts: the decoded completions (an editor that changes tokens re-decodes them).
+    """
+
+    examples: tuple[Example, ...]
+    completion_tokens: np.ndarray
+    completion_mask: np.ndarray
+    policy_mask: np.ndarray
+    policy_logp: np.ndarray
+    texts: tuple[str, ...]
+
+    @property
+    def group_size(self) -> int:
+        return len(self.texts) // len(self.examples)
+
+    def replace(self, **changes) -> RolloutRows:
+        return dataclasses.replace(self, **changes)
+
+    def take_groups(self, groups: Sequence[int]) -> RolloutRows:
+        """The rows of these groups (prompt indices into `examples`), in that order."""
+        g = self.group_size
+        rows = group_rows(groups, g)
+        return RolloutRows(
+            examples=tuple(self.examples[i] for i in groups),
+            completion_tokens=self.completion_tokens[rows],
+            completion_mask=self.completion_mask[rows],
+            policy_mask=self.policy_mask[rows],
+            policy_logp=self.policy_logp[rows],
+            texts=tuple(self.texts[r] for r in rows),
+        )
+
+
+def group_rows(groups: Sequence[int], g: int) -> np.ndarray:
+    """Row indices [len(groups) * G] of whole groups, prompt-major."""
+    return (np.asarray(groups, np.int64)[:, None] * g + np.arange(g)[None]).reshape(-1)
+
+
+@dataclasses.dataclass(frozen=True)
+class ScoredRows:
+    """One draw of this process's rows after editing and scoring (host, prompt-major).
+
+    rows: the `RolloutRows`; prompt_tokens / prompt_mask int32 [B_l, Tp]; rewards f32
+    [B_l, K]; dropout_keys [B_l, ...] or None; n_failed: completions whose scoring failed.
+    """
+
+    rows: RolloutRows
+    prompt_tokens: np.ndarray
+    prompt_mask: np.ndarray
+    rewards: np.ndarray
+    dropout_keys: np.ndarray | None
+    n_failed: int
+
+    def take_groups(self, groups: Sequence[int]) -> ScoredRows:
+        rows = group_rows(groups, self.rows.group_size)
+        keys = None if self.dropout_keys is None else self.dropout_keys[rows]
+        return ScoredRows(
+            self.rows.take_groups(groups),
+            self.prompt_tokens[rows],
+            self.prompt_mask[rows],
+            self.rewards[rows],
+            keys,
+            self.n_failed,
+        )
+
+    @staticmethod
+    def concat(parts: Sequence[ScoredRows]) -> ScoredRows:
+        """Several draws as one (their groups in draw order; failures summed)."""
+        cat = lambda f: np.concatenate([f(p) for p in parts])
+        r = [p.rows for p in parts]
+        rows = RolloutRows(
+            examples=sum((x.examples for x in r), ()),
+            completion_tokens=np.concatenate([x.completion_tokens for x in r]),
+            completion_mask=np.concatenate([x.completion_mask for x in r]),
+            policy_mask=np.concatenate([x.policy_mask for x in r]),
+            policy_logp=np.concatenate([x.policy_logp for x in r]),
+            texts=sum((x.texts for x in r), ()),
+        )
+        keys = None if parts[0].dropout_keys is None else cat(lambda p: p.dropout_keys)
+        return ScoredRows(
+            rows,
+            cat(lambda p: p.prompt_tokens),
+            cat(lambda p: p.prompt_mask),
+            cat(lambda p: p.rewards),
+            keys,
+            sum(p.n_failed for p in parts),
+        )
+
 
 # Fields the update reads (besides the optional ones present): see `Experience.update_batch`.
 UPDATE_FIELDS = ("tokens", "attention_mask", "loss_mask", "old_logp", "advantages")
@@ -56,8 +176,6 @@ class Experience:
     teacher_logp: Array | None = None
     dropout_keys: Array | None = None
     extras: dict[str, Array] = flax.struct.field(default_factory=dict)
-    results: tuple[PromptResult, ...] = flax.struct.field(pytree_node=False, default=())
-    texts: tuple[str, ...] = flax.struct.field(pytree_node=False, default=())
 
     @property
     def num_rows(self) -> int:
@@ -72,9 +190,11 @@ class Experience:
         return out
 
 
-def log_rollouts(logger, step: int, exp: Experience, mesh, prompt_of, reward_names, groups=2):
-    """The first `groups` groups of this process's rows to `logger` (a RolloutLogger on
-    process 0, None elsewhere); every process must call it (it joins a collective)."""
+def log_rollouts(logger, step: int, exp: Experience, info: dict, mesh, prompt_of, reward_names):
+    """The first two groups of this process's rows to `logger` (a RolloutLogger on process 0,
+    None elsewhere), from the Experience and the producer's `info` (results, texts); every
+    process must call it (it joins a collective)."""
+    groups = 2
     import jax.numpy as jnp
 
     from jaxrl_frontier.core import sharding
@@ -83,13 +203,14 @@ def log_rollouts(logger, step: int, exp: Experience, mesh, prompt_of, reward_nam
     adv = sharding.local_rows(seq_adv, mesh)
     if logger is None:
         return
-    g = len(exp.texts) // max(len(exp.results), 1)
-    for i in range(min(len(exp.texts), groups * g)):
-        res = exp.results[i // g]
+    results, texts = info["results"], info["texts"]
+    g = len(texts) // max(len(results), 1)
+    for i in range(min(len(texts), groups * g)):
+        res = results[i // g]
         logger.write(
             step=step,
             prompt=prompt_of(res.example),
-            completion=exp.texts[i],
+            completion=texts[i],
             rewards=dict(zip(reward_names, map(float, res.rewards[i % g]))),
             advantage=float(adv[i]),
         )

@@ -3,7 +3,7 @@ updates on batch k.
 
     step k:   exp_k = ahead.take()  (or produced now)      policy version of exp_k: v_k
               lag = learner.version - v_k; lag > max_staleness -> dropped, produced anew
-              source.observe(exp_k.results)
+              source.observe(info_k["results"])
               ahead.start(produce, next prompts, next key)  with the weights of version k
               learner.update(exp_k)                         (overlaps the rollout of k+1)
 

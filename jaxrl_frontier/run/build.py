@@ -10,15 +10,14 @@ import os
 
 import jax
 import ml_collections
-import numpy as np
-import optax
 from flax import nnx
 
 from jaxrl_frontier.core import sharding
+from jaxrl_frontier.core.errors import ConfigError
 from jaxrl_frontier.models import hf, lora
+from jaxrl_frontier.models.layers import ModelConfig
 from jaxrl_frontier.models.tokenizer import CharTokenizer, load_tokenizer
-from jaxrl_frontier.models.transformer import ModelConfig, Transformer
-from jaxrl_frontier.run.config import ConfigError
+from jaxrl_frontier.models.transformer import Transformer
 
 
 def build_mesh(config) -> jax.sharding.Mesh:
@@ -132,49 +131,11 @@ def build_teacher(config, tokenizer, mesh, key, policy_cfg) -> Transformer | Non
     return teacher
 
 
-def learning_rate_schedule(opt_cfg, total_updates: int) -> optax.Schedule:
-    """Linear warmup to `lr` over `warmup_steps`, then constant / cosine / linear decay to 0
-    at `total_updates`."""
-    warmup = opt_cfg.warmup_steps
-    decay_steps = max(total_updates - warmup, 1)
-    decay = {
-        "constant": lambda: optax.constant_schedule(opt_cfg.lr),
-        "cosine": lambda: optax.cosine_decay_schedule(opt_cfg.lr, decay_steps),
-        "linear": lambda: optax.linear_schedule(opt_cfg.lr, 0.0, decay_steps),
-    }[opt_cfg.schedule]()
-    if not warmup:
-        return decay
-    return optax.join_schedules([optax.linear_schedule(0.0, opt_cfg.lr, warmup), decay], [warmup])
-
-
-def build_optimizer(opt_cfg, total_updates: int) -> optax.GradientTransformation:
-    return optax.chain(
-        optax.clip_by_global_norm(opt_cfg.max_grad_norm),
-        optax.adamw(
-            learning_rate_schedule(opt_cfg, total_updates),
-            b1=opt_cfg.b1,
-            b2=opt_cfg.b2,
-            eps=opt_cfg.eps,
-            weight_decay=opt_cfg.weight_decay,
-        ),
-    )
-
-
 def total_updates(config) -> int:
     """Optimizer steps of the whole run (the schedule's horizon)."""
     c = config
     per_step = c.train.epochs * c.train.minibatches if c.mode == "rl" else 1
     return c.train.steps * per_step
-
-
-def encode_prompts(tokenizer, texts: list[str], max_len: int):
-    """Left-padded int32 [N, max_len] prompts and their mask."""
-    tokens, mask = tokenizer.batch_encode(texts, max_len=max_len, add_bos=True)
-    pad = max_len - tokens.shape[1]
-    if pad > 0:
-        tokens = np.pad(tokens, ((0, 0), (pad, 0)), constant_values=tokenizer.pad_id)
-        mask = np.pad(mask, ((0, 0), (pad, 0)))
-    return tokens.astype(np.int32), mask.astype(np.int32)
 
 
 def objective_section(objective) -> dict:

@@ -91,11 +91,13 @@ def train_main(argv: list[str] | None = None) -> None:
     except ValueError as e:
         raise SystemExit(f"config error: {e}") from None
 
-    from jaxrl_frontier.models.tokenizer import ModelFileError
+    from jaxrl_frontier.core.errors import (
+        CheckpointError,
+        ConfigError,
+        ModelFileError,
+        TrainingFault,
+    )
     from jaxrl_frontier.run import trainer
-    from jaxrl_frontier.run.config import ConfigError
-    from jaxrl_frontier.train.checkpoint import CheckpointError
-    from jaxrl_frontier.train.faults import TrainingFault
 
     try:
         summary = trainer.train(flags_.config, flags_.workdir)

@@ -31,7 +31,14 @@ from collections.abc import Mapping
 from typing import Any
 
 import ml_collections
-from ml_collections import config_dict
+
+from jaxrl_frontier.core import defaults as core_defaults
+from jaxrl_frontier.core.errors import ConfigError
+from jaxrl_frontier.data import defaults as data_defaults
+from jaxrl_frontier.models import defaults as model_defaults
+from jaxrl_frontier.objectives import losses
+from jaxrl_frontier.rl import defaults as rl_defaults
+from jaxrl_frontier.train import defaults as train_defaults
 
 log = logging.getLogger(__name__)
 
@@ -46,28 +53,13 @@ FREE_FORM = (
     "objective.distill_kwargs",
     "objective.as_written",
 )
-# objective.<block> names an entry of a registry; objective.<block>_kwargs configures it.
-REGISTRY_BLOCKS = ("weight", "advantage", "aggregation", "distill")
-
-
-class ConfigError(ValueError):
-    """A config value is unknown, mistyped or inconsistent; the message names the key."""
 
 
 def registry_entry(block: str, name: str):
     """The callable `objective.<block> = name` selects (ConfigError listing the known ones)."""
-    from jaxrl_frontier.objectives import advantages, losses, weights
+    from jaxrl_frontier.objectives import losses
 
-    registry = {
-        "weight": weights.WEIGHTS,
-        "advantage": advantages.ADVANTAGES,
-        "aggregation": losses.AGGREGATIONS,
-        "distill": losses.DISTILL_LOSSES,
-    }[block]
-    try:
-        return registry.get(name)
-    except KeyError as e:
-        raise ConfigError(f"config key 'objective.{block}': {e.args[0]}") from None
+    return losses.REGISTRIES[block].get(name)
 
 
 def entry_defaults(block: str, name: str | None) -> dict[str, Any]:
@@ -82,252 +74,32 @@ def entry_defaults(block: str, name: str | None) -> dict[str, Any]:
 
 
 def base_config() -> ml_collections.ConfigDict:
-    """All keys with their defaults (a tiny char model on arithmetic, GRPO)."""
+    """All keys with their defaults (a tiny char model on arithmetic, GRPO), composed from each
+    layer's sections."""
     c = ml_collections.ConfigDict()
     c.seed = 0
     c.mode = "rl"  # rl | sft
     c.workdir = ""  # set by --workdir; a run resumes when it holds a checkpoint
-
-    # -1 takes the remaining devices; num_devices=0 uses all, N > 0 the first N (tests, roles)
-    c.mesh = dict(data=-1, fsdp=1, tensor=1, num_devices=0)
-
-    c.tokenizer = dict(kind="char", path="")  # char | hf (path to a tokenizer.json dir)
-
-    c.model = ml_collections.ConfigDict()
-    c.model.init = "scratch"  # scratch | hf (path = HF dir) | checkpoint (path = workdir)
-    c.model.path = ""
-    c.model.vocab_size = 0  # 0: the tokenizer's
-    c.model.hidden_size = 128
-    c.model.intermediate_size = 384
-    c.model.num_layers = 2
-    c.model.num_heads = 4
-    c.model.num_kv_heads = 2
-    c.model.head_dim = 0  # 0: hidden_size // num_heads
-    c.model.rope_theta = 10000.0
-    c.model.tie_word_embeddings = True
-    c.model.qkv_bias = False
-    c.model.qk_norm = False
-    c.model.max_position_embeddings = 512
-    c.model.dtype = "float32"  # compute dtype: float32 | bfloat16
-    # recompute in the backward pass (memory for FLOPs), per scanned block: none | full (keep
-    # only each block's input) | dots_saveable (keep the matmul outputs, recompute the rest)
-    c.model.remat = "none"
-    # LoRA (lora.py, Hu et al. 2021): rank > 0 trains rank-r adapters on the `targets`
-    # projections beside the frozen weights (RL): y = x W + (alpha / rank) x A B. Only the
-    # adapters and their optimizer state are trained and checkpointed; the reference policy
-    # is the frozen base; the export merges them into the weights.
-    c.model.lora = dict(
-        rank=0,
-        alpha=16.0,
-        targets=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
-    )
-
-    c.teacher = dict(init="none", path="", dtype="float32")  # none | scratch | hf | checkpoint
-
-    c.task = ml_collections.ConfigDict()
-    c.task.name = "arithmetic"
-    # a Python module to import before the task is looked up (a dotted name on sys.path or a
-    # .py file), so a task or reward registered there needs no edit of the package
-    c.task.module = ""
-    c.task.kwargs = ml_collections.ConfigDict()
-    # True: format each prompt with the instruct model's own chat template (tasks/chat.py),
-    # read from tokenizer.path's directory (chat_template.jinja or tokenizer_config.json);
-    # rollouts then also stop at the token that ends an assistant turn. False: raw text
-    c.task.chat_template = False
-    c.task.system_prompt = ""  # with a chat template: a system message first ('' : none)
-
-    # P prompts per RL step (all processes together); source: a scheduling.SOURCES name
-    # truncate_prompts: cut prompts longer than max_prompt_len (keeping their end) instead of
-    # refusing the prompt file before training
-    c.data = dict(prompt_batch=16, max_prompt_len=16, source="uniform", truncate_prompts=False)
-    # the loop-level sources (scheduling.py, docs/methods.md): DAPO dynamic sampling (at most
-    # max_draws draws of prompt_batch prompts per step), ADS, ZPPO's hard-prompt replay
-    c.data.dynamic = dict(max_draws=4)
-    # ADS clusters: 'task' (the task's cluster key) or 'kmeans' (kmeans_k clusters of prompt
-    # features fitted on kmeans_sample train prompts; clustering.py)
-    c.data.ads = dict(
-        pool=4,
-        momentum=0.7,
-        boundary=0.17,
-        boundary_weight=4.0,
-        off_weight=0.25,
-        floor=0.01,
-        clusters="task",
-        kmeans_k=8,
-        kmeans_sample=1024,
-        kmeans_iters=25,
-    )
-    # 3SPO's state history and start-state allocation (environment runs; envs/allocation.py):
-    # pool x prompt_batch candidate seeds, prompt_batch drawn by n(s0); allocate=False: uniform
-    c.data.sspo = dict(pool=4, allocate=True)
-    c.data.zppo = dict(
-        capacity=64,
-        replay_fraction=0.25,
-        max_wrong=3,
-        bcq_template="{candidates};{question}",
-        ncq_template="not {wrong};{question}",
-    )
-
-    # Multi-host (docs/distributed.md): unset = JAX's own TPU-pod / SLURM detection, or one
-    # process; set all three for any other launcher (e.g. several processes on localhost).
-    c.distributed = ml_collections.ConfigDict()
-    c.distributed.coordinator_address = config_dict.placeholder(str)
-    c.distributed.num_processes = config_dict.placeholder(int)
-    c.distributed.process_id = config_dict.placeholder(int)
-
-    c.rollout = ml_collections.ConfigDict()
-    c.rollout.group_size = 8  # G completions per prompt
-    c.rollout.max_new_tokens = 8
-    c.rollout.temperature = 1.0
-    c.rollout.top_k = 0
-    c.rollout.top_p = 1.0
-    c.rollout.min_p = 0.0
-    c.rollout.dropout_rate = 0.0  # Dropout-GRPO: per-rollout fixed MLP dropout mask
-    # Roles on devices: 0 = rollouts on the training mesh; N > 0 = the last N devices (N / P
-    # per process) form a rollout mesh of shape rollout.mesh, and the weights are resharded
-    # to it after each update (docs/scaling.md)
-    c.rollout.devices = 0
-    c.rollout.mesh = dict(data=-1, fsdp=1, tensor=1)
-    # > 0: batch k+1 is sampled (by the previous weights) while the learner updates on batch
-    # k; a batch more than this many policy versions behind the learner is dropped
-    c.rollout.max_staleness = 0
-    # KV cache dtype: None (the compute dtype) | float32 | bfloat16
-    c.rollout.cache_dtype = config_dict.placeholder(str)
-    # speculative rollouts (sampling/speculative.py, one device): the policy's first `draft`
-    # layers propose k tokens a round, the policy verifies them in one forward and rejection
-    # sampling keeps its distribution exactly; draft None: off (the plain sampler)
-    c.rollout.speculative = dict(draft=config_dict.placeholder(int), k=4)
-    # rollout editors and reward shaping (editing.py): editor names in editing.EDITORS, e.g.
-    # ('dre',); DAPO's masking of completions cut off by the budget and its soft overlong
-    # penalty over the last overlong_cache tokens of max_new_tokens (0: off); DRE's bonus
-    c.rollout.editors = ()
-    c.rollout.mask_truncated = False
-    c.rollout.overlong_cache = 0
-    c.rollout.dre_bonus = 0.1
-    # SC-GRPO's self-conditioned pass: vocabulary entries per chunk of its KL sum
-    c.rollout.sc_vocab_chunk = 2048
-
+    c.mesh = core_defaults.mesh_section()
+    c.tokenizer = model_defaults.tokenizer_section()
+    c.model = model_defaults.model_section()
+    c.teacher = model_defaults.teacher_section()
+    c.task = data_defaults.task_section()
+    c.data = rl_defaults.data_section()
+    c.distributed = core_defaults.distributed_section()
+    c.rollout = rl_defaults.rollout_section()
     # every key and default of the objective is defined once, in objectives.losses.DEFAULTS
-    from jaxrl_frontier.objectives import losses
-
     c.objective = losses.default_config()
     # the registry choices and kwargs as the config file wrote them (presets.finish): how
     # resolve tells a command-line switch of objective.weight etc. from the file's choice
     c.objective.as_written = ml_collections.ConfigDict()
-
-    # PPO's learned critic (rl/ppo.py, rl/critic.py): kind none | head (a value head on the
-    # policy's final hidden states) | model (a small separate transformer); it goes with
-    # objective.advantage = 'gae': per-token GAE on its values over the policy tokens, a
-    # clipped value loss (value_clip; 0: unclipped) weighted by value_coef, its own Adam
-    # (lr; None: optimizer.lr). whiten: advantages scaled to zero mean, unit variance over
-    # the batch's policy tokens. stop_gradient: the head's value loss leaves the policy's
-    # trunk alone. hidden_size / num_layers: the separate model's size.
-    c.critic = dict(kind="none", gamma=1.0, lam=0.95, value_clip=0.2, value_coef=0.5)
-    c.critic.lr = config_dict.placeholder(float)
-    c.critic.update(whiten=True, stop_gradient=False, hidden_size=64, num_layers=2)
-
-    c.optimizer = ml_collections.ConfigDict()
-    c.optimizer.lr = 1e-4
-    c.optimizer.schedule = "constant"  # constant | cosine | linear
-    c.optimizer.warmup_steps = 0
-    c.optimizer.b1 = 0.9
-    c.optimizer.b2 = 0.99
-    c.optimizer.eps = 1e-8
-    c.optimizer.weight_decay = 0.0
-    c.optimizer.max_grad_norm = 1.0
-    c.optimizer.grad_accum = 1  # microbatches per minibatch
-
-    c.train = ml_collections.ConfigDict()
-    c.train.steps = 100
-    c.train.epochs = 1  # passes over each rollout batch (PPO epochs)
-    c.train.minibatches = 1  # optimizer steps per epoch
-    c.train.recompute_old_logp = (
-        False  # True: old log-probs from a trainer forward, not the sampler
-    )
-    # RL: each group's prompt runs through the model once, not once per completion, in the
-    # update and the reference/teacher log-probs (same values; the prompt's FLOPs / group
-    # size). Minibatches are then drawn as whole groups. Off by itself when a microbatch
-    # (rows / minibatches / grad_accum) is not whole groups that split evenly over the
-    # batch devices (mesh data x fsdp).
-    c.train.share_prompt_forward = True
-    c.train.log_every = 10
-    c.train.eval_every = 50
-    c.train.checkpoint_every = 50
-    c.train.keep_checkpoints = 2
-    c.train.rollout_log_every = 50
-    c.train.sft_batch = 64  # sequences per SFT step
-    # > 0: finish once held-out greedy pass@1 reaches this (checked at each eval); e.g. an
-    # SFT warm start that should hand RL a policy near 50%, whatever the learning curve.
-    c.train.stop_at_pass1 = 0.0
-    # this many updates in a row skipped for a non-finite loss / gradient stop the run with an
-    # error and no export (a diverged run otherwise exits 0 with broken weights); 0: never
-    c.train.max_skipped_updates = 10
-    # keep the optimizer state (Adam's mu, nu) in pinned host memory between updates, on
-    # backends with a separate host memory (TPU, GPU; not CPU): train_step.optimizer_memory_kind
-    c.train.offload_optimizer = False
-
-    # Reward scoring (rewards.py). scorer: auto (the task's choice) | in_process | sandboxed
-    # (each completion run as a program in a locked-down subprocess: sandbox.py). A reward
-    # that fails on every completion for max_failure_steps steps in a row stops the run (0:
-    # never). The limits apply per completion in the sandbox.
-    c.rewards = ml_collections.ConfigDict()
-    c.rewards.scorer = "auto"
-    c.rewards.max_failure_steps = 3
-    c.rewards.workers = 4  # completions run in parallel
-    c.rewards.cpu_seconds = 2.0
-    c.rewards.wall_seconds = 5.0
-    c.rewards.memory_mb = 512
-    c.rewards.max_output_bytes = 65536
-
-    # the policy exported at the end: 'last', or 'best' (exported at each new best eval of
-    # train.collapse.metric). collapse.stop: the rise-and-collapse early stop (diagnostics.py)
-    c.train.export = "last"
-    c.train.collapse = dict(
-        stop=False, metric="eval/pass@1_greedy", rise=0.05, drop=0.05, patience=2
-    )
-
-    c.eval = dict(num_prompts=256, pass_k=4, batch=128)
-
-    # Multi-turn environments (envs/, rl/agent_rollout.py, docs/agents.md): a non-empty name
-    # trains on episodes of that environment (the examples are its seeds, the prompt its
-    # first observation) instead of task prompts. module: imported first (a user's
-    # environment). Per episode: max_turns turns of at most turn_tokens sampled tokens, each
-    # ending at EOS or a `stop` string (one token each); observations of at most obs_tokens
-    # tokens, formatted by observation_template; max_tokens: the episode's token budget (0:
-    # none). credit: 'episode' (objective.advantage on episode returns), 'gigpo' (anchor-state
-    # step groups: gamma, step_weight, scale) or '3spo' (state scores: sspo.*, on GiGPO; needs
-    # data.source='sspo', which keeps the history).
-    c.env = ml_collections.ConfigDict()
-    c.env.name = ""
-    c.env.module = ""
-    c.env.kwargs = ml_collections.ConfigDict()
-    c.env.max_turns = 6
-    c.env.max_tokens = 0
-    c.env.turn_tokens = 8
-    c.env.obs_tokens = 64
-    c.env.stop = ()
-    c.env.observation_template = "{observation}"
-    # mode='sft' on an environment: each seed's demonstration is one of these action texts,
-    # drawn uniformly (a warm start that clones a uniformly random policy over them)
-    c.env.demonstrations = ()
-    c.env.credit = "episode"
-    c.env.gamma = 0.95
-    c.env.step_weight = 1.0
-    c.env.scale = "mean"
-    c.env.sspo = dict(alpha=1.0, xi=10.0, zeta=0.1, g_max=8, omega_k=0.1)
-    c.env.eval_fraction = 0.1
-    c.env.train_size = 1_000_000
-    c.env.eval_size = 10_000
-
-    # PACT (rl/pact.py): rollouts stay prompt-only; each prompt's expert trace (a
-    # pact.TRACE_SOURCES name: 'calculator', 'answer') enters the update as a context after
-    # the prompt, scoring the rollout (trace_coef x the trace-conditioned surrogate), and as
-    # SFT targets (component weights; sft_coef annealed to 0 over anneal_steps by schedule)
-    c.pact = dict(enabled=False, source="calculator", context="expert solution: {trace}\n")
-    c.pact.update(trace_coef=0.5, sft_coef=0.2, anneal_steps=200, schedule="linear")
-    c.pact.weights = dict(reasoning=0.5, tool_call=1.0, answer=1.0)
-    c.pact.update(context_len=96, trace_len=64)
-    c.eval.at_start = True  # RL: evaluate the starting policy at step 0 (off: faster tests)
+    c.critic = rl_defaults.critic_section()
+    c.optimizer = rl_defaults.optimizer_section()
+    c.train = train_defaults.train_section()
+    c.rewards = data_defaults.rewards_section()
+    c.eval = train_defaults.eval_section()
+    c.env = data_defaults.env_section()
+    c.pact = rl_defaults.pact_section()
     c.lock()
     return c
 
@@ -485,7 +257,7 @@ def _settle_registry_kwargs(o: ml_collections.ConfigDict) -> None:
     after a switch away from the entry recorded in `as_written`, restarted from the new
     entry's defaults (keys left as the file wrote them for the old entry are dropped)."""
     written = o.as_written.to_dict()
-    for block in REGISTRY_BLOCKS:
+    for block in losses.REGISTRIES:
         kw_key = f"{block}_kwargs"
         name = o[block]
         given = {k: v for k, v in o[kw_key].to_dict().items() if v is not None}
@@ -559,12 +331,9 @@ def _check_registries(c: ml_collections.ConfigDict) -> None:
         load_task_module(c.task.module)  # registers the user's tasks before the lookup
     except (ImportError, OSError) as e:
         raise ConfigError(f"config key 'task.module' = {c.task.module!r}: {e}") from None
-    try:
-        task_cls = TASKS.get(c.task.name)
-    except KeyError as e:
-        raise ConfigError(f"config key 'task.name': {e.args[0]}") from None
+    task_cls = TASKS.get(c.task.name)
     _check_task_kwargs(task_cls, c.task.kwargs.to_dict())
-    from jaxrl_frontier.rl.produce.editors import shaper_reward_names
+    from jaxrl_frontier.data.rewards.shaping import shaper_reward_names
 
     names = list(task_cls.reward_names) + shaper_reward_names(c)  # + rollout shapers' rewards
     if c.env.name:  # an environment run: the episode's rewards (empty weights: the return)

@@ -188,15 +188,10 @@ def _knob_type(fn, name: str, default) -> type | None:
 def registry_knobs(block: str) -> dict[str, type]:
     """Every config knob of the registry behind `objective.<block>`: {key: scalar type},
     over all its entries (the supplied-from-the-batch advantage arguments excluded)."""
-    from jaxrl_frontier.objectives import advantages, losses, weights
+    from jaxrl_frontier.objectives import advantages, losses
     from jaxrl_frontier.run.config import registry_entry
 
-    registry = {
-        "weight": weights.WEIGHTS,
-        "advantage": advantages.ADVANTAGES,
-        "aggregation": losses.AGGREGATIONS,
-        "distill": losses.DISTILL_LOSSES,
-    }[block]
+    registry = losses.REGISTRIES[block]
     knobs: dict[str, type] = {}
     for name in registry.names():
         fn = registry_entry(block, name)
@@ -218,14 +213,15 @@ def with_defaults(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     ml_collections cannot add a key that the file did not define. `config.resolve` drops the
     unset ones and, after a switch of entry, the old entry's (config.py's docstring).
     """
-    from jaxrl_frontier.run.config import REGISTRY_BLOCKS, entry_defaults
+    from jaxrl_frontier.objectives import losses
+    from jaxrl_frontier.run.config import entry_defaults
 
     c.task.kwargs = ml_collections.ConfigDict(
         {**_task_defaults(c.task.name), **c.task.kwargs.to_dict()}
     )
     o = c.objective
     written: dict = {}
-    for block in REGISTRY_BLOCKS:
+    for block in losses.REGISTRIES:
         kw_key = f"{block}_kwargs"
         given = {k: v for k, v in o[kw_key].to_dict().items() if v is not None}
         kwargs = {**entry_defaults(block, o[block]), **given}

@@ -6,23 +6,32 @@ sampler); this module reads the config keys that choose and size each stage.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import jax
 from flax import nnx
 
 from jaxrl_frontier.data.rewards.scorer import make_scorer
+from jaxrl_frontier.data.rewards.shaping import effective_reward_weights
 from jaxrl_frontier.data.tasks import chat
 from jaxrl_frontier.objectives import losses
 from jaxrl_frontier.rl.learn.forward import apply_hidden, make_logp_fn
-from jaxrl_frontier.rl.learn.learner import Learner, dropout_masks, reshard_to, update_layout
+from jaxrl_frontier.rl.learn.learner import (
+    Learner,
+    LearnerOptions,
+    dropout_masks,
+    reshard_to,
+    update_layout,
+)
 from jaxrl_frontier.rl.methods import pact
 from jaxrl_frontier.rl.methods.ppo import build_critic
 from jaxrl_frontier.rl.produce import agent as agent_rollout
-from jaxrl_frontier.rl.produce.editors import build_editors, effective_reward_weights
-from jaxrl_frontier.rl.produce.rollout import PASSES, RolloutProducer
-from jaxrl_frontier.rl.sources.base import prompt_text
+from jaxrl_frontier.rl.produce.editors import build_editors
+from jaxrl_frontier.rl.produce.passes import PASSES
+from jaxrl_frontier.rl.produce.rollout import RolloutProducer
 from jaxrl_frontier.rl.sources.teacher_answers import TeacherAnswers
+from jaxrl_frontier.rl.sources.utils import prompt_text
 from jaxrl_frontier.run.build import objective_section
 from jaxrl_frontier.sampling import SamplingParams
 
@@ -42,37 +51,49 @@ def rollout_sampling(config, tokenizer) -> SamplingParams:
     )
 
 
+@dataclasses.dataclass(frozen=True)
+class RunParts:
+    """What the trainer has built before the RL stages: the meshes (the rollout mesh, when
+    the sampler has devices of its own), the tokenizer and task, the policy module and, with
+    LoRA, its frozen `base` weights (the train state then holds the adapters), the teacher
+    module, whether a frozen reference exists, the sampler and the reward scorer (None: the
+    one `rewards.scorer` selects)."""
+
+    mesh: Any
+    tokenizer: Any
+    task: Any
+    policy: Any
+    sampler: Any
+    reference: bool = False
+    teacher: Any = None
+    scorer: Any = None
+    rollout_mesh: Any = None
+    base: Any = None
+
+
 def build_rl_stages(
-    config,
-    *,
-    mesh,
-    tokenizer,
-    task,
-    policy,
-    tx,
-    state,
-    sampler,
-    reference: bool,
-    teacher=None,
-    log=print,
-    scorer=None,
-    rollout_mesh=None,
-    base=None,
+    config, parts: RunParts, *, tx, state, log=print
 ) -> tuple[Learner, RolloutProducer, Any]:
     """(Learner, RolloutProducer, the policy's jitted log-prob forward) for an RL run.
 
     The objective is checked against what the run provides (a reference when
-    `reference`, a teacher when given) before anything is traced. `scorer`: the run's
-    RewardScorer (default: the one `rewards.scorer` selects). `base`: with LoRA, the frozen
-    weights (`state.params` then holds the adapters).
+    `parts.reference`, a teacher when given) before anything is traced.
     """
+    mesh, tokenizer, task, policy = parts.mesh, parts.tokenizer, parts.task, parts.policy
+    sampler, reference, teacher, scorer = (
+        parts.sampler,
+        parts.reference,
+        parts.teacher,
+        parts.scorer,
+    )
+    rollout_mesh, base = parts.rollout_mesh, parts.base
     c = config
     objective = objective_section(c.objective)
     editors, shapers = build_editors(c, task=task, tokenizer=tokenizer)
     shaped = [n for s in shapers for n in s.reward_names]
     objective["reward_weights"] = effective_reward_weights(objective.get("reward_weights"), shaped)
     if c.train.collapse.stop and c.train.export != "best":
-        from jaxrl_frontier.run.config import ConfigError
+        from jaxrl_frontier.core.errors import ConfigError
 
         raise ConfigError(
             "config key 'train.collapse.stop' rolls the peak forward through the export: "
@@ -128,11 +149,7 @@ def build_rl_stages(
     )
     if critic is not None:
         state = state.replace(critic=critic.init_state())
-    learner = Learner(
-        graphdef,
-        tx,
-        state,
-        mesh=mesh,
+    options = LearnerOptions(
         objective=objective,
         rows=rows,
         group_size=g,
@@ -142,13 +159,21 @@ def build_rl_stages(
         grad_accum=c.optimizer.grad_accum,
         share_prompt=c.train.share_prompt_forward,
         dropout_rate=rate,
+    )
+    pact_term = pact.loss_transform(c, graphdef)
+    learner = Learner(
+        graphdef,
+        tx,
+        state,
+        options,
+        mesh=mesh,
         model_cfg=policy.cfg,
         teacher=teacher_pair,
-        log=log,
         reshard=None if rollout_mesh in (None, mesh) else reshard_to(rollout_mesh),
         base=base,
         critic=critic,
-        loss_wrap=pact.loss_wrap(c, graphdef),
+        loss_transforms=[pact_term] if pact_term is not None else [],
+        log=log,
     )
     scorer = scorer or make_scorer(c, task)
     teacher_answers = None

@@ -5,7 +5,7 @@ arguments; none imports this one):
 
     PromptSource.next_batch()                                  scheduling.py
       -> RolloutProducer.produce(examples, weights, key)       rl/rollout.py   -> Experience
-      -> PromptSource.observe(experience.results)
+      -> PromptSource.observe(info["results"])
       -> Learner.update(experience)                            rl/learner.py
     metrics -> TensorBoard + JSONL + console;  state -> orbax checkpoint
 
@@ -31,35 +31,30 @@ from jaxrl_frontier.data.tasks import task_for
 from jaxrl_frontier.models import hf, lora
 from jaxrl_frontier.rl import diagnostics
 from jaxrl_frontier.rl.experience import Experience, log_rollouts
-from jaxrl_frontier.rl.learn.forward import make_logp_fn  # noqa: F401  (re-exported, as below)
-from jaxrl_frontier.rl.learn.learner import reshard_to, rl_loss  # noqa: F401
-from jaxrl_frontier.rl.learn.train_step import (  # noqa: F401  (the step's pieces, importable here too)
-    TrainState,
-    init_opt_state,
+from jaxrl_frontier.rl.learn.learner import reshard_to
+from jaxrl_frontier.rl.learn.optimizer import build_optimizer
+from jaxrl_frontier.rl.learn.train_step import (
     init_train_state,
-    make_update_fn,
     optimizer_memory_kind,
 )
 from jaxrl_frontier.rl.overlap import RolloutsAhead
-from jaxrl_frontier.rl.sources.base import make_source
+from jaxrl_frontier.rl.sources import make_source
 from jaxrl_frontier.run import config as config_lib
-from jaxrl_frontier.run.build import (  # noqa: F401  (re-exported)
+from jaxrl_frontier.run.build import (
     attach_lora,
     build_meshes,
     build_model,
-    build_optimizer,
     build_teacher,
     build_tokenizer,
     check_resume_schedule,
-    objective_section,
     total_updates,
 )
-from jaxrl_frontier.run.rl_build import build_rl_stages
+from jaxrl_frontier.run.rl_build import RunParts, build_rl_stages
 from jaxrl_frontier.sampling import Sampler, make_sampler
 from jaxrl_frontier.train import evaluation, faults
 from jaxrl_frontier.train.checkpoint import Checkpointer, StopRequest, abstract_like
 from jaxrl_frontier.train.metrics import MetricsWriter, ProgressBar, RolloutLogger, rl_step_scalars
-from jaxrl_frontier.train.sft import SFTStep, encode_demonstrations, sft_loss  # noqa: F401
+from jaxrl_frontier.train.sft import SFTStep
 
 
 class Trainer:
@@ -107,21 +102,20 @@ class Trainer:
         batch = c.data.prompt_batch if c.mode == "rl" else c.train.sft_batch
         self.source = make_source(self.task, c, batch_size=batch, process_index=pi, process_count=n)
         if c.mode == "rl":
-            self.learner, self.producer, self.logp_fn = build_rl_stages(
-                c,
+            parts = RunParts(
                 mesh=self.mesh,
                 tokenizer=self.tokenizer,
                 task=self.task,
                 policy=self.policy,
-                tx=self.tx,
-                state=state,
                 sampler=self.sampler,
                 reference=self.ref_params is not None,
                 teacher=self.teacher,
-                log=self._print,
                 scorer=self.scorer,
                 rollout_mesh=self.rollout_mesh,
                 base=self.base_params,
+            )
+            self.learner, self.producer, self.logp_fn = build_rl_stages(
+                c, parts, tx=self.tx, state=state, log=self._print
             )
         else:
             self._state = state
@@ -292,7 +286,7 @@ class Trainer:
         c = self.config
         out = self.ahead.take(self.learner.version)  # a batch produced during the last update
         exp, info = out or self.rollout(self.source.next_batch(), self._sample_key())
-        self.source.observe(exp.results)
+        self.source.observe(info["results"])
         done = int(self.state.step) + 1
         syncs = done % c.train.eval_every == 0 or done % c.train.checkpoint_every == 0
         if self.ahead.enabled and not (syncs or done >= c.train.steps):
@@ -303,7 +297,13 @@ class Trainer:
         if self.rollout_log is not None or jax.process_count() > 1:
             if done % c.train.rollout_log_every == 0:
                 log_rollouts(
-                    self.rollout_log, done, exp, self.mesh, self.task.prompt, self.reward_names
+                    self.rollout_log,
+                    done,
+                    exp,
+                    info,
+                    self.mesh,
+                    self.task.prompt,
+                    self.reward_names,
                 )
 
         lag, dropped = self.learner.version - 1 - info["policy_version"], self.ahead.dropped

@@ -24,7 +24,8 @@ from jax.sharding import Mesh, NamedSharding
 from jaxrl_frontier.core import sharding as shd
 from jaxrl_frontier.core.xla_options import rollout_compiler_options
 from jaxrl_frontier.models import transformer as tfm
-from jaxrl_frontier.models.transformer import KVCache, Transformer
+from jaxrl_frontier.models.layers import KVCache
+from jaxrl_frontier.models.transformer import Transformer
 from jaxrl_frontier.sampling import ops
 from jaxrl_frontier.sampling import rollout as ro
 from jaxrl_frontier.sampling.params import Knobs, Plan, SamplingParams

@@ -29,7 +29,8 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from jaxrl_frontier.core.xla_options import rollout_compiler_options
-from jaxrl_frontier.models.transformer import KVCache, Transformer
+from jaxrl_frontier.models.layers import KVCache
+from jaxrl_frontier.models.transformer import Transformer
 from jaxrl_frontier.sampling import ops
 from jaxrl_frontier.sampling.params import Knobs, Plan, SamplingParams
 from jaxrl_frontier.sampling.rollout import DEFAULT_PROMPT_BUCKETS, Rollout, make_rollout

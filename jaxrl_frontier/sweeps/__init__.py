@@ -3,10 +3,10 @@
 scripts/sweep.py is the command line; docs/results.md the report built from sweeps/.
 """
 
+from jaxrl_frontier.core.errors import SweepError
 from jaxrl_frontier.sweeps.spec import (
     CONFIG_KEY,
     SEED_KEY,
-    SweepError,
     grid,
     group_key,
     load_sweep,

@@ -21,15 +21,13 @@ import os
 import re
 from typing import Any
 
+from jaxrl_frontier.core.errors import SweepError
+
 SEED_KEY = "seed"
 CONFIG_KEY = "config"  # reserved: the run's experiment file, FILE.py[:ARG]
 _SCALARS = (bool, int, float, str)
 _UNSAFE = re.compile(r"[^A-Za-z0-9._=+-]+")
 _MAX_NAME = 160  # well under the 255-byte limit of common filesystems
-
-
-class SweepError(ValueError):
-    """A sweep file that cannot be expanded (the message names the file and the problem)."""
 
 
 def _axis(name: str, values: Any) -> list:

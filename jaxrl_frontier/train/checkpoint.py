@@ -35,15 +35,9 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 
+from jaxrl_frontier.core.errors import CheckpointError, CheckpointSaveError
+
 log = logging.getLogger(__name__)
-
-
-class CheckpointError(RuntimeError):
-    """No checkpoint could be restored, or one could not be written; the message names it."""
-
-
-class CheckpointSaveError(CheckpointError):
-    """A save failed (e.g. disk full); the message names the path and the cause."""
 
 
 class Checkpointer:

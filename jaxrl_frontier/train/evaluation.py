@@ -10,18 +10,12 @@ import jax
 import numpy as np
 
 from jaxrl_frontier.core import sharding
+from jaxrl_frontier.data.envs.task import EnvTask
 from jaxrl_frontier.data.rewards.scorer import InProcessScorer
 from jaxrl_frontier.data.tasks import chat, eval_examples
-from jaxrl_frontier.run.build import encode_prompts
+from jaxrl_frontier.models.text import decode, encode_prompts
+from jaxrl_frontier.rl.produce.agent import evaluate_episodes
 from jaxrl_frontier.sampling import SamplingParams
-
-
-def decode(tokenizer, tokens: np.ndarray, mask: np.ndarray) -> tuple[str, ...]:
-    """Completions [B, Tn] -> texts (special tokens dropped, cut at EOS)."""
-    return tuple(
-        tokenizer.decode(t[m.astype(bool)].tolist(), skip_special=True, stop_at_eos=True)
-        for t, m in zip(tokens, mask)
-    )
 
 
 def solve_rate(
@@ -69,8 +63,8 @@ def evaluate(
     prompts (k = eval.pass_k, temperature 1); reward_failed counts the completions whose
     reward raised (scored 0)."""
     c = config
-    if hasattr(task, "evaluate"):  # an environment: held-out episodes (envs.task.EnvTask)
-        return task.evaluate(sampler, tokenizer, c, num_prompts)
+    if isinstance(task, EnvTask):  # an environment: greedy and sampled held-out episodes
+        return evaluate_episodes(task, sampler, tokenizer, c, num_prompts)
     failures: list = []
     # at most the held-out split (a small local JSONL may hold only a few eval rows)
     n = min(num_prompts or c.eval.num_prompts, task.num_examples("eval"))

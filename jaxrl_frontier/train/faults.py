@@ -15,9 +15,7 @@ from typing import Any
 import jax
 import numpy as np
 
-
-class TrainingFault(RuntimeError):
-    """The run cannot usefully go on (diverged updates, a reward that always fails)."""
+from jaxrl_frontier.core.errors import TrainingFault
 
 
 def flush_logs(*loggers) -> None:

@@ -12,10 +12,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_frontier.core import sharding
-from jaxrl_frontier.objectives import losses
+from jaxrl_frontier.models.text import encode_prompts
+from jaxrl_frontier.objectives import logprobs
 from jaxrl_frontier.rl.learn.forward import apply_hidden, apply_logits
 from jaxrl_frontier.rl.learn.train_step import make_update_fn
-from jaxrl_frontier.run.build import encode_prompts
 
 
 def encode_demonstrations(tokenizer, prompts, completions, max_prompt_len, max_new_tokens):
@@ -43,7 +43,7 @@ def encode_demonstrations(tokenizer, prompts, completions, max_prompt_len, max_n
     )
 
 
-def sft_loss(graphdef, logprob_chunk: int | None = losses.DEFAULT_LOGPROB_CHUNK):
+def sft_loss(graphdef, logprob_chunk: int | None = logprobs.DEFAULT_LOGPROB_CHUNK):
     """Token-mean cross-entropy on completion tokens (the loss_mask):
     NLL = -sum_{b,t} m log p(y_bt) / Z, Z = sum m (or the given `denominator`: the whole
     minibatch's token count, so that microbatch shares add up to the minibatch's NLL).
@@ -55,10 +55,12 @@ def sft_loss(graphdef, logprob_chunk: int | None = losses.DEFAULT_LOGPROB_CHUNK)
     def loss_of(params, batch, denominator=None):
         if logprob_chunk is None:
             logits = logits_fn(params, batch["tokens"], batch["attention_mask"])
-            logp = losses.token_logprobs(logits, batch["tokens"])
+            logp = logprobs.token_logprobs(logits, batch["tokens"])
         else:
             hidden, w_out = hidden_fn(params, batch["tokens"], batch["attention_mask"])
-            logp = losses.token_logprobs_from_hidden(hidden, w_out, batch["tokens"], logprob_chunk)
+            logp = logprobs.token_logprobs_from_hidden(
+                hidden, w_out, batch["tokens"], logprob_chunk
+            )
         m = batch["loss_mask"]
         z = jnp.maximum(jnp.sum(m), 1.0) if denominator is None else denominator
         nll = -jnp.sum(logp * m) / z

@@ -34,7 +34,7 @@ from typing import Any, ClassVar, Protocol, runtime_checkable
 
 from jaxrl_frontier.core.registry import Registry, import_user_module
 
-ENVS = Registry("environment")
+ENVS = Registry("environment", key="env.name")
 
 StepResult = tuple[str, float, bool, dict[str, Any]]
 
@@ -107,10 +107,7 @@ def env_from_config(section: Any) -> Environment:
     kwargs = get("kwargs", None) or {}
     if hasattr(kwargs, "to_dict"):
         kwargs = kwargs.to_dict()
-    try:
-        cls = ENVS.get(name)
-    except KeyError as e:
-        raise KeyError(f"config key 'env.name': {e.args[0]}") from None
+    cls = ENVS.get(name)
     return cls(**dict(kwargs))
 
 

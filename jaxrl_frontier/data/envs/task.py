@@ -109,22 +109,15 @@ class EnvTask(Task):
     def reward(self, example: Example, completion: str) -> dict[str, float]:
         raise NotImplementedError(
             f"environment {self.env_name!r}: rewards come from playing episodes "
-            "(rl.agent_rollout), not from scoring one completion"
+            "(rl.produce.agent), not from scoring one completion"
         )
-
-    def evaluate(self, sampler, tokenizer, config, num_prompts: int | None = None) -> dict:
-        """Held-out episodes: greedy success (eval/pass@1_greedy) and sampled success
-        (pass@k over k episodes per seed) on `eval.num_prompts` eval seeds."""
-        from jaxrl_frontier.rl.produce.agent import evaluate_episodes
-
-        return evaluate_episodes(self, sampler, tokenizer, config, num_prompts)
 
 
 def check_env_config(c) -> tuple[str, ...]:
     """The `env` block of a run config, checked (ConfigError naming the key); returns the
     reward names an env run has."""
+    from jaxrl_frontier.core.errors import ConfigError
     from jaxrl_frontier.data.envs.base import ENVS, load_env_module
-    from jaxrl_frontier.run.config import ConfigError
 
     e = c.env
     try:

@@ -30,7 +30,7 @@ from typing import Any, ClassVar
 
 from jaxrl_frontier.core.registry import Registry
 
-TASKS = Registry("task")
+TASKS = Registry("task", key="task.name")
 
 REWARD_NAMES: tuple[str, ...] = ("correctness", "format", "length")
 SPLITS: tuple[str, ...] = ("train", "eval")

@@ -29,10 +29,10 @@ from jaxrl_frontier.data.tasks.base import Example, Task, check_split
 
 # One background thread with a short queue: examples are cheap Python, and a deep prefetch
 # only wastes CPU that rollouts need. Restored state is exact regardless of prefetch.
-_READ_OPTIONS = grain.ReadOptions(num_threads=1, prefetch_buffer_size=4)
+READ_OPTIONS = grain.ReadOptions(num_threads=1, prefetch_buffer_size=4)
 
 
-class _LoadExample:
+class LoadExample:
     """index -> example with its prompt (a class, not a lambda: picklable for grain workers)."""
 
     def __init__(self, task: Task, split: str):
@@ -103,10 +103,10 @@ def make_prompt_iterator(
         )
     ds = grain.MapDataset.range(n)[pi::pc]
     ds = ds.seed(seed).shuffle().repeat(None)
-    ds = ds.map(_LoadExample(task, split))
+    ds = ds.map(LoadExample(task, split))
     # drop_remainder is moot on an infinite stream; batches simply run across epoch boundaries.
     ds = ds.batch(batch_size, drop_remainder=True, batch_fn=collate)
-    return iter(ds.to_iter_dataset(_READ_OPTIONS))
+    return iter(ds.to_iter_dataset(READ_OPTIONS))
 
 
 def eval_examples(task: Task, n: int, seed: int = 0) -> list[Example]:
@@ -119,7 +119,7 @@ def eval_examples(task: Task, n: int, seed: int = 0) -> list[Example]:
     size = task.num_examples("eval")
     if n < 1:
         raise ValueError(f"eval_examples: n must be >= 1, got {n}")
-    load = _LoadExample(task, "eval")
+    load = LoadExample(task, "eval")
     order = grain.MapDataset.range(size).seed(seed).shuffle()  # lazy permutation, O(1) memory
     out: list[Example] = []
     seen: set[str] = set()
@@ -171,7 +171,7 @@ def check_prompt_lengths(task: Task, tokenizer, max_len: int, *, truncate: bool 
     long is a ConfigError (a ValueError) naming the file and line (or the split and index) and the key
     `data.max_prompt_len`; with `truncate` the task is returned wrapped in TruncatedPrompts.
     """
-    from jaxrl_frontier.run.config import ConfigError
+    from jaxrl_frontier.core.errors import ConfigError
 
     for split in ("train", "eval"):
         n = task.num_examples(split)

@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxrl_frontier.objectives import losses
+from jaxrl_frontier.objectives import logprobs
 
 
 def apply_hidden(graphdef, group_size: int = 1, completion_len: int = 0):
@@ -63,7 +63,7 @@ def first_scored(tokens, completion_len: int) -> int:
 
 def make_logp_fn(
     graphdef,
-    logprob_chunk: int | None = losses.DEFAULT_LOGPROB_CHUNK,
+    logprob_chunk: int | None = logprobs.DEFAULT_LOGPROB_CHUNK,
     *,
     group_size: int = 1,
     completion_len: int = 0,
@@ -84,9 +84,9 @@ def make_logp_fn(
         start = first_scored(tokens, completion_len)
         if logprob_chunk is None:
             logits = logits_fn(params, tokens, attention_mask, mlp_mask)
-            logp = losses.token_logprobs(logits, tokens)
+            logp = logprobs.token_logprobs(logits, tokens)
             return jnp.where(jnp.arange(tokens.shape[1]) >= start, logp, 0.0)
         hidden, w_out = hidden_fn(params, tokens, attention_mask, mlp_mask)
-        return losses.token_logprobs_from_hidden(hidden, w_out, tokens, logprob_chunk, start)
+        return logprobs.token_logprobs_from_hidden(hidden, w_out, tokens, logprob_chunk, start)
 
     return logp_fn

@@ -21,6 +21,7 @@ microbatch inside the update (never a [B, T, V] teacher tensor on the host).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import time
 from collections.abc import Callable, Sequence
@@ -32,7 +33,7 @@ import numpy as np
 
 from jaxrl_frontier.core import sharding
 from jaxrl_frontier.models import lora
-from jaxrl_frontier.objectives import losses
+from jaxrl_frontier.objectives import logprobs, losses
 from jaxrl_frontier.rl.experience import Experience
 from jaxrl_frontier.rl.learn.forward import apply_hidden, apply_logits, first_scored
 from jaxrl_frontier.rl.learn.train_step import TrainState, make_update_fn, microbatch_grads
@@ -56,7 +57,7 @@ def dropout_masks(model_cfg, dropout_rate: float, keys_data):
 def rl_loss(
     graphdef,
     objective_cfg,
-    logprob_chunk: int | None = losses.DEFAULT_LOGPROB_CHUNK,
+    logprob_chunk: int | None = logprobs.DEFAULT_LOGPROB_CHUNK,
     *,
     group_size: int = 1,
     completion_len: int = 0,
@@ -108,7 +109,7 @@ def rl_loss(
             objective_cfg,
             apply_fn=lambda p, t, m: logits_fn(p, t, m, mlp_mask),
             apply_hidden_fn=None if hidden_fn is None else hidden_of,
-            logprob_chunk=logprob_chunk or losses.DEFAULT_LOGPROB_CHUNK,
+            logprob_chunk=logprob_chunk or logprobs.DEFAULT_LOGPROB_CHUNK,
             first_scored=first_scored(batch["tokens"], completion_len),
             **kwargs,
         )
@@ -167,36 +168,67 @@ def minibatch_order(key, rows: int, update_groups: int) -> np.ndarray:
     return (perm[:, None] * update_groups + np.arange(update_groups)).reshape(-1)
 
 
+@dataclasses.dataclass(frozen=True)
+class LearnerOptions:
+    """What one RL update does, fixed for the run.
+
+    objective: the `config.objective` section as a dict.  rows: B, the rows of a step's
+    Experience; group_size: G; completion_len: Tn.  epochs x minibatches passes over the rows
+    (`train.epochs`, `train.minibatches`), each minibatch in `grad_accum` microbatches
+    (`optimizer.grad_accum`).  share_prompt: one prompt forward per group
+    (`train.share_prompt_forward`).  dropout_rate: Dropout-GRPO's MLP dropout
+    (`rollout.dropout_rate`; the update rebuilds the sampler's masks).
+    """
+
+    objective: dict
+    rows: int
+    group_size: int
+    completion_len: int
+    epochs: int = 1
+    minibatches: int = 1
+    grad_accum: int = 1
+    share_prompt: bool = True
+    dropout_rate: float = 0.0
+
+
 class Learner:
-    """Owns the train state; `update(experience, key)` runs epochs x minibatches."""
+    """Owns the train state; `update(experience, key)` runs epochs x minibatches.
+
+    loss_transforms: functions loss_of -> loss_of applied in order to the objective's loss
+    (PACT's expert-trace term, `rl.methods.pact.loss_transform`); with `base` (LoRA: the
+    frozen weights, while state.params holds the adapters) the loss reads base + adapters.
+    critic: PPO's learned critic (`rl.methods.ppo`): GAE before, the value loss in the update.
+    """
 
     def __init__(
         self,
         graphdef,
         tx,
         state: TrainState,
+        options: LearnerOptions,
         *,
         mesh,
-        objective: dict,
-        rows: int,
-        group_size: int,
-        completion_len: int,
-        epochs: int = 1,
-        minibatches: int = 1,
-        grad_accum: int = 1,
-        share_prompt: bool = True,
-        dropout_rate: float = 0.0,
         model_cfg=None,
         teacher: tuple[Any, Any] | None = None,
         reshard: Callable[[Any], Any] | None = None,
         base=None,
-        log: Callable[[str], None] = print,
         critic=None,
-        loss_wrap: Callable | None = None,
+        loss_transforms: Sequence[Callable[[Callable], Callable]] = (),
+        log: Callable[[str], None] = print,
     ):
+        o = options
+        objective, rows, group_size, completion_len = (
+            o.objective,
+            o.rows,
+            o.group_size,
+            o.completion_len,
+        )
+        epochs, minibatches, grad_accum = o.epochs, o.minibatches, o.grad_accum
+        share_prompt, dropout_rate = o.share_prompt, o.dropout_rate
+        self.options = options
         self.state = state
-        self.critic = critic  # rl/ppo.py's Critic: GAE before, the value loss in, the update
-        self.base = base  # LoRA: the frozen weights (state.params holds the adapters)
+        self.critic = critic
+        self.base = base
         self.mesh = mesh
         self.epochs, self.minibatches = epochs, minibatches
         self.rows = rows
@@ -220,7 +252,7 @@ class Learner:
         self.teacher = teacher
         uses_teacher = teacher is not None and bool(objective.get("distill"))
         self.frozen = {"teacher": teacher[1]} if uses_teacher else None
-        self._loss_of = rl_loss(
+        loss_of = rl_loss(
             graphdef,
             objective,
             **layout,
@@ -229,11 +261,11 @@ class Learner:
             teacher_graphdef=teacher[0] if uses_teacher else None,
             capture_hidden=critic is not None and critic.reads_hidden,
         )
-        if loss_wrap is not None:  # terms beside the objective's, on full params (rl/pact.py)
-            self._loss_of = loss_wrap(self._loss_of)
+        transforms = list(loss_transforms)  # terms beside the objective's, on full params
         if base is not None:
             self.frozen = {**(self.frozen or {}), "base": base}
-            self._loss_of = with_base(self._loss_of)
+            transforms.append(with_base)
+        self._loss_of = functools.reduce(lambda f, transform: transform(f), transforms, loss_of)
         self._graphdef, self._tx, self._grad_accum = graphdef, tx, grad_accum
         self._objective = objective
         self._programs: dict[tuple[str, ...], tuple[Callable, Callable]] = {}

@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import optax
 
 from jaxrl_frontier.core import sharding
-from jaxrl_frontier.run.config import ConfigError
+from jaxrl_frontier.core.errors import ConfigError
 
 # Metrics that are each microbatch's share of a minibatch total (summed, not averaged).
 ADDITIVE_METRICS = ("loss", "pg_loss", "kl_loss", "distill_loss", "nll")

@@ -36,7 +36,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxrl_frontier.core.registry import Registry
-from jaxrl_frontier.models.transformer import ModelConfig, Transformer
+from jaxrl_frontier.models.layers import ModelConfig
+from jaxrl_frontier.models.transformer import Transformer
 
 Array = jax.Array
 

@@ -139,11 +139,8 @@ def prompt_width(loss_mask: np.ndarray) -> int:
 
 def pact_fields(
     tokenizer,
+    rows: dict[str, np.ndarray],
     *,
-    tokens: np.ndarray,
-    attention_mask: np.ndarray,
-    loss_mask: np.ndarray,
-    advantages: np.ndarray,
     traces: Sequence[ExpertTrace],
     context: str,
     weights: dict[str, float],
@@ -153,7 +150,8 @@ def pact_fields(
     trace_len: int,
     obs_text: Callable[[str], str] = lambda s: s,
 ) -> dict[str, np.ndarray]:
-    """The update's PACT arrays for B rows (one trace per row) [host numpy]:
+    """The update's PACT arrays for B rows (one trace per row) [host numpy], from `rows`:
+    this process's tokens, attention_mask, loss_mask and advantages [B, T].
 
     pact_tokens / pact_mask / pact_loss_mask / pact_adv  [B, Tp + Tc + Tn]: each row as
         prompt | c(tau*) (left-padded to Tc = context_len) | completion; loss mask and
@@ -163,6 +161,8 @@ def pact_fields(
     pact_beta [B, 1]: beta(k) (the same in every row)
 
     A context or trace longer than its width is an error naming the key."""
+    tokens, attention_mask = rows["tokens"], rows["attention_mask"]
+    loss_mask, advantages = rows["loss_mask"], rows["advantages"]
     tokens, attention_mask = np.asarray(tokens), np.asarray(attention_mask)
     loss_mask, advantages = np.asarray(loss_mask), np.asarray(advantages)
     b = tokens.shape[0]
@@ -311,16 +311,19 @@ class PactProducer:
 
         exp, info = self.producer.produce(examples, weights, key, version=version, source=source)
         local = lambda x: sharding.local_rows(x, self.mesh)
-        g = exp.num_rows // max(len(exp.results), 1) // max(jax.process_count(), 1)
-        traces = [self.trace(r.example, self.env) for r in exp.results for _ in range(g)]
+        results = info["results"]
+        g = exp.num_rows // max(len(results), 1) // max(jax.process_count(), 1)
+        traces = [self.trace(r.example, self.env) for r in results for _ in range(g)]
         p = self.cfg
         beta = anneal(version, p.sft_coef, p.anneal_steps, p.schedule)
         host = pact_fields(
             self.tokenizer,
-            tokens=local(exp.tokens),
-            attention_mask=local(exp.attention_mask),
-            loss_mask=local(exp.loss_mask),
-            advantages=local(exp.advantages),
+            {
+                "tokens": local(exp.tokens),
+                "attention_mask": local(exp.attention_mask),
+                "loss_mask": local(exp.loss_mask),
+                "advantages": local(exp.advantages),
+            },
             traces=traces,
             context=p.context,
             weights=self.weights,
@@ -337,8 +340,8 @@ class PactProducer:
         return getattr(self.producer, name)
 
 
-def loss_wrap(config, graphdef):
-    """The Learner's `loss_wrap` for the config: `with_pact` over the policy's full-row
+def loss_transform(config, graphdef):
+    """The Learner's loss transform for the config: `with_pact` over the policy's full-row
     log-probs, or None when PACT is off."""
     p = section(config)
     if p is None:

@@ -34,6 +34,7 @@ for it too. The update's `grad_norm` is over both parts.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import jax
@@ -43,7 +44,7 @@ import optax
 from flax import nnx
 
 from jaxrl_frontier.core import sharding
-from jaxrl_frontier.objectives import losses
+from jaxrl_frontier.objectives import distillation
 from jaxrl_frontier.objectives.stats import TokenStats
 from jaxrl_frontier.rl.credit import reward_weight_vector
 from jaxrl_frontier.rl.experience import Experience
@@ -113,6 +114,21 @@ def from_joint_view(view: TrainState) -> TrainState:
     )
 
 
+@dataclasses.dataclass(frozen=True)
+class GAEOptions:
+    """The critic's returns and loss (`critic.*`): GAE's gamma and lambda, the value clip
+    (None: unclipped) and its coefficient in the joint loss, whitening of the advantages, and
+    the KL penalty folded into the token rewards (`objective.kl_in_reward`)."""
+
+    gamma: float = 1.0
+    lam: float = 0.95
+    value_clip: float | None = 0.2
+    value_coef: float = 0.5
+    whiten: bool = True
+    kl_coef_in_reward: float = 0.0
+    kl_estimator: str = "k1"
+
+
 class Critic:
     """A learned value function for PPO (module docstring): builds its state, annotates an
     Experience with GAE advantages, and makes the joint update."""
@@ -127,14 +143,11 @@ class Critic:
         policy_graphdef,
         layout: dict,
         reward_weights: Array,
-        gamma: float = 1.0,
-        lam: float = 0.95,
-        value_clip: float | None = 0.2,
-        value_coef: float = 0.5,
-        whiten: bool = True,
-        kl_coef_in_reward: float = 0.0,
-        kl_estimator: str = "k1",
+        options: GAEOptions = GAEOptions(),
     ):
+        o = options
+        gamma, lam, value_clip, value_coef = o.gamma, o.lam, o.value_clip, o.value_coef
+        whiten, kl_coef_in_reward, kl_estimator = o.whiten, o.kl_coef_in_reward, o.kl_estimator
         self.kind, self.tx, self.mesh = kind, tx, mesh
         self.graphdef, params = nnx.split(module)
         self._params = jax.device_put(params, sharding.state_shardings(params, mesh))
@@ -169,7 +182,7 @@ class Critic:
         if self.beta:
             old = batch["old_logp"]
             stats = TokenStats(logp=old, old_logp=old, ref_logp=batch["ref_logp"], mask=mask)
-            r = r + losses.kl_reward_penalty(stats, self.beta, self.kl_estimator)
+            r = r + distillation.kl_reward_penalty(stats, self.beta, self.kl_estimator)
         return r
 
     def annotate(self, policy_params, critic_params, batch: dict):
@@ -281,7 +294,7 @@ class Critic:
 def critic_optimizer(config) -> optax.GradientTransformation:
     """The critic's Adam: the policy's optimizer settings at `critic.lr` (None: optimizer.lr),
     constant, no weight decay."""
-    from jaxrl_frontier.run.build import build_optimizer
+    from jaxrl_frontier.rl.learn.optimizer import build_optimizer
 
     opt = ml_collections.ConfigDict(config.optimizer.to_dict())
     opt.lr = config.critic.lr if config.critic.lr is not None else config.optimizer.lr
@@ -315,11 +328,13 @@ def build_critic(
         policy_graphdef=nnx.graphdef(policy),
         layout=layout,
         reward_weights=reward_weight_vector(objective.get("reward_weights") or {}, reward_names),
-        gamma=cc.gamma,
-        lam=cc.lam,
-        value_clip=cc.value_clip or None,
-        value_coef=cc.value_coef,
-        whiten=cc.whiten,
-        kl_coef_in_reward=beta,
-        kl_estimator=objective.get("kl_estimator", "k1"),
+        options=GAEOptions(
+            gamma=cc.gamma,
+            lam=cc.lam,
+            value_clip=cc.value_clip or None,
+            value_coef=cc.value_coef,
+            whiten=cc.whiten,
+            kl_coef_in_reward=beta,
+            kl_estimator=objective.get("kl_estimator", "k1"),
+        ),
     )

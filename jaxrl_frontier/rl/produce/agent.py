@@ -38,12 +38,12 @@ from jaxrl_frontier.data.envs.base import env_from_config
 from jaxrl_frontier.data.envs.batch import EpisodeBatch
 from jaxrl_frontier.data.envs.task import ENV_REWARD_NAMES, EnvTask, section_get
 from jaxrl_frontier.data.envs.trajectory import pack
+from jaxrl_frontier.models.text import encode_prompts
 from jaxrl_frontier.rl.experience import Experience
 from jaxrl_frontier.rl.methods import step_credit
 from jaxrl_frontier.rl.methods.critic import turn_rewards_to_tokens
-from jaxrl_frontier.rl.produce.rollout import _advantages_and_metrics, _FrozenObjective, run_passes
-from jaxrl_frontier.rl.sources.base import PromptResult
-from jaxrl_frontier.run.build import encode_prompts
+from jaxrl_frontier.rl.produce.finish import FrozenObjective, advantages_and_metrics, prompt_results
+from jaxrl_frontier.rl.produce.passes import run_passes
 from jaxrl_frontier.sampling import SamplingParams
 from jaxrl_frontier.sampling.turns import TurnSession
 
@@ -221,7 +221,7 @@ class AgentRolloutProducer:
         )
         objective = dict(objective)
         objective["reward_weights"] = dict(objective.get("reward_weights") or {"return": 1.0})
-        self.objective = _FrozenObjective(objective)
+        self.objective = FrozenObjective(objective)
         self.passes = tuple(passes)
         self.reward_names = ENV_REWARD_NAMES
         self.completion_len = completion_width(env)
@@ -243,20 +243,31 @@ class AgentRolloutProducer:
         host = self._pack(played, examples, version)
         exp = Experience(**sharding.shard_local_batch(host, self.mesh))
         exp = run_passes(self.passes, weights, exp)
-        adv, r_b, metrics = _advantages_and_metrics(exp, self.objective, self.reward_names, g)
+        adv, r_b, metrics = advantages_and_metrics(exp, self.objective, self.reward_names, g)
         if self.credit != "episode":
-            adv = self._step_advantages(batch, exp, getattr(source, "scores", None))
-        source_metrics = source.metrics() if hasattr(source, "metrics") else {}  # 3SPO's
+            adv = self._step_advantages(batch, exp, source and source.state_scores)
+        source_metrics = source.metrics() if source is not None else {}  # 3SPO's
         host_metrics = {**episode_metrics(batch), **source_metrics}
         metrics = {**metrics, **{k: jnp.float32(v) for k, v in host_metrics.items()}}
         exp = exp.replace(advantages=adv)
         texts = tuple(transcript(ep) for ep in batch.episodes)
         states = tuple(tuple(ep.states) for ep in batch.episodes)
-        exp = exp.replace(
-            results=self._results(examples, host, np.asarray(r_b), texts, states), texts=texts
+        results = prompt_results(
+            examples,
+            host["rewards"],
+            np.asarray(r_b),
+            host["loss_mask"].sum(1),
+            texts,
+            self.reward_names,
+            states,
         )
         info = dict(
-            metrics=metrics, n_failed=0.0, rollout_seconds=t_rollout, policy_version=version
+            metrics=metrics,
+            n_failed=0.0,
+            rollout_seconds=t_rollout,
+            policy_version=version,
+            results=results,
+            texts=texts,
         )
         return exp, info
 
@@ -316,24 +327,6 @@ class AgentRolloutProducer:
         values = np.zeros((len(batch.episodes), batch.max_turns), np.float32)
         values[steps.episode, steps.turn] = per_step
         return step_credit.steps_to_tokens(jnp.asarray(values), exp.turn_index, exp.loss_mask)
-
-    def _results(self, examples, host, r_b, texts, states) -> tuple[PromptResult, ...]:
-        g = self.params.n
-        rewards = host["rewards"]
-        lengths = host["loss_mask"].sum(1)
-        return tuple(
-            PromptResult(
-                index=int(ex["index"]),
-                example=ex,
-                rewards=rewards[i * g : (i + 1) * g],
-                reward=r_b[i * g : (i + 1) * g],
-                correct=float(np.mean(rewards[i * g : (i + 1) * g, 1] > 0)),
-                lengths=lengths[i * g : (i + 1) * g],
-                texts=texts[i * g : (i + 1) * g],
-                episode_states=states[i * g : (i + 1) * g],
-            )
-            for i, ex in enumerate(examples)
-        )
 
 
 # ----------------------------------------------------------------------------- evaluation

@@ -12,16 +12,32 @@ that is empty, correctness and every shaper component weigh 1).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
+from jaxrl_frontier.core.distributed import sum_over_processes
 from jaxrl_frontier.core.registry import Registry
-from jaxrl_frontier.rl.produce.rollout import RolloutRows
-from jaxrl_frontier.rl.sources.base import _sum_over_processes
+from jaxrl_frontier.rl.experience import RolloutRows
+
+
+class RewardShaper(Protocol):
+    """Adds reward components from the scored rows: `reward_names` (the new components)
+    and `__call__(rows, rewards [B_l, K]) -> [B_l, K + len(reward_names)]`."""
+
+    reward_names: tuple[str, ...]
+
+    def __call__(self, rows: RolloutRows, rewards: np.ndarray) -> np.ndarray: ...
+
+
+class RolloutEditor(Protocol):
+    """Edits rollouts before they are scored: `edit(rows) -> rows` (same shapes)."""
+
+    def edit(self, rows: RolloutRows) -> RolloutRows: ...
+
 
 # name -> builder(*, task, tokenizer, config) -> RolloutEditor
-EDITORS = Registry("rollout editor")
+EDITORS = Registry("rollout editor", key="rollout.editors")
 
 
 def completion_ends(rows: RolloutRows, eos_id: int) -> np.ndarray:
@@ -177,7 +193,7 @@ class DynamicRolloutEditing:
         return np.concatenate([rewards, (self.bonus * self._edited)[:, None]], axis=1)
 
     def metrics(self) -> dict[str, float]:
-        edited, before, after = (_sum_over_processes(x) for x in self._counts)
+        edited, before, after = (sum_over_processes(x) for x in self._counts)
         return {
             "dre/edited": edited,
             "dre/tokens_after_answer_before": before,
@@ -198,33 +214,9 @@ def build_editors(config, *, task, tokenizer) -> tuple[list[Any], list[Any]]:
     names = list(r.editors) + (["mask_truncated"] if r.mask_truncated else [])
     editors = []
     for name in dict.fromkeys(names):
-        try:
-            builder = EDITORS.get(name)
-        except KeyError as e:
-            from jaxrl_frontier.run.config import ConfigError
-
-            raise ConfigError(f"config key 'rollout.editors': {e.args[0]}") from None
+        builder = EDITORS.get(name)
         editors.append(builder(task=task, tokenizer=tokenizer, config=config))
     shapers = [e for e in editors if hasattr(e, "reward_names")]
     if r.overlong_cache:
         shapers.append(OverlongShaping(r.max_new_tokens, r.overlong_cache))
     return editors, shapers
-
-
-# the reward components each shaper adds, by the config that turns it on (for config checks)
-SHAPER_REWARDS = {"dre": ("dre",), "overlong": ("overlong",)}
-
-
-def shaper_reward_names(config) -> list[str]:
-    """The reward components the configured shapers append (after the task's)."""
-    r = config.rollout
-    names = [n for e in dict.fromkeys(r.editors) for n in SHAPER_REWARDS.get(e, ())]
-    return names + (list(SHAPER_REWARDS["overlong"]) if r.overlong_cache else [])
-
-
-def effective_reward_weights(reward_weights, shaped: list[str]) -> dict[str, float]:
-    """The weights the advantages use: `objective.reward_weights`, or when that is empty the
-    correctness reward and every shaped component (`shaped`) at weight 1."""
-    if reward_weights:
-        return {k: float(v) for k, v in dict(reward_weights).items()}
-    return {"correctness": 1.0, **dict.fromkeys(shaped, 1.0)} if shaped else {}

@@ -32,9 +32,10 @@ import numpy as np
 
 from jaxrl_frontier.data.envs.base import env_from_config
 from jaxrl_frontier.data.tasks.base import Example, Task
+from jaxrl_frontier.rl.experience import PromptResult
 from jaxrl_frontier.rl.methods.step_credit import StateScores
-from jaxrl_frontier.rl.sources.base import SOURCES, PromptResult, UniformSource
-from jaxrl_frontier.rl.sources.utils import _rng_from, _rng_state
+from jaxrl_frontier.rl.sources.base import SOURCES, PromptSource, UniformSource
+from jaxrl_frontier.rl.sources.utils import rng_from, rng_state
 
 
 def _hashable(x: Any) -> Hashable:
@@ -43,7 +44,7 @@ def _hashable(x: Any) -> Hashable:
     return tuple(_hashable(v) for v in x) if isinstance(x, list) else x
 
 
-class SSPOSource:
+class SSPOSource(PromptSource):
     """3SPO's state history and start-state allocation (module docstring).
 
     Args:
@@ -67,7 +68,7 @@ class SSPOSource:
     ):
         self.fresh, self.batch_size, self.start_state = fresh, batch_size, start_state
         self.pool = int(pool)
-        self.scores, self.allocate = scores, bool(allocate)
+        self.state_scores, self.allocate = scores, bool(allocate)
         self.rng = np.random.default_rng(seed)
         self._s0: dict[int, Hashable] = {}  # seed -> s0 (recomputed after a restore)
         self._last: dict[str, float] = {}
@@ -81,7 +82,7 @@ class SSPOSource:
         if not self.allocate:
             return self.fresh.next_batch()
         pool = [e for _ in range(self.pool) for e in self.fresh.next_batch()]
-        n = [self.scores.rollouts(self._start(int(e["seed"]))) for e in pool]
+        n = [self.state_scores.rollouts(self._start(int(e["seed"]))) for e in pool]
         n = np.asarray(n, np.float64)
         live = np.flatnonzero(n > 0)
         if len(live) >= self.batch_size:
@@ -93,39 +94,39 @@ class SSPOSource:
             "sspo/dead_fraction": float(np.mean(n == 0)),
             "sspo/allocation_mean": float(n[pick].mean()),
             "sspo/allocation_pool_mean": float(n.mean()),
-            "sspo/states": float(len(self.scores.counts)),
+            "sspo/states": float(len(self.state_scores.counts)),
         }
         return [pool[i] for i in np.sort(pick)]
 
     def observe(self, results: Sequence[PromptResult]) -> None:
         for r in results:
             for states, ok in zip(r.episode_states, r.rewards[:, 1] > 0):
-                self.scores.update(states, bool(ok))
+                self.state_scores.update(states, bool(ok))
 
     def metrics(self) -> dict[str, float]:
         return dict(self._last)
 
     def state(self) -> dict[str, Any]:
-        history = self.scores.state_dict()
+        history = self.state_scores.state_dict()
         return {
             "fresh": self.fresh.state(),
-            "rng": _rng_state(self.rng),
+            "rng": rng_state(self.rng),
             "t": history["t"],
             "counts": [[s, n, k] for s, n, k in history["counts"]],
         }
 
     def restore(self, state: dict[str, Any]) -> None:
         self.fresh.restore(state["fresh"])
-        self.rng = _rng_from(state["rng"])
+        self.rng = rng_from(state["rng"])
         counts = [(_hashable(s), n, k) for s, n, k in state["counts"]]
-        self.scores.load_state_dict({"t": state["t"], "counts": counts})
+        self.state_scores.load_state_dict({"t": state["t"], "counts": counts})
 
 
 @SOURCES.register("sspo")
 def sspo(task: Task, config, *, batch_size: int, process_index: int, process_count: int):
     """`data.source = 'sspo'`: 3SPO's state history and start-state allocation
     (`data.sspo.pool`, `data.sspo.allocate`; the scores: `env.sspo.*`)."""
-    from jaxrl_frontier.run.config import ConfigError
+    from jaxrl_frontier.core.errors import ConfigError
 
     if not config.env.name:
         raise ConfigError("config key 'data.source' = 'sspo' needs an environment (env.name)")

@@ -15,9 +15,8 @@ import numpy as np
 
 from jaxrl_frontier.core import sharding
 from jaxrl_frontier.data.tasks.base import Example
-from jaxrl_frontier.run.build import encode_prompts
+from jaxrl_frontier.models.text import decode, encode_prompts
 from jaxrl_frontier.sampling import Sampler, SamplingParams
-from jaxrl_frontier.train.evaluation import decode
 
 
 class TeacherAnswers:

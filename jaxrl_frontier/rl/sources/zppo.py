@@ -1,20 +1,20 @@
-"""ZPPO's hard-prompt replay source (registered as `data.source = 'zppo'` in scheduling.py)."""
+"""ZPPO's hard-prompt replay source (`data.source = 'zppo'`)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
+from jaxrl_frontier.core.distributed import allgather_json
 from jaxrl_frontier.data.tasks.base import Example, Task
-from jaxrl_frontier.rl.sources.utils import _allgather_json, _slice
+from jaxrl_frontier.rl.experience import PromptResult
+from jaxrl_frontier.rl.sources.base import SOURCES, PromptSource, UniformSource
+from jaxrl_frontier.rl.sources.utils import process_slice
 
-if TYPE_CHECKING:
-    from jaxrl_frontier.rl.sources.base import PromptResult, UniformSource
 
-
-class ZPPOSource:
+class ZPPOSource(PromptSource):
     """ZPPO's hard-prompt replay ("Zone of Proximal Policy Optimization: Teacher in Prompts,
     Not Gradients"): the teacher's help goes into the prompt, not the gradient.
 
@@ -103,7 +103,7 @@ class ZPPOSource:
             ex = self.task.example("train", entry["index"])
             replays.append({**ex, "index": entry["index"], "prompt": prompt, "zppo": kind})
         self._replayed = n
-        return _slice(replays + fresh[: b - n], self.pi, self.pn)
+        return process_slice(replays + fresh[: b - n], self.pi, self.pn)
 
     def observe(self, results: Sequence[PromptResult]) -> None:
         mine = []
@@ -112,7 +112,7 @@ class ZPPOSource:
             wrong = [t.strip() for t, c in zip(r.texts, solved) if not c and t.strip()]
             mine.append([int(r.index), float(r.correct), wrong[: self.max_wrong]])
         admitted = []
-        for index, acc, wrong in (x for part in _allgather_json(mine) for x in part):
+        for index, acc, wrong in (x for part in allgather_json(mine) for x in part):
             at = next((i for i, e in enumerate(self.buffer) if e["index"] == index), None)
             if at is not None:
                 if acc >= 0.5:  # graduates
@@ -165,3 +165,21 @@ class ZPPOSource:
         self.cursor = int(state["cursor"])
         self.graduations, self.evictions = int(state["graduations"]), int(state["evictions"])
         self.teacher_references = int(state.get("teacher_references", 0))
+
+
+@SOURCES.register("zppo")
+def zppo(task: Task, config, *, batch_size: int, process_index: int, process_count: int):
+    """`data.source = 'zppo'`: hard-prompt replay with BCQ / NCQ prompts (`data.zppo.*`)."""
+    z = config.data.zppo
+    return ZPPOSource(
+        task,
+        UniformSource(task, batch_size=batch_size, seed=config.seed),  # the global stream
+        seed=config.seed,
+        capacity=z.capacity,
+        replay_fraction=z.replay_fraction,
+        max_wrong=z.max_wrong,
+        bcq_template=z.bcq_template,
+        ncq_template=z.ncq_template,
+        process_index=process_index,
+        process_count=process_count,
+    )

@@ -1,0 +1,24 @@
+"""The config sections the bottom layer reads: the device mesh and multi-host start-up."""
+
+from __future__ import annotations
+
+import ml_collections
+from ml_collections import config_dict
+
+
+def mesh_section() -> ml_collections.ConfigDict:
+    """`mesh`: the device mesh's axes (sharding.make_mesh)."""
+    # -1 takes the remaining devices; num_devices=0 uses all, N > 0 the first N (tests, roles)
+    s = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1, num_devices=0))
+    return s
+
+
+def distributed_section() -> ml_collections.ConfigDict:
+    """`distributed`: how the processes of a multi-host run find each other (distributed.py)."""
+    # Multi-host (docs/distributed.md): unset = JAX's own TPU-pod / SLURM detection, or one
+    # process; set all three for any other launcher (e.g. several processes on localhost).
+    s = ml_collections.ConfigDict()
+    s.coordinator_address = config_dict.placeholder(str)
+    s.num_processes = config_dict.placeholder(int)
+    s.process_id = config_dict.placeholder(int)
+    return s

@@ -1,0 +1,73 @@
+"""The config sections of the data layer: the task, the reward scorers and the environment."""
+
+from __future__ import annotations
+
+import ml_collections
+
+
+def task_section() -> ml_collections.ConfigDict:
+    """`task`: the task (a TASKS name) and how its prompts are written."""
+    s = ml_collections.ConfigDict()
+    s.name = "arithmetic"
+    # a Python module to import before the task is looked up (a dotted name on sys.path or a
+    # .py file), so a task or reward registered there needs no edit of the package
+    s.module = ""
+    s.kwargs = ml_collections.ConfigDict()
+    # True: format each prompt with the instruct model's own chat template (tasks/chat.py),
+    # read from tokenizer.path's directory (chat_template.jinja or tokenizer_config.json);
+    # rollouts then also stop at the token that ends an assistant turn. False: raw text
+    s.chat_template = False
+    s.system_prompt = ""  # with a chat template: a system message first ('' : none)
+    return s
+
+
+def rewards_section() -> ml_collections.ConfigDict:
+    """`rewards`: how completions are scored (in process or sandboxed) and when failing rewards stop a run."""
+    # Reward scoring (rewards.py). scorer: auto (the task's choice) | in_process | sandboxed
+    # (each completion run as a program in a locked-down subprocess: sandbox.py). A reward
+    # that fails on every completion for max_failure_steps steps in a row stops the run (0:
+    # never). The limits apply per completion in the sandbox.
+    s = ml_collections.ConfigDict()
+    s.scorer = "auto"
+    s.max_failure_steps = 3
+    s.workers = 4  # completions run in parallel
+    s.cpu_seconds = 2.0
+    s.wall_seconds = 5.0
+    s.memory_mb = 512
+    s.max_output_bytes = 65536
+    return s
+
+
+def env_section() -> ml_collections.ConfigDict:
+    """`env`: the multi-turn environment a run trains on (none by default)."""
+    # Multi-turn environments (envs/, rl/agent_rollout.py, docs/agents.md): a non-empty name
+    # trains on episodes of that environment (the examples are its seeds, the prompt its
+    # first observation) instead of task prompts. module: imported first (a user's
+    # environment). Per episode: max_turns turns of at most turn_tokens sampled tokens, each
+    # ending at EOS or a `stop` string (one token each); observations of at most obs_tokens
+    # tokens, formatted by observation_template; max_tokens: the episode's token budget (0:
+    # none). credit: 'episode' (objective.advantage on episode returns), 'gigpo' (anchor-state
+    # step groups: gamma, step_weight, scale) or '3spo' (state scores: sspo.*, on GiGPO; needs
+    # data.source='sspo', which keeps the history).
+    s = ml_collections.ConfigDict()
+    s.name = ""
+    s.module = ""
+    s.kwargs = ml_collections.ConfigDict()
+    s.max_turns = 6
+    s.max_tokens = 0
+    s.turn_tokens = 8
+    s.obs_tokens = 64
+    s.stop = ()
+    s.observation_template = "{observation}"
+    # mode='sft' on an environment: each seed's demonstration is one of these action texts,
+    # drawn uniformly (a warm start that clones a uniformly random policy over them)
+    s.demonstrations = ()
+    s.credit = "episode"
+    s.gamma = 0.95
+    s.step_weight = 1.0
+    s.scale = "mean"
+    s.sspo = dict(alpha=1.0, xi=10.0, zeta=0.1, g_max=8, omega_k=0.1)
+    s.eval_fraction = 0.1
+    s.train_size = 1_000_000
+    s.eval_size = 10_000
+    return s

@@ -1,0 +1,22 @@
+"""Reward shaping, as the config sees it: which reward components the configured shapers
+append after the task's, and the weights the sequence reward gives them."""
+
+from __future__ import annotations
+
+# the reward components each shaper adds, by the config that turns it on (for config checks)
+SHAPER_REWARDS = {"dre": ("dre",), "overlong": ("overlong",)}
+
+
+def shaper_reward_names(config) -> list[str]:
+    """The reward components the configured shapers append (after the task's)."""
+    r = config.rollout
+    names = [n for e in dict.fromkeys(r.editors) for n in SHAPER_REWARDS.get(e, ())]
+    return names + (list(SHAPER_REWARDS["overlong"]) if r.overlong_cache else [])
+
+
+def effective_reward_weights(reward_weights, shaped: list[str]) -> dict[str, float]:
+    """The weights the advantages use: `objective.reward_weights`, or when that is empty the
+    correctness reward and every shaped component (`shaped`) at weight 1."""
+    if reward_weights:
+        return {k: float(v) for k, v in dict(reward_weights).items()}
+    return {"correctness": 1.0, **dict.fromkeys(shaped, 1.0)} if shaped else {}

@@ -1,0 +1,52 @@
+"""The config sections of the models: tokenizer, policy model and teacher."""
+
+from __future__ import annotations
+
+import ml_collections
+
+
+def tokenizer_section() -> ml_collections.ConfigDict:
+    """`tokenizer`: the character tokenizer or a local tokenizer.json."""
+    # kind: char | hf (path: a directory with tokenizer.json)
+    s = ml_collections.ConfigDict(dict(kind="char", path=""))
+    return s
+
+
+def model_section() -> ml_collections.ConfigDict:
+    """`model`: the policy's shape, initialisation, dtype, remat and LoRA adapters."""
+    s = ml_collections.ConfigDict()
+    s.init = "scratch"  # scratch | hf (path = HF dir) | checkpoint (path = workdir)
+    s.path = ""
+    s.vocab_size = 0  # 0: the tokenizer's
+    s.hidden_size = 128
+    s.intermediate_size = 384
+    s.num_layers = 2
+    s.num_heads = 4
+    s.num_kv_heads = 2
+    s.head_dim = 0  # 0: hidden_size // num_heads
+    s.rope_theta = 10000.0
+    s.tie_word_embeddings = True
+    s.qkv_bias = False
+    s.qk_norm = False
+    s.max_position_embeddings = 512
+    s.dtype = "float32"  # compute dtype: float32 | bfloat16
+    # recompute in the backward pass (memory for FLOPs), per scanned block: none | full (keep
+    # only each block's input) | dots_saveable (keep the matmul outputs, recompute the rest)
+    s.remat = "none"
+    # LoRA (lora.py, Hu et al. 2021): rank > 0 trains rank-r adapters on the `targets`
+    # projections beside the frozen weights (RL): y = x W + (alpha / rank) x A B. Only the
+    # adapters and their optimizer state are trained and checkpointed; the reference policy
+    # is the frozen base; the export merges them into the weights.
+    s.lora = dict(
+        rank=0,
+        alpha=16.0,
+        targets=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
+    )
+    return s
+
+
+def teacher_section() -> ml_collections.ConfigDict:
+    """`teacher`: the OPD teacher model (none by default)."""
+    # init: none | scratch | hf | checkpoint
+    s = ml_collections.ConfigDict(dict(init="none", path="", dtype="float32"))
+    return s

@@ -1,0 +1,175 @@
+"""Per-token statistics from logits or hidden states, aligned with `tokens`.
+
+ALIGNMENT. Every [B, T] per-token statistic is aligned with `tokens`: `x[b, t]` is about
+`tokens[b, t]` given `tokens[b, :t]`. Model logits are not: `logits[:, t]` predicts token
+t + 1. The functions here do the shift (logits at t - 1 predict token t) and put 0 in column
+0, which is never a completion token. From hidden states the output layer is applied in
+chunks of positions (`DEFAULT_LOGPROB_CHUNK`), so the [B, T, V] logits never exist at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+
+from jaxrl_frontier.core import sharding
+
+Array = jax.Array
+sg = jax.lax.stop_gradient
+
+
+def shift_right(x_bt: Array) -> Array:
+    """Prepend a zero column and drop the last: position t - 1's value lands on column t."""
+    pad = jnp.zeros_like(x_bt[:, :1])
+    return jnp.concatenate([pad, x_bt[:, :-1]], axis=1)
+
+
+def token_logprobs(logits_btv: Array, tokens_bt: Array) -> Array:
+    """logp[b, t] = log p(tokens[b, t] | tokens[b, :t]) from logits[b, t - 1]; logp[:, 0] = 0.
+
+    [B, T, V], [B, T] int -> [B, T] float32. Gathers the logit and subtracts the logsumexp,
+    so no [B, T, V] log-softmax is materialised.
+    """
+    z = logits_btv[:, :-1].astype(jnp.float32)
+    z_y = jnp.take_along_axis(z, tokens_bt[:, 1:, None], axis=-1)[..., 0]
+    return shift_right(jnp.pad(z_y - jax.nn.logsumexp(z, axis=-1), ((0, 0), (0, 1))))
+
+
+def token_entropy(logits_btv: Array) -> Array:
+    """H[b, t] = entropy of p(. | tokens[b, :t]) (from logits[b, t - 1]); H[:, 0] = 0. [B, T]."""
+    l = jax.nn.log_softmax(logits_btv.astype(jnp.float32), axis=-1)
+    return shift_right(-jnp.sum(jnp.exp(l) * l, axis=-1))
+
+
+DEFAULT_LOGPROB_CHUNK = 256  # positions per chunk of the fused output layer (logits [chunk, V])
+
+
+def token_stats_from_hidden(
+    hidden_btd: Array,
+    w_out_dv: Array,
+    tokens_bt: Array,
+    chunk: int = DEFAULT_LOGPROB_CHUNK,
+    *,
+    entropy: bool = False,
+    entropy_grad: bool = True,
+    start: int = 1,
+) -> tuple[Array, Array | None]:
+    """`token_logprobs` (and `token_entropy`) from final hidden states, never holding the
+    [B, T, V] logits: the output layer, logsumexp and gather run over chunks of `chunk`
+    positions (`lax.map`), each chunk under `jax.checkpoint`, so the backward pass recomputes
+    one chunk's [chunk, V] logits at a time instead of storing all of them.
+
+    hidden [B, T, D] (compute dtype), w_out [D, V], tokens [B, T] int -> (logp [B, T] f32,
+    entropy [B, T] f32 or None), aligned with tokens like `token_logprobs` (column 0 is 0).
+    Logits are accumulated in f32 as in `Transformer.logits`. `entropy_grad=False` holds the
+    entropy constant (a metric only). Cost: the output matmul runs once more in the backward
+    pass (8 instead of 6 * B * T * D * V FLOPs). start >= 1: only tokens [start, T) are
+    scored, the columns before it are 0 (an RL batch's prompt, which the loss masks out).
+    """
+    logp, ent, _ = chunked_token_stats(
+        hidden_btd,
+        w_out_dv,
+        tokens_bt,
+        chunk,
+        entropy=entropy,
+        entropy_grad=entropy_grad,
+        start=start,
+    )
+    return logp, ent
+
+
+def chunked_token_stats(
+    hidden_btd: Array,
+    w_out_dv: Array,
+    tokens_bt: Array,
+    chunk: int = DEFAULT_LOGPROB_CHUNK,
+    *,
+    entropy: bool = False,
+    entropy_grad: bool = True,
+    start: int = 1,
+    teacher_hidden: tuple[Array, Array] | None = None,
+    distill: Callable[..., Array] | None = None,
+) -> tuple[Array, Array | None, Array | None]:
+    """`token_stats_from_hidden`, plus a distillation loss from the teacher's hidden states.
+
+    teacher_hidden = (teacher final hidden [B, T, D_t], teacher output layer [D_t, V]) and
+    distill = a per-position loss (`DISTILL_LOSSES.get(name).per_position` with its kwargs
+    bound): each chunk computes the student's [chunk, V] and the teacher's [chunk, V] logits
+    (the teacher's held constant) and the loss between them, so neither [B, T, V] exists.
+    -> (logp [B, T], entropy [B, T] or None, distill [B, T] or None), all aligned with the
+    tokens (column t scores token t; columns before `start` are 0).
+    """
+    b, t, d = hidden_btd.shape
+    if not 1 <= start < t:
+        raise ValueError(f"start = {start} must be in [1, {t}) for {t} positions")
+    with_distill = distill is not None
+    if with_distill and teacher_hidden is None:
+        raise ValueError("chunked_token_stats: distill needs teacher_hidden")
+
+    def positions(x_btx):  # positions t - 1 predict token t
+        x = x_btx[:, start - 1 : -1]
+        return x.reshape(-1, *x.shape[2:])
+
+    h = positions(hidden_btd)
+    y = tokens_bt[:, start:].reshape(-1)
+    n = h.shape[0]
+    chunk = max(1, min(chunk, n))
+    pad = -n % chunk
+
+    def chunked(x_n):
+        x_n = jnp.pad(x_n, ((0, pad),) + ((0, 0),) * (x_n.ndim - 1))
+        return x_n.reshape(-1, chunk, *x_n.shape[1:])
+
+    w = w_out_dv.astype(hidden_btd.dtype)
+    xs = (chunked(h), chunked(y))
+    if with_distill:
+        h_t, w_t = (sg(x) for x in teacher_hidden)
+        xs += (chunked(positions(h_t)),)
+        w_t = w_t.astype(h_t.dtype)
+
+    @jax.checkpoint
+    def one(args):
+        h_cd, y_c = args[:2]
+        z = jnp.einsum("cd,dv->cv", h_cd, w, preferred_element_type=jnp.float32)
+        z = sharding.constrain_vocab(z, w)  # vocab-parallel: no device gathers w
+        lse = jax.nn.logsumexp(z, axis=-1)
+        logp = jnp.take_along_axis(z, y_c[:, None], axis=-1)[:, 0] - lse
+        ent = jnp.zeros_like(logp)
+        if entropy:
+            zh, lh = (z, lse) if entropy_grad else (sg(z), sg(lse))
+            ent = lh - jnp.sum(jnp.exp(zh - lh[:, None]) * zh, axis=-1)  # H = lse - E_p[z]
+        dist = jnp.zeros_like(logp)
+        if with_distill:
+            z_t = jnp.einsum("cd,dv->cv", args[2], w_t, preferred_element_type=jnp.float32)
+            z_t = sharding.constrain_vocab(z_t, w_t)
+            dist = distill(z, z_t, y_c)
+        return logp, ent, dist
+
+    logp, ent, dist = jax.lax.map(one, xs)
+
+    def aligned(x):
+        x = x.reshape(-1)[:n].reshape(b, t - start)
+        return jnp.pad(x, ((0, 0), (start, 0)))
+
+    return (
+        aligned(logp),
+        aligned(ent) if entropy else None,
+        aligned(dist) if with_distill else None,
+    )
+
+
+def token_logprobs_from_hidden(
+    hidden_btd: Array,
+    w_out_dv: Array,
+    tokens_bt: Array,
+    chunk: int = DEFAULT_LOGPROB_CHUNK,
+    start: int = 1,
+) -> Array:
+    """[B, T] log-probs of `tokens` from hidden states and the output layer, chunked.
+
+    Equals `token_logprobs(hidden @ w_out, tokens)` on columns >= start (0 before); see
+    `token_stats_from_hidden`.
+    """
+    return token_stats_from_hidden(hidden_btd, w_out_dv, tokens_bt, chunk, start=start)[0]

@@ -1,0 +1,128 @@
+"""The config sections of the RL step: prompt sources (`data`), rollouts, the critic, the
+optimizer and PACT. (`objective` is the objectives package's: `objectives.default_config`.)"""
+
+from __future__ import annotations
+
+import ml_collections
+from ml_collections import config_dict
+
+
+def data_section() -> ml_collections.ConfigDict:
+    """`data`: the prompt batch and the prompt source (`data.source`) with each source's knobs."""
+    # P prompts per RL step (all processes together); source: a scheduling.SOURCES name
+    # truncate_prompts: cut prompts longer than max_prompt_len (keeping their end) instead of
+    # refusing the prompt file before training
+    s = ml_collections.ConfigDict(
+        dict(prompt_batch=16, max_prompt_len=16, source="uniform", truncate_prompts=False)
+    )
+    # the loop-level sources (scheduling.py, docs/methods.md): DAPO dynamic sampling (at most
+    # max_draws draws of prompt_batch prompts per step), ADS, ZPPO's hard-prompt replay
+    s.dynamic = dict(max_draws=4)
+    # ADS clusters: 'task' (the task's cluster key) or 'kmeans' (kmeans_k clusters of prompt
+    # features fitted on kmeans_sample train prompts; clustering.py)
+    s.ads = dict(
+        pool=4,
+        momentum=0.7,
+        boundary=0.17,
+        boundary_weight=4.0,
+        off_weight=0.25,
+        floor=0.01,
+        clusters="task",
+        kmeans_k=8,
+        kmeans_sample=1024,
+        kmeans_iters=25,
+    )
+    # 3SPO's state history and start-state allocation (environment runs; envs/allocation.py):
+    # pool x prompt_batch candidate seeds, prompt_batch drawn by n(s0); allocate=False: uniform
+    s.sspo = dict(pool=4, allocate=True)
+    s.zppo = dict(
+        capacity=64,
+        replay_fraction=0.25,
+        max_wrong=3,
+        bcq_template="{candidates};{question}",
+        ncq_template="not {wrong};{question}",
+    )
+    return s
+
+
+def rollout_section() -> ml_collections.ConfigDict:
+    """`rollout`: sampling, role meshes, staleness, speculative rollouts, editors and shaping."""
+    s = ml_collections.ConfigDict()
+    s.group_size = 8  # G completions per prompt
+    s.max_new_tokens = 8
+    s.temperature = 1.0
+    s.top_k = 0
+    s.top_p = 1.0
+    s.min_p = 0.0
+    s.dropout_rate = 0.0  # Dropout-GRPO: per-rollout fixed MLP dropout mask
+    # Roles on devices: 0 = rollouts on the training mesh; N > 0 = the last N devices (N / P
+    # per process) form a rollout mesh of shape rollout.mesh, and the weights are resharded
+    # to it after each update (docs/scaling.md)
+    s.devices = 0
+    s.mesh = dict(data=-1, fsdp=1, tensor=1)
+    # > 0: batch k+1 is sampled (by the previous weights) while the learner updates on batch
+    # k; a batch more than this many policy versions behind the learner is dropped
+    s.max_staleness = 0
+    # KV cache dtype: None (the compute dtype) | float32 | bfloat16
+    s.cache_dtype = config_dict.placeholder(str)
+    # speculative rollouts (sampling/speculative.py, one device): the policy's first `draft`
+    # layers propose k tokens a round, the policy verifies them in one forward and rejection
+    # sampling keeps its distribution exactly; draft None: off (the plain sampler)
+    s.speculative = dict(draft=config_dict.placeholder(int), k=4)
+    # rollout editors and reward shaping (editing.py): editor names in editing.EDITORS, e.g.
+    # ('dre',); DAPO's masking of completions cut off by the budget and its soft overlong
+    # penalty over the last overlong_cache tokens of max_new_tokens (0: off); DRE's bonus
+    s.editors = ()
+    s.mask_truncated = False
+    s.overlong_cache = 0
+    s.dre_bonus = 0.1
+    # SC-GRPO's self-conditioned pass: vocabulary entries per chunk of its KL sum
+    s.sc_vocab_chunk = 2048
+    return s
+
+
+def critic_section() -> ml_collections.ConfigDict:
+    """`critic`: PPO's learned critic (none by default)."""
+    # PPO's learned critic (rl/ppo.py, rl/critic.py): kind none | head (a value head on the
+    # policy's final hidden states) | model (a small separate transformer); it goes with
+    # objective.advantage = 'gae': per-token GAE on its values over the policy tokens, a
+    # clipped value loss (value_clip; 0: unclipped) weighted by value_coef, its own Adam
+    # (lr; None: optimizer.lr). whiten: advantages scaled to zero mean, unit variance over
+    # the batch's policy tokens. stop_gradient: the head's value loss leaves the policy's
+    # trunk alone. hidden_size / num_layers: the separate model's size.
+    s = ml_collections.ConfigDict(
+        dict(kind="none", gamma=1.0, lam=0.95, value_clip=0.2, value_coef=0.5)
+    )
+    s.lr = config_dict.placeholder(float)
+    s.update(whiten=True, stop_gradient=False, hidden_size=64, num_layers=2)
+    return s
+
+
+def optimizer_section() -> ml_collections.ConfigDict:
+    """`optimizer`: AdamW, its schedule, clipping and gradient accumulation."""
+    s = ml_collections.ConfigDict()
+    s.lr = 1e-4
+    s.schedule = "constant"  # constant | cosine | linear
+    s.warmup_steps = 0
+    s.b1 = 0.9
+    s.b2 = 0.99
+    s.eps = 1e-8
+    s.weight_decay = 0.0
+    s.max_grad_norm = 1.0
+    s.grad_accum = 1  # microbatches per minibatch
+    return s
+
+
+def pact_section() -> ml_collections.ConfigDict:
+    """`pact`: PACT's expert traces in the update (off by default)."""
+    # PACT (rl/pact.py): rollouts stay prompt-only; each prompt's expert trace (a
+    # pact.TRACE_SOURCES name: 'calculator', 'answer') enters the update as a context after
+    # the prompt, scoring the rollout (trace_coef x the trace-conditioned surrogate), and as
+    # SFT targets (component weights; sft_coef annealed to 0 over anneal_steps by schedule)
+    s = ml_collections.ConfigDict(
+        dict(enabled=False, source="calculator", context="expert solution: {trace}\n")
+    )
+    s.update(trace_coef=0.5, sft_coef=0.2, anneal_steps=200, schedule="linear")
+    s.weights = dict(reasoning=0.5, tool_call=1.0, answer=1.0)
+    s.update(context_len=96, trace_len=64)
+    return s

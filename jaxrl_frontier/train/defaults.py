@@ -1,0 +1,62 @@
+"""The config sections every run shares: `train` (the loop's schedule and stop rules) and `eval`."""
+
+from __future__ import annotations
+
+import ml_collections
+
+
+def train_section() -> ml_collections.ConfigDict:
+    """`train`: steps, passes over each batch, logging, eval, checkpoints, stop rules, export."""
+    s = ml_collections.ConfigDict()
+    s.steps = 100
+    s.epochs = 1  # passes over each rollout batch (PPO epochs)
+    s.minibatches = 1  # optimizer steps per epoch
+    s.recompute_old_logp = False  # True: old log-probs from a trainer forward, not the sampler
+    # RL: each group's prompt runs through the model once, not once per completion, in the
+    # update and the reference/teacher log-probs (same values; the prompt's FLOPs / group
+    # size). Minibatches are then drawn as whole groups. Off by itself when a microbatch
+    # (rows / minibatches / grad_accum) is not whole groups that split evenly over the
+    # batch devices (mesh data x fsdp).
+    s.share_prompt_forward = True
+    s.log_every = 10
+    s.eval_every = 50
+    s.checkpoint_every = 50
+    s.keep_checkpoints = 2
+    s.rollout_log_every = 50
+    s.sft_batch = 64  # sequences per SFT step
+    # > 0: finish once held-out greedy pass@1 reaches this (checked at each eval); e.g. an
+    # SFT warm start that should hand RL a policy near 50%, whatever the learning curve.
+    s.stop_at_pass1 = 0.0
+    # this many updates in a row skipped for a non-finite loss / gradient stop the run with an
+    # error and no export (a diverged run otherwise exits 0 with broken weights); 0: never
+    s.max_skipped_updates = 10
+    # keep the optimizer state (Adam's mu, nu) in pinned host memory between updates, on
+    # backends with a separate host memory (TPU, GPU; not CPU): train_step.optimizer_memory_kind
+    s.offload_optimizer = False
+
+    # Reward scoring (rewards.py). scorer: auto (the task's choice) | in_process | sandboxed
+    # (each completion run as a program in a locked-down subprocess: sandbox.py). A reward
+    # that fails on every completion for max_failure_steps steps in a row stops the run (0:
+    # never). The limits apply per completion in the sandbox.
+    # the policy exported at the end: 'last', or 'best' (exported at each new best eval of
+    # train.collapse.metric). collapse.stop: the rise-and-collapse early stop (diagnostics.py)
+    s.export = "last"
+    s.collapse = dict(stop=False, metric="eval/pass@1_greedy", rise=0.05, drop=0.05, patience=2)
+    return s
+
+
+def eval_section() -> ml_collections.ConfigDict:
+    """`eval`: held-out greedy pass@1 and sampled pass@k."""
+    s = ml_collections.ConfigDict(dict(num_prompts=256, pass_k=4, batch=128))
+
+    # Multi-turn environments (envs/, rl/agent_rollout.py, docs/agents.md): a non-empty name
+    # trains on episodes of that environment (the examples are its seeds, the prompt its
+    # first observation) instead of task prompts. module: imported first (a user's
+    # environment). Per episode: max_turns turns of at most turn_tokens sampled tokens, each
+    # ending at EOS or a `stop` string (one token each); observations of at most obs_tokens
+    # tokens, formatted by observation_template; max_tokens: the episode's token budget (0:
+    # none). credit: 'episode' (objective.advantage on episode returns), 'gigpo' (anchor-state
+    # step groups: gamma, step_weight, scale) or '3spo' (state scores: sspo.*, on GiGPO; needs
+    # data.source='sspo', which keeps the history).
+    s.at_start = True  # RL: evaluate the starting policy at step 0 (off: faster tests)
+    return s

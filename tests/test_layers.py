@@ -1,0 +1,127 @@
+"""The package stays layered (docs/design.md, "Layers"): measured from its own imports, lazy
+imports inside functions included (TYPE_CHECKING blocks left out), there is no import cycle,
+no module imports an underscore name from another, no file is over 600 lines, at most 8
+modules sit in the package root, and no function takes more than 12 parameters. The layer
+order itself is the import-linter contract in pyproject.toml (`make lint`)."""
+
+import ast
+import os
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PKG = os.path.join(REPO, "jaxrl_frontier")
+
+
+def modules() -> dict[str, str]:
+    """dotted name -> path, packages by their own name."""
+    out = {}
+    for dirpath, _, files in os.walk(PKG):
+        for f in files:
+            if f.endswith(".py"):
+                path = os.path.join(dirpath, f)
+                name = os.path.relpath(path, REPO)[:-3].replace(os.sep, ".")
+                out[name.removesuffix(".__init__")] = path
+    return out
+
+
+def imports(mods: dict[str, str]) -> tuple[dict[str, set[str]], list[str]]:
+    """(module -> the package modules it imports, private names imported across modules)."""
+    graph: dict[str, set[str]] = {m: set() for m in mods}
+    private = []
+    for mod, path in mods.items():
+        tree = ast.parse(open(path).read())
+
+        def visit(node, in_type_checking=False):
+            for child in ast.iter_child_nodes(node):
+                tc = in_type_checking or (
+                    isinstance(child, ast.If) and "TYPE_CHECKING" in ast.unparse(child.test)
+                )
+                if isinstance(child, ast.ImportFrom) and not tc and child.level == 0:
+                    base = child.module or ""
+                    for alias in child.names:
+                        target = f"{base}.{alias.name}"
+                        target = target if target in mods else base
+                        if target in mods and target != mod:
+                            graph[mod].add(target)
+                            if alias.name.startswith("_") and target == base:
+                                private.append(f"{path}:{child.lineno} {alias.name}")
+                elif isinstance(child, ast.Import) and not tc:
+                    graph[mod] |= {a.name for a in child.names if a.name in mods} - {mod}
+                visit(child, tc)
+
+        visit(tree)
+    return graph, private
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected groups of more than one module (Tarjan)."""
+    index, low, stack, on, out, counter = {}, {}, [], set(), [], [0]
+
+    def strong(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in graph[v]:
+            if w not in index:
+                strong(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            group = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                group.append(w)
+                if w == v:
+                    break
+            if len(group) > 1:
+                out.append(sorted(group))
+
+    for v in graph:
+        if v not in index:
+            strong(v)
+    return out
+
+
+def test_cycle_finder_finds_a_cycle():
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_no_import_cycle_and_no_private_cross_import():
+    graph, private = imports(modules())
+    assert cycles(graph) == []
+    assert private == []
+
+
+def test_root_modules_file_lengths_and_signatures():
+    mods = modules()
+    root = [
+        m for m, p in mods.items() if os.path.dirname(p) == PKG and not p.endswith("__init__.py")
+    ]
+    assert len(root) <= 8, root
+    long = {p: n for p in mods.values() if (n := sum(1 for _ in open(p))) > 600}
+    assert long == {}
+    wide = []
+    for path in mods.values():
+        for node in ast.walk(ast.parse(open(path).read())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                a = node.args
+                names = [x.arg for x in a.posonlyargs + a.args + a.kwonlyargs]
+                n = len(names) - (names[:1] in (["self"], ["cls"]))
+                if n > 12:
+                    wide.append(f"{path}:{node.lineno} {node.name} ({n})")
+    assert wide == []
+
+
+@pytest.mark.parametrize("upward", ["from jaxrl_frontier.run import trainer"])
+def test_a_lazy_upward_import_would_be_seen(upward, tmp_path):
+    """The graph counts an import inside a function: the one a cycle hides behind."""
+    mods = modules()
+    probe = tmp_path / "probe.py"
+    probe.write_text(f"def f():\n    {upward}\n")
+    graph, _ = imports({**mods, "jaxrl_frontier.core.probe": str(probe)})
+    assert "jaxrl_frontier.run.trainer" in graph["jaxrl_frontier.core.probe"]
