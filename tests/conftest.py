@@ -33,6 +33,10 @@ if not os.environ.get("JAX_COMPILATION_CACHE_DIR") or _worker:
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
+import importlib.util  # noqa: E402
+import json  # noqa: E402
+
+import ml_collections  # noqa: E402
 import pytest  # noqa: E402  (after the flags on purpose: nothing above may import jax)
 
 # The longest files first, by their summed test time in a full `make test` (`--durations=0`;
@@ -101,7 +105,7 @@ HF_CASES = {
 }
 
 
-# The small model of the fast-path tests (tests/test_perf_paths.py, test_shared_prompt.py).
+# The small model of the fast-path tests (tests/rl/test_perf_paths.py, test_shared_prompt.py).
 SMALL_MODEL = dict(hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4, num_kv_heads=2)
 
 
@@ -271,3 +275,73 @@ def count_compiles():
             jax.monitoring.unregister_event_duration_listener(listener)
 
     return counting
+
+
+# ----------------------------------------------------------------------------- runs of configs/
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# Every run here uses the same tiny shapes, so that they share compiled programs: one
+# device, 1-digit addition ("3+4=" -> "7"), 8 prompts x 8 completions, no step-0 eval, an
+# 8-prompt greedy eval at the last step only.
+FAST = {
+    "mesh.num_devices": 1,
+    "task.kwargs.max_digits": 1,
+    "task.kwargs.ops": "+",
+    "task.kwargs.prompt_template": "{a}{op}{b}=",
+    "data.max_prompt_len": 5,  # BOS + "9+9="
+    "data.prompt_batch": 8,
+    "rollout.max_new_tokens": 3,  # "18" + EOS
+    "rollout.group_size": 8,
+    "train.minibatches": 1,
+    "train.sft_batch": 64,
+    "train.log_every": 1,
+    "train.eval_every": 10**6,
+    "train.checkpoint_every": 10**6,
+    "eval.at_start": False,
+    "eval.num_prompts": 8,  # 1-digit addition has 10 held-out prompts
+    "eval.batch": 8,
+    "eval.pass_k": 1,
+}
+# RL from scratch: a random policy is never correct, so shape the reward (format, length)
+# for non-zero advantages from the first step.
+RL = {
+    "objective.reward_weights": ml_collections.ConfigDict(
+        dict(correctness=1.0, format=0.5, length=0.1)
+    ),
+    "optimizer.lr": 5e-3,
+    "optimizer.warmup_steps": 0,
+}
+
+
+def get_config(name: str, overrides: dict | None = None) -> ml_collections.ConfigDict:
+    """configs/<name>.py:runlocal with dotted-key overrides."""
+    spec = importlib.util.spec_from_file_location(name, os.path.join(REPO, "configs", f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    c = module.get_config("runlocal")
+    for key, value in (overrides or {}).items():
+        *parents, leaf = key.split(".")
+        node = c
+        for p in parents:
+            node = node[p]
+        node[leaf] = value
+    return c
+
+
+def read_metrics(workdir) -> list[dict]:
+    from jaxrl_frontier.train.metrics import METRICS_FILE
+
+    with open(os.path.join(workdir, METRICS_FILE)) as f:
+        return [json.loads(line) for line in f]
+
+
+def series(rows: list[dict], key: str) -> dict[int, float]:
+    return {r["step"]: r[key] for r in rows if key in r}
+
+
+def host_leaves(tree) -> list:
+    import jax
+    import numpy as np
+
+    return [np.asarray(x) for x in jax.tree.leaves(tree)]

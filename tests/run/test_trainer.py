@@ -8,7 +8,6 @@ one temporary directory per session, shared with the subprocesses) turns every c
 after the first of a given program into a cache read, which keeps this file within budget.
 """
 
-import importlib.util
 import json
 import os
 import signal
@@ -17,9 +16,9 @@ import sys
 import time
 
 import jax
-import ml_collections
 import numpy as np
 import pytest
+from conftest import FAST, REPO, RL, get_config, host_leaves, read_metrics, series  # noqa: E402
 
 from jaxrl_frontier.core import sharding  # noqa: E402
 from jaxrl_frontier.core.errors import ConfigError  # noqa: E402
@@ -32,68 +31,6 @@ from jaxrl_frontier.run.trainer import Trainer  # noqa: E402
 from jaxrl_frontier.train.checkpoint import Checkpointer  # noqa: E402
 from jaxrl_frontier.train.metrics import METRICS_FILE  # noqa: E402
 from jaxrl_frontier.train.sft import encode_demonstrations  # noqa: E402
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-# Every run here uses the same tiny shapes, so that they share compiled programs: one
-# device, 1-digit addition ("3+4=" -> "7"), 8 prompts x 8 completions, no step-0 eval, an
-# 8-prompt greedy eval at the last step only.
-FAST = {
-    "mesh.num_devices": 1,
-    "task.kwargs.max_digits": 1,
-    "task.kwargs.ops": "+",
-    "task.kwargs.prompt_template": "{a}{op}{b}=",
-    "data.max_prompt_len": 5,  # BOS + "9+9="
-    "data.prompt_batch": 8,
-    "rollout.max_new_tokens": 3,  # "18" + EOS
-    "rollout.group_size": 8,
-    "train.minibatches": 1,
-    "train.sft_batch": 64,
-    "train.log_every": 1,
-    "train.eval_every": 10**6,
-    "train.checkpoint_every": 10**6,
-    "eval.at_start": False,
-    "eval.num_prompts": 8,  # 1-digit addition has 10 held-out prompts
-    "eval.batch": 8,
-    "eval.pass_k": 1,
-}
-# RL from scratch: a random policy is never correct, so shape the reward (format, length)
-# for non-zero advantages from the first step.
-RL = {
-    "objective.reward_weights": ml_collections.ConfigDict(
-        dict(correctness=1.0, format=0.5, length=0.1)
-    ),
-    "optimizer.lr": 5e-3,
-    "optimizer.warmup_steps": 0,
-}
-
-
-def get_config(name: str, overrides: dict | None = None) -> ml_collections.ConfigDict:
-    """configs/<name>.py:runlocal with dotted-key overrides."""
-    spec = importlib.util.spec_from_file_location(name, os.path.join(REPO, "configs", f"{name}.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    c = module.get_config("runlocal")
-    for key, value in (overrides or {}).items():
-        *parents, leaf = key.split(".")
-        node = c
-        for p in parents:
-            node = node[p]
-        node[leaf] = value
-    return c
-
-
-def read_metrics(workdir) -> list[dict]:
-    with open(os.path.join(workdir, METRICS_FILE)) as f:
-        return [json.loads(line) for line in f]
-
-
-def series(rows: list[dict], key: str) -> dict[int, float]:
-    return {r["step"]: r[key] for r in rows if key in r}
-
-
-def host_leaves(tree) -> list[np.ndarray]:
-    return [np.asarray(x) for x in jax.tree.leaves(tree)]
 
 
 def run(name: str, workdir, overrides: dict) -> tuple[Trainer, dict]:

@@ -16,7 +16,7 @@ import sys
 import numpy as np
 from safetensors.numpy import load_file
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # Timing and host-side figures differ between runs by nature; everything else must match.
 NOT_COMPARED = ("time", "perf/", "rollout/seconds")
 FLAGS = {
@@ -39,7 +39,7 @@ def _cmd(workdir, steps: int, extra: dict) -> list[str]:
     return [
         sys.executable,
         os.path.join(REPO, "scripts", "train.py"),
-        "--config=tests/data/grpo_arith_shaped.py:runlocal",
+        "--config=tests/fixtures/grpo_arith_shaped.py:runlocal",
         f"--workdir={workdir}",
         *(f"--config.{k}={v}" for k, v in flags.items()),
     ]

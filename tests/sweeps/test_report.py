@@ -13,7 +13,7 @@ import pytest
 
 from jaxrl_frontier.sweeps.collect import RESULTS_JSON
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(REPO, "scripts"))  # the results page's claims live beside report.py
 import claims  # noqa: E402
 from claims import DOES_NOT, INCONCLUSIVE, REPRODUCES  # noqa: E402

@@ -9,7 +9,7 @@ import pytest
 
 from benchmarks import targets as bench_targets
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _sampler(speedups: dict[int, float], roofline: float, compiles=0) -> dict:

@@ -10,7 +10,7 @@ import time
 
 import numpy as np
 import pytest
-from test_trainer import FAST, get_config, read_metrics, series
+from conftest import FAST, get_config, read_metrics, series
 
 from jaxrl_frontier.data.rewards.sandbox import Limits, Sandbox
 from jaxrl_frontier.data.rewards.scorer import SandboxedScorer

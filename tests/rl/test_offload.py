@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from test_trainer import FAST, get_config
+from conftest import FAST, get_config
 
 from jaxrl_frontier.core import sharding
 from jaxrl_frontier.core.errors import ConfigError

@@ -8,9 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from conftest import hf_logits, left_padded_batch
+from conftest import FAST, RL, get_config, hf_logits, left_padded_batch
 from flax import nnx
-from test_trainer import FAST, RL, get_config
 
 from jaxrl_frontier.core import sharding
 from jaxrl_frontier.core.errors import ConfigError

@@ -14,7 +14,7 @@ from conftest import small_rl_config
 from jaxrl_frontier.models import hf
 from jaxrl_frontier.run import build as build_lib
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 spec = importlib.util.spec_from_file_location("evaluate", os.path.join(REPO, "scripts/evaluate.py"))
 ev = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(ev)

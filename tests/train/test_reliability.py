@@ -17,15 +17,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import FAST, RL, get_config, host_leaves, read_metrics, series
 from safetensors.numpy import load_file
-from test_trainer import FAST, RL, get_config, host_leaves, read_metrics, series
 
 from jaxrl_frontier.core.errors import TrainingFault
 from jaxrl_frontier.run.trainer import Trainer
 from jaxrl_frontier.train.checkpoint import Checkpointer
 from jaxrl_frontier.train.metrics import METRICS_FILE, ROLLOUTS_FILE
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CKPT2 = {**RL, "train.steps": 4, "train.checkpoint_every": 2, "train.rollout_log_every": 1}
 
 
@@ -128,7 +128,7 @@ def _cmd(workdir, steps: int) -> list[str]:
     return [
         sys.executable,
         os.path.join(REPO, "scripts", "train.py"),
-        "--config=tests/data/grpo_arith_shaped.py:runlocal",
+        "--config=tests/fixtures/grpo_arith_shaped.py:runlocal",
         f"--workdir={workdir}",
         *(f"--config.{k}={v}" for k, v in flags.items()),
     ]

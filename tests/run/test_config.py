@@ -11,7 +11,7 @@ import pytest
 from jaxrl_frontier.core.errors import ConfigError
 from jaxrl_frontier.run.config import base_config, entry_defaults, resolve, validate
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _grpo(arg="runlocal") -> ml_collections.ConfigDict:

@@ -29,7 +29,7 @@ from jaxrl_frontier.sweeps.launch import (
 )
 from jaxrl_frontier.sweeps.spec import varying_keys
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 TINY = {
     "mesh.num_devices": 1,

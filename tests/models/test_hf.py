@@ -185,7 +185,7 @@ def test_bfloat16_save_and_load(hf_checkpoints, tmp_path):
 
 def test_convert_script(hf_checkpoints, tmp_path, capsys):
     path, _ = hf_checkpoints("qwen2")
-    script = Path(__file__).parents[1] / "scripts" / "convert_hf.py"
+    script = Path(__file__).parents[2] / "scripts" / "convert_hf.py"
     spec = importlib.util.spec_from_file_location("convert_hf", script)
     convert = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(convert)

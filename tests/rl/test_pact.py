@@ -179,7 +179,7 @@ def test_pact_run_trains_on_the_expert_trace(tmp_path):
     """configs/pact_calculator_tool.py:runlocal for 6 steps: every update logs the PACT
     terms, beta follows the linear schedule of the policy version, and the expert trace's
     NLL falls (the SFT term trains the policy, though the rollouts never see the trace)."""
-    from test_trainer import get_config, read_metrics
+    from conftest import get_config, read_metrics
 
     from jaxrl_frontier.run.trainer import Trainer
 

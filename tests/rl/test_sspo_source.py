@@ -174,8 +174,7 @@ def test_a_3spo_run_cut_after_two_steps_resumes_bitwise(tmp_path):
     the history steers the draws): 3 uninterrupted steps == 2 steps, a new trainer on the
     same workdir, 1 more step: the same parameters and the same step-3 numbers, the 3SPO
     history and the allocation included."""
-    from conftest import assert_resumed_run_equal
-    from test_trainer import get_config
+    from conftest import assert_resumed_run_equal, get_config
 
     from jaxrl_frontier.run.trainer import Trainer
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from benchmarks import common, peers, sampler, targets
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 # A model small enough to compile in a few seconds (the config schema's keys, as a user
 # overrides them).

@@ -17,7 +17,7 @@ import os
 import re
 
 import pytest
-from test_trainer import REPO, get_config, read_metrics, series
+from conftest import REPO, get_config, read_metrics, series
 
 from benchmarks.common import cpu_info
 from jaxrl_frontier.run.config import validate
@@ -35,9 +35,9 @@ QUICK = {
 }
 
 # Each runlocal run's logged metrics, recorded once (`JAXRL_RECORD_RUNLOCAL=1 pytest
-# tests/test_configs.py`) and compared at every run: a refactor that changes no math logs the
+# tests/run/test_configs.py`) and compared at every run: a refactor that changes no math logs the
 # same numbers. Keys that measure time are left out.
-RECORDS = os.path.join(REPO, "tests", "data", "runlocal_metrics")
+RECORDS = os.path.join(REPO, "tests", "fixtures", "runlocal_metrics")
 TIMED = re.compile(r"time|seconds|per_s|/s$|_s$|throughput|tokens_per|wall|compile")
 
 
@@ -95,7 +95,8 @@ def test_trained_elsewhere_is_true():
 
     for name, (path, func) in TRAINED_ELSEWHERE.items():
         assert name in CONFIGS, name
-        tree = ast.parse(open(os.path.join(REPO, "tests", path)).read())
+        (found,) = glob.glob(os.path.join(REPO, "tests", "**", path), recursive=True)
+        tree = ast.parse(open(found).read())
         body = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == func)
         strings = {n.value for n in ast.walk(body) if isinstance(n, ast.Constant)}
         assert name in strings, f"{path}::{func} no longer names {name!r}"
