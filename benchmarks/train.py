@@ -1,4 +1,4 @@
-"""Train-step MFU and sharded memory: the jitted update of `trainer.make_update_fn` (forward,
+"""Train-step MFU and sharded memory: the jitted update of `rl.learn.train_step.make_update_fn` (forward,
 backward, clip + AdamW) on random Llama-shaped models, against a matmul peak measured in the
 same run; and per-device bytes under FSDP on 8 fake devices: params + optimizer state, and
 the compiled update's arguments, temporaries and peak (`compiled.memory_analysis()`).
@@ -145,18 +145,21 @@ def rl_batch(vocab: int, batch: int, seq: int, prompt_len: int, seed: int = 0) -
 def _update_fn(variant: str, graphdef, tx, state, mesh, batch_keys):
     from jaxrl_frontier.core import sharding
     from jaxrl_frontier.objectives import logprobs
+    from jaxrl_frontier.rl.learn.learner import rl_loss
+    from jaxrl_frontier.rl.learn.train_step import make_update_fn
     from jaxrl_frontier.run import config as config_lib
-    from jaxrl_frontier.run import trainer as tr
+    from jaxrl_frontier.run.build import objective_section
+    from jaxrl_frontier.train.sft import sft_loss
 
     chunk = None if variant.endswith("plain") else logprobs.DEFAULT_LOGPROB_CHUNK
     if variant.startswith("sft"):
-        loss_of = tr.sft_loss(graphdef, logprob_chunk=chunk)
+        loss_of = sft_loss(graphdef, logprob_chunk=chunk)
     else:  # GRPO: ppo_clip weight, token_mean, the base config's objective
-        objective = tr.objective_section(config_lib.base_config().objective)
-        loss_of = tr.rl_loss(graphdef, objective, logprob_chunk=chunk)
+        objective = objective_section(config_lib.base_config().objective)
+        loss_of = rl_loss(graphdef, objective, logprob_chunk=chunk)
     state_sh = __import__("jax").tree.map(lambda x: x.sharding, state)
     batch_sh = {k: sharding.batch_sharding(mesh, 2) for k in batch_keys}
-    return tr.make_update_fn(graphdef, tx, loss_of, 1, state_sh, batch_sh)
+    return make_update_fn(graphdef, tx, loss_of, 1, state_sh, batch_sh)
 
 
 def prepare_train_step(name: str, variant: str, batch: int, seq: int, dtype: str, run: bool = True):

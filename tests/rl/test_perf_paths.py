@@ -12,8 +12,11 @@ from flax import nnx
 from jaxrl_frontier.models.layers import ModelConfig
 from jaxrl_frontier.models.transformer import Transformer
 from jaxrl_frontier.objectives import logprobs
+from jaxrl_frontier.rl.learn.forward import make_logp_fn
+from jaxrl_frontier.rl.learn.learner import rl_loss
 from jaxrl_frontier.run import config as config_lib
-from jaxrl_frontier.run import trainer as tr
+from jaxrl_frontier.run.build import objective_section
+from jaxrl_frontier.train.sft import sft_loss
 
 B, T, D, V = 3, 11, 16, 37
 
@@ -88,12 +91,12 @@ def _rl_batch(seed=0):
 @pytest.mark.parametrize("entropy_coef", [0.0, 0.01])
 def test_trainer_fused_rl_loss_equals_logits_loss(entropy_coef):
     graphdef, params = nnx.split(_tiny_model())
-    objective = tr.objective_section(config_lib.base_config().objective)
+    objective = objective_section(config_lib.base_config().objective)
     objective["entropy_coef"] = entropy_coef
     batch = _rl_batch()
     outs = []
     for chunk in (None, 5):
-        loss_of = tr.rl_loss(graphdef, objective, logprob_chunk=chunk)
+        loss_of = rl_loss(graphdef, objective, logprob_chunk=chunk)
         outs.append(jax.value_and_grad(loss_of, has_aux=True)(params, batch))
     assert_same_loss_and_grads(*outs)
 
@@ -103,24 +106,24 @@ def test_trainer_fused_sft_loss_and_logp_fn_equal_plain():
     batch = {
         k: v for k, v in _rl_batch(1).items() if k in ("tokens", "attention_mask", "loss_mask")
     }
-    (l0, _), g0 = jax.value_and_grad(tr.sft_loss(graphdef, None), has_aux=True)(params, batch)
-    (l1, _), g1 = jax.value_and_grad(tr.sft_loss(graphdef, 6), has_aux=True)(params, batch)
+    (l0, _), g0 = jax.value_and_grad(sft_loss(graphdef, None), has_aux=True)(params, batch)
+    (l1, _), g1 = jax.value_and_grad(sft_loss(graphdef, 6), has_aux=True)(params, batch)
     np.testing.assert_allclose(l1, l0, atol=1e-6)
     for a, b in zip(jax.tree.leaves(g0), jax.tree.leaves(g1)):
         np.testing.assert_allclose(b, a, atol=1e-5, rtol=1e-4)
     args = (params, batch["tokens"], batch["attention_mask"])
     np.testing.assert_allclose(
-        tr.make_logp_fn(graphdef, 6)(*args), tr.make_logp_fn(graphdef, None)(*args), atol=1e-5
+        make_logp_fn(graphdef, 6)(*args), make_logp_fn(graphdef, None)(*args), atol=1e-5
     )
 
 
 def test_remat_blocks_give_the_same_loss_and_gradients():
     batch = _rl_batch(2)
-    objective = tr.objective_section(config_lib.base_config().objective)
+    objective = objective_section(config_lib.base_config().objective)
     outs = []
     for remat in (False, True):
         graphdef, params = nnx.split(_tiny_model(remat))
-        loss_of = tr.rl_loss(graphdef, objective)
+        loss_of = rl_loss(graphdef, objective)
         outs.append(jax.value_and_grad(loss_of, has_aux=True)(params, batch))
     ((l0, _), g0), ((l1, _), g1) = outs
     np.testing.assert_allclose(l1, l0, atol=1e-6)

@@ -15,9 +15,11 @@ from flax import nnx
 from jaxrl_frontier.core import sharding
 from jaxrl_frontier.models.layers import ModelConfig
 from jaxrl_frontier.objectives import logprobs
-from jaxrl_frontier.rl.learn.learner import minibatch_order, update_layout
+from jaxrl_frontier.rl.learn.forward import make_logp_fn
+from jaxrl_frontier.rl.learn.learner import minibatch_order, rl_loss, update_layout
 from jaxrl_frontier.run import config as config_lib
 from jaxrl_frontier.run import trainer as tr
+from jaxrl_frontier.run.build import objective_section
 
 V, TP, TN, N, G = 41, 6, 5, 4, 3  # vocab, prompt / completion positions, group size, groups
 
@@ -94,12 +96,12 @@ def test_rl_loss_with_shared_prompt_equals_per_row(chunk, entropy_coef):
     """Loss, metrics and gradients: the per-row loss over all positions against the
     shared-prompt loss that scores only the completion's positions."""
     graphdef, params = nnx.split(_model())
-    objective = tr.objective_section(config_lib.base_config().objective)
+    objective = objective_section(config_lib.base_config().objective)
     objective["entropy_coef"] = entropy_coef
     batch = _rl_batch(1)
     outs = []
     for layout in ({}, dict(group_size=N, completion_len=TN)):
-        loss_of = tr.rl_loss(graphdef, objective, chunk, **layout)
+        loss_of = rl_loss(graphdef, objective, chunk, **layout)
         outs.append(jax.value_and_grad(loss_of, has_aux=True)(params, batch))
     assert_same_loss_and_grads(*outs)
 
@@ -109,8 +111,8 @@ def test_logp_fn_scores_only_the_completion(chunk):
     graphdef, params = nnx.split(_model())
     batch = _rl_batch(2)
     args = (params, batch["tokens"], batch["attention_mask"])
-    plain = np.asarray(tr.make_logp_fn(graphdef, None)(*args))
-    shared = np.asarray(tr.make_logp_fn(graphdef, chunk, group_size=N, completion_len=TN)(*args))
+    plain = np.asarray(make_logp_fn(graphdef, None)(*args))
+    shared = np.asarray(make_logp_fn(graphdef, chunk, group_size=N, completion_len=TN)(*args))
     m = np.asarray(batch["loss_mask"])
     np.testing.assert_allclose(shared * m, plain * m, atol=1e-5)
     assert np.abs(shared[:, :TP]).max() == 0.0  # the prompt's columns are not computed

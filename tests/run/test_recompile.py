@@ -15,8 +15,10 @@ from flax import nnx
 from jaxrl_frontier.core import sharding
 from jaxrl_frontier.models.layers import ModelConfig
 from jaxrl_frontier.models.transformer import Transformer
+from jaxrl_frontier.rl.learn.train_step import make_update_fn
 from jaxrl_frontier.run import trainer as tr
 from jaxrl_frontier.sampling import Sampler, SamplingParams
+from jaxrl_frontier.train.sft import sft_loss
 
 
 def _model():
@@ -88,10 +90,10 @@ def test_rl_step_compiles_once(tmp_path, num_devices, count_compiles):
 def test_sft_step_compiles_once(tmp_path, count_compiles):
     trainer = _trainer(tmp_path, "sft", 1)
     batch_sh = sharding.batch_sharding(trainer.mesh, 2)
-    update = tr.make_update_fn(
+    update = make_update_fn(
         trainer.graphdef,
         trainer.tx,
-        tr.sft_loss(trainer.graphdef),
+        sft_loss(trainer.graphdef),
         1,
         trainer.state_sharding,
         batch_sh,
