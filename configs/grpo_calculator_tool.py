@@ -5,7 +5,7 @@
         --config.tokenizer.path=PATH
     python scripts/train.py --config=configs/grpo_calculator_tool.py:runlocal --workdir=/tmp/x
 
-Each episode is one word problem (`envs/calculator.py`): a turn either calls the calculator,
+Each episode is one word problem (`data/envs/calculator.py`): a turn either calls the calculator,
 `{calc 3*(4+5)}`, and gets `{= 27}` back, or answers, `{ans 27}`, which ends the episode
 with reward 1 if right (markers in braces: the character tokenizer has no `<` or `>`). Up
 to 4 turns of 16 tokens, G = 8 episodes per problem, GRPO on the episode returns. The

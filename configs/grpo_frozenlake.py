@@ -4,7 +4,7 @@
     python scripts/train.py --config=configs/grpo_frozenlake.py --workdir=runs/grpo_frozenlake
     python scripts/train.py --config=configs/grpo_frozenlake.py:runlocal --workdir=/tmp/x
 
-Episodes of `envs/gridworld.py` (one agent, a few holes, 6 turns), G = 8 episodes per
+Episodes of `data/envs/gridworld.py` (one agent, a few holes, 6 turns), G = 8 episodes per
 board; the reward is the episode return (1 on reaching the goal). GRPO's group baseline on
 the returns (Shao et al., 2024), PPO-clipped ratio, token-mean over the action tokens only
 (observations are context: loss mask 0). The warm start clones a uniformly random mover, so

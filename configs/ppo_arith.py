@@ -7,7 +7,7 @@ PPO (Schulman et al., 2017) with GAE (Schulman et al., 2016): a value head on th
 final hidden states (critic.kind='head'; 'model' for a separate small transformer) gives
 V per completion token, A = GAE(gamma, lambda) over the completion tokens (whitened over the
 batch), the PPO-clipped ratio weight, and the clipped value loss trained with the policy
-(rl/ppo.py). Two epochs of two minibatches per rollout batch.
+(rl/methods/ppo.py). Two epochs of two minibatches per rollout batch.
 """
 
 from jaxrl_frontier.run import presets

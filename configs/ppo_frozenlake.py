@@ -7,7 +7,7 @@
 The episodes of configs/grpo_frozenlake.py; instead of a group baseline, a value head on
 the policy's final hidden states (critic.kind='head') gives V at every action token and
 GAE (gamma 0.95, lambda 0.9) runs over the action tokens with each turn's reward on its last
-token (rl/ppo.py; observations are context: no advantage, no value loss). PPO-clipped
+token (rl/methods/ppo.py; observations are context: no advantage, no value loss). PPO-clipped
 ratio, the clipped value loss trained with the policy (its own Adam, lr 1e-3).
 """
 

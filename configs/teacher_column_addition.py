@@ -1,5 +1,5 @@
 """The OPD teacher for worked column addition: configs/teacher_arith.py's 4-layer d=256
-model (3.16M parameters, ~8x the student's) on tasks/column_addition.py.
+model (3.16M parameters, ~8x the student's) on data/tasks/column_addition.py.
 
     python scripts/train.py --config=configs/teacher_column_addition.py \
         --workdir=runs/teacher_column_addition

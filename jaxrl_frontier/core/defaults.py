@@ -14,7 +14,7 @@ def mesh_section() -> ml_collections.ConfigDict:
 
 
 def distributed_section() -> ml_collections.ConfigDict:
-    """`distributed`: how the processes of a multi-host run find each other (distributed.py)."""
+    """`distributed`: how the processes of a multi-host run find each other (core/distributed.py)."""
     # Multi-host (docs/distributed.md): unset = JAX's own TPU-pod / SLURM detection, or one
     # process; set all three for any other launcher (e.g. several processes on localhost).
     s = ml_collections.ConfigDict()

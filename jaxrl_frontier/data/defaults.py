@@ -13,7 +13,7 @@ def task_section() -> ml_collections.ConfigDict:
     # .py file), so a task or reward registered there needs no edit of the package
     s.module = ""
     s.kwargs = ml_collections.ConfigDict()
-    # True: format each prompt with the instruct model's own chat template (tasks/chat.py),
+    # True: format each prompt with the instruct model's own chat template (data/tasks/chat.py),
     # read from tokenizer.path's directory (chat_template.jinja or tokenizer_config.json);
     # rollouts then also stop at the token that ends an assistant turn. False: raw text
     s.chat_template = False
@@ -23,8 +23,8 @@ def task_section() -> ml_collections.ConfigDict:
 
 def rewards_section() -> ml_collections.ConfigDict:
     """`rewards`: how completions are scored (in process or sandboxed) and when failing rewards stop a run."""
-    # Reward scoring (rewards.py). scorer: auto (the task's choice) | in_process | sandboxed
-    # (each completion run as a program in a locked-down subprocess: sandbox.py). A reward
+    # Reward scoring (data/rewards/scorer.py). scorer: auto (the task's choice) | in_process | sandboxed
+    # (each completion run as a program in a locked-down subprocess: data/rewards/sandbox.py). A reward
     # that fails on every completion for max_failure_steps steps in a row stops the run (0:
     # never). The limits apply per completion in the sandbox.
     s = ml_collections.ConfigDict()
@@ -40,7 +40,7 @@ def rewards_section() -> ml_collections.ConfigDict:
 
 def env_section() -> ml_collections.ConfigDict:
     """`env`: the multi-turn environment a run trains on (none by default)."""
-    # Multi-turn environments (envs/, rl/agent_rollout.py, docs/agents.md): a non-empty name
+    # Multi-turn environments (envs/, rl/produce/agent.py, docs/agents.md): a non-empty name
     # trains on episodes of that environment (the examples are its seeds, the prompt its
     # first observation) instead of task prompts. module: imported first (a user's
     # environment). Per episode: max_turns turns of at most turn_tokens sampled tokens, each

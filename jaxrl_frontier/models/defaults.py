@@ -33,7 +33,7 @@ def model_section() -> ml_collections.ConfigDict:
     # recompute in the backward pass (memory for FLOPs), per scanned block: none | full (keep
     # only each block's input) | dots_saveable (keep the matmul outputs, recompute the rest)
     s.remat = "none"
-    # LoRA (lora.py, Hu et al. 2021): rank > 0 trains rank-r adapters on the `targets`
+    # LoRA (models/lora.py, Hu et al. 2021): rank > 0 trains rank-r adapters on the `targets`
     # projections beside the frozen weights (RL): y = x W + (alpha / rank) x A B. Only the
     # adapters and their optimizer state are trained and checkpointed; the reference policy
     # is the frozen base; the export merges them into the weights.

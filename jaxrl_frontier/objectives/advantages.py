@@ -225,7 +225,7 @@ def reinforce(rewards: Array, reward_weights: Sequence[float] | None = None) -> 
 
 @_register("gae", "group")
 def gae(rewards: Array, reward_weights: Sequence[float] | None = None) -> Array:
-    """GAE from a learned critic (PPO): needs `critic.kind` 'head' or 'model' (rl/ppo.py).
+    """GAE from a learned critic (PPO): needs `critic.kind` 'head' or 'model' (rl/methods/ppo.py).
 
     At rollout time A = R, the sequence reward with no baseline (GAE with V = 0 and
     gamma = 1); before the update the learner replaces it with GAE on the critic's values,

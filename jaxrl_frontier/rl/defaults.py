@@ -15,11 +15,11 @@ def data_section() -> ml_collections.ConfigDict:
     s = ml_collections.ConfigDict(
         dict(prompt_batch=16, max_prompt_len=16, source="uniform", truncate_prompts=False)
     )
-    # the loop-level sources (scheduling.py, docs/methods.md): DAPO dynamic sampling (at most
+    # the loop-level sources (rl/sources/, docs/methods.md): DAPO dynamic sampling (at most
     # max_draws draws of prompt_batch prompts per step), ADS, ZPPO's hard-prompt replay
     s.dynamic = dict(max_draws=4)
     # ADS clusters: 'task' (the task's cluster key) or 'kmeans' (kmeans_k clusters of prompt
-    # features fitted on kmeans_sample train prompts; clustering.py)
+    # features fitted on kmeans_sample train prompts; rl/sources/clustering.py)
     s.ads = dict(
         pool=4,
         momentum=0.7,
@@ -32,7 +32,7 @@ def data_section() -> ml_collections.ConfigDict:
         kmeans_sample=1024,
         kmeans_iters=25,
     )
-    # 3SPO's state history and start-state allocation (environment runs; envs/allocation.py):
+    # 3SPO's state history and start-state allocation (environment runs; rl/sources/sspo.py):
     # pool x prompt_batch candidate seeds, prompt_batch drawn by n(s0); allocate=False: uniform
     s.sspo = dict(pool=4, allocate=True)
     s.zppo = dict(
@@ -69,7 +69,7 @@ def rollout_section() -> ml_collections.ConfigDict:
     # layers propose k tokens a round, the policy verifies them in one forward and rejection
     # sampling keeps its distribution exactly; draft None: off (the plain sampler)
     s.speculative = dict(draft=config_dict.placeholder(int), k=4)
-    # rollout editors and reward shaping (editing.py): editor names in editing.EDITORS, e.g.
+    # rollout editors and reward shaping (rl/produce/editors.py): editor names in editing.EDITORS, e.g.
     # ('dre',); DAPO's masking of completions cut off by the budget and its soft overlong
     # penalty over the last overlong_cache tokens of max_new_tokens (0: off); DRE's bonus
     s.editors = ()
@@ -83,7 +83,7 @@ def rollout_section() -> ml_collections.ConfigDict:
 
 def critic_section() -> ml_collections.ConfigDict:
     """`critic`: PPO's learned critic (none by default)."""
-    # PPO's learned critic (rl/ppo.py, rl/critic.py): kind none | head (a value head on the
+    # PPO's learned critic (rl/methods/ppo.py, rl/methods/critic.py): kind none | head (a value head on the
     # policy's final hidden states) | model (a small separate transformer); it goes with
     # objective.advantage = 'gae': per-token GAE on its values over the policy tokens, a
     # clipped value loss (value_clip; 0: unclipped) weighted by value_coef, its own Adam
@@ -115,7 +115,7 @@ def optimizer_section() -> ml_collections.ConfigDict:
 
 def pact_section() -> ml_collections.ConfigDict:
     """`pact`: PACT's expert traces in the update (off by default)."""
-    # PACT (rl/pact.py): rollouts stay prompt-only; each prompt's expert trace (a
+    # PACT (rl/methods/pact.py): rollouts stay prompt-only; each prompt's expert trace (a
     # pact.TRACE_SOURCES name: 'calculator', 'answer') enters the update as a context after
     # the prompt, scoring the rollout (trace_coef x the trace-conditioned surrogate), and as
     # SFT targets (component weights; sft_coef annealed to 0 over anneal_steps by schedule)

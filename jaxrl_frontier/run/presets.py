@@ -78,7 +78,7 @@ def sft_teacher(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
 
 
 def column_addition(mode: str) -> ml_collections.ConfigDict:
-    """The same model on 3-digit addition worked column by column (tasks/column_addition.py):
+    """The same model on 3-digit addition worked column by column (data/tasks/column_addition.py):
     completions of 32 tokens instead of 6, for claims about where along a completion a
     signal lands."""
     c = arithmetic(mode)
@@ -114,7 +114,7 @@ MOVE_WORDS = ("up", "down", "left", "right")
 
 
 def frozenlake(mode: str) -> ml_collections.ConfigDict:
-    """Multi-turn episodes of the grid world (envs/gridworld.py) with a 2-layer d=128 char
+    """Multi-turn episodes of the grid world (data/envs/gridworld.py) with a 2-layer d=128 char
     model: 6 turns of at most 8 tokens; RL starts from the SFT warm start that clones a
     uniformly random mover (configs/sft_frozenlake.py)."""
     c = base_config()
@@ -211,7 +211,7 @@ def with_defaults(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     any of them from the command line (`--config.objective.weight_kwargs.eps_high=0.28`, or
     `--config.objective.weight=dppo --config.objective.weight_kwargs.delta_low=0.1`);
     ml_collections cannot add a key that the file did not define. `config.resolve` drops the
-    unset ones and, after a switch of entry, the old entry's (config.py's docstring).
+    unset ones and, after a switch of entry, the old entry's (run/config.py's docstring).
     """
     from jaxrl_frontier.objectives import losses
     from jaxrl_frontier.run.config import entry_defaults

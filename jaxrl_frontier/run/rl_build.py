@@ -188,7 +188,7 @@ def build_rl_stages(
             mesh=mesh,
         )
     passes = [PASSES.get(name)(**context) for name in names]
-    if c.env.name:  # episodes of an environment (rl/agent_rollout.py)
+    if c.env.name:  # episodes of an environment (rl/produce/agent.py)
         sampling = rollout_sampling(c, tokenizer)
         producer = agent_rollout.env_producer(
             c, sampler, tokenizer, task, mesh=mesh, sampling=sampling, objective=objective,

@@ -34,12 +34,12 @@ def train_section() -> ml_collections.ConfigDict:
     # backends with a separate host memory (TPU, GPU; not CPU): train_step.optimizer_memory_kind
     s.offload_optimizer = False
 
-    # Reward scoring (rewards.py). scorer: auto (the task's choice) | in_process | sandboxed
-    # (each completion run as a program in a locked-down subprocess: sandbox.py). A reward
+    # Reward scoring (data/rewards/scorer.py). scorer: auto (the task's choice) | in_process | sandboxed
+    # (each completion run as a program in a locked-down subprocess: data/rewards/sandbox.py). A reward
     # that fails on every completion for max_failure_steps steps in a row stops the run (0:
     # never). The limits apply per completion in the sandbox.
     # the policy exported at the end: 'last', or 'best' (exported at each new best eval of
-    # train.collapse.metric). collapse.stop: the rise-and-collapse early stop (diagnostics.py)
+    # train.collapse.metric). collapse.stop: the rise-and-collapse early stop (rl/diagnostics.py)
     s.export = "last"
     s.collapse = dict(stop=False, metric="eval/pass@1_greedy", rise=0.05, drop=0.05, patience=2)
     return s
@@ -49,7 +49,7 @@ def eval_section() -> ml_collections.ConfigDict:
     """`eval`: held-out greedy pass@1 and sampled pass@k."""
     s = ml_collections.ConfigDict(dict(num_prompts=256, pass_k=4, batch=128))
 
-    # Multi-turn environments (envs/, rl/agent_rollout.py, docs/agents.md): a non-empty name
+    # Multi-turn environments (envs/, rl/produce/agent.py, docs/agents.md): a non-empty name
     # trains on episodes of that environment (the examples are its seeds, the prompt its
     # first observation) instead of task prompts. module: imported first (a user's
     # environment). Per episode: max_turns turns of at most turn_tokens sampled tokens, each

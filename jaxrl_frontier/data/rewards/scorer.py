@@ -7,8 +7,8 @@ metric), and the step goes on. The first failure is logged with its exception.
 
 `RewardScorer` is the interface the trainer calls. `InProcessScorer` runs the task's reward
 in this process (checkers of final answers: no model-written code runs). `SandboxedScorer`
-runs each completion as a program in a locked-down subprocess (`sandbox.py`) for tasks whose
-reward executes model-written code (`tasks/code.py`). `make_scorer` picks one from
+runs each completion as a program in a locked-down subprocess (`data/rewards/sandbox.py`) for tasks whose
+reward executes model-written code (`data/tasks/code.py`). `make_scorer` picks one from
 `rewards.scorer` ('auto': the task's `scorer` attribute). Each keeps `first_failure`, the
 first error of the run in one line, for the stop rule `rewards.max_failure_steps`.
 """
@@ -194,7 +194,7 @@ class SandboxedScorer:
             if not callable(getattr(task, method, None)):
                 raise ValueError(
                     f"rewards.scorer='sandboxed' needs a task with {method}(); "
-                    f"{type(task).__name__} has none (see tasks/code.py)"
+                    f"{type(task).__name__} has none (see data/tasks/code.py)"
                 )
         self.task = task
         self.reward_names = tuple(task.reward_names)

@@ -9,7 +9,7 @@ Prompt (a function header and a comment stating what it returns):
 (the worked input is not among the tests; it also makes prompts of one expression distinct,
 which held-out evaluation needs) and the completion finishes the function (" a*b+a"). The completion is model-written code, so
 the task is scored by `rewards.SandboxedScorer` (`scorer = "sandboxed"`): `program(example,
-completion)` is the source run in `sandbox.py` (prompt + completion + a harness that calls `f`
+completion)` is the source run in `data/rewards/sandbox.py` (prompt + completion + a harness that calls `f`
 on each test input and prints one JSON line per result), and `score(example, completion,
 result)` compares those lines, in this process, with the expected values, which never enter
 the sandbox. A completion can therefore only pass by computing the right values; whatever

@@ -1,7 +1,7 @@
 """`countdown`: reach a target from given numbers with + - * / and parentheses.
 
 Prompt "use 3, 7, 25, 50 to make 81:", completion e.g. "(50-25)*3+7-1"... which would be wrong
-(1 is not given). The completion must be an expression only (see `tasks/expression.py`, a safe
+(1 is not given). The completion must be an expression only (see `data/tasks/expression.py`, a safe
 parser: nothing is ever `eval`ed). `format` = it parses; `correctness` = it parses, every literal
 is one of the given numbers used at most as often as it was given, and its exact (Fraction)
 value equals the target. Division by zero parses but is wrong.

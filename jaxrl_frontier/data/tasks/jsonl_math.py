@@ -2,7 +2,7 @@
 
 Each line is a JSON object with a prompt field and an answer field (names configurable). The
 answer field may be a bare answer ("72"), or a worked solution ending in "#### 72" or holding
-"\\boxed{72}"; the reference answer is extracted and normalised (`tasks/math_answer.py`).
+"\\boxed{72}"; the reference answer is extracted and normalised (`data/tasks/math_answer.py`).
 A worked solution doubles as the SFT demonstration; a bare answer becomes "#### 72".
 
 Rewards: `format` = the completion marks an answer (\\boxed{...} or #### ...); `correctness` =

@@ -8,7 +8,7 @@
     learner.rollout_params() -> the policy weights for the sampler, through one resharding
         function (the identity when rollouts run on the training mesh).
 
-With LoRA (`base` given: `lora.py`) the train state holds the adapters only; the frozen base
+With LoRA (`base` given: `models/lora.py`) the train state holds the adapters only; the frozen base
 weights ride beside them as `frozen['base']` (an argument of the update, never donated or
 differentiated), every forward runs `lora.combine(base, adapters)`, and only the adapters
 move to the rollout mesh at each step (the base is resharded there once).

@@ -35,7 +35,7 @@ class TrainState:
     step: jax.Array  # int32 [], completed steps of the outer loop (the policy version)
     rng: jax.Array  # uint32 key data
     skipped: jax.Array  # int32 [], updates skipped for non-finite loss/grads
-    # a learned critic's {'params', 'opt_state'} (rl/ppo.py), None without one: trained with
+    # a learned critic's {'params', 'opt_state'} (rl/methods/ppo.py), None without one: trained with
     # the policy and checkpointed with it
     critic: Any = None
 

@@ -14,7 +14,7 @@ single-turn and a multi-turn producer are handled alike. Rewards on tokens:
 
     r[b, t] = extras['turn_rewards'][b, t]           when the producer gives them (each turn's
                                                       reward on its last policy token, as the
-                                                      environment producer rl/agent_rollout.py
+                                                      environment producer rl/produce/agent.py
                                                       does: `critic.turn_rewards_to_tokens`)
             = (sum_k w_k rewards[b, k]) on the row's last policy token, 0 elsewhere  (else)
             - beta * k(old_logp - ref_logp)[b, t]     with objective.kl_in_reward
