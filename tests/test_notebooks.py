@@ -50,5 +50,7 @@ def test_notebook_runs(path, tmp_path):
     assert "8 devices: cpu" in stdout
 
 
-def test_there_is_a_notebook():
-    assert NOTEBOOKS, "colab/ holds no notebook"
+def test_the_readme_names_every_notebook():
+    readme = (pathlib.Path(__file__).parent.parent / "README.md").read_text()
+    assert {p.name for p in NOTEBOOKS} == {"quickstart.ipynb", "objectives.ipynb"}
+    assert [p.name for p in NOTEBOOKS if p.name not in readme] == []

@@ -418,6 +418,18 @@ def _check_consistency(c: ml_collections.ConfigDict, num_devices: int | None) ->
     _positive(c, "train.epochs", "train.minibatches", "optimizer.grad_accum")
     if c.mode == "rl" and c.rollout.group_size < 2:
         raise ConfigError("config key 'rollout.group_size' must be >= 2 for group baselines")
+    recomputed = {
+        "train.recompute_old_logp": c.train.recompute_old_logp,
+        "rollout.editors": "dre" in c.rollout.editors,  # DRE changes tokens: recomputed
+    }
+    if c.mode == "rl" and c.objective.weight == "tis" and any(recomputed.values()):
+        key = next(k for k, v in recomputed.items() if v)
+        raise ConfigError(
+            "config key 'objective.weight' = 'tis' weighs each token by the trainer's over the "
+            f"sampler's probability, but {key!r} = {c[key.split('.')[0]][key.split('.')[1]]!r} "
+            "replaces the sampler's log-probs with the trainer's (every ratio would be 1): "
+            "turn that off, or choose another weight"
+        )
     if c.mode == "rl" and c.objective.advantage == "progress":
         raise ConfigError(
             "config key 'objective.advantage' = 'progress' cannot train a policy: its "

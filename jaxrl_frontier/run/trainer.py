@@ -3,10 +3,10 @@
 One RL step, stage by stage (each a class in its own module, taking its neighbours as
 arguments; none imports this one):
 
-    PromptSource.next_batch()                                  scheduling.py
-      -> RolloutProducer.produce(examples, weights, key)       rl/rollout.py   -> Experience
+    PromptSource.next_batch()                                  rl/sources/
+      -> RolloutProducer.produce(examples, weights, key)       rl/produce/rollout.py   -> Experience
       -> PromptSource.observe(info["results"])
-      -> Learner.update(experience)                            rl/learner.py
+      -> Learner.update(experience)                            rl/learn/learner.py
     metrics -> TensorBoard + JSONL + console;  state -> orbax checkpoint
 
 SFT replaces the producer and learner by `sft.SFTStep`. Evaluation, checkpoints and stop
@@ -39,6 +39,7 @@ from jaxrl_frontier.rl.learn.train_step import (
 )
 from jaxrl_frontier.rl.overlap import RolloutsAhead
 from jaxrl_frontier.rl.sources import make_source
+from jaxrl_frontier.rl.sources.utils import prompt_text
 from jaxrl_frontier.run import config as config_lib
 from jaxrl_frontier.run.build import (
     attach_lora,
@@ -302,7 +303,7 @@ class Trainer:
                     exp,
                     info,
                     self.mesh,
-                    self.task.prompt,
+                    lambda example: prompt_text(self.task, example),  # as sampled (ZPPO's)
                     self.reward_names,
                 )
 

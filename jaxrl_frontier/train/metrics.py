@@ -327,7 +327,8 @@ class ProgressBar:
     On a TTY the line is redrawn in place (carriage return) at most every `tty_interval_s`;
     otherwise (CI logs, files) a plain line is printed every `log_interval_s` and at the last
     step, so logs stay readable. The rate is measured from the first `update` on, so the first
-    step's compilation time does not distort the ETA. Only process 0 should own one.
+    step's compilation time does not distort the ETA; the first update's line (no rate yet)
+    is followed by one at the next update, whatever the interval. Only process 0 should own one.
 
         bar = ProgressBar(total=1000, metrics=("loss", "reward/correctness"))
         bar.update(step, {"loss": 0.3, ...});  bar.close()
@@ -368,13 +369,16 @@ class ProgressBar:
         if initial:
             self._emit(self.line(initial, clock()))
 
+    def rate(self, step: int, now: float) -> float | None:
+        """Steps per second since the first update (None before a second one)."""
+        if self._start is None:
+            return None
+        t0, s0 = self._start
+        return (step - s0) / (now - t0) if now > t0 and step > s0 else None
+
     def line(self, step: int, now: float) -> str:
         """The progress text for `step` at clock time `now` (no I/O)."""
-        rate = None
-        if self._start is not None:
-            t0, s0 = self._start
-            if now > t0 and step > s0:
-                rate = (step - s0) / (now - t0)
+        rate = self.rate(step, now)
         eta = (self.total - step) / rate if rate else None
         parts = [
             f"{self.desc + ' ' if self.desc else ''}step {step}/{self.total} ({100.0 * step / self.total:.1f}%)",
@@ -397,7 +401,8 @@ class ProgressBar:
                 self._values[k] = _to_float(k, v)
         if now - self._last_print < self.interval and step < self.total:
             return
-        self._last_print = now
+        # a line without a rate (the first update's) is followed by one at the next update
+        self._last_print = now if self.rate(step, now) is not None else -math.inf
         self._emit(self.line(step, now))
 
     def _emit(self, text: str) -> None:

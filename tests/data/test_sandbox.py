@@ -1,4 +1,4 @@
-"""Sandboxed code execution (sandbox.py, tasks/code.py, rewards.SandboxedScorer): every
+"""Sandboxed code execution (data/rewards/sandbox.py, data/tasks/code.py, rewards.SandboxedScorer): every
 hostile completion scores 0 while a correct one in the same batch scores 1, the trainer's
 process and files are untouched, and training goes on."""
 

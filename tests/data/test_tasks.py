@@ -6,9 +6,11 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
+from jaxrl_frontier.core.errors import ConfigError
 from jaxrl_frontier.data.tasks import (
     REWARD_NAMES,
     TASKS,
+    Task,
     eval_examples,
     make_prompt_iterator,
     make_task,
@@ -27,9 +29,13 @@ def correct_format(task, example, completion):
     return r["correctness"], r["format"]
 
 
-def test_registry_lists_tasks():
-    assert TASKS.names() == ["arithmetic", "code", "column_addition", "countdown", "jsonl_math"]
-    with pytest.raises(KeyError, match="arithmetic"):
+def test_every_registered_task_is_a_task_and_a_typo_names_the_key():
+    for name in TASKS:
+        cls = TASKS.get(name)
+        assert issubclass(cls, Task) and tuple(cls.reward_names)[0] == "correctness", name
+    with pytest.raises(ConfigError, match=r"config key 'task.name': unknown task 'arithmetc'"):
+        make_task("arithmetc")
+    with pytest.raises(KeyError, match="Did you mean 'arithmetic'"):  # also a KeyError
         make_task("arithmetc")
 
 

@@ -22,7 +22,6 @@ from jaxrl_frontier.models import hf
 from jaxrl_frontier.models.layers import ModelConfig
 
 TOL = 1e-4  # f32 logits, max |ours - transformers| over real positions
-MAX_DIFFS = {}  # case -> measured max diff, printed at the end (pytest -s)
 
 
 def _ours(model, tokens, mask) -> np.ndarray:
@@ -45,7 +44,6 @@ def test_logit_parity_and_round_trip(case, hf_checkpoints, tmp_path):
     got = _ours(model, tokens, mask)
     assert got.shape == ref.shape == (*tokens.shape, 128)
     diff = _max_diff(got, ref, mask)
-    MAX_DIFFS[case] = diff
     print(f"{case}: max |logit diff| = {diff:.2e} (max |logit| {np.abs(ref).max():.2f})")
     assert diff < TOL, f"{case}: max |logit diff| {diff} vs transformers"
 
@@ -300,9 +298,3 @@ def test_unknown_family_on_save():
     cfg = ModelConfig(128, 64, 128, 2, 4, 2, family="gpt2")
     with pytest.raises(ValueError, match=r"family='gpt2' has no HF architecture"):
         hf.config_to_hf(cfg)
-
-
-def test_report_max_diffs():
-    """Runs last in this file: prints the measured parity per case (visible with -s)."""
-    for case, diff in sorted(MAX_DIFFS.items()):
-        print(f"parity {case}: {diff:.2e}")

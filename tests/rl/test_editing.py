@@ -100,6 +100,24 @@ def test_dre_keeps_exactly_the_verified_prefix():
     }
 
 
+def test_dre_measures_the_tokens_after_the_answer_after_editing():
+    """`after` is measured on the edited rows: rows left with text after their answer count."""
+    ex = dict(TASK.example("train", 0))
+    ans = str(ex["answer"])
+    rows = _rows([ex], [ans + "  ", ans, ans + "9", " " + ans + " "], tn=5)
+    dre = DynamicRolloutEditing(TASK, TOK, bonus=0.1)
+    assert dre.tokens_after_answer(rows) == 3  # as the edit's `before`
+    out = dre.edit(rows)
+    assert dre.tokens_after_answer(out) == 0
+    # an edit that left row 0 as it was: its 2 trailing spaces are still after the answer
+    half = out.replace(
+        completion_tokens=np.concatenate([rows.completion_tokens[:1], out.completion_tokens[1:]]),
+        completion_mask=np.concatenate([rows.completion_mask[:1], out.completion_mask[1:]]),
+        texts=(rows.texts[0], *out.texts[1:]),
+    )
+    assert dre.tokens_after_answer(half) == 2
+
+
 def test_build_editors_reads_the_config_and_names_the_key():
     c = config_lib.base_config()
     c.rollout.editors = ("dre",)

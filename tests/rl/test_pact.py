@@ -1,4 +1,4 @@
-"""PACT (rl/pact.py): the annealing schedule, the two losses against hand-computed values,
+"""PACT (rl/methods/pact.py): the annealing schedule, the two losses against hand-computed values,
 the host layout of the trace-conditioned and SFT rows, the gradient of the combined loss,
 and the calculator's expert trace played in its environment."""
 

@@ -1,4 +1,4 @@
-"""PPO with a learned critic (rl/ppo.py) wired into the Learner: the update trains the critic
+"""PPO with a learned critic (rl/methods/ppo.py) wired into the Learner: the update trains the critic
 and its value loss falls on a fixed batch; the Experience's GAE advantages equal a NumPy
 reference (sequence rewards on the last policy token, per-turn rewards from a multi-turn
 row, the KL in the reward); gradient accumulation is exact for the value loss; the critic

@@ -159,6 +159,19 @@ def test_ads_moves_probability_toward_the_boundary_cluster():
     assert src.acc == {"a": 0.5, "b": 1.0}
 
 
+def test_ads_leaves_a_cluster_that_has_not_run_where_it_entered():
+    """Every measured accuracy 0: the unmeasured cluster gains nothing (a made-up accuracy
+    of 0.5 would have given it the top score)."""
+    src = _ads()
+    src.observe([_result(0, 0.0, "a")])  # 'a' measured: p_a = 1
+    src._add_cluster("b")  # seen in a pool, not run: p = the mean of the others, 1/2
+    assert src.p == pytest.approx({"a": 0.5, "b": 0.5}) and "b" not in src.acc
+    src.observe([_result(1, 0.0, "a")])
+    # O = {a}, M = 1/2: p_a <- .7 (1/2) + .3 (1/2) s_a / s_a = 1/2; p_b untouched
+    assert src.p == pytest.approx({"a": 0.5, "b": 0.5})
+    assert "ads/acc/b" not in src.metrics()
+
+
 def test_ads_prefers_boundary_prompts_inside_a_cluster():
     src = _ads()
     src.observe([_result(0, 0.5), _result(1, 1.0), _result(2, 0.66), _result(3, 0.25)])
@@ -260,6 +273,7 @@ def test_each_source_runs_through_the_trainer_logs_its_metrics_and_resumes(tmp_p
     c.data.source = source
     c.data.max_prompt_len = 16 if source == "zppo" else 5  # BCQ / NCQ prompts are longer
     c.train.update(steps=2, log_every=1, eval_every=10**6, checkpoint_every=1)
+    c.train.rollout_log_every = 1
     trainer = tr.Trainer(c, str(tmp_path))
     trainer.evaluate = lambda num_prompts=None: {"eval/pass@1_greedy": 0.0}
     trainer.run()
@@ -269,6 +283,10 @@ def test_each_source_runs_through_the_trainer_logs_its_metrics_and_resumes(tmp_p
     assert want[source] in logged and "diag/zero_signal_share" in logged
     if source == "dynamic":  # an untrained policy: most groups all-wrong, so it draws again
         assert max(r.get("dynamic/draws", 0) for r in rows) > 1
+    if source == "zppo":  # step 2 replays step 1's failures first: the prompts it sampled on
+        logged = [json.loads(line) for line in open(tmp_path / "rollouts.jsonl")]
+        replayed = [r["prompt"] for r in logged if r["step"] == 2]
+        assert replayed and all(";" in p for p in replayed[:1]), replayed
     # the saved source state resumes the stream: a fresh trainer continues it exactly
     want_next = [e["index"] for e in trainer.source.next_batch()]
     again = tr.Trainer(c, str(tmp_path))

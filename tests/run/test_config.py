@@ -297,6 +297,22 @@ def test_progress_cannot_be_the_training_advantage():
     assert "0 at step 0" in msg and "test-time" in msg
 
 
+@pytest.mark.parametrize(
+    "key, value",
+    [("train.recompute_old_logp", True), ("rollout.editors", ("dre",))],
+)
+def test_tis_against_recomputed_behaviour_log_probs_is_refused(key, value):
+    """TIS weighs trainer over sampler probabilities; recomputed old log-probs make it 1."""
+    c = _grpo()
+    c.objective.weight = "tis"
+    section, name = key.split(".")
+    c[section][name] = value
+    msg = _error(c)
+    assert "'objective.weight' = 'tis'" in msg and repr(key) in msg
+    c[section][name] = False if key.startswith("train") else ()
+    validate(c, num_devices=8)  # the sampler's own log-probs: accepted
+
+
 def test_objective_defaults_are_defined_once():
     from jaxrl_frontier.objectives import losses
 

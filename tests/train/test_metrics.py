@@ -156,18 +156,22 @@ def test_progress_bar_plain_lines():
     bar = ProgressBar(100, metrics=("loss", "missing"), stream=out, log_interval_s=10, clock=clock)
     bar.update(0, {"loss": 1.0})  # first update: prints, no rate yet
     clock.t += 5
-    bar.update(10, {"loss": 0.5})  # within the interval: silent
+    bar.update(10, {"loss": 0.5})  # the first rate: printed within the interval
     clock.t += 5
-    bar.update(20, {"loss": np.float32(0.25), "other": 3})
+    bar.update(20, {"loss": np.float32(0.25), "other": 3})  # within the interval: silent
+    clock.t += 10
+    bar.update(40, {"loss": np.float32(0.25)})
     clock.t += 1
     bar.update(100)  # the last step always prints
     bar.close()
     lines = out.getvalue().splitlines()
-    assert len(lines) == 3
+    assert len(lines) == 4
     assert lines[0] == "step 0/100 (0.0%) | ? it/s | eta ? | loss 1"
-    # 20 steps in 10 s = 2 it/s; 80 steps left -> 40 s.
-    assert lines[1] == "step 20/100 (20.0%) | 2.00 it/s | eta 40s | loss 0.25"
-    assert lines[2].startswith("step 100/100 (100.0%)") and "eta 0s" in lines[2]
+    # 10 steps in 5 s = 2 it/s; 90 steps left -> 45 s.
+    assert lines[1] == "step 10/100 (10.0%) | 2.00 it/s | eta 45s | loss 0.5"
+    # 40 steps in 20 s = 2 it/s; 60 steps left -> 30 s.
+    assert lines[2] == "step 40/100 (40.0%) | 2.00 it/s | eta 30s | loss 0.25"
+    assert lines[3].startswith("step 100/100 (100.0%)") and "eta 0s" in lines[3]
     assert "\r" not in out.getvalue()
 
 

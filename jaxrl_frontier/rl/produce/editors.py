@@ -1,6 +1,6 @@
 """Rollout editors and reward shapers: what happens to completions between sampling and credit.
 
-    RolloutEditor   edit(rows) -> rows           before scoring (rl/rollout.py `RolloutRows`)
+    RolloutEditor   edit(rows) -> rows           before scoring (rl/produce/rollout.py `RolloutRows`)
     RewardShaper    (rows, rewards) -> rewards   after scoring: appends reward components
 
 Editors are chosen by `rollout.editors` (names in `EDITORS`), built with the run's task,
@@ -128,9 +128,8 @@ class DynamicRolloutEditing:
     its group through the `dre` reward component, `bonus` on edited rows and 0 elsewhere.
 
     Metrics (all processes): `dre/edited` (rows edited), `dre/tokens_after_answer_before` and
-    `dre/tokens_after_answer_after`: tokens after the verified prefix and its stop token,
-    summed over the correct rows, before and after editing (after is 0 by construction
-    when every correct row with a verified strict prefix is edited).
+    `dre/tokens_after_answer_after`: `tokens_after_answer` of the rows before and after
+    editing (after is 0 when every correct row with a verified strict prefix was cut there).
     """
 
     reward_names = ("dre",)
@@ -153,12 +152,25 @@ class DynamicRolloutEditing:
                 return k
         return None
 
+    def tokens_after_answer(self, rows: RolloutRows) -> int:
+        """Tokens after the shortest verified strict prefix and its stop token, summed over
+        the correct rows (a row with no verified strict prefix counts 0)."""
+        total = 0
+        for b, text in enumerate(rows.texts):
+            example = rows.examples[b // rows.group_size]
+            if not self._correct(example, text):
+                continue
+            n = int(rows.completion_mask[b].sum())
+            k = self.verified_prefix(example, rows.completion_tokens[b], n)
+            total += 0 if k is None else n - (k + 1)
+        return total
+
     def edit(self, rows: RolloutRows) -> RolloutRows:
         g, eos = rows.group_size, self.tokenizer.eos_id
         tok, cmask = rows.completion_tokens.copy(), rows.completion_mask.copy()
         pmask, logp = rows.policy_mask.copy(), rows.policy_logp.copy()
         texts, edited = list(rows.texts), np.zeros(len(rows.texts), bool)
-        before = after = 0
+        before = 0
         for b, text in enumerate(rows.texts):
             example = rows.examples[b // g]
             if not self._correct(example, text):
@@ -176,15 +188,16 @@ class DynamicRolloutEditing:
             logp[b, k:] = 0.0  # the stop token's log-prob comes from the recompute
             texts[b] = self.tokenizer.decode(tok[b, :k].tolist())
             edited[b] = True
-        self._edited = edited
-        self._counts = (int(edited.sum()), before, after)
-        return rows.replace(
+        out = rows.replace(
             completion_tokens=tok,
             completion_mask=cmask,
             policy_mask=pmask,
             policy_logp=logp,
             texts=tuple(texts),
         )
+        self._edited = edited
+        self._counts = (int(edited.sum()), before, self.tokens_after_answer(out))
+        return out
 
     def __call__(self, rows: RolloutRows, rewards: np.ndarray) -> np.ndarray:
         """The `dre` preference component of the rows just edited."""

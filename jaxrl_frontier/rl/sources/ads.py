@@ -21,13 +21,16 @@ class ADSSource(PromptSource):
     the clusters where the policy is at its boundary, and boundary prompts preferred inside a
     cluster.
 
-    Cluster level, after each step, for every cluster k seen so far:
+    Cluster level, after each step, for every cluster k in O, the clusters whose prompts have
+    run at least once:
 
         acc_k  <- mean solve rate of its prompts this step (kept when none ran)
         s_k     = acc_k (1 - acc_k) + floor                 progress score, largest at 0.5
-        p_k    <- momentum p_k + (1 - momentum) s_k / sum_j s_j,   renormalised
+        p_k    <- momentum p_k + (1 - momentum) M s_k / sum_{j in O} s_j,   M = sum_{j in O} p_j
 
-    (momentum 0.7; a newly seen cluster enters with acc 0.5, p = the mean of the others).
+    (momentum 0.7). A newly seen cluster enters with p = the mean of the others and no
+    accuracy, and keeps its p until its prompts have run: a score made up for it (say 0.5,
+    the top of s) would pull probability toward clusters nobody has measured.
     Clusters come from `clusters` (`clustering.TaskClusters`: the task's key, the default;
     or `clustering.KMeansClusters`: k-means on prompt features), whose state is saved too.
     Sample level: each step draws a pool of `pool` x P candidates from the uniform stream,
@@ -75,7 +78,6 @@ class ADSSource(PromptSource):
     def _add_cluster(self, k: str) -> None:
         if k not in self.p:
             self.p[k] = float(np.mean(list(self.p.values()))) if self.p else 1.0
-            self.acc[k] = 0.5
             total = sum(self.p.values())
             self.p = {c: v / total for c, v in self.p.items()}
 
@@ -119,9 +121,11 @@ class ADSSource(PromptSource):
             seen.setdefault(k, []).append(correct)
         for k, v in seen.items():
             self.acc[k] = float(np.mean(v))
-        s = {k: a * (1 - a) + self.floor for k, a in self.acc.items()}
-        total = sum(s.values())
-        p = {k: self.momentum * self.p[k] + (1 - self.momentum) * s[k] / total for k in self.p}
+        s = {k: a * (1 - a) + self.floor for k, a in self.acc.items()}  # the clusters O
+        total, mass = sum(s.values()), sum(self.p[k] for k in s)
+        p = dict(self.p)
+        for k in s:
+            p[k] = self.momentum * p[k] + (1 - self.momentum) * mass * s[k] / total
         z = sum(p.values())
         self.p = {k: v / z for k, v in p.items()}
 
