@@ -13,6 +13,9 @@ def task_section() -> ml_collections.ConfigDict:
     # .py file), so a task or reward registered there needs no edit of the package
     s.module = ""
     s.kwargs = ml_collections.ConfigDict()
+    # the task and its kwargs as the config file wrote them (presets.with_defaults): how
+    # run.config.resolve tells a command-line switch of task.name from the file's choice
+    s.as_written = ml_collections.ConfigDict()
     # True: format each prompt with the instruct model's own chat template (data/tasks/chat.py),
     # read from tokenizer.path's directory (chat_template.jinja or tokenizer_config.json);
     # rollouts then also stop at the token that ends an assistant turn. False: raw text
@@ -71,3 +74,19 @@ def env_section() -> ml_collections.ConfigDict:
     s.train_size = 1_000_000
     s.eval_size = 10_000
     return s
+
+
+# The allowed values of this layer's keys with a closed set of them (run/config.py checks).
+CHOICES: dict[str, tuple] = {
+    "rewards.scorer": ("auto", "in_process", "sandboxed"),
+}
+
+# This layer's numeric keys: (low, high, low inclusive, high inclusive); None = open.
+RANGES: dict[str, tuple] = {
+    "rewards.max_failure_steps": (0, None, True, None),
+    "rewards.workers": (0, None, False, None),
+    "rewards.cpu_seconds": (0, None, False, None),
+    "rewards.wall_seconds": (0, None, False, None),
+    "rewards.memory_mb": (0, None, False, None),
+    "rewards.max_output_bytes": (0, None, False, None),
+}

@@ -50,3 +50,29 @@ def teacher_section() -> ml_collections.ConfigDict:
     # init: none | scratch | hf | checkpoint
     s = ml_collections.ConfigDict(dict(init="none", path="", dtype="float32"))
     return s
+
+
+# The allowed values of this layer's keys with a closed set of them (run/config.py checks).
+CHOICES: dict[str, tuple] = {
+    "tokenizer.kind": ("char", "hf"),
+    "model.init": ("scratch", "hf", "checkpoint"),
+    "model.dtype": ("float32", "bfloat16"),
+    "model.remat": ("none", "full", "dots_saveable"),
+    "teacher.init": ("none", "scratch", "hf", "checkpoint"),
+    "teacher.dtype": ("float32", "bfloat16"),
+}
+
+# This layer's numeric keys: (low, high, low inclusive, high inclusive); None = open.
+RANGES: dict[str, tuple] = {
+    "model.hidden_size": (0, None, False, None),
+    "model.intermediate_size": (0, None, False, None),
+    "model.num_layers": (0, None, False, None),
+    "model.num_heads": (0, None, False, None),
+    "model.num_kv_heads": (0, None, False, None),
+    "model.head_dim": (0, None, True, None),
+    "model.vocab_size": (0, None, True, None),
+    "model.rope_theta": (0, None, False, None),
+    "model.max_position_embeddings": (0, None, False, None),
+    "model.lora.rank": (0, None, True, None),  # 0: no adapters
+    "model.lora.alpha": (0, None, False, None),
+}

@@ -68,6 +68,17 @@ DEFAULTS: Mapping[str, Any] = {
 }
 
 
+# The allowed values of the objective's keys with a closed set of them (run/config.py checks).
+CHOICES: dict[str, tuple] = {
+    "objective.kl_estimator": ("k1", "k2", "k3"),
+}
+
+# The objective's numeric keys: (low, high, low inclusive, high inclusive); None = open.
+RANGES: dict[str, tuple] = {
+    "objective.kl_coef": (0, None, True, None),
+}
+
+
 # objective.<block> names an entry of a registry; objective.<block>_kwargs configures it.
 REGISTRIES: Mapping[str, Registry] = {
     "weight": WEIGHTS,

@@ -126,3 +126,41 @@ def pact_section() -> ml_collections.ConfigDict:
     s.weights = dict(reasoning=0.5, tool_call=1.0, answer=1.0)
     s.update(context_len=96, trace_len=64)
     return s
+
+
+# The allowed values of this layer's keys with a closed set of them (run/config.py checks).
+CHOICES: dict[str, tuple] = {
+    "pact.schedule": ("linear", "cosine", "constant"),
+    "rollout.cache_dtype": (None, "float32", "bfloat16"),
+    "optimizer.schedule": ("constant", "cosine", "linear"),
+    "critic.kind": ("none", "head", "model"),
+}
+
+# This layer's numeric keys: (low, high, low inclusive, high inclusive); None = open.
+RANGES: dict[str, tuple] = {
+    "data.prompt_batch": (0, None, False, None),
+    "data.max_prompt_len": (0, None, False, None),
+    "rollout.group_size": (0, None, False, None),
+    "rollout.max_new_tokens": (0, None, False, None),
+    "rollout.temperature": (0, None, False, None),  # > 0 (greedy decoding is its own flag)
+    "rollout.top_k": (0, None, True, None),  # 0: off
+    "rollout.top_p": (0, 1, False, True),
+    "rollout.min_p": (0, 1, True, False),
+    "rollout.dropout_rate": (0, 1, True, False),
+    "rollout.speculative.k": (0, None, False, None),
+    "rollout.sc_vocab_chunk": (0, None, False, None),
+    "optimizer.lr": (0, None, False, None),
+    "optimizer.warmup_steps": (0, None, True, None),
+    "optimizer.b1": (0, 1, True, False),
+    "optimizer.b2": (0, 1, True, False),
+    "optimizer.eps": (0, None, True, None),
+    "optimizer.weight_decay": (0, None, True, None),
+    "optimizer.max_grad_norm": (0, None, True, None),  # 0: no clipping
+    "optimizer.grad_accum": (0, None, False, None),
+    "critic.gamma": (0, 1, True, True),
+    "critic.lam": (0, 1, True, True),
+    "critic.value_clip": (0, None, True, None),  # 0: the unclipped value loss
+    "critic.value_coef": (0, None, False, None),
+    "critic.hidden_size": (0, None, False, None),
+    "critic.num_layers": (0, None, False, None),
+}

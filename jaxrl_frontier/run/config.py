@@ -45,6 +45,7 @@ log = logging.getLogger(__name__)
 # Subtrees whose keys are not fixed by the schema (checked against what they configure).
 FREE_FORM = (
     "task.kwargs",
+    "task.as_written",  # the file's task and kwargs (presets.with_defaults)
     "env.kwargs",  # the environment's keyword arguments (checked by the environment)
     "objective.reward_weights",  # reward component -> weight, checked against the task's names
     "objective.advantage_kwargs",
@@ -106,84 +107,24 @@ def base_config() -> ml_collections.ConfigDict:
 
 # --------------------------------------------------------------------------- resolve
 
+# The allowed values and ranges of every key, composed from the layers that own them.
 CHOICES: dict[str, tuple] = {
     "mode": ("rl", "sft"),
-    "tokenizer.kind": ("char", "hf"),
-    "model.init": ("scratch", "hf", "checkpoint"),
-    "model.dtype": ("float32", "bfloat16"),
-    "model.remat": ("none", "full", "dots_saveable"),
-    "pact.schedule": ("linear", "cosine", "constant"),
-    "rollout.cache_dtype": (None, "float32", "bfloat16"),
-    "teacher.init": ("none", "scratch", "hf", "checkpoint"),
-    "teacher.dtype": ("float32", "bfloat16"),
-    "optimizer.schedule": ("constant", "cosine", "linear"),
-    "objective.kl_estimator": ("k1", "k2", "k3"),
-    "rewards.scorer": ("auto", "in_process", "sandboxed"),
-    "train.export": ("last", "best"),
-    "critic.kind": ("none", "head", "model"),
+    **model_defaults.CHOICES,
+    **data_defaults.CHOICES,
+    **rl_defaults.CHOICES,
+    **train_defaults.CHOICES,
+    **losses.CHOICES,
 }
-
-# Every numeric key with a range: (low, high, low inclusive, high inclusive); None = open.
-# (The keys also checked for consistency below, e.g. group_size >= 2 in RL, are here too.)
+# (low, high, low inclusive, high inclusive); None = open. The keys also checked for
+# consistency below (e.g. group_size >= 2 in RL) are here too.
 RANGES: dict[str, tuple] = {
     "seed": (0, None, True, None),
-    "model.hidden_size": (0, None, False, None),
-    "model.intermediate_size": (0, None, False, None),
-    "model.num_layers": (0, None, False, None),
-    "model.num_heads": (0, None, False, None),
-    "model.num_kv_heads": (0, None, False, None),
-    "model.head_dim": (0, None, True, None),
-    "model.vocab_size": (0, None, True, None),
-    "model.rope_theta": (0, None, False, None),
-    "model.max_position_embeddings": (0, None, False, None),
-    "model.lora.rank": (0, None, True, None),  # 0: no adapters
-    "model.lora.alpha": (0, None, False, None),
-    "data.prompt_batch": (0, None, False, None),
-    "data.max_prompt_len": (0, None, False, None),
-    "rollout.group_size": (0, None, False, None),
-    "rollout.max_new_tokens": (0, None, False, None),
-    "rollout.temperature": (0, None, False, None),  # > 0 (greedy decoding is its own flag)
-    "rollout.top_k": (0, None, True, None),  # 0: off
-    "rollout.top_p": (0, 1, False, True),
-    "rollout.min_p": (0, 1, True, False),
-    "rollout.dropout_rate": (0, 1, True, False),
-    "rollout.speculative.k": (0, None, False, None),
-    "rollout.sc_vocab_chunk": (0, None, False, None),
-    "optimizer.lr": (0, None, False, None),
-    "optimizer.warmup_steps": (0, None, True, None),
-    "optimizer.b1": (0, 1, True, False),
-    "optimizer.b2": (0, 1, True, False),
-    "optimizer.eps": (0, None, True, None),
-    "optimizer.weight_decay": (0, None, True, None),
-    "optimizer.max_grad_norm": (0, None, True, None),  # 0: no clipping
-    "optimizer.grad_accum": (0, None, False, None),
-    "train.steps": (0, None, False, None),
-    "train.epochs": (0, None, False, None),
-    "train.minibatches": (0, None, False, None),
-    "train.log_every": (0, None, False, None),
-    "train.eval_every": (0, None, False, None),
-    "train.checkpoint_every": (0, None, False, None),
-    "train.keep_checkpoints": (0, None, False, None),
-    "train.rollout_log_every": (0, None, False, None),
-    "train.sft_batch": (0, None, False, None),
-    "train.stop_at_pass1": (0, 1, True, True),
-    "train.max_skipped_updates": (0, None, True, None),
-    "objective.kl_coef": (0, None, True, None),
-    "critic.gamma": (0, 1, True, True),
-    "critic.lam": (0, 1, True, True),
-    "critic.value_clip": (0, None, True, None),  # 0: the unclipped value loss
-    "critic.value_coef": (0, None, False, None),
-    "critic.hidden_size": (0, None, False, None),
-    "critic.num_layers": (0, None, False, None),
-    "eval.num_prompts": (0, None, False, None),
-    "eval.pass_k": (0, None, False, None),
-    "eval.batch": (0, None, False, None),
-    "rewards.max_failure_steps": (0, None, True, None),
-    "rewards.workers": (0, None, False, None),
-    "rewards.cpu_seconds": (0, None, False, None),
-    "rewards.wall_seconds": (0, None, False, None),
-    "rewards.memory_mb": (0, None, False, None),
-    "rewards.max_output_bytes": (0, None, False, None),
+    **model_defaults.RANGES,
+    **data_defaults.RANGES,
+    **rl_defaults.RANGES,
+    **train_defaults.RANGES,
+    **losses.RANGES,
 }
 
 
@@ -226,6 +167,7 @@ def resolve(config: Mapping | ml_collections.ConfigDict) -> ml_collections.Confi
     given = config.to_dict() if hasattr(config, "to_dict") else dict(config)
     out = base_config()
     _merge(out, given, "")
+    _settle_task_kwargs(out.task)
     _settle_registry_kwargs(out.objective)
     return out
 
@@ -250,6 +192,37 @@ def _merge(node: ml_collections.ConfigDict, given: Mapping, prefix: str) -> None
                 raise ConfigError(
                     f"config key {key!r} = {v!r} has type {type(v).__name__}; expected {expected}"
                 ) from None
+
+
+def _settle_task_kwargs(t: ml_collections.ConfigDict) -> None:
+    """`task.kwargs` without unset placeholders; after a switch away from the task recorded in
+    `task.as_written`, restarted from the new task's defaults (keys the file wrote for the old
+    task are dropped; keys set anew, e.g. on the command line, are kept)."""
+    from jaxrl_frontier.data.tasks import load_task_module
+    from jaxrl_frontier.data.tasks.base import task_defaults
+
+    written = t.as_written.to_dict()
+    given = {k: v for k, v in t.kwargs.to_dict().items() if v is not None}
+    if written.get("name") and written["name"] != t.name:
+        as_written = written.get("kwargs") or {}
+        kept = {k: v for k, v in given.items() if as_written.get(k, None) != v}
+        dropped = {k: v for k, v in given.items() if k not in kept}
+        try:
+            load_task_module(t.module)  # a user's task registers before its defaults are read
+        except (ImportError, OSError) as e:
+            raise ConfigError(f"config key 'task.module' = {t.module!r}: {e}") from None
+        given = {**task_defaults(t.name), **kept}
+        log.info(
+            "config: task.name is %r, the config file chose %r: task.kwargs start from %r's "
+            "defaults%s",
+            t.name,
+            written["name"],
+            t.name,
+            f" (dropped {dropped}, written for {written['name']!r})" if dropped else "",
+        )
+    t.kwargs = ml_collections.ConfigDict(given)
+    if written.get("name"):
+        t.as_written = ml_collections.ConfigDict({"name": t.name, "kwargs": dict(given)})
 
 
 def _settle_registry_kwargs(o: ml_collections.ConfigDict) -> None:

@@ -160,18 +160,6 @@ def shrink(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     return c
 
 
-def _task_defaults(name: str) -> dict:
-    from jaxrl_frontier.data.tasks import TASKS
-    from jaxrl_frontier.objectives.losses import entry_defaults
-
-    out: dict = {}
-    for klass in reversed(TASKS.get(name).__mro__):  # subclass defaults win
-        if "__init__" in vars(klass):
-            defaults = entry_defaults(klass.__init__)
-            out.update({k: v for k, v in defaults.items() if v is not None})
-    return out
-
-
 _SCALARS = (bool, int, float, str)
 
 
@@ -202,9 +190,29 @@ def registry_knobs(block: str) -> dict[str, type]:
     return knobs
 
 
+def task_knobs() -> dict[str, type]:
+    """Every config knob of every registered task: {key: scalar type} (`task.kwargs`)."""
+    from jaxrl_frontier.data.tasks import TASKS
+
+    knobs: dict[str, type] = {}
+    for name in TASKS.names():
+        for klass in TASKS.get(name).__mro__:
+            if "__init__" not in vars(klass) or klass is object:
+                continue
+            params = inspect.signature(klass.__init__).parameters.values()
+            for p in params:
+                if p.name == "self" or p.kind not in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY):
+                    continue
+                default = None if p.default is inspect.Parameter.empty else p.default
+                kind = _knob_type(klass.__init__, p.name, default)
+                if kind is not None:
+                    knobs.setdefault(p.name, kind)
+    return knobs
+
+
 def with_defaults(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     """Spell out every hyperparameter of the chosen task / advantage / weight / aggregation /
-    distillation loss, and record the choices in `objective.as_written`.
+    distillation loss, and record the choices in `task.as_written` and `objective.as_written`.
 
     Each kwargs block lists the chosen entry's knobs at their defaults (the file's values
     win) and every other knob of its registry as an unset placeholder, so a sweep can set
@@ -213,12 +221,17 @@ def with_defaults(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     ml_collections cannot add a key that the file did not define. `config.resolve` drops the
     unset ones and, after a switch of entry, the old entry's (run/config.py's docstring).
     """
+    from jaxrl_frontier.data.tasks.base import task_defaults
     from jaxrl_frontier.objectives import losses
     from jaxrl_frontier.run.config import entry_defaults
 
-    c.task.kwargs = ml_collections.ConfigDict(
-        {**_task_defaults(c.task.name), **c.task.kwargs.to_dict()}
-    )
+    task_kwargs = {**task_defaults(c.task.name), **c.task.kwargs.to_dict()}
+    c.task.as_written = ml_collections.ConfigDict({"name": c.task.name, "kwargs": task_kwargs})
+    spelled = ml_collections.ConfigDict(task_kwargs)
+    for key, kind in task_knobs().items():  # every task's knobs: a switch of task.name
+        if key not in spelled:  # can set its own from the command line
+            spelled[key] = config_dict.placeholder(kind)
+    c.task.kwargs = spelled
     o = c.objective
     written: dict = {}
     for block in losses.REGISTRIES:

@@ -60,3 +60,27 @@ def eval_section() -> ml_collections.ConfigDict:
     # data.source='sspo', which keeps the history).
     s.at_start = True  # RL: evaluate the starting policy at step 0 (off: faster tests)
     return s
+
+
+# The allowed values of this layer's keys with a closed set of them (run/config.py checks).
+CHOICES: dict[str, tuple] = {
+    "train.export": ("last", "best"),
+}
+
+# This layer's numeric keys: (low, high, low inclusive, high inclusive); None = open.
+RANGES: dict[str, tuple] = {
+    "train.steps": (0, None, False, None),
+    "train.epochs": (0, None, False, None),
+    "train.minibatches": (0, None, False, None),
+    "train.log_every": (0, None, False, None),
+    "train.eval_every": (0, None, False, None),
+    "train.checkpoint_every": (0, None, False, None),
+    "train.keep_checkpoints": (0, None, False, None),
+    "train.rollout_log_every": (0, None, False, None),
+    "train.sft_batch": (0, None, False, None),
+    "train.stop_at_pass1": (0, 1, True, True),
+    "train.max_skipped_updates": (0, None, True, None),
+    "eval.num_prompts": (0, None, False, None),
+    "eval.pass_k": (0, None, False, None),
+    "eval.batch": (0, None, False, None),
+}

@@ -230,6 +230,27 @@ def test_switching_the_weight_restarts_its_kwargs_from_the_new_defaults(caplog):
     )
 
 
+def test_switching_the_task_restarts_its_kwargs_from_the_new_defaults(caplog):
+    """--config.task.name on a file written for another task: its kwargs start from the new
+    task's defaults (the arithmetic ones are dropped, named in the log), and a knob of the new
+    task set on the command line applies."""
+    from jaxrl_frontier.data.tasks.base import task_defaults
+
+    c = _command_line("--config.task.name=code")
+    with caplog.at_level("INFO", logger="jaxrl_frontier.run.config"):
+        r = resolve(c)
+    assert r.task.kwargs.to_dict() == task_defaults("code")
+    assert "'max_digits'" in caplog.text and "'arithmetic'" in caplog.text
+    validate(c, num_devices=8)
+    assert resolve(r).to_dict() == r.to_dict()  # idempotent
+    c = _command_line("--config.task.name=code", "--config.task.kwargs.num_tests=6")
+    assert resolve(c).task.kwargs.to_dict() == {**task_defaults("code"), "num_tests": 6}
+    # the file's own task: its kwargs as written, the other tasks' unset knobs dropped
+    assert resolve(_command_line()).task.kwargs.to_dict() == dict(
+        task_defaults("arithmetic"), max_digits=3, ops="+", prompt_template="{a:03d}{op}{b:03d}="
+    )
+
+
 def test_shared_kwarg_names_take_the_new_entry_default_unless_set():
     # ppo_clip and cispo both take eps_low / eps_high: the file's 0.2 was written for ppo_clip
     r = resolve(_command_line("--config.objective.weight=cispo"))

@@ -48,7 +48,8 @@ def task_for(config, tokenizer) -> Task:
         system = config.task.get("system_prompt", "")
         task = EnvTask(env, chat.template_for(config), tokenizer, system)
     else:
-        task = make_task(config.task.name, **config.task.kwargs.to_dict())
+        kwargs = {k: v for k, v in config.task.kwargs.to_dict().items() if v is not None}
+        task = make_task(config.task.name, **kwargs)  # None: a knob of another task, unset
         template = chat.template_for(config)
         if template is not None:
             task = chat.ChatPrompts(task, template, config.task.get("system_prompt", ""))

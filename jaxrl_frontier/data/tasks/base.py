@@ -25,6 +25,7 @@ drawn instance hashes into `split` (rejection sampling). Because the hash ignore
 from __future__ import annotations
 
 import hashlib
+import inspect
 import random
 from typing import Any, ClassVar
 
@@ -169,3 +170,16 @@ class SyntheticTask(Task):
             f"{self.name}: no {split} instance in {self.MAX_DRAWS} draws; the instance space is "
             f"too small for eval_fraction={self.eval_fraction} (widen the task settings)"
         )
+
+
+def task_defaults(name: str) -> dict[str, Any]:
+    """The keyword defaults of the task `name` that are set (not None), over its classes'
+    `__init__`s (a subclass's defaults win): the `task.kwargs` it starts from."""
+    out: dict[str, Any] = {}
+    for klass in reversed(TASKS.get(name).__mro__):
+        if "__init__" in vars(klass):
+            for p in inspect.signature(klass.__init__).parameters.values():
+                keyword = p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+                if keyword and p.default is not inspect.Parameter.empty and p.default is not None:
+                    out[p.name] = p.default
+    return out

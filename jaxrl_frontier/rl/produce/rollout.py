@@ -72,7 +72,9 @@ class RolloutProducer:
         teacher_answers=None,
     ):
         self.sampler, self.tokenizer, self.scorer = sampler, tokenizer, scorer
-        self.teacher_answers = teacher_answers  # ZPPO's BCQ references (rl/sources/teacher_answers.py)
+        self.teacher_answers = (
+            teacher_answers  # ZPPO's BCQ references (rl/sources/teacher_answers.py)
+        )
         self.mesh, self.sampling, self.max_prompt_len = mesh, sampling, max_prompt_len
         self.objective = FrozenObjective(objective)
         self.prompt_of = prompt_of
