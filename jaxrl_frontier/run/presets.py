@@ -39,6 +39,20 @@ def arithmetic(mode: str, runlocal: bool = False) -> ml_collections.ConfigDict:
     return c
 
 
+def code(mode: str) -> ml_collections.ConfigDict:
+    """The code problems (data/code_problems.jsonl, scored in the sandbox) with the same
+    2-layer d=128 char model: prompts of up to 64 characters, completions of up to 40."""
+    c = arithmetic(mode)
+    c.task.name = "code_problems"
+    c.task.kwargs = dict()
+    c.data.update(prompt_batch=8, max_prompt_len=72)
+    c.rollout.update(group_size=8, max_new_tokens=40)
+    c.rewards.update(workers=4, cpu_seconds=2.0, wall_seconds=5.0)
+    if mode == "rl":
+        c.model.path = "runs/sft_code"
+    return c
+
+
 def sft_start(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     """The SFT recipe of an RL start: lr 3e-3, stop at the first eval with greedy pass@1
     >= 30%. The phase transition where the carries click comes at a different step with

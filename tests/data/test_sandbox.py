@@ -41,6 +41,32 @@ def test_a_correct_completion_scores_1_and_a_wrong_one_0(scorer):
     assert rewards[:, 1].tolist() == [1.0, 1.0, 0.0, 1.0]  # format: f ran on every input
 
 
+def test_every_code_problem_is_solved_by_its_reference_and_not_by_a_wrong_answer(scorer):
+    """data/code_problems.jsonl: each row's reference completion passes its tests in the
+    sandbox; the completion of another row (a wrong function) fails at least one."""
+    problems = make_task("code_problems")
+    rows = [
+        problems.example(s, i) for s in ("train", "eval") for i in range(problems.num_examples(s))
+    ]
+    assert len(rows) == 28
+    sandboxed = SandboxedScorer(problems, workers=4, limits=LIMITS)
+    try:
+        right, failed = sandboxed(rows, [r["solution"] for r in rows])
+        shifted = [rows[(i + 1) % len(rows)]["solution"] for i in range(len(rows))]
+        wrong, _ = sandboxed(rows, shifted)
+    finally:
+        sandboxed.close()
+    assert failed == 0 and right[:, 0].tolist() == [1.0] * len(rows)
+    assert wrong[:, 0].sum() == 0
+
+
+def test_a_bad_code_problems_file_names_the_line(tmp_path):
+    path = tmp_path / "p.jsonl"
+    path.write_text('{"prompt": "def f(a):", "entry": "f", "solution": " a"}\n')
+    with pytest.raises(ValueError, match=r"p.jsonl:1: missing fields \['tests'\]"):
+        make_task("code_problems", path=str(path))
+
+
 def test_the_expected_values_never_enter_the_sandbox():
     forged = dict(
         EXAMPLE, tests=[[args, 10**6 + i] for i, (args, _) in enumerate(EXAMPLE["tests"])]

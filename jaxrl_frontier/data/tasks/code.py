@@ -23,8 +23,20 @@ from __future__ import annotations
 
 import json
 import random
+from pathlib import Path
 
-from jaxrl_frontier.data.tasks.base import TASKS, Example, SyntheticTask, reward_vector
+from jaxrl_frontier.data.tasks.base import (
+    TASKS,
+    Example,
+    SyntheticTask,
+    Task,
+    check_split,
+    hash_unit,
+    reward_vector,
+)
+
+# The small set of problems committed with the repo (written in CharTokenizer's alphabet).
+CODE_PROBLEMS_PATH = Path(__file__).resolve().parents[3] / "data" / "code_problems.jsonl"
 
 # Expressions of a and b the task asks for, each with its value (trusted: no eval).
 EXPRESSIONS = {
@@ -140,7 +152,7 @@ class CodeTask(SyntheticTask):
         ran = complete and all("value" in v for v in values)
         correct = ran and all(
             v["value"] == expected
-            and type(v["value"]) is int  # True == 1 and 1.0 == 1: only an int is the answer
+            and type(v["value"]) is type(expected)  # True == 1 and 1.0 == 1: the type counts
             for v, (_, expected) in zip(values, tests, strict=True)
         )
         return reward_vector(correct, ran, completion, self.max_completion_chars)
@@ -150,3 +162,85 @@ class CodeTask(SyntheticTask):
             "code: the reward runs model-written code and is only computed by the sandboxed "
             "scorer (rewards.scorer = 'sandboxed' or 'auto'); never in the trainer's process"
         )
+
+
+@TASKS.register("code_problems")
+class CodeProblems(Task):
+    """Complete a Python function from a file of problems; the reward runs it on the row's
+    tests in the sandbox, as `code` does.
+
+    Each JSONL row: `prompt` (the function's header, a comment saying what it returns, and
+    `return`), `entry` (the function's name), `tests` ([[args], expected] pairs) and
+    `solution` (a reference completion: the SFT demonstration). A row is eval iff a stable
+    hash of its prompt falls below `eval_fraction`, so the split survives reordering the file.
+
+    Args:
+      path: the JSONL file (default: data/code_problems.jsonl, 28 problems).
+      eval_fraction: share of the problems held out.
+      max_completion_chars: the length reward's scale.
+    """
+
+    name = "code_problems"
+    scorer = "sandboxed"  # model-written code: never run in the trainer's process
+    program = CodeTask.program
+    score = CodeTask.score
+    reward = CodeTask.reward
+
+    def __init__(
+        self,
+        *,
+        path: str = str(CODE_PROBLEMS_PATH),
+        eval_fraction: float = 0.25,
+        max_completion_chars: int = 48,
+    ):
+        if not 0.0 < eval_fraction < 1.0:
+            raise ValueError(f"code_problems: eval_fraction must be in (0, 1), got {eval_fraction}")
+        self.max_completion_chars = int(max_completion_chars)
+        rows = {"train": [], "eval": []}
+        for row in read_code_problems(path):
+            u = hash_unit(f"code_problems|{row['prompt']}")
+            rows["eval" if u < eval_fraction else "train"].append(row)
+        if not rows["train"] or not rows["eval"]:
+            raise ValueError(
+                f"code_problems: {path} splits into {len(rows['train'])} train and "
+                f"{len(rows['eval'])} eval problems at eval_fraction={eval_fraction}: need both"
+            )
+        self.rows = rows
+
+    def num_examples(self, split: str) -> int:
+        return len(self.rows[check_split(split)])
+
+    def example(self, split: str, index: int) -> Example:
+        return {**self.rows[check_split(split)][int(index)], "index": int(index)}
+
+    def prompt(self, example: Example) -> str:
+        return example["prompt"]
+
+    def demonstration(self, example: Example) -> str:
+        return example["solution"]
+
+
+def read_code_problems(path: str | Path) -> list[Example]:
+    """The rows of a code-problems JSONL file, checked: a bad line is a ValueError naming
+    `path:line` and what is wrong."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"code_problems: no such file {path}")
+    rows = []
+    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        where = f"{path}:{lineno}"
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{where}: invalid JSON ({e.msg} at column {e.colno})") from None
+        missing = [k for k in ("prompt", "entry", "tests", "solution") if k not in row]
+        if missing:
+            raise ValueError(
+                f"{where}: missing fields {missing} (need prompt, entry, tests, solution)"
+            )
+        if not row["tests"] or not all(isinstance(t, list) and len(t) == 2 for t in row["tests"]):
+            raise ValueError(f"{where}: 'tests' must be a non-empty list of [args, expected] pairs")
+        rows.append({k: row[k] for k in ("prompt", "entry", "tests", "solution")})
+    return rows
