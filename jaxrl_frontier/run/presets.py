@@ -8,6 +8,7 @@ file runs in seconds (tests run every config this way).
 from __future__ import annotations
 
 import inspect
+import os
 import typing
 
 import ml_collections
@@ -18,6 +19,13 @@ from jaxrl_frontier.run.config import base_config
 # Zero-padded operands put each digit at a fixed position: a 2-layer model learns the
 # carries several times faster than from variable-width operands.
 ARITH_TASK = dict(max_digits=3, ops="+", prompt_template="{a:03d}{op}{b:03d}=")
+# The runlocal variants' arithmetic: 1-digit addition, which a d=32 model half learns in
+# 250 SFT steps (the warm start its RL variants begin from).
+RUNLOCAL_ARITH_TASK = dict(max_digits=1, ops="+", prompt_template="{a}{op}{b}=")
+# Tiny SFT policies (scripts/make_warm_starts.py) the runlocal RL variants start from, so their
+# groups disagree and a two-step run trains: task family -> directory under the repository.
+WARM_STARTS_DIR = os.path.join("data", "warm_starts")
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def arithmetic(mode: str, runlocal: bool = False) -> ml_collections.ConfigDict:
@@ -155,10 +163,29 @@ def frozenlake(mode: str) -> ml_collections.ConfigDict:
     return c
 
 
+def warm_start(c: ml_collections.ConfigDict) -> str | None:
+    """The warm start (data/warm_starts/<name>) of an RL config's runlocal variant: its task
+    family's tiny SFT policy, or None where there is none (the run starts from scratch)."""
+    if c.mode != "rl":
+        return None
+    if c.env.name == "gridworld":
+        name = "frozenlake"
+    else:
+        name = {"arithmetic": "arith1", "code_problems": "code", "countdown": "countdown"}.get(
+            c.task.name
+        )
+    path = name and os.path.join(REPO, WARM_STARTS_DIR, name)
+    return path if path and os.path.isdir(path) else None
+
+
 def shrink(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-    """The `runlocal` variant: a tiny model from scratch, a few steps, small eval."""
-    c.model.init = "scratch"
-    c.model.path = ""
+    """The `runlocal` variant: a tiny model (from its task's warm start in RL, so groups
+    disagree and the update is not 0), a few steps, small eval."""
+    if c.task.name == "arithmetic" and not c.env.name:
+        c.task.kwargs = dict(RUNLOCAL_ARITH_TASK)
+    start = warm_start(c)
+    c.model.init = "checkpoint" if start else "scratch"
+    c.model.path = start or ""
     c.model.update(hidden_size=32, intermediate_size=64)
     if c.teacher.init != "none":  # a random teacher of the same shape: exercises the OPD path
         c.teacher.init = "scratch"

@@ -17,7 +17,7 @@ import os
 import re
 
 import pytest
-from conftest import REPO, get_config, read_metrics, series
+from conftest import REPO, get_config, host_leaves, read_metrics, series
 
 from benchmarks.common import cpu_info
 from jaxrl_frontier.run.config import validate
@@ -120,11 +120,21 @@ def test_full_config_validates(name):
     validate(module.get_config(), num_devices=8)  # the full-size run's config is valid too
 
 
+# RL configs whose runlocal variant has no warm start yet (presets.warm_start): their random
+# policy earns no reward, so every group agrees and the policy-gradient term is 0. Listed so
+# that giving one a warm start makes this fail here until it moves to the checks below.
+NO_WARM_START = {
+    "grpo_calculator_tool": "a tool-call syntax a d=32 model does not write after a short SFT",
+    "qwen_math": "the sample's worked solutions are longer than its 16-token runlocal budget",
+}
+
+
 @pytest.mark.parametrize("name", [n for n in CONFIGS if n not in TRAINED_ELSEWHERE])
 def test_runlocal_trains_two_steps(name, tmp_path, monkeypatch):
     monkeypatch.chdir(REPO)  # relative data paths (qwen_math's sample JSONL)
     c = get_config(name, QUICK)
     tr = Trainer(c, str(tmp_path))
+    before = host_leaves(tr.state.params)
     summary = tr.run()
     assert summary["step"] == 2 and not summary["stopped"]
     assert int(tr.state.step) == 2 and int(tr.state.skipped) == 0
@@ -142,6 +152,16 @@ def test_runlocal_trains_two_steps(name, tmp_path, monkeypatch):
         assert math.isfinite(series(rows, "train/grad_norm")[2])
         if c.teacher.init != "none":
             assert math.isfinite(series(rows, "opd/reverse_kl")[2])
+        # it trains: its groups disagree (a warm start), so the gradient and the update are
+        # not 0 (a weight function that returned zeros would fail here)
+        moved = max(float(abs(a - b).max()) for a, b in zip(before, host_leaves(tr.state.params)))
+        if name in NO_WARM_START:
+            assert series(rows, "diag/zero_signal_share")[2] == 1.0, NO_WARM_START[name]
+        else:
+            assert c.model.init != "scratch" or c.teacher.init != "none", "a random policy"
+            assert series(rows, "train/grad_norm")[2] > 0.0 and moved > 0.0
+        if c.data.source == "dynamic":  # DAPO: the update holds no zero-variance group
+            assert series(rows, "rollout/zero_variance_groups")[2] == 0.0
     ev = series(rows, "eval/pass@1_greedy")
     assert 2 in ev and 0.0 <= ev[2] <= 1.0
     assert Checkpointer(str(tmp_path / "checkpoints")).latest_step() == 2
