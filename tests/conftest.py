@@ -286,6 +286,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # 8-prompt greedy eval at the last step only.
 FAST = {
     "mesh.num_devices": 1,
+    "model.init": "scratch",  # these runs test the trainer from a random policy (shaped
+    "model.path": "",  # rewards give it advantages), not from the runlocal warm start
     "task.kwargs.max_digits": 1,
     "task.kwargs.ops": "+",
     "task.kwargs.prompt_template": "{a}{op}{b}=",

@@ -80,7 +80,7 @@ def ref_gdpo(R_pgk, w):
     return out
 
 
-def ref_gd2po(R_pgk, w, mode="hard", tau=0.2):
+def ref_gd2po(R_pgk, w, mode="hard", tau=0.2, off=()):
     A = ref_components(R_pgk) * np.asarray(w)
     Pn, Gn, K = A.shape
     keep = np.ones((Pn, Gn))
@@ -91,8 +91,9 @@ def ref_gd2po(R_pgk, w, mode="hard", tau=0.2):
             if mode == "soft":
                 s = a.sum() / (np.abs(a).sum() + 1e-6)
                 conflict = conflict and abs(s) < tau
-            keep[g, i] = 0.0 if conflict else 1.0
-    x = A.sum(-1) * keep.mean(1, keepdims=True) * keep
+            keep[g, i] = 0.0 if conflict and "conflict_mask" not in off else 1.0
+    rho = 1.0 if "query_reweight" in off else keep.mean(1, keepdims=True)
+    x = A.sum(-1) * rho * keep
     kept = x[keep > 0]
     out = np.where(keep > 0, (x - kept.mean()) / (np_std(kept) + 1e-4), 0.0)
     const = np.all(R_pgk == R_pgk[:, :1], axis=(1, 2))
@@ -242,6 +243,15 @@ MULTI = np.array(
 def test_gdpo_matches_numpy():
     A = ADVANTAGES.get("gdpo")(MULTI, reward_weights=(1.0, 2.0))
     np.testing.assert_allclose(A, ref_gdpo(MULTI, (1.0, 2.0)), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("term", ["conflict_mask", "query_reweight"])
+def test_gd2po_needs_each_term_at_its_defaults(term):
+    """On these rewards leaving either term out changes the advantages, and the entry at its
+    defaults (hard mode) equals the full formula: an entry without the term fails here."""
+    full = ref_gd2po(MULTI, (1.0, 1.0))
+    assert np.abs(full - ref_gd2po(MULTI, (1.0, 1.0), off={term})).max() > 1e-2
+    np.testing.assert_allclose(ADVANTAGES.get("gd2po")(MULTI), full, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.parametrize("mode,tau", [("hard", 0.2), ("soft", 0.2), ("soft", 0.9)])

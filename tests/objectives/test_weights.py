@@ -25,9 +25,9 @@ MASK = np.array(
 ADV_B = np.array([1.0, -1.0, 0.5, -2.0], np.float32)
 
 
-def make_stats(seed=0, spread=0.6):
+def make_stats(seed=0, spread=0.6, low=0.05):
     rng = np.random.default_rng(seed)
-    old = np.log(rng.uniform(0.05, 0.95, (B, T))).astype(np.float32)
+    old = np.log(rng.uniform(low, 0.95, (B, T))).astype(np.float32)
     logp = (old + rng.normal(0, spread, (B, T))).clip(-8, 0).astype(np.float32)
     teacher = np.log(rng.uniform(0.05, 0.95, (B, T))).astype(np.float32)
     sc = (old + rng.normal(0, 0.5, (B, T))).astype(np.float32)
@@ -52,7 +52,8 @@ def np_fields(stats):
 # Independent slow loops over rows and tokens, written from the formulas in docs/objectives.md.
 
 
-def ref_weight(name, s, A, **kw):
+def ref_weight(name, s, A, off=(), **kw):
+    """The weight `name` from its formula; `off` names terms to leave out (TERMS below)."""
     m = s["mask"]
     w = np.zeros((B, T))
     for b in range(B):
@@ -82,40 +83,53 @@ def ref_weight(name, s, A, **kw):
                 w[b, t] = 1.0
             elif name in ("ppo_clip", "dual_clip"):
                 el, eh = kw.get("eps_low", 0.2), kw.get("eps_high", 0.2)
-                clipped = (a_t > 0 and r > 1 + eh) or (a_t < 0 and r < 1 - el)
-                if name == "dual_clip" and a_t < 0 and r > kw.get("c", 3.0):
+                high = a_t > 0 and r > 1 + eh and "clip_high" not in off
+                clipped = high or (a_t < 0 and r < 1 - el and "clip_low" not in off)
+                if name == "dual_clip" and a_t < 0 and r > kw.get("c", 3.0) and "dual" not in off:
                     clipped = True
                 w[b, t] = 0.0 if clipped else r
             elif name == "gspo":
-                clipped = (a_t > 0 and sb > 1 + eh) or (a_t < 0 and sb < 1 - el)
-                w[b, t] = 0.0 if clipped else sb
+                rs = r if "sequence_ratio" in off else sb
+                clipped = (a_t > 0 and rs > 1 + eh) or (a_t < 0 and rs < 1 - el)
+                w[b, t] = rs if clipped and "clip" in off else (0.0 if clipped else rs)
             elif name == "cispo":
-                w[b, t] = min(max(r, 1 - kw.get("eps_low", 1.0)), 1 + kw.get("eps_high", 0.28))
+                lo_c = -math.inf if "clip_low" in off else 1 - kw.get("eps_low", 1.0)
+                hi_c = math.inf if "clip_high" in off else 1 + kw.get("eps_high", 0.28)
+                w[b, t] = min(max(r, lo_c), hi_c)
             elif name == "tis":
-                w[b, t] = min(r, kw.get("cap", 2.0))
+                w[b, t] = r if "cap" in off else min(r, kw.get("cap", 2.0))
             elif name == "dppo":
                 dl, dh = kw.get("delta_low", 0.15), kw.get("delta_high", 0.15)
-                keep = not ((a_t > 0 and p - mu > dh) or (a_t < 0 and p - mu < -dl))
-                w[b, t] = min(r, kw.get("ratio_cap", 20.0)) if keep else 0.0
+                if "mask_direction" in off:  # the advantage's sign ignored
+                    drop = p - mu > dh or p - mu < -dl
+                else:
+                    drop = (a_t > 0 and p - mu > dh) or (a_t < 0 and p - mu < -dl)
+                cap = math.inf if "ratio_cap" in off else kw.get("ratio_cap", 20.0)
+                w[b, t] = 0.0 if drop else min(r, cap)
             elif name == "drpo":
-                w[b, t] = r * (1 - np.sign(a_t) * mu * (r - 1) / kw.get("eps", 12.5))
+                corr = 0.0 if "correction" in off else mu * (r - 1) / kw.get("eps", 12.5)
+                w[b, t] = r * (1 - np.sign(a_t) * corr)
             elif name == "cppo":
-                wt = 1 - (1 - P["w_min"]) * i / max(n - 1, 1)
+                wt = 1.0 if "position_weight" in off else 1 - (1 - P["w_min"]) * i / max(n - 1, 1)
                 Z = wt * abs(p - mu)
-                c = min(P["delta"], P["delta"] + db * W_prev - S_prev)
-                keep = a_t * (r - 1) <= 0 or Z <= c
+                budget = P["delta"] + db * W_prev - S_prev
+                c = P["delta"] if "prefix_budget" in off else min(P["delta"], budget)
+                keep = ("sign" not in off and a_t * (r - 1) <= 0) or Z <= c
                 w[b, t] = r if keep else 0.0
                 S_prev, W_prev = S_prev + Z, W_prev + wt
             elif name == "iw_opd":
-                w[b, t] = 1 + kw.get("gamma", 0.5) * (1 - P_acc / S)
+                acc = 0.0 if "accumulated" in off else P_acc / S
+                w[b, t] = 1 + kw.get("gamma", 0.5) * (1 - acc)
                 P_acc += a[i]
             elif name == "position_window":
-                w[b, t] = float(kw.get("start", 0.0) <= i / n < kw.get("end", 0.3))
+                inside = kw.get("start", 0.0) <= i / n < kw.get("end", 0.3)
+                w[b, t] = 1.0 if "window" in off else float(inside)
             elif name == "sc_grpo":
                 u = s["sc_logp"][b, t] - lo
-                w[b, t] = 1 + kw.get("coef", 1.0) * min(max(math.exp(u) - 1 - u, 0), 10)
+                bonus = 0.0 if "bonus" in off else min(max(math.exp(u) - 1 - u, 0), 10)
+                w[b, t] = 1 + kw.get("coef", 1.0) * bonus
             elif name == "prob_power":
-                w[b, t] = p ** kw.get("alpha", 1.0)
+                w[b, t] = 1.0 if "power" in off else p ** kw.get("alpha", 1.0)
             else:
                 raise AssertionError(name)
     return w
@@ -141,6 +155,40 @@ CASES = [
     ("sc_grpo", {"coef": 0.5}),
     ("prob_power", {"alpha": 0.5}),
 ]
+
+
+# The terms that make each weight what it is. Each test below finds inputs on which leaving
+# the term out changes the weight at the entry's default parameters, and checks the entry
+# against the full formula there: an implementation without the term fails.
+TERMS = {
+    "ppo_clip": ("clip_high", "clip_low"),
+    "dual_clip": ("clip_high", "clip_low", "dual"),
+    "gspo": ("sequence_ratio", "clip"),
+    "cispo": ("clip_high",),  # eps_low = 1.0 by default: the lower clip at 0 never binds
+    "tis": ("cap",),
+    "dppo": ("mask_direction", "ratio_cap"),
+    "drpo": ("correction",),
+    "cppo": ("prefix_budget", "position_weight", "sign"),
+    "iw_opd": ("accumulated",),
+    "position_window": ("window",),
+    "sc_grpo": ("bonus",),
+    "prob_power": ("power",),
+}
+
+
+@pytest.mark.parametrize("name,term", [(n, t) for n, ts in TERMS.items() for t in ts])
+def test_each_term_changes_the_weight_at_its_defaults(name, term):
+    for seed in range(200):
+        spread = (0.3, 0.6, 1.2, 2.5)[seed % 4]
+        stats, adv = make_stats(seed, spread, low=0.05 if seed < 100 else 1e-4)  # r up to 1e4
+        s, A = np_fields(stats), np.asarray(adv, np.float64)
+        full, ablated = ref_weight(name, s, A), ref_weight(name, s, A, off={term})
+        if np.abs(full - ablated).max() > 1e-3:
+            break
+    else:
+        pytest.fail(f"{name}: no input in 200 draws on which {term!r} matters")
+    w = np.asarray(jax.jit(WEIGHTS.get(name))(stats, adv)) * MASK
+    np.testing.assert_allclose(w, full, rtol=1e-5, atol=1e-6)
 
 
 def test_cases_cover_every_weight():

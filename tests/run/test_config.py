@@ -9,6 +9,7 @@ import ml_collections
 import pytest
 
 from jaxrl_frontier.core.errors import ConfigError
+from jaxrl_frontier.run import presets
 from jaxrl_frontier.run.config import base_config, entry_defaults, resolve, validate
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -157,7 +158,7 @@ def test_task_kwargs_checked_against_the_task():
 
 def test_paths_required_for_non_scratch_init():
     c = _grpo()
-    c.model.init = "checkpoint"
+    c.model.update(init="checkpoint", path="")
     assert "'model.path'" in _error(c)
     c = _grpo()
     c.teacher.init = "hf"
@@ -247,7 +248,7 @@ def test_switching_the_task_restarts_its_kwargs_from_the_new_defaults(caplog):
     assert resolve(c).task.kwargs.to_dict() == {**task_defaults("code"), "num_tests": 6}
     # the file's own task: its kwargs as written, the other tasks' unset knobs dropped
     assert resolve(_command_line()).task.kwargs.to_dict() == dict(
-        task_defaults("arithmetic"), max_digits=3, ops="+", prompt_template="{a:03d}{op}{b:03d}="
+        task_defaults("arithmetic"), **presets.RUNLOCAL_ARITH_TASK
     )
 
 
