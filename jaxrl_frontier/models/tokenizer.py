@@ -165,11 +165,17 @@ class _BatchMixin:
         return tokens, mask
 
 
+PAST_ALPHABET = "\ufffd"  # what an id past the alphabet decodes to
+
+
 class CharTokenizer(_BatchMixin):
     """One token per character: ids 0..3 are <pad> <bos> <eos> <unk>, then `chars` in order.
 
     `encode` raises on a character outside the alphabet (naming it and its position) with
-    `errors="strict"` (default); `errors="replace"` maps it to <unk> instead.
+    `errors="strict"` (default); `errors="replace"` maps it to <unk> instead. A model may have
+    more rows than the alphabet (its vocabulary padded, as Hugging Face checkpoints often are,
+    or a benchmark's random model): `decode` writes U+FFFD for an id past the alphabet, so a
+    completion that samples one is scored (as wrong) rather than crashing the run.
     """
 
     pad_id = 0
@@ -214,8 +220,10 @@ class CharTokenizer(_BatchMixin):
                     parts.append(CHAR_SPECIALS[i])
             elif n <= i < self.vocab_size:
                 parts.append(self.chars[i - n])
+            elif i >= self.vocab_size:  # a model row past the alphabet (a padded vocabulary)
+                parts.append(PAST_ALPHABET)
             else:
-                raise ValueError(f"CharTokenizer: id {i} out of range [0, {self.vocab_size})")
+                raise ValueError(f"CharTokenizer: negative id {i}")
         return "".join(parts)
 
     def save(self, directory: str | Path) -> None:

@@ -133,3 +133,22 @@ def test_targets_table_names_each_rows_machine():
     assert default[0].met is None  # reported beside, not compared
     table = targets.markdown(rows)
     assert table.startswith("| machine | what |") and "| AMD EPYC, 2 cores, AVX2 |" in table
+
+
+def test_the_rl_benchmark_config_also_trains_through_the_trainer(tmp_path):
+    """benchmarks/configs/grpo_random_qwen2.py runs as scripts/train.py runs it: loaded by
+    path, with the char tokenizer and the model's 512 rows (more than its alphabet)."""
+    import importlib.util
+
+    from jaxrl_frontier.run import trainer
+
+    path = ROOT / "benchmarks" / "configs" / "grpo_random_qwen2.py"
+    spec = importlib.util.spec_from_file_location("grpo_random_qwen2_cfg", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    c = module.get_config()
+    assert c.model.vocab_size == 512
+    c.rollout.max_new_tokens = 8
+    c.train.update(steps=1, eval_every=10**6, checkpoint_every=10**6, log_every=1)
+    summary = trainer.train(c, str(tmp_path))
+    assert summary["step"] == 1 and not summary["stopped"]

@@ -62,6 +62,15 @@ def test_char_decode_specials_and_eos():
     assert tok.decode(np.asarray(ids), skip_special=False, stop_at_eos=True) == "<bos>12"
 
 
+def test_char_ids_past_the_alphabet_decode_as_the_replacement_character():
+    """A model with more rows than the alphabet (a padded vocabulary) may sample them."""
+    tok = CharTokenizer()
+    ids = tok.encode("12") + [tok.vocab_size, 511] + tok.encode("3")
+    assert tok.decode(ids) == "12\ufffd\ufffd3"
+    with pytest.raises(ValueError, match="negative id -1"):
+        tok.decode([-1])
+
+
 def test_char_unknown_character_error_names_char_and_position():
     tok = CharTokenizer()
     with pytest.raises(ValueError, match=r"'X'.*position 3"):
