@@ -9,6 +9,11 @@ reverse, and each child reports the frameworks it holds (`foreign_modules`).
 
 Torch peers run once per thread count (`torch.set_num_threads`, also OMP/MKL env); the
 faster is the figure compared (`best_of`), and every count is reported.
+
+A side is timed only on a quiet machine: before each child, the CPU time other processes
+use over a short window (`busy_share`, from /proc/stat) must be under `QUIET_SHARE` of the
+cores, waited for up to `QUIET_WAIT_S`; otherwise the comparison is refused (`NotQuiet`).
+Each result records that share before and after its side, with the load averages.
 """
 
 from __future__ import annotations
@@ -29,6 +34,55 @@ class ChildError(RuntimeError):
     """A child process failed; the message holds the end of its stderr."""
 
 
+class NotQuiet(RuntimeError):
+    """Other work kept the machine busy: a timing taken now would measure it too."""
+
+
+# at most this share of the cores busy with other work before a side (JAXRL_BENCH_QUIET_SHARE
+# overrides it: the tests, which run beside each other, set 1.0 and time nothing)
+QUIET_SHARE = float(os.environ.get("JAXRL_BENCH_QUIET_SHARE", "0.10"))
+QUIET_WAIT_S = 300.0  # how long to wait for the machine to become quiet before refusing
+WINDOW_S = 2.0
+
+
+def cpu_times(stat: str = "/proc/stat") -> tuple[float, float]:
+    """(busy, total) jiffies of all cores since boot, from the first line of /proc/stat."""
+    with open(stat) as f:
+        fields = [float(x) for x in f.readline().split()[1:]]
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0.0)  # idle + iowait
+    return sum(fields) - idle, sum(fields)
+
+
+def busy_share(window_s: float = WINDOW_S, times=cpu_times, sleep=None) -> float:
+    """The share of all cores busy over the next `window_s` seconds (this process idles)."""
+    import time
+
+    b0, t0 = times()
+    (sleep or time.sleep)(window_s)
+    b1, t1 = times()
+    return (b1 - b0) / max(t1 - t0, 1e-9)
+
+
+def wait_for_quiet(
+    share=busy_share, limit: float = QUIET_SHARE, wait_s: float = QUIET_WAIT_S, clock=None
+) -> float:
+    """Block until the machine is quiet; the busy share measured then. `NotQuiet` when it
+    stays busy for `wait_s` (the comparison is refused, not taken under load)."""
+    import time
+
+    clock = clock or time.monotonic
+    start = clock()
+    while True:
+        busy = share()
+        if busy <= limit:
+            return busy
+        if clock() - start >= wait_s:
+            raise NotQuiet(
+                f"other work keeps {busy:.0%} of the cores busy (the bar is {limit:.0%}) after "
+                f"{wait_s:.0f} s of waiting: stop it and run the benchmark again"
+            )
+
+
 def run_child(module: str, request: dict, *, threads: int | None = None, timeout=1800) -> dict:
     """`python -m module` with `request` on stdin -> the JSON dict on its last stdout line.
 
@@ -42,6 +96,7 @@ def run_child(module: str, request: dict, *, threads: int | None = None, timeout
     if threads is not None:
         env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
         request = dict(request, threads=threads)
+    busy_before, load_before = wait_for_quiet(), os.getloadavg()
     proc = subprocess.run(
         [sys.executable, "-m", module],
         input=json.dumps(request),
@@ -54,7 +109,14 @@ def run_child(module: str, request: dict, *, threads: int | None = None, timeout
     lines = proc.stdout.strip().splitlines()
     if proc.returncode or not lines:
         raise ChildError(f"{module} exited with {proc.returncode}: {proc.stdout[-2000:]}")
-    return json.loads(lines[-1])
+    result = json.loads(lines[-1])
+    result["quiet"] = dict(
+        busy_share_before=busy_before,
+        busy_share_after=busy_share(),  # other work that started while this side ran
+        load_average_before=list(load_before),
+        load_average_after=list(os.getloadavg()),
+    )
+    return result
 
 
 def child_main(run, side: tuple[str, ...]) -> None:

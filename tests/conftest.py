@@ -31,6 +31,9 @@ if not os.environ.get("JAX_COMPILATION_CACHE_DIR") or _worker:
     atexit.register(shutil.rmtree, _cache, ignore_errors=True)
     os.environ["JAX_COMPILATION_CACHE_DIR"] = _cache
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+# The benchmark harness waits for a quiet machine before timing a side; the tests run beside
+# each other and time nothing, so any load passes here.
+os.environ.setdefault("JAXRL_BENCH_QUIET_SHARE", "1.0")
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
 import importlib.util  # noqa: E402

@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from benchmarks import common, peers, sampler, targets
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -41,6 +43,9 @@ def test_jax_timing_process_never_imports_torch(tmp_path):
     assert out["batches"]["2"]["tokens_per_s"] > 0
     assert (tmp_path / "hf" / "config.json").is_file()  # the weights the torch side loads
     assert out["cpu_count"] >= 1 and "versions" in out and "load_average" in out
+    quiet = out["quiet"]  # the busy share of the cores before and after this side ran
+    assert 0.0 <= quiet["busy_share_before"] <= 1.0 and 0.0 <= quiet["busy_share_after"] <= 1.0
+    assert len(quiet["load_average_before"]) == len(quiet["load_average_after"]) == 3
 
 
 def test_orchestrator_imports_neither_framework():
@@ -152,3 +157,21 @@ def test_the_rl_benchmark_config_also_trains_through_the_trainer(tmp_path):
     c.train.update(steps=1, eval_every=10**6, checkpoint_every=10**6, log_every=1)
     summary = trainer.train(c, str(tmp_path))
     assert summary["step"] == 1 and not summary["stopped"]
+
+
+def test_busy_share_is_the_other_work_over_the_window():
+    samples = iter([(100.0, 1000.0), (130.0, 1100.0)])  # 30 of 100 jiffies busy
+    slept = []
+    share = peers.busy_share(2.0, times=lambda: next(samples), sleep=slept.append)
+    assert share == pytest.approx(0.3) and slept == [2.0]
+
+
+def test_a_busy_machine_is_waited_for_then_refused():
+    shares, now = iter([0.5, 0.4, 0.05]), iter([0.0, 1.0, 2.0, 3.0])
+    clock = lambda: next(now)
+    assert (
+        peers.wait_for_quiet(share=lambda: next(shares), limit=0.1, wait_s=10, clock=clock) == 0.05
+    )
+    now = iter([0.0, 5.0, 11.0])
+    with pytest.raises(peers.NotQuiet, match=r"50% of the cores busy \(the bar is 10%\)"):
+        peers.wait_for_quiet(share=lambda: 0.5, limit=0.1, wait_s=10, clock=lambda: next(now))

@@ -41,7 +41,7 @@ from jaxrl_frontier.models.transformer import Transformer
 
 Array = jax.Array
 
-CRITICS = Registry("critic")
+CRITICS = Registry("critic", key="critic.kind")
 
 
 # ----------------------------------------------------------------------------- GAE

@@ -65,7 +65,7 @@ class Turn:
 
 
 ExpertTrace = Sequence[Turn]
-TRACE_SOURCES: Registry = Registry("pact trace source")
+TRACE_SOURCES: Registry = Registry("pact trace source", key="pact.source")
 
 
 def anneal(step: int, beta0: float, steps: int, schedule: str = "linear") -> float:

@@ -158,12 +158,7 @@ def ads(task: Task, config, *, batch_size: int, process_index: int, process_coun
     """`data.source = 'ads'`: Adaptive Data Scheduling (`data.ads.*`; the clusters:
     `data.ads.clusters`, a `clustering.CLUSTERINGS` name)."""
     a = config.data.ads
-    try:
-        make_clusters = CLUSTERINGS.get(a.clusters)
-    except KeyError as e:
-        from jaxrl_frontier.core.errors import ConfigError
-
-        raise ConfigError(f"config key 'data.ads.clusters': {e.args[0]}") from None
+    make_clusters = CLUSTERINGS.get(a.clusters)
     clusters = make_clusters(task, a, seed=config.seed, prompt_of=lambda e: prompt_text(task, e))
     fresh = UniformSource(task, batch_size=batch_size, seed=config.seed)  # the global stream
     return ADSSource(

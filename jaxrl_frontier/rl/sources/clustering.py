@@ -20,7 +20,7 @@ from jaxrl_frontier.core.registry import Registry
 from jaxrl_frontier.data.tasks.base import Example, Task
 
 # name -> builder(task, ads_config, *, seed, prompt_of) -> clusters (`data.ads.clusters`)
-CLUSTERINGS = Registry("ADS clustering")
+CLUSTERINGS = Registry("ADS clustering", key="data.ads.clusters")
 
 _SYMBOLS = string.punctuation  # 32 printable non-alphanumeric characters, one feature each
 
