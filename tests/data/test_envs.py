@@ -276,7 +276,10 @@ def test_grid_observation_encodes_with_the_char_tokenizer():
     from jaxrl_frontier.models.tokenizer import CharTokenizer
 
     env = make_env("gridworld", size=5, num_agents=3)
-    CharTokenizer().encode(env.reset(1))  # raises on a character outside the alphabet
+    tok = CharTokenizer()
+    observation = env.reset(1)
+    ids = tok.encode(observation)  # raises on a character outside the alphabet
+    assert tok.decode(ids) == observation and tok.unk_id not in ids
 
 
 # ----------------------------------------------------------------- calculator

@@ -33,6 +33,10 @@ def test_base_and_grpo_configs_are_valid():
     validate(base_config(), num_devices=8)
     validate(_grpo(), num_devices=8)
     validate(_grpo(None), num_devices=8)
+    # and the checks do reject: one bad key in each of them is an error naming it
+    for c in (base_config(), _grpo(), _grpo(None)):
+        c.rollout.top_p = 1.5
+        assert "'rollout.top_p' = 1.5" in _error(c)
 
 
 def test_unknown_nested_key_is_named_with_its_siblings():
@@ -414,6 +418,12 @@ def test_in_range_edges_are_accepted():
     c.rollout.top_p, c.rollout.min_p, c.optimizer.max_grad_norm = 1.0, 0.0, 0.0
     c.train.max_skipped_updates, c.rewards.max_failure_steps = 0, 0
     validate(c, num_devices=8)
+    # one step past each closed edge is refused
+    for key, value in (("rollout.top_p", 1.0 + 1e-6), ("rollout.min_p", -1e-6)):
+        bad = _grpo()
+        section, name = key.split(".")
+        bad[section][name] = value
+        assert f"config key {key!r}" in _error(bad)
 
 
 def test_every_range_key_exists_in_the_schema():
