@@ -234,20 +234,18 @@ def registry_knobs(block: str) -> dict[str, type]:
 def task_knobs() -> dict[str, type]:
     """Every config knob of every registered task: {key: scalar type} (`task.kwargs`)."""
     from jaxrl_frontier.data.tasks import TASKS
+    from jaxrl_frontier.data.tasks.base import task_parameters
 
     knobs: dict[str, type] = {}
     for name in TASKS.names():
-        for klass in TASKS.get(name).__mro__:
-            if "__init__" not in vars(klass) or klass is object:
-                continue
-            params = inspect.signature(klass.__init__).parameters.values()
-            for p in params:
-                if p.name == "self" or p.kind not in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY):
-                    continue
-                default = None if p.default is inspect.Parameter.empty else p.default
-                kind = _knob_type(klass.__init__, p.name, default)
-                if kind is not None:
-                    knobs.setdefault(p.name, kind)
+        own: dict[str, type] = {}
+        for init, p in task_parameters(name):  # a subclass's parameter wins
+            default = None if p.default is inspect.Parameter.empty else p.default
+            kind = _knob_type(init, p.name, default)
+            if kind is not None:
+                own[p.name] = kind
+        for key, kind in own.items():
+            knobs.setdefault(key, kind)  # the first task's type where two tasks share a key
     return knobs
 
 

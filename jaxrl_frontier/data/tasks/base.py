@@ -172,14 +172,24 @@ class SyntheticTask(Task):
         )
 
 
+def task_parameters(name: str) -> list[tuple[Any, inspect.Parameter]]:
+    """(the `__init__`, a keyword parameter of it) over the task `name`'s classes, base class
+    first (so a subclass's parameter comes after, and wins, where both have it)."""
+    out = []
+    for klass in reversed(TASKS.get(name).__mro__):
+        if "__init__" in vars(klass) and klass is not object:
+            for p in inspect.signature(klass.__init__).parameters.values():
+                if p.name != "self" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY):
+                    out.append((klass.__init__, p))
+    return out
+
+
 def task_defaults(name: str) -> dict[str, Any]:
     """The keyword defaults of the task `name` that are set (not None), over its classes'
     `__init__`s (a subclass's defaults win): the `task.kwargs` it starts from."""
-    out: dict[str, Any] = {}
-    for klass in reversed(TASKS.get(name).__mro__):
-        if "__init__" in vars(klass):
-            for p in inspect.signature(klass.__init__).parameters.values():
-                keyword = p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
-                if keyword and p.default is not inspect.Parameter.empty and p.default is not None:
-                    out[p.name] = p.default
-    return out
+    empty = inspect.Parameter.empty
+    return {
+        p.name: p.default
+        for _, p in task_parameters(name)
+        if p.default is not empty and p.default is not None
+    }
