@@ -103,7 +103,10 @@ def rollout(model, config, tokens, new_tokens: int):
 
     r = config.rollout
     tokens = np.asarray(tokens, np.int32)
-    sampler = Sampler(model, pad_id=0, prompt_buckets=(tokens.shape[1],), cache_dtype=r.cache_dtype)
+    sampler = Sampler(
+        model, pad_id=0, prompt_buckets=(tokens.shape[1],), cache_dtype=r.cache_dtype,
+        decode_phases=r.decode_phases,
+    )  # fmt: skip
     params = SamplingParams(
         max_new_tokens=new_tokens,
         temperature=r.temperature,

@@ -65,6 +65,10 @@ def rollout_section() -> ml_collections.ConfigDict:
     s.max_staleness = 0
     # KV cache dtype: None (the compute dtype) | float32 | bfloat16
     s.cache_dtype = config_dict.placeholder(str)
+    # the decode in this many phases, each with a cache just large enough for its steps, so
+    # a step attends to the filled cache, not the rollout's capacity (sampling/sampler.py
+    # decode_windows); each phase is one more trace of the decode step (compile time)
+    s.decode_phases = 4
     # speculative rollouts (sampling/speculative.py, one device): the policy's first `draft`
     # layers propose k tokens a round, the policy verifies them in one forward and rejection
     # sampling keeps its distribution exactly; draft None: off (the plain sampler)
@@ -147,6 +151,7 @@ RANGES: dict[str, tuple] = {
     "rollout.top_p": (0, 1, False, True),
     "rollout.min_p": (0, 1, True, False),
     "rollout.dropout_rate": (0, 1, True, False),
+    "rollout.decode_phases": (1, None, True, None),
     "rollout.speculative.k": (0, None, False, None),
     "rollout.sc_vocab_chunk": (0, None, False, None),
     "optimizer.lr": (0, None, False, None),

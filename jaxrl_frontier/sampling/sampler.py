@@ -5,9 +5,12 @@
     decode   y_0 ~ q(. | logits_0); while s < Tn and some row runs:
              logits_s = model(y_{s-1} at slot Tp+s-1, position len+s-1), y_s ~ q(. | logits_s)
 
-One `lax.while_loop` over a named state (`DecodeState`), the model traced once, the cache
-donated and updated in place; weights cast to the compute dtype once and split per layer
-(scanned on fsdp meshes). Row r draws from `fold_in(key, r)`. Details: docs/sampling.md.
+The decode runs in phases (`decode_windows`): phase j is one `lax.while_loop` over a named
+state (`DecodeState`) with a cache of W_j slots, just enough for its last step, grown to
+W_{j+1} between phases; a step attends to the cache the rows have filled (rounded up to its
+phase), not to the capacity of the whole rollout. Within a phase the cache is updated in
+place; weights cast to the compute dtype once and split per layer (scanned on fsdp meshes).
+Row r draws from `fold_in(key, r)`. Details: docs/sampling.md.
 """
 
 from __future__ import annotations
@@ -31,6 +34,23 @@ from jaxrl_frontier.sampling import rollout as ro
 from jaxrl_frontier.sampling.params import Knobs, Plan, SamplingParams
 
 CACHE_DTYPES = (None, "float32", "bfloat16")
+WINDOW_MULTIPLE = 8  # window sizes are rounded up to this many slots (vector-friendly)
+
+
+def decode_windows(prompt_len: int, max_new_tokens: int, phases: int) -> tuple[int, ...]:
+    """The cache sizes W_1 < ... < W_m = Tp + Tn of a decode in `phases` phases (m <= phases).
+
+    Step s = 1 .. Tn-1 feeds token s-1 at slot Tp+s-1 and attends to slots [0, Tp+s), so
+    a phase with W slots runs the steps s <= W - Tp. The steps are split evenly, each bound
+    rounded up to a multiple of `WINDOW_MULTIPLE` slots; the last is the whole rollout's.
+    With P phases a step reads at most Tn / P + 8 slots it does not need.
+    """
+    if phases < 1:
+        raise ValueError(f"decode phases={phases}; must be >= 1")
+    size, steps = prompt_len + max_new_tokens, max_new_tokens - 1
+    m = WINDOW_MULTIPLE
+    bounds = {-(-(prompt_len + -(-j * steps // phases)) // m) * m for j in range(1, phases)}
+    return tuple(sorted({min(size, b) for b in bounds} | {size}))
 
 
 @flax.struct.dataclass
@@ -68,7 +88,10 @@ class Sampler:
     bucket, `Plan`). model: read at every `generate` (on a mesh: `sharding.shard_model` it
     first); mesh: rows over data x fsdp, heads over tensor; prompt_buckets / batch_buckets:
     prompt lengths / counts compiled for (None: the count rounded up to the batch devices);
-    cache_dtype: of the KV cache (None: the compute dtype; 'bfloat16' halves it)."""
+    cache_dtype: of the KV cache (None: the compute dtype; 'bfloat16' halves it);
+    decode_phases: the decode's cache sizes (`decode_windows`; 1: one cache of Tp + Tn
+    slots for every step), each a trace of the step: more phases read less, compile
+    longer."""
 
     def __init__(
         self,
@@ -79,8 +102,11 @@ class Sampler:
         prompt_buckets: Sequence[int] = ro.DEFAULT_PROMPT_BUCKETS,
         batch_buckets: Sequence[int] | None = None,
         cache_dtype: str | None = None,
+        decode_phases: int = 4,
     ):
         self.model, self.cfg, self.pad_id, self.mesh = model, model.cfg, int(pad_id), mesh
+        decode_windows(1, 2, decode_phases)  # validates the count
+        self.decode_phases = int(decode_phases)
         self.prompt_buckets = tuple(sorted(int(b) for b in prompt_buckets))
         self.batch_multiple = 1 if mesh is None else shd.batch_size_multiple(mesh)
         self.batch_buckets = None if batch_buckets is None else tuple(sorted(batch_buckets))
@@ -114,7 +140,9 @@ class Sampler:
         options = rollout_compiler_options(self.platform, rows // self.batch_multiple)
         if (name, options) not in self._jits:
             statics = dict(prefill=("n", "use_dropout", "slots"), decode=("plan",))[name]
-            fn, donate = getattr(self, f"_{name}"), ("cache",) if name == "decode" else ()
+            # a cache that grows between phases is a new buffer: nothing to donate
+            donate = ("cache",) if name == "decode" and self.decode_phases == 1 else ()
+            fn = getattr(self, f"_{name}")
             self._jits[name, options] = jax.jit(
                 fn, static_argnames=statics, donate_argnames=donate, compiler_options=dict(options)
             )
@@ -231,12 +259,20 @@ class Sampler:
             return emit(s.replace(cache=self.constrain_cache(cache)), logits[:, 0])
 
         s = emit(DecodeState.start(cache, num_rows, tn, self.pad_id), logits0)
-        s = jax.lax.while_loop(lambda s: (s.step < tn) & ~jnp.all(s.done), step, s)
+        tp = prompts[0].shape[1]
+        for size in decode_windows(tp, tn, self.decode_phases):
+            last = min(tn, size - tp + 1)  # this phase runs the steps s < last
+            s = s.replace(cache=self.constrain_cache(grow_cache(s.cache, size)))
+            s = jax.lax.while_loop(lambda s, last=last: (s.step < last) & ~jnp.all(s.done), step, s)
         keys = None if dropout_keys is None else jax.random.key_data(dropout_keys)
         rollout = ro.make_rollout(
             *prompts, s.out, s.lengths, s.done, n=plan.n, version=version, dropout_keys=keys
         )
         return rollout, s.cache  # the cache out too: XLA then updates the donated buffers
+
+    def first_cache_size(self, prompt_len: int, plan: Plan) -> int:
+        """Slots of the prefilled cache: the first decode phase's (`decode_windows`)."""
+        return decode_windows(prompt_len, plan.max_new_tokens, self.decode_phases)[0]
 
     def pad_prompts(self, prompt_tokens, prompt_mask, owner: str = "Sampler"):
         """Host prompts -> (left-padded [P_bucket, Tp_bucket] device arrays, P)."""
@@ -267,13 +303,26 @@ class Sampler:
         state = self.weights()
         cache, logits0, prompt_len = self.prefill(
             state, tokens, mask, key, knobs, n=plan.n, use_dropout=plan.use_dropout,
-            slots=plan.max_new_tokens,
+            slots=self.first_cache_size(tokens.shape[1], plan) - tokens.shape[1],
         )  # fmt: skip
         version = np.int32(self.policy_version if policy_version is None else policy_version)
         rollout, _ = self.decode(
             state, cache, logits0, prompt_len, (tokens, mask), key, knobs, version, plan=plan
         )
         return rollout.take_rows(num_prompts * plan.n)
+
+
+def grow_cache(cache: KVCache, size: int) -> KVCache:
+    """The cache with empty (invalid) slots appended up to `size` slots (static)."""
+    extra = size - cache.max_len
+    if extra == 0:
+        return cache
+    grow = lambda x, axis: jnp.pad(x, [(0, extra * (a == axis)) for a in range(x.ndim)])
+    return cache.replace(
+        k=tuple(grow(x, 2) for x in cache.k),
+        v=tuple(grow(x, 2) for x in cache.v),
+        valid=grow(cache.valid, 1),
+    )
 
 
 def as_key(key) -> jax.Array:

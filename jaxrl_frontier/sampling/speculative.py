@@ -261,5 +261,5 @@ def make_sampler(model: Transformer, rollout, *, pad_id: int, mesh: Mesh | None 
     spec = rollout.get("speculative") or {}
     kw = dict(pad_id=pad_id, mesh=mesh, cache_dtype=rollout.get("cache_dtype") or None)
     if spec.get("draft") is None:
-        return Sampler(model, **kw)
+        return Sampler(model, decode_phases=int(rollout.get("decode_phases") or 1), **kw)
     return SpeculativeSampler(model, int(spec["draft"]), k=int(spec.get("k", 4)), **kw)

@@ -28,6 +28,7 @@ from jaxrl_frontier.sampling import (
     sample_logits,
     truncate_logits,
 )
+from jaxrl_frontier.sampling.sampler import decode_windows
 
 CFG = ModelConfig(
     vocab_size=128,
@@ -207,7 +208,8 @@ def test_no_recompilation(sampler, count_compiles):
 
 def test_sharded_greedy_equals_single_device(sampler):
     """8 devices (data 2, fsdp 2, tensor 2: rows over data x fsdp, heads over tensor, the
-    decode scanning the fsdp-split layers) against one device (layers unstacked)."""
+    decode scanning the fsdp-split layers) against one device (layers unstacked), the
+    phased (filled-cache) decode against the full cache on the mesh too."""
     if jax.device_count() < 8:
         pytest.skip("needs XLA_FLAGS=--xla_force_host_platform_device_count=8")
     mesh = shd.make_mesh((2, 2, 2))
@@ -217,9 +219,13 @@ def test_sharded_greedy_equals_single_device(sampler):
     tokens, mask = prompts([6, 14, 2, 9], seed=2)
     a = sharded.generate(tokens, mask, GREEDY, jax.random.key(0))
     b = sampler.generate(tokens, mask, GREEDY, jax.random.key(0))
+    full = Sampler(sharded_model, pad_id=PAD, mesh=mesh, batch_buckets=(4,), decode_phases=1)
+    c = full.generate(tokens, mask, GREEDY, jax.random.key(0))
     assert len(a.completion_tokens.sharding.device_set) == 8
-    np.testing.assert_array_equal(np.asarray(a.completion_tokens), np.asarray(b.completion_tokens))
-    np.testing.assert_allclose(np.asarray(a.policy_logp), np.asarray(b.policy_logp), atol=1e-4)
+    assert sharded.decode_phases > 1 and len(decode_windows(16, TN, sharded.decode_phases)) > 1
+    for other in (b, c):
+        np.testing.assert_array_equal(np.asarray(a.completion_tokens), other.completion_tokens)
+        np.testing.assert_allclose(np.asarray(a.policy_logp), other.policy_logp, atol=1e-4)
 
 
 def test_dropout_masks_fixed_per_row(model, forward):
@@ -366,3 +372,35 @@ def test_rollout_compiler_options_and_rejected_ones_warn_once(monkeypatch):
         assert xla_options.rollout_compiler_options("cpu", 1) == ()
         assert xla_options.rollout_compiler_options("cpu", 8) == ()
     assert len(seen) == 1
+
+
+def test_decode_windows_by_hand():
+    """Steps s = 1 .. Tn-1 split evenly over the phases, bounds Tp + ceil(j (Tn-1) / P)
+    rounded up to 8 slots, the last the whole cache Tp + Tn."""
+    assert decode_windows(16, 128, 4) == (48, 80, 112, 144)  # 16 + 32j, already multiples
+    assert decode_windows(16, TN, 4) == (24, 28)  # 19, 22, 25 -> 24, 24, 32 (capped: 28)
+    assert decode_windows(16, 128, 1) == (144,)
+    assert decode_windows(3, 2, 8) == (5,)  # one step: every bound rounds past the cache
+    with pytest.raises(ValueError, match="decode phases=0"):
+        decode_windows(16, 8, 0)
+
+
+@pytest.mark.parametrize("phases", [3, 8])
+def test_filled_cache_decode_gives_the_full_cache_tokens(model, sampler, phases):
+    """A decode in phases (each step attends to a cache just large enough for it) gives the
+    tokens of one full-size cache for the same keys, greedy and sampled with stop ids.
+    Log-probs differ by rounding only: a softmax over S <= 28 slots, |logp| < 10, f32."""
+    full = Sampler(model, pad_id=PAD, batch_buckets=(4,), decode_phases=1)
+    phased = Sampler(model, pad_id=PAD, batch_buckets=(4,), decode_phases=phases)
+    assert len(decode_windows(16, TN, phases)) > 1
+    sampled = SamplingParams(
+        max_new_tokens=TN, n=N, temperature=0.9, top_p=0.95, stop_ids=(5, 9, 17, 33, 65)
+    )
+    tokens, mask = prompts([4, 14, 1, 10], seed=4)
+    for params in (GREEDY, sampled):
+        a, b = (s.generate(tokens, mask, params, jax.random.key(7)) for s in (full, phased))
+        np.testing.assert_array_equal(np.asarray(a.completion_tokens), b.completion_tokens)
+        np.testing.assert_array_equal(np.asarray(a.lengths), b.lengths)
+        tol = 28 * np.finfo(np.float32).eps * 10
+        np.testing.assert_allclose(np.asarray(a.policy_logp), b.policy_logp, atol=tol)
+    assert int(np.asarray(b.finish_reason == FinishReason.STOP).sum()) > 0  # stops exercised
