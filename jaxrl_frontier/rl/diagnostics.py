@@ -16,6 +16,14 @@ Per step (jitted over the global rollout, logged with the rollout's metrics):
     diag/conflict_share      with several weighted reward components: the share of rollouts
                              whose components' group advantages disagree in sign
 
+When the trainer has its own log-probs of the sampled tokens (`train.recompute_old_logp`, or
+`train.measure_mismatch`), the train/rollout mismatch (`logp_mismatch`) on the loss tokens,
+d = log pi_learner(y) - log pi_sampler(y), the same weights on both sides:
+
+    rollout/logp_mismatch_max   max |d|
+    rollout/logp_mismatch_mean  mean |d|
+    rollout/logp_mismatch_k3    mean (e^d - 1 - d): the K3 estimate of KL(sampler || learner)
+
 Per eval (`after_eval`): the rise-and-collapse detector of "Self-Improvement Can
 Self-Regress: The Rise-and-Collapse Failure Mode of LLM Self-Training" and its early-stop
 rule (ES): stop at a collapse, roll forward the peak checkpoint, next budget = peak step + 3;
@@ -69,6 +77,18 @@ def rollout_diagnostics(
         "diag/zero_signal_share": jnp.mean(zero.astype(jnp.float32)),
         "diag/p_star": jnp.float32(ps),
         "diag/p_star_alarm": (p < ps).astype(jnp.float32),
+    }
+
+
+def logp_mismatch(sampler_logp: Array, learner_logp: Array, mask: Array) -> dict[str, Array]:
+    """The train/rollout mismatch metrics (module docstring) over the tokens where mask
+    [B, T] is 1; sampler_logp, learner_logp [B, T]."""
+    d = jnp.where(mask > 0, learner_logp - sampler_logp, 0.0)
+    n = jnp.maximum(jnp.sum(mask > 0), 1)
+    return {
+        "rollout/logp_mismatch_max": jnp.max(jnp.abs(d)),
+        "rollout/logp_mismatch_mean": jnp.sum(jnp.abs(d)) / n,
+        "rollout/logp_mismatch_k3": jnp.sum(jnp.expm1(d) - d) / n,
     }
 
 

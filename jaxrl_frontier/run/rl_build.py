@@ -124,8 +124,13 @@ def build_rl_stages(
     masks = jax.jit(lambda keys: dropout_masks(policy.cfg, rate, keys)) if rate > 0 else None
     context: dict[str, Any] = dict(policy_logp_fn=logp_fn, mlp_masks=masks)
     # an editor that changes tokens (DRE) needs their behaviour log-probs recomputed
-    recompute = c.train.recompute_old_logp or any(getattr(e, "changes_tokens", 0) for e in editors)
+    edited = any(getattr(e, "changes_tokens", 0) for e in editors)
+    recompute = c.train.recompute_old_logp or edited
     names = ["behaviour"] if recompute else []
+    # the train/rollout mismatch: free beside a recompute, a probe forward otherwise; not
+    # measured on tokens an editor changed (the sampler's log-probs are of others)
+    context["measure_mismatch"] = not edited and (recompute or c.train.measure_mismatch)
+    names += ["mismatch_probe"] if context["measure_mismatch"] and not recompute else []
     names += ["reference"] if reference else []
     if self_conditioned:  # [prompt | solution | completion]: only the completion scored
         context.update(

@@ -12,6 +12,9 @@ def train_section() -> ml_collections.ConfigDict:
     s.epochs = 1  # passes over each rollout batch (PPO epochs)
     s.minibatches = 1  # optimizer steps per epoch
     s.recompute_old_logp = False  # True: old log-probs from a trainer forward, not the sampler
+    # log the train/rollout log-prob mismatch (rollout/logp_mismatch_*) at every step: free
+    # with recompute_old_logp; otherwise one more policy forward a step (rl/diagnostics.py)
+    s.measure_mismatch = False
     # RL: each group's prompt runs through the model once, not once per completion, in the
     # update and the reference/teacher log-probs (same values; the prompt's FLOPs / group
     # size). Minibatches are then drawn as whole groups. Off by itself when a microbatch

@@ -242,8 +242,9 @@ class AgentRolloutProducer:
         batch = played.batch
         host = self._pack(played, examples, version)
         exp = Experience(**sharding.shard_local_batch(host, self.mesh))
-        exp = run_passes(self.passes, weights, exp)
+        exp, pass_metrics = run_passes(self.passes, weights, exp)
         adv, r_b, metrics = advantages_and_metrics(exp, self.objective, self.reward_names, g)
+        metrics.update(pass_metrics)
         if self.credit != "episode":
             adv = self._step_advantages(batch, exp, source and source.state_scores)
         source_metrics = source.metrics() if source is not None else {}  # 3SPO's

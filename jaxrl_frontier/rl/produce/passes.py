@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxrl_frontier.core.registry import Registry
+from jaxrl_frontier.rl.diagnostics import logp_mismatch
 from jaxrl_frontier.rl.experience import Experience
 from jaxrl_frontier.rl.methods.self_conditioning import chunked_kl_and_logp, conditioned_rows
 
@@ -51,9 +52,16 @@ def logprob_pass(field: str, role: str, logp_fn, mlp_masks=None) -> LogprobPass:
     return LogprobPass(field, role, fn)
 
 
-def run_passes(passes: Sequence[LogprobPass], weights: dict, exp: Experience) -> Experience:
-    """`exp` with each pass's arrays (masked to the policy's tokens) filled in: old_logp /
-    ref_logp / teacher_logp in place, any other field in `extras`."""
+# extras a pass leaves for the mismatch metrics (`run_passes` takes them out again)
+SAMPLER_LOGP, LEARNER_LOGP = "sampler_logp", "learner_logp"
+
+
+def run_passes(
+    passes: Sequence[LogprobPass], weights: dict, exp: Experience
+) -> tuple[Experience, dict[str, Array]]:
+    """(`exp` with each pass's arrays, masked to the policy's tokens, filled in: old_logp /
+    ref_logp / teacher_logp in place, any other field in `extras`; the train/rollout
+    mismatch metrics, `diagnostics.logp_mismatch`, when a pass measured them, else {})."""
     for p in passes:
         out = p.fn(weights[p.role], exp)
         for name, value in (out if isinstance(out, dict) else {p.field: out}).items():
@@ -62,14 +70,38 @@ def run_passes(passes: Sequence[LogprobPass], weights: dict, exp: Experience) ->
                 exp = exp.replace(**{name: value})
             else:
                 exp = exp.replace(extras={**exp.extras, name: value})
-    return exp
+    extras = dict(exp.extras)
+    if SAMPLER_LOGP in extras:  # old_logp recomputed; the sampler's kept beside it
+        pair = (extras.pop(SAMPLER_LOGP), exp.old_logp)
+    elif LEARNER_LOGP in extras:  # the sampler's old_logp kept; a probe beside it
+        pair = (exp.old_logp, extras.pop(LEARNER_LOGP))
+    else:
+        return exp, {}
+    return exp.replace(extras=extras), logp_mismatch(*pair, exp.loss_mask)
 
 
 @PASSES.register("behaviour")
-def behaviour_pass(*, policy_logp_fn, mlp_masks=None, **_):
+def behaviour_pass(*, policy_logp_fn, mlp_masks=None, measure_mismatch=False, **_):
     """old_logp recomputed by the trainer's forward (`train.recompute_old_logp`), not the
-    sampler's: removes the sampler/trainer numerics mismatch from the ratio."""
-    return logprob_pass("old_logp", "policy", policy_logp_fn, mlp_masks)
+    sampler's: removes the sampler/trainer numerics mismatch from the ratio. measure_mismatch:
+    the sampler's values are kept for the mismatch metrics (not when an editor changed the
+    tokens they were sampled for)."""
+    recompute = logprob_pass("old_logp", "policy", policy_logp_fn, mlp_masks)
+    if not measure_mismatch:
+        return recompute
+
+    def fn(params, exp: Experience):
+        return {"old_logp": recompute.fn(params, exp), SAMPLER_LOGP: exp.old_logp}
+
+    return LogprobPass("old_logp", "policy", fn)
+
+
+@PASSES.register("mismatch_probe")
+def mismatch_probe_pass(*, policy_logp_fn, mlp_masks=None, **_):
+    """The trainer's log-probs of the sampled tokens beside the sampler's (which the loss
+    keeps): one more policy forward a step, for the mismatch metrics only
+    (`train.measure_mismatch` without `train.recompute_old_logp`)."""
+    return logprob_pass(LEARNER_LOGP, "policy", policy_logp_fn, mlp_masks)
 
 
 @PASSES.register("reference")

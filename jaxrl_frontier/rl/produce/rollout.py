@@ -123,9 +123,9 @@ class RolloutProducer:
         exp = self._assemble(
             rows, draw.prompt_tokens, draw.prompt_mask, rewards, draw.dropout_keys, version
         )
-        exp = run_passes(self.passes, weights, exp)
+        exp, pass_metrics = run_passes(self.passes, weights, exp)
         adv, r_b, metrics = advantages_and_metrics(exp, self.objective, self.reward_names, g)
-        metrics = {**metrics, **{k: jnp.float32(v) for k, v in selected.items()}}
+        metrics = {**metrics, **pass_metrics, **{k: jnp.float32(v) for k, v in selected.items()}}
         for name, value in getattr(self.sampler, "stats", {}).items():  # speculative rollouts
             metrics[f"rollout/speculative_{name}"] = jnp.float32(value)
         exp = exp.replace(advantages=adv)
