@@ -120,6 +120,58 @@ def _get(cfg: Any, key: str) -> Any:
     return value
 
 
+def _on(cfg: Any, key: str) -> bool:
+    """Whether the term of coefficient `key` is in the loss: a number when non-zero; a
+    traced value (`with_values`: a scheduled or controlled coefficient) always, since the
+    run was built for its largest value and a value that moves must not change the program."""
+    value = _get(cfg, key)
+    return isinstance(value, jax.Array) or bool(value)
+
+
+# The float keys of `config.objective` whose value may arrive traced (`with_values`), so
+# that a schedule or a controller moves it without compiling again; besides these, every
+# float knob of the weight functions (`objective.weight_kwargs.<knob>`, `traced_keys`).
+TRACED_KEYS = ("pg_coef", "kl_coef", "entropy_coef", "distill_coef")
+
+
+def traced_keys() -> tuple[str, ...]:
+    """Every key of the objective that may be a traced value: TRACED_KEYS and
+    `weight_kwargs.<knob>` for each float keyword default of a registered weight."""
+    knobs = {
+        name
+        for entry in WEIGHTS.names()
+        for name, default in entry_defaults(WEIGHTS.get(entry)).items()
+        if isinstance(default, float)
+    }
+    return TRACED_KEYS + tuple(f"weight_kwargs.{k}" for k in sorted(knobs))
+
+
+def value_of(cfg: Any, key: str) -> Any:
+    """The configured value of a key of `traced_keys()`: cfg['kl_coef'], or for
+    'weight_kwargs.eps_high' the block's value, else the chosen weight's default (None when
+    the chosen weight has no such knob)."""
+    block, _, knob = key.partition(".")
+    if not knob:
+        return _get(cfg, block)
+    entry = block.removesuffix("_kwargs")
+    defaults = entry_defaults(REGISTRIES[entry].get(_get(cfg, entry)))
+    return {**defaults, **_get(cfg, block)}.get(knob)
+
+
+def with_values(cfg: Any, values: Mapping[str, Any]) -> dict[str, Any]:
+    """The objective `cfg` as a dict with the keys of `values` replaced: `values` maps a key
+    of `traced_keys()` ('kl_coef', 'weight_kwargs.eps_high') to its value this step (an f32
+    scalar, traced inside the update). Every other key keeps its configured value."""
+    out = dict(cfg.items())
+    for key, value in values.items():
+        block, _, knob = key.partition(".")
+        if knob:
+            out[block] = {**_get(out, block), knob: value}
+        else:
+            out[block] = value
+    return out
+
+
 def _check_kwargs(fn: Callable, name: str, cfg_key: str, kwargs: Mapping[str, Any]) -> None:
     allowed = list(entry_defaults(fn))
     for key in kwargs:
@@ -135,7 +187,7 @@ def required_fields(cfg: Any) -> dict[str, tuple[str, ...]]:
     need: dict[str, tuple[str, ...]] = {}
     weight = _get(cfg, "weight")
     need[f"weight {weight!r}"] = getattr(WEIGHTS.get(weight), "requires", ())
-    if _get(cfg, "kl_coef") and not _get(cfg, "kl_in_reward"):
+    if _on(cfg, "kl_coef") and not _get(cfg, "kl_in_reward"):
         need["kl_coef > 0"] = ("ref_logp",)
     if _get(cfg, "distill"):
         need[f"distill {_get(cfg, 'distill')!r}"] = ("teacher_logits",)
@@ -253,14 +305,14 @@ def objective_loss(
     if stats.ref_logp is not None:
         kl_bt = kl_to_ref(stats, _get(cfg, "kl_estimator"))
         metrics["kl_ref"] = _token_mean(kl_to_ref(stats, "k3"), m)
-        if _get(cfg, "kl_coef") and not _get(cfg, "kl_in_reward"):
+        if _on(cfg, "kl_coef") and not _get(cfg, "kl_in_reward"):
             kl_loss = agg(kl_bt)
             loss = loss + _get(cfg, "kl_coef") * kl_loss
             metrics["kl_loss"] = kl_loss
 
     if logits is not None or entropy is not None:
         ent_bt = token_entropy(logits) if entropy is None else entropy
-        if _get(cfg, "entropy_coef"):
+        if _on(cfg, "entropy_coef"):
             ent = agg(ent_bt)
             loss = loss - _get(cfg, "entropy_coef") * ent
         metrics["entropy"] = _token_mean(ent_bt, m)
@@ -352,7 +404,7 @@ def loss_fn(
             tokens,
             logprob_chunk,
             entropy=True,
-            entropy_grad=bool(_get(cfg, "entropy_coef")),
+            entropy_grad=_on(cfg, "entropy_coef"),
             start=first_scored,
             teacher_hidden=teacher_hidden if distill else None,
             distill=per_position,

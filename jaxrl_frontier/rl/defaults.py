@@ -132,6 +132,11 @@ def pact_section() -> ml_collections.ConfigDict:
     return s
 
 
+# The rollout keys the sampler takes as traced values (`sampling.Knobs`): a schedule or a
+# controller may move them during a run without compiling again (run/knobs.py).
+TRACED_ROLLOUT_KEYS = ("temperature", "top_p", "min_p")
+
+
 # The allowed values of this layer's keys with a closed set of them (run/config.py checks).
 CHOICES: dict[str, tuple] = {
     "pact.schedule": ("linear", "cosine", "constant"),

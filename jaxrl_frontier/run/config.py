@@ -101,6 +101,9 @@ def base_config() -> ml_collections.ConfigDict:
     c.eval = train_defaults.eval_section()
     c.env = data_defaults.env_section()
     c.pact = rl_defaults.pact_section()
+    # keys that move during a run: a schedule of the step, or a feedback controller (run/knobs.py)
+    c.schedules = train_defaults.knob_section()
+    c.controllers = train_defaults.knob_section()
     c.lock()
     return c
 
@@ -273,6 +276,9 @@ def validate(config: Mapping | ml_collections.ConfigDict, num_devices: int | Non
     _check_ranges(c)
     _check_consistency(c, num_devices)
     _check_registries(c)
+    from jaxrl_frontier.run.knobs import KnobPlan
+
+    KnobPlan.from_config(c, RANGES)  # schedules and controllers: keys, specs, value ranges
 
 
 def _check_task_kwargs(task_cls: type, kwargs: Mapping) -> None:

@@ -57,7 +57,8 @@ class RunParts:
     the sampler has devices of its own), the tokenizer and task, the policy module and, with
     LoRA, its frozen `base` weights (the train state then holds the adapters), the teacher
     module, whether a frozen reference exists, the sampler and the reward scorer (None: the
-    one `rewards.scorer` selects)."""
+    one `rewards.scorer` selects); knobs: the `KnobPlan` of the keys that move during the run
+    (None: none)."""
 
     mesh: Any
     tokenizer: Any
@@ -69,6 +70,7 @@ class RunParts:
     scorer: Any = None
     rollout_mesh: Any = None
     base: Any = None
+    knobs: Any = None  # the run's KnobPlan (run/knobs.py): keys that move as it trains
 
 
 def build_rl_stages(
@@ -89,6 +91,9 @@ def build_rl_stages(
     rollout_mesh, base = parts.rollout_mesh, parts.base
     c = config
     objective = objective_section(c.objective)
+    plan = parts.knobs
+    if plan:  # a moving key at its largest value: the structure every value runs in
+        objective = plan.structural(objective)
     editors, shapers = build_editors(c, task=task, tokenizer=tokenizer)
     shaped = [n for s in shapers for n in s.reward_names]
     objective["reward_weights"] = effective_reward_weights(objective.get("reward_weights"), shaped)
@@ -164,6 +169,7 @@ def build_rl_stages(
         grad_accum=c.optimizer.grad_accum,
         share_prompt=c.train.share_prompt_forward,
         dropout_rate=rate,
+        knobs=plan.objective_keys if plan else (),
     )
     pact_term = pact.loss_transform(c, graphdef)
     learner = Learner(

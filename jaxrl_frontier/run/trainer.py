@@ -50,6 +50,7 @@ from jaxrl_frontier.run.build import (
     check_resume_schedule,
     total_updates,
 )
+from jaxrl_frontier.run.knobs import KnobPlan
 from jaxrl_frontier.run.rl_build import RunParts, build_rl_stages
 from jaxrl_frontier.sampling import Sampler, make_sampler
 from jaxrl_frontier.train import evaluation, faults
@@ -81,6 +82,12 @@ class Trainer:
         self.reward_names = list(self.task.reward_names)
         self.scorer = make_scorer(c, self.task)  # one per run: training and evaluation
 
+        # keys that move as the run trains (schedules, controllers: run/knobs.py)
+        self.knobs = KnobPlan.from_config(c, config_lib.RANGES)
+        kl_coef = c.objective.kl_coef
+        if "objective.kl_coef" in self.knobs.keys:  # loaded when it can rise above 0
+            kl_coef = self.knobs.upper("objective.kl_coef")
+
         # ---- models: policy (trained), reference (frozen copy of the start), teacher
         k_model, k_teacher, rng0 = jax.random.split(jax.random.key(c.seed), 3)
         self.policy = build_model(
@@ -89,7 +96,7 @@ class Trainer:
         self.policy = attach_lora(self.policy, c, self.mesh, k_model)
         # LoRA: `params` are the adapters, `base_params` the frozen weights (else None)
         self.graphdef, params, self.base_params, self.ref_params = lora.trained_and_frozen(
-            self.policy, with_reference=c.mode == "rl" and c.objective.kl_coef > 0
+            self.policy, with_reference=c.mode == "rl" and kl_coef > 0
         )
         self.teacher = build_teacher(c, self.tokenizer, self.mesh, k_teacher, self.policy.cfg)
         self.teacher_params = None if self.teacher is None else nnx.state(self.teacher)
@@ -114,6 +121,7 @@ class Trainer:
                 scorer=self.scorer,
                 rollout_mesh=self.rollout_mesh,
                 base=self.base_params,
+                knobs=self.knobs,
             )
             self.learner, self.producer, self.logp_fn = build_rl_stages(
                 c, parts, tx=self.tx, state=state, log=self._print
@@ -160,6 +168,7 @@ class Trainer:
     def _save(self) -> None:
         data = self.ahead.source_state(self.source)  # before any batch still in flight
         meta = dict(data=data, history=self.history, config=self.config.to_dict())
+        meta["knobs"] = self.knobs.state()  # controllers' states, every spec
         faults.flush_logs(self.writer, self.rollout_log)  # a checkpoint's rows are on disk first
         self.ckpt.save(int(self.state.step), self.state, meta)
 
@@ -174,6 +183,8 @@ class Trainer:
         self.history = meta.get("history") or {"eval": []}
         if meta.get("data") is not None:
             self.source.restore(meta["data"])
+        if meta.get("knobs") is not None or self.knobs:
+            self.knobs.restore(meta.get("knobs") or {})
 
     def _print(self, msg: str) -> None:
         if self.is_main:
@@ -270,13 +281,22 @@ class Trainer:
         """One Experience (and its info) of `examples` from the current policy."""
         return self._producer_for(key)(examples)
 
-    def _producer_for(self, key, copy: bool = False):
+    def _producer_for(self, key, copy: bool = False, step: int | None = None):
         """produce(examples) over the weights and version of now (captured here, so that a
-        rollout ahead samples with them while the learner moves on)."""
+        rollout ahead samples with them while the learner moves on), and the moving rollout
+        keys at RL step `step` (default: the version), reported in info['knobs']."""
         p, v = self.learner.rollout_params(copy), self.learner.version
         weights = dict(policy=p, reference=self.ref_params, teacher=self.teacher_params)
-        # the source may draw more prompts (dynamic sampling)
-        return lambda ex: self.producer.produce(ex, weights, key, version=v, source=self.source)
+        sampling = KnobPlan.split(self.knobs.values(v if step is None else step))[1]
+        options = {"sampling": sampling} if sampling else {}
+
+        def produce(examples):  # the source may draw more prompts (dynamic sampling)
+            out = self.producer.produce(
+                examples, weights, key, version=v, source=self.source, **options
+            )
+            return out[0], {**out[1], "knobs": sampling}
+
+        return produce
 
     def _sample_key(self):  # uncommitted: the rollout mesh may hold other devices
         return jax.random.wrap_key_data(
@@ -291,7 +311,11 @@ class Trainer:
         done = int(self.state.step) + 1
         syncs = done % c.train.eval_every == 0 or done % c.train.checkpoint_every == 0
         if self.ahead.enabled and not (syncs or done >= c.train.steps):
-            self.ahead.start(self.source, self._producer_for(self._sample_key(), copy=True))
+            ahead = self._producer_for(self._sample_key(), copy=True, step=done)
+            self.ahead.start(self.source, ahead)
+        objective_knobs = KnobPlan.split(self.knobs.values(done - 1))[0]
+        if objective_knobs:  # this step's values, arguments of the update
+            self.learner.set_knobs(objective_knobs)
         step_metrics = self.learner.update(exp, self._next_key)
         self.guard.check_rewards(done, info["n_failed"], c.data.prompt_batch * c.rollout.group_size)
         self.guard.check_updates(done, step_metrics)
@@ -310,6 +334,11 @@ class Trainer:
         lag, dropped = self.learner.version - 1 - info["policy_version"], self.ahead.dropped
         extra = {"rollout/policy_lag": lag, "rollout/dropped_stale_total": dropped}
         extra["perf/reshard_seconds"] = self.learner.reshard_seconds
+        knobs = {f"objective.{k}": v for k, v in objective_knobs.items()}
+        knobs.update({f"rollout.{k}": v for k, v in info.get("knobs", {}).items()})
+        extra.update({f"schedule/{k}": v for k, v in knobs.items()})  # the values used
+        if self.knobs.controllers:  # each reads its metric of this step, for the next
+            self.knobs.observe(rl_step_scalars(step_metrics, info, 0.0, self.state.skipped))
         return lambda dt: {**rl_step_scalars(step_metrics, info, dt, self.state.skipped), **extra}
 
     def _record_eval(self, step: int, tag: str) -> dict:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ml_collections
+from ml_collections import config_dict
 
 
 def train_section() -> ml_collections.ConfigDict:
@@ -62,6 +63,26 @@ def eval_section() -> ml_collections.ConfigDict:
     # step groups: gamma, step_weight, scale) or '3spo' (state scores: sspo.*, on GiGPO; needs
     # data.source='sspo', which keeps the history).
     s.at_start = True  # RL: evaluate the starting policy at step 0 (off: faster tests)
+    return s
+
+
+def knob_section() -> ml_collections.ConfigDict:
+    """`schedules` and `controllers` (each its own copy): one unset entry per key a run may
+    move as it trains (run/knobs.py): the objective's coefficients and float weight knobs,
+    the rollout's temperature, top_p and min_p. An entry is a spec: a string
+    ('cosine(0.05, 0.005)', 'adaptive_kl(target=0.02)') or a dict with 'kind'
+    (train/schedules.py, train/controllers.py)."""
+    from jaxrl_frontier.objectives import losses
+    from jaxrl_frontier.rl.defaults import TRACED_ROLLOUT_KEYS
+
+    unset = lambda keys: ml_collections.ConfigDict(
+        {k: config_dict.placeholder(object) for k in keys}
+    )
+    s = ml_collections.ConfigDict()
+    keys = losses.traced_keys()
+    s.objective = unset([k for k in keys if "." not in k])
+    s.objective.weight_kwargs = unset([k.split(".", 1)[1] for k in keys if "." in k])
+    s.rollout = unset(TRACED_ROLLOUT_KEYS)
     return s
 
 

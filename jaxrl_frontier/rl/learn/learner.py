@@ -8,6 +8,11 @@
     learner.rollout_params() -> the policy weights for the sampler, through one resharding
         function (the identity when rollouts run on the training mesh).
 
+Schedules and controllers (`run/knobs.py`) move objective keys during the run: their values
+ride beside the frozen weights as `frozen['knobs']` ({key: f32 []}, `Learner.set_knobs` before
+each step), arguments of the one compiled update, read by the loss through
+`losses.with_values`.
+
 With LoRA (`base` given: `models/lora.py`) the train state holds the adapters only; the frozen base
 weights ride beside them as `frozen['base']` (an argument of the update, never donated or
 differentiated), every forward runs `lora.combine(base, adapters)`, and only the adapters
@@ -77,6 +82,9 @@ def rl_loss(
     weights, and a distillation loss reads its hidden states (no gradient).
     capture_hidden: metrics['hidden'] holds the policy's final hidden states [B, T, D] of the
     loss's own forward (a value head reads them: `rl.ppo`), when that forward computes them.
+    `frozen['knobs']` (when present): {objective key: f32 []} replacing those keys of
+    `objective_cfg` (`losses.with_values`): schedules and controllers move them step by step
+    as arguments of the one compiled update.
     """
     logits_fn = apply_logits(graphdef, group_size, completion_len)
     hidden_fn = None
@@ -86,6 +94,9 @@ def rl_loss(
 
     def loss_of(params, batch, denominator=None, frozen=None):
         batch = dict(batch)
+        cfg = objective_cfg  # with this step's scheduled / controlled values, traced
+        if frozen is not None and "knobs" in frozen:
+            cfg = losses.with_values(objective_cfg, frozen["knobs"])
         mlp_mask = None
         keys = batch.pop("dropout_keys", None)
         if dropout_rate > 0:
@@ -106,7 +117,7 @@ def rl_loss(
         loss, metrics = losses.loss_fn(
             params,
             batch,
-            objective_cfg,
+            cfg,
             apply_fn=lambda p, t, m: logits_fn(p, t, m, mlp_mask),
             apply_hidden_fn=None if hidden_fn is None else hidden_of,
             logprob_chunk=logprob_chunk or logprobs.DEFAULT_LOGPROB_CHUNK,
@@ -177,7 +188,10 @@ class LearnerOptions:
     (`train.epochs`, `train.minibatches`), each minibatch in `grad_accum` microbatches
     (`optimizer.grad_accum`).  share_prompt: one prompt forward per group
     (`train.share_prompt_forward`).  dropout_rate: Dropout-GRPO's MLP dropout
-    (`rollout.dropout_rate`; the update rebuilds the sampler's masks).
+    (`rollout.dropout_rate`; the update rebuilds the sampler's masks).  knobs: the objective
+    keys whose values arrive with each update as traced f32 scalars (`losses.traced_keys`:
+    'kl_coef', 'weight_kwargs.eps_high'; set by `Learner.set_knobs`), moved by schedules
+    and controllers without compiling again.
     """
 
     objective: dict
@@ -189,6 +203,7 @@ class LearnerOptions:
     grad_accum: int = 1
     share_prompt: bool = True
     dropout_rate: float = 0.0
+    knobs: tuple[str, ...] = ()
 
 
 class Learner:
@@ -261,6 +276,10 @@ class Learner:
             teacher_graphdef=teacher[0] if uses_teacher else None,
             capture_hidden=critic is not None and critic.reads_hidden,
         )
+        if o.knobs:  # replicated f32 scalars, an argument of the update (never a constant)
+            self._knob_sharding = sharding.replicated(mesh)
+            self.frozen = {**(self.frozen or {}), "knobs": None}
+            self.set_knobs({k: losses.value_of(objective, k) for k in o.knobs})
         transforms = list(loss_transforms)  # terms beside the objective's, on full params
         if base is not None:
             self.frozen = {**(self.frozen or {}), "base": base}
@@ -312,6 +331,15 @@ class Learner:
         return microbatch_grads(
             self._loss_of, self.state.params, batch, self._grad_accum, self.frozen, den
         )
+
+    def set_knobs(self, values: dict[str, float]) -> None:
+        """This step's values of `options.knobs` (every one, by objective key), placed as
+        replicated f32 scalars: the next updates and `gradient` read them."""
+        names = self.options.knobs
+        if set(values) != set(names):
+            raise ValueError(f"Learner.set_knobs: got {sorted(values)}, the run traces {names}")
+        host = {k: np.float32(values[k]) for k in names}
+        self.frozen = {**self.frozen, "knobs": jax.device_put(host, self._knob_sharding)}
 
     @property
     def version(self) -> int:

@@ -162,8 +162,9 @@ def make_update_fn(
 
     loss_of(params, batch[, denominator=][, frozen=]) -> (loss, metrics).
     denominator_fn(batch) -> scalar: the minibatch's normaliser (see the module docstring).
-    frozen_sharding: given, the update takes a third argument `frozen`, weights the loss reads
-    but does not train (a teacher), passed through to `loss_of(..., frozen=)`.
+    frozen_sharding: given, the update takes a third argument `frozen`, inputs the loss reads
+    but does not train (a teacher's or LoRA's base weights, the scheduled and controlled
+    `knobs` of the objective), passed through to `loss_of(..., frozen=)`.
     A non-finite loss or gradient skips the update (params and optimizer state unchanged)
     and counts it in `state.skipped`, so one bad batch does not end a long run.
     """

@@ -306,10 +306,12 @@ class PactProducer:
         stops = tuple(config.get("env", {}).get("stop", ())) if env is not None else ()
         self.stop_id = int(tokenizer.encode(stops[0])[0]) if stops else int(tokenizer.eos_id)
 
-    def produce(self, examples, weights, key, *, version: int = 0, source=None):
+    def produce(self, examples, weights, key, *, version: int = 0, source=None, **options):
         from jaxrl_frontier.core import sharding
 
-        exp, info = self.producer.produce(examples, weights, key, version=version, source=source)
+        exp, info = self.producer.produce(
+            examples, weights, key, version=version, source=source, **options
+        )
         local = lambda x: sharding.local_rows(x, self.mesh)
         results = info["results"]
         g = exp.num_rows // max(len(results), 1) // max(jax.process_count(), 1)

@@ -17,6 +17,7 @@ crosses hosts before the arrays enter the mesh.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -92,6 +93,7 @@ class RolloutProducer:
         *,
         version: int = 0,
         source=None,
+        sampling: dict[str, float] | None = None,
     ) -> tuple[Experience, dict[str, Any]]:
         """One rollout batch: (Experience, info). weights: role -> params ('policy' samples).
 
@@ -99,20 +101,24 @@ class RolloutProducer:
         groups (dynamic sampling draws more of its prompts through `next_batch()`), its
         `metrics()` are logged, and its `use_teacher` is handed the producer's
         `teacher_answers` when the run has a teacher (ZPPO).
+        sampling: {field: value} replacing fields of the producer's `SamplingParams` for
+        this batch (a scheduled `rollout.temperature`); the sampler traces them (`Knobs`),
+        so a new value compiles nothing.
         info: device scalars `metrics` (global; with the source's, editors' and shapers'
         host metrics), `n_failed` (global), `rollout_seconds` (sampling, editing, scoring),
         `policy_version`, and this process's `results` (one `PromptResult` per prompt, for
         `PromptSource.observe`) and `texts` (the decoded completions of its rows).
         """
-        g = self.sampling.n
+        params = dataclasses.replace(self.sampling, **(sampling or {}))
+        g = params.n
         if self.teacher_answers is not None and source is not None:
             source.use_teacher(self.teacher_answers)
         t0 = time.perf_counter()
         self.sampler.update_weights(weights["policy"], version)
-        draw = self._draw(examples, key)
+        draw = self._draw(examples, key, params)
         selected: dict[str, float] = {}
         if source is not None:
-            more = lambda i: self._draw(source.next_batch(), jax.random.fold_in(key, i))
+            more = lambda i: self._draw(source.next_batch(), jax.random.fold_in(key, i), params)
             draw, selected = source.select(draw, more)
             selected.update(source.metrics())  # e.g. ADS's p before this step
         for part in (*self.editors, *self.shapers):
@@ -144,13 +150,13 @@ class RolloutProducer:
         )
         return exp, info
 
-    def _draw(self, examples: Sequence[Example], key) -> ScoredRows:
+    def _draw(self, examples: Sequence[Example], key, params: SamplingParams) -> ScoredRows:
         """Sample, decode, edit and score one batch of this process's prompts."""
         tok, mask = encode_prompts(
             self.tokenizer, [self.prompt_of(e) for e in examples], self.max_prompt_len
         )
         all_tok, all_mask = _gather_prompts(tok, mask)
-        rollout = self.sampler.generate(all_tok, all_mask, self.sampling, key)
+        rollout = self.sampler.generate(all_tok, all_mask, params, key)
         local = lambda x: sharding.local_rows(x, self.mesh)
         rows = RolloutRows(
             examples=tuple(examples),
