@@ -1,70 +1,86 @@
-"""Asynchronous rollouts with bounded staleness: batch k+1 is produced while the learner
-updates on batch k.
+"""Asynchronous rollouts with bounded staleness: up to k = `rollout.max_staleness` batches
+are produced ahead of the learner, each by the weights of the step that started it.
 
-    step k:   exp_k = ahead.take()  (or produced now)      policy version of exp_k: v_k
-              lag = learner.version - v_k; lag > max_staleness -> dropped, produced anew
-              source.observe(info_k["results"])
-              ahead.start(produce, next prompts, next key)  with the weights of version k
-              learner.update(exp_k)                         (overlaps the rollout of k+1)
+    step t:   exp_t = ahead.take()  (or produced now)      policy version of exp_t: v_t
+              lag = learner.version - v_t; lag > k -> dropped, produced anew
+              source.observe(info_t["results"])
+              while fewer than k in flight (and none would cross a sync step):
+                  ahead.start(produce, next prompts, next key)  with the weights of version t
+              learner.update(exp_t)                         (overlaps the rollouts in flight)
 
-The rollout runs in one background thread; JAX dispatch is thread-safe, and with
-disaggregated roles (`rollout.devices`) the two run on separate devices. The weights handed
-to the rollout are a copy (the update donates its state). The loss corrects for the lag with
-the configured weight against the behaviour log-probs (`tis`, `dppo`, `ppo_clip`, ...): each
-row carries the version that sampled it.
+The schedule is fixed, not timed: the batch started at step t is the one step t + j takes
+(j its place in the queue), so its lag is j, k in the steady state, whatever the speeds, and a
+run is reproducible bit for bit. A slow learner does not make the rollouts older, it makes
+them wait; the drop rule guards a queue that outlived its bound (a resumed run with a smaller
+k). The rollouts run in one background thread in order; JAX dispatch is thread-safe, and with
+disaggregated roles (`rollout.devices`) they run on separate devices. The weights handed to a
+rollout are a copy (the update donates its state). The loss corrects for the lag with the
+configured weight against the behaviour log-probs (`tis`, `dppo`, `ppo_clip`, ...): each row
+carries the version that sampled it.
 
-Nothing is lost across a checkpoint: no batch is started ahead of a step that ends with an
-eval, a checkpoint or the run's end, so every checkpoint is taken with nothing in flight, and
-a resumed run continues exactly. If a stop signal arrives while a batch is in flight, the
-prompt source's state from before that batch's prompts is the one saved.
+Nothing is lost across a checkpoint: no batch is started that a step ending with an eval, a
+checkpoint or the run's end would leave in flight (`RolloutsAhead.room`), so every
+checkpoint is taken with nothing in flight, and a resumed run continues exactly. If a stop
+signal arrives while batches are in flight, the prompt source's state from before the oldest
+one's prompts is the one saved.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 
 class RolloutsAhead:
-    """At most one Experience produced ahead of the learner (`max_staleness` > 0)."""
+    """Up to `max_staleness` Experiences produced ahead of the learner, oldest first."""
 
     def __init__(self, max_staleness: int):
         self.max_staleness = max_staleness
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="rollout") if max_staleness else None
-        self._pending: Future | None = None
-        self._source_state: dict | None = None
+        self._pending: deque[tuple[Future, dict]] = deque()  # (batch, source state before it)
         self.dropped = 0  # batches dropped for staleness
 
     @property
     def enabled(self) -> bool:
         return self._pool is not None
 
+    @property
+    def in_flight(self) -> int:
+        return len(self._pending)
+
+    def room(self, step: int, last_step: int, is_sync: Callable[[int], bool]) -> bool:
+        """Whether a batch may start during step `step`: fewer than k in flight, and it
+        would be taken by step step + in_flight + 1 <= last_step with no eval / checkpoint
+        (`is_sync`) at the end of any step before that."""
+        ahead = self.in_flight
+        if not self.enabled or ahead >= self.max_staleness or step + ahead + 1 > last_step:
+            return False
+        return not any(is_sync(s) for s in range(step, step + ahead + 1))
+
     def start(self, source, produce: Callable[[Any], tuple]) -> None:
         """Draw the next prompts now and produce their Experience in the background."""
-        self._source_state = source.state()
-        examples = source.next_batch()
-        self._pending = self._pool.submit(produce, examples)
+        state = source.state()
+        self._pending.append((self._pool.submit(produce, source.next_batch()), state))
 
     def take(self, learner_version: int) -> tuple | None:
-        """The batch produced ahead, or None (nothing in flight, or it lags too far)."""
-        if self._pending is None:
+        """The oldest batch produced ahead, or None (nothing in flight, or it lags too far)."""
+        if not self._pending:
             return None
-        out = self._pending.result()
-        self._pending, self._source_state = None, None
-        lag = learner_version - out[1]["policy_version"]
-        if lag > self.max_staleness:
+        out = self._pending.popleft()[0].result()
+        if learner_version - out[1]["policy_version"] > self.max_staleness:
             self.dropped += 1
             return None
         return out
 
     def source_state(self, source) -> dict:
-        """The prompt-source state to checkpoint: from before a batch still in flight."""
-        return self._source_state if self._source_state is not None else source.state()
+        """The prompt-source state to checkpoint: from before the oldest batch in flight."""
+        return self._pending[0][1] if self._pending else source.state()
 
     def close(self) -> None:
-        if self._pending is not None:
-            self._pending.cancel()
-            self._pending = None
+        for future, _ in self._pending:
+            future.cancel()
+        self._pending.clear()
         if self._pool is not None:
             self._pool.shutdown(wait=True)

@@ -309,9 +309,10 @@ class Trainer:
         exp, info = out or self.rollout(self.source.next_batch(), self._sample_key())
         self.source.observe(info["results"])
         done = int(self.state.step) + 1
-        syncs = done % c.train.eval_every == 0 or done % c.train.checkpoint_every == 0
-        if self.ahead.enabled and not (syncs or done >= c.train.steps):
-            ahead = self._producer_for(self._sample_key(), copy=True, step=done)
+        syncs = lambda s: s % c.train.eval_every == 0 or s % c.train.checkpoint_every == 0
+        while self.ahead.room(done, c.train.steps, syncs):  # taken at done + in_flight + 1
+            step = done + self.ahead.in_flight  # its step's index, for the scheduled knobs
+            ahead = self._producer_for(self._sample_key(), copy=True, step=step)
             self.ahead.start(self.source, ahead)
         objective_knobs = KnobPlan.split(self.knobs.values(done - 1))[0]
         if objective_knobs:  # this step's values, arguments of the update

@@ -93,6 +93,59 @@ def test_asynchronous_run_learns_and_resumes_exactly(tmp_path):
         np.testing.assert_array_equal(a, b)
 
 
+def test_staleness_k_keeps_k_batches_in_flight_and_resumes_exactly(tmp_path):
+    """k = 2: the lag climbs to 2 and stays there (the batch a step starts is taken two steps
+    later); no batch is left in flight across a checkpoint, so a run cut at one resumes to
+    the uncut run's weights and metrics."""
+    async2 = {"rollout.devices": 4, "rollout.max_staleness": 2}
+    whole, _, rows = _run(tmp_path, "whole", **async2, **{"train.steps": 6})
+    assert [r["rollout/policy_lag"] for r in rows] == [0.0, 1.0, 2.0, 2.0, 2.0, 2.0]
+    assert rows[-1]["rollout/dropped_stale_total"] == 0.0
+    cut = {**async2, "train.checkpoint_every": 3}
+    _run(tmp_path, "cut", **cut, **{"train.steps": 3})
+    resumed, summary, rows_resumed = _run(tmp_path, "cut", **cut, **{"train.steps": 6})
+    assert summary["step"] == 6
+    # the checkpoint at 3 drains the queue: steps 4-6 ramp up again (lags 0, 1, 2)
+    assert [r["rollout/policy_lag"] for r in rows_resumed][-3:] == [0.0, 1.0, 2.0]
+    again, _, rows_again = _run(tmp_path, "again", **cut, **{"train.steps": 6})
+    assert [r["train/loss"] for r in rows_resumed][-3:] == [r["train/loss"] for r in rows_again][
+        -3:
+    ]
+    for a, b in zip(_leaves(again), _leaves(resumed), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_rollouts_ahead_schedule_and_drop_by_hand():
+    """room(): at most k in flight, none taken after the last step or across a sync step;
+    take(): oldest first, a batch lagging past k dropped and counted."""
+    from jaxrl_frontier.rl.overlap import RolloutsAhead
+
+    class Source:
+        n = 0
+
+        def state(self):
+            return {"n": self.n}
+
+        def next_batch(self):
+            self.n += 1
+            return self.n
+
+    ahead, source = RolloutsAhead(2), Source()
+    never = lambda s: False
+    try:
+        assert ahead.room(1, 10, never)
+        for version in (0, 0):
+            ahead.start(source, lambda batch, v=version: (batch, {"policy_version": v}))
+        assert not ahead.room(1, 10, never) and ahead.in_flight == 2
+        assert ahead.source_state(source) == {"n": 0}  # before the oldest batch's prompts
+        assert ahead.take(1)[0] == 1 and ahead.source_state(source) == {"n": 1}
+        assert ahead.take(3) is None and ahead.dropped == 1  # lag 3 > 2
+        assert ahead.room(9, 10, never) and not ahead.room(10, 10, never)  # taken at 10 / 11
+        assert not ahead.room(8, 10, lambda s: s == 8)  # step 8 ends with a checkpoint
+    finally:
+        ahead.close()
+
+
 def test_async_roles_config_errors_name_the_key():
     for overrides, match in (
         ({"rollout.devices": 8}, "rollout.devices"),
