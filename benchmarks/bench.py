@@ -13,6 +13,7 @@ arguments, read as training reads them) and returns a JSON-able dict, written to
     python benchmarks/bench.py profile                # a decode step's ops (decode_profile.py)
     python benchmarks/bench.py async                  # roles on devices, rollouts ahead
     python benchmarks/bench.py agents                 # multi-turn vs single-turn rollouts
+    python benchmarks/bench.py continuous             # continuous vs static batching
 
 `python -m benchmarks.bench ...` is the same from the repository root.
 """
@@ -36,6 +37,7 @@ from benchmarks import (  # noqa: E402  (after the re-run as a module above)
     agents,
     async_rl,
     common,
+    continuous,
     decode_profile,
     rl,
     sampler,
@@ -66,6 +68,7 @@ benchmark("speculative", speculative.add_arguments)(speculative.bench_speculativ
 benchmark("profile", decode_profile.add_arguments)(decode_profile.bench_profile)
 benchmark("async", async_rl.add_arguments)(async_rl.bench_async)
 benchmark("agents", agents.add_arguments)(agents.bench_agents)
+benchmark("continuous", continuous.add_arguments)(continuous.bench_continuous)
 
 
 def main(argv=None) -> dict:

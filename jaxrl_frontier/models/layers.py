@@ -94,7 +94,8 @@ class KVCache:
     k, v:  tuples of L arrays [B, K, S, Dh] (K kv heads, S cache slots; see the module
            docstring)
     valid: [B, S] bool       slot holds a real (non-padding) token
-    index: int32 []          next slot to write (the same for every row)
+    index: int32 []          next slot to write (the same for every row), or int32 [B]:
+                             each row's own (continuous batching: rows start at other times)
     """
 
     k: jax.Array
@@ -105,6 +106,21 @@ class KVCache:
     @property
     def max_len(self) -> int:
         return self.k[0].shape[2]
+
+
+def write_slots(buf: jax.Array, new: jax.Array, index, axis: int) -> jax.Array:
+    """buf with `new` written at slots [index, index + T) of `axis` (T = new.shape[axis]).
+    index: int32 [] (every row at the same slots: one dynamic update slice), or [B] (row b at
+    its own slots, B = the leading axis: continuous batching; a scatter of the T new
+    entries per row, which XLA updates in place)."""
+    if jnp.ndim(index) == 0:
+        return jax.lax.dynamic_update_slice_in_dim(buf, new, index, axis)
+    t = new.shape[axis]
+    rows = jnp.arange(buf.shape[0])[:, None]  # [B, 1]
+    slots = index[:, None] + jnp.arange(t)[None, :]  # [B, T]
+    where = (rows,) + (slice(None),) * (axis - 1) + (slots,)
+    # advanced indices apart from the leading one move the [B, T] dims first
+    return buf.at[where].set(jnp.moveaxis(new, axis, 1), unique_indices=True)
 
 
 def init_cache(cfg: ModelConfig, batch_size: int, max_len: int, dtype=None) -> KVCache:
@@ -270,11 +286,10 @@ class Attention(nnx.Module):
         if kv is not None:
             k_cache, v_cache, index = kv
             # Only the T new tokens are transposed to the cache's [B, K, T, Dh] layout.
-            start = (0, 0, index, 0)
             k_new = jnp.swapaxes(k, 1, 2).astype(k_cache.dtype)
             v_new = jnp.swapaxes(v, 1, 2).astype(v_cache.dtype)
-            k = jax.lax.dynamic_update_slice(k_cache, k_new, start)
-            v = jax.lax.dynamic_update_slice(v_cache, v_new, start)
+            k = write_slots(k_cache, k_new, index, axis=2)
+            v = write_slots(v_cache, v_new, index, axis=2)
             new_kv, kv_spec = (k, v), "bksd"
         out = attention(q, k, v, attn_bias, kv_spec, impl=self.cfg.attention)
         return self.project_out(out.astype(x.dtype)), new_kv

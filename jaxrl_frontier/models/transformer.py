@@ -54,6 +54,7 @@ from jaxrl_frontier.models.layers import (
     positions_from_mask,
     rope_inv_freq,
     shared_prompt_block,
+    write_slots,
 )
 
 # ----------------------------------------------------------------------------- model
@@ -163,12 +164,14 @@ class Transformer(nnx.Module):
         if cache is None:
             key_valid, offset = real, 0
         else:
-            key_valid = jax.lax.dynamic_update_slice_in_dim(cache.valid, real, cache.index, 1)
+            key_valid = write_slots(cache.valid, real, cache.index, axis=1)
             offset = cache.index
         s = key_valid.shape[1]
-        # query i sits in slot offset + i; it sees valid slots up to its own
-        causal = (offset + jnp.arange(t))[:, None] >= jnp.arange(s)[None, :]  # [T, S]
-        attn_bias = mask_to_bias(causal[None] & key_valid[:, None, :])
+        # query i sits in slot offset + i; it sees valid slots up to its own (offset [B]: a
+        # cache whose rows write at their own slots)
+        query_slot = jnp.asarray(offset)[..., None, None] + jnp.arange(t)[:, None]
+        causal = query_slot >= jnp.arange(s)[None, :]  # [T, S] or [B, T, S]
+        attn_bias = mask_to_bias(jnp.broadcast_to(causal, (b, t, s)) & key_valid[:, None, :])
 
         inv_freq = rope_inv_freq(cfg)
         x = self.constrain_rows(self.embed[...].astype(cfg.compute_dtype)[tokens])

@@ -69,6 +69,10 @@ def rollout_section() -> ml_collections.ConfigDict:
     # a step attends to the filled cache, not the rollout's capacity (sampling/sampler.py
     # decode_windows); each phase is one more trace of the decode step (compile time)
     s.decode_phases = 4
+    # continuous batching (sampling/continuous.py, one device): the decode runs this many
+    # rows at a time and a row that stops hands its slot to the next pending row at once;
+    # 0: off (every row of the batch decodes together until the longest ends)
+    s.continuous_slots = 0
     # speculative rollouts (sampling/speculative.py, one device): the policy's first `draft`
     # layers propose k tokens a round, the policy verifies them in one forward and rejection
     # sampling keeps its distribution exactly; draft None: off (the plain sampler)
@@ -157,6 +161,7 @@ RANGES: dict[str, tuple] = {
     "rollout.min_p": (0, 1, True, False),
     "rollout.dropout_rate": (0, 1, True, False),
     "rollout.decode_phases": (1, None, True, None),
+    "rollout.continuous_slots": (0, None, True, None),
     "rollout.speculative.k": (0, None, False, None),
     "rollout.sc_vocab_chunk": (0, None, False, None),
     "optimizer.lr": (0, None, False, None),

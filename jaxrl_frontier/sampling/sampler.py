@@ -325,6 +325,19 @@ def grow_cache(cache: KVCache, size: int) -> KVCache:
     )
 
 
+def forward_rows(model: Transformer, tokens, positions, cache: KVCache, index):
+    """tokens, positions int32 [B, T] written at per-row slots [index_b, index_b + T) (index
+    int32 [B]) -> (logits f32 [B, T, V], the cache; its `index` kept)."""
+
+    def one_row(tok, pos, row):  # a batch of one: per layer [1, K, S, Dh]
+        row = jax.tree.map(lambda x: x[None], row).replace(index=row.index)
+        logits, row = model(tok[None], None, positions=pos[None], cache=row)
+        return logits[0], jax.tree.map(lambda x: x[0], row.replace(index=row.index[None]))
+
+    logits, rows = jax.vmap(one_row)(tokens, positions, cache.replace(index=index))
+    return logits, rows.replace(index=cache.index)
+
+
 def as_key(key) -> jax.Array:
     """A typed jax.random key (raw uint32 key data is wrapped)."""
     if not isinstance(key, jax.Array):

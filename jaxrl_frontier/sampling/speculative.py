@@ -29,12 +29,11 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from jaxrl_frontier.core.xla_options import rollout_compiler_options
-from jaxrl_frontier.models.layers import KVCache
 from jaxrl_frontier.models.transformer import Transformer
 from jaxrl_frontier.sampling import ops
 from jaxrl_frontier.sampling.params import Knobs, Plan, SamplingParams
 from jaxrl_frontier.sampling.rollout import DEFAULT_PROMPT_BUCKETS, Rollout, make_rollout
-from jaxrl_frontier.sampling.sampler import DecodeState, Sampler, as_key
+from jaxrl_frontier.sampling.sampler import DecodeState, Sampler, as_key, forward_rows
 
 
 def shallow_draft(model: Transformer, num_layers: int) -> Transformer:
@@ -49,19 +48,6 @@ def shallow_draft(model: Transformer, num_layers: int) -> Transformer:
     if not cfg.tie_word_embeddings:
         draft.lm_head = model.lm_head
     return draft
-
-
-def forward_rows(model: Transformer, tokens, positions, cache: KVCache, index):
-    """tokens, positions int32 [B, T] written at per-row slots [index_b, index_b + T) (index
-    int32 [B]) -> (logits f32 [B, T, V], the cache; its `index` kept)."""
-
-    def one_row(tok, pos, row):  # a batch of one: per layer [1, K, S, Dh]
-        row = jax.tree.map(lambda x: x[None], row).replace(index=row.index)
-        logits, row = model(tok[None], None, positions=pos[None], cache=row)
-        return logits[0], jax.tree.map(lambda x: x[0], row.replace(index=row.index[None]))
-
-    logits, rows = jax.vmap(one_row)(tokens, positions, cache.replace(index=index))
-    return logits, rows.replace(index=cache.index)
 
 
 def _write_rows(buf, values, start):
@@ -113,6 +99,7 @@ class SpeculativeSampler(Sampler):
         super().__init__(policy, mesh=mesh, cache_dtype=cache_dtype, **kw)
         self.proposer = Sampler(draft, mesh=mesh, cache_dtype=cache_dtype, **kw)
         self.k, self.stats = int(k), {}
+        self.stats_prefix = "rollout/speculative_"  # the stats' metric names
         kw = dict(compiler_options=dict(rollout_compiler_options(self.platform, 1)))
         self.speculate = jax.jit(
             self._speculate, static_argnames="plan", donate_argnames="caches", **kw
@@ -253,13 +240,3 @@ class SpeculativeSampler(Sampler):
             states, (p_cache, d_cache), logits0, lengths, prompts, key, knobs, version, plan=plan
         )
         return rollout.take_rows(num_prompts * plan.n)
-
-
-def make_sampler(model: Transformer, rollout, *, pad_id: int, mesh: Mesh | None = None):
-    """The sampler config section `rollout` asks for: with `speculative.draft` set, a
-    `SpeculativeSampler` (draft: the policy's first layers), else a `Sampler`."""
-    spec = rollout.get("speculative") or {}
-    kw = dict(pad_id=pad_id, mesh=mesh, cache_dtype=rollout.get("cache_dtype") or None)
-    if spec.get("draft") is None:
-        return Sampler(model, decode_phases=int(rollout.get("decode_phases") or 1), **kw)
-    return SpeculativeSampler(model, int(spec["draft"]), k=int(spec.get("k", 4)), **kw)

@@ -132,8 +132,8 @@ class RolloutProducer:
         exp, pass_metrics = run_passes(self.passes, weights, exp)
         adv, r_b, metrics = advantages_and_metrics(exp, self.objective, self.reward_names, g)
         metrics = {**metrics, **pass_metrics, **{k: jnp.float32(v) for k, v in selected.items()}}
-        for name, value in getattr(self.sampler, "stats", {}).items():  # speculative rollouts
-            metrics[f"rollout/speculative_{name}"] = jnp.float32(value)
+        for name, value in getattr(self.sampler, "stats", {}).items():  # speculative, continuous
+            metrics[f"{self.sampler.stats_prefix}{name}"] = jnp.float32(value)
         exp = exp.replace(advantages=adv)
         local = lambda x: sharding.local_rows(x, self.mesh)
         results = prompt_results(

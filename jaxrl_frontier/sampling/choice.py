@@ -1,0 +1,35 @@
+"""The sampler a config's `rollout` section asks for (`make_sampler`): the trainer's one
+entry point to `Sampler`, `SpeculativeSampler` and `ContinuousSampler`."""
+
+from __future__ import annotations
+
+from jax.sharding import Mesh
+
+from jaxrl_frontier.models.transformer import Transformer
+from jaxrl_frontier.sampling.continuous import ContinuousSampler
+from jaxrl_frontier.sampling.sampler import Sampler
+from jaxrl_frontier.sampling.speculative import SpeculativeSampler
+
+
+def make_sampler(model: Transformer, rollout, *, pad_id: int, mesh: Mesh | None = None):
+    """The sampler config section `rollout` asks for: with `speculative.draft` set, a
+    `SpeculativeSampler` (draft: the policy's first layers); with `continuous_slots` > 0, a
+    `ContinuousSampler` (continuous batching); else a `Sampler`."""
+    spec = rollout.get("speculative") or {}
+    kw = dict(pad_id=pad_id, mesh=mesh, cache_dtype=rollout.get("cache_dtype") or None)
+    slots = int(rollout.get("continuous_slots") or 0)
+    if slots and spec.get("draft") is not None:
+        raise ValueError(
+            "config keys 'rollout.continuous_slots' and 'rollout.speculative.draft' are "
+            "exclusive: set one of them"
+        )
+    if slots and rollout.get("dropout_rate"):
+        raise ValueError(
+            "config key 'rollout.continuous_slots' > 0 takes no Dropout-GRPO masks "
+            "('rollout.dropout_rate' > 0: each row's prompt cache differs)"
+        )
+    if slots:
+        return ContinuousSampler(model, slots=slots, **kw)
+    if spec.get("draft") is None:
+        return Sampler(model, decode_phases=int(rollout.get("decode_phases") or 1), **kw)
+    return SpeculativeSampler(model, int(spec["draft"]), k=int(spec.get("k", 4)), **kw)

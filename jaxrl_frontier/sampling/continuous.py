@@ -1,0 +1,196 @@
+"""Continuous batching: a fixed number of decode slots, and a slot whose row stops takes the
+next pending row of the batch at once instead of idling until the batch's longest row ends.
+
+    prefill   cache[P, Tp + Tn], logits_0 = model(prompt[P, Tp]): each prompt once
+    start     slot i takes row r (prompt r // n): its cache <- the prompt's, y_0 ~ q(. | logits_0)
+    step      every busy slot feeds its row's last token at its own cache slot Tp + t - 1
+              (a `KVCache` with per-row indices [S]), y_t ~ q(. | logits_t); a row that emits
+              a stop token or its Tn-th token frees its slot, which starts the next row
+    until     every row has finished
+
+Row r draws its t-th token from uniform t of its own stream (`fold_in(key, r)`, as
+`Sampler`), reads the same prompt cache and the same positions whatever slot runs it, so the
+batch's tokens do not depend on the slot count: the same as `Sampler` gives (their
+log-probs differ by f32 reduction order only). The Rollout is the same record, rows in
+prompt-major order. One device (the slots and the rows they take are not laid out on a
+mesh), no Dropout-GRPO masks (their prompt caches differ per row).
+
+`stats` after a rollout (logged as rollout/continuous_*): slot_busy_share (busy slot-steps /
+all slot-steps: 1 - the share spent on finished rows) and steps (decode steps run).
+"""
+
+from __future__ import annotations
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxrl_frontier.core.xla_options import rollout_compiler_options
+from jaxrl_frontier.models.layers import KVCache
+from jaxrl_frontier.sampling import ops
+from jaxrl_frontier.sampling import rollout as ro
+from jaxrl_frontier.sampling.params import Knobs, Plan, SamplingParams
+from jaxrl_frontier.sampling.sampler import Sampler, as_key
+
+
+@flax.struct.dataclass
+class SlotState:
+    """The continuous decode's carry. Per slot [S]: row int32 (the row it runs; B: idle),
+    t int32 (tokens of that row emitted), token int32 (the last: the next input), and its
+    cache (every layer [S, K, Tp + Tn, Dh]). Per row [B]: out = (tokens, policy_logp,
+    sample_logp) [B, Tn], lengths int32, stopped bool. next_row int32 []: the first row no
+    slot has taken; steps, busy int32 []: decode steps run, busy slot-steps among them."""
+
+    cache: KVCache
+    row: jax.Array
+    t: jax.Array
+    token: jax.Array
+    next_row: jax.Array
+    out: tuple
+    lengths: jax.Array
+    stopped: jax.Array
+    steps: jax.Array
+    busy: jax.Array
+
+
+class ContinuousSampler(Sampler):
+    """A `Sampler` whose decode runs `slots` rows at a time and refills a slot as soon as its
+    row stops (module docstring). slots: the decode's batch (capped at the batch's rows);
+    the other arguments as `Sampler`'s (one device: mesh None or of one device)."""
+
+    def __init__(self, model, *, slots: int, pad_id: int, mesh=None, **kw):
+        if mesh is not None and mesh.devices.size > 1:
+            raise ValueError(
+                f"continuous batching (rollout.continuous_slots={slots}) runs on one device; "
+                f"got a mesh of {mesh.devices.size}"
+            )
+        if slots < 1:
+            raise ValueError(f"continuous batching slots={slots}; must be >= 1")
+        super().__init__(model, pad_id=pad_id, mesh=mesh, **kw)
+        self.slots = int(slots)
+        self.stats: dict[str, float] = {}
+        self.stats_prefix = "rollout/continuous_"  # the stats' metric names
+
+    def continuous_program(self, rows: int):
+        options = rollout_compiler_options(self.platform, min(self.slots, rows))
+        if ("continuous", options) not in self._jits:
+            self._jits["continuous", options] = jax.jit(
+                self._continuous, static_argnames=("plan",), compiler_options=dict(options)
+            )
+        return self._jits["continuous", options]
+
+    def generate(
+        self, prompt_tokens, prompt_mask, params: SamplingParams, key, *, policy_version=None
+    ):
+        """As `Sampler.generate`, through the continuous decode."""
+        if params.dropout_rate > 0:
+            raise ValueError("continuous batching takes no Dropout-GRPO masks (dropout_rate > 0)")
+        (tokens, mask), num_prompts = self.pad_prompts(
+            prompt_tokens, prompt_mask, "ContinuousSampler"
+        )
+        plan, knobs, key = Plan.of(params), Knobs.of(params), as_key(key)
+        state = self.weights()
+        cache, logits0, prompt_len = self.prefill(
+            state, tokens, mask, key, knobs, n=1, use_dropout=False, slots=plan.max_new_tokens
+        )
+        version = np.int32(self.policy_version if policy_version is None else policy_version)
+        run = self.continuous_program(tokens.shape[0] * plan.n)
+        rollout, steps, busy = run(
+            state, cache, logits0, prompt_len, (tokens, mask), key, knobs, version, plan=plan
+        )
+        steps, busy, slots = int(steps), int(busy), min(self.slots, tokens.shape[0] * plan.n)
+        self.stats = dict(slot_busy_share=busy / max(steps * slots, 1), steps=float(steps))
+        return rollout.take_rows(num_prompts * plan.n)
+
+    def _continuous(
+        self, state, cache_p, logits0_p, prompt_len_p, prompts, key, knobs, version, *, plan
+    ):
+        """Prefilled prompts (cache_p [P, ...], logits0_p [P, V], prompt_len_p [P]) ->
+        (`Rollout` of B = P * n rows, decode steps, busy slot-steps)."""
+        model = self.decode_model(state)
+        n, tn = plan.n, plan.max_new_tokens
+        num_rows = logits0_p.shape[0] * n
+        num_slots, tp = min(self.slots, num_rows), cache_p.max_len - tn
+        _, streams = ops.row_keys(key, num_rows)
+        u = jax.vmap(lambda k: jax.random.uniform(k, (tn,)))(streams)  # [B, Tn], as Sampler
+        idle = num_rows  # the row index of an idle slot (writes to it are dropped)
+
+        def record(s: SlotState, live, token, sample_logp, policy_logp) -> SlotState:
+            """Token t of each live slot's row into the row buffers; a row that stopped or
+            emitted its Tn-th token frees its slot."""
+            row = jnp.where(live, s.row, idle)
+            put = lambda buf, x: buf.at[row, s.t].set(x, mode="drop")
+            out = tuple(map(put, s.out, (token, policy_logp, sample_logp)))
+            stop = live & ops.is_stop(token, knobs.stop_ids)
+            lengths = s.lengths.at[row].set(s.t + 1, mode="drop")
+            stopped = s.stopped.at[row].set(stop, mode="drop")
+            finished = live & (stop | (s.t + 1 >= tn))
+            return s.replace(
+                out=out, lengths=lengths, stopped=stopped, token=token, t=s.t + 1,
+                row=jnp.where(finished, idle, s.row),
+            )  # fmt: skip
+
+        def start_rows(s: SlotState) -> SlotState:
+            """Every idle slot takes the next pending row: the prompt's cache and first token."""
+            free = s.row == idle
+            new_row = s.next_row + jnp.cumsum(free) - 1
+            take = free & (new_row < num_rows)
+            prompt = jnp.where(take, new_row, 0) // n
+            # only the slots that take a row are written (a scatter of their rows): a select
+            # over every slot rewrote the whole cache at almost every step
+            slot = jnp.where(take, jnp.arange(num_slots), num_slots)
+            fill = lambda old, new: old.at[slot].set(new[prompt], mode="drop")
+            cache = s.cache.replace(
+                k=tuple(map(fill, s.cache.k, cache_p.k)),
+                v=tuple(map(fill, s.cache.v, cache_p.v)),
+                valid=fill(s.cache.valid, cache_p.valid),
+            )
+            s = s.replace(
+                cache=cache, row=jnp.where(take, new_row, s.row), t=jnp.where(take, 0, s.t),
+                next_row=s.next_row + jnp.sum(take, dtype=jnp.int32),
+            )  # fmt: skip
+            u0 = u[jnp.where(take, new_row, 0), 0]
+            token, sample_logp, policy_logp = ops.draw(logits0_p[prompt], u0, plan, knobs)
+            first = record(s, take, token, sample_logp, policy_logp)
+            keep = lambda a, b: jnp.where(take, a, b)  # slots already running keep their row
+            return first.replace(
+                token=keep(first.token, s.token), t=keep(first.t, s.t), row=keep(first.row, s.row)
+            )
+
+        def any_free_and_pending(s: SlotState):
+            return jnp.any(s.row == idle) & (s.next_row < num_rows)
+
+        def step(s: SlotState) -> SlotState:
+            live = s.row < idle
+            prompt = jnp.where(live, s.row, 0) // n
+            pos = prompt_len_p[prompt] + s.t - 1
+            index = tp + jnp.maximum(s.t, 1) - 1  # an idle slot writes where nothing reads it
+            logits, cache = model(
+                s.token[:, None], None, positions=pos[:, None], cache=s.cache.replace(index=index)
+            )
+            u_t = u[jnp.where(live, s.row, 0), jnp.minimum(s.t, tn - 1)]
+            token, sample_logp, policy_logp = ops.draw(logits[:, 0], u_t, plan, knobs)
+            s = s.replace(
+                cache=cache, steps=s.steps + 1, busy=s.busy + jnp.sum(live, dtype=jnp.int32)
+            )
+            s = record(s, live, token, sample_logp, policy_logp)
+            return jax.lax.while_loop(any_free_and_pending, start_rows, s)
+
+        slot_cache = jax.tree.map(lambda x: jnp.zeros((num_slots,) + x.shape[1:], x.dtype), cache_p)
+        zeros = jnp.zeros((num_slots,), jnp.int32)
+        buf = jnp.zeros((num_rows, tn), jnp.float32)
+        s = SlotState(
+            cache=slot_cache.replace(index=zeros),  # per-slot write indices, set each step
+            row=zeros + idle, t=zeros, token=zeros,
+            next_row=jnp.int32(0), out=(jnp.full((num_rows, tn), self.pad_id, jnp.int32), buf, buf),
+            lengths=jnp.zeros((num_rows,), jnp.int32), stopped=jnp.zeros((num_rows,), bool),
+            steps=jnp.int32(0), busy=jnp.int32(0),
+        )  # fmt: skip
+        s = jax.lax.while_loop(any_free_and_pending, start_rows, s)
+        s = jax.lax.while_loop(lambda s: jnp.any(s.row < idle), step, s)
+        # a row's tokens past its end stay pad / 0, as Sampler's
+        rollout = ro.make_rollout(
+            *prompts, s.out, s.lengths, s.stopped, n=n, version=version, dropout_keys=None
+        )
+        return rollout, s.steps, s.busy
