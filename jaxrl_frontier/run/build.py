@@ -132,10 +132,12 @@ def build_teacher(config, tokenizer, mesh, key, policy_cfg) -> Transformer | Non
 
 
 def total_updates(config) -> int:
-    """Optimizer steps of the whole run (the schedule's horizon)."""
+    """Optimizer steps of the whole run (the schedule's horizon): in RL, train.epochs x
+    train.minibatches a step, as each stage sets them (run/stages.py)."""
+    from jaxrl_frontier.run import stages
+
     c = config
-    per_step = c.train.epochs * c.train.minibatches if c.mode == "rl" else 1
-    return c.train.steps * per_step
+    return stages.updates_over(c, stages.parse(c)) if c.mode == "rl" else c.train.steps
 
 
 def objective_section(objective) -> dict:

@@ -104,6 +104,9 @@ def base_config() -> ml_collections.ConfigDict:
     # keys that move during a run: a schedule of the step, or a feedback controller (run/knobs.py)
     c.schedules = train_defaults.knob_section()
     c.controllers = train_defaults.knob_section()
+    # keys that fix shapes or programs, switched at chosen steps (run/stages.py): a list of
+    # dict(step=..., overrides={dotted key: value}), each stage on top of the ones before
+    c.stages = ()
     c.lock()
     return c
 
@@ -279,6 +282,53 @@ def validate(config: Mapping | ml_collections.ConfigDict, num_devices: int | Non
     from jaxrl_frontier.run.knobs import KnobPlan
 
     KnobPlan.from_config(c, RANGES)  # schedules and controllers: keys, specs, value ranges
+    _check_stages(c, num_devices)
+
+
+def at_step(config: ml_collections.ConfigDict, done: int) -> ml_collections.ConfigDict:
+    """The run's config after `done` RL steps: the overrides of every stage started by then
+    (step <= done, run/stages.py) over `config`; `config` itself before the first."""
+    from jaxrl_frontier.run import stages
+
+    plan = stages.parse(config)
+    index = stages.index_at(plan, done)
+    return with_overrides(config, stages.overrides_of(plan, index)) if index else config
+
+
+def with_overrides(config, overrides: Mapping[str, Any]) -> ml_collections.ConfigDict:
+    """`config` resolved with {dotted key: value} set: the registry choices first (a switched
+    `objective.weight` restarts its kwargs from the new entry's defaults, `resolve`), then
+    the keys inside the kwargs blocks. ConfigError names an unknown key or a wrong type."""
+    out = resolve(config)
+    inside = lambda key: any(key.startswith(f"{b}.") for b in FREE_FORM)
+    for group in ([k for k in overrides if not inside(k)], [k for k in overrides if inside(k)]):
+        if not group:
+            continue
+        tree = out.to_dict()
+        for key in group:
+            *parents, leaf = key.split(".")
+            node = tree
+            for part in parents:
+                node = node.setdefault(part, {})
+            node[leaf] = overrides[key]
+        out = resolve(tree)
+    return out
+
+
+def _check_stages(c: ml_collections.ConfigDict, num_devices: int | None) -> None:
+    """Each stage's config is a valid run (its errors prefixed with the stage)."""
+    from jaxrl_frontier.run import stages
+
+    for i, stage in enumerate(stages.parse(c)):
+        try:
+            staged = at_step(c, stage.step)
+            staged.stages = ()  # checked here, stage by stage
+            validate(staged, num_devices)
+        except ConfigError as e:
+            keys = ", ".join(stage.overrides)
+            raise ConfigError(
+                f"config key 'stages[{i}]' (from step {stage.step}, sets {keys}): {e}"
+            ) from None
 
 
 def _check_task_kwargs(task_cls: type, kwargs: Mapping) -> None:

@@ -73,6 +73,35 @@ class RunParts:
     knobs: Any = None  # the run's KnobPlan (run/knobs.py): keys that move as it trains
 
 
+def checked_objective(config, parts: RunParts) -> tuple[dict, list, list, bool]:
+    """(objective, rollout editors, reward shapers, whether it reads the self-conditioned
+    pass) of an RL config, the objective checked against the fields the run provides (a
+    reference when `parts.reference`, a teacher's log-probs when `parts.teacher`): a
+    ConfigError before anything is traced. The trainer checks each stage's config so too."""
+    c = config
+    objective = objective_section(c.objective)
+    if parts.knobs:  # a moving key at its largest value: the structure every value runs in
+        objective = parts.knobs.structural(objective)
+    editors, shapers = build_editors(c, task=parts.task, tokenizer=parts.tokenizer)
+    shaped = [n for s in shapers for n in s.reward_names]
+    objective["reward_weights"] = effective_reward_weights(objective.get("reward_weights"), shaped)
+    if c.train.collapse.stop and c.train.export != "best":
+        from jaxrl_frontier.core.errors import ConfigError
+
+        raise ConfigError(
+            "config key 'train.collapse.stop' rolls the peak forward through the export: "
+            "set train.export = 'best'"
+        )
+    available = {"logp", "old_logp", "mask"}
+    available |= {"ref_logp"} if parts.reference else set()
+    available |= {"teacher_logp", "teacher_logits"} if parts.teacher is not None else set()
+    needed = {f for fields in losses.required_fields(objective).values() for f in fields}
+    self_conditioned = bool({"sc_logp", "sc_kl"} & needed)
+    available |= {"sc_logp", "sc_kl"} if self_conditioned else set()
+    losses.validate_objective_config(objective, available=available)
+    return objective, editors, shapers, self_conditioned
+
+
 def build_rl_stages(
     config, parts: RunParts, *, tx, state, log=print
 ) -> tuple[Learner, RolloutProducer, Any]:
@@ -90,27 +119,8 @@ def build_rl_stages(
     )
     rollout_mesh, base = parts.rollout_mesh, parts.base
     c = config
-    objective = objective_section(c.objective)
+    objective, editors, shapers, self_conditioned = checked_objective(c, parts)
     plan = parts.knobs
-    if plan:  # a moving key at its largest value: the structure every value runs in
-        objective = plan.structural(objective)
-    editors, shapers = build_editors(c, task=task, tokenizer=tokenizer)
-    shaped = [n for s in shapers for n in s.reward_names]
-    objective["reward_weights"] = effective_reward_weights(objective.get("reward_weights"), shaped)
-    if c.train.collapse.stop and c.train.export != "best":
-        from jaxrl_frontier.core.errors import ConfigError
-
-        raise ConfigError(
-            "config key 'train.collapse.stop' rolls the peak forward through the export: "
-            "set train.export = 'best'"
-        )
-    available = {"logp", "old_logp", "mask"}
-    available |= {"ref_logp"} if reference else set()
-    available |= {"teacher_logp", "teacher_logits"} if teacher is not None else set()
-    needed = {f for fields in losses.required_fields(objective).values() for f in fields}
-    self_conditioned = bool({"sc_logp", "sc_kl"} & needed)
-    available |= {"sc_logp", "sc_kl"} if self_conditioned else set()
-    losses.validate_objective_config(objective, available=available)
 
     g, tn, rate = c.rollout.group_size, c.rollout.max_new_tokens, c.rollout.dropout_rate
     if c.env.name:  # an environment run: the completion is the episode after its prompt

@@ -8,6 +8,7 @@ arguments; none imports this one):
       -> PromptSource.observe(info["results"])
       -> Learner.update(experience)                            rl/learn/learner.py
     metrics -> TensorBoard + JSONL + console;  state -> orbax checkpoint
+    at a stage boundary (run/stages.py): learner and producer rebuilt from the staged config
 
 SFT replaces the producer and learner by `sft.SFTStep`. Evaluation, checkpoints and stop
 handling are shared. A run resumes whenever its workdir already holds a checkpoint;
@@ -41,6 +42,7 @@ from jaxrl_frontier.rl.overlap import RolloutsAhead
 from jaxrl_frontier.rl.sources import make_source
 from jaxrl_frontier.rl.sources.utils import prompt_text
 from jaxrl_frontier.run import config as config_lib
+from jaxrl_frontier.run import stages as stages_lib
 from jaxrl_frontier.run.build import (
     attach_lora,
     build_meshes,
@@ -51,7 +53,7 @@ from jaxrl_frontier.run.build import (
     total_updates,
 )
 from jaxrl_frontier.run.knobs import KnobPlan
-from jaxrl_frontier.run.rl_build import RunParts, build_rl_stages
+from jaxrl_frontier.run.rl_build import RunParts, build_rl_stages, checked_objective
 from jaxrl_frontier.sampling import Sampler, make_sampler
 from jaxrl_frontier.train import evaluation, faults
 from jaxrl_frontier.train.checkpoint import Checkpointer, StopRequest, abstract_like
@@ -70,7 +72,10 @@ class Trainer:
             raise config_lib.ConfigError("config key 'workdir' is empty: pass --workdir")
         distributed.initialize(config)  # before any device is touched
         config_lib.validate(config, num_devices=jax.device_count())
-        self.config = c = config
+        # self.config: the config of the stage the run is in (run/stages.py); the one launched
+        # (its stages listed, none applied) is what checkpoints and config.json record
+        self.config = self.launch_config = c = config
+        self.stages, self.stage_index = stages_lib.parse(c), 0
         self.workdir = os.path.abspath(c.workdir)
         os.makedirs(self.workdir, exist_ok=True)
         self.is_main = jax.process_index() == 0
@@ -110,7 +115,7 @@ class Trainer:
         batch = c.data.prompt_batch if c.mode == "rl" else c.train.sft_batch
         self.source = make_source(self.task, c, batch_size=batch, process_index=pi, process_count=n)
         if c.mode == "rl":
-            parts = RunParts(
+            self._parts = parts = RunParts(
                 mesh=self.mesh,
                 tokenizer=self.tokenizer,
                 task=self.task,
@@ -126,6 +131,7 @@ class Trainer:
             self.learner, self.producer, self.logp_fn = build_rl_stages(
                 c, parts, tx=self.tx, state=state, log=self._print
             )
+            self._check_stages()
         else:
             self._state = state
             self.sft_step = SFTStep.from_config(
@@ -167,7 +173,7 @@ class Trainer:
 
     def _save(self) -> None:
         data = self.ahead.source_state(self.source)  # before any batch still in flight
-        meta = dict(data=data, history=self.history, config=self.config.to_dict())
+        meta = dict(data=data, history=self.history, config=self.launch_config.to_dict())
         meta["knobs"] = self.knobs.state()  # controllers' states, every spec
         faults.flush_logs(self.writer, self.rollout_log)  # a checkpoint's rows are on disk first
         self.ckpt.save(int(self.state.step), self.state, meta)
@@ -179,7 +185,8 @@ class Trainer:
         if restored is None:
             return
         self.state, meta = restored
-        check_resume_schedule(meta.get("config") or {}, self.config)
+        check_resume_schedule(meta.get("config") or {}, self.launch_config)
+        stages_lib.check_resume(meta.get("config") or {}, self.stages, int(self.state.step))
         self.history = meta.get("history") or {"eval": []}
         if meta.get("data") is not None:
             self.source.restore(meta["data"])
@@ -239,6 +246,8 @@ class Trainer:
         c, tag = self.config, self.config.mode
         self._restore()
         start = int(self.state.step)
+        if tag == "rl":  # a run resumed after a stage boundary starts in that stage
+            self._enter_stage(start)
         if start == 0 and tag == "rl" and c.eval.at_start:
             self._record_eval(0, tag)
         if start == 0 and tag == "sft":
@@ -265,6 +274,8 @@ class Trainer:
                 return dict(stopped=True, step=done, history=self.history)
             if outcome == "target":
                 break
+            if tag == "rl" and done < c.train.steps:
+                self._enter_stage(done)
         if bar:
             bar.close()
         self.ckpt.wait()
@@ -309,7 +320,10 @@ class Trainer:
         exp, info = out or self.rollout(self.source.next_batch(), self._sample_key())
         self.source.observe(info["results"])
         done = int(self.state.step) + 1
-        syncs = lambda s: s % c.train.eval_every == 0 or s % c.train.checkpoint_every == 0
+        boundaries = stages_lib.boundaries(self.stages)  # no batch in flight across a stage
+        syncs = lambda s: (
+            s % c.train.eval_every == 0 or s % c.train.checkpoint_every == 0 or s in boundaries
+        )
         while self.ahead.room(done, c.train.steps, syncs):  # taken at done + in_flight + 1
             step = done + self.ahead.in_flight  # its step's index, for the scheduled knobs
             ahead = self._producer_for(self._sample_key(), copy=True, step=step)
@@ -338,9 +352,48 @@ class Trainer:
         knobs = {f"objective.{k}": v for k, v in objective_knobs.items()}
         knobs.update({f"rollout.{k}": v for k, v in info.get("knobs", {}).items()})
         extra.update({f"schedule/{k}": v for k, v in knobs.items()})  # the values used
+        if self.stages:
+            extra["stage/index"] = self.stage_index
         if self.knobs.controllers:  # each reads its metric of this step, for the next
             self.knobs.observe(rl_step_scalars(step_metrics, info, 0.0, self.state.skipped))
         return lambda dt: {**rl_step_scalars(step_metrics, info, dt, self.state.skipped), **extra}
+
+    def _check_stages(self) -> None:
+        """Each stage's objective against what the run provides, and a prompt source that can
+        change its batch if a stage does: ConfigErrors at the start, naming the stage."""
+        for i, stage in enumerate(self.stages):
+            try:
+                checked_objective(config_lib.at_step(self.launch_config, stage.step), self._parts)
+            except (config_lib.ConfigError, KeyError, ValueError) as e:
+                raise config_lib.ConfigError(
+                    f"config key 'stages[{i}]' (from step {stage.step}): {e.args[0]}"
+                ) from None
+            if "data.prompt_batch" in stage.overrides and not self.source.resizable:
+                raise config_lib.ConfigError(
+                    f"config key 'stages[{i}].overrides.data.prompt_batch': the prompt source "
+                    f"{self.config.data.source!r} keeps its batch for the run"
+                )
+
+    def _enter_stage(self, done: int) -> None:
+        """Run the stage of step `done` + 1 on (run/stages.py), unless it is the current one:
+        the learner and the producer rebuilt from its config, the prompt batch resized; the
+        train state (a critic's too), the prompt stream, the knobs and the logs kept. A
+        boundary is a sync point, so no rollout sampled ahead is in flight across it."""
+        index = stages_lib.index_at(self.stages, done)
+        if index == self.stage_index:
+            return
+        assert not self.ahead.in_flight, "rollouts in flight across a stage boundary"
+        self.config = c = config_lib.at_step(self.launch_config, done)
+        state = self.learner.state
+        self.learner, self.producer, self.logp_fn = build_rl_stages(
+            c, self._parts, tx=self.tx, state=state, log=self._print
+        )
+        self.learner.state = state  # a critic's trained state (the build starts a fresh one)
+        if self.source.resizable:
+            self.source.resize(c.data.prompt_batch)
+        self.stage_index = index
+        overrides = stages_lib.overrides_of(self.stages, index)
+        self._print(f"[rl] stage {index} from step {done + 1}: " + _fmt(overrides))
 
     def _record_eval(self, step: int, tag: str) -> dict:
         ev = self.evaluate()

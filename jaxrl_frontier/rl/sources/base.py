@@ -52,6 +52,12 @@ class PromptSource:
 
     # 3SPO: the visited-state scores the environment producer's step credit reads
     state_scores: StateScores | None = None
+    # whether `resize` can change the prompt batch mid-run (a stage of the run, run/stages.py)
+    resizable: bool = False
+
+    def resize(self, batch_size: int) -> None:
+        """Draw batches of `batch_size` prompts from the next prompt on (`resizable` only)."""
+        raise NotImplementedError(f"{type(self).__name__} cannot change its prompt batch")
 
     def metrics(self) -> dict[str, float]:
         """Host scalars logged at every step (e.g. ADS's cluster probabilities)."""
@@ -95,8 +101,12 @@ class UniformSource(PromptSource):
 
     range(n).seed(seed).shuffle().repeat()  ->  global batches of `batch_size` indices  ->
     this process's slice [i B / N, (i + 1) B / N), loaded. The iterator state is exact: a
-    restored source yields the batches the original would have yielded next.
+    restored source yields the batches the original would have yielded next. `resize`
+    batches the rest of the same stream by another size (the stream is cut at the next
+    prompt, `offset` prompts in; the state then records the offset and the size).
     """
+
+    resizable = True
 
     def __init__(
         self,
@@ -109,15 +119,23 @@ class UniformSource(PromptSource):
         process_count: int = 1,
     ):
         check_split(split)
-        if batch_size < 1 or batch_size % process_count:
+        self._stream = grain.MapDataset.range(task.num_examples(split)).seed(seed).shuffle()
+        self._stream = self._stream.repeat(None)  # prompt indices, reshuffled every epoch
+        self._local = LocalSlice(task, split, process_index, process_count)
+        self._first = batch_size  # the batching the state of a never-resized source implies
+        self._batching(batch_size, 0)
+
+    def _batching(self, batch_size: int, offset: int) -> None:
+        """Batches of `batch_size` from the stream's prompt `offset` on."""
+        count = self._local.process_count
+        if batch_size < 1 or batch_size % count:
             raise ValueError(
                 f"prompt batch {batch_size} must be a positive multiple of the "
-                f"{process_count} processes (each owns whole prompts)"
+                f"{count} processes (each owns whole prompts)"
             )
-        self.batch_size = batch_size
-        ds = grain.MapDataset.range(task.num_examples(split)).seed(seed).shuffle().repeat(None)
-        ds = ds.batch(batch_size, drop_remainder=True, batch_fn=np.asarray)
-        ds = ds.map(LocalSlice(task, split, process_index, process_count))
+        self.batch_size, self._offset = batch_size, offset
+        ds = self._stream[offset:] if offset else self._stream
+        ds = ds.batch(batch_size, drop_remainder=True, batch_fn=np.asarray).map(self._local)
         self._it = iter(ds.to_iter_dataset(READ_OPTIONS))
 
     def next_batch(self) -> list[Example]:
@@ -126,10 +144,21 @@ class UniformSource(PromptSource):
     def observe(self, results: Sequence[PromptResult]) -> None:
         del results  # uniform: how prompts went does not change what comes next
 
+    def resize(self, batch_size: int) -> None:
+        if batch_size != self.batch_size:  # drawn so far: whole batches since the offset
+            drawn = self._offset + self._it.get_state()["next_index"] * self.batch_size
+            self._batching(batch_size, drawn)
+
     def state(self) -> dict[str, Any]:
-        return {"iterator": _jsonable_state(self._it.get_state())}
+        out = {"iterator": _jsonable_state(self._it.get_state())}
+        if (self.batch_size, self._offset) != (self._first, 0):  # resized
+            out.update(batch_size=self.batch_size, offset=self._offset)
+        return out
 
     def restore(self, state: dict[str, Any]) -> None:
+        batching = (state.get("batch_size", self._first), state.get("offset", 0))
+        if batching != (self.batch_size, self._offset):
+            self._batching(*batching)
         self._it.set_state(_from_jsonable_state(state["iterator"]))
 
 

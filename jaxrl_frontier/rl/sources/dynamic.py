@@ -38,6 +38,8 @@ class DynamicSource(PromptSource):
     without signal kept because the budget ran out) and `dynamic/draws_total`.
     """
 
+    resizable = True  # its uniform stream's batches
+
     def __init__(self, fresh: UniformSource, *, max_draws: int, weights=None):
         if max_draws < 1:
             raise ValueError(f"config key 'data.dynamic.max_draws' must be >= 1, got {max_draws}")
@@ -57,6 +59,9 @@ class DynamicSource(PromptSource):
 
     def observe(self, results: Sequence[PromptResult]) -> None:
         del results  # the filter acts inside the step (select)
+
+    def resize(self, batch_size: int) -> None:
+        self.fresh.resize(batch_size)
 
     def select(self, draw, more):
         """(ScoredRows of the first draw's prompt count, metrics); see the class docstring."""
