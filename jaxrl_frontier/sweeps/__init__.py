@@ -1,6 +1,9 @@
-"""Config sweeps: sweep files (spec), launchers (launch) and the results table (collect).
+"""Config sweeps: sweep files (spec), launchers (launch) and the results table (collect);
+campaigns, runs cut into segments a policy chains (campaign, campaign_tree,
+campaign_policies).
 
-scripts/sweep.py is the command line; docs/results.md the report built from sweeps/.
+scripts/sweep.py and scripts/campaign.py are the command lines; docs/results.md the report
+built from sweeps/, docs/methods.md ("Campaigns") the campaigns' page.
 """
 
 from jaxrl_frontier.core.errors import SweepError

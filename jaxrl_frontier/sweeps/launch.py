@@ -80,7 +80,7 @@ def plan(sweep_file: str, config: str | None, root: str) -> list[Run]:
                 "was given"
             )
         # the file relative to the repository: the same name from any launch directory
-        full.append({**overrides, CONFIG_KEY: os.path.relpath(_abs_config(file), REPO)})
+        full.append({**overrides, CONFIG_KEY: os.path.relpath(abs_config(file), REPO)})
     shown = varying_keys(full)
     for overrides in full:
         rest = tuple((k, v) for k, v in overrides.items() if k != CONFIG_KEY)
@@ -97,7 +97,7 @@ def plan(sweep_file: str, config: str | None, root: str) -> list[Run]:
     return runs
 
 
-def _abs_config(spec: str) -> str:
+def abs_config(spec: str) -> str:
     """FILE[:ARG] with FILE absolute (as given from the current directory, else from the
     repository root), so a run does not depend on where it is launched from."""
     file, sep, arg = spec.partition(":")

@@ -7,7 +7,9 @@ One checkpoint = a step directory with two items:
   meta   JSON: data-iterator state, the resolved config, and anything small (eval history).
 
 Saves are asynchronous; `wait()` before exit. A run resumes when its work directory
-already holds a checkpoint (`latest_step() is not None`).
+already holds a checkpoint (`latest_step() is not None`); `copy_step` seeds a new work
+directory with one step of another's, so a new run resumes from it (a campaign's segments,
+sweeps/campaign.py).
 
 Faults. `restore_latest` tries the steps newest first: a damaged step (unparsable or missing
 metadata, truncated array data) is reported with a warning naming the step and the file, and
@@ -26,9 +28,11 @@ import json
 import logging
 import os
 import re
+import shutil
 import signal
 import threading
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -292,6 +296,63 @@ def _default(o):
     if isinstance(o, set | frozenset):
         return sorted(o)
     raise TypeError(f"checkpoint metadata: {type(o).__name__} is not JSON-serialisable: {o!r}")
+
+
+def step_dirs(directory: str) -> list[int]:
+    """The committed steps of a checkpoint directory, read from its file names without orbax
+    (a step's directory takes its number when its save commits): [] if there is none."""
+    if not os.path.isdir(directory):
+        return []
+    names = os.listdir(directory)
+    return sorted(
+        int(n) for n in names if n.isdigit() and os.path.isdir(os.path.join(directory, n))
+    )
+
+
+def read_step_meta(directory: str, step: int) -> dict:
+    """The JSON metadata (data-iterator state, history, config, knobs) of step `step` of a
+    checkpoint directory, read without orbax; CheckpointError naming the file if unreadable."""
+    path = os.path.join(directory, str(step), "meta", "metadata")
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"checkpoint metadata {path}: {_one_line(e)}") from None
+
+
+def copy_step(
+    src: str, step: int, dst: str, edit_meta: Callable[[dict], dict] | None = None
+) -> bool:
+    """Seed the checkpoint directory `dst` with step `step` of the checkpoint directory `src`,
+    so a Trainer whose workdir holds `dst` resumes from it, as from its own checkpoint: the
+    parameters, the optimizer state (moments and step count), the step counter, the RNG, the
+    data-iterator position and the controllers' states all continue from `step`.
+
+    `edit_meta(meta) -> meta` rewrites the copy's JSON metadata (never the source's). The
+    step is staged in `dst + '.seeding'` and renamed into `dst`, so a kill mid-copy leaves no
+    half step (a stale stage is cleared). A no-op returning False when `dst` holds a step
+    already (its run started: it resumes from its own checkpoints); True after a copy.
+    CheckpointError when `src` has no step `step` (naming the steps it has)."""
+    if step_dirs(dst):
+        return False
+    source = os.path.join(src, str(step))
+    if not os.path.isdir(source):
+        raise CheckpointError(
+            f"no checkpoint step {step} in {src} (its steps: {step_dirs(src) or 'none'})"
+        )
+    stage = dst.rstrip(os.sep) + ".seeding"
+    shutil.rmtree(stage, ignore_errors=True)
+    shutil.copytree(source, os.path.join(stage, str(step)))
+    meta_file = os.path.join(stage, str(step), "meta", "metadata")
+    if edit_meta is not None and os.path.exists(meta_file):
+        with open(meta_file) as f:
+            meta = edit_meta(json.load(f))
+        with open(meta_file, "w") as f:
+            json.dump(_jsonable(meta), f)
+    os.makedirs(dst, exist_ok=True)
+    os.replace(os.path.join(stage, str(step)), os.path.join(dst, str(step)))
+    shutil.rmtree(stage, ignore_errors=True)
+    return True
 
 
 class StopRequest:
