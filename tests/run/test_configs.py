@@ -12,10 +12,15 @@ import math
 import os
 import re
 
+import jax
+import jax.numpy as jnp
 import pytest
 from conftest import REPO, get_config, host_leaves, read_metrics, series
+from flax import nnx
 
 from benchmarks.common import cpu_info
+from jaxrl_frontier.models import lora
+from jaxrl_frontier.objectives import losses
 from jaxrl_frontier.run.config import resolve, validate
 from jaxrl_frontier.run.trainer import Trainer
 from jaxrl_frontier.train.checkpoint import Checkpointer
@@ -107,12 +112,65 @@ NO_WARM_START = {
 }
 
 
+def capture_first_update(learner) -> dict:
+    """Wrap the learner's update program to keep, at its first call, the weights before
+    it, the minibatch it trains on, its frozen arguments (host copies: the update donates
+    its state) and the loss it reports (summed into the step's train/loss)."""
+    seen, programs = {}, learner.programs
+
+    def wrapped(keys):
+        select, update = programs(keys)
+
+        def first(state, mb, *frozen):
+            if seen:
+                return update(state, mb, *frozen)
+            seen.update(
+                params=jax.device_get(state.params),
+                batch=jax.device_get(dict(mb)),
+                frozen=jax.device_get(frozen[0]) if frozen else {},
+            )
+            state, metrics = update(state, mb, *frozen)
+            seen["loss"] = float(metrics["loss"])
+            return state, metrics
+
+        return select, first
+
+    learner.programs = wrapped
+    return seen
+
+
+def objective_recompute(tr, seen) -> float | None:
+    """The first minibatch update's loss from the objectives package on the captured
+    minibatch, the model forward in full (no shared prompt, no chunking; LoRA's adapters
+    combined with the base): what the learner should have reported. None where the
+    learner's loss is more than the objective (a critic's value loss, PACT's term) or runs
+    under Dropout-GRPO masks."""
+    c, learner = tr.config, tr.learner
+    if learner.critic is not None or c.pact.enabled or c.rollout.dropout_rate > 0:
+        return None
+    frozen = seen["frozen"] or {}
+    cfg = learner.options.objective
+    if "knobs" in frozen:  # scheduled / controlled coefficients: this step's values
+        cfg = losses.with_values(cfg, frozen["knobs"])
+    batch = {k: jnp.asarray(v) for k, v in seen["batch"].items()}
+    if cfg.get("distill"):
+        teacher = nnx.merge(nnx.graphdef(tr.teacher), frozen["teacher"])
+        batch["teacher_logits"] = teacher(batch["tokens"], batch["attention_mask"])
+    apply = lambda p, t, m: nnx.merge(tr.graphdef, p)(t, m)
+    params = seen["params"]
+    if "base" in frozen:  # LoRA: the learner trains the adapters over the frozen base
+        params = lora.combine(frozen["base"], params)
+    loss, _ = losses.loss_fn(params, batch, cfg, apply_fn=apply)
+    return float(loss)
+
+
 @pytest.mark.parametrize("name", CONFIGS)
 def test_runlocal_trains_two_steps(name, tmp_path, monkeypatch):
     monkeypatch.chdir(REPO)  # relative data paths (qwen_math's sample JSONL)
     c = get_config(name, QUICK)
     tr = Trainer(c, str(tmp_path))
     before = host_leaves(tr.state.params)
+    seen = capture_first_update(tr.learner) if c.mode == "rl" else {}
     summary = tr.run()
     assert summary["step"] == 2 and not summary["stopped"]
     assert int(tr.state.step) == 2 and int(tr.state.skipped) == 0
@@ -137,6 +195,12 @@ def test_runlocal_trains_two_steps(name, tmp_path, monkeypatch):
             assert series(rows, "diag/zero_signal_share")[2] == 1.0, NO_WARM_START[name]
         else:
             assert series(rows, "train/grad_norm")[2] > 0.0 and moved > 0.0
+        # the logged loss is the objectives package's on the same batch and weights; the
+        # two paths differ in reduction order only (chunked vs full log-softmax, a shared
+        # prompt forward): a few f32 roundings of terms of size ~1
+        want = objective_recompute(tr, seen)
+        if want is not None:
+            assert seen["loss"] == pytest.approx(want, rel=1e-4, abs=1e-5), (seen["loss"], want)
         if c.data.source == "dynamic":  # DAPO: the update holds no zero-variance group
             assert series(rows, "rollout/zero_variance_groups")[2] == 0.0
     ev = series(rows, "eval/pass@1_greedy")
