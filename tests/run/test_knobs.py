@@ -24,6 +24,20 @@ f32 = lambda x: float(np.float32(x))
 KL = "cosine(0.05, 0.005)"
 
 
+@pytest.fixture(autouse=True, scope="module")
+def without_persistent_compilation_cache():
+    """This file's learner update programs run without JAX's disk cache: in the full suite
+    XLA:CPU's executable (de)serialization segfaulted the worker inside the cache's get / put
+    on them, at a point that depends on what the worker ran before (the file passes alone)."""
+    from jax._src import compilation_cache
+
+    jax.config.update("jax_enable_compilation_cache", False)
+    compilation_cache.reset_cache()
+    yield
+    jax.config.update("jax_enable_compilation_cache", True)
+    compilation_cache.reset_cache()
+
+
 def _config(steps: int, schedules=None, controllers=None, **overrides):
     """small_rl_config with shaped rewards (a random policy gets advantages) and the given
     `schedules` / `controllers` entries ({dotted key: spec})."""
