@@ -67,17 +67,6 @@ SLOW_FILES_FIRST = (
 )
 
 
-def pytest_configure(config):
-    """The persistent compilation cache stays on for the subprocesses tests start (the env
-    above), and off in the test processes themselves: there XLA:CPU's executable
-    (de)serialization segfaulted a worker inside the cache's get / put on a learner update
-    program, at a point that depends on what the worker ran before; the in-process jit caches
-    serve repeated calls."""
-    import jax
-
-    jax.config.update("jax_enable_compilation_cache", False)
-
-
 def pytest_collection_modifyitems(config, items):
     rank = {name: i for i, name in enumerate(SLOW_FILES_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: file order kept
