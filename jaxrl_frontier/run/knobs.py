@@ -87,7 +87,7 @@ class KnobPlan:
         for section, keys in entries.items():
             for key in keys:
                 _check_key(c, f"{section}.{key}", key)
-        horizon = int(c.train.steps)
+        horizon = int(c.train.get("horizon", 0) or c.train.steps)
         schedules = {
             k: Schedule(f"schedules.{k}", spec, horizon) for k, spec in entries["schedules"].items()
         }
@@ -197,7 +197,7 @@ class KnobPlan:
         if changed:
             raise ConfigError(
                 f"resuming with other schedules or controllers than the checkpoint's: "
-                f"{', '.join(changed)} changed (the horizon train.steps counts). They are "
+                f"{', '.join(changed)} changed (the horizon, train.horizon or else train.steps, counts). They are "
                 "fixed by the run that started them: restore those keys, or start a new "
                 "workdir from this one's export (model.init='checkpoint')"
             )

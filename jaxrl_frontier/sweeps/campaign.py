@@ -18,8 +18,9 @@ segment may change the learning rate. A proposal may take the prompt stream's st
 another checkpoint of its parent (`Proposal.data_step`; es: where the rolled-back segment
 ended, so a restart from the peak does not replay the same steps). The reference policy of a KL term stays the config's
 start, as in one long run. Schedules and controllers (`schedules.*`, `controllers.*`) are
-checked against the checkpoint's as on any resume: one whose horizon is train.steps (a
-schedule with steps=0) is refused at a segment's start, naming the key; give it `steps`.
+checked against the checkpoint's as on any resume. Every segment runs with train.horizon =
+campaign.horizon (fixed when the campaign starts; 0: rounds x budget), so a schedule with
+steps=0 follows one curve over the whole campaign, whichever checkpoint a segment starts from.
 
 Policies (`sweeps/campaign_policies.py`): continue, es (the early-stop rule of
 "Self-Improvement Can Self-Regress: The Rise-and-Collapse Failure Mode of LLM
@@ -42,6 +43,7 @@ import ml_collections
 from jaxrl_frontier.core.errors import CheckpointError
 from jaxrl_frontier.sweeps.campaign_policies import POLICIES
 from jaxrl_frontier.sweeps.campaign_tree import (
+    STATE_FILE,
     Campaign,
     CampaignError,
     Segment,
@@ -63,6 +65,8 @@ def defaults() -> ml_collections.ConfigDict:
     rounds       rounds in all, the root's included (a round: one segment, or rule_search's
                  N trials); may grow between invocations to extend a campaign
     budget       steps of the root segment and of each continue segment
+    horizon      train.horizon of every segment: the steps a schedule with steps=0 spans
+                 (0: rounds x budget, as the campaign starts; kept when rounds grow)
     metric       the held-out eval metric the policies read (metrics.jsonl)
     es.margin    es: the next budget is the steps to the peak plus this (the paper's 3)
     rule_search  propose (MODULE:FUNCTION or FILE.py:FUNCTION), n (override sets a round),
@@ -73,6 +77,7 @@ def defaults() -> ml_collections.ConfigDict:
             policy="continue",
             rounds=3,
             budget=20,
+            horizon=0,
             metric="eval/pass@1_greedy",
             es=dict(margin=3),
             rule_search=dict(propose="", n=4, budget=0),
@@ -102,6 +107,7 @@ def segment_run(campaign: Campaign, seg: Segment) -> Run:
     own), and train.steps = start step + budget."""
     overrides = {**campaign.settings["overrides"], **seg.config_overrides}
     overrides["train.steps"] = seg.end_step
+    overrides["train.horizon"] = campaign.keys["horizon"]
     workdir = campaign.workdir(seg.id)
     return Run(seg.id, campaign.settings["config"], tuple(overrides.items()), workdir, seg.id)
 
@@ -160,6 +166,7 @@ def run_campaign(
     propose = POLICIES.get(keys["policy"])(keys)  # its settings checked before any run
     if not isinstance(keys["rounds"], int) or keys["rounds"] < 1:
         raise CampaignError(f"config key 'campaign.rounds' must be >= 1, got {keys['rounds']!r}")
+    keys["horizon"] = campaign_horizon(root, keys)
     settings = dict(config=config, overrides=dict(overrides), campaign=keys)
     campaign = Campaign.open(root, settings)
     launch = launch or (lambda runs: launch_local(runs, say=say))
@@ -187,6 +194,19 @@ def run_campaign(
         campaign.save()
     say(write_summary(campaign))
     return campaign
+
+
+def campaign_horizon(root: str, keys: dict) -> int:
+    """campaign.horizon, resolved once: the given value, else the one the campaign in `root`
+    started with, else rounds x budget (so growing `rounds` later moves no schedule)."""
+    horizon = keys.get("horizon", 0)
+    if not isinstance(horizon, int) or isinstance(horizon, bool) or horizon < 0:
+        raise CampaignError(f"config key 'campaign.horizon' must be an int >= 0, got {horizon!r}")
+    if horizon:
+        return horizon
+    if os.path.exists(os.path.join(root, STATE_FILE)):
+        return int(Campaign.load(root).keys.get("horizon") or 0) or keys["rounds"] * keys["budget"]
+    return keys["rounds"] * keys["budget"]
 
 
 def _run_round(campaign: Campaign, pending: list[Segment], launch: Launch, say: Say) -> bool:

@@ -23,7 +23,7 @@ from typing import Any
 from jaxrl_frontier.core.errors import SweepError
 
 STATE_FILE, SUMMARY_FILE = "campaign.json", "campaign_summary.md"
-RESERVED = ("train.steps",)  # the campaign sets it: start step + budget
+RESERVED = ("train.steps", "train.horizon")  # the campaign sets them: start + budget, horizon
 _KEY = re.compile(r"[A-Za-z_]\w*(\.\w+)*")
 _SCALARS = (bool, int, float, str)
 
@@ -286,7 +286,10 @@ def check_overrides(sets: Any, where: str) -> list[dict]:
             if not isinstance(key, str) or not _KEY.fullmatch(key):
                 raise CampaignError(f"{where}: item {i}: {key!r} is not a config key")
             if key in RESERVED:
-                raise CampaignError(f"{where}: item {i}: {key} is set by the campaign (budget)")
+                raise CampaignError(
+                    f"{where}: item {i}: {key} is set by the campaign (campaign.budget, "
+                    "campaign.horizon)"
+                )
             if not isinstance(value, _SCALARS):
                 raise CampaignError(
                     f"{where}: item {i}: {key}={value!r} is a {type(value).__name__}; values "

@@ -10,6 +10,9 @@ def train_section() -> ml_collections.ConfigDict:
     """`train`: steps, passes over each batch, logging, eval, checkpoints, stop rules, export."""
     s = ml_collections.ConfigDict()
     s.steps = 100
+    # the steps a schedule with steps=0 spans (schedules.*, train/schedules.py); 0: train.steps.
+    # Set it to extend a run, or run a campaign's segments (which set it), on one curve.
+    s.horizon = 0
     s.epochs = 1  # passes over each rollout batch (PPO epochs)
     s.minibatches = 1  # optimizer steps per epoch
     s.recompute_old_logp = False  # True: old log-probs from a trainer forward, not the sampler
@@ -94,6 +97,7 @@ CHOICES: dict[str, tuple] = {
 # This layer's numeric keys: (low, high, low inclusive, high inclusive); None = open.
 RANGES: dict[str, tuple] = {
     "train.steps": (0, None, False, None),
+    "train.horizon": (0, None, True, None),
     "train.epochs": (0, None, False, None),
     "train.minibatches": (0, None, False, None),
     "train.log_every": (0, None, False, None),

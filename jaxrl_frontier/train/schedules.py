@@ -4,7 +4,7 @@ LLMZero ("LLMZero: Discovering Adaptive Training Strategies for RL Post-Training
 Agents") finds that good runs move their regularisation knobs (KL coefficient, entropy
 bonus, clip range, temperature) during training instead of fixing them. A schedule gives a
 key (`schedules.objective.kl_coef`, ...) its value v(s) at RL step s = 0, 1, ... (the policy
-version: the updates completed before the step), over the run's horizon N = `train.steps`:
+version: the updates completed before the step), over the run's horizon N = `train.horizon`, or `train.steps` when that is 0:
 
     constant(value)                       v = value
     linear(start, end, steps=0)           v = start + (end - start) u,        u = min(s / S, 1)
@@ -48,7 +48,7 @@ def constant(step: int, horizon: int, value: float) -> float:
 
 @SCHEDULES.register("linear")
 def linear(step: int, horizon: int, start: float, end: float, steps: int = 0) -> float:
-    """v = start + (end - start) u, u = min(s / S, 1) (S = steps, or train.steps when 0)."""
+    """v = start + (end - start) u, u = min(s / S, 1) (S = steps, or the horizon N when 0)."""
     return start + (end - start) * _fraction(step, steps, horizon)
 
 

@@ -255,8 +255,11 @@ def test_settings_errors_name_the_key(tmp_path):
         k = keys(policy="es")
         k.es.margin = 0
         run_campaign(str(tmp_path), "configs/x.py", {}, k, fake, len)
-    with pytest.raises(CampaignError, match="train.steps is set by the campaign"):
-        run_campaign(str(tmp_path), "configs/x.py", {"train.steps": 5}, keys(), fake, len)
+    for key in ("train.steps", "train.horizon"):
+        with pytest.raises(CampaignError, match=f"{key} is set by the campaign"):
+            run_campaign(str(tmp_path), "configs/x.py", {key: 5}, keys(), fake, len)
+    with pytest.raises(CampaignError, match="'campaign.horizon' must be an int >= 0, got -1"):
+        run_campaign(str(tmp_path), "configs/x.py", {}, keys(horizon=-1), fake, len)
     assert fake.trained == []
     # es without an eval curve: names the metric and the segment's workdir
     k = keys(policy="es", rounds=2, budget=2, metric="eval/none")
@@ -265,6 +268,29 @@ def test_settings_errors_name_the_key(tmp_path):
     # the same root with other settings
     with pytest.raises(CampaignError, match=r"campaign.metric: 'eval/none' -> 'eval/pass@1"):
         run_campaign(str(tmp_path / "c"), "configs/x.py", {}, keys(policy="es"), fake, len)
+
+
+def test_every_segment_gets_the_horizon_fixed_when_the_campaign_started(tmp_path):
+    """train.horizon = campaign.horizon, or rounds x budget as the campaign starts: growing
+    rounds later to extend the campaign moves no schedule."""
+    fake = FakeTrainer(table(ES_LONG))
+    seen = []
+    launch = lambda runs: (seen.extend(dict(r.overrides) for r in runs), fake(runs))[1]  # noqa: E731
+    run_campaign(
+        str(tmp_path), "configs/x.py", {}, keys(policy="es", rounds=2, budget=10), launch, len
+    )
+    run_campaign(
+        str(tmp_path), "configs/x.py", {}, keys(policy="es", rounds=4, budget=10), launch, len
+    )
+    assert len(seen) == 4 and {o["train.horizon"] for o in seen} == {20}
+    assert Campaign.load(str(tmp_path)).keys["horizon"] == 20
+    with pytest.raises(CampaignError, match=r"campaign.horizon: 20 -> 50"):
+        run_campaign(str(tmp_path), "configs/x.py", {}, keys(policy="es", horizon=50), launch, len)
+    seen.clear()
+    run_campaign(
+        str(tmp_path / "b"), "configs/x.py", {}, keys(rounds=1, budget=10, horizon=7), launch, len
+    )
+    assert [o["train.horizon"] for o in seen] == [7]
 
 
 def test_resolve_falls_back_to_the_start_and_the_config(tmp_path):
@@ -409,7 +435,10 @@ def test_two_real_segments_the_second_from_a_chosen_checkpoint(tmp_path):
     root = str(tmp_path)
     k = keys(policy="test_from_step_1", rounds=3, budget=3)
     launch = lambda runs: launch_local(runs, say=len, inprocess=True)  # noqa: E731
-    c = run_campaign(root, "configs/grpo_arith.py:runlocal", TINY, k, launch, say=len)
+    # a schedule with steps=0 spans the campaign's horizon (rounds x budget = 9) in every
+    # segment, so a resumed segment follows the same curve
+    overrides = {**TINY, "schedules.rollout.temperature": "linear(1.0, 0.1)"}
+    c = run_campaign(root, "configs/grpo_arith.py:runlocal", overrides, k, launch, say=len)
     s0, s1, s2 = c.segments
     assert [s.status for s in c.segments] == ["done"] * 3, [s.error for s in c.segments]
     assert (s1.start_from, s1.start_step, s1.last_step) == ("s0", 1, 3)
@@ -419,6 +448,11 @@ def test_two_real_segments_the_second_from_a_chosen_checkpoint(tmp_path):
     rows = lambda seg: [json.loads(x) for x in open(os.path.join(root, seg, "metrics.jsonl"))]  # noqa: E731
     train = lambda seg: {r["step"]: r for r in rows(seg) if "train/loss" in r}  # noqa: E731
     assert sorted(train("s1")) == [2, 3]
+    temperature = lambda seg: {  # noqa: E731
+        s: r["schedule/rollout.temperature"] for s, r in train(seg).items()
+    }
+    assert temperature("s0") == pytest.approx({s: 1.0 - 0.9 * (s - 1) / 9 for s in (1, 2, 3)})
+    assert temperature("s1") == {s: temperature("s0")[s] for s in (2, 3)}
     for key in ("train/loss", "reward/total", "train/grad_norm"):
         assert train("s1")[2][key] == pytest.approx(train("s0")[2][key], rel=1e-5, abs=1e-7)
     # the start checkpoint is s0's step 1; after one step the weights agree with s0's step 2
