@@ -180,7 +180,7 @@ def warm_start(c: ml_collections.ConfigDict) -> str | None:
 
 def shrink(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     """The `runlocal` variant: a tiny model (from its task's warm start in RL, so groups
-    disagree and the update is not 0), a few steps, small eval."""
+    disagree and the update is not 0), a few steps, small eval, the stages from step 1 on."""
     if c.task.name == "arithmetic" and not c.env.name:
         c.task.kwargs = dict(RUNLOCAL_ARITH_TASK)
     start = warm_start(c)
@@ -198,6 +198,8 @@ def shrink(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
         steps=4, log_every=2, eval_every=2, checkpoint_every=2, rollout_log_every=2, sft_batch=16
     )
     c.eval.update(num_prompts=8, batch=8, pass_k=2)
+    if c.get("stages"):  # stage i from step i + 1: a short run crosses the first boundary
+        c.stages = tuple(dict(s, step=i + 1) for i, s in enumerate(c.stages))
     return c
 
 
