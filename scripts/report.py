@@ -1,12 +1,18 @@
 """Regenerate docs/results.md and its figures (docs/results/*.png) from sweep outputs.
 
-    python scripts/report.py [--runs runs/sweeps] [--out docs/results.md]
+    python scripts/report.py [--runs runs/sweeps] [--data docs/results/data] [--out docs/results.md]
 
 Claim by claim (scripts/claims.py): the sweep files in sweeps/ that redo it,
 the task, a figure of mean +- std curves over seeds, a table (mean +- std over seeds),
-steps and wall time, and a verdict from a stated rule. A claim whose sweeps have not been
-collected (`python scripts/sweep.py collect ROOT`) with at least 3 finished seeds per
-group reads "not run yet" with the commands that run it: no figure is made up.
+steps and wall time, and a verdict from a stated rule.
+
+Where each sweep's runs come from: its collected runs (`RUNS/<sweep>/sweep_results.json`,
+written by `python scripts/sweep.py collect`) when this machine has them, and then their
+trimmed copy (`DATA/<sweep>.json`: the fields and curves the claims read) is written beside
+the page to be committed; otherwise that committed copy. So the page rebuilds on a fresh
+clone, figures included. A claim with neither keeps the section the page already has, marked
+as such; a claim with neither and no section reads "not run yet" with the commands that run
+it: no figure is made up.
 """
 
 from __future__ import annotations
@@ -14,12 +20,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # claims.py beside this file
 
-from claims import CLAIMS, MIN_SEEDS, Claim, Finding  # noqa: E402  (scripts/claims.py)
+from claims import CLAIMS, MIN_SEEDS, SERIES_USED, Claim, Finding  # noqa: E402  (scripts/claims.py)
 
 from jaxrl_frontier.sweeps.collect import RESULTS_JSON  # noqa: E402
 
@@ -59,12 +66,59 @@ every final metric (`sweep_table.csv`), and both with the curves (`sweep_results
 """
 
 
-def load_runs(root: str) -> list[dict] | None:
+FROZEN = (
+    "**Data.** The collected runs behind this section are not in the repository "
+    "(`docs/results/data/`), so `scripts/report.py` keeps it as last written; its commands "
+    "regenerate it."
+)
+
+
+def trim(runs: list[dict]) -> list[dict]:
+    """The runs as the claims read them: their identity, status, machine, time, last step and
+    the curves of SERIES_USED; dropped: the workdir and every other logged metric."""
+    keep = ("name", "config", "overrides", "group", "seed", "status", "machine")
+    keep += ("wall_seconds", "cpu_seconds", "step")
+    out = []
+    for run in runs:
+        row = {k: run[k] for k in keep if k in run}
+        row["series"] = {k: v for k, v in run.get("series", {}).items() if k in SERIES_USED}
+        out.append(row)
+    return out
+
+
+def load_runs(root: str, data_dir: str | None = None) -> list[dict] | None:
+    """The runs of the sweep collected in `root`, refreshing their trimmed copy in `data_dir`;
+    else that copy; None when neither exists."""
     path = os.path.join(root, RESULTS_JSON)
+    copy = os.path.join(data_dir, os.path.basename(root) + ".json") if data_dir else None
+    if os.path.exists(path):
+        with open(path) as f:
+            runs = trim(json.load(f)["runs"])
+        if copy:
+            text = json.dumps({"runs": runs}, indent=0, sort_keys=True) + "\n"
+            old = open(copy).read() if os.path.exists(copy) else None
+            if text != old:
+                os.makedirs(data_dir, exist_ok=True)
+                with open(copy, "w") as f:
+                    f.write(text)
+        return runs
+    if copy and os.path.exists(copy):
+        with open(copy) as f:
+            return json.load(f)["runs"]
+    return None
+
+
+def page_parts(path: str) -> tuple[dict[str, str], dict[str, str]]:
+    """An existing page's claim sections ({key: markdown}) and summary rows ({key: row})."""
     if not os.path.exists(path):
-        return None
-    with open(path) as f:
-        return json.load(f)["runs"]
+        return {}, {}
+    text = open(path).read()
+    sections, rows = {}, {}
+    for m in re.finditer(r"^## \((\w+)\) .*?(?=^## |\Z)", text, re.S | re.M):
+        sections[m.group(1)] = m.group(0).rstrip() + "\n"
+    for m in re.finditer(r"^\| \((\w+)\) \|.*$", text, re.M):
+        rows[m.group(1)] = m.group(0)
+    return sections, rows
 
 
 def enough(runs: list[dict] | None, group_of=None) -> bool:
@@ -79,12 +133,12 @@ def enough(runs: list[dict] | None, group_of=None) -> bool:
     return min(counts.values()) >= MIN_SEEDS
 
 
-def stage_note(claim: Claim, runs_dir: str) -> tuple[str, float, float]:
+def stage_note(claim: Claim, runs_dir: str, data_dir: str | None) -> tuple[str, float, float]:
     """The earlier stages of a claim of several sweeps (e.g. the SFT runs before RL): a
     note of their runs and time, and their wall and CPU seconds."""
     notes, wall, cpu = [], 0.0, 0.0
     for sweep, root in zip(claim.sweeps[:-1], claim.roots(runs_dir)[:-1]):
-        done = [r for r in load_runs(root) or [] if r["status"] == "done"]
+        done = [r for r in load_runs(root, data_dir) or [] if r["status"] == "done"]
         w, c = sum(r["wall_seconds"] for r in done), sum(r.get("cpu_seconds", 0.0) for r in done)
         wall, cpu = wall + w, cpu + c
         notes.append(f"`{sweep}` first: {len(done)} runs, {w / 60:.1f} min ({c / 60:.1f} CPU-min)")
@@ -98,6 +152,8 @@ def plot(finding: Finding, title: str, path: str, machine: str) -> None:
     import matplotlib.pyplot as plt
 
     panels = list(finding.curves.items())
+    labels = list(dict.fromkeys(label for _, curves in panels for label in curves))
+    color = {label: f"C{i}" for i, label in enumerate(labels)}  # one colour a label, every panel
     fig, axes = plt.subplots(1, len(panels), figsize=(4.6 * len(panels), 3.6), squeeze=False)
     for ax, (name, curves) in zip(axes[0], panels):
         for label, c in curves.items():
@@ -105,8 +161,8 @@ def plot(finding: Finding, title: str, path: str, machine: str) -> None:
                 continue
             lo = [m - s for m, s in zip(c["mean"], c["std"])]
             hi = [m + s for m, s in zip(c["mean"], c["std"])]
-            ax.plot(c["steps"], c["mean"], label=label, lw=1.6)
-            ax.fill_between(c["steps"], lo, hi, alpha=0.2)
+            ax.plot(c["steps"], c["mean"], label=label, lw=1.6, color=color[label])
+            ax.fill_between(c["steps"], lo, hi, alpha=0.2, color=color[label])
         ax.set_title(name, fontsize=10)
         ax.set_xlabel("RL step")
         ax.grid(alpha=0.3)
@@ -125,12 +181,28 @@ def table(finding: Finding) -> list[str]:
     return lines
 
 
-def section(claim: Claim, runs_dir: str, fig_dir: str, out_dir: str) -> tuple[list[str], dict]:
+def frozen(claim: Claim, text: str, row: str) -> tuple[list[str], dict]:
+    """A claim without data: its section as the page has it (marked once), and its summary
+    entry read back from the page's row (| (k) | verdict | runs | X min | Y min |)."""
+    lines = text.rstrip().split("\n")
+    if FROZEN not in lines:
+        lines[1:1] = ["", FROZEN]
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    minutes = lambda cell: float(cell.split()[0]) * 60 if cell.endswith("min") else 0.0  # noqa: E731
+    entry = dict(key=claim.key, verdict=cells[1], runs=int(cells[2]), frozen=True)
+    entry.update(seconds=minutes(cells[3]), cpu=minutes(cells[4]), stage=(0.0, 0.0))
+    entry["per_run"] = {f"({claim.key}) as last written": (entry["seconds"], entry["cpu"])}
+    return lines + [""], entry
+
+
+def section(
+    claim: Claim, runs_dir: str, fig_dir: str, out_dir: str, data_dir: str | None = None
+) -> tuple[list[str], dict]:
     """The markdown of one claim and its summary entry (verdict, runs, seconds)."""
     lines = [f"## ({claim.key}) {claim.title}", "", f"**Claim.** {claim.statement}", ""]
     lines += [f"**Task.** {claim.task}.", ""]
     sweeps = ", ".join(f"`{s}`" for s in claim.sweeps)
-    runs = load_runs(claim.roots(runs_dir)[-1])
+    runs = load_runs(claim.roots(runs_dir)[-1], data_dir)
     if not enough(runs, claim.group_of):
         have = "" if not runs else f" ({sum(r['status'] == 'done' for r in runs)} runs finished)"
         lines += [f"**Verdict: not run yet**{have}. Sweep files: {sweeps}. To run it:", ""]
@@ -144,7 +216,7 @@ def section(claim: Claim, runs_dir: str, fig_dir: str, out_dir: str) -> tuple[li
     plot(finding, f"({claim.key}) {claim.title}", png, machine_text)
     rel = os.path.relpath(png, out_dir)
     first = finding.notes[0] if finding.notes else f"{len(done)} runs"
-    stages, stage_wall, stage_cpu = stage_note(claim, runs_dir)
+    stages, stage_wall, stage_cpu = stage_note(claim, runs_dir, data_dir)
     first = f"{stages}; then {first}" if stages else first
     lines += [
         f"**Runs.** Sweep files: {sweeps}; {first}; on {machine_text}.",
@@ -163,14 +235,24 @@ def section(claim: Claim, runs_dir: str, fig_dir: str, out_dir: str) -> tuple[li
     return lines, entry
 
 
-def report(runs_dir: str, out: str) -> str:
+def report(runs_dir: str, out: str, data_dir: str | None = None) -> str:
+    """Write the page `out` (and its figures in results/ beside it); `data_dir`: the committed
+    trimmed runs (module docstring), None to use only `runs_dir`."""
     out_dir = os.path.dirname(os.path.abspath(out))
     fig_dir = os.path.join(out_dir, "results")
+    old_sections, old_rows = page_parts(out)
     body, summary = [], []
     for claim in CLAIMS.values():
-        lines, entry = section(claim, runs_dir, fig_dir, out_dir)
+        lines, entry = section(claim, runs_dir, fig_dir, out_dir, data_dir)
+        has_data = any(load_runs(root, None) for root in claim.roots(runs_dir)) or (
+            data_dir and os.path.exists(os.path.join(data_dir, claim.roots("")[-1] + ".json"))
+        )
+        row = old_rows.get(claim.key, "")
+        if not has_data and claim.key in old_sections and row and "not run yet" not in row:
+            lines, entry = frozen(claim, old_sections[claim.key], row)
         body += lines
         summary.append(entry)
+    any_frozen = any(e.get("frozen") for e in summary)
     per_run = {name: t for e in summary for name, t in e.get("per_run", {}).items()}
     stages = [e["stage"] for e in summary if "stage" in e]
     total = sum(w for w, _ in per_run.values()) + sum(w for w, _ in stages)
@@ -185,7 +267,9 @@ def report(runs_dir: str, out: str) -> str:
         "",
         f"The runs behind this page took {total / 60:.1f} min of wall time and "
         f"{cpu / 60:.1f} min of CPU time (the trainer processes' user + system time; a run "
-        "that two claims share counts once).",
+        "that two claims share counts once"
+        + (", except in the sections kept as last written" if any_frozen else "")
+        + ").",
     ]
     text = HEADER.format(min_seeds=MIN_SEEDS, summary="\n".join(rows)) + "\n" + "\n".join(body)
     with open(out, "w") as f:
@@ -197,8 +281,13 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--runs", default=os.path.join(REPO, "runs", "sweeps"))
     p.add_argument("--out", default=os.path.join(REPO, "docs", "results.md"))
+    p.add_argument(
+        "--data",
+        default=os.path.join(REPO, "docs", "results", "data"),
+        help="the committed trimmed runs ('' for none)",
+    )
     args = p.parse_args(argv)
-    report(args.runs, args.out)
+    report(args.runs, args.out, args.data or None)
     print(f"[report] wrote {args.out}")
     return 0
 

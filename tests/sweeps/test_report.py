@@ -226,7 +226,7 @@ def test_report_writes_a_page_with_figures_and_not_run_claims(tmp_path):
     assert f"**Verdict: {REPRODUCES}.**" in text
     assert "| (a) | reproduces at this scale | 12 | 2.0 min | 4.0 min |" in text
     assert "on test CPU, 2 cores" in text
-    for key in "bcde":
+    for key in "bcdef":
         assert f"| ({key}) | not run yet | 0 | — | — |" in text
     assert "python scripts/sweep.py run sweeps/claim_e_sft.py\n" in text
     assert "python scripts/train.py --config=configs/teacher_column_addition.py" in text
@@ -278,3 +278,108 @@ def test_a_run_two_claims_share_counts_once_in_the_page_total(tmp_path):
     assert "| (a) | reproduces at this scale | 12 | 2.0 min | 4.0 min |" in text
     assert "| (d) | " in text and "| 12 | 2.0 min | 4.0 min |" in text.split("| (d) |")[1]
     assert "took 2.0 min of wall time and 4.0 min of CPU time" in text  # not 4.0 and 8.0
+
+
+def claim_f_runs(schedule_final, controller_final):
+    runs = []
+    for seed in range(3):
+        for o, final in [
+            ({"objective.kl_coef": 0.05}, 0.50),
+            ({"schedules.objective.kl_coef": "cosine(0.05, 0.005)"}, schedule_final),
+            ({"controllers.objective.kl_coef": "adaptive_kl(0.02, init=0.05)"}, controller_final),
+        ]:
+            series = {
+                "eval/pass@1_greedy": [(0, 0.3), (100, 0.6), (200, final + 0.01 * seed)],
+                "train/kl_ref": [(10, 0.01), (200, 0.04 + 0.001 * seed)],
+                "train/entropy": [(10, 0.5), (200, 0.3)],  # logged, read by no claim of (f)
+            }
+            if "objective.kl_coef" not in o:
+                series["schedule/objective.kl_coef"] = [(10, 0.05), (200, 0.005)]
+            runs.append(make_run("grpo_arith", seed, series, o))
+    return runs
+
+
+@pytest.mark.parametrize(
+    "schedule, controller, verdict, words",
+    [
+        (0.60, 0.50, REPRODUCES, ["cosine schedule better (+12.2 SE)", "within noise (+0.0 SE)"]),
+        (0.40, 0.50, DOES_NOT, ["cosine schedule worse (-12.2 SE)"]),
+        (0.60, 0.40, INCONCLUSIVE, ["better (+12.2 SE)", "adaptive controller worse"]),
+        (0.505, 0.495, INCONCLUSIVE, ["within noise (+0.6 SE)", "within noise (-0.6 SE)"]),
+    ],
+)
+def test_claim_f_verdicts(schedule, controller, verdict, words):
+    f = claims.analyze_f(claim_f_runs(schedule, controller))
+    assert [r["method"] for r in f.rows] == [claims.F_FIXED, claims.F_SCHEDULE, claims.F_CONTROLLER]
+    assert f.verdict == verdict, f.reason
+    for w in words:
+        assert w in f.reason, f.reason
+    rows = {r["method"]: r for r in f.rows}
+    assert rows[claims.F_FIXED]["final pass@1"] == "0.510 ± 0.010"
+    assert rows[claims.F_FIXED]["best pass@1"] == "0.600 ± 0.000"
+    assert rows[claims.F_FIXED]["kl_coef first → last"] == "0.050 (fixed)"
+    assert rows[claims.F_SCHEDULE]["kl_coef first → last"] == "0.050 → 0.005 ± 0.000"
+    assert rows[claims.F_SCHEDULE]["pass@1 start"] == "0.300 ± 0.000"
+    assert rows[claims.F_FIXED]["final KL to the SFT policy"] == "0.041 ± 0.001"
+
+
+def test_trimmed_runs_give_the_same_findings():
+    """report.trim keeps every curve a claim reads: each analysis on trimmed runs equals the
+    one on the full records, and the curves no claim reads are gone."""
+    trim = load_report().trim
+    for analyze, runs in [
+        (claims.analyze_a, claim_a_runs(1.5, 0.0)),
+        (claims.analyze_f, claim_f_runs(0.6, 0.5)),
+    ]:
+        trimmed = trim(runs)
+        assert analyze(trimmed) == analyze(runs)
+        assert "workdir" not in trimmed[0] and "final" not in trimmed[0]
+    assert "train/entropy" in claim_f_runs(0.6, 0.5)[0]["series"]
+    assert "eval/other" not in trim([make_run("x", 0, {"eval/other": [(1, 1.0)]})])[0]["series"]
+
+
+def test_the_page_rebuilds_from_the_committed_data_and_keeps_sections_without_data(tmp_path):
+    """With the collected runs on the machine, report writes their trimmed copy to the data
+    dir; from that copy alone (a fresh clone) it writes the same page. A claim with a section
+    on the page but no data keeps that section, marked once; its row and time stay."""
+    report = load_report()
+    runs_dir, data, docs = tmp_path / "runs", tmp_path / "data", tmp_path / "docs"
+    (runs_dir / "claim_f").mkdir(parents=True)
+    with open(runs_dir / "claim_f" / RESULTS_JSON, "w") as f:
+        json.dump(dict(runs=claim_f_runs(0.6, 0.5), groups=[]), f)
+    docs.mkdir()
+    page = docs / "results.md"
+    page.write_text(
+        "# old\n\n| (b) | inconclusive | 6 | 71.0 min | 36.2 min |\n\n"
+        "## (b) OPD vs IW-OPD\n\n**Claim.** as written before.\n\n**Verdict: inconclusive.** x.\n"
+    )
+    first = report.report(str(runs_dir), str(page), str(data))
+    assert json.load(open(data / "claim_f.json"))["runs"] == report.trim(claim_f_runs(0.6, 0.5))
+    assert "| (f) | reproduces at this scale | 9 | 1.5 min | 3.0 min |" in first
+    assert "| (b) | inconclusive | 6 | 71.0 min | 36.2 min |" in first
+    section_b = first.split("## (b)")[1].split("## (c)")[0]
+    assert report.FROZEN in section_b and "**Claim.** as written before." in section_b
+    assert "took 72.5 min of wall time" in first and "except in the sections kept" in first
+    (docs / "results" / "claim_f.png").unlink()
+    again = report.report(str(tmp_path / "fresh_clone_has_no_runs"), str(page), str(data))
+    assert again == first and again.count(report.FROZEN) == 1
+    assert (docs / "results" / "claim_f.png").stat().st_size > 10_000
+
+
+def test_the_committed_results_page_is_what_report_writes(tmp_path):
+    """docs/results.md is what scripts/report.py writes from the repository alone: no runs/,
+    the committed trimmed runs of docs/results/data, the page's kept sections."""
+    committed = open(os.path.join(REPO, "docs", "results.md")).read()
+    out = tmp_path / "results.md"
+    out.write_text(committed)
+    data = os.path.join(REPO, "docs", "results", "data")
+    text = load_report().report(str(tmp_path / "no_runs"), str(out), data)
+    assert text.rstrip() + "\n" == committed
+    with_data = [
+        c.key
+        for c in claims.CLAIMS.values()
+        if os.path.exists(os.path.join(data, c.roots("")[-1] + ".json"))
+    ]
+    assert with_data, "no claim's trimmed runs are committed"
+    for key in with_data:
+        assert (tmp_path / "results" / f"claim_{key}.png").exists(), key
