@@ -127,7 +127,8 @@ class ContinuousSampler(Sampler):
             stopped = s.stopped.at[row].set(stop, mode="drop")
             finished = live & (stop | (s.t + 1 >= tn))
             return s.replace(
-                out=out, lengths=lengths, stopped=stopped, token=token, t=s.t + 1,
+                out=out, lengths=lengths, stopped=stopped, token=token,
+                t=jnp.where(live, s.t + 1, s.t),  # an idle slot's counter stays <= Tn
                 row=jnp.where(finished, idle, s.row),
             )  # fmt: skip
 
@@ -165,7 +166,9 @@ class ContinuousSampler(Sampler):
             live = s.row < idle
             prompt = jnp.where(live, s.row, 0) // n
             pos = prompt_len_p[prompt] + s.t - 1
-            index = tp + jnp.maximum(s.t, 1) - 1  # an idle slot writes where nothing reads it
+            # an idle slot writes at its last row's final slot, inside its cache, where nothing
+            # reads it (a new row replaces the slot's cache and mask)
+            index = tp + jnp.maximum(s.t, 1) - 1
             logits, cache = model(
                 s.token[:, None], None, positions=pos[:, None], cache=s.cache.replace(index=index)
             )
