@@ -208,6 +208,7 @@ def test_rollout_producer_builds_the_experience_by_hand():
     assert info["results"][0].correct == 0.75  # rewards 1, 2, 3 > 0
     np.testing.assert_allclose(float(info["metrics"]["reward/total"]), 3.5)
     np.testing.assert_allclose(float(info["metrics"]["rollout/response_length"]), 2.5)
+    assert float(info["metrics"]["rollout/response_length_max"]) == 3.0  # lengths 3, 2, 2, 3
 
 
 # ============================================================================ Learner

@@ -55,6 +55,8 @@ def advantages_and_metrics(
             "reward/total": jnp.mean(r_pg),
             "rollout/zero_variance_groups": credit.zero_variance_groups(r_pg).astype(jnp.float32),
             "rollout/response_length": jnp.mean(lengths),
+            # with the mean: a static decode's busy share of slot-steps, mean / max
+            "rollout/response_length_max": jnp.max(lengths),
             "rollout/tokens": jnp.sum(lengths),
         }
     )
