@@ -166,6 +166,12 @@ def batch_size_multiple(mesh: Mesh) -> int:
     return math.prod(mesh.shape[a] for a in BATCH_AXES)
 
 
+def is_process_local(mesh: Mesh) -> bool:
+    """Every device of `mesh` is this process's: a mesh of one host (its programs talk to no
+    other process), e.g. the rollout mesh of asynchronous rollouts on several hosts."""
+    return all(d.process_index == jax.process_index() for d in mesh.devices.flat)
+
+
 def shard_batch(tree, mesh: Mesh):
     """Place host arrays (global batch, identical on every process) with their batch dim split.
 
@@ -184,7 +190,7 @@ def shard_batch(tree, mesh: Mesh):
                 f"batch dimension {x.shape[0]} is not divisible by the {n} devices of the "
                 f"batch axes {BATCH_AXES} of mesh {dict(mesh.shape)}"
             )
-        if jax.process_count() == 1:
+        if jax.process_count() == 1 or is_process_local(mesh):
             return jax.device_put(x, sharding)
         # host-local slice of the global batch
         per = x.shape[0] // jax.process_count()
@@ -226,7 +232,7 @@ def local_rows(x: jax.Array, mesh: Mesh) -> np.ndarray:
     The array is first laid out over the batch axes, where each process addresses exactly its
     contiguous block of rows (devices are ordered process by process), so no row crosses a host.
     """
-    if jax.process_count() == 1:
+    if jax.process_count() == 1 or x.is_fully_addressable:  # one process's array: all its own
         return np.asarray(jax.device_get(x))
     n, i = jax.process_count(), jax.process_index()
     per = x.shape[0] // n

@@ -13,7 +13,13 @@ The schedule is fixed, not timed: the batch started at step t is the one step t 
 run is reproducible bit for bit. A slow learner does not make the rollouts older, it makes
 them wait; the drop rule guards a queue that outlived its bound (a resumed run with a smaller
 k). The rollouts run in one background thread in order; JAX dispatch is thread-safe, and with
-disaggregated roles (`rollout.devices`) they run on separate devices. The weights handed to a
+disaggregated roles (`rollout.devices`) they run on separate devices. On several processes
+the background thread runs only what talks to no other process: each process samples and
+scores its own prompts on a mesh of its own devices (`RolloutProducer.draw`), while the
+weights' all-gather to it (`Learner.rollout_params`, at `start`), the batch's assembly into
+global arrays with its log-prob passes and advantages (`RolloutProducer.finish`, at `take`)
+and the update run in the main loop, at the same points of the schedule on every host, so
+every host issues the same collectives in the same order. The weights handed to a
 rollout are a copy (the update donates its state). The loss corrects for the lag with the
 configured weight against the behaviour log-probs (`tis`, `dppo`, `ppo_clip`, ...): each row
 carries the version that sampled it.
@@ -39,7 +45,8 @@ class RolloutsAhead:
     def __init__(self, max_staleness: int):
         self.max_staleness = max_staleness
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="rollout") if max_staleness else None
-        self._pending: deque[tuple[Future, dict]] = deque()  # (batch, source state before it)
+        # (the batch's job, its finish, the source state before it)
+        self._pending: deque[tuple[Future, Callable, dict]] = deque()
         self.dropped = 0  # batches dropped for staleness
 
     @property
@@ -59,16 +66,18 @@ class RolloutsAhead:
             return False
         return not any(is_sync(s) for s in range(step, step + ahead + 1))
 
-    def start(self, source, produce: Callable[[Any], tuple]) -> None:
-        """Draw the next prompts now and produce their Experience in the background."""
+    def start(self, source, job: Callable[[Any], Any], finish: Callable[[Any], tuple]) -> None:
+        """Draw the next prompts now and run `job` on them in the background; `take` runs
+        `finish` on its result (the identity, or the collectives of a run on many hosts)."""
         state = source.state()
-        self._pending.append((self._pool.submit(produce, source.next_batch()), state))
+        self._pending.append((self._pool.submit(job, source.next_batch()), finish, state))
 
     def take(self, learner_version: int) -> tuple | None:
         """The oldest batch produced ahead, or None (nothing in flight, or it lags too far)."""
         if not self._pending:
             return None
-        out = self._pending.popleft()[0].result()
+        future, finish, _ = self._pending.popleft()
+        out = finish(future.result())
         if learner_version - out[1]["policy_version"] > self.max_staleness:
             self.dropped += 1
             return None
@@ -76,10 +85,10 @@ class RolloutsAhead:
 
     def source_state(self, source) -> dict:
         """The prompt-source state to checkpoint: from before the oldest batch in flight."""
-        return self._pending[0][1] if self._pending else source.state()
+        return self._pending[0][2] if self._pending else source.state()
 
     def close(self) -> None:
-        for future, _ in self._pending:
+        for future, _, _ in self._pending:
             future.cancel()
         self._pending.clear()
         if self._pool is not None:

@@ -422,9 +422,27 @@ def _check_roles(c: ml_collections.ConfigDict, num_devices: int) -> None:
     if c.rollout.max_staleness < 0:
         raise ConfigError("config key 'rollout.max_staleness' must be >= 0")
     if c.rollout.max_staleness and procs > 1:
+        check_local_rollouts(c)
+
+
+def check_local_rollouts(c: ml_collections.ConfigDict) -> None:
+    """rollout.max_staleness > 0 on several processes: each samples its own prompts in a
+    background thread, which must talk to no other process (rl/overlap.py). The parts of a
+    run whose rollouts do are refused, naming their key."""
+    refused = []
+    if c.env.name:
+        refused.append(f"env.name = {c.env.name!r} (episodes: the agent producer)")
+    if c.data.source == "dynamic":
+        refused.append("data.source = 'dynamic' (its draws agree across hosts)")
+    if "dre" in tuple(c.rollout.editors):
+        refused.append("rollout.editors with 'dre' (its counts are summed across hosts)")
+    if c.get("pact") is not None and c.pact.get("enabled", False):
+        refused.append("pact.enabled (its producer wraps the rollouts)")
+    if refused:
         raise ConfigError(
-            "config key 'rollout.max_staleness' > 0 runs rollouts in a second thread, whose "
-            "collectives could interleave differently on each host: it is single-process only"
+            "config key 'rollout.max_staleness' > 0 on several processes samples each "
+            "process's rows in a background thread that must not talk to other processes; "
+            "not with: " + "; ".join(refused)
         )
 
 

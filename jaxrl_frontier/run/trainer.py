@@ -39,6 +39,7 @@ from jaxrl_frontier.rl.learn.train_step import (
     optimizer_memory_kind,
 )
 from jaxrl_frontier.rl.overlap import RolloutsAhead
+from jaxrl_frontier.rl.produce.rollout import RolloutProducer
 from jaxrl_frontier.rl.sources import make_source
 from jaxrl_frontier.rl.sources.utils import prompt_text
 from jaxrl_frontier.run import config as config_lib
@@ -120,7 +121,7 @@ class Trainer:
                 tokenizer=self.tokenizer,
                 task=self.task,
                 policy=self.policy,
-                sampler=self.sampler,
+                sampler=self.rollout_sampler,
                 reference=self.ref_params is not None,
                 teacher=self.teacher,
                 scorer=self.scorer,
@@ -220,14 +221,32 @@ class Trainer:
 
     @property
     def sampler(self) -> Sampler:
+        """The sampler of the evaluation and, but for process-local rollouts, the rollouts:
+        on the rollout mesh (the training mesh unless roles are disaggregated)."""
         if not hasattr(self, "_sampler"):
-            policy = self.policy  # on the rollout mesh, when roles are disaggregated
-            if self.rollout_mesh is not self.mesh:
-                policy = nnx.merge(self.graphdef, reshard_to(self.rollout_mesh)(nnx.state(policy)))
-            self._sampler = make_sampler(  # rollout.speculative: a SpeculativeSampler
-                policy, self.config.rollout, pad_id=self.tokenizer.pad_id, mesh=self.rollout_mesh
-            )
+            mesh = self.rollout_mesh
+            if jax.process_count() > 1 and sharding.is_process_local(mesh):
+                mesh = self.mesh  # the eval's prompts span every host: the global mesh
+            self._sampler = self._make_sampler(mesh)
         return self._sampler
+
+    @property
+    def rollout_sampler(self) -> Sampler:
+        """The training rollouts' sampler: `sampler`, or with asynchronous rollouts on
+        several processes one on this process's own devices (`build_meshes`)."""
+        if jax.process_count() == 1 or not sharding.is_process_local(self.rollout_mesh):
+            return self.sampler
+        if not hasattr(self, "_rollout_sampler"):
+            self._rollout_sampler = self._make_sampler(self.rollout_mesh)
+        return self._rollout_sampler
+
+    def _make_sampler(self, mesh) -> Sampler:
+        policy = self.policy  # placed on `mesh` when it is not the training mesh
+        if mesh is not self.mesh:
+            policy = nnx.merge(self.graphdef, reshard_to(mesh)(nnx.state(policy)))
+        return make_sampler(  # rollout.speculative: a SpeculativeSampler
+            policy, self.config.rollout, pad_id=self.tokenizer.pad_id, mesh=mesh
+        )
 
     # ------------------------------------------------------------------ run
 
@@ -290,24 +309,39 @@ class Trainer:
 
     def rollout(self, examples, key) -> tuple[Experience, dict]:
         """One Experience (and its info) of `examples` from the current policy."""
-        return self._producer_for(key)(examples)
+        job, finish = self._producer_for(key)
+        return finish(job(examples))
+
+    @property
+    def local_rollouts(self) -> bool:
+        """Each process samples its own rows on its own devices (asynchronous rollouts on
+        several processes: rl/produce/rollout.py), so a rollout ahead runs `draw` alone in
+        the background and its `finish` (collectives) in the main loop."""
+        return isinstance(self.producer, RolloutProducer) and self.producer.local
 
     def _producer_for(self, key, copy: bool = False, step: int | None = None):
-        """produce(examples) over the weights and version of now (captured here, so that a
-        rollout ahead samples with them while the learner moves on), and the moving rollout
-        keys at RL step `step` (default: the version), reported in info['knobs']."""
+        """(job(examples), finish(job's result) -> (Experience, info)) over the weights and
+        version of now (captured here, so that a rollout ahead samples with them while the
+        learner moves on), and the moving rollout keys at RL step `step` (default: the
+        version), reported in info['knobs']. job is the whole production (finish: the
+        identity), or with `local_rollouts` the producer's process-local `draw` (finish: its
+        `finish`), the part a background thread may run on every host."""
         p, v = self.learner.rollout_params(copy), self.learner.version
         weights = dict(policy=p, reference=self.ref_params, teacher=self.teacher_params)
         sampling = KnobPlan.split(self.knobs.values(v if step is None else step))[1]
-        options = {"sampling": sampling} if sampling else {}
+        options = dict(
+            version=v, source=self.source, **({"sampling": sampling} if sampling else {})
+        )
+        with_knobs = lambda out: (out[0], {**out[1], "knobs": sampling})  # noqa: E731
+
+        if self.local_rollouts:
+            draw = lambda examples: self.producer.draw(examples, weights, key, **options)  # noqa: E731
+            return draw, lambda drawn: with_knobs(self.producer.finish(drawn, weights))
 
         def produce(examples):  # the source may draw more prompts (dynamic sampling)
-            out = self.producer.produce(
-                examples, weights, key, version=v, source=self.source, **options
-            )
-            return out[0], {**out[1], "knobs": sampling}
+            return with_knobs(self.producer.produce(examples, weights, key, **options))
 
-        return produce
+        return produce, lambda out: out
 
     def _sample_key(self):  # uncommitted: the rollout mesh may hold other devices
         return jax.random.wrap_key_data(
@@ -326,8 +360,8 @@ class Trainer:
         )
         while self.ahead.room(done, c.train.steps, syncs):  # taken at done + in_flight + 1
             step = done + self.ahead.in_flight  # its step's index, for the scheduled knobs
-            ahead = self._producer_for(self._sample_key(), copy=True, step=step)
-            self.ahead.start(self.source, ahead)
+            job, finish = self._producer_for(self._sample_key(), copy=True, step=step)
+            self.ahead.start(self.source, job, finish)
         objective_knobs = KnobPlan.split(self.knobs.values(done - 1))[0]
         if objective_knobs:  # this step's values, arguments of the update
             self.learner.set_knobs(objective_knobs)

@@ -81,7 +81,14 @@ class ContinuousSampler(Sampler):
         return self._jits["continuous", options]
 
     def generate(
-        self, prompt_tokens, prompt_mask, params: SamplingParams, key, *, policy_version=None
+        self,
+        prompt_tokens,
+        prompt_mask,
+        params: SamplingParams,
+        key,
+        *,
+        policy_version=None,
+        first_row: int = 0,
     ):
         """As `Sampler.generate`, through the continuous decode."""
         if params.dropout_rate > 0:
@@ -89,7 +96,7 @@ class ContinuousSampler(Sampler):
         (tokens, mask), num_prompts = self.pad_prompts(
             prompt_tokens, prompt_mask, "ContinuousSampler"
         )
-        plan, knobs, key = Plan.of(params), Knobs.of(params), as_key(key)
+        plan, knobs, key = Plan.of(params), Knobs.of(params, first_row), as_key(key)
         state = self.weights()
         cache, logits0, prompt_len = self.prefill(
             state, tokens, mask, key, knobs, n=1, use_dropout=False, slots=plan.max_new_tokens
@@ -112,7 +119,7 @@ class ContinuousSampler(Sampler):
         n, tn = plan.n, plan.max_new_tokens
         num_rows = logits0_p.shape[0] * n
         num_slots, tp = min(self.slots, num_rows), cache_p.max_len - tn
-        _, streams = ops.row_keys(key, num_rows)
+        _, streams = ops.row_keys(key, num_rows, knobs.first_row)
         u = jax.vmap(lambda k: jax.random.uniform(k, (tn,)))(streams)  # [B, Tn], as Sampler
         idle = num_rows  # the row index of an idle slot (writes to it are dropped)
 

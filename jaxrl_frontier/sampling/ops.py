@@ -115,9 +115,10 @@ def sample_logits(
     return token.reshape(lead), sample_logp.reshape(lead)
 
 
-def row_keys(key: jax.Array, num_rows: int) -> tuple[jax.Array, jax.Array]:
-    """Per row r: (dropout-mask key, sampling stream key) from fold_in(key, r)."""
-    rows = jax.vmap(lambda r: jax.random.fold_in(key, r))(jnp.arange(num_rows))
+def row_keys(key: jax.Array, num_rows: int, first_row=0) -> tuple[jax.Array, jax.Array]:
+    """Per row r: (dropout-mask key, sampling stream key) from fold_in(key, first_row + r)
+    (first_row: the global index of row 0, `Knobs.first_row`)."""
+    rows = jax.vmap(lambda r: jax.random.fold_in(key, first_row + r))(jnp.arange(num_rows))
     pair = jax.vmap(jax.random.split)(rows)  # [B, 2]
     return pair[:, 0], pair[:, 1]
 

@@ -94,17 +94,25 @@ class Plan:
 @flax.struct.dataclass
 class Knobs:
     """The traced settings (changing them does not recompile): temperature, top_p, min_p,
-    dropout_rate f32 []; stop_ids int32 [Plan.num_stop_ids], padded with -1 (no token)."""
+    dropout_rate f32 []; stop_ids int32 [Plan.num_stop_ids], padded with -1 (no token);
+    first_row int32 []: the global index of the batch's row 0, which row r's keys are drawn
+    from (`ops.row_keys`: fold_in(key, first_row + r)): a process sampling its own rows of a
+    batch that spans several (asynchronous rollouts on many hosts) draws what one process
+    sampling the whole batch would."""
 
     temperature: jax.Array
     top_p: jax.Array
     min_p: jax.Array
     dropout_rate: jax.Array
     stop_ids: jax.Array
+    first_row: jax.Array
 
     @classmethod
-    def of(cls, p: SamplingParams) -> Knobs:
+    def of(cls, p: SamplingParams, first_row: int = 0) -> Knobs:
         stop_ids = np.full((p.stop_id_slots,), -1, np.int32)
         stop_ids[: len(p.all_stop_ids)] = p.all_stop_ids
         f32 = np.float32
-        return cls(f32(p.temperature), f32(p.top_p), f32(p.min_p), f32(p.dropout_rate), stop_ids)
+        return cls(
+            f32(p.temperature), f32(p.top_p), f32(p.min_p), f32(p.dropout_rate), stop_ids,
+            np.int32(first_row),
+        )  # fmt: skip

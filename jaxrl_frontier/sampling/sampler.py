@@ -190,7 +190,7 @@ class Sampler:
         """(the rows' [L, B, F] Dropout-GRPO masks, their keys), or (None, None)."""
         if not use_dropout:
             return None, None
-        keys, cfg = ops.row_keys(key, num_rows)[0], self.cfg
+        keys, cfg = ops.row_keys(key, num_rows, knobs.first_row)[0], self.cfg
         shape = (cfg.num_layers, cfg.intermediate_size)
         mask = ops.mlp_dropout_mask(keys, knobs.dropout_rate, *shape, cfg.compute_dtype)
         return self.constrain(mask, (None, "batch", "mlp")), keys
@@ -241,7 +241,7 @@ class Sampler:
         model = self.decode_model(state)
         num_rows, tn = logits0.shape[0], plan.max_new_tokens
         mlp_mask, dropout_keys = self.mlp_mask(key, num_rows, knobs, plan.use_dropout)
-        _, streams = ops.row_keys(key, num_rows)
+        _, streams = ops.row_keys(key, num_rows, knobs.first_row)
         u = jax.vmap(lambda k: jax.random.uniform(k, (tn,)))(streams)  # every uniform: [B, Tn]
         u = None if plan.greedy else self.constrain(u, ("batch", None))
 
@@ -295,11 +295,13 @@ class Sampler:
         key: jax.Array,
         *,
         policy_version: int | None = None,
+        first_row: int = 0,
     ) -> ro.Rollout:
         """`params.n` completions of each of P left-padded host prompts [P, T]: a `Rollout`
-        of B = P * n rows, prompt-major, on device (sharded on the mesh)."""
+        of B = P * n rows, prompt-major, on device (sharded on the mesh). first_row: the
+        global index of row 0, whose keys row r draws from (`Knobs`; 0 for a whole batch)."""
         (tokens, mask), num_prompts = self.pad_prompts(prompt_tokens, prompt_mask)
-        plan, knobs, key = Plan.of(params), Knobs.of(params), as_key(key)
+        plan, knobs, key = Plan.of(params), Knobs.of(params, first_row), as_key(key)
         state = self.weights()
         cache, logits0, prompt_len = self.prefill(
             state, tokens, mask, key, knobs, n=plan.n, use_dropout=plan.use_dropout,

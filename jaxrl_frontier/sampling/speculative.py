@@ -118,7 +118,7 @@ class SpeculativeSampler(Sampler):
         policy, draft = self.decode_model(states[0]), self.proposer.decode_model(states[1])
         k, tn, pad = self.k, plan.max_new_tokens, self.pad_id
         num_rows, tp = logits0.shape[0], prompts[0].shape[1]
-        first_keys, streams = ops.row_keys(key, num_rows)
+        first_keys, streams = ops.row_keys(key, num_rows, knobs.first_row)
 
         def pick(q_logits, u):  # one token per row of sampling logits [B, V]
             argmax = jnp.argmax(q_logits, axis=-1).astype(jnp.int32)
@@ -224,13 +224,14 @@ class SpeculativeSampler(Sampler):
         key: jax.Array,
         *,
         policy_version: int | None = None,
+        first_row: int = 0,
     ) -> Rollout:
         """As `Sampler.generate` (B = P * n rows, prompt-major); the stats go to `stats`."""
         if params.dropout_rate > 0.0:
             raise ValueError("SpeculativeSampler does not support dropout_rate > 0")
         owner = "SpeculativeSampler"
         prompts, num_prompts = self.pad_prompts(prompt_tokens, prompt_mask, owner)
-        plan, knobs, key = Plan.of(params), Knobs.of(params), as_key(key)
+        plan, knobs, key = Plan.of(params), Knobs.of(params, first_row), as_key(key)
         states = (self.weights(), self.proposer.weights())
         prefill = dict(n=plan.n, use_dropout=False, slots=plan.max_new_tokens + self.k)
         p_cache, logits0, lengths = self.prefill(states[0], *prompts, key, knobs, **prefill)

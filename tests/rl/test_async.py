@@ -11,6 +11,7 @@ import json
 
 import jax
 import numpy as np
+import pytest
 from conftest import small_rl_config
 
 from jaxrl_frontier.run import config as config_lib
@@ -135,7 +136,9 @@ def test_rollouts_ahead_schedule_and_drop_by_hand():
     try:
         assert ahead.room(1, 10, never)
         for version in (0, 0):
-            ahead.start(source, lambda batch, v=version: (batch, {"policy_version": v}))
+            ahead.start(
+                source, lambda batch, v=version: (batch, {"policy_version": v}), lambda out: out
+            )
         assert not ahead.room(1, 10, never) and ahead.in_flight == 2
         assert ahead.source_state(source) == {"n": 0}  # before the oldest batch's prompts
         assert ahead.take(1)[0] == 1 and ahead.source_state(source) == {"n": 1}
@@ -205,3 +208,21 @@ def test_lora_on_disaggregated_roles_moves_only_the_adapters(tmp_path):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))  # the same frozen base
     moved = max(float(np.abs(a - b).max()) for a, b in zip(_leaves(async1), _leaves(two)))
     assert moved > 1e-6  # the adapters trained on other (stale) batches
+
+
+def test_rollouts_ahead_on_several_processes_refuse_what_talks_to_other_hosts():
+    """rollout.max_staleness > 0 on several processes (config.check_local_rollouts): the parts
+    whose rollouts run collectives in the background thread are refused, each named; a plain
+    task run passes (tests/run/test_multihost.py trains one)."""
+    from jaxrl_frontier.run.config import check_local_rollouts
+
+    check_local_rollouts(config_lib.resolve(_config(**{"rollout.max_staleness": 2})))
+    for overrides, words in (
+        ({"data.source": "dynamic"}, "data.source = 'dynamic'"),
+        ({"rollout.editors": ("dre",)}, "rollout.editors with 'dre'"),
+        ({"env.name": "gridworld"}, "env.name = 'gridworld'"),
+    ):
+        c = config_lib.resolve(_config(**{"rollout.max_staleness": 2, **overrides}))
+        with pytest.raises(config_lib.ConfigError, match="several processes") as e:
+            check_local_rollouts(c)
+        assert words in str(e.value), e.value

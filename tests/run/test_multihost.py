@@ -51,7 +51,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _run_two_processes(workdir, steps: int) -> list[dict]:
+def _run_two_processes(workdir, steps: int, extra: dict | None = None) -> list[dict]:
     port = _free_port()
     procs = [
         subprocess.Popen(
@@ -59,6 +59,7 @@ def _run_two_processes(workdir, steps: int) -> list[dict]:
                 workdir,
                 steps,
                 {
+                    **(extra or {}),
                     "distributed.coordinator_address": f"127.0.0.1:{port}",
                     "distributed.num_processes": 2,
                     "distributed.process_id": i,
@@ -139,3 +140,61 @@ def test_two_processes_with_a_resume_equal_one_process(tmp_path):
     rows = [json.loads(line) for line in open(multi / "metrics.jsonl")]
     logged = [r["step"] for r in rows if "train/loss" in r]
     assert logged == [1, 2, 3, 4]
+
+
+ASYNC = {  # rollouts 2 steps ahead; syncs (eval, checkpoint) every 3 steps
+    "rollout.max_staleness": 2,
+    "train.checkpoint_every": 3,
+    "train.eval_every": 3,
+}
+
+
+def _rollouts(workdir) -> list[tuple]:
+    rows = [json.loads(line) for line in open(os.path.join(workdir, "rollouts.jsonl"))]
+    return [(r["step"], r["prompt"], r["completion"], r["rewards"]) for r in rows]
+
+
+def _assert_same_run(want: dict, got: dict, w_want: dict, w_got: dict, rtol: float) -> None:
+    """Lags and lengths exactly, float metrics and weights to `rtol` (atol 1e-6 for values
+    near 0: advantage means ~1e-9, losses ~1e-4; a mean over hosts sums in another order)."""
+    assert sorted(got) == sorted(want)
+    for step in want:
+        assert set(got[step]) == set(want[step]), step
+        for key, value in want[step].items():
+            if key.startswith(("rollout/response_length", "rollout/policy_lag")):  # integers
+                assert got[step][key] == value, f"step {step} {key}"
+            np.testing.assert_allclose(
+                got[step][key], value, rtol=rtol, atol=1e-6, err_msg=f"step {step} {key}"
+            )
+    assert sorted(w_want) == sorted(w_got) and w_want
+    for name in w_want:
+        # Adam's step m / sqrt(v) of a near-0 gradient component is up to lr (5e-3) whatever
+        # its size: its rounding moves such a weight by ~lr x 1e-3
+        np.testing.assert_allclose(w_got[name], w_want[name], rtol=rtol, atol=1e-5, err_msg=name)
+
+
+def test_two_processes_with_rollouts_two_steps_ahead_equal_one_process(tmp_path):
+    """rollout.max_staleness = 2 on 2 processes x 4 devices: each process samples its own
+    prompts on its own 4 devices in a background thread (keys by global row), the weights'
+    all-gather and every other collective in the main loop; across a resume, the prompts,
+    completions, each row's rewards and the policy lags equal those of 1 process x 8 devices
+    exactly, the other metrics and the weights to rtol 2e-4. The samplers are different programs (4
+    local devices vs an 8-device SPMD one), so their log-probs differ by f32 rounding (2e-7
+    relative at step 1); six updates at lr 5e-3 with gradient norms up to 19 carry that to
+    at most 9e-5 (approx_kl after step 4's large update)."""
+    single = tmp_path / "single"
+    proc = subprocess.run(
+        _cmd(single, 6, ASYNC), cwd=REPO, env=_env(8), capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    multi = tmp_path / "multi"
+    assert [o["step"] for o in _run_two_processes(multi, 3, {**ASYNC})] == [3, 3]
+    assert [o["step"] for o in _run_two_processes(multi, 6, {**ASYNC})] == [6, 6]
+
+    want, got = _metrics(single), _metrics(multi)
+    lags = [want[s]["rollout/policy_lag"] for s in range(1, 7)]
+    assert lags == [0, 1, 2, 0, 1, 2], lags  # k batches in flight between the syncs
+    moved = [s for s in range(1, 7) if want[s]["train/grad_norm"] > 1e-3]
+    assert len(moved) >= 5, f"vacuous: a gradient at steps {moved} only"
+    assert _rollouts(multi) == _rollouts(single) and len(_rollouts(single)) >= 6
+    _assert_same_run(want, got, _weights(single), _weights(multi), rtol=2e-4)

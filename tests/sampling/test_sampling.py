@@ -133,6 +133,26 @@ def test_mixed_length_batch_matches_alone(sampler):
         )
 
 
+def test_a_part_of_the_batch_sampled_from_its_first_row_draws_the_batch_rows(model, sampler):
+    """first_row: a process sampling prompts 2-3 of a batch of 4 (rows 4-7 at N = 2) gives
+    the tokens and log-probs of those rows of the whole batch (keys by global row index);
+    from row 0 it draws other tokens."""
+    from jaxrl_frontier.sampling import ContinuousSampler
+
+    tokens, mask = prompts([5, 9, 3, 11], seed=3)
+    params = SamplingParams(max_new_tokens=TN, n=N, temperature=1.0)
+    for engine in (sampler, ContinuousSampler(model, pad_id=PAD, slots=3, batch_buckets=(4,))):
+        whole = engine.generate(tokens, mask, params, jax.random.key(7))
+        part = engine.generate(tokens[2:], mask[2:], params, jax.random.key(7), first_row=2 * N)
+        got, want = np.asarray(part.completion_tokens), np.asarray(whole.completion_tokens)
+        np.testing.assert_array_equal(got, want[2 * N :])
+        np.testing.assert_allclose(
+            np.asarray(part.policy_logp), np.asarray(whole.policy_logp)[2 * N :], atol=1e-6
+        )
+        unshifted = engine.generate(tokens[2:], mask[2:], params, jax.random.key(7))
+        assert not np.array_equal(np.asarray(unshifted.completion_tokens), got)
+
+
 def test_eos_stops_row_and_masks_tail(sampler, forward):
     tokens, mask = prompts([4, 10])
     free = np.asarray(sampler.generate(tokens, mask, GREEDY, jax.random.key(0)).completion_tokens)

@@ -13,6 +13,14 @@
 
 Each process owns its rows end to end until the update; nothing but prompts (a few ids)
 crosses hosts before the arrays enter the mesh.
+
+`produce` = `finish(draw(...))`. `draw` samples, decodes, edits and scores (a `Drawn`);
+`finish` assembles, runs the passes and the advantages. When the sampler's mesh is this
+process's own devices on a run of several processes (asynchronous rollouts,
+`rollout.max_staleness > 0`), `draw` talks to no other process: each samples its own
+prompts, its rows' keys taken by their global index (`first_row`), so the rows are those one
+process sampling the whole batch would draw; it can then run in a background thread while
+every collective (`finish`, the weights' all-gather, the update) stays in the main loop.
 """
 
 from __future__ import annotations
@@ -53,6 +61,19 @@ def _gather_prompts(tokens: np.ndarray, mask: np.ndarray) -> tuple[np.ndarray, n
     return (np.concatenate(list(both[:, 0])), np.concatenate(list(both[:, 1])))
 
 
+@dataclasses.dataclass(frozen=True)
+class Drawn:
+    """One batch drawn on this process (`RolloutProducer.draw`), before `finish`: the scored
+    rows, the policy version that sampled them, the sampling time, the host metrics of the
+    source, editors and shapers, and the sampler's stats of this draw."""
+
+    scored: ScoredRows
+    version: int
+    seconds: float
+    host_metrics: dict[str, float]
+    sampler_stats: dict[str, float]
+
+
 class RolloutProducer:
     """Samples, decodes, edits, scores and annotates one batch of this process's prompts."""
 
@@ -84,6 +105,13 @@ class RolloutProducer:
         self.reward_names = tuple(scorer.reward_names) + tuple(
             n for s in self.shapers for n in s.reward_names
         )
+        # this process samples its own prompts on its own devices (module docstring)
+        sampler_mesh = getattr(sampler, "mesh", None)
+        self.local = (
+            jax.process_count() > 1
+            and sampler_mesh is not None
+            and sharding.is_process_local(sampler_mesh)
+        )
 
     def produce(
         self,
@@ -109,8 +137,24 @@ class RolloutProducer:
         `policy_version`, and this process's `results` (one `PromptResult` per prompt, for
         `PromptSource.observe`) and `texts` (the decoded completions of its rows).
         """
+        return self.finish(
+            self.draw(examples, weights, key, version=version, source=source, sampling=sampling),
+            weights,
+        )
+
+    def draw(
+        self,
+        examples: Sequence[Example],
+        weights: dict[str, Any],
+        key,
+        *,
+        version: int = 0,
+        source=None,
+        sampling: dict[str, float] | None = None,
+    ) -> Drawn:
+        """Sample, decode, edit and score this process's prompts (and those the source's
+        `select` draws more of): the first half of `produce`, with its arguments."""
         params = dataclasses.replace(self.sampling, **(sampling or {}))
-        g = params.n
         if self.teacher_answers is not None and source is not None:
             source.use_teacher(self.teacher_answers)
         t0 = time.perf_counter()
@@ -123,16 +167,23 @@ class RolloutProducer:
             selected.update(source.metrics())  # e.g. ADS's p before this step
         for part in (*self.editors, *self.shapers):
             selected.update(part.metrics() if hasattr(part, "metrics") else {})
-        t_rollout = time.perf_counter() - t0
-        rows, rewards = draw.rows, draw.rewards
+        stats = dict(getattr(self.sampler, "stats", {}))  # speculative, continuous: this draw's
+        return Drawn(draw, version, time.perf_counter() - t0, selected, stats)
 
+    def finish(self, drawn: Drawn, weights: dict[str, Any]) -> tuple[Experience, dict[str, Any]]:
+        """A `Drawn` batch -> (Experience, info): the global arrays, the passes (reference,
+        teacher, ... log-probs by `weights`), the advantages and the metrics; the second
+        half of `produce`. Every process calls it at the same point (it runs collectives)."""
+        draw, version, g = drawn.scored, drawn.version, self.sampling.n
+        rows, rewards = draw.rows, draw.rewards
         exp = self._assemble(
             rows, draw.prompt_tokens, draw.prompt_mask, rewards, draw.dropout_keys, version
         )
         exp, pass_metrics = run_passes(self.passes, weights, exp)
         adv, r_b, metrics = advantages_and_metrics(exp, self.objective, self.reward_names, g)
-        metrics = {**metrics, **pass_metrics, **{k: jnp.float32(v) for k, v in selected.items()}}
-        for name, value in getattr(self.sampler, "stats", {}).items():  # speculative, continuous
+        host = {k: jnp.float32(v) for k, v in drawn.host_metrics.items()}
+        metrics = {**metrics, **pass_metrics, **host}
+        for name, value in drawn.sampler_stats.items():  # speculative, continuous
             metrics[f"{self.sampler.stats_prefix}{name}"] = jnp.float32(value)
         exp = exp.replace(advantages=adv)
         local = lambda x: sharding.local_rows(x, self.mesh)
@@ -143,7 +194,7 @@ class RolloutProducer:
         info = dict(
             metrics=metrics,
             n_failed=sum_over_processes(draw.n_failed),
-            rollout_seconds=t_rollout,
+            rollout_seconds=drawn.seconds,
             policy_version=version,
             results=results,
             texts=rows.texts,
@@ -155,9 +206,14 @@ class RolloutProducer:
         tok, mask = encode_prompts(
             self.tokenizer, [self.prompt_of(e) for e in examples], self.max_prompt_len
         )
-        all_tok, all_mask = _gather_prompts(tok, mask)
-        rollout = self.sampler.generate(all_tok, all_mask, params, key)
-        local = lambda x: sharding.local_rows(x, self.mesh)
+        if self.local:  # this process's prompts on its own devices, keys by global row
+            first_row = jax.process_index() * len(examples) * params.n
+            rollout = self.sampler.generate(tok, mask, params, key, first_row=first_row)
+            local = lambda x: np.asarray(jax.device_get(x))  # noqa: E731
+        else:
+            all_tok, all_mask = _gather_prompts(tok, mask)
+            rollout = self.sampler.generate(all_tok, all_mask, params, key)
+            local = lambda x: sharding.local_rows(x, self.mesh)  # noqa: E731
         rows = RolloutRows(
             examples=tuple(examples),
             completion_tokens=local(rollout.completion_tokens),
