@@ -27,7 +27,7 @@ format:
 	$(BIN)/ruff check --fix jaxrl_frontier scripts benchmarks configs tests
 	$(BIN)/ruff format jaxrl_frontier scripts benchmarks configs tests
 
-# Two pytest-xdist workers, each a process of its own with whole test files (`loadfile`):
-# the suite is compile-bound, and XLA compiles one program on one core.
+# One pytest process per test file, two at a time (tests/run_files.py): the suite is
+# compile-bound, and XLA compiles one program on one core.
 test: install-test lint
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder --durations=25 tests
+	$(BIN)/python tests/run_files.py --workers 2 tests

@@ -41,30 +41,7 @@ import json  # noqa: E402
 
 import ml_collections  # noqa: E402
 import pytest  # noqa: E402  (after the flags on purpose: nothing above may import jax)
-
-# The longest files first, by their summed test time in a full `make test` (`--durations=0`;
-# test_stages 15%, test_configs 12%, test_trainer 8% of the suite), the rest in name order.
-# pytest-xdist's `loadfile` hands whole files to whichever worker is free, in collection
-# order (with --no-loadscope-reorder; its default orders by test count instead), so a long
-# file collected last would run alone on one worker while the other idles.
-SLOW_FILES_FIRST = (
-    "test_stages.py",
-    "test_configs.py",
-    "test_trainer.py",
-    "test_async.py",
-    "test_reliability.py",
-    "test_lora.py",
-    "test_shared_prompt.py",
-    "test_pact.py",
-    "test_sweep.py",
-    "test_multihost.py",
-    "test_sources_resume.py",
-    "test_ppo_critic.py",
-    "test_notebooks.py",
-    "test_multiturn.py",
-    "test_perf_paths.py",
-    "test_vocab_parallel.py",
-)
+from file_order import SLOW_FILES_FIRST  # noqa: E402  (tests/file_order.py)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -1,0 +1,22 @@
+"""The order the test files start in: the longest first (tests/run_files.py runs a file per
+process, N at a time, so a long file started last would run alone at the end)."""
+
+# By their time in a full `make test` (its "slowest files"); the rest in path order.
+SLOW_FILES_FIRST = (
+    "test_stages.py",
+    "test_configs.py",
+    "test_trainer.py",
+    "test_async.py",
+    "test_reliability.py",
+    "test_lora.py",
+    "test_shared_prompt.py",
+    "test_pact.py",
+    "test_sweep.py",
+    "test_multihost.py",
+    "test_sources_resume.py",
+    "test_ppo_critic.py",
+    "test_notebooks.py",
+    "test_multiturn.py",
+    "test_perf_paths.py",
+    "test_vocab_parallel.py",
+)

@@ -1,0 +1,156 @@
+"""Run the test suite as one pytest process per test file, N at a time: `make test`.
+
+    python tests/run_files.py [--workers 2] [--timeout 1500] [PATH ...]   (default: tests)
+
+Why not pytest-xdist: the suite is compile-bound, and each long-lived xdist worker grew to
+several GB and, in about one full run in three, died in XLA:CPU's executable
+(de)serialization inside JAX's persistent compilation cache (a segfault whose place depended
+on what the worker had run before); xdist's `loadfile` scheduling then waited forever for
+the dead worker's files (pytest-xdist issue 1323, fixed after 3.8.0). Here each file runs in
+a fresh process, so no state crosses files; a worker slot's files share one persistent
+compilation cache directory (files run one after another there, so an entry is written by
+one process at a time), which keeps the compile reuse across files. A file whose process
+dies from a signal is run once more in a fresh process and reported as such; any other
+failure fails the run at once. Longest files first (`file_order.SLOW_FILES_FIRST`), so
+that no long file starts last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import queue
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+
+from file_order import SLOW_FILES_FIRST  # noqa: E402
+
+SUMMARY = re.compile(r"^=*\s*(\d+ (?:passed|failed|skipped|error|errors|deselected|xfailed|warnings?)\b.*?) in [0-9.]+s", re.M)
+
+
+def test_files(paths: list[str]) -> list[str]:
+    """The test files under `paths`, longest first (SLOW_FILES_FIRST), then in path order."""
+    found = []
+    for path in paths:
+        if os.path.isfile(path):
+            found.append(path)
+            continue
+        for root, dirs, files in os.walk(path):
+            dirs[:] = sorted(d for d in dirs if not d.startswith((".", "__")))
+            found += [os.path.join(root, f) for f in sorted(files) if re.match(r"test_.*\.py$", f)]
+    rank = {name: i for i, name in enumerate(SLOW_FILES_FIRST)}
+    return sorted(found, key=lambda f: rank.get(os.path.basename(f), len(rank)))
+
+
+def run_file(path: str, env: dict, timeout: float) -> tuple[int, str, float]:
+    """(return code, output, seconds) of `pytest -q path` in a fresh process; -9 on timeout."""
+    t0 = time.monotonic()
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", path]
+    proc = subprocess.Popen(
+        cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, _ = proc.communicate()
+        out += f"\n[run_files] {path}: killed after {timeout:.0f} s\n"
+    return proc.returncode, out, time.monotonic() - t0
+
+
+def died(code: int) -> bool:
+    """The process ended by a signal (a segfault, an abort), not by a test outcome."""
+    return code < 0 or code in (128 + signal.SIGSEGV, 128 + signal.SIGABRT)
+
+
+def summary_of(out: str) -> str:
+    lines = [m.group(1) for m in SUMMARY.finditer(out)]
+    return lines[-1] if lines else "no summary"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("paths", nargs="*", default=[HERE])
+    p.add_argument("--workers", type=int, default=2, help="files run at once")
+    p.add_argument("--timeout", type=float, default=1500, help="seconds per file")
+    args = p.parse_args(argv)
+
+    files = test_files(args.paths)
+    work: queue.Queue[str] = queue.Queue()
+    for f in files:
+        work.put(f)
+    results: dict[str, tuple[int, str, float, bool]] = {}  # file -> code, summary, s, rerun
+    failed = threading.Event()
+    lock = threading.Lock()
+    caches = [tempfile.mkdtemp(prefix=f"jaxrl_test_jax_cache_w{i}_") for i in range(args.workers)]
+    t0 = time.monotonic()
+
+    def say(msg: str) -> None:
+        with lock:
+            print(msg, flush=True)
+
+    def worker(i: int) -> None:
+        env = dict(os.environ, JAX_COMPILATION_CACHE_DIR=caches[i])
+        env.pop("PYTEST_XDIST_WORKER", None)
+        while not failed.is_set():
+            try:
+                path = work.get_nowait()
+            except queue.Empty:
+                return
+            rel = os.path.relpath(path, REPO)
+            code, out, seconds = run_file(path, env, args.timeout)
+            rerun = False
+            if died(code):
+                say(f"[w{i}] {rel}: its pytest process died (return code {code}); the last "
+                    f"lines:\n{out[-3000:]}\n[w{i}] {rel}: running it once more")  # fmt: skip
+                code, out, seconds2 = run_file(path, env, args.timeout)
+                seconds, rerun = seconds + seconds2, True
+            line = f"[w{i}] {rel}: {summary_of(out)} ({seconds:.0f} s{', rerun' if rerun else ''})"
+            if code not in (0, 5):  # 5: no tests collected
+                failed.set()
+                say(f"{line}\n{out}")
+            else:
+                say(line)
+            with lock:
+                results[rel] = (code, summary_of(out), seconds, rerun)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(args.workers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for c in caches:
+        shutil.rmtree(c, ignore_errors=True)
+
+    counts: dict[str, int] = {}
+    for _, summary, _, _ in results.values():
+        for n, word in re.findall(r"(\d+) (\w+)", summary):
+            counts[word] = counts.get(word, 0) + int(n)
+    print("\nslowest files:")
+    for rel, (_, _, s, _) in sorted(results.items(), key=lambda kv: -kv[1][2])[:15]:
+        print(f"  {s:7.1f} s  {rel}")
+    reruns = [rel for rel, r in results.items() if r[3]]
+    if reruns:
+        print(f"run again after their process died: {', '.join(reruns)}")
+    total = ", ".join(f"{n} {w}" for w, n in sorted(counts.items()))
+    missing = len(files) - len(results)
+    ok = not failed.is_set() and not missing
+    print(
+        f"{'PASSED' if ok else 'FAILED'}: {len(results)} of {len(files)} files, {total}, "
+        f"in {time.monotonic() - t0:.0f} s"
+    )
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
