@@ -348,6 +348,55 @@ def profile_rows(result: dict, source: str) -> list[Row]:
     return rows
 
 
+@rows_of("async")
+def async_rows(result: dict, source: str) -> list[Row]:
+    """`bench.py async`: each variant's step time; on the spread workload, the rollout
+    engines' useful tokens/s and slot use, and the targets (continuous >= 1.5x static's
+    rollout tokens/s; k = 1's step within 10% of max(static rollout, static update))."""
+    m, v = machine_of(result), result["variants"]
+    workload = result.get("settings", {}).get("workload", "roles")
+    rows = []
+    for name, r in v.items():
+        measured = (
+            f"**{r['seconds_per_step']:.3f} s** per step, rollout {r['rollout_seconds']:.3f} s"
+        )
+        if "rollout_useful_tokens_per_second" in r:
+            measured += (
+                f"; rollout {r['rollout_useful_tokens_per_second']:,.0f} useful tokens/s, "
+                f"{100 * r['finished_slot_step_share']:.0f}% of slot-steps on finished rows"
+            )
+        rows.append(info(m, f"RL step, {workload} workload, {name}", measured, source))
+    t = result.get("targets", {})
+    c = t.get("continuous_vs_static_rollout_useful_tokens_per_second")
+    if c:
+        rows.append(
+            at_least(
+                m,
+                "continuous batching vs static, rollout useful tokens/s (spread lengths)",
+                c["ratio"],
+                c["target"],
+                "{:.1f}x",
+                f"**{c['ratio']:.2f}x**",
+                source,
+            )  # fmt: skip
+        )
+    k1 = t.get("k1_step_vs_max_rollout_update")
+    if k1:
+        bound = max(k1["static_rollout"], k1["static_update"])
+        rows.append(
+            Row(
+                m,
+                "k = 1 step vs max(static rollout, static update)",
+                "<= 1.1x",
+                f"**{k1['ratio']:.2f}x** ({k1['ratio'] * bound:.3f} s vs {bound:.3f} s)",
+                k1["met"],
+                source,
+                k1["ratio"],
+            )  # fmt: skip
+        )
+    return rows
+
+
 def results_of(data: dict) -> Iterable[dict]:
     """The single-benchmark results in a bench.py JSON (a combined `all` file holds several)."""
     if data.get("benchmark") == "all":

@@ -175,3 +175,27 @@ def test_a_busy_machine_is_waited_for_then_refused():
     now = iter([0.0, 5.0, 11.0])
     with pytest.raises(peers.NotQuiet, match=r"50% of the cores busy \(the bar is 10%\)"):
         peers.wait_for_quiet(share=lambda: 0.5, limit=0.1, wait_s=10, clock=lambda: next(now))
+
+
+def test_async_spread_targets_by_hand():
+    """bench.py async --workload spread: continuous over static on the rollout's useful
+    tokens/s and the step's, and k = 1's step over max(static rollout, static update), where
+    a static step is its rollout plus the rest (0.25 s + 0.75 s)."""
+    from benchmarks.async_rl import _median_of_rounds, _spread_targets
+
+    static = dict(
+        seconds_per_step=1.0, rollout_seconds=0.25, useful_tokens_per_second=100.0,
+        rollout_useful_tokens_per_second=400.0,
+    )  # fmt: skip
+    continuous = dict(
+        static, useful_tokens_per_second=120.0, rollout_useful_tokens_per_second=640.0
+    )
+    t = _spread_targets(dict(static=static, continuous=continuous, k1=dict(seconds_per_step=0.8)))
+    assert t["continuous_vs_static_rollout_useful_tokens_per_second"] == dict(
+        ratio=1.6, target=1.5, met=True
+    )
+    assert t["continuous_vs_static_useful_tokens_per_second"]["met"] is False
+    k1 = t["k1_step_vs_max_rollout_update"]
+    assert k1["ratio"] == pytest.approx(0.8 / 0.75) and k1["met"] is True
+    rounds = [dict(static, seconds_per_step=s, finished_slot_step_share=0.5) for s in (1, 3, 2)]
+    assert _median_of_rounds(rounds)["seconds_per_step"] == 2
