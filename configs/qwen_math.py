@@ -7,8 +7,8 @@
 Nothing is downloaded: the model directory (config.json, *.safetensors, tokenizer.json)
 and the JSONL file are local paths. Prompts are rendered in the model's chat template
 (`task.chat_template`) and rollouts stop at its <|im_end|>. The mesh shards parameters over
-fsdp and heads over tensor; `runlocal` swaps in a tiny random model and the repo's sample
-JSONL.
+fsdp and heads over tensor; `runlocal` swaps in a tiny model (data/warm_starts/math, its
+SFT on the repo's sample JSONL) and that sample.
 """
 
 from jaxrl_frontier.run import presets
@@ -34,12 +34,12 @@ def get_config(arg=None):
     c.optimizer.update(lr=1e-6, warmup_steps=10, max_grad_norm=1.0, grad_accum=4)
     c.train.update(steps=500, minibatches=4, log_every=1, eval_every=50, checkpoint_every=25)
     c.eval.update(num_prompts=256, batch=64, pass_k=4)
-    if arg == "runlocal":  # a tiny random model with the char tokenizer on the sample JSONL
+    if arg == "runlocal":  # the tiny warm start (char tokenizer) on the sample JSONL
         c.tokenizer.update(kind="char", path="")
         c.task.chat_template = False  # the char tokenizer has no template
         c.model.dtype = "float32"
         c.mesh.update(data=-1, fsdp=1, tensor=1)
         c.data.max_prompt_len = 160
-        c.rollout.max_new_tokens = 16
+        c.rollout.max_new_tokens = 64  # the sample's worked solutions (its warm start's)
         c.optimizer.grad_accum = 1
     return presets.finish(c, arg)

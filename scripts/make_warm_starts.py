@@ -57,7 +57,23 @@ def frozenlake():
     return c
 
 
-WARM_STARTS = {"arith1": arith1, "code": code, "countdown": countdown, "frozenlake": frozenlake}
+def math():
+    """The qwen_math runlocal's task: the sample JSONL's worked solutions, char tokenizer."""
+    c = presets.arithmetic("sft")
+    c.task.name, c.task.kwargs = "jsonl_math", dict(path="data/sample_math.jsonl")
+    c.data.max_prompt_len = 160
+    c.rollout.max_new_tokens = 64
+    c.train.update(steps=300, sft_batch=32)
+    return c
+
+
+WARM_STARTS = {
+    "arith1": arith1,
+    "code": code,
+    "countdown": countdown,
+    "frozenlake": frozenlake,
+    "math": math,
+}
 
 
 def build(name: str) -> str:

@@ -171,9 +171,12 @@ def warm_start(c: ml_collections.ConfigDict) -> str | None:
     if c.env.name == "gridworld":
         name = "frozenlake"
     else:
-        name = {"arithmetic": "arith1", "code_problems": "code", "countdown": "countdown"}.get(
-            c.task.name
-        )
+        name = {
+            "arithmetic": "arith1",
+            "code_problems": "code",
+            "countdown": "countdown",
+            "jsonl_math": "math",
+        }.get(c.task.name)
     path = name and os.path.join(REPO, WARM_STARTS_DIR, name)
     return path if path and os.path.isdir(path) else None
 

@@ -108,7 +108,6 @@ def test_full_config_validates(name):
 # that giving one a warm start makes this fail here until it moves to the checks below.
 NO_WARM_START = {
     "grpo_calculator_tool": "a tool-call syntax a d=32 model does not write after a short SFT",
-    "qwen_math": "the sample's worked solutions are longer than its 16-token runlocal budget",
 }
 
 
