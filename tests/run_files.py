@@ -35,7 +35,10 @@ sys.path.insert(0, HERE)
 
 from file_order import SLOW_FILES_FIRST  # noqa: E402
 
-SUMMARY = re.compile(r"^=*\s*(\d+ (?:passed|failed|skipped|error|errors|deselected|xfailed|warnings?)\b.*?) in [0-9.]+s", re.M)
+SUMMARY = re.compile(
+    r"^=*\s*(\d+ (?:passed|failed|skipped|error|errors|deselected|xfailed|warnings?)\b.*?) in [0-9.]+s",
+    re.M,
+)
 
 
 def test_files(paths: list[str]) -> list[str]:
