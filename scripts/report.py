@@ -108,6 +108,15 @@ def load_runs(root: str, data_dir: str | None = None) -> list[dict] | None:
     return None
 
 
+def has_runs(claim: Claim, runs_dir: str, data_dir: str | None) -> bool:
+    """Whether any of the claim's sweeps has collected runs here or a committed copy."""
+    for root in claim.roots(runs_dir):
+        copy = os.path.join(data_dir, os.path.basename(root) + ".json") if data_dir else ""
+        if os.path.exists(os.path.join(root, RESULTS_JSON)) or (copy and os.path.exists(copy)):
+            return True
+    return False
+
+
 def page_parts(path: str) -> tuple[dict[str, str], dict[str, str]]:
     """An existing page's claim sections ({key: markdown}) and summary rows ({key: row})."""
     if not os.path.exists(path):
@@ -243,13 +252,16 @@ def report(runs_dir: str, out: str, data_dir: str | None = None) -> str:
     old_sections, old_rows = page_parts(out)
     body, summary = [], []
     for claim in CLAIMS.values():
-        lines, entry = section(claim, runs_dir, fig_dir, out_dir, data_dir)
-        has_data = any(load_runs(root, None) for root in claim.roots(runs_dir)) or (
-            data_dir and os.path.exists(os.path.join(data_dir, claim.roots("")[-1] + ".json"))
-        )
         row = old_rows.get(claim.key, "")
-        if not has_data and claim.key in old_sections and row and "not run yet" not in row:
+        if (
+            not has_runs(claim, runs_dir, data_dir)
+            and claim.key in old_sections
+            and row
+            and ("not run yet" not in row)
+        ):
             lines, entry = frozen(claim, old_sections[claim.key], row)
+        else:
+            lines, entry = section(claim, runs_dir, fig_dir, out_dir, data_dir)
         body += lines
         summary.append(entry)
     any_frozen = any(e.get("frozen") for e in summary)
