@@ -33,6 +33,13 @@ def model_section() -> ml_collections.ConfigDict:
     # recompute in the backward pass (memory for FLOPs), per scanned block: none | full (keep
     # only each block's input) | dots_saveable (keep the matmul outputs, recompute the rest)
     s.remat = "none"
+    # the attention of a forward over many tokens (prefill, update, scoring; a decode step's
+    # one query has its own): xla (einsums) | dot_product (jax.nn.dot_product_attention, XLA)
+    # | cudnn (its fused cuDNN kernel: a GPU and model.dtype bfloat16)
+    s.attention = "xla"
+    # layers per iteration of the scanned forward: 1 loops over them (least compile time), 0
+    # unrolls them all (faster updates for models of a few layers; longer compiles)
+    s.scan_unroll = 1
     # LoRA (models/lora.py, Hu et al. 2021): rank > 0 trains rank-r adapters on the `targets`
     # projections beside the frozen weights (RL): y = x W + (alpha / rank) x A B. Only the
     # adapters and their optimizer state are trained and checkpointed; the reference policy
@@ -58,6 +65,7 @@ CHOICES: dict[str, tuple] = {
     "model.init": ("scratch", "hf", "checkpoint"),
     "model.dtype": ("float32", "bfloat16"),
     "model.remat": ("none", "full", "dots_saveable"),
+    "model.attention": ("xla", "dot_product", "cudnn"),
     "teacher.init": ("none", "scratch", "hf", "checkpoint"),
     "teacher.dtype": ("float32", "bfloat16"),
 }
@@ -73,6 +81,7 @@ RANGES: dict[str, tuple] = {
     "model.vocab_size": (0, None, True, None),
     "model.rope_theta": (0, None, False, None),
     "model.max_position_embeddings": (0, None, False, None),
+    "model.scan_unroll": (0, None, True, None),  # 0: every layer
     "model.lora.rank": (0, None, True, None),  # 0: no adapters
     "model.lora.alpha": (0, None, False, None),
 }

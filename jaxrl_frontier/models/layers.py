@@ -46,6 +46,10 @@ class ModelConfig:
     # outputs too)
     remat: bool | str = False
     attention: str = "xla"  # the attention implementation (`ATTENTION_IMPLS`)
+    # layers per iteration of the scanned forward (`jax.lax.scan`'s unroll): 1 is a loop over
+    # the layers (least compile time); 0 unrolls them all (no loop: its per-layer slicing of
+    # the saved activations and their zero-filled [L, ...] buffers are gone)
+    scan_unroll: int = 1
 
     def __post_init__(self):
         if self.num_heads % self.num_kv_heads:
@@ -56,6 +60,8 @@ class ModelConfig:
             raise ValueError(f"dtype={self.dtype!r}; allowed: 'float32', 'bfloat16'")
         if self.attention not in ATTENTION_IMPLS:
             raise ValueError(f"attention={self.attention!r}; allowed: {ATTENTION_IMPLS}")
+        if self.scan_unroll < 0:
+            raise ValueError(f"scan_unroll={self.scan_unroll}; must be >= 0 (0: every layer)")
         if self.remat not in REMAT_POLICIES:
             raise ValueError(f"remat={self.remat!r}; allowed: {tuple(REMAT_POLICIES)}")
 
@@ -295,26 +301,26 @@ class Attention(nnx.Module):
         return self.project_out(out.astype(x.dtype)), new_kv
 
 
-ATTENTION_IMPLS = ("xla",)  # ModelConfig.attention
-
-
 def attention(q, k, v, attn_bias, kv_spec: str = "bskd", *, impl: str = "xla"):
     """The model's one attention-selection point (`ModelConfig.attention`, static).
 
     q [B, T, H, Dh]; k, v [B, S, K, Dh] (kv_spec 'bskd') or [B, K, S, Dh] ('bksd', the
     cache's layout); attn_bias [B, 1, 1, T, S] additive. Returns [B, T, H, Dh].
 
-    'xla': plain XLA. A one-query step over the cache (decode) runs as broadcast-multiply
-    and reductions (`_attend_one_query`), every other call as `attend`'s einsums.
+    A one-query step over the cache (decode) runs as broadcast-multiply and reductions
+    (`_attend_one_query`) whatever the implementation; every other call runs
+    `ATTENTION[impl]`: 'xla' (`attend`'s einsums), 'dot_product'
+    (`jax.nn.dot_product_attention`, XLA's implementation of the same math), 'cudnn' (its
+    cuDNN fused kernel: a GPU, bf16 / fp16 compute only).
     """
-    if impl not in ATTENTION_IMPLS:
+    if impl not in ATTENTION:
         raise ValueError(f"attention impl {impl!r}; allowed: {ATTENTION_IMPLS}")
     if q.shape[1] == 1 and kv_spec == "bksd":
         b, _, h, hd = q.shape
         kvh = k.shape[1]
         out = _attend_one_query(q.reshape(b, kvh, h // kvh, hd), k, v, attn_bias[:, 0, 0, 0])
         return out.astype(q.dtype).reshape(b, 1, h, hd)
-    return attend(q, k, v, attn_bias, kv_spec)
+    return ATTENTION[impl](q, k, v, attn_bias, kv_spec)
 
 
 def attend(q, k, v, attn_bias, kv_spec: str = "bskd"):
@@ -336,6 +342,20 @@ def attend(q, k, v, attn_bias, kv_spec: str = "bskd"):
     return out.reshape(b, t, h, hd)
 
 
+def attend_dot_product(q, k, v, attn_bias, kv_spec: str = "bskd", implementation=None):
+    """`attend` by `jax.nn.dot_product_attention` (same shapes; implementation None: XLA's,
+    scores and softmax in f32 as `attend`; 'cudnn': the fused cuDNN kernel, on a GPU)."""
+    dt = q.dtype
+    if kv_spec == "bksd":  # the cache's layout -> the [B, S, K, Dh] the call takes
+        k, v = jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)
+    bias = attn_bias[:, 0]  # [B, 1, T, S]: one bias for every head
+    if implementation == "cudnn":
+        bias = bias.astype(dt)
+    return jax.nn.dot_product_attention(
+        q, k.astype(dt), v.astype(dt), bias=bias, implementation=implementation
+    )
+
+
 def _attend_one_query(q, k, v, bias):
     """One decode step's attention as broadcast-multiply + reduce, in f32.
 
@@ -350,6 +370,16 @@ def _attend_one_query(q, k, v, bias):
     scores = scores / math.sqrt(q.shape[-1]) + bias[:, None, None, :]
     probs = jax.nn.softmax(scores, axis=-1)
     return jnp.sum(probs[..., None] * v[:, :, None].astype(f32), axis=3)  # [B, K, G, Dh]
+
+
+# ModelConfig.attention (config key `model.attention`) -> the attention of a forward over T
+# tokens (`attention`; a one-query decode step over the cache is `_attend_one_query`)
+ATTENTION = {
+    "xla": attend,
+    "dot_product": attend_dot_product,
+    "cudnn": functools.partial(attend_dot_product, implementation="cudnn"),
+}
+ATTENTION_IMPLS = tuple(ATTENTION)
 
 
 class MLP(nnx.Module):

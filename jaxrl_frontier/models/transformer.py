@@ -100,7 +100,8 @@ class Transformer(nnx.Module):
         layer i's slice of `xs` (a pytree with a leading [L] axis, or None). The blocks'
         parameters are scanned over, so XLA reads (and with FSDP gathers) one layer's
         weights per iteration. `remat` (a `ModelConfig.remat` value) wraps the body in
-        `jax.checkpoint` with that policy. Returns (carry, ys stacked [L, ...])."""
+        `jax.checkpoint` with that policy; `cfg.scan_unroll` layers run per iteration (0: all,
+        no loop). Returns (carry, ys stacked [L, ...])."""
         num = self.cfg.num_layers
         if isinstance(self.layers, nnx.List):  # unstacked (`unstack_layers`): a Python loop
             ys = []
@@ -119,7 +120,7 @@ class Transformer(nnx.Module):
         policy = REMAT_POLICIES[remat]
         if policy is not None:
             step = jax.checkpoint(step, policy=policy)
-        return jax.lax.scan(step, carry, (params, xs))
+        return jax.lax.scan(step, carry, (params, xs), unroll=self.cfg.scan_unroll or num)
 
     def __call__(
         self,

@@ -93,6 +93,8 @@ def model_config_from(config, tokenizer) -> ModelConfig:
         dtype=m.dtype,
         family="qwen2" if m.qkv_bias else ("qwen3" if m.qk_norm else "llama"),
         remat=m.remat,
+        attention=m.attention,
+        scan_unroll=m.scan_unroll,
     )
 
 
@@ -104,8 +106,11 @@ def build_model(init: str, path: str, config, tokenizer, mesh, key, dtype: str) 
         )
         return sharding.shard_model(model, mesh)
     model = hf.load(export_dir(path), mesh=mesh, dtype=dtype)
-    if config.model.remat != "none":  # a training choice, not part of the HF config
-        model.cfg = model.cfg.replace(remat=config.model.remat)
+    m = config.model  # training choices, not part of the HF config
+    if (m.remat, m.attention, m.scan_unroll) != ("none", "xla", 1):
+        model.cfg = model.cfg.replace(
+            remat=m.remat, attention=m.attention, scan_unroll=m.scan_unroll
+        )
     return model
 
 

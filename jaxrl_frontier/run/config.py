@@ -465,6 +465,12 @@ def _check_consistency(c: ml_collections.ConfigDict, num_devices: int | None) ->
     _positive(c, "train.epochs", "train.minibatches", "optimizer.grad_accum")
     if c.mode == "rl" and c.rollout.group_size < 2:
         raise ConfigError("config key 'rollout.group_size' must be >= 2 for group baselines")
+    if c.model.attention == "cudnn" and c.model.dtype != "bfloat16":
+        raise ConfigError(
+            f"config key 'model.attention' = 'cudnn' runs cuDNN's fused attention, which takes "
+            f"bf16 / fp16 inputs only, but model.dtype = {c.model.dtype!r}: set model.dtype = "
+            "'bfloat16', or choose 'xla' or 'dot_product'"
+        )
     recomputed = {
         "train.recompute_old_logp": c.train.recompute_old_logp,
         "rollout.editors": "dre" in c.rollout.editors,  # DRE changes tokens: recomputed

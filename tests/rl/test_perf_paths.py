@@ -129,3 +129,59 @@ def test_remat_blocks_give_the_same_loss_and_gradients():
     np.testing.assert_allclose(l1, l0, atol=1e-6)
     for a, b in zip(jax.tree.leaves(g0), jax.tree.leaves(g1)):
         np.testing.assert_allclose(b, a, atol=1e-6, rtol=1e-5)
+
+
+def _grads_by_model_option(batch, **option):
+    graphdef, params = nnx.split(
+        Transformer(ModelConfig(vocab_size=V, **SMALL_MODEL, **option), rngs=nnx.Rngs(0))
+    )
+    objective = objective_section(config_lib.base_config().objective)
+    return jax.jit(jax.value_and_grad(rl_loss(graphdef, objective), has_aux=True))(params, batch)
+
+
+@pytest.mark.parametrize(
+    "option", [dict(scan_unroll=0), dict(scan_unroll=2), dict(attention="dot_product")]
+)
+def test_update_speed_options_keep_the_loss_and_gradient(option):
+    """Each speed option of the update (`model.scan_unroll`, `model.attention`) computes the
+    same loss and gradient as the scanned, einsum-attention model, to f32 rounding: every
+    gradient element within 1e-6 of its leaf's largest (a few ulps of it, the order in which
+    XLA sums per-layer and per-head terms being all that changes)."""
+    batch = _rl_batch(3)
+    ((l0, m0), g0), ((l1, m1), g1) = (
+        _grads_by_model_option(batch),
+        _grads_by_model_option(batch, **option),
+    )
+    np.testing.assert_allclose(l1, l0, rtol=1e-6, atol=0)
+    assert set(m0) == set(m1)
+    for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(g0), jax.tree.leaves(g1)):
+        scale = float(jnp.abs(a).max())
+        assert scale > 0, path
+        np.testing.assert_allclose(b, a, atol=1e-6 * scale, rtol=0, err_msg=str(path))
+
+
+def test_unknown_attention_and_negative_unroll_are_refused():
+    with pytest.raises(ValueError, match="attention='flash'.*allowed"):
+        ModelConfig(vocab_size=V, **SMALL_MODEL, attention="flash")
+    with pytest.raises(ValueError, match="scan_unroll=-1"):
+        ModelConfig(vocab_size=V, **SMALL_MODEL, scan_unroll=-1)
+
+
+def test_dot_product_attention_prefills_and_decodes_like_the_einsums():
+    """With a cache ([B, K, S, Dh]: transposed for the call) the prefill of left-padded
+    prompts and the next token's logits agree between attention implementations to f32
+    rounding of logits of size ~1 (1e-5)."""
+    tokens = jnp.asarray(np.random.default_rng(4).integers(1, V, (2, 6)), jnp.int32)
+    mask = jnp.asarray([[0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]], jnp.int32)
+    outs = []
+    for impl in ("xla", "dot_product"):
+        model = Transformer(
+            ModelConfig(vocab_size=V, **SMALL_MODEL, attention=impl), rngs=nnx.Rngs(0)
+        )
+        logits, cache = model(tokens, mask, cache=model.init_cache(2, 8))
+        pos = jnp.sum(mask, axis=1, keepdims=True)
+        step, _ = model(tokens[:, -1:], None, positions=pos, cache=cache)
+        outs.append((logits[:, -1], step[:, 0]))
+    for a, b in zip(*outs):
+        assert float(jnp.abs(a).max()) > 0.1
+        np.testing.assert_allclose(b, a, atol=1e-5, rtol=0)

@@ -9,7 +9,7 @@ import ml_collections
 import pytest
 
 from jaxrl_frontier.core.errors import ConfigError
-from jaxrl_frontier.run import presets
+from jaxrl_frontier.run import build, presets
 from jaxrl_frontier.run.config import base_config, entry_defaults, resolve, validate
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -79,6 +79,24 @@ def test_bad_choice_lists_allowed_values():
     c.optimizer.schedule = "exp"
     msg = _error(c)
     assert "'optimizer.schedule'" in msg and "'cosine'" in msg
+
+
+def test_attention_and_unroll_keys_are_checked():
+    c = _grpo()
+    c.model.attention = "flash"
+    msg = _error(c)
+    assert "'model.attention'" in msg and "'dot_product'" in msg and "'cudnn'" in msg
+    c = _grpo()
+    c.model.attention = "cudnn"  # cuDNN's kernel takes bf16 / fp16 only
+    assert "'model.attention' = 'cudnn'" in _error(c) and "model.dtype = 'float32'" in _error(c)
+    c.model.dtype = "bfloat16"
+    validate(c, num_devices=8)
+    c.model.scan_unroll = 0
+    built = build.model_config_from(c, build.build_tokenizer(c))
+    assert (built.attention, built.scan_unroll, built.dtype) == ("cudnn", 0, "bfloat16")
+    c = _grpo()
+    c.model.scan_unroll = -1
+    assert "'model.scan_unroll'" in _error(c)
 
 
 def test_batch_not_divisible_by_minibatches():
