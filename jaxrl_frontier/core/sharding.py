@@ -172,6 +172,51 @@ def is_process_local(mesh: Mesh) -> bool:
     return all(d.process_index == jax.process_index() for d in mesh.devices.flat)
 
 
+def process_stacked_mesh(local: Mesh, pool: Sequence) -> Mesh | None:
+    """A mesh ('process', data, fsdp, tensor) holding, for each process p, the mesh of
+    `local`'s shape over p's devices of `pool` in pool order (as `make_mesh` built this
+    process's `local` from its own devices); None where this process's block is not `local`
+    or the blocks do not cover `pool` (the rollout devices are not the pool's)."""
+    blocks = []
+    for p in range(jax.process_count()):
+        own = [d for d in pool if d.process_index == p]
+        if len(own) != local.devices.size:
+            return None
+        blocks.append(np.asarray(own, dtype=object).reshape(local.devices.shape))
+    stacked = np.stack(blocks)
+    if not (stacked[jax.process_index()] == local.devices).all():
+        return None
+    return Mesh(stacked, ("process", *local.axis_names))
+
+
+def gather_to_local_mesh(state: nnx.State, local: Mesh) -> nnx.State:
+    """`state` (on a mesh over every process's devices) -> the same values laid out on
+    `local`, this process's own devices, by their logical axes: a collective, so every
+    process calls it at the same point of the run.
+
+    On device: one jitted reshard onto the mesh that stacks every process's counterpart of
+    `local` on a 'process' axis (`process_stacked_mesh`), replicated over that axis (XLA's
+    all-gather), after which this process's shards are already the arrays of `local` and
+    are taken as they are. Where no such mesh covers the state's devices (rollouts on
+    devices of their own), the values go through the host (`process_allgather`)."""
+    local_shardings = state_shardings(state, local)
+    pool = jax.tree.leaves(state)[0].sharding.mesh.devices.flat
+    stacked = process_stacked_mesh(local, list(pool))
+    if stacked is None:
+        from jax.experimental import multihost_utils
+
+        host = multihost_utils.process_allgather(state, tiled=True)
+        return jax.device_put(host, local_shardings)
+    stacked_shardings = jax.tree.map(lambda s: NamedSharding(stacked, s.spec), local_shardings)
+    gathered = jax.jit(lambda x: x, out_shardings=stacked_shardings)(state)
+
+    def localize(x, sharding):
+        shards = [shard.data for shard in x.addressable_shards]
+        return jax.make_array_from_single_device_arrays(x.shape, sharding, shards)
+
+    return jax.tree.map(localize, gathered, local_shardings)
+
+
 def shard_batch(tree, mesh: Mesh):
     """Place host arrays (global batch, identical on every process) with their batch dim split.
 

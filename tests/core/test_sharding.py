@@ -212,3 +212,26 @@ def test_fsdp_gradient_keeps_no_full_weight_copy_per_device():
             assert shard.shape[0] == cfg.num_layers  # the layers axis itself is not split
     for a, b in zip(jax.tree.leaves(grads_1), jax.tree.leaves(grads_8)):  # same gradients
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-4, atol=1e-6)
+
+
+def test_gather_to_local_mesh_moves_the_values_on_device(checkpoint):
+    """Weights on an fsdp mesh -> a mesh of the same devices in another shape (here, one
+    process: every device is this process's), through the mesh stacked on a 'process' axis:
+    the same values, laid out by the target mesh's rules; a target whose devices the
+    stacking cannot place (another order) goes through the host and ends the same."""
+    state = nnx.state(hf.load(checkpoint, mesh=sharding.make_mesh((1, 8, 1))))
+    pool = list(jax.tree.leaves(state)[0].sharding.mesh.devices.flat)
+    targets = {
+        "stacked": sharding.make_mesh((2, 1, 4), pool),
+        "host": sharding.make_mesh((2, 1, 4), pool[::-1]),
+    }
+    assert sharding.process_stacked_mesh(targets["stacked"], pool).shape == dict(
+        process=1, data=2, fsdp=1, tensor=4
+    )
+    assert sharding.process_stacked_mesh(targets["host"], pool) is None
+    for mesh in targets.values():
+        moved = sharding.gather_to_local_mesh(state, mesh)
+        want = sharding.state_shardings(state, mesh)
+        for a, b, s in zip(jax.tree.leaves(state), jax.tree.leaves(moved), jax.tree.leaves(want)):
+            assert b.sharding == s
+            np.testing.assert_array_equal(np.asarray(b), np.asarray(a))

@@ -166,14 +166,13 @@ def reshard_to(mesh):
     """params -> the same params laid out on `mesh` by their logical axes (`jax.device_put`
     to the target shardings: one transfer per array, from the training to the rollout mesh).
     On several processes, to a mesh of this process's own devices (`is_process_local`: the
-    rollout mesh of asynchronous rollouts), every process gathers the whole params first:
-    an all-gather, so every process must call it at the same point of the run."""
+    rollout mesh of asynchronous rollouts), every process gathers the whole params on
+    device (`sharding.gather_to_local_mesh`): an all-gather, so every process must call it
+    at the same point of the run."""
 
     def reshard(params):
         if jax.process_count() > 1 and sharding.is_process_local(mesh):
-            from jax.experimental import multihost_utils
-
-            params = multihost_utils.process_allgather(params, tiled=True)  # host numpy
+            return sharding.gather_to_local_mesh(params, mesh)
         return jax.device_put(params, sharding.state_shardings(params, mesh))
 
     return reshard
