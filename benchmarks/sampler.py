@@ -20,7 +20,12 @@ ours over the faster thread count; both are in the JSON.
 Roofline: a decode step at `--roofline-batch` rows is timed as (T(Tn) - T(1)) / (Tn - 1)
 (a Tn-token rollout is the prefill plus Tn - 1 steps; a 1-token one is the prefill alone),
 against 2 x the parameters touched per token + attention over the cache, at the FLOP/s of
-an n x n matmul timed round-robin with it (the machine is shared).
+an n x n matmul timed round-robin with it (the machine is shared). Memory roofline: a decode
+step at `--memory-roofline-batch` rows over the config's whole completion length, timed the
+same way, against the bytes a step must read (`decode_step_bytes`: every weight but the
+embedding table once, in the compute dtype, and the keys and values the rows have filled,
+on average Tp + Tn / 2 slots) at the read bandwidth of a large array's sum timed
+round-robin with it.
 """
 
 from __future__ import annotations
@@ -46,6 +51,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-hf", action="store_true", help="skip transformers generate")
     p.add_argument("--roofline-batch", type=int, default=256, help="0: no roofline")
     p.add_argument("--roofline-new-tokens", type=int, default=32)
+    p.add_argument(
+        "--memory-roofline-batch",
+        type=int,
+        default=16,
+        help="rows of the memory roofline (0: none)",
+    )
     p.add_argument(
         "--peak-n", type=int, default=2048, help="matmul size of the peak (8192 on a GPU)"
     )
@@ -92,6 +103,71 @@ def decode_step_flops(cfg, batch: int, cache_len: float) -> float:
     )
     attn = 4 * cfg.num_layers * cfg.num_heads * cfg.resolved_head_dim * cache_len
     return batch * (2 * per_token + attn)
+
+
+def decode_step_bytes(cfg, batch: int, cache_len: float, cache_dtype: str | None) -> dict:
+    """Bytes one decode step must read: each weight once in the compute dtype (the embedding
+    table is a gather of B rows; an untied output layer is read whole) and the rows' filled
+    keys and values, `cache_len` slots per row and layer."""
+    import jax.numpy as jnp
+
+    weight_bytes = jnp.dtype(cfg.compute_dtype).itemsize
+    table = cfg.vocab_size * cfg.hidden_size
+    weights = (cfg.num_params() - table * (0 if cfg.tie_word_embeddings else 1)) * weight_bytes
+    kv_bytes = jnp.dtype(cache_dtype or cfg.compute_dtype).itemsize
+    per_slot = 2 * cfg.num_layers * cfg.num_kv_heads * cfg.resolved_head_dim * kv_bytes
+    cache = batch * cache_len * per_slot
+    return dict(weights=float(weights), cache=float(cache), total=float(weights + cache))
+
+
+def bandwidth_probe(mib: int = 512, calls: int = 3):
+    """A compiled sum over a `mib` MiB f32 array; probe() -> the best read bytes/s of `calls`
+    (a stand-in for the memory bandwidth a decode step's reads can reach)."""
+    import jax
+    import jax.numpy as jnp
+
+    x = jnp.ones((mib * 2**20 // 4,), jnp.float32)
+    total = jax.jit(jnp.sum).lower(x).compile()
+    total(x).block_until_ready()
+
+    def probe() -> float:
+        best = float("inf")
+        for _ in range(calls):
+            t0 = time.perf_counter()
+            total(x).block_until_ready()
+            best = min(best, time.perf_counter() - t0)
+        return x.nbytes / best
+
+    return probe
+
+
+def memory_roofline(model, config, rows: int, repeats: int) -> dict:
+    """One decode step at `rows` rows over the config's completion length against the bytes
+    it must read at the probed bandwidth (module doc)."""
+    new_tokens = config.rollout.max_new_tokens
+    tokens = prompts(model.cfg.vocab_size, rows, config.data.max_prompt_len)
+    probe = bandwidth_probe()
+    full, _ = rollout(model, config, tokens, new_tokens)
+    prefill, _ = rollout(model, config, tokens, 1)
+    t_full, t_prefill, bandwidths = map(
+        np.asarray, common.decode_step_rounds(full, prefill, repeats, each_round=probe)
+    )
+    cache_len = config.data.max_prompt_len + new_tokens / 2
+    bytes_ = decode_step_bytes(model.cfg, rows, cache_len, config.rollout.cache_dtype)
+    steps = (t_full - t_prefill) / (new_tokens - 1)
+    return dict(
+        batch=rows,
+        new_tokens=new_tokens,
+        step_s=float(np.median(steps)),
+        step_bytes=bytes_,
+        mean_filled_slots=cache_len,
+        bandwidth_gbs_per_round=(bandwidths / 1e9).tolist(),
+        roofline_step_s=float(bytes_["total"] / np.median(bandwidths)),
+        step_over_roofline=float(np.median(steps / (bytes_["total"] / bandwidths))),
+        step_over_roofline_best=float(steps.min() / (bytes_["total"] / bandwidths.max())),
+        step_method="(T(new_tokens) - T(1)) / (new_tokens - 1), per round",
+        bandwidth_method="sum of a 512 MiB f32 array, best of 3 calls, per round",
+    )
 
 
 def rollout(model, config, tokens, new_tokens: int):
@@ -212,6 +288,11 @@ def time_ours(request: dict) -> dict:
             request["peak_n"],
         )
         print(f"[ours] roofline: {json.dumps(result['roofline'])}", file=sys.stderr)
+    if request.get("memory_roofline_batch"):
+        result["memory_roofline"] = memory_roofline(
+            model, config, request["memory_roofline_batch"], request["repeats"]
+        )
+        print(f"[ours] memory roofline: {json.dumps(result['memory_roofline'])}", file=sys.stderr)
     return result
 
 
@@ -243,6 +324,7 @@ def bench_sampler(args) -> dict:
             repeats=args.repeats,
             roofline_batch=args.roofline_batch,
             roofline_new_tokens=args.roofline_new_tokens,
+            memory_roofline_batch=args.memory_roofline_batch,
             peak_n=args.peak_n,
         )
         result["ours"] = ours = peers.run_child("benchmarks.sampler", request)

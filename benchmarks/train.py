@@ -5,6 +5,8 @@ the compiled update's arguments, temporaries and peak (`compiled.memory_analysis
 
     python benchmarks/bench.py train
     python benchmarks/bench.py train --models 25m --variants rl_plain,rl_fused --repeats 3
+    python benchmarks/bench.py train --models tiny --batches tiny=16 --seq 48 \
+        --variants rl_fused,rl_fused+unroll,rl_fused+dpa,rl_plain+unroll
     python benchmarks/bench.py memory
 
 `bench_mfu(args)` and `bench_memory(args)` are registered in benchmarks/bench.py as `train`
@@ -21,17 +23,28 @@ step seconds / matmul peak, where the peak is the best of a 2048^2 f32 and bf16 
 measured in the same run (same threads, same neighbours on a shared machine), timed
 round-robin with the steps; `mfu` is the median over rounds, `mfu_best` the best step over
 the best peak. Compile time is reported apart.
+
+A variant is a loss (`rl_plain`: full logits; `rl_fused`: the chunked output layer +
+log-softmax; `sft_fused`; `rl_fused_remat`) with model options after `+`
+(`VARIANT_OPTIONS`): `+unroll` runs the layers unrolled (`model.scan_unroll = 0`), `+dpa`
+through `jax.nn.dot_product_attention` (`model.attention`), `+cudnn` its cuDNN kernel (GPU,
+bf16); e.g. `rl_fused+unroll+dpa`. `tiny` is benchmarks/configs/random_qwen2.py's tiny model
+(tied here), at the GRPO benchmark's update shape with `--batches tiny=16 --seq 48`.
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -39,6 +52,14 @@ from benchmarks import common
 
 # Llama-shaped (no qkv bias), GQA, tied embeddings.
 TRAIN_MODELS = {
+    "tiny": dict(  # random_qwen2:tiny's shape: 3.0M in the blocks + 0.1M tied embedding
+        vocab_size=512,
+        hidden_size=256,
+        intermediate_size=768,
+        num_layers=4,
+        num_heads=8,
+        num_kv_heads=2,
+    ),
     "25m": dict(  # 23.6M in the blocks + 4.2M tied embedding = 27.8M
         vocab_size=8192,
         hidden_size=512,
@@ -57,15 +78,39 @@ TRAIN_MODELS = {
     ),
     "0.5b": common.QWEN2_5_0_5B,  # without qkv bias: for a GPU
 }
-DEFAULT_BATCH = {"25m": 4, "100m": 2, "0.5b": 16}
+DEFAULT_BATCH = {"tiny": 16, "25m": 4, "100m": 2, "0.5b": 16}
 VARIANTS = ("rl_plain", "rl_fused", "sft_fused", "rl_fused_remat")
+# a variant's "+name" suffixes -> ModelConfig options (the config keys model.scan_unroll and
+# model.attention)
+VARIANT_OPTIONS = {
+    "unroll": dict(scan_unroll=0),
+    "dpa": dict(attention="dot_product"),
+    "cudnn": dict(attention="cudnn"),
+}
+
+
+def split_variant(variant: str) -> tuple[str, dict]:
+    """'rl_fused+unroll+dpa' -> ('rl_fused', the ModelConfig options of its suffixes)."""
+    loss, *names = variant.split("+")
+    unknown = [n for n in names if n not in VARIANT_OPTIONS] + [loss] * (loss not in VARIANTS)
+    if unknown:
+        raise ValueError(
+            f"variant {variant!r}: unknown {unknown}; losses {VARIANTS}, options "
+            f"{tuple(VARIANT_OPTIONS)} after '+'"
+        )
+    options = {}
+    for name in names:
+        options.update(VARIANT_OPTIONS[name])
+    return loss, options
+
+
 FLOPS_FORMULA = "6 * (N_nonembed + V*D) * B*T + 12 * L * T^2 * D * B"
 
 
 median_time, matmul_peak = common.median_time, common.matmul_peak
 
 
-def model_config(name: str, dtype: str = "float32", remat: bool | str = False):
+def model_config(name: str, dtype: str = "float32", remat: bool | str = False, **options):
     from jaxrl_frontier.models.layers import ModelConfig
 
     return ModelConfig(
@@ -75,6 +120,7 @@ def model_config(name: str, dtype: str = "float32", remat: bool | str = False):
         family="llama",
         max_position_embeddings=4096,
         remat=remat,
+        **options,
     )
 
 
@@ -175,15 +221,16 @@ def prepare_train_step(name: str, variant: str, batch: int, seq: int, dtype: str
     from jaxrl_frontier.run import config as config_lib
 
     mesh = sharding.make_mesh((1, 1, 1), jax.devices()[:1])
-    cfg = model_config(name, dtype, remat=variant.endswith("remat"))
+    loss, options = split_variant(variant)
+    cfg = model_config(name, dtype, remat=loss.endswith("remat"), **options)
     model = build_model(cfg, mesh)
     graphdef, params = nnx.split(model)
     tx = build_optimizer(config_lib.base_config().optimizer, 1000)
     state = make_state(params, tx, mesh)
     data = rl_batch(cfg.vocab_size, batch, seq, prompt_len=seq // 4)
-    if variant.startswith("sft"):
+    if loss.startswith("sft"):
         data = {k: data[k] for k in ("tokens", "attention_mask", "loss_mask")}
-    update = _update_fn(variant, graphdef, tx, state, mesh, list(data))
+    update = _update_fn(loss, graphdef, tx, state, mesh, list(data))
     data = sharding.shard_batch(data, mesh)
 
     t0 = time.perf_counter()
@@ -211,7 +258,59 @@ def prepare_train_step(name: str, variant: str, batch: int, seq: int, dtype: str
         info["error"] = str(e).splitlines()[0][:300]  # out of device memory: time the others
         return None, info, cfg
     info["first_run_s"] = time.perf_counter() - t0
+    step.hlo_text = compiled.as_text()  # for `profile_update`
     return step, info, cfg
+
+
+# An op's kind, by its HLO name and the JAX op it came from (`op_name` metadata): the
+# matmuls (XLA:CPU's dots and YNNPACK fusions; a GPU's GEMM kernels), then data movement,
+# then the rest, split by phase (forward, backward, the optimizer after the gradient).
+MATMUL_OP = re.compile(r"^(dot|ynn_fusion|.*(gemm|xmma|cutlass|cublas|matmul))", re.I)
+MOVE_OP = re.compile(
+    r"^(copy|transpose|slice|dynamic-slice|dynamic-update-slice|wrapped_broadcast|"
+    r"bitcast_dynamic-update-slice|dynamic-slice_bitcast|wrapped_copy)"
+)
+
+
+def op_category(name: str, op_names: dict[str, str]) -> str:
+    """'matmul', 'data movement', or 'forward' / 'backward' / 'optimizer' elementwise and
+    reductions, for an op event's name (`op_names`: HLO instruction -> its JAX op_name)."""
+    if MATMUL_OP.match(name):
+        return "matmul"
+    if MOVE_OP.match(name):
+        return "data movement"
+    jax_op = op_names.get(name, "")
+    if "transpose(jvp(" in jax_op:
+        return "backward elementwise"
+    if "jvp(" in jax_op:
+        return "forward elementwise"
+    return "optimizer and loss elementwise"
+
+
+def profile_update(step, flops: float, calls: int = 3) -> dict:
+    """Where an update's time goes: `calls` traced steps, each op event summed by
+    `op_category`, in ms per step and as a share of the busy time; the matmuls' own
+    GFLOP/s (the model FLOPs over their time) says how close they run to the peak."""
+    import jax
+
+    from benchmarks import decode_profile
+
+    op_names = dict(re.findall(r'%([\w.-]+) = .*?op_name="([^"]+)"', step.hlo_text))
+    with tempfile.TemporaryDirectory() as log_dir:
+        with jax.profiler.trace(log_dir, create_perfetto_trace=True):
+            for _ in range(calls):
+                step()
+        events = decode_profile.op_events(decode_profile.load_trace(Path(log_dir)))
+    ms = collections.defaultdict(float)
+    for _, name, us in events:
+        ms[op_category(name, op_names)] += us / 1e3 / calls
+    busy = sum(ms.values())
+    return dict(
+        busy_ms_per_step=busy,
+        ms_per_step=dict(sorted(ms.items(), key=lambda kv: -kv[1])),
+        share={k: v / busy for k, v in ms.items()},
+        matmul_gflops=flops / (ms["matmul"] / 1e3) / 1e9 if ms["matmul"] else None,
+    )
 
 
 def add_mfu_arguments(p: argparse.ArgumentParser) -> None:
@@ -226,6 +325,9 @@ def add_mfu_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeats", type=int, default=3, help="round-robin rounds")
     p.add_argument("--dtype", default="float32", help="compute dtype (params stay f32)")
     p.add_argument("--matmul-n", type=int, default=2048)
+    p.add_argument(
+        "--profile", action="store_true", help="trace each variant: its time by kind of op"
+    )
     p.add_argument(
         "--memory-batch",
         type=int,
@@ -296,6 +398,11 @@ def bench_mfu(args) -> dict:
                     flops["kaplan_gflops"] / t / p["peak_gflops"] for t, p in zip(ts, peaks)
                 ),
             )
+            if args.profile:
+                row["profile"] = profile_update(steps[variant], flops["gflops"] * 1e9)
+                row["profile"]["matmul_over_peak"] = (row["profile"]["matmul_gflops"] or 0) / entry[
+                    "peak_gflops"
+                ]
             entry["variants"][variant] = row
             print(f"[{name} {variant}] {json.dumps(row)}", file=sys.stderr)
         base = entry["variants"].get("rl_plain")
