@@ -32,13 +32,15 @@ fi
 
 if [ -n "${SMOKE:-}" ]; then  # CPU sizes: checks the script, not the machine
   SAMPLER="--config=benchmarks/configs/random_qwen2.py:tiny --config.rollout.max_new_tokens=16 --batches 16 --repeats 2 --roofline-batch 32 --roofline-new-tokens 8"
-  TRAIN="--models 25m --batches 25m=2 --seq 128 --variants rl_fused --repeats 2 --memory-batch 0"
+  TRAIN="--models 25m --batches 25m=2 --seq 128 --variants rl_fused,rl_fused+dpa --repeats 2 --memory-batch 0 --profile"
   PROFILE="--config=benchmarks/configs/random_qwen2.py:tiny --batches 16 --new-tokens 8 --repeats 2"
   LIMIT=600
 else
   SAMPLER="--config=benchmarks/configs/random_qwen2.py:0.5b --batches 16,64,256 --repeats 3 --roofline-batch 256 --roofline-new-tokens 32 --peak-n 8192"
   # batch 8: at 16 x 1024 tokens the plain variant's f32 [B, T, V] logits need 66 GiB of temps
-  TRAIN="--models 0.5b --batches 0.5b=8 --seq 1024 --dtype bfloat16 --variants rl_fused,rl_plain --repeats 3 --matmul-n 8192 --memory-batch 0"
+  # the update with each attention implementation (einsums, jax.nn.dot_product_attention,
+  # cuDNN's fused kernel) and unrolled layers, each profiled by kind of op
+  TRAIN="--models 0.5b --batches 0.5b=8 --seq 1024 --dtype bfloat16 --variants rl_fused,rl_plain,rl_fused+dpa,rl_fused+cudnn,rl_fused+unroll --repeats 3 --matmul-n 8192 --memory-batch 0 --profile"
   PROFILE="--config=benchmarks/configs/random_qwen2.py:0.5b --batches 256 --new-tokens 32 --repeats 3"
   LIMIT=0
 fi
@@ -73,7 +75,7 @@ step sampler 300 "$PY" -m benchmarks.bench sampler $SAMPLER --out "$OUT/sampler_
 step profile 150 "$PY" -m benchmarks.bench profile $PROFILE --trace-dir /tmp/jaxrl_trace \
   --out "$OUT/profile_0.5b_gpu.json"
 # Train-step MFU against an 8192^2 matmul peak timed in the same run.
-step train 160 "$PY" -m benchmarks.bench train $TRAIN --out "$OUT/train_0.5b_gpu.json"
+step train 300 "$PY" -m benchmarks.bench train $TRAIN --out "$OUT/train_0.5b_gpu.json"
 # One full GRPO step of ours on the tiny model (TRL is not in the GPU image).
 step rl 90 "$PY" -m benchmarks.bench rl --no-trl --steps 5 --out "$OUT/rl_tiny_gpu.json"
 # Correctness on the GPU: the model against transformers and the sampler's tests, in f32 at

@@ -234,8 +234,12 @@ def prepare_train_step(name: str, variant: str, batch: int, seq: int, dtype: str
     data = sharding.shard_batch(data, mesh)
 
     t0 = time.perf_counter()
-    compiled = update.lower(state, data).compile()
     info = dict(variant=variant, batch=batch, seq=seq, dtype=dtype)
+    try:
+        compiled = update.lower(state, data).compile()
+    except Exception as e:  # e.g. cuDNN attention on a GPU or shape it does not take
+        info["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
+        return None, info, cfg
     info["compile_s"] = time.perf_counter() - t0
     mem = compiled.memory_analysis()
     if mem is not None:
