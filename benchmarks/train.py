@@ -343,12 +343,16 @@ def add_mfu_arguments(p: argparse.ArgumentParser) -> None:
 def bench_mfu(args) -> dict:
     """Train-step MFU (forward + backward + AdamW) vs a matmul peak measured in the same run.
 
-    On a shared machine the neighbours' load drifts by 2x within minutes, so the variants of
-    a model and the matmul peak are timed round-robin: each round times the peak, then one
+    It starts only on a quiet machine (`peers.wait_for_quiet`; the busy share and load
+    averages before and after are in `quiet`). The neighbours' load can still drift, so the
+    variants of a model and the matmul peak are timed round-robin: each round times the peak, then one
     step of every variant; MFU of a round = step FLOPs / step seconds / that round's peak,
     and the reported figures are medians over rounds.
     """
 
+    from benchmarks import peers
+
+    busy_before, load_before = peers.wait_for_quiet(), os.getloadavg()  # refuses under load
     batches = dict(DEFAULT_BATCH)
     for item in filter(None, args.batches.split(",")):
         k, v = item.split("=")
@@ -423,6 +427,12 @@ def bench_mfu(args) -> dict:
                 _, info, _ = prepare_train_step(name, variant, mb, args.seq, args.dtype, run=False)
                 entry["compiled_temp_mib_at_batch"][variant] = info.get("temp_mib")
         result["models"][name] = entry
+    result["quiet"] = dict(
+        busy_share_before=busy_before,
+        busy_share_after=peers.busy_share(),
+        load_average_before=list(load_before),
+        load_average_after=list(os.getloadavg()),
+    )
     return result
 
 
