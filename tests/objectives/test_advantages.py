@@ -80,7 +80,7 @@ def ref_gdpo(R_pgk, w):
     return out
 
 
-def ref_gd2po(R_pgk, w, mode="hard", tau=0.2, off=()):
+def ref_gd2po(R_pgk, w, mode="hard", tau=0.2, off=(), lengths=None):
     A = ref_components(R_pgk) * np.asarray(w)
     Pn, Gn, K = A.shape
     keep = np.ones((Pn, Gn))
@@ -94,8 +94,10 @@ def ref_gd2po(R_pgk, w, mode="hard", tau=0.2, off=()):
             keep[g, i] = 0.0 if conflict and "conflict_mask" not in off else 1.0
     rho = 1.0 if "query_reweight" in off else keep.mean(1, keepdims=True)
     x = A.sum(-1) * rho * keep
-    kept = x[keep > 0]
-    out = np.where(keep > 0, (x - kept.mean()) / (np_std(kept) + 1e-4), 0.0)
+    n = keep * (1.0 if lengths is None else np.asarray(lengths, np.float64))  # tokens per row
+    mean = (n * x).sum() / n.sum()
+    std = math.sqrt((n * (x - mean) ** 2).sum() / (n.sum() - 1))
+    out = np.where(keep > 0, (x - mean) / (std + 1e-4), 0.0)
     const = np.all(R_pgk == R_pgk[:, :1], axis=(1, 2))
     out[const] = 0.0
     return out
@@ -398,3 +400,31 @@ def test_opd_hybrid_and_progress():
     p = np.asarray(prog)
     np.testing.assert_allclose(scores[0], [p[0, 1] + p[0, 2], p[0, 3] + p[0, 4]], rtol=1e-6)
     np.testing.assert_allclose(scores[3], [0.0, p[3, 1:].sum()], rtol=1e-6, atol=1e-7)
+
+
+def test_gd2po_whitens_over_kept_tokens_when_given_lengths():
+    """With completion lengths the whitening weighs each kept row by its tokens (mean and
+    unbiased variance over tokens), as the numpy reference does; the weighting moves the
+    advantages by more than the tolerance."""
+    lengths = np.array([[3, 5, 2, 7], [4, 4, 4, 4], [1, 9, 2, 6]], np.float32)
+    A = np.asarray(ADVANTAGES.get("gd2po")(MULTI, lengths=jnp.asarray(lengths)))
+    want = ref_gd2po(MULTI, (1.0, 1.0), lengths=lengths)
+    np.testing.assert_allclose(A, want, rtol=1e-4, atol=1e-5)
+    assert np.abs(want - ref_gd2po(MULTI, (1.0, 1.0))).max() > 1e-2
+
+
+def test_groups_of_two_are_allowed():
+    """G = 2 is the smallest group a baseline needs: rewards (0, 1) centre to -/+0.5, whose
+    unbiased std is sqrt(0.5), so GRPO gives -/+ sqrt(0.5) (eps 1e-6 aside)."""
+    A = np.asarray(ADVANTAGES.get("grpo")(np.array([[0.0, 1.0]], np.float32)))
+    np.testing.assert_allclose(A, [[-math.sqrt(0.5), math.sqrt(0.5)]], rtol=1e-5)
+    with pytest.raises(ValueError, match="G >= 2"):
+        ADVANTAGES.get("grpo")(np.array([[1.0]], np.float32))
+
+
+def test_sequence_advantages_reach_only_the_completion_tokens():
+    """[P, G] -> [B, T]: each row's advantage on its mask's tokens, exactly 0 elsewhere."""
+    adv = jnp.asarray([[0.5, -2.0]])
+    mask = jnp.asarray([[0, 1, 1, 0], [1, 1, 0, 0]], jnp.float32)
+    out = np.asarray(sequence_to_tokens(adv, mask))
+    np.testing.assert_array_equal(out, [[0.0, 0.5, 0.5, 0.0], [-2.0, -2.0, 0.0, 0.0]])
