@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from jaxrl_frontier.objectives import AGGREGATIONS, WEIGHTS, TokenStats, objective_loss
-from jaxrl_frontier.objectives.weights import required_stats
+from jaxrl_frontier.objectives.weights import masked_quantile, required_stats
 
 B, T = 4, 7
 # prompt in columns 0-1 (left-padded), completions of lengths 5, 4, 2, 5.
@@ -370,3 +370,67 @@ def test_required_stats_are_declared():
     assert required_stats("iw_opd") == ("teacher_logp",)
     assert required_stats("sc_grpo") == ("sc_logp",)
     assert required_stats("ppo_clip") == ()
+
+
+# ----------------------------------------------------------------------------- mutants
+# Each test below fails on a mutant of weights.py that the tests above let live
+# (scripts/mutants.py): they pin pieces that the entries' defaults hide.
+
+
+@pytest.mark.parametrize("q", [0.0, 0.3, 0.5, 0.9, 1.0])
+def test_masked_quantile_is_numpys_linear_quantile_of_the_valid_tokens(q):
+    """CPPO's delta_b estimator: at its defaults the clip to [0.02, 0.04] can hide it."""
+    x = np.random.default_rng(5).normal(size=(B, T)).astype(np.float32)
+    got = float(masked_quantile(jnp.asarray(x), jnp.asarray(MASK), q))
+    np.testing.assert_allclose(got, np.quantile(x[MASK > 0], q), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("coef", [0.5, 2.0])
+def test_sc_grpo_relative_moves_credit_within_each_row(coef):
+    """relative=True: k_t = clip(KL_t, 0, max_kl), w_t = max(0, 1 + coef (k_t / mean_row k
+    - 1)) (1 on a row whose mean k is ~0): each row's mean weight stays 1 for coef <= 1."""
+    stats, adv = make_stats(3)
+    s = np_fields(stats)
+    w = np.asarray(WEIGHTS.get("sc_grpo")(stats, adv, coef=coef, relative=True)) * MASK
+    want = np.zeros((B, T))
+    for b in range(B):
+        valid = [t for t in range(T) if MASK[b, t] > 0]
+        u = [min(max(s["sc_logp"][b, t] - s["old_logp"][b, t], -20), 20) for t in valid]
+        k = [min(max(math.exp(x) - 1 - x, 0.0), 10.0) for x in u]
+        mean = sum(k) / len(k)
+        for t, k_t in zip(valid, k):
+            want[b, t] = max(0.0, 1 + coef * (k_t / mean - 1)) if mean > 1e-6 else 1.0
+    np.testing.assert_allclose(w, want, rtol=1e-5, atol=1e-6)
+    if coef <= 1:
+        np.testing.assert_allclose(w.sum(1) / MASK.sum(1), 1.0, rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", sorted({n for n, _ in CASES}))
+def test_extreme_values_under_the_mask_leave_every_weight_finite(name):
+    """Positions off the completion mask may hold anything (padding's log-probs): a weight
+    must not read them, so a log-ratio of +/-1e4 there changes no valid token's weight and
+    leaves every weight finite (exp(1e4) would be inf)."""
+    stats, adv = make_stats(1)
+    wild = np.where(MASK > 0, 0.0, 1e4).astype(np.float32)
+    moved = stats.replace(logp=stats.logp + wild, old_logp=stats.old_logp - wild)
+    w0 = np.asarray(WEIGHTS.get(name)(stats, adv))
+    w1 = np.asarray(WEIGHTS.get(name)(moved, adv))
+    assert np.all(np.isfinite(w1))
+    np.testing.assert_allclose(w1 * MASK, w0 * MASK, rtol=1e-6, atol=1e-7)
+
+
+def test_cppo_position_weights_decide_tokens_against_numpy():
+    """CPPO with a strong position decay (w_min = 0.5) and no batch budget, so that which
+    tokens stay is decided by Z_t = w_t D_t against the prefix budget: 20 draws against the
+    numpy loop, on which the exact w_t = 1 - (1 - w_min) (t - 1) / (T - 1) matters."""
+    kw = dict(delta=0.4, w_min=0.5, delta_b_q=0.9, delta_b_min=0.0, delta_b_max=0.0)
+    mattered = 0
+    for seed in range(20):
+        stats, adv = make_stats(seed, spread=0.3)
+        s, A = np_fields(stats), np.asarray(adv, np.float64)
+        want = ref_weight("cppo", s, A, **kw)
+        w = np.asarray(WEIGHTS.get("cppo")(stats, adv, **kw)) * MASK
+        np.testing.assert_allclose(w, want, rtol=1e-5, atol=1e-6, err_msg=f"seed {seed}")
+        flat = ref_weight("cppo", s, A, off={"position_weight"}, **kw)
+        mattered += int(np.abs(flat - want).max() > 1e-3)
+    assert mattered >= 10  # 13 of these 20 draws
