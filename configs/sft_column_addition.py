@@ -7,8 +7,8 @@ The demo's 2-layer d=128 char model and optimiser (configs/sft_arith.py) on
 data/tasks/column_addition.py: "123+459=" -> "3+9+0=12,2+5+1=08,1+4+0=05,0582". Like sft_arith
 it stops at the first eval with greedy pass@1 >= 30%, a start with room to improve for
 the distillation that follows (configs/opd_column_addition.py). Measured on a 2-core AMD
-EPYC CPU: greedy pass@1 on 128 held-out prompts goes 21.9% -> 45.3% between the evals at
-steps 260 and 280, where it stops (about 5 min wall).
+EPYC CPU (the student behind docs/results.md's claims (b) and (c)): greedy pass@1 on 128
+held-out prompts reaches 44.5% at step 240, where it stops (about 1.6 min wall).
 """
 
 from jaxrl_frontier.run import presets
