@@ -200,8 +200,10 @@ def gather_to_local_mesh(state: nnx.State, local: Mesh) -> nnx.State:
     are taken as they are. Where no such mesh covers the state's devices (rollouts on
     devices of their own), the values go through the host (`process_allgather`)."""
     local_shardings = state_shardings(state, local)
-    pool = jax.tree.leaves(state)[0].sharding.mesh.devices.flat
-    stacked = process_stacked_mesh(local, list(pool))
+    source_mesh = getattr(jax.tree.leaves(state)[0].sharding, "mesh", None)
+    stacked = (
+        None if source_mesh is None else process_stacked_mesh(local, list(source_mesh.devices.flat))
+    )
     if stacked is None:
         from jax.experimental import multihost_utils
 
