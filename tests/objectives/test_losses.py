@@ -103,6 +103,19 @@ def test_kl_in_reward_penalty():
     np.testing.assert_allclose(pen, [[0.0, -0.1 * math.log(2), -0.1 * math.log(0.5)]], rtol=1e-5)
 
 
+def test_kl_in_reward_keeps_the_kl_out_of_the_loss():
+    """With kl_in_reward the KL to the reference is paid once, through the rewards: the loss
+    then has no KL term (the same loss as kl_coef = 0), while the KL is still reported."""
+    logits, _, tokens = data(7)
+    stats = stats_for(logits, tokens)
+    base = {"weight": "ppo_clip", "aggregation": "token_mean"}
+    in_reward, _ = objective_loss(stats, ADV, {**base, "kl_coef": 0.1, "kl_in_reward": True})
+    no_kl, _ = objective_loss(stats, ADV, {**base, "kl_coef": 0.0})
+    in_loss, metrics = objective_loss(stats, ADV, {**base, "kl_coef": 0.1})
+    np.testing.assert_allclose(in_reward, no_kl, rtol=1e-6)
+    assert abs(float(in_loss) - float(no_kl)) > 1e-4 and float(metrics["kl_ref"]) > 0
+
+
 # ----------------------------------------------------------------------------- distillation
 
 
