@@ -189,6 +189,13 @@ def process_stacked_mesh(local: Mesh, pool: Sequence) -> Mesh | None:
     return Mesh(stacked, ("process", *local.axis_names))
 
 
+def _identity(x):
+    """A reshard is a jitted identity with new output shardings. One function object, so
+    jit's trace and compile caches hit on every later step (a lambda per call would compile
+    the reshard again each time)."""
+    return x
+
+
 def gather_to_local_mesh(state: nnx.State, local: Mesh) -> nnx.State:
     """`state` (on a mesh over every process's devices) -> the same values laid out on
     `local`, this process's own devices, by their logical axes: a collective, so every
@@ -210,7 +217,7 @@ def gather_to_local_mesh(state: nnx.State, local: Mesh) -> nnx.State:
         host = multihost_utils.process_allgather(state, tiled=True)
         return jax.device_put(host, local_shardings)
     stacked_shardings = jax.tree.map(lambda s: NamedSharding(stacked, s.spec), local_shardings)
-    gathered = jax.jit(lambda x: x, out_shardings=stacked_shardings)(state)
+    gathered = jax.jit(_identity, out_shardings=stacked_shardings)(state)
 
     def localize(x, sharding):
         shards = [shard.data for shard in x.addressable_shards]

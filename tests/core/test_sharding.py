@@ -214,7 +214,7 @@ def test_fsdp_gradient_keeps_no_full_weight_copy_per_device():
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-4, atol=1e-6)
 
 
-def test_gather_to_local_mesh_moves_the_values_on_device(checkpoint):
+def test_gather_to_local_mesh_moves_the_values_on_device(checkpoint, count_compiles):
     """Weights on an fsdp mesh -> a mesh of the same devices in another shape (here, one
     process: every device is this process's), through the mesh stacked on a 'process' axis:
     the same values, laid out by the target mesh's rules; a target whose devices the
@@ -235,3 +235,6 @@ def test_gather_to_local_mesh_moves_the_values_on_device(checkpoint):
         for a, b, s in zip(jax.tree.leaves(state), jax.tree.leaves(moved), jax.tree.leaves(want)):
             assert b.sharding == s
             np.testing.assert_array_equal(np.asarray(b), np.asarray(a))
+    with count_compiles() as seen:  # the next step's gather: compiled once, reused
+        sharding.gather_to_local_mesh(state, targets["stacked"])
+    assert seen == []
