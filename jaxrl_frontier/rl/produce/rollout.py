@@ -114,33 +114,17 @@ class RolloutProducer:
         )
 
     def produce(
-        self,
-        examples: Sequence[Example],
-        weights: dict[str, Any],
-        key,
-        *,
-        version: int = 0,
-        source=None,
-        sampling: dict[str, float] | None = None,
+        self, examples: Sequence[Example], weights: dict[str, Any], key, **options
     ) -> tuple[Experience, dict[str, Any]]:
-        """One rollout batch: (Experience, info). weights: role -> params ('policy' samples).
+        """One rollout batch: (Experience, info) = `finish(draw(...))`; weights: role ->
+        params ('policy' samples); options: `draw`'s (version, source, sampling).
 
-        source: the `PromptSource` the examples came from (or None). Its `select` chooses the
-        groups (dynamic sampling draws more of its prompts through `next_batch()`), its
-        `metrics()` are logged, and its `use_teacher` is handed the producer's
-        `teacher_answers` when the run has a teacher (ZPPO).
-        sampling: {field: value} replacing fields of the producer's `SamplingParams` for
-        this batch (a scheduled `rollout.temperature`); the sampler traces them (`Knobs`),
-        so a new value compiles nothing.
         info: device scalars `metrics` (global; with the source's, editors' and shapers'
         host metrics), `n_failed` (global), `rollout_seconds` (sampling, editing, scoring),
         `policy_version`, and this process's `results` (one `PromptResult` per prompt, for
         `PromptSource.observe`) and `texts` (the decoded completions of its rows).
         """
-        return self.finish(
-            self.draw(examples, weights, key, version=version, source=source, sampling=sampling),
-            weights,
-        )
+        return self.finish(self.draw(examples, weights, key, **options), weights)
 
     def draw(
         self,
@@ -153,7 +137,15 @@ class RolloutProducer:
         sampling: dict[str, float] | None = None,
     ) -> Drawn:
         """Sample, decode, edit and score this process's prompts (and those the source's
-        `select` draws more of): the first half of `produce`, with its arguments."""
+        `select` draws more of): the first half of `produce`.
+
+        source: the `PromptSource` the examples came from (or None). Its `select` chooses the
+        groups (dynamic sampling draws more of its prompts through `next_batch()`), its
+        `metrics()` are logged, and its `use_teacher` is handed the producer's
+        `teacher_answers` when the run has a teacher (ZPPO).
+        sampling: {field: value} replacing fields of the producer's `SamplingParams` for
+        this batch (a scheduled `rollout.temperature`); the sampler traces them (`Knobs`),
+        so a new value compiles nothing."""
         params = dataclasses.replace(self.sampling, **(sampling or {}))
         if self.teacher_answers is not None and source is not None:
             source.use_teacher(self.teacher_answers)
