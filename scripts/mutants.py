@@ -106,10 +106,11 @@ def mutate(source: str, kind: str, index: int) -> str:
         node.ops = [COMPARE[type(node.ops[0])]()]
     elif kind == "bool":
         node.op = BOOL[type(node.op)]()
-    elif kind == "unary":  # -x -> x, not x -> x: the operand in its place
-        node.op = ast.UAdd() if isinstance(node.op, ast.USub) else ast.Not()
-        if isinstance(node.op, ast.Not):
-            node.operand = ast.UnaryOp(op=ast.Not(), operand=node.operand)  # not not x
+    elif kind == "unary":  # -x -> +x; not x -> not not x (x's truth)
+        if isinstance(node.op, ast.USub):
+            node.op = ast.UAdd()
+        else:
+            node.operand = ast.UnaryOp(op=ast.Not(), operand=node.operand)
     elif kind == "constant":
         v = node.value
         node.value = (not v) if isinstance(v, bool) else v + 1
