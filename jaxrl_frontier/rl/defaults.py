@@ -73,6 +73,11 @@ def rollout_section() -> ml_collections.ConfigDict:
     # rows at a time and a row that stops hands its slot to the next pending row at once;
     # 0: off (every row of the batch decodes together until the longest ends)
     s.continuous_slots = 0
+    # partial rollouts (sampling/partial.py; with continuous_slots > 0): while a step's batch
+    # decodes, the next batch's rows start in the idle slots, each up to this many tokens,
+    # and continue in the next step with the newer weights; each token keeps the version
+    # and behaviour log-prob it was sampled with; 0: off
+    s.partial_budget = 0
     # speculative rollouts (sampling/speculative.py, one device): the policy's first `draft`
     # layers propose k tokens a round, the policy verifies them in one forward and rejection
     # sampling keeps its distribution exactly; draft None: off (the plain sampler)
@@ -162,6 +167,7 @@ RANGES: dict[str, tuple] = {
     "rollout.dropout_rate": (0, 1, True, False),
     "rollout.decode_phases": (1, None, True, None),
     "rollout.continuous_slots": (0, None, True, None),
+    "rollout.partial_budget": (0, None, True, None),
     "rollout.speculative.k": (0, None, False, None),
     "rollout.sc_vocab_chunk": (0, None, False, None),
     "optimizer.lr": (0, None, False, None),

@@ -15,9 +15,11 @@ g*G .. g*G+G-1 are the G completions of prompt g, and a group never spans proces
     rewards         f32   [B, K]   reward vectors (the task's `reward_names` order)
     prompt_index    int32 [B]      dataset index of each row's prompt
     group_id        int32 [B]      global group (prompt) number within the batch
-    policy_version  int32 [B]      version of the weights that sampled the row
+    policy_version  int32 [B]      version of the weights that sampled the row (its first token)
     turn_index      int32 [B, T]   0 for single-turn rollouts; the turn of each token
     dropout_keys    uint32 [B, 2]  Dropout-GRPO row keys (the update rebuilds their masks), or None
+    token_version   int32 [B, T]   partial rollouts: the version that sampled each token (-1 off
+                                   the completion), or None (every token: policy_version)
     extras          {name: [B, T]} arrays filled by registered log-prob passes (e.g. sc_logp)
 
 The host-side results travel beside it, in the producer's `info`: `info["results"]`, one
@@ -68,7 +70,8 @@ class RolloutRows:
     completion_tokens int32 [B_l, Tn], completion_mask int32 [B_l, Tn] (1 up to and with the
     stop token), policy_mask int32 [B_l, Tn] (1 on tokens the policy sampled: an editor that
     inserts tokens sets 0 there, so they get no gradient), policy_logp f32 [B_l, Tn],
-    texts: the decoded completions (an editor that changes tokens re-decodes them).
+    texts: the decoded completions (an editor that changes tokens re-decodes them),
+    token_version int32 [B_l, Tn] or None: partial rollouts' per-token policy versions.
     """
 
     examples: tuple[Example, ...]
@@ -77,6 +80,7 @@ class RolloutRows:
     policy_mask: np.ndarray
     policy_logp: np.ndarray
     texts: tuple[str, ...]
+    token_version: np.ndarray | None = None
 
     @property
     def group_size(self) -> int:
@@ -96,6 +100,7 @@ class RolloutRows:
             policy_mask=self.policy_mask[rows],
             policy_logp=self.policy_logp[rows],
             texts=tuple(self.texts[r] for r in rows),
+            token_version=None if self.token_version is None else self.token_version[rows],
         )
 
 
@@ -143,6 +148,9 @@ class ScoredRows:
             policy_mask=np.concatenate([x.policy_mask for x in r]),
             policy_logp=np.concatenate([x.policy_logp for x in r]),
             texts=sum((x.texts for x in r), ()),
+            token_version=None
+            if any(x.token_version is None for x in r)
+            else np.concatenate([x.token_version for x in r]),
         )
         keys = None if parts[0].dropout_keys is None else cat(lambda p: p.dropout_keys)
         return ScoredRows(
@@ -175,6 +183,7 @@ class Experience:
     ref_logp: Array | None = None
     teacher_logp: Array | None = None
     dropout_keys: Array | None = None
+    token_version: Array | None = None
     extras: dict[str, Array] = flax.struct.field(default_factory=dict)
 
     @property

@@ -423,6 +423,33 @@ def _check_roles(c: ml_collections.ConfigDict, num_devices: int) -> None:
         raise ConfigError("config key 'rollout.max_staleness' must be >= 0")
     if c.rollout.max_staleness and procs > 1:
         check_local_rollouts(c)
+    if c.rollout.partial_budget:
+        _check_partial(c, procs)
+
+
+def _check_partial(c: ml_collections.ConfigDict, procs: int) -> None:
+    """rollout.partial_budget > 0: the next batch's rows begun in this step's decode
+    (sampling/partial.py) with the plain producer, on one process, in the synchronous loop."""
+    refused = []
+    if not c.rollout.continuous_slots:
+        refused.append("rollout.continuous_slots = 0 (the rows start in its idle slots)")
+    if c.rollout.max_staleness:
+        refused.append("rollout.max_staleness > 0 (batches produced ahead whole)")
+    if procs > 1:
+        refused.append(f"{procs} processes (the rows in flight are one process's)")
+    if c.env.name:
+        refused.append(f"env.name = {c.env.name!r} (episodes: the agent producer)")
+    if c.data.source == "dynamic":
+        refused.append("data.source = 'dynamic' (it draws more prompts within a step)")
+    if tuple(c.rollout.editors):
+        refused.append(f"rollout.editors = {tuple(c.rollout.editors)} (they rewrite tokens)")
+    if c.get("pact") is not None and c.pact.get("enabled", False):
+        refused.append("pact.enabled (its producer wraps the rollouts)")
+    if refused:
+        raise ConfigError(
+            f"config key 'rollout.partial_budget' = {c.rollout.partial_budget} (partial "
+            "rollouts) does not go with: " + "; ".join(refused)
+        )
 
 
 def check_local_rollouts(c: ml_collections.ConfigDict) -> None:

@@ -24,6 +24,7 @@ from typing import Any
 
 import jax
 import ml_collections
+import numpy as np
 from flax import nnx
 
 from jaxrl_frontier.core import distributed, sharding
@@ -148,6 +149,8 @@ class Trainer:
         self.history: dict[str, Any] = {"eval": []}
         self.guard = faults.RunGuard.from_config(c, say=self._print, scorer=self.scorer)
         self.ahead = RolloutsAhead(c.rollout.max_staleness if c.mode == "rl" else 0)
+        # partial rollouts: the next batch (examples, key), begun by this step's decode
+        self.next_batch: tuple[list, jax.Array] | None = None
         if self.is_main:
             with open(os.path.join(self.workdir, "config.json"), "w") as f:
                 f.write(c.to_json_best_effort(indent=2))
@@ -176,6 +179,13 @@ class Trainer:
         data = self.ahead.source_state(self.source)  # before any batch still in flight
         meta = dict(data=data, history=self.history, config=self.launch_config.to_dict())
         meta["knobs"] = self.knobs.state()  # controllers' states, every spec
+        if self.next_batch is not None:  # partial rollouts: the rows in flight, not drained
+            examples, key = self.next_batch
+            meta["partial"] = dict(
+                examples=examples,
+                key=jax.device_get(jax.random.key_data(key)).tolist(),
+                rows=self.rollout_sampler.state(),
+            )
         faults.flush_logs(self.writer, self.rollout_log)  # a checkpoint's rows are on disk first
         self.ckpt.save(int(self.state.step), self.state, meta)
 
@@ -193,6 +203,11 @@ class Trainer:
             self.source.restore(meta["data"])
         if meta.get("knobs") is not None or self.knobs:
             self.knobs.restore(meta.get("knobs") or {})
+        if meta.get("partial") is not None:
+            partial = meta["partial"]
+            key = jax.random.wrap_key_data(np.asarray(partial["key"], np.uint32))
+            self.next_batch = (list(partial["examples"]), key)
+            self.rollout_sampler.restore(partial["rows"])
 
     def _print(self, msg: str) -> None:
         if self.is_main:
@@ -234,18 +249,20 @@ class Trainer:
     def rollout_sampler(self) -> Sampler:
         """The training rollouts' sampler: `sampler`, or with asynchronous rollouts on
         several processes one on this process's own devices (`build_meshes`)."""
-        if jax.process_count() == 1 or not sharding.is_process_local(self.rollout_mesh):
+        partial = self.config.rollout.partial_budget > 0  # its own: it holds rows in flight
+        local = jax.process_count() > 1 and sharding.is_process_local(self.rollout_mesh)
+        if not (partial or local):
             return self.sampler
         if not hasattr(self, "_rollout_sampler"):
-            self._rollout_sampler = self._make_sampler(self.rollout_mesh)
+            self._rollout_sampler = self._make_sampler(self.rollout_mesh, partial=partial)
         return self._rollout_sampler
 
-    def _make_sampler(self, mesh) -> Sampler:
+    def _make_sampler(self, mesh, partial: bool = False) -> Sampler:
         policy = self.policy  # placed on `mesh` when it is not the training mesh
         if mesh is not self.mesh:
             policy = nnx.merge(self.graphdef, reshard_to(mesh)(nnx.state(policy)))
         return make_sampler(  # rollout.speculative: a SpeculativeSampler
-            policy, self.config.rollout, pad_id=self.tokenizer.pad_id, mesh=mesh
+            policy, self.config.rollout, pad_id=self.tokenizer.pad_id, mesh=mesh, partial=partial
         )
 
     # ------------------------------------------------------------------ run
@@ -348,13 +365,26 @@ class Trainer:
             jax.device_get(jax.random.key_data(jax.random.split(self._next_key())[0]))
         )
 
+    def _partial_rollout(self, done: int, boundaries) -> tuple[Experience, dict]:
+        """Partial rollouts: this step's batch (begun by the last step's decode, or drawn
+        now), with the next batch begun in its idle slots unless this is the run's last step
+        or a stage ends with it (sampling/partial.py)."""
+        examples, key = self.next_batch or (self.source.next_batch(), self._sample_key())
+        self.next_batch = None
+        if done < self.config.train.steps and done not in boundaries:
+            self.next_batch = (self.source.next_batch(), self._sample_key())
+            self.producer.begin_next(*self.next_batch)
+        return self.rollout(examples, key)
+
     def _rl_step(self):
         c = self.config
-        out = self.ahead.take(self.learner.version)  # a batch produced during the last update
-        exp, info = out or self.rollout(self.source.next_batch(), self._sample_key())
-        self.source.observe(info["results"])
         done = int(self.state.step) + 1
         boundaries = stages_lib.boundaries(self.stages)  # no batch in flight across a stage
+        out = self.ahead.take(self.learner.version)  # a batch produced during the last update
+        if out is None and c.rollout.partial_budget:
+            out = self._partial_rollout(done, boundaries)
+        exp, info = out or self.rollout(self.source.next_batch(), self._sample_key())
+        self.source.observe(info["results"])
         syncs = lambda s: (
             s % c.train.eval_every == 0 or s % c.train.checkpoint_every == 0 or s in boundaries
         )

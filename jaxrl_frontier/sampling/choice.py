@@ -1,5 +1,5 @@
 """The sampler a config's `rollout` section asks for (`make_sampler`): the trainer's one
-entry point to `Sampler`, `SpeculativeSampler` and `ContinuousSampler`."""
+entry point to `Sampler`, `SpeculativeSampler`, `ContinuousSampler` and `PartialSampler`."""
 
 from __future__ import annotations
 
@@ -7,14 +7,18 @@ from jax.sharding import Mesh
 
 from jaxrl_frontier.models.transformer import Transformer
 from jaxrl_frontier.sampling.continuous import ContinuousSampler
+from jaxrl_frontier.sampling.partial import PartialSampler
 from jaxrl_frontier.sampling.sampler import Sampler
 from jaxrl_frontier.sampling.speculative import SpeculativeSampler
 
 
-def make_sampler(model: Transformer, rollout, *, pad_id: int, mesh: Mesh | None = None):
+def make_sampler(
+    model: Transformer, rollout, *, pad_id: int, mesh: Mesh | None = None, partial: bool = False
+):
     """The sampler config section `rollout` asks for: with `speculative.draft` set, a
     `SpeculativeSampler` (draft: the policy's first layers); with `continuous_slots` > 0, a
-    `ContinuousSampler` (continuous batching); else a `Sampler`."""
+    `ContinuousSampler` (continuous batching), or with `partial` and `partial_budget` > 0 a
+    `PartialSampler` (the training rollouts' partial rollouts); else a `Sampler`."""
     spec = rollout.get("speculative") or {}
     kw = dict(pad_id=pad_id, mesh=mesh, cache_dtype=rollout.get("cache_dtype") or None)
     slots = int(rollout.get("continuous_slots") or 0)
@@ -28,6 +32,14 @@ def make_sampler(model: Transformer, rollout, *, pad_id: int, mesh: Mesh | None 
             "config key 'rollout.continuous_slots' > 0 takes no Dropout-GRPO masks "
             "('rollout.dropout_rate' > 0: each row's prompt cache differs)"
         )
+    budget = int(rollout.get("partial_budget") or 0)
+    if budget and not slots:
+        raise ValueError(
+            f"config key 'rollout.partial_budget' = {budget} starts the next batch's rows in "
+            "the slots of continuous batching: set 'rollout.continuous_slots' > 0"
+        )
+    if slots and budget and partial:
+        return PartialSampler(model, slots=slots, budget=budget, **kw)
     if slots:
         return ContinuousSampler(model, slots=slots, **kw)
     if spec.get("draft") is None:

@@ -39,8 +39,9 @@ class SlotState:
     """The continuous decode's carry. Per slot [S]: row int32 (the row it runs; B: idle),
     t int32 (tokens of that row emitted), token int32 (the last: the next input), and its
     cache (every layer [S, K, Tp + Tn, Dh]). Per row [B]: out = (tokens, policy_logp,
-    sample_logp) [B, Tn], lengths int32, stopped bool. next_row int32 []: the first row no
-    slot has taken; steps, busy int32 []: decode steps run, busy slot-steps among them."""
+    sample_logp) [B, Tn], lengths int32, stopped bool. next_row int32 []: the first place of
+    the `RowPlan`'s order no slot has taken; steps, busy int32 []: decode steps run, busy
+    slot-steps among them."""
 
     cache: KVCache
     row: jax.Array
@@ -115,51 +116,74 @@ class ContinuousSampler(Sampler):
     ):
         """Prefilled prompts (cache_p [P, ...], logits0_p [P, V], prompt_len_p [P]) ->
         (`Rollout` of B = P * n rows, decode steps, busy slot-steps)."""
-        model = self.decode_model(state)
         n, tn = plan.n, plan.max_new_tokens
         num_rows = logits0_p.shape[0] * n
-        num_slots, tp = min(self.slots, num_rows), cache_p.max_len - tn
         _, streams = ops.row_keys(key, num_rows, knobs.first_row)
-        u = jax.vmap(lambda k: jax.random.uniform(k, (tn,)))(streams)  # [B, Tn], as Sampler
+        every = jnp.arange(num_rows, dtype=jnp.int32)
+        rows = RowPlan.fresh(num_rows, n, tn, prompt_len_p[every // n])
+        s = self.slot_decode(
+            self.decode_model(state), cache_p, logits0_p, rows, uniforms(streams, tn),
+            empty_rows(num_rows, tn, self.pad_id), plan, knobs,
+        )  # fmt: skip
+        # a row's tokens past its end stay pad / 0, as Sampler's
+        rollout = ro.make_rollout(
+            *prompts, s.out, s.lengths, s.stopped, n=n, version=version, dropout_keys=None
+        )
+        return rollout, s.steps, s.busy
+
+    def slot_decode(self, model, start_cache, start_logits, rows, u, buffers, plan, knobs):
+        """The slot loop (module docstring) over R rows -> the final `SlotState`.
+
+        start_cache [C, K, Tp + Tn, Dh] per layer, start_logits [C, V]: the caches and next-
+        token logits rows start from (`RowPlan.src` indexes them); rows: a `RowPlan`;
+        u f32 [R, Tn]: each row's uniforms (uniform t draws token t); buffers: (out, lengths,
+        stopped) of the rows before the loop (`empty_rows`, or rows continued with their
+        tokens so far)."""
+        tn = plan.max_new_tokens
+        num_rows = u.shape[0]
+        num_slots, tp = min(self.slots, num_rows), start_cache.max_len - tn
         idle = num_rows  # the row index of an idle slot (writes to it are dropped)
+        row_of = lambda s: jnp.where(s.row < idle, s.row, 0)  # noqa: E731  (idle slots: row 0)
 
         def record(s: SlotState, live, token, sample_logp, policy_logp) -> SlotState:
             """Token t of each live slot's row into the row buffers; a row that stopped or
-            emitted its Tn-th token frees its slot."""
+            reached its limit (Tn, or a budget) frees its slot."""
             row = jnp.where(live, s.row, idle)
             put = lambda buf, x: buf.at[row, s.t].set(x, mode="drop")
             out = tuple(map(put, s.out, (token, policy_logp, sample_logp)))
             stop = live & ops.is_stop(token, knobs.stop_ids)
             lengths = s.lengths.at[row].set(s.t + 1, mode="drop")
             stopped = s.stopped.at[row].set(stop, mode="drop")
-            finished = live & (stop | (s.t + 1 >= tn))
+            freed = live & (stop | (s.t + 1 >= rows.limit[row_of(s)]))
             return s.replace(
                 out=out, lengths=lengths, stopped=stopped, token=token,
                 t=jnp.where(live, s.t + 1, s.t),  # an idle slot's counter stays <= Tn
-                row=jnp.where(finished, idle, s.row),
+                row=jnp.where(freed, idle, s.row),
             )  # fmt: skip
 
         def start_rows(s: SlotState) -> SlotState:
-            """Every idle slot takes the next pending row: the prompt's cache and first token."""
+            """Every idle slot takes the next row of the plan's order: its start cache and
+            its next token (token t0 of the row)."""
             free = s.row == idle
-            new_row = s.next_row + jnp.cumsum(free) - 1
-            take = free & (new_row < num_rows)
-            prompt = jnp.where(take, new_row, 0) // n
+            place = s.next_row + jnp.cumsum(free) - 1
+            take = free & (place < rows.count)
+            new_row = rows.order[jnp.where(take, place, 0)]
+            src, t0 = rows.src[new_row], rows.t0[new_row]
             # only the slots that take a row are written (a scatter of their rows): a select
             # over every slot rewrote the whole cache at almost every step
             slot = jnp.where(take, jnp.arange(num_slots), num_slots)
-            fill = lambda old, new: old.at[slot].set(new[prompt], mode="drop")
+            fill = lambda old, new: old.at[slot].set(new[src], mode="drop")
             cache = s.cache.replace(
-                k=tuple(map(fill, s.cache.k, cache_p.k)),
-                v=tuple(map(fill, s.cache.v, cache_p.v)),
-                valid=fill(s.cache.valid, cache_p.valid),
+                k=tuple(map(fill, s.cache.k, start_cache.k)),
+                v=tuple(map(fill, s.cache.v, start_cache.v)),
+                valid=fill(s.cache.valid, start_cache.valid),
             )
             s = s.replace(
-                cache=cache, row=jnp.where(take, new_row, s.row), t=jnp.where(take, 0, s.t),
+                cache=cache, row=jnp.where(take, new_row, s.row), t=jnp.where(take, t0, s.t),
                 next_row=s.next_row + jnp.sum(take, dtype=jnp.int32),
             )  # fmt: skip
-            u0 = u[jnp.where(take, new_row, 0), 0]
-            token, sample_logp, policy_logp = ops.draw(logits0_p[prompt], u0, plan, knobs)
+            u0 = u[new_row, jnp.minimum(t0, tn - 1)]
+            token, sample_logp, policy_logp = ops.draw(start_logits[src], u0, plan, knobs)
             first = record(s, take, token, sample_logp, policy_logp)
             keep = lambda a, b: jnp.where(take, a, b)  # slots already running keep their row
             return first.replace(
@@ -167,19 +191,21 @@ class ContinuousSampler(Sampler):
             )
 
         def any_free_and_pending(s: SlotState):
-            return jnp.any(s.row == idle) & (s.next_row < num_rows)
+            return jnp.any(s.row == idle) & (s.next_row < rows.count)
+
+        def running(s: SlotState):  # a row the loop must finish is running or pending
+            return jnp.any((s.row < idle) & rows.must[row_of(s)]) | (s.next_row < rows.must_count)
 
         def step(s: SlotState) -> SlotState:
             live = s.row < idle
-            prompt = jnp.where(live, s.row, 0) // n
-            pos = prompt_len_p[prompt] + s.t - 1
+            pos = rows.prompt_len[row_of(s)] + s.t - 1
             # an idle slot writes at its last row's final slot, inside its cache, where nothing
             # reads it (a new row replaces the slot's cache and mask)
             index = tp + jnp.maximum(s.t, 1) - 1
             logits, cache = model(
                 s.token[:, None], None, positions=pos[:, None], cache=s.cache.replace(index=index)
             )
-            u_t = u[jnp.where(live, s.row, 0), jnp.minimum(s.t, tn - 1)]
+            u_t = u[row_of(s), jnp.minimum(s.t, tn - 1)]
             token, sample_logp, policy_logp = ops.draw(logits[:, 0], u_t, plan, knobs)
             s = s.replace(
                 cache=cache, steps=s.steps + 1, busy=s.busy + jnp.sum(live, dtype=jnp.int32)
@@ -187,20 +213,61 @@ class ContinuousSampler(Sampler):
             s = record(s, live, token, sample_logp, policy_logp)
             return jax.lax.while_loop(any_free_and_pending, start_rows, s)
 
-        slot_cache = jax.tree.map(lambda x: jnp.zeros((num_slots,) + x.shape[1:], x.dtype), cache_p)
+        slot_cache = jax.tree.map(
+            lambda x: jnp.zeros((num_slots,) + x.shape[1:], x.dtype), start_cache
+        )
         zeros = jnp.zeros((num_slots,), jnp.int32)
-        buf = jnp.zeros((num_rows, tn), jnp.float32)
+        out, lengths, stopped = buffers
         s = SlotState(
             cache=slot_cache.replace(index=zeros),  # per-slot write indices, set each step
-            row=zeros + idle, t=zeros, token=zeros,
-            next_row=jnp.int32(0), out=(jnp.full((num_rows, tn), self.pad_id, jnp.int32), buf, buf),
-            lengths=jnp.zeros((num_rows,), jnp.int32), stopped=jnp.zeros((num_rows,), bool),
-            steps=jnp.int32(0), busy=jnp.int32(0),
+            row=zeros + idle, t=zeros, token=zeros, next_row=jnp.int32(0), out=out,
+            lengths=lengths, stopped=stopped, steps=jnp.int32(0), busy=jnp.int32(0),
         )  # fmt: skip
         s = jax.lax.while_loop(any_free_and_pending, start_rows, s)
-        s = jax.lax.while_loop(lambda s: jnp.any(s.row < idle), step, s)
-        # a row's tokens past its end stay pad / 0, as Sampler's
-        rollout = ro.make_rollout(
-            *prompts, s.out, s.lengths, s.stopped, n=n, version=version, dropout_keys=None
-        )
-        return rollout, s.steps, s.busy
+        return jax.lax.while_loop(running, step, s)
+
+
+@flax.struct.dataclass
+class RowPlan:
+    """Which rows a slot decode runs, in which order and from where (R rows, device arrays).
+
+    order int32 [R]: the rows in the order free slots take them; the first `count` run.
+    must bool [R]: the loop runs until each such row has finished; the first `must_count`
+      of `order` are these (a row not among them is cut where it is when the loop ends).
+    src int32 [R]: the row's start cache and logits (an index into the decode's start arrays).
+    t0 int32 [R]: tokens the row holds already; its first token in this decode is token t0.
+    limit int32 [R]: the row leaves its slot once it holds this many tokens (Tn: when it
+      stops or is full; less: a budget).
+    prompt_len int32 [R]: real tokens of the row's prompt (the positions of its tokens).
+    """
+
+    order: jax.Array
+    count: jax.Array
+    must: jax.Array
+    must_count: jax.Array
+    src: jax.Array
+    t0: jax.Array
+    limit: jax.Array
+    prompt_len: jax.Array
+
+    @classmethod
+    def fresh(cls, num_rows: int, n: int, tn: int, prompt_len) -> RowPlan:
+        """Every row of a batch from its prompt's cache (row r: prompt r // n), run to its end."""
+        every = jnp.arange(num_rows, dtype=jnp.int32)
+        count = jnp.int32(num_rows)
+        full = jnp.full((num_rows,), tn, jnp.int32)
+        return cls(every, count, every >= 0, count, every // n, every * 0, full, prompt_len)
+
+
+def uniforms(streams, tn: int):
+    """Each row's Tn uniforms [R, Tn] from its stream key (`ops.row_keys`): uniform t draws
+    token t, whichever decode samples it."""
+    return jax.vmap(lambda k: jax.random.uniform(k, (tn,)))(streams)
+
+
+def empty_rows(num_rows: int, tn: int, pad_id: int):
+    """(out, lengths, stopped) of rows with no token yet: out = (tokens pad_id, policy_logp
+    0, sample_logp 0) [R, Tn], lengths 0, stopped False."""
+    buf = jnp.zeros((num_rows, tn), jnp.float32)
+    out = (jnp.full((num_rows, tn), pad_id, jnp.int32), buf, buf)
+    return out, jnp.zeros((num_rows,), jnp.int32), jnp.zeros((num_rows,), bool)

@@ -45,6 +45,8 @@ class Rollout:
     policy_logp:       f32   [B, Tn]   log p(y_t), the behaviour log-prob; 0 off the mask.
     policy_version:    int32 [B]       version of the weights that sampled each row.
     dropout_keys:      uint32 [B, ...] key data of each row's MLP dropout mask, or None.
+    token_version:     int32 [B, Tn]   the version of each token, or None (all policy_version):
+                                       partial rollouts continue rows with newer weights.
     group_size:        n (static).
     """
 
@@ -59,6 +61,7 @@ class Rollout:
     policy_logp: jax.Array
     policy_version: jax.Array
     dropout_keys: jax.Array | None = None
+    token_version: jax.Array | None = None
     group_size: int = flax.struct.field(pytree_node=False, default=1)
 
     @property

@@ -118,9 +118,14 @@ def test_every_checkpoint_damaged_is_an_error_naming_each(reference, tmp_path):
 # ============================================================================ kill -9
 
 
-def _cmd(workdir, steps: int) -> list[str]:
+# partial rollouts: every checkpoint holds the next batch's rows begun in its step
+PARTIAL = {"rollout.continuous_slots": 4, "rollout.partial_budget": 2}
+
+
+def _cmd(workdir, steps: int, extra: dict | None = None) -> list[str]:
     flags = {
         **{k: v for k, v in FAST.items()},
+        **(extra or {}),
         "train.steps": steps,
         "train.checkpoint_every": 2,
         "train.rollout_log_every": 1,
@@ -161,10 +166,13 @@ def _committed(workdir) -> bool:
     return ckpt.exists() and any((p / "commit_success.txt").exists() for p in ckpt.iterdir())
 
 
-def test_kill_9_at_random_moments_then_resume_loses_nothing(tmp_path):
+@pytest.mark.parametrize("extra", [{}, PARTIAL], ids=["synchronous", "partial_rollouts"])
+def test_kill_9_at_random_moments_then_resume_loses_nothing(tmp_path, extra):
     steps = 10
     ref = tmp_path / "ref"
-    proc = subprocess.run(_cmd(ref, steps), cwd=REPO, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        _cmd(ref, steps, extra), cwd=REPO, capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
 
     rng = random.Random(0)
@@ -175,7 +183,7 @@ def test_kill_9_at_random_moments_then_resume_loses_nothing(tmp_path):
     plans = [("steps", rng.randint(3, 4)), ("save", None), ("time", rng.uniform(0.1, 1.5))]
     for how, arg in plans:
         p = subprocess.Popen(
-            _cmd(workdir, steps),
+            _cmd(workdir, steps, extra),
             cwd=REPO,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -208,7 +216,7 @@ def test_kill_9_at_random_moments_then_resume_loses_nothing(tmp_path):
     assert latest == sorted(latest) and latest[-1] >= 2, "no leg resumed from a checkpoint"
 
     proc = subprocess.run(
-        _cmd(workdir, steps), cwd=REPO, capture_output=True, text=True, timeout=300
+        _cmd(workdir, steps, extra), cwd=REPO, capture_output=True, text=True, timeout=300
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads(proc.stdout.strip().splitlines()[-1])["step"] == steps
@@ -217,6 +225,8 @@ def test_kill_9_at_random_moments_then_resume_loses_nothing(tmp_path):
     want, got = read_metrics(ref), read_metrics(workdir)
     for key in ("train/loss", "reward/total", "train/grad_norm"):
         assert series(want, key) == series(got, key), key
+    if extra:  # the rows in flight were real: tokens sampled a version back were trained on
+        assert max(series(got, "rollout/lagged_token_share").values()) > 0
     assert [r["completion"] for r in read_rollouts(ref)] == [
         r["completion"] for r in read_rollouts(workdir)
     ]

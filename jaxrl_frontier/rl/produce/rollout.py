@@ -51,6 +51,25 @@ Array = jax.Array
 # ----------------------------------------------------------------------------- producer
 
 
+def token_lags(exp: Experience, version: int) -> dict[str, Array]:
+    """Partial rollouts' per-token staleness: version - token_version over the loss mask
+    (mean, max, and the share of tokens sampled by older weights)."""
+    on = exp.loss_mask > 0
+    lag = jnp.where(on, version - exp.token_version, 0).astype(jnp.float32)
+    tokens = jnp.maximum(jnp.sum(on), 1)
+    return {
+        "rollout/token_lag_mean": jnp.sum(lag) / tokens,
+        "rollout/token_lag_max": jnp.max(lag),
+        "rollout/lagged_token_share": jnp.sum(lag > 0) / tokens,
+    }
+
+
+def oldest_version(rows: RolloutRows, version: int) -> int:
+    """The oldest weights' version among this process's sampled tokens."""
+    sampled = rows.token_version[rows.completion_mask > 0]
+    return int(min(sampled.min(initial=version), version))
+
+
 def _gather_prompts(tokens: np.ndarray, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Every process's prompts, in process order (a few ids per prompt)."""
     if jax.process_count() == 1:
@@ -126,6 +145,16 @@ class RolloutProducer:
         """
         return self.finish(self.draw(examples, weights, key, **options), weights)
 
+    def begin_next(self, examples: Sequence[Example], key) -> None:
+        """Partial rollouts (`rollout.partial_budget`): the batch the next `draw` starts
+        ahead in its idle slots, to be drawn itself by the `draw` after it with this key."""
+        tok, mask = self._encode(examples)
+        self.sampler.begin_next(tok, mask, key)
+
+    def _encode(self, examples: Sequence[Example]) -> tuple[np.ndarray, np.ndarray]:
+        texts = [self.prompt_of(e) for e in examples]
+        return encode_prompts(self.tokenizer, texts, self.max_prompt_len)
+
     def draw(
         self,
         examples: Sequence[Example],
@@ -177,6 +206,8 @@ class RolloutProducer:
         metrics = {**metrics, **pass_metrics, **host}
         for name, value in drawn.sampler_stats.items():  # speculative, continuous
             metrics[f"{self.sampler.stats_prefix}{name}"] = jnp.float32(value)
+        if exp.token_version is not None:  # partial rollouts: tokens sampled by older weights
+            metrics.update(token_lags(exp, version))
         exp = exp.replace(advantages=adv)
         local = lambda x: sharding.local_rows(x, self.mesh)
         results = prompt_results(
@@ -187,7 +218,7 @@ class RolloutProducer:
             metrics=metrics,
             n_failed=sum_over_processes(draw.n_failed),
             rollout_seconds=drawn.seconds,
-            policy_version=version,
+            policy_version=version if rows.token_version is None else oldest_version(rows, version),
             results=results,
             texts=rows.texts,
         )
@@ -195,9 +226,7 @@ class RolloutProducer:
 
     def _draw(self, examples: Sequence[Example], key, params: SamplingParams) -> ScoredRows:
         """Sample, decode, edit and score one batch of this process's prompts."""
-        tok, mask = encode_prompts(
-            self.tokenizer, [self.prompt_of(e) for e in examples], self.max_prompt_len
-        )
+        tok, mask = self._encode(examples)
         if self.local:  # this process's prompts on its own devices, keys by global row
             first_row = jax.process_index() * len(examples) * params.n
             rollout = self.sampler.generate(tok, mask, params, key, first_row=first_row)
@@ -213,6 +242,7 @@ class RolloutProducer:
             policy_mask=local(rollout.policy_mask),
             policy_logp=local(rollout.policy_logp),
             texts=(),
+            token_version=None if rollout.token_version is None else local(rollout.token_version),
         )
         rows = rows.replace(
             texts=decode(self.tokenizer, rows.completion_tokens, rows.completion_mask)
@@ -252,6 +282,11 @@ class RolloutProducer:
             policy_version=np.full((b_local,), version, np.int32),
             turn_index=np.zeros(prompt_tok.shape[:1] + (prompt_tok.shape[1] + tn,), np.int32),
         )
+        if rows.token_version is not None:  # partial rollouts: a row's first token is its oldest
+            sampled = np.where(rows.completion_mask > 0, rows.token_version, -1)
+            host["token_version"] = np.concatenate([zeros_p - 1, sampled], 1).astype(np.int32)
+            oldest = np.where(sampled >= 0, sampled, version).min(1)
+            host["policy_version"] = oldest.astype(np.int32)
         host["advantages"] = np.zeros_like(host["loss_mask"])
         if dropout_keys is not None:
             host["dropout_keys"] = np.asarray(dropout_keys)

@@ -1,0 +1,312 @@
+"""Partial rollouts: the next batch's rows start in the slots the current batch leaves idle,
+and a row not finished when the current batch is stays in flight into the next call, where
+it continues with the weights of then.
+
+    call t   rows   current batch b_t: each row continued from the tokens it holds (prompt and
+                    those tokens re-prefilled with the weights of now), run to its end
+                    next batch b_{t+1} (`begin_next`): fresh rows, each up to `budget` tokens
+             slots  b_t's unfinished rows first, then b_{t+1}'s (continuous batching)
+             until  every row of b_t has finished; b_{t+1}'s rows in a slot are cut there
+             out    b_t's `Rollout`; b_{t+1}'s rows kept (`RowsInFlight`) for call t + 1
+
+A token keeps the behaviour log-probs and the weights' version it was sampled with
+(`Rollout.token_version` [B, Tn]), so a loss weighting by the behaviour log-probs (`tis`,
+`ppo_clip`, `dppo`, ...) corrects for the tokens sampled one version back. Row r of a batch
+draws token t from uniform t of its own stream (`fold_in(key, r)`), whichever call samples
+it, so with unchanged weights a continued row gives the tokens of an uncut one (its
+continuation's logits come from a prefill instead of decode steps: the same up to f32
+reduction order). One device, as `ContinuousSampler`; the rows in flight are host arrays
+(`state` / `restore`: checkpointed with the run).
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import io
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jaxrl_frontier.sampling import ops
+from jaxrl_frontier.sampling import rollout as ro
+from jaxrl_frontier.sampling.continuous import ContinuousSampler, RowPlan, uniforms
+from jaxrl_frontier.sampling.params import Knobs, Plan, SamplingParams
+from jaxrl_frontier.sampling.sampler import as_key
+
+PREFIX_BUCKETS = 4  # re-prefill widths: the held tokens rounded up to a quarter of Tn
+
+
+@dataclasses.dataclass
+class RowsInFlight:
+    """One batch's rows on the host between calls: prompts [P, T] (as given), key_data
+    uint32 [2] (its sampling key), and per row [B, Tn] tokens (pad_id past `lengths`),
+    policy_logp, sample_logp, version (the weights' version of each token; -1 where none),
+    lengths int32 [B] (tokens held), stopped bool [B] (emitted a stop token)."""
+
+    prompt_tokens: np.ndarray
+    prompt_mask: np.ndarray
+    key_data: np.ndarray
+    tokens: np.ndarray
+    policy_logp: np.ndarray
+    sample_logp: np.ndarray
+    version: np.ndarray
+    lengths: np.ndarray
+    stopped: np.ndarray
+
+    @classmethod
+    def fresh(cls, prompt_tokens, prompt_mask, key, n: int, tn: int, pad_id: int):
+        rows = np.asarray(prompt_tokens).shape[0] * n
+        zeros = np.zeros((rows, tn), np.float32)
+        return cls(
+            np.asarray(prompt_tokens, np.int32), np.asarray(prompt_mask, np.int32),
+            np.asarray(jax.random.key_data(as_key(key))), np.full((rows, tn), pad_id, np.int32),
+            zeros, zeros.copy(), np.full((rows, tn), -1, np.int32), np.zeros((rows,), np.int32),
+            np.zeros((rows,), bool),
+        )  # fmt: skip
+
+    @property
+    def finished(self) -> np.ndarray:
+        """bool [B]: the row stopped or holds Tn tokens."""
+        return self.stopped | (self.lengths >= self.tokens.shape[1])
+
+    def matches(self, prompt_tokens, prompt_mask, key) -> bool:
+        key_data = np.asarray(jax.random.key_data(as_key(key)))
+        return (
+            np.array_equal(self.prompt_tokens, np.asarray(prompt_tokens))
+            and np.array_equal(self.prompt_mask, np.asarray(prompt_mask))
+            and np.array_equal(self.key_data, key_data)
+        )
+
+    def state(self) -> dict[str, str]:
+        """JSON-able: each array as base64 of its .npy bytes (exact, dtype kept)."""
+        return {f.name: _encode(getattr(self, f.name)) for f in dataclasses.fields(self)}
+
+    @classmethod
+    def from_state(cls, state: dict[str, str]) -> RowsInFlight:
+        return cls(**{f.name: _decode(state[f.name]) for f in dataclasses.fields(cls)})
+
+
+class PartialSampler(ContinuousSampler):
+    """A `ContinuousSampler` whose calls overlap batches (module docstring). budget: the most
+    tokens a row of the next batch samples during the current batch's call (>= 1)."""
+
+    def __init__(self, model, *, slots: int, budget: int, pad_id: int, mesh=None, **kw):
+        if budget < 1:
+            raise ValueError(f"partial rollouts: budget={budget}; must be >= 1")
+        super().__init__(model, slots=slots, pad_id=pad_id, mesh=mesh, **kw)
+        self.budget = int(budget)
+        self.stats_prefix = "rollout/partial_"
+        self.in_flight: RowsInFlight | None = None  # the batch begun ahead by the last call
+        self._next = None  # (prompt_tokens, prompt_mask, key) of `begin_next`
+
+    def begin_next(self, prompt_tokens, prompt_mask, key) -> None:
+        """The batch the next `generate` call starts ahead (in its idle slots)."""
+        self._next = (np.asarray(prompt_tokens), np.asarray(prompt_mask), as_key(key))
+
+    def state(self) -> dict | None:
+        """The rows in flight, JSON-able (None: none)."""
+        return None if self.in_flight is None else self.in_flight.state()
+
+    def restore(self, state: dict | None) -> None:
+        self.in_flight = None if state is None else RowsInFlight.from_state(state)
+        self._next = None
+
+    def generate(
+        self,
+        prompt_tokens,
+        prompt_mask,
+        params: SamplingParams,
+        key,
+        *,
+        policy_version=None,
+        first_row: int = 0,
+    ) -> ro.Rollout:
+        """This batch's `Rollout` (B = P * n rows), continuing its rows begun by the last
+        call if it began them; the batch of `begin_next`, if any, begun in the idle slots
+        and kept in flight. Each token's version is in `Rollout.token_version`."""
+        if params.dropout_rate > 0 or first_row:
+            raise ValueError("partial rollouts take no Dropout-GRPO masks and run on one process")
+        plan, knobs = Plan.of(params), Knobs.of(params)
+        n, tn = plan.n, plan.max_new_tokens
+        version = np.int32(self.policy_version if policy_version is None else policy_version)
+        cur = self.in_flight
+        if cur is None:
+            cur = RowsInFlight.fresh(prompt_tokens, prompt_mask, key, n, tn, self.pad_id)
+        elif not cur.matches(prompt_tokens, prompt_mask, key):
+            raise ValueError(
+                "partial rollouts: this batch is not the one the last call began (its "
+                "prompts or key differ); restore() the rows in flight or start from none"
+            )
+        if cur.tokens.shape != (len(cur.prompt_tokens) * n, tn):
+            raise ValueError(
+                f"partial rollouts: the rows in flight are {cur.tokens.shape}; this call "
+                f"samples [{len(cur.prompt_tokens) * n}, {tn}] (group size or max_new_tokens changed)"
+            )
+        ahead = self._next
+        nxt = RowsInFlight.fresh(
+            *(ahead or (cur.prompt_tokens, cur.prompt_mask, key)), n, tn, self.pad_id
+        )
+        out, lengths, stopped = self._run(cur, nxt, ahead is not None, plan, knobs, version)
+        b = cur.tokens.shape[0]
+        done, kept = (
+            self._rows_after(rows, out, lengths, stopped, part, version)
+            for rows, part in ((cur, slice(0, b)), (nxt, slice(b, None)))
+        )
+        self.in_flight, self._next = (kept if ahead is not None else None), None
+        return self._rollout(done, n, version)
+
+    def _run(self, cur: RowsInFlight, nxt: RowsInFlight, ahead: bool, plan, knobs, version):
+        """One call's slot decode over [cur rows; next rows] -> host (out, lengths, stopped)."""
+        n, tn, b = plan.n, plan.max_new_tokens, cur.tokens.shape[0]
+        (cur_tok, cur_mask), (nxt_tok, nxt_mask) = self._left_pad(cur, nxt)
+        # the current rows re-prefilled: prompt | held tokens, the held tokens' width rounded
+        # up to a quarter of Tn (a few programs, not one per width)
+        quarter = -(-tn // PREFIX_BUCKETS)
+        width = min(tn, -(-max(int(cur.lengths.max()), 1) // quarter) * quarter)
+        held_mask = (np.arange(width)[None, :] < cur.lengths[:, None]).astype(np.int32)
+        rows_tok = np.concatenate([np.repeat(cur_tok, n, 0), cur.tokens[:, :width]], 1)
+        rows_mask = np.concatenate([np.repeat(cur_mask, n, 0), held_mask], 1)
+        state = self.weights()
+        nxt_key = jax.random.wrap_key_data(nxt.key_data)
+        nxt_cache, nxt_logits, _ = self.prefill(
+            state, jnp.asarray(nxt_tok), jnp.asarray(nxt_mask), nxt_key, knobs,
+            n=1, use_dropout=False, slots=tn,
+        )  # fmt: skip
+        todo = np.flatnonzero(~cur.finished)
+        order = np.concatenate([todo, b + np.arange(b if ahead else 0)])
+        i = np.arange(2 * b)
+        rows = RowPlan(
+            order=np.pad(order, (0, 2 * b - len(order))).astype(np.int32),
+            count=np.int32(len(order)),
+            must=i < b,
+            must_count=np.int32(len(todo)),
+            src=np.where(i < b, i, b + (i - b) // n).astype(np.int32),  # next: its prompt
+            t0=np.concatenate([cur.lengths, nxt.lengths]).astype(np.int32),
+            limit=np.where(i < b, tn, min(self.budget, tn)).astype(np.int32),
+            prompt_len=np.concatenate([cur_mask.sum(1), nxt_mask.sum(1)])
+            .repeat(n)
+            .astype(np.int32),
+        )
+        cat = lambda x, y: np.concatenate([x, y])  # noqa: E731
+        out = tuple(map(cat, (cur.tokens, cur.policy_logp, cur.sample_logp),
+                        (nxt.tokens, nxt.policy_logp, nxt.sample_logp)))  # fmt: skip
+        buffers = (out, cat(cur.lengths, nxt.lengths), cat(cur.stopped, nxt.stopped))
+        keys = (jax.random.wrap_key_data(cur.key_data), nxt_key)
+        out, lengths, stopped, steps, busy = self.partial_program(2 * b)(
+            state, rows_tok, rows_mask, nxt_cache, nxt_logits, rows, keys, knobs, buffers,
+            plan=plan,
+        )  # fmt: skip
+        steps, busy = int(steps), int(busy)
+        self.stats = dict(
+            slot_busy_share=busy / max(steps * min(self.slots, 2 * b), 1),
+            steps=float(steps),
+            continued_rows=float(np.sum(cur.lengths[todo] > 0)),
+        )
+        return jax.device_get((out, lengths, stopped))
+
+    def _left_pad(self, *batches: RowsInFlight):
+        """Each batch's prompts left-padded to one width (the larger bucket), so their
+        caches share the slot layout [prompt Tp | completion Tn]."""
+        bucket = lambda mask: ro.bucket(  # noqa: E731
+            int(mask.sum(1).max()), self.prompt_buckets, "prompt length", "prompt_buckets",
+            "PartialSampler",
+        )  # fmt: skip
+        tp = max(bucket(rows.prompt_mask) for rows in batches)
+        return [
+            ro.left_pad_prompts(
+                rows.prompt_tokens,
+                rows.prompt_mask,
+                pad_id=self.pad_id,
+                prompt_buckets=(tp,),
+                owner="PartialSampler",
+            )  # fmt: skip
+            for rows in batches
+        ]
+
+    @staticmethod
+    def _rows_after(
+        rows: RowsInFlight, out, lengths, stopped, part: slice, version
+    ) -> RowsInFlight:
+        """`rows` after the call: their tokens, log-probs and lengths, the new tokens stamped
+        with `version`."""
+        tokens, policy_logp, sample_logp = (np.asarray(x[part]) for x in out)
+        new_len = np.asarray(lengths[part])
+        sampled_now = (np.arange(tokens.shape[1])[None, :] >= rows.lengths[:, None]) & (
+            np.arange(tokens.shape[1])[None, :] < new_len[:, None]
+        )
+        return dataclasses.replace(
+            rows, tokens=tokens, policy_logp=policy_logp, sample_logp=sample_logp,
+            version=np.where(sampled_now, version, rows.version).astype(np.int32),
+            lengths=new_len.astype(np.int32), stopped=np.asarray(stopped[part]),
+        )  # fmt: skip
+
+    def _rollout(self, rows: RowsInFlight, n: int, version) -> ro.Rollout:
+        """The finished batch as a `Rollout` (prompts left-padded to their bucket)."""
+        if not rows.finished.all():
+            raise AssertionError("partial rollouts: a row of the current batch did not finish")
+        (tok, mask), _ = self.pad_prompts(rows.prompt_tokens, rows.prompt_mask, "PartialSampler")
+        p = len(rows.prompt_tokens)
+        out = (rows.tokens, rows.policy_logp, rows.sample_logp)
+        rollout = ro.make_rollout(
+            tok[:p], mask[:p], tuple(map(jnp.asarray, out)), jnp.asarray(rows.lengths),
+            jnp.asarray(rows.stopped), n=n, version=version, dropout_keys=None,
+        )  # fmt: skip
+        held = np.where(rows.version >= 0, rows.version, np.iinfo(np.int32).max)
+        first = np.where(rows.lengths > 0, held.min(1), version).astype(np.int32)
+        return rollout.replace(
+            policy_version=jnp.asarray(first), token_version=jnp.asarray(rows.version)
+        )
+
+    def partial_program(self, rows: int):
+        from jaxrl_frontier.core.xla_options import rollout_compiler_options
+
+        options = rollout_compiler_options(self.platform, min(self.slots, rows))
+        if ("partial", options) not in self._jits:
+            self._jits["partial", options] = jax.jit(
+                self._partial, static_argnames=("plan",), compiler_options=dict(options)
+            )
+        return self._jits["partial", options]
+
+    def _partial(
+        self, state, rows_tok, rows_mask, nxt_cache, nxt_logits, rows, keys, knobs, buffers, *, plan
+    ):
+        """The current batch's rows re-prefilled (prompt and held tokens, [B, Tp + W]), then
+        one slot decode over [current rows; next rows] -> (out, lengths, stopped, steps,
+        busy)."""
+        tn, b = plan.max_new_tokens, rows_tok.shape[0]
+        model = nnx.merge(self.graphdef, state)
+        cache = model.init_cache(b, rows_tok.shape[1], self.cache_dtype)
+        hidden, cache = model.hidden_states(rows_tok, rows_mask, cache=cache)
+        tp = nxt_cache.max_len - tn
+        last = tp + rows.t0[:b] - 1  # the last held token (the prompt's last if none)
+        logits = model.logits(hidden[jnp.arange(b), last])
+        grow = tp + tn - rows_tok.shape[1]
+        fit = lambda x, axis: jnp.pad(x, [(0, grow * (a == axis)) for a in range(x.ndim)])
+        cache = cache.replace(
+            k=tuple(fit(x, 2) for x in cache.k), v=tuple(fit(x, 2) for x in cache.v),
+            valid=fit(cache.valid, 1),
+        )  # fmt: skip
+        cat = lambda a, c: jnp.concatenate([a, c])  # noqa: E731
+        start_cache = nxt_cache.replace(
+            k=tuple(map(cat, cache.k, nxt_cache.k)), v=tuple(map(cat, cache.v, nxt_cache.v)),
+            valid=cat(cache.valid, nxt_cache.valid),
+        )  # fmt: skip
+        start_logits = jnp.concatenate([logits, nxt_logits])
+        u = jnp.concatenate([uniforms(ops.row_keys(k, b)[1], tn) for k in keys])
+        s = self.slot_decode(
+            self.decode_model(state), start_cache, start_logits, rows, u, buffers, plan, knobs
+        )
+        return s.out, s.lengths, s.stopped, s.steps, s.busy
+
+
+def _encode(x: np.ndarray) -> str:
+    buf = io.BytesIO()
+    np.save(buf, np.asarray(x), allow_pickle=False)
+    return base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def _decode(s: str) -> np.ndarray:
+    return np.load(io.BytesIO(base64.b64decode(s)), allow_pickle=False)

@@ -1,0 +1,182 @@
+"""Partial rollouts (`rollout.partial_budget`, sampling/partial.py): the next batch's rows
+start in the idle slots of the current batch's decode and continue in the next call.
+
+- with unchanged weights a row continued across calls gives the tokens of an uncut row;
+- each token keeps the version that sampled it; a row of the next batch holds at most the
+  budget's tokens from the call before its own;
+- the rows in flight survive `state()` / `restore()` exactly;
+- in the trainer: tokens lag by at most one version, the run learns, and a run checkpointed
+  with rows in flight (no draining) resumes to the uncut run's metrics and weights;
+- the config refuses what does not go with it, naming the keys.
+"""
+
+import json
+import os
+import sys
+
+import jax
+import numpy as np
+import pytest
+from conftest import small_rl_config
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "sampling"))
+from test_sampling import PAD, TN, N, make_model, prompts  # noqa: E402
+
+from jaxrl_frontier.run import config as config_lib  # noqa: E402
+from jaxrl_frontier.run import trainer as tr  # noqa: E402
+from jaxrl_frontier.sampling import ContinuousSampler, SamplingParams  # noqa: E402
+from jaxrl_frontier.sampling.partial import PartialSampler, RowsInFlight  # noqa: E402
+
+# no top-p: a nucleus whose edge moves by a rounding renormalises sample_logp by a step
+STOPS = SamplingParams(max_new_tokens=TN, n=N, temperature=0.9, stop_ids=(5, 9, 17, 33, 65))
+BATCHES = ([4, 14, 1], [6, 9, 3], [12, 2, 7], [5, 5, 11])
+
+
+@pytest.fixture(scope="module")
+def model():
+    return make_model()
+
+
+def _calls(sampler, batches, keys, versions=None):
+    out = []
+    for i, batch in enumerate(batches):
+        if i + 1 < len(batches):
+            sampler.begin_next(*batches[i + 1], keys[i + 1])
+        version = i if versions is None else versions[i]
+        out.append(sampler.generate(*batch, STOPS, keys[i], policy_version=version))
+    return out
+
+
+def test_continued_rows_give_the_tokens_of_uncut_rows(model):
+    """Three calls with the same weights: every batch equals the uncut continuous decode of
+    its rows. The log-probs of a continued token come from a prefill instead of decode
+    steps: the same sums in another order, |logp| < 10 over <= 30 slots."""
+    batches = [prompts(lengths, seed=s) for s, lengths in enumerate(BATCHES[:3])]
+    keys = [jax.random.key(10 + i) for i in range(3)]
+    uncut = ContinuousSampler(model, slots=3, pad_id=PAD)
+    partial = PartialSampler(model, slots=3, budget=4, pad_id=PAD)
+    for i, (got, batch, key) in enumerate(zip(_calls(partial, batches, keys), batches, keys)):
+        want = uncut.generate(*batch, STOPS, key)
+        for field in ("completion_tokens", "completion_mask", "lengths", "finish_reason"):
+            np.testing.assert_array_equal(
+                np.asarray(getattr(got, field)), np.asarray(getattr(want, field)), err_msg=field
+            )
+        tol = 30 * np.finfo(np.float32).eps * 10
+        for field in ("policy_logp", "sample_logp"):
+            np.testing.assert_allclose(getattr(got, field), getattr(want, field), atol=tol)
+        versions = np.asarray(got.token_version)
+        mask = np.asarray(got.completion_mask) > 0
+        assert set(np.unique(versions[mask])) <= {i - 1, i} and (versions[~mask] == -1).all()
+        if i > 0:  # begun by the call before: its first tokens are version i - 1
+            begun = (versions == i - 1).sum(1)
+            assert begun.max() > 0 and begun.max() <= partial.budget
+            # a row's tokens are a prefix of version i - 1 then version i, never back
+            assert (np.diff(np.where(mask, versions, i), axis=1) >= 0).all()
+            np.testing.assert_array_equal(
+                np.asarray(got.policy_version), np.where(begun > 0, i - 1, i)
+            )
+    assert partial.in_flight is None  # the last call began nothing
+
+
+def test_rows_in_flight_survive_state_and_restore(model):
+    """A sampler restored from `state()` (JSON) continues the rows as the one that began
+    them: bitwise the same tokens and log-probs."""
+    batches = [prompts(lengths, seed=s) for s, lengths in enumerate(BATCHES[1:])]
+    keys = [jax.random.key(20 + i) for i in range(3)]
+    first = PartialSampler(model, slots=4, budget=3, pad_id=PAD)
+    whole = _calls(first, batches, keys)
+    again = PartialSampler(model, slots=4, budget=3, pad_id=PAD)
+    for i in range(2):  # calls 0 and 1; call 1 begins batch 2
+        again.begin_next(*batches[i + 1], keys[i + 1])
+        again.generate(*batches[i], STOPS, keys[i], policy_version=i)
+    saved = json.loads(json.dumps(again.state()))
+    assert again.in_flight is not None and again.in_flight.lengths.max() > 0
+    fresh = PartialSampler(model, slots=4, budget=3, pad_id=PAD)
+    fresh.restore(saved)
+    resumed = fresh.generate(*batches[2], STOPS, keys[2], policy_version=2)
+    for field in ("completion_tokens", "policy_logp", "sample_logp", "token_version"):
+        np.testing.assert_array_equal(getattr(resumed, field), getattr(whole[2], field))
+    with pytest.raises(ValueError, match="not the one the last call began"):
+        fresh.restore(saved)
+        fresh.generate(*batches[0], STOPS, keys[2])
+
+
+def _config(**overrides):
+    c = small_rl_config()
+    c.rollout.update(max_new_tokens=8, continuous_slots=4, partial_budget=3)
+    c.objective.reward_weights = dict(correctness=1.0, format=0.5, length=0.1)
+    c.objective.weight = "tis"  # corrects the tokens sampled one version back
+    c.optimizer.update(lr=5e-3, warmup_steps=0)
+    c.train.update(steps=4, log_every=1, eval_every=10**6, checkpoint_every=10**6)
+    for key, value in overrides.items():
+        section, name = key.split(".")
+        c[section][name] = value
+    return c
+
+
+def _run(tmp_path, name, **overrides):
+    trainer = tr.Trainer(_config(**overrides), str(tmp_path / name))
+    trainer.evaluate = lambda num_prompts=None: {"eval/pass@1_greedy": 0.0}
+    summary = trainer.run()
+    rows = [json.loads(line) for line in open(tmp_path / name / "metrics.jsonl")]
+    return trainer, summary, [r for r in rows if "train/loss" in r]
+
+
+class Killed(Exception):
+    """Stands for a kill -9 (scripts run one in tests/train/test_reliability.py)."""
+
+
+def _leaves(trainer):
+    return [np.asarray(x) for x in jax.tree.leaves(trainer.state.params)]
+
+
+def test_trainer_lags_by_at_most_one_and_resumes_with_rows_in_flight(tmp_path):
+    whole, _, rows = _run(tmp_path, "whole", **{"train.checkpoint_every": 2})
+    assert rows[0]["rollout/token_lag_max"] == 0.0  # step 1: nothing was begun before it
+    assert all(r["rollout/token_lag_max"] == 1.0 for r in rows[1:])
+    assert all(0 < r["rollout/lagged_token_share"] < 1 for r in rows[1:])
+    assert [r["rollout/policy_lag"] for r in rows] == [0.0, 1.0, 1.0, 1.0]
+    assert rows[-1]["train/grad_norm"] > 0
+    # killed right after step 2's checkpoint, which holds step 3's rows begun during step 2
+    cut = tr.Trainer(_config(**{"train.checkpoint_every": 2}), str(tmp_path / "cut"))
+    cut.evaluate = lambda num_prompts=None: {"eval/pass@1_greedy": 0.0}
+    end_of_step = cut._end_of_step
+
+    def killed_after_two(done, stop, tag):
+        outcome = end_of_step(done, stop, tag)
+        if done == 2:
+            cut.ckpt.wait()
+            raise Killed
+        return outcome
+
+    cut._end_of_step = killed_after_two
+    with pytest.raises(Killed):
+        cut.run()
+    held = json.load(open(tmp_path / "cut" / "checkpoints" / "2" / "meta" / "metadata"))
+    assert len(held["partial"]["examples"]) == 4
+    rows_held = RowsInFlight.from_state(held["partial"]["rows"])
+    assert rows_held.lengths.max() > 0 and not rows_held.finished.all()
+    resumed, summary, rows_resumed = _run(tmp_path, "cut", **{"train.checkpoint_every": 2})
+    assert summary["step"] == 4
+    for key in ("train/loss", "reward/total", "rollout/token_lag_mean"):
+        assert [r[key] for r in rows_resumed][-2:] == [r[key] for r in rows][-2:], key
+    for a, b in zip(_leaves(whole), _leaves(resumed), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_config_refuses_what_partial_rollouts_do_not_go_with():
+    for overrides, named in (
+        (dict(continuous_slots=0), "rollout.continuous_slots = 0"),
+        (dict(max_staleness=1), "rollout.max_staleness"),
+        (dict(editors=("dre",)), "rollout.editors"),
+    ):
+        c = _config()
+        c.rollout.update(**overrides)
+        c.objective.weight = config_lib.base_config().objective.weight  # ('tis' refuses DRE)
+        with pytest.raises(config_lib.ConfigError, match="rollout.partial_budget") as e:
+            config_lib.validate(c, num_devices=1)
+        assert named in str(e.value)
+    c = _config()
+    c.data.source = "dynamic"
+    with pytest.raises(config_lib.ConfigError, match="data.source = 'dynamic'"):
+        config_lib.validate(c, num_devices=1)
