@@ -19,11 +19,13 @@ run from 1 to the cap. Variants:
   continuous     rollout.continuous_slots = 32: a finished row's slot takes the next row
   k1, k2         static rollouts sampled 1 or 2 steps ahead (rollout.max_staleness)
   continuous_k1  both
+  partial        continuous, and the next batch's rows begun in the idle slots, up to 32
+                 tokens each (rollout.partial_budget), continued in the next step
 Per variant (medians over the steps after --warmup, and over --rounds runs taken in
 alternating order): seconds per step, useful tokens/s (completion tokens / step seconds, and
 / rollout seconds: the engine alone), rollout seconds, and the share of slot-steps spent on finished rows (static: 1 - mean / max
 completion length of the batch, `rollout/response_length{,_max}`; continuous: 1 -
-`rollout/continuous_slot_busy_share`). Targets: continuous >= 1.5x static's useful tokens/s;
+`rollout/{continuous,partial}_slot_busy_share`). Targets: continuous >= 1.5x static's useful tokens/s;
 k1's step <= max(static's rollout, static's update) + 10%. The machine must be quiet
 (`peers.wait_for_quiet` before each run); busy share and load are recorded.
 """
@@ -61,6 +63,7 @@ SPREAD_VARIANTS = {
     "k1": {"rollout.max_staleness": 1},
     "k2": {"rollout.max_staleness": 2},
     "continuous_k1": {"rollout.continuous_slots": SPREAD_SLOTS, "rollout.max_staleness": 1},
+    "partial": {"rollout.continuous_slots": SPREAD_SLOTS, "rollout.partial_budget": 32},
 }
 WORKLOADS = {"roles": VARIANTS, "spread": SPREAD_VARIANTS}
 
@@ -128,6 +131,7 @@ def _run(variant: str, args, workdir: str) -> dict:
         )
         busy = [
             r.get("rollout/continuous_slot_busy_share")
+            or r.get("rollout/partial_slot_busy_share")
             or r["rollout/response_length"] / max(r["rollout/response_length_max"], 1.0)
             for r in rows
         ]
