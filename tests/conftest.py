@@ -123,6 +123,26 @@ def assert_resumed_run_equal(full, resumed, full_dir, cut_dir, step: int) -> dic
     return want[0]
 
 
+def run_trainer(config, workdir) -> tuple:
+    """Train `config` in `workdir` with the evaluation stubbed out (pass@1 0) -> (trainer,
+    summary, the logged rows that hold a train/loss)."""
+    from jaxrl_frontier.run import trainer as tr
+
+    trainer = tr.Trainer(config, str(workdir))
+    trainer.evaluate = lambda num_prompts=None: {"eval/pass@1_greedy": 0.0}
+    summary = trainer.run()
+    rows = [json.loads(line) for line in open(os.path.join(str(workdir), "metrics.jsonl"))]
+    return trainer, summary, [r for r in rows if "train/loss" in r]
+
+
+def override(config, overrides: dict):
+    """config with {"section.name": value} set (one level of sections)."""
+    for key, value in overrides.items():
+        section, name = key.split(".")
+        config[section][name] = value
+    return config
+
+
 def small_rl_config(mode: str = "rl", num_devices: int = 1):
     """A base config for seconds-long trainer tests: one-digit additions (prompts of 5
     tokens), 4 prompts x 4 completions of 3 tokens, a d=32 model."""

@@ -73,13 +73,15 @@ class ContinuousSampler(Sampler):
         self.stats: dict[str, float] = {}
         self.stats_prefix = "rollout/continuous_"  # the stats' metric names
 
-    def continuous_program(self, rows: int):
+    def slot_program(self, name: str, rows: int):
+        """The jitted `_<name>` ('continuous', or a subclass's slot program) for a decode
+        over `rows` rows (XLA options by the slots that run at once)."""
         options = rollout_compiler_options(self.platform, min(self.slots, rows))
-        if ("continuous", options) not in self._jits:
-            self._jits["continuous", options] = jax.jit(
-                self._continuous, static_argnames=("plan",), compiler_options=dict(options)
+        if (name, options) not in self._jits:
+            self._jits[name, options] = jax.jit(
+                getattr(self, f"_{name}"), static_argnames=("plan",), compiler_options=dict(options)
             )
-        return self._jits["continuous", options]
+        return self._jits[name, options]
 
     def generate(
         self,
@@ -103,7 +105,7 @@ class ContinuousSampler(Sampler):
             state, tokens, mask, key, knobs, n=1, use_dropout=False, slots=plan.max_new_tokens
         )
         version = np.int32(self.policy_version if policy_version is None else policy_version)
-        run = self.continuous_program(tokens.shape[0] * plan.n)
+        run = self.slot_program("continuous", tokens.shape[0] * plan.n)
         rollout, steps, busy = run(
             state, cache, logits0, prompt_len, (tokens, mask), key, knobs, version, plan=plan
         )

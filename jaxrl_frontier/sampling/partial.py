@@ -195,7 +195,7 @@ class PartialSampler(ContinuousSampler):
                         (nxt.tokens, nxt.policy_logp, nxt.sample_logp)))  # fmt: skip
         buffers = (out, cat(cur.lengths, nxt.lengths), cat(cur.stopped, nxt.stopped))
         keys = (jax.random.wrap_key_data(cur.key_data), nxt_key)
-        out, lengths, stopped, steps, busy = self.partial_program(2 * b)(
+        out, lengths, stopped, steps, busy = self.slot_program("partial", 2 * b)(
             state, rows_tok, rows_mask, nxt_cache, nxt_logits, rows, keys, knobs, buffers,
             plan=plan,
         )  # fmt: skip
@@ -259,16 +259,6 @@ class PartialSampler(ContinuousSampler):
         return rollout.replace(
             policy_version=jnp.asarray(first), token_version=jnp.asarray(rows.version)
         )
-
-    def partial_program(self, rows: int):
-        from jaxrl_frontier.core.xla_options import rollout_compiler_options
-
-        options = rollout_compiler_options(self.platform, min(self.slots, rows))
-        if ("partial", options) not in self._jits:
-            self._jits["partial", options] = jax.jit(
-                self._partial, static_argnames=("plan",), compiler_options=dict(options)
-            )
-        return self._jits["partial", options]
 
     def _partial(
         self, state, rows_tok, rows_mask, nxt_cache, nxt_logits, rows, keys, knobs, buffers, *, plan

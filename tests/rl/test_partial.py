@@ -17,7 +17,7 @@ import sys
 import jax
 import numpy as np
 import pytest
-from conftest import small_rl_config
+from conftest import override, run_trainer, small_rl_config
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "sampling"))
 from test_sampling import PAD, TN, N, make_model, prompts  # noqa: E402
@@ -108,18 +108,11 @@ def _config(**overrides):
     c.objective.weight = "tis"  # corrects the tokens sampled one version back
     c.optimizer.update(lr=5e-3, warmup_steps=0)
     c.train.update(steps=4, log_every=1, eval_every=10**6, checkpoint_every=10**6)
-    for key, value in overrides.items():
-        section, name = key.split(".")
-        c[section][name] = value
-    return c
+    return override(c, overrides)
 
 
 def _run(tmp_path, name, **overrides):
-    trainer = tr.Trainer(_config(**overrides), str(tmp_path / name))
-    trainer.evaluate = lambda num_prompts=None: {"eval/pass@1_greedy": 0.0}
-    summary = trainer.run()
-    rows = [json.loads(line) for line in open(tmp_path / name / "metrics.jsonl")]
-    return trainer, summary, [r for r in rows if "train/loss" in r]
+    return run_trainer(_config(**overrides), tmp_path / name)
 
 
 class Killed(Exception):
