@@ -135,6 +135,35 @@ def run_trainer(config, workdir) -> tuple:
     return trainer, summary, [r for r in rows if "train/loss" in r]
 
 
+class Killed(Exception):
+    """Stands for a kill -9 right after a checkpoint (tests/train/test_reliability.py sends
+    real ones to scripts/train.py)."""
+
+
+def run_killed_after(config, workdir, step: int) -> None:
+    """Train `config` in `workdir` (evaluation stubbed out) and stop it dead once step
+    `step`'s checkpoint is on disk: nothing after it runs, nothing is drained or saved."""
+    from jaxrl_frontier.run import trainer as tr
+
+    trainer = tr.Trainer(config, str(workdir))
+    trainer.evaluate = lambda num_prompts=None: {"eval/pass@1_greedy": 0.0}
+    end_of_step = trainer._end_of_step
+
+    def killed(done, stop, tag):
+        outcome = end_of_step(done, stop, tag)
+        if done == step:
+            trainer.ckpt.wait()
+            raise Killed
+        return outcome
+
+    trainer._end_of_step = killed
+    try:
+        trainer.run()
+    except Killed:
+        return
+    raise AssertionError(f"the run ended before step {step}")
+
+
 def override(config, overrides: dict):
     """config with {"section.name": value} set (one level of sections)."""
     for key, value in overrides.items():

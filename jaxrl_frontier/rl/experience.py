@@ -37,6 +37,7 @@ import flax.struct
 import jax
 import numpy as np
 
+from jaxrl_frontier.core.serialize import array_from_text, array_to_text
 from jaxrl_frontier.data.tasks.base import Example
 
 Array = jax.Array
@@ -223,3 +224,79 @@ def log_rollouts(logger, step: int, exp: Experience, info: dict, mesh, prompt_of
             rewards=dict(zip(reward_names, map(float, res.rewards[i % g]))),
             advantage=float(adv[i]),
         )
+
+
+# ---------------------------------------------------------------- batches across a checkpoint
+
+
+def batch_state(exp: Experience, info: dict) -> dict:
+    """A produced batch (Experience, the producer's info) as JSON-able host state, exactly:
+    each array's bits and its partition spec, the info's metrics, results and texts. For a
+    checkpoint taken with batches in flight (`rl/overlap.py`); one process's rows."""
+    arrays = {}
+    for name, x in {**_fields(exp), **{f"extras.{k}": v for k, v in exp.extras.items()}}.items():
+        spec = getattr(x.sharding, "spec", ())
+        arrays[name] = dict(data=array_to_text(jax.device_get(x)), spec=_spec_state(spec))
+    results = [
+        {**dataclasses.asdict(r), **{k: array_to_text(getattr(r, k)) for k in _RESULT_ARRAYS}}
+        for r in info["results"]
+    ]
+    if any(r.episode_states for r in info["results"]):
+        raise ValueError("batch_state: episodes' visited states are not saved (environment runs)")
+    return dict(
+        arrays=arrays,
+        metrics={k: float(v) for k, v in jax.device_get(info["metrics"]).items()},
+        results=results,
+        **{k: _plain(jax.device_get(info[k])) for k in _INFO_SCALARS if k in info},
+        texts=list(info["texts"]),
+    )
+
+
+def batch_from_state(state: dict, mesh) -> tuple[Experience, dict]:
+    """`batch_state`'s inverse: the Experience placed on `mesh` as it was sharded."""
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    placed = {
+        name: jax.device_put(
+            array_from_text(a["data"]),
+            NamedSharding(
+                mesh, PartitionSpec(*[tuple(p) if isinstance(p, list) else p for p in a["spec"]])
+            ),
+        )
+        for name, a in state["arrays"].items()
+    }
+    extras = {k.split(".", 1)[1]: v for k, v in placed.items() if k.startswith("extras.")}
+    fields = {k: v for k, v in placed.items() if not k.startswith("extras.")}
+    results = [
+        PromptResult(**{**r, **{k: array_from_text(r[k]) for k in _RESULT_ARRAYS},
+                        "texts": tuple(r["texts"]), "episode_states": ()})
+        for r in state["results"]
+    ]  # fmt: skip
+    info = dict(
+        metrics={k: jnp.float32(v) for k, v in state["metrics"].items()},
+        results=results,
+        texts=tuple(state["texts"]),
+        **{k: state[k] for k in _INFO_SCALARS if k in state},
+    )
+    return Experience(**fields, extras=extras), info
+
+
+_RESULT_ARRAYS = ("rewards", "reward", "lengths")
+_INFO_SCALARS = ("n_failed", "rollout_seconds", "policy_version", "knobs")
+
+
+def _fields(exp: Experience) -> dict:
+    names = [f.name for f in dataclasses.fields(exp) if f.name != "extras"]
+    return {n: getattr(exp, n) for n in names if getattr(exp, n) is not None}
+
+
+def _plain(v):
+    """numpy scalars (and dicts of them) as Python numbers, for JSON."""
+    if isinstance(v, dict):
+        return {k: _plain(x) for k, x in v.items()}
+    return v.item() if hasattr(v, "item") else v
+
+
+def _spec_state(spec) -> list:
+    return [list(p) if isinstance(p, tuple) else p for p in spec]

@@ -24,11 +24,13 @@ rollout are a copy (the update donates its state). The loss corrects for the lag
 configured weight against the behaviour log-probs (`tis`, `dppo`, `ppo_clip`, ...): each row
 carries the version that sampled it.
 
-Nothing is lost across a checkpoint: no batch is started that a step ending with an eval, a
-checkpoint or the run's end would leave in flight (`RolloutsAhead.room`), so every
-checkpoint is taken with nothing in flight, and a resumed run continues exactly. If a stop
-signal arrives while batches are in flight, the prompt source's state from before the oldest
-one's prompts is the one saved.
+Nothing is lost across a checkpoint. No batch is started that a sync step (an eval, a stage
+boundary, the run's end) would leave in flight (`RolloutsAhead.room`). A checkpoint does not
+drain the queue where the trainer can save it (`Trainer.keeps_in_flight`: one process, the
+plain producer): `finished` waits for the batch being produced and returns every batch in
+flight, which the checkpoint holds and `restore` queues again. Elsewhere checkpoints are sync
+steps too, and a stop signal with batches in flight saves the prompt source's state from
+before the oldest one's prompts.
 """
 
 from __future__ import annotations
@@ -83,6 +85,19 @@ class RolloutsAhead:
             return None
         return out
 
+    def finished(self) -> list[tuple]:
+        """Every batch in flight, produced to its end (waiting for the one running), oldest
+        first; they stay queued, now done: what a checkpoint that does not drain saves."""
+        outs = []
+        for i, (future, finish, state) in enumerate(self._pending):
+            outs.append(finish(future.result()))
+            self._pending[i] = (_done(outs[-1]), _identity, state)
+        return outs
+
+    def restore(self, outs: list[tuple], source_state: dict) -> None:
+        """Queue batches saved by `finished` (a resumed run), oldest first."""
+        self._pending.extend((_done(out), _identity, source_state) for out in outs)
+
     def source_state(self, source) -> dict:
         """The prompt-source state to checkpoint: from before the oldest batch in flight."""
         return self._pending[0][2] if self._pending else source.state()
@@ -93,3 +108,13 @@ class RolloutsAhead:
         self._pending.clear()
         if self._pool is not None:
             self._pool.shutdown(wait=True)
+
+
+def _done(value) -> Future:
+    future: Future = Future()
+    future.set_result(value)
+    return future
+
+
+def _identity(x):
+    return x

@@ -32,7 +32,7 @@ from jaxrl_frontier.data.rewards.scorer import make_scorer
 from jaxrl_frontier.data.tasks import task_for
 from jaxrl_frontier.models import hf, lora
 from jaxrl_frontier.rl import diagnostics
-from jaxrl_frontier.rl.experience import Experience, log_rollouts
+from jaxrl_frontier.rl.experience import Experience, batch_from_state, batch_state, log_rollouts
 from jaxrl_frontier.rl.learn.learner import reshard_to
 from jaxrl_frontier.rl.learn.optimizer import build_optimizer
 from jaxrl_frontier.rl.learn.train_step import (
@@ -176,8 +176,15 @@ class Trainer:
         return key
 
     def _save(self) -> None:
-        data = self.ahead.source_state(self.source)  # before any batch still in flight
+        ahead = None
+        if self.ahead.in_flight and self.keeps_in_flight:  # saved whole, the source past them
+            ahead = [batch_state(*out) for out in self.ahead.finished()]
+            data = self.source.state()
+        else:
+            data = self.ahead.source_state(self.source)  # before any batch still in flight
         meta = dict(data=data, history=self.history, config=self.launch_config.to_dict())
+        if ahead:
+            meta["ahead"] = ahead
         meta["knobs"] = self.knobs.state()  # controllers' states, every spec
         if self.next_batch is not None:  # partial rollouts: the rows in flight, not drained
             examples, key = self.next_batch
@@ -203,6 +210,9 @@ class Trainer:
             self.source.restore(meta["data"])
         if meta.get("knobs") is not None or self.knobs:
             self.knobs.restore(meta.get("knobs") or {})
+        if meta.get("ahead"):  # batches produced ahead, saved with the checkpoint
+            outs = [batch_from_state(b, self.mesh) for b in meta["ahead"]]
+            self.ahead.restore(outs, self.source.state())
         if meta.get("partial") is not None:
             partial = meta["partial"]
             key = jax.random.wrap_key_data(np.asarray(partial["key"], np.uint32))
@@ -330,6 +340,18 @@ class Trainer:
         return finish(job(examples))
 
     @property
+    def keeps_in_flight(self) -> bool:
+        """Batches produced ahead (`rollout.max_staleness`) cross a checkpoint, saved whole
+        with it (`RolloutsAhead.finished`), instead of the queue draining before it: on one
+        process, with the plain producer and a source that draws only in the main loop."""
+        return (
+            self.ahead.enabled
+            and jax.process_count() == 1
+            and isinstance(self.producer, RolloutProducer)
+            and self.config.data.source != "dynamic"
+        )
+
+    @property
     def local_rollouts(self) -> bool:
         """Each process samples its own rows on its own devices (asynchronous rollouts on
         several processes: rl/produce/rollout.py), so a rollout ahead runs `draw` alone in
@@ -385,8 +407,11 @@ class Trainer:
             out = self._partial_rollout(done, boundaries)
         exp, info = out or self.rollout(self.source.next_batch(), self._sample_key())
         self.source.observe(info["results"])
+        drains = not self.keeps_in_flight  # else a checkpoint saves the batches in flight
         syncs = lambda s: (
-            s % c.train.eval_every == 0 or s % c.train.checkpoint_every == 0 or s in boundaries
+            s % c.train.eval_every == 0
+            or (drains and s % c.train.checkpoint_every == 0)
+            or s in boundaries
         )
         while self.ahead.room(done, c.train.steps, syncs):  # taken at done + in_flight + 1
             step = done + self.ahead.in_flight  # its step's index, for the scheduled knobs

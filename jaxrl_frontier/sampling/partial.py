@@ -21,15 +21,14 @@ reduction order). One device, as `ContinuousSampler`; the rows in flight are hos
 
 from __future__ import annotations
 
-import base64
 import dataclasses
-import io
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jaxrl_frontier.core.serialize import array_from_text, array_to_text
 from jaxrl_frontier.sampling import ops
 from jaxrl_frontier.sampling import rollout as ro
 from jaxrl_frontier.sampling.continuous import ContinuousSampler, RowPlan, uniforms
@@ -82,11 +81,11 @@ class RowsInFlight:
 
     def state(self) -> dict[str, str]:
         """JSON-able: each array as base64 of its .npy bytes (exact, dtype kept)."""
-        return {f.name: _encode(getattr(self, f.name)) for f in dataclasses.fields(self)}
+        return {f.name: array_to_text(getattr(self, f.name)) for f in dataclasses.fields(self)}
 
     @classmethod
     def from_state(cls, state: dict[str, str]) -> RowsInFlight:
-        return cls(**{f.name: _decode(state[f.name]) for f in dataclasses.fields(cls)})
+        return cls(**{f.name: array_from_text(state[f.name]) for f in dataclasses.fields(cls)})
 
 
 class PartialSampler(ContinuousSampler):
@@ -290,13 +289,3 @@ class PartialSampler(ContinuousSampler):
             self.decode_model(state), start_cache, start_logits, rows, u, buffers, plan, knobs
         )
         return s.out, s.lengths, s.stopped, s.steps, s.busy
-
-
-def _encode(x: np.ndarray) -> str:
-    buf = io.BytesIO()
-    np.save(buf, np.asarray(x), allow_pickle=False)
-    return base64.b64encode(buf.getvalue()).decode("ascii")
-
-
-def _decode(s: str) -> np.ndarray:
-    return np.load(io.BytesIO(base64.b64decode(s)), allow_pickle=False)

@@ -12,7 +12,7 @@ import json
 import jax
 import numpy as np
 import pytest
-from conftest import override, run_trainer, small_rl_config
+from conftest import override, run_killed_after, run_trainer, small_rl_config
 
 from jaxrl_frontier.run import config as config_lib
 from jaxrl_frontier.run import trainer as tr
@@ -79,33 +79,37 @@ def test_asynchronous_run_learns_and_resumes_exactly(tmp_path):
     assert np.mean(reward[-5:]) > np.mean(reward[:5]) + 0.05, reward
     assert max(r["rollout/policy_lag"] for r in rows) == 1.0
 
-    whole, _, _ = _run(tmp_path, "whole", **async1, **{"train.checkpoint_every": 2})
-    _run(tmp_path, "cut", **async1, **{"train.checkpoint_every": 2, "train.steps": 2})
-    resumed, summary, _ = _run(tmp_path, "cut", **async1, **{"train.checkpoint_every": 2})
+    # killed after step 2's checkpoint, which holds step 3's batch produced during step 2
+    whole, _, rows_whole = _run(tmp_path, "whole", **async1, **{"train.checkpoint_every": 2})
+    run_killed_after(_config(**async1, **{"train.checkpoint_every": 2}), tmp_path / "cut", 2)
+    held = json.load(open(tmp_path / "cut" / "checkpoints" / "2" / "meta" / "metadata"))
+    assert len(held["ahead"]) == 1  # no drain before the checkpoint: one batch in flight
+    resumed, summary, rows = _run(tmp_path, "cut", **async1, **{"train.checkpoint_every": 2})
     assert summary["step"] == 4
+    assert [r["rollout/policy_lag"] for r in rows_whole] == [0.0, 1.0, 1.0, 1.0]
+    for key in ("train/loss", "reward/total", "rollout/policy_lag", "train/grad_norm"):
+        assert [r[key] for r in rows][-2:] == [r[key] for r in rows_whole][-2:], key
     for a, b in zip(_leaves(whole), _leaves(resumed), strict=True):
         np.testing.assert_array_equal(a, b)
 
 
 def test_staleness_k_keeps_k_batches_in_flight_and_resumes_exactly(tmp_path):
     """k = 2: the lag climbs to 2 and stays there (the batch a step starts is taken two steps
-    later); no batch is left in flight across a checkpoint, so a run cut at one resumes to
-    the uncut run's weights and metrics."""
-    async2 = {"rollout.devices": 4, "rollout.max_staleness": 2}
+    later), across checkpoints too: a checkpoint saves the batches in flight instead of
+    draining the queue, so a run killed after one resumes to the uncut run's weights and
+    metrics with the lag still 2."""
+    async2 = {"rollout.devices": 4, "rollout.max_staleness": 2, "train.checkpoint_every": 3}
     whole, _, rows = _run(tmp_path, "whole", **async2, **{"train.steps": 6})
     assert [r["rollout/policy_lag"] for r in rows] == [0.0, 1.0, 2.0, 2.0, 2.0, 2.0]
     assert rows[-1]["rollout/dropped_stale_total"] == 0.0
-    cut = {**async2, "train.checkpoint_every": 3}
-    _run(tmp_path, "cut", **cut, **{"train.steps": 3})
-    resumed, summary, rows_resumed = _run(tmp_path, "cut", **cut, **{"train.steps": 6})
+    run_killed_after(_config(**async2, **{"train.steps": 6}), tmp_path / "cut", 3)
+    held = json.load(open(tmp_path / "cut" / "checkpoints" / "3" / "meta" / "metadata"))
+    assert [b["policy_version"] for b in held["ahead"]] == [1, 2]  # steps 4, 5's batches
+    resumed, summary, rows_resumed = _run(tmp_path, "cut", **async2, **{"train.steps": 6})
     assert summary["step"] == 6
-    # the checkpoint at 3 drains the queue: steps 4-6 ramp up again (lags 0, 1, 2)
-    assert [r["rollout/policy_lag"] for r in rows_resumed][-3:] == [0.0, 1.0, 2.0]
-    again, _, rows_again = _run(tmp_path, "again", **cut, **{"train.steps": 6})
-    assert [r["train/loss"] for r in rows_resumed][-3:] == [r["train/loss"] for r in rows_again][
-        -3:
-    ]
-    for a, b in zip(_leaves(again), _leaves(resumed), strict=True):
+    for key in ("train/loss", "reward/total", "rollout/policy_lag", "train/grad_norm"):
+        assert [r[key] for r in rows_resumed][-3:] == [r[key] for r in rows][-3:], key
+    for a, b in zip(_leaves(whole), _leaves(resumed), strict=True):
         np.testing.assert_array_equal(a, b)
 
 

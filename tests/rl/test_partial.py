@@ -17,13 +17,12 @@ import sys
 import jax
 import numpy as np
 import pytest
-from conftest import override, run_trainer, small_rl_config
+from conftest import override, run_killed_after, run_trainer, small_rl_config
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "sampling"))
 from test_sampling import PAD, TN, N, make_model, prompts  # noqa: E402
 
 from jaxrl_frontier.run import config as config_lib  # noqa: E402
-from jaxrl_frontier.run import trainer as tr  # noqa: E402
 from jaxrl_frontier.sampling import ContinuousSampler, SamplingParams  # noqa: E402
 from jaxrl_frontier.sampling.partial import PartialSampler, RowsInFlight  # noqa: E402
 
@@ -115,10 +114,6 @@ def _run(tmp_path, name, **overrides):
     return run_trainer(_config(**overrides), tmp_path / name)
 
 
-class Killed(Exception):
-    """Stands for a kill -9 (scripts run one in tests/train/test_reliability.py)."""
-
-
 def _leaves(trainer):
     return [np.asarray(x) for x in jax.tree.leaves(trainer.state.params)]
 
@@ -131,20 +126,7 @@ def test_trainer_lags_by_at_most_one_and_resumes_with_rows_in_flight(tmp_path):
     assert [r["rollout/policy_lag"] for r in rows] == [0.0, 1.0, 1.0, 1.0]
     assert rows[-1]["train/grad_norm"] > 0
     # killed right after step 2's checkpoint, which holds step 3's rows begun during step 2
-    cut = tr.Trainer(_config(**{"train.checkpoint_every": 2}), str(tmp_path / "cut"))
-    cut.evaluate = lambda num_prompts=None: {"eval/pass@1_greedy": 0.0}
-    end_of_step = cut._end_of_step
-
-    def killed_after_two(done, stop, tag):
-        outcome = end_of_step(done, stop, tag)
-        if done == 2:
-            cut.ckpt.wait()
-            raise Killed
-        return outcome
-
-    cut._end_of_step = killed_after_two
-    with pytest.raises(Killed):
-        cut.run()
+    run_killed_after(_config(**{"train.checkpoint_every": 2}), tmp_path / "cut", 2)
     held = json.load(open(tmp_path / "cut" / "checkpoints" / "2" / "meta" / "metadata"))
     assert len(held["partial"]["examples"]) == 4
     rows_held = RowsInFlight.from_state(held["partial"]["rows"])

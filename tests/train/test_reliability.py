@@ -22,7 +22,7 @@ from safetensors.numpy import load_file
 
 from jaxrl_frontier.core.errors import TrainingFault
 from jaxrl_frontier.run.trainer import Trainer
-from jaxrl_frontier.train.checkpoint import Checkpointer
+from jaxrl_frontier.train.checkpoint import Checkpointer, read_step_meta, step_dirs
 from jaxrl_frontier.train.metrics import METRICS_FILE, ROLLOUTS_FILE
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -120,6 +120,8 @@ def test_every_checkpoint_damaged_is_an_error_naming_each(reference, tmp_path):
 
 # partial rollouts: every checkpoint holds the next batch's rows begun in its step
 PARTIAL = {"rollout.continuous_slots": 4, "rollout.partial_budget": 2}
+# a batch produced ahead of the learner: every checkpoint holds the one in flight
+AHEAD = {"rollout.max_staleness": 1}
 
 
 def _cmd(workdir, steps: int, extra: dict | None = None) -> list[str]:
@@ -166,7 +168,9 @@ def _committed(workdir) -> bool:
     return ckpt.exists() and any((p / "commit_success.txt").exists() for p in ckpt.iterdir())
 
 
-@pytest.mark.parametrize("extra", [{}, PARTIAL], ids=["synchronous", "partial_rollouts"])
+@pytest.mark.parametrize(
+    "extra", [{}, PARTIAL, AHEAD], ids=["synchronous", "partial_rollouts", "one_batch_ahead"]
+)
 def test_kill_9_at_random_moments_then_resume_loses_nothing(tmp_path, extra):
     steps = 10
     ref = tmp_path / "ref"
@@ -225,8 +229,15 @@ def test_kill_9_at_random_moments_then_resume_loses_nothing(tmp_path, extra):
     want, got = read_metrics(ref), read_metrics(workdir)
     for key in ("train/loss", "reward/total", "train/grad_norm"):
         assert series(want, key) == series(got, key), key
-    if extra:  # the rows in flight were real: tokens sampled a version back were trained on
+    # the checkpoints held what was in flight (the run's last one holds nothing)
+    ckpt = str(workdir / "checkpoints")
+    metas = [read_step_meta(ckpt, s) for s in step_dirs(ckpt) if s < steps]
+    if extra == PARTIAL:  # rows in flight were real: tokens sampled a version back trained on
         assert max(series(got, "rollout/lagged_token_share").values()) > 0
+        assert metas and all(m["partial"]["rows"] for m in metas)
+    if extra == AHEAD:  # a batch was in flight at every step after the first
+        assert max(series(got, "rollout/policy_lag").values()) == 1.0
+        assert metas and all(len(m["ahead"]) == 1 for m in metas)
     assert [r["completion"] for r in read_rollouts(ref)] == [
         r["completion"] for r in read_rollouts(workdir)
     ]
