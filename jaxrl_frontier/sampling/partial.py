@@ -145,10 +145,15 @@ class PartialSampler(ContinuousSampler):
                 f"samples [{len(cur.prompt_tokens) * n}, {tn}] (group size or max_new_tokens changed)"
             )
         ahead = self._next
+        if ahead is not None and len(ahead[0]) != len(cur.prompt_tokens):
+            raise ValueError(
+                f"partial rollouts: the batch begun ahead has {len(ahead[0])} prompts, this "
+                f"one {len(cur.prompt_tokens)}; both run in one slot decode of equal halves"
+            )
         nxt = RowsInFlight.fresh(
             *(ahead or (cur.prompt_tokens, cur.prompt_mask, key)), n, tn, self.pad_id
         )
-        out, lengths, stopped = self._run(cur, nxt, ahead is not None, plan, knobs, version)
+        out, lengths, stopped = self._run(cur, nxt, ahead is not None, plan, knobs)
         b = cur.tokens.shape[0]
         done, kept = (
             self._rows_after(rows, out, lengths, stopped, part, version)
@@ -157,7 +162,7 @@ class PartialSampler(ContinuousSampler):
         self.in_flight, self._next = (kept if ahead is not None else None), None
         return self._rollout(done, n, version)
 
-    def _run(self, cur: RowsInFlight, nxt: RowsInFlight, ahead: bool, plan, knobs, version):
+    def _run(self, cur: RowsInFlight, nxt: RowsInFlight, ahead: bool, plan, knobs):
         """One call's slot decode over [cur rows; next rows] -> host (out, lengths, stopped)."""
         n, tn, b = plan.n, plan.max_new_tokens, cur.tokens.shape[0]
         (cur_tok, cur_mask), (nxt_tok, nxt_mask) = self._left_pad(cur, nxt)

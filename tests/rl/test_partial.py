@@ -98,6 +98,10 @@ def test_rows_in_flight_survive_state_and_restore(model):
     with pytest.raises(ValueError, match="not the one the last call began"):
         fresh.restore(saved)
         fresh.generate(*batches[0], STOPS, keys[2])
+    fresh.restore(None)
+    fresh.begin_next(*prompts([3, 4], seed=9), keys[0])  # 2 prompts after a batch of 3
+    with pytest.raises(ValueError, match="begun ahead has 2 prompts, this one 3"):
+        fresh.generate(*batches[0], STOPS, keys[0])
 
 
 def _config(**overrides):
