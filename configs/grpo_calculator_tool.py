@@ -11,7 +11,11 @@ with reward 1 if right (markers in braces: the character tokenizer has no `<` or
 to 4 turns of 16 tokens, G = 8 episodes per problem, GRPO on the episode returns. The
 calculator's results are observations (never trained on). A model that does not already
 write the call and answer syntax earns no reward: start from one that does (an instruct
-model, or an SFT warm start); the default scratch model only exercises the pipeline.
+model, or an SFT warm start); the default scratch model only exercises the pipeline. The
+runlocal variant poses problems with numbers up to 2 and starts from
+`data/warm_starts/calculator` (scripts/make_warm_starts.py), which answers at once with one
+of the four commonest answers: right on about a quarter, so its groups disagree and a
+two-step run trains.
 """
 
 from jaxrl_frontier.run import presets

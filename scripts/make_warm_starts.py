@@ -13,6 +13,7 @@ committed under data/warm_starts/<name>/; `presets.shrink` points the RL configs
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import shutil
 import sys
@@ -57,6 +58,25 @@ def frozenlake():
     return c
 
 
+def calculator():
+    """The calculator runlocal's problems (numbers up to 2): a policy that answers at once
+    with one of the commonest answers, each cloned equally often (right on about 1 in 4)."""
+    spec = importlib.util.spec_from_file_location(
+        "grpo_calculator_tool", os.path.join(ROOT, "configs", "grpo_calculator_tool.py")
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    c = module.get_config()
+    c.mode = "sft"
+    c.env.kwargs = dict(c.env.kwargs, **presets.RUNLOCAL_CALCULATOR_ENV)
+    answer = c.env.kwargs["syntax"]["answer_open"], c.env.kwargs["syntax"]["answer_close"]
+    c.env.demonstrations = tuple(
+        f"{answer[0]}{n}{answer[1]}" for n in presets.CALCULATOR_WARM_ANSWERS
+    )
+    c.train.update(steps=100, sft_batch=32)
+    return c
+
+
 def math():
     """The qwen_math runlocal's task: the sample JSONL's worked solutions, char tokenizer."""
     c = presets.arithmetic("sft")
@@ -69,6 +89,7 @@ def math():
 
 WARM_STARTS = {
     "arith1": arith1,
+    "calculator": calculator,
     "code": code,
     "countdown": countdown,
     "frozenlake": frozenlake,

@@ -22,6 +22,11 @@ ARITH_TASK = dict(max_digits=3, ops="+", prompt_template="{a:03d}{op}{b:03d}=")
 # The runlocal variants' arithmetic: 1-digit addition, which a d=32 model half learns in
 # 250 SFT steps (the warm start its RL variants begin from).
 RUNLOCAL_ARITH_TASK = dict(max_digits=1, ops="+", prompt_template="{a}{op}{b}=")
+# The calculator runlocal's word problems: numbers up to 2, so a few answers cover most
+# problems (6 on 41%, 4 on 20%) and its warm start, which answers at once with one of the
+# commonest, is right on about a quarter: groups disagree
+RUNLOCAL_CALCULATOR_ENV = dict(max_number=2)
+CALCULATOR_WARM_ANSWERS = (6, 4, 1, 2)
 # Tiny SFT policies (scripts/make_warm_starts.py) the runlocal RL variants start from, so their
 # groups disagree and a two-step run trains: task family -> directory under the repository.
 WARM_STARTS_DIR = os.path.join("data", "warm_starts")
@@ -170,6 +175,8 @@ def warm_start(c: ml_collections.ConfigDict) -> str | None:
         return None
     if c.env.name == "gridworld":
         name = "frozenlake"
+    elif c.env.name == "calculator":
+        name = "calculator"
     else:
         name = {
             "arithmetic": "arith1",
@@ -186,6 +193,8 @@ def shrink(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     disagree and the update is not 0), a few steps, small eval, the stages from step 1 on."""
     if c.task.name == "arithmetic" and not c.env.name:
         c.task.kwargs = dict(RUNLOCAL_ARITH_TASK)
+    if c.env.name == "calculator":
+        c.env.kwargs = dict(c.env.kwargs, **RUNLOCAL_CALCULATOR_ENV)
     start = warm_start(c)
     c.model.init = "checkpoint" if start else "scratch"
     c.model.path = start or ""
