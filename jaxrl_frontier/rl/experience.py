@@ -233,6 +233,8 @@ def batch_state(exp: Experience, info: dict) -> dict:
     """A produced batch (Experience, the producer's info) as JSON-able host state, exactly:
     each array's bits and its partition spec, the info's metrics, results and texts. For a
     checkpoint taken with batches in flight (`rl/overlap.py`); one process's rows."""
+    if any(r.episode_states for r in info["results"]):
+        raise ValueError("batch_state: episodes' visited states are not saved (environment runs)")
     arrays = {}
     for name, x in {**_fields(exp), **{f"extras.{k}": v for k, v in exp.extras.items()}}.items():
         spec = getattr(x.sharding, "spec", ())
@@ -241,8 +243,6 @@ def batch_state(exp: Experience, info: dict) -> dict:
         {**dataclasses.asdict(r), **{k: array_to_text(getattr(r, k)) for k in _RESULT_ARRAYS}}
         for r in info["results"]
     ]
-    if any(r.episode_states for r in info["results"]):
-        raise ValueError("batch_state: episodes' visited states are not saved (environment runs)")
     return dict(
         arrays=arrays,
         metrics={k: float(v) for k, v in jax.device_get(info["metrics"]).items()},

@@ -196,7 +196,7 @@ class ContinuousSampler(Sampler):
             return jnp.any(s.row == idle) & (s.next_row < rows.count)
 
         def running(s: SlotState):  # a row the loop must finish is running or pending
-            return jnp.any((s.row < idle) & rows.must[row_of(s)]) | (s.next_row < rows.must_count)
+            return jnp.any(s.row < rows.must_end) | (s.next_row < rows.must_count)
 
         def step(s: SlotState) -> SlotState:
             live = s.row < idle
@@ -234,8 +234,8 @@ class RowPlan:
     """Which rows a slot decode runs, in which order and from where (R rows, device arrays).
 
     order int32 [R]: the rows in the order free slots take them; the first `count` run.
-    must bool [R]: the loop runs until each such row has finished; the first `must_count`
-      of `order` are these (a row not among them is cut where it is when the loop ends).
+    must_end int32 []: the loop runs until every row r < must_end it runs has finished; the
+      first `must_count` of `order` are these (a later row is cut where it is at the end).
     src int32 [R]: the row's start cache and logits (an index into the decode's start arrays).
     t0 int32 [R]: tokens the row holds already; its first token in this decode is token t0.
     limit int32 [R]: the row leaves its slot once it holds this many tokens (Tn: when it
@@ -245,7 +245,7 @@ class RowPlan:
 
     order: jax.Array
     count: jax.Array
-    must: jax.Array
+    must_end: jax.Array
     must_count: jax.Array
     src: jax.Array
     t0: jax.Array
@@ -258,7 +258,7 @@ class RowPlan:
         every = jnp.arange(num_rows, dtype=jnp.int32)
         count = jnp.int32(num_rows)
         full = jnp.full((num_rows,), tn, jnp.int32)
-        return cls(every, count, every >= 0, count, every // n, every * 0, full, prompt_len)
+        return cls(every, count, count, count, every // n, every * 0, full, prompt_len)
 
 
 def uniforms(streams, tn: int):

@@ -185,7 +185,7 @@ class PartialSampler(ContinuousSampler):
         rows = RowPlan(
             order=np.pad(order, (0, 2 * b - len(order))).astype(np.int32),
             count=np.int32(len(order)),
-            must=i < b,
+            must_end=np.int32(b),
             must_count=np.int32(len(todo)),
             src=np.where(i < b, i, b + (i - b) // n).astype(np.int32),  # next: its prompt
             t0=np.concatenate([cur.lengths, nxt.lengths]).astype(np.int32),
