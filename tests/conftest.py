@@ -147,6 +147,16 @@ def run_killed_after(config, workdir, step: int) -> None:
 
     trainer = tr.Trainer(config, str(workdir))
     trainer.evaluate = lambda num_prompts=None: {"eval/pass@1_greedy": 0.0}
+    killed_after(trainer, step)
+    try:
+        trainer.run()
+    except Killed:
+        return
+    raise AssertionError(f"the run ended before step {step}")
+
+
+def killed_after(trainer, step: int) -> None:
+    """Make `trainer.run()` raise `Killed` once step `step`'s checkpoint is on disk."""
     end_of_step = trainer._end_of_step
 
     def killed(done, stop, tag):
@@ -157,11 +167,6 @@ def run_killed_after(config, workdir, step: int) -> None:
         return outcome
 
     trainer._end_of_step = killed
-    try:
-        trainer.run()
-    except Killed:
-        return
-    raise AssertionError(f"the run ended before step {step}")
 
 
 def override(config, overrides: dict):

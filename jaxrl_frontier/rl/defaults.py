@@ -63,6 +63,13 @@ def rollout_section() -> ml_collections.ConfigDict:
     # > 0: batch k+1 is sampled (by the previous weights) while the learner updates on batch
     # k; a batch more than this many policy versions behind the learner is dropped
     s.max_staleness = 0
+    # with max_staleness: 0 = the fixed schedule (the batch started at step t is taken at
+    # step t + j, lag <= k whatever the speeds, reproducible); Q > 0 = a free-running
+    # producer timed by itself keeps up to Q batches queued, each by the newest weights, so
+    # a slow learner leaves stale batches (lag > k), which `stale_batches` drops or
+    # resamples (not reproducible bit for bit: rl/overlap.py)
+    s.free_running_queue = 0
+    s.stale_batches = "drop"  # a batch past the bound: 'drop' | 'resample' (its prompts anew)
     # KV cache dtype: None (the compute dtype) | float32 | bfloat16
     s.cache_dtype = config_dict.placeholder(str)
     # the decode in this many phases, each with a cache just large enough for its steps, so
@@ -152,6 +159,7 @@ CHOICES: dict[str, tuple] = {
     "rollout.cache_dtype": (None, "float32", "bfloat16"),
     "optimizer.schedule": ("constant", "cosine", "linear"),
     "critic.kind": ("none", "head", "model"),
+    "rollout.stale_batches": ("drop", "resample"),
 }
 
 # This layer's numeric keys: (low, high, low inclusive, high inclusive); None = open.
@@ -168,6 +176,7 @@ RANGES: dict[str, tuple] = {
     "rollout.decode_phases": (1, None, True, None),
     "rollout.continuous_slots": (0, None, True, None),
     "rollout.partial_budget": (0, None, True, None),
+    "rollout.free_running_queue": (0, None, True, None),
     "rollout.speculative.k": (0, None, False, None),
     "rollout.sc_vocab_chunk": (0, None, False, None),
     "optimizer.lr": (0, None, False, None),

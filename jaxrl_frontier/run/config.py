@@ -425,6 +425,8 @@ def _check_roles(c: ml_collections.ConfigDict, num_devices: int) -> None:
         check_local_rollouts(c)
     if c.rollout.partial_budget:
         _check_partial(c, procs)
+    if c.rollout.free_running_queue:
+        _check_free_running(c, procs)
 
 
 def _check_partial(c: ml_collections.ConfigDict, procs: int) -> None:
@@ -445,11 +447,29 @@ def _check_partial(c: ml_collections.ConfigDict, procs: int) -> None:
         refused.append(f"rollout.editors = {tuple(c.rollout.editors)} (they rewrite tokens)")
     if c.get("pact") is not None and c.pact.get("enabled", False):
         refused.append("pact.enabled (its producer wraps the rollouts)")
+    _refuse(f"'rollout.partial_budget' = {c.rollout.partial_budget} (partial rollouts)", refused)
+
+
+def _check_free_running(c: ml_collections.ConfigDict, procs: int) -> None:
+    """rollout.free_running_queue > 0: a background loop timed by itself draws the prompts
+    and samples them (rl/overlap.py), beside the main loop, on one process."""
+    refused = [] if c.rollout.max_staleness else ["rollout.max_staleness = 0 (no bound)"]
+    if procs > 1:
+        refused.append(f"{procs} processes (their collectives would follow its timing)")
+    if c.data.source != "uniform":
+        refused.append(f"data.source = {c.data.source!r} (it reads the results as it draws)")
+    if c.env.name:
+        refused.append(f"env.name = {c.env.name!r} (episodes: the agent producer)")
+    if c.get("pact") is not None and c.pact.get("enabled", False):
+        refused.append("pact.enabled (its producer wraps the rollouts)")
+    if tuple(c.stages):
+        refused.append("stages (a boundary needs the queue empty)")
+    _refuse(f"'rollout.free_running_queue' = {c.rollout.free_running_queue}", refused)
+
+
+def _refuse(what: str, refused: list[str]) -> None:
     if refused:
-        raise ConfigError(
-            f"config key 'rollout.partial_budget' = {c.rollout.partial_budget} (partial "
-            "rollouts) does not go with: " + "; ".join(refused)
-        )
+        raise ConfigError(f"config key {what} does not go with: " + "; ".join(refused))
 
 
 def check_local_rollouts(c: ml_collections.ConfigDict) -> None:

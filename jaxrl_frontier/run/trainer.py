@@ -39,7 +39,7 @@ from jaxrl_frontier.rl.learn.train_step import (
     init_train_state,
     optimizer_memory_kind,
 )
-from jaxrl_frontier.rl.overlap import RolloutsAhead
+from jaxrl_frontier.rl.overlap import FreeRunningRollouts, RolloutsAhead
 from jaxrl_frontier.rl.produce.rollout import RolloutProducer
 from jaxrl_frontier.rl.sources import make_source
 from jaxrl_frontier.rl.sources.utils import prompt_text
@@ -148,7 +148,9 @@ class Trainer:
         self.rollout_log = RolloutLogger(self.workdir) if self.is_main else None
         self.history: dict[str, Any] = {"eval": []}
         self.guard = faults.RunGuard.from_config(c, say=self._print, scorer=self.scorer)
-        self.ahead = RolloutsAhead(c.rollout.max_staleness if c.mode == "rl" else 0)
+        k = c.rollout.max_staleness if c.mode == "rl" else 0
+        queue = c.rollout.free_running_queue
+        self.ahead = FreeRunningRollouts(k, queue) if k and queue else RolloutsAhead(k)
         # partial rollouts: the next batch (examples, key), begun by this step's decode
         self.next_batch: tuple[list, jax.Array] | None = None
         if self.is_main:
@@ -176,6 +178,10 @@ class Trainer:
         return key
 
     def _save(self) -> None:
+        with self.ahead.paused():  # a free-running producer holds still while it is saved
+            self._save_now()
+
+    def _save_now(self) -> None:
         ahead = None
         if self.ahead.in_flight and self.keeps_in_flight:  # saved whole, the source past them
             ahead = [batch_state(*out) for out in self.ahead.finished()]
@@ -185,6 +191,8 @@ class Trainer:
         meta = dict(data=data, history=self.history, config=self.launch_config.to_dict())
         if ahead:
             meta["ahead"] = ahead
+        if self.ahead.enabled:  # the totals go on across a resume
+            meta["stale"] = dict(dropped=self.ahead.dropped, resampled=self.ahead.resampled)
         meta["knobs"] = self.knobs.state()  # controllers' states, every spec
         if self.next_batch is not None:  # partial rollouts: the rows in flight, not drained
             examples, key = self.next_batch
@@ -210,6 +218,9 @@ class Trainer:
             self.source.restore(meta["data"])
         if meta.get("knobs") is not None or self.knobs:
             self.knobs.restore(meta.get("knobs") or {})
+        stale = meta.get("stale") or {}  # the stale totals (`rollout.max_staleness`)
+        self.ahead.dropped = stale.get("dropped", 0)
+        self.ahead.resampled = stale.get("resampled", 0)
         if meta.get("ahead"):  # batches produced ahead, saved with the checkpoint
             outs = [batch_from_state(b, self.mesh) for b in meta["ahead"]]
             self.ahead.restore(outs, self.source.state())
@@ -303,6 +314,9 @@ class Trainer:
             )
         bar = ProgressBar(c.train.steps, initial=start, desc=tag) if self.is_main else None
         steps = range(0) if diagnostics.finished(self.history) else range(start, c.train.steps)
+        if self.ahead.free_running:  # it starts now, after any batches restored
+            self._free_key = self._sample_key()
+            self.ahead.begin(self.source, len(steps), self._batch_maker)
         for step in steps:
             t0 = time.perf_counter()
             scalars = self._rl_step() if tag == "rl" else self._sft_step()
@@ -365,6 +379,20 @@ class Trainer:
         version), reported in info['knobs']. job is the whole production (finish: the
         identity), or with `local_rollouts` the producer's process-local `draw` (finish: its
         `finish`), the part a background thread may run on every host."""
+        return self._production(copy, step)(key)
+
+    def _batch_maker(self):
+        """A free-running producer's make(i) -> (job, finish): batch i by a copy of the
+        weights, the version and the knobs of now, with its own key."""
+        production, base = self._production(copy=True), self._free_key
+
+        def make(i: int):
+            return production(jax.random.fold_in(base, i))
+
+        return make
+
+    def _production(self, copy: bool = False, step: int | None = None):
+        """make(key) -> `_producer_for(key, copy, step)`'s pair, over what it reads now."""
         p, v = self.learner.rollout_params(copy), self.learner.version
         weights = dict(policy=p, reference=self.ref_params, teacher=self.teacher_params)
         sampling = KnobPlan.split(self.knobs.values(v if step is None else step))[1]
@@ -373,14 +401,19 @@ class Trainer:
         )
         with_knobs = lambda out: (out[0], {**out[1], "knobs": sampling})  # noqa: E731
 
-        if self.local_rollouts:
-            draw = lambda examples: self.producer.draw(examples, weights, key, **options)  # noqa: E731
-            return draw, lambda drawn: with_knobs(self.producer.finish(drawn, weights))
+        producer = self.producer
 
-        def produce(examples):  # the source may draw more prompts (dynamic sampling)
-            return with_knobs(self.producer.produce(examples, weights, key, **options))
+        def make(key):
+            if self.local_rollouts:
+                draw = lambda examples: producer.draw(examples, weights, key, **options)  # noqa: E731
+                return draw, lambda drawn: with_knobs(producer.finish(drawn, weights))
 
-        return produce, lambda out: out
+            def produce(examples):  # the source may draw more prompts (dynamic sampling)
+                return with_knobs(producer.produce(examples, weights, key, **options))
+
+            return produce, lambda out: out
+
+        return make
 
     def _sample_key(self):  # uncommitted: the rollout mesh may hold other devices
         return jax.random.wrap_key_data(
@@ -402,7 +435,10 @@ class Trainer:
         c = self.config
         done = int(self.state.step) + 1
         boundaries = stages_lib.boundaries(self.stages)  # no batch in flight across a stage
-        out = self.ahead.take(self.learner.version)  # a batch produced during the last update
+        resample = None  # a stale batch (lag > k): dropped, or its prompts sampled again
+        if c.rollout.stale_batches == "resample":
+            resample = lambda examples: self.rollout(examples, self._sample_key())  # noqa: E731
+        out = self.ahead.take(self.learner.version, resample)  # produced during the last update
         if out is None and c.rollout.partial_budget:
             out = self._partial_rollout(done, boundaries)
         exp, info = out or self.rollout(self.source.next_batch(), self._sample_key())
@@ -421,6 +457,7 @@ class Trainer:
         if objective_knobs:  # this step's values, arguments of the update
             self.learner.set_knobs(objective_knobs)
         step_metrics = self.learner.update(exp, self._next_key)
+        self.ahead.publish(self._batch_maker)  # a free-running producer's next weights
         self.guard.check_rewards(done, info["n_failed"], c.data.prompt_batch * c.rollout.group_size)
         self.guard.check_updates(done, step_metrics)
         if self.rollout_log is not None or jax.process_count() > 1:
@@ -437,6 +474,7 @@ class Trainer:
 
         lag, dropped = self.learner.version - 1 - info["policy_version"], self.ahead.dropped
         extra = {"rollout/policy_lag": lag, "rollout/dropped_stale_total": dropped}
+        extra["rollout/resampled_stale_total"] = self.ahead.resampled
         extra["perf/reshard_seconds"] = self.learner.reshard_seconds
         knobs = {f"objective.{k}": v for k, v in objective_knobs.items()}
         knobs.update({f"rollout.{k}": v for k, v in info.get("knobs", {}).items()})
@@ -485,7 +523,8 @@ class Trainer:
         self._print(f"[rl] stage {index} from step {done + 1}: " + _fmt(overrides))
 
     def _record_eval(self, step: int, tag: str) -> dict:
-        ev = self.evaluate()
+        with self.ahead.paused():  # the evaluation's sampler may be the rollouts'
+            ev = self.evaluate()
         self.history["eval"].append(dict(step=step, **ev))
         self.writer.write_scalars(step, ev)
         diagnostics.after_eval(self.history, ev, step, self.config, self.export, self._print)
