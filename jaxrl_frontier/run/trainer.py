@@ -474,7 +474,8 @@ class Trainer:
 
         lag, dropped = self.learner.version - 1 - info["policy_version"], self.ahead.dropped
         extra = {"rollout/policy_lag": lag, "rollout/dropped_stale_total": dropped}
-        extra["rollout/resampled_stale_total"] = self.ahead.resampled
+        if c.rollout.stale_batches == "resample":
+            extra["rollout/resampled_stale_total"] = self.ahead.resampled
         extra["perf/reshard_seconds"] = self.learner.reshard_seconds
         knobs = {f"objective.{k}": v for k, v in objective_knobs.items()}
         knobs.update({f"rollout.{k}": v for k, v in info.get("knobs", {}).items()})
