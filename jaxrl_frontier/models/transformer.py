@@ -91,6 +91,8 @@ class Transformer(nnx.Module):
         mesh = getattr(jax.typeof(self.embed[...]).sharding, "mesh", None)
         if mesh is None or not set(shd.BATCH_AXES) <= set(mesh.shape) or mesh.size == 1:
             return x
+        if jax.sharding.AxisType.Manual in getattr(mesh, "axis_types", ()):
+            return x  # inside a shard_map (a device's own rows): nothing to place
         spec = shd.logical_to_spec(("batch",) + (None,) * (x.ndim - 1), x.shape, mesh)
         return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
 

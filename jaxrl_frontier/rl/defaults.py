@@ -76,9 +76,10 @@ def rollout_section() -> ml_collections.ConfigDict:
     # a step attends to the filled cache, not the rollout's capacity (sampling/sampler.py
     # decode_windows); each phase is one more trace of the decode step (compile time)
     s.decode_phases = 4
-    # continuous batching (sampling/continuous.py, one device): the decode runs this many
-    # rows at a time and a row that stops hands its slot to the next pending row at once;
-    # 0: off (every row of the batch decodes together until the longest ends)
+    # continuous batching (sampling/continuous.py): the decode runs this many rows at a time
+    # and a row that stops hands its slot to the next pending row at once; on a mesh each
+    # device runs its own rows with slots / devices of them; 0: off (every row of the batch
+    # decodes together until the longest ends)
     s.continuous_slots = 0
     # partial rollouts (sampling/partial.py; with continuous_slots > 0): while a step's batch
     # decodes, the next batch's rows start in the idle slots, each up to this many tokens,

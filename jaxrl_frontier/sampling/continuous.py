@@ -12,8 +12,13 @@ Row r draws its t-th token from uniform t of its own stream (`fold_in(key, r)`, 
 `Sampler`), reads the same prompt cache and the same positions whatever slot runs it, so the
 batch's tokens do not depend on the slot count: the same as `Sampler` gives (their
 log-probs differ by f32 reduction order only). The Rollout is the same record, rows in
-prompt-major order. One device (the slots and the rows they take are not laid out on a
-mesh), no Dropout-GRPO masks (their prompt caches differ per row).
+prompt-major order. No Dropout-GRPO masks (their prompt caches differ per row).
+
+On a mesh the rows are split over the batch axes (data x fsdp; tensor must be 1): each device
+runs its own slot loop (`jax.shard_map`) over its contiguous share of the prompts and rows,
+with `slots / devices` slots and a full copy of the weights, and talks to no other device
+inside the loop; a device whose rows finish first waits at the end. The rows' keys are
+global, so the tokens are those of one device.
 
 `stats` after a rollout (logged as rollout/continuous_*): slot_busy_share (busy slot-steps /
 all slot-steps: 1 - the share spent on finished rows) and steps (decode steps run).
@@ -25,7 +30,9 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import PartitionSpec as P
 
+from jaxrl_frontier.core import sharding as shd
 from jaxrl_frontier.core.xla_options import rollout_compiler_options
 from jaxrl_frontier.models.layers import KVCache
 from jaxrl_frontier.sampling import ops
@@ -58,25 +65,57 @@ class SlotState:
 class ContinuousSampler(Sampler):
     """A `Sampler` whose decode runs `slots` rows at a time and refills a slot as soon as its
     row stops (module docstring). slots: the decode's batch (capped at the batch's rows);
-    the other arguments as `Sampler`'s (one device: mesh None or of one device)."""
+    the other arguments as `Sampler`'s (a mesh: rows over data x fsdp, tensor 1; slots a
+    multiple of those devices, `slots / devices` per device's loop)."""
 
     def __init__(self, model, *, slots: int, pad_id: int, mesh=None, **kw):
-        if mesh is not None and mesh.devices.size > 1:
+        if mesh is not None and mesh.shape.get("tensor", 1) > 1:
             raise ValueError(
-                f"continuous batching (rollout.continuous_slots={slots}) runs on one device; "
-                f"got a mesh of {mesh.devices.size}"
+                f"continuous batching (rollout.continuous_slots={slots}) splits rows, not "
+                f"heads: the mesh's tensor axis must be 1, got {dict(mesh.shape)}"
             )
-        if slots < 1:
-            raise ValueError(f"continuous batching slots={slots}; must be >= 1")
         super().__init__(model, pad_id=pad_id, mesh=mesh, **kw)
+        if slots < 1 or slots % self.batch_multiple:
+            raise ValueError(
+                f"continuous batching (rollout.continuous_slots={slots}): slots must be a "
+                f"positive multiple of the {self.batch_multiple} devices the rows are split over"
+            )
         self.slots = int(slots)
         self.stats: dict[str, float] = {}
         self.stats_prefix = "rollout/continuous_"  # the stats' metric names
 
+    @property
+    def shard_slots(self) -> int:
+        """The slots of each device's loop."""
+        return self.slots // self.batch_multiple
+
+    def busy_share(self, steps: int, busy: int, rows: int) -> float:
+        """Busy slot-steps over all slot-steps (`steps`: the longest device loop's)."""
+        slots = min(self.shard_slots, rows // self.batch_multiple) * self.batch_multiple
+        return busy / max(steps * slots, 1)
+
+    def per_shard(self, local):
+        """local(shared, rows) -> (row outputs, steps, busy) run on each device's share of
+        the rows (their leading axis split over the batch axes; `shared` replicated), steps
+        the longest loop's, busy summed; `local` itself without a mesh of several."""
+        if self.batch_multiple == 1:
+            return local
+        axes = tuple(a for a in shd.BATCH_AXES if a in self.mesh.shape)
+
+        def body(shared, rows):
+            out, steps, busy = local(shared, rows)
+            return out, jax.lax.pmax(steps, axes), jax.lax.psum(busy, axes)
+
+        split = P(axes)  # the loop's carry mixes per-device and replicated values: unchecked
+        return jax.shard_map(
+            body, mesh=self.mesh, in_specs=(P(), split), out_specs=(split, P(), P()),
+            check_vma=False,
+        )  # fmt: skip
+
     def slot_program(self, name: str, rows: int):
         """The jitted `_<name>` ('continuous', or a subclass's slot program) for a decode
-        over `rows` rows (XLA options by the slots that run at once)."""
-        options = rollout_compiler_options(self.platform, min(self.slots, rows))
+        over `rows` rows (XLA options by the slots that run at once on a device)."""
+        options = rollout_compiler_options(self.platform, min(self.shard_slots, rows))
         if (name, options) not in self._jits:
             self._jits[name, options] = jax.jit(
                 getattr(self, f"_{name}"), static_argnames=("plan",), compiler_options=dict(options)
@@ -109,8 +148,9 @@ class ContinuousSampler(Sampler):
         rollout, steps, busy = run(
             state, cache, logits0, prompt_len, (tokens, mask), key, knobs, version, plan=plan
         )
-        steps, busy, slots = int(steps), int(busy), min(self.slots, tokens.shape[0] * plan.n)
-        self.stats = dict(slot_busy_share=busy / max(steps * slots, 1), steps=float(steps))
+        steps, busy = int(steps), int(busy)
+        share = self.busy_share(steps, busy, tokens.shape[0] * plan.n)
+        self.stats = dict(slot_busy_share=share, steps=float(steps))
         return rollout.take_rows(num_prompts * plan.n)
 
     def _continuous(
@@ -121,17 +161,25 @@ class ContinuousSampler(Sampler):
         n, tn = plan.n, plan.max_new_tokens
         num_rows = logits0_p.shape[0] * n
         _, streams = ops.row_keys(key, num_rows, knobs.first_row)
-        every = jnp.arange(num_rows, dtype=jnp.int32)
-        rows = RowPlan.fresh(num_rows, n, tn, prompt_len_p[every // n])
-        s = self.slot_decode(
-            self.decode_model(state), cache_p, logits0_p, rows, uniforms(streams, tn),
-            empty_rows(num_rows, tn, self.pad_id), plan, knobs,
-        )  # fmt: skip
+
+        def local(shared, row_args):  # a device's prompts and their rows
+            state, knobs = shared
+            cache_p, logits0_p, prompt_len_p, u = row_args
+            rows = RowPlan.fresh(u.shape[0], n, tn, jnp.repeat(prompt_len_p, n))
+            s = self.slot_decode(
+                self.decode_model(state), cache_p, logits0_p, rows, u,
+                empty_rows(u.shape[0], tn, self.pad_id), plan, knobs,
+            )  # fmt: skip
+            return (s.out, s.lengths, s.stopped), s.steps, s.busy
+
+        cache_p = cache_p.replace(index=jnp.zeros(prompt_len_p.shape, jnp.int32))  # per prompt
+        row_args = (cache_p, logits0_p, prompt_len_p, uniforms(streams, tn))
+        (out, lengths, stopped), steps, busy = self.per_shard(local)((state, knobs), row_args)
         # a row's tokens past its end stay pad / 0, as Sampler's
         rollout = ro.make_rollout(
-            *prompts, s.out, s.lengths, s.stopped, n=n, version=version, dropout_keys=None
+            *prompts, out, lengths, stopped, n=n, version=version, dropout_keys=None
         )
-        return rollout, s.steps, s.busy
+        return rollout, steps, busy
 
     def slot_decode(self, model, start_cache, start_logits, rows, u, buffers, plan, knobs):
         """The slot loop (module docstring) over R rows -> the final `SlotState`.
@@ -143,7 +191,7 @@ class ContinuousSampler(Sampler):
         tokens so far)."""
         tn = plan.max_new_tokens
         num_rows = u.shape[0]
-        num_slots, tp = min(self.slots, num_rows), start_cache.max_len - tn
+        num_slots, tp = min(self.shard_slots, num_rows), start_cache.max_len - tn
         idle = num_rows  # the row index of an idle slot (writes to it are dropped)
         row_of = lambda s: jnp.where(s.row < idle, s.row, 0)  # noqa: E731  (idle slots: row 0)
 

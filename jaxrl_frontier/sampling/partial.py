@@ -15,8 +15,10 @@ A token keeps the behaviour log-probs and the weights' version it was sampled wi
 draws token t from uniform t of its own stream (`fold_in(key, r)`), whichever call samples
 it, so with unchanged weights a continued row gives the tokens of an uncut one (its
 continuation's logits come from a prefill instead of decode steps: the same up to f32
-reduction order). One device, as `ContinuousSampler`; the rows in flight are host arrays
-(`state` / `restore`: checkpointed with the run).
+reduction order). On a mesh each device begins and continues its own share of both batches'
+rows (`shard_plans`; the same tokens, but how far a row of the next batch gets depends on its
+device's loop). The rows in flight are host arrays (`state` / `restore`: checkpointed with
+the run), one process's.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jaxrl_frontier.core import sharding as shd
 from jaxrl_frontier.core.serialize import array_from_text, array_to_text
 from jaxrl_frontier.sampling import ops
 from jaxrl_frontier.sampling import rollout as ro
@@ -163,9 +166,11 @@ class PartialSampler(ContinuousSampler):
         return self._rollout(done, n, version)
 
     def _run(self, cur: RowsInFlight, nxt: RowsInFlight, ahead: bool, plan, knobs):
-        """One call's slot decode over [cur rows; next rows] -> host (out, lengths, stopped)."""
+        """One call's slot decode over [cur rows; next rows] -> host (out, lengths, stopped).
+        On a mesh each device decodes its share of both batches (`shard_plans`)."""
         n, tn, b = plan.n, plan.max_new_tokens, cur.tokens.shape[0]
         (cur_tok, cur_mask), (nxt_tok, nxt_mask) = self._left_pad(cur, nxt)
+        rows, buffers = self.shard_plans(cur, nxt, ahead, n, tn, cur_mask, nxt_mask)
         # the current rows re-prefilled: prompt | held tokens, the held tokens' width rounded
         # up to a quarter of Tn (a few programs, not one per width)
         quarter = -(-tn // PREFIX_BUCKETS)
@@ -176,40 +181,67 @@ class PartialSampler(ContinuousSampler):
         state = self.weights()
         nxt_key = jax.random.wrap_key_data(nxt.key_data)
         nxt_cache, nxt_logits, _ = self.prefill(
-            state, jnp.asarray(nxt_tok), jnp.asarray(nxt_mask), nxt_key, knobs,
+            state, *self.place_rows(nxt_tok, nxt_mask), nxt_key, knobs,
             n=1, use_dropout=False, slots=tn,
         )  # fmt: skip
-        todo = np.flatnonzero(~cur.finished)
-        order = np.concatenate([todo, b + np.arange(b if ahead else 0)])
-        i = np.arange(2 * b)
-        rows = RowPlan(
-            order=np.pad(order, (0, 2 * b - len(order))).astype(np.int32),
-            count=np.int32(len(order)),
-            must_end=np.int32(b),
-            must_count=np.int32(len(todo)),
-            src=np.where(i < b, i, b + (i - b) // n).astype(np.int32),  # next: its prompt
-            t0=np.concatenate([cur.lengths, nxt.lengths]).astype(np.int32),
-            limit=np.where(i < b, tn, min(self.budget, tn)).astype(np.int32),
-            prompt_len=np.concatenate([cur_mask.sum(1), nxt_mask.sum(1)])
-            .repeat(n)
-            .astype(np.int32),
-        )
-        cat = lambda x, y: np.concatenate([x, y])  # noqa: E731
-        out = tuple(map(cat, (cur.tokens, cur.policy_logp, cur.sample_logp),
-                        (nxt.tokens, nxt.policy_logp, nxt.sample_logp)))  # fmt: skip
-        buffers = (out, cat(cur.lengths, nxt.lengths), cat(cur.stopped, nxt.stopped))
         keys = (jax.random.wrap_key_data(cur.key_data), nxt_key)
         out, lengths, stopped, steps, busy = self.slot_program("partial", 2 * b)(
-            state, rows_tok, rows_mask, nxt_cache, nxt_logits, rows, keys, knobs, buffers,
-            plan=plan,
+            state, *self.place_rows(rows_tok, rows_mask), nxt_cache, nxt_logits, rows, keys,
+            knobs, buffers, plan=plan,
         )  # fmt: skip
         steps, busy = int(steps), int(busy)
+        todo = ~cur.finished
         self.stats = dict(
-            slot_busy_share=busy / max(steps * min(self.slots, 2 * b), 1),
+            slot_busy_share=self.busy_share(steps, busy, 2 * b),
             steps=float(steps),
             continued_rows=float(np.sum(cur.lengths[todo] > 0)),
         )
-        return jax.device_get((out, lengths, stopped))
+
+        def unshard(x):  # [D, 2 B / D, ...]: each device's current rows, then its next
+            bl = b // x.shape[0]
+            return np.concatenate([x[:, :bl], x[:, bl:]]).reshape(2 * b, *x.shape[2:])
+
+        return jax.tree.map(unshard, jax.device_get((out, lengths, stopped)))
+
+    def place_rows(self, *arrays):
+        """Host arrays with rows on their leading axis, split over the mesh's batch axes."""
+        if self.mesh is None:
+            return tuple(map(jnp.asarray, arrays))
+        return shd.shard_batch(arrays, self.mesh)
+
+    def shard_plans(self, cur: RowsInFlight, nxt: RowsInFlight, ahead, n, tn, cur_mask, nxt_mask):
+        """Each device's `RowPlan` and row buffers, stacked [D, ...]: device d takes the d-th
+        share of the current rows (its unfinished ones first) and of the next batch's (fresh,
+        up to the budget), its rows numbered [its current; its next], its start arrays
+        [its current rows' caches; its next prompts']."""
+        devices, b = self.batch_multiple, cur.tokens.shape[0]
+        if b % devices or (b // n) % devices:
+            raise ValueError(
+                f"partial rollouts: {b // n} prompts do not split over {devices} devices"
+            )
+        bl = b // devices  # rows per device, of each batch
+        i = np.arange(2 * bl)
+        cur_len, nxt_len = cur_mask.sum(1).repeat(n), nxt_mask.sum(1).repeat(n)
+        plans, buffers = [], []
+        for d in range(devices):
+            mine = slice(d * bl, (d + 1) * bl)
+            todo = np.flatnonzero(~cur.finished[mine])
+            order = np.concatenate([todo, bl + np.arange(bl if ahead else 0)])
+            plans.append(RowPlan(
+                order=np.pad(order, (0, 2 * bl - len(order))).astype(np.int32),
+                count=np.int32(len(order)),
+                must_end=np.int32(bl),
+                must_count=np.int32(len(todo)),
+                src=np.where(i < bl, i, bl + (i - bl) // n).astype(np.int32),  # next: its prompt
+                t0=np.concatenate([cur.lengths[mine], nxt.lengths[mine]]).astype(np.int32),
+                limit=np.where(i < bl, tn, min(self.budget, tn)).astype(np.int32),
+                prompt_len=np.concatenate([cur_len[mine], nxt_len[mine]]).astype(np.int32),
+            ))  # fmt: skip
+            fields = ("tokens", "policy_logp", "sample_logp", "lengths", "stopped")
+            both = [np.concatenate([getattr(cur, f)[mine], getattr(nxt, f)[mine]]) for f in fields]
+            buffers.append((tuple(both[:3]), both[3], both[4]))
+        stack = lambda *xs: np.stack(xs)  # noqa: E731
+        return jax.tree.map(stack, *plans), jax.tree.map(stack, *buffers)
 
     def _left_pad(self, *batches: RowsInFlight):
         """Each batch's prompts left-padded to one width (the larger bucket), so their
@@ -268,29 +300,38 @@ class PartialSampler(ContinuousSampler):
         self, state, rows_tok, rows_mask, nxt_cache, nxt_logits, rows, keys, knobs, buffers, *, plan
     ):
         """The current batch's rows re-prefilled (prompt and held tokens, [B, Tp + W]), then
-        one slot decode over [current rows; next rows] -> (out, lengths, stopped, steps,
-        busy)."""
+        one slot decode over [current rows; next rows], per device on a mesh -> (out,
+        lengths, stopped) [D, 2 B / D, ...], steps, busy."""
         tn, b = plan.max_new_tokens, rows_tok.shape[0]
-        model = nnx.merge(self.graphdef, state)
-        cache = model.init_cache(b, rows_tok.shape[1], self.cache_dtype)
-        hidden, cache = model.hidden_states(rows_tok, rows_mask, cache=cache)
-        tp = nxt_cache.max_len - tn
-        last = tp + rows.t0[:b] - 1  # the last held token (the prompt's last if none)
-        logits = model.logits(hidden[jnp.arange(b), last])
-        grow = tp + tn - rows_tok.shape[1]
-        fit = lambda x, axis: jnp.pad(x, [(0, grow * (a == axis)) for a in range(x.ndim)])
-        cache = cache.replace(
-            k=tuple(fit(x, 2) for x in cache.k), v=tuple(fit(x, 2) for x in cache.v),
-            valid=fit(cache.valid, 1),
-        )  # fmt: skip
-        cat = lambda a, c: jnp.concatenate([a, c])  # noqa: E731
-        start_cache = nxt_cache.replace(
-            k=tuple(map(cat, cache.k, nxt_cache.k)), v=tuple(map(cat, cache.v, nxt_cache.v)),
-            valid=cat(cache.valid, nxt_cache.valid),
-        )  # fmt: skip
-        start_logits = jnp.concatenate([logits, nxt_logits])
-        u = jnp.concatenate([uniforms(ops.row_keys(k, b)[1], tn) for k in keys])
-        s = self.slot_decode(
-            self.decode_model(state), start_cache, start_logits, rows, u, buffers, plan, knobs
-        )
-        return s.out, s.lengths, s.stopped, s.steps, s.busy
+        u_cur, u_nxt = (uniforms(ops.row_keys(k, b)[1], tn) for k in keys)
+
+        def local(shared, row_args):  # a device's current rows and next prompts
+            state, knobs = shared
+            rows_tok, rows_mask, nxt_cache, nxt_logits, u_cur, u_nxt, rows, buffers = row_args
+            rows, buffers = jax.tree.map(lambda x: x[0], (rows, buffers))  # [1, ...] -> [...]
+            bl = rows_tok.shape[0]
+            model = nnx.merge(self.graphdef, state)
+            cache = model.init_cache(bl, rows_tok.shape[1], self.cache_dtype)
+            hidden, cache = model.hidden_states(rows_tok, rows_mask, cache=cache)
+            tp = nxt_cache.max_len - tn
+            last = tp + rows.t0[:bl] - 1  # the last held token (the prompt's last if none)
+            logits = model.logits(hidden[jnp.arange(bl), last])
+            grow = tp + tn - rows_tok.shape[1]
+            fit = lambda x, axis: jnp.pad(x, [(0, grow * (a == axis)) for a in range(x.ndim)])
+            cat = lambda a, c: jnp.concatenate([a, c])  # noqa: E731
+            start_cache = nxt_cache.replace(
+                k=tuple(cat(fit(x, 2), y) for x, y in zip(cache.k, nxt_cache.k, strict=True)),
+                v=tuple(cat(fit(x, 2), y) for x, y in zip(cache.v, nxt_cache.v, strict=True)),
+                valid=cat(fit(cache.valid, 1), nxt_cache.valid),
+            )  # fmt: skip
+            s = self.slot_decode(
+                self.decode_model(state), start_cache, cat(logits, nxt_logits), rows,
+                cat(u_cur, u_nxt), buffers, plan, knobs,
+            )  # fmt: skip
+            out = jax.tree.map(lambda x: x[None], (s.out, s.lengths, s.stopped))
+            return out, s.steps, s.busy
+
+        nxt_cache = nxt_cache.replace(index=jnp.zeros(nxt_logits.shape[:1], jnp.int32))
+        row_args = (rows_tok, rows_mask, nxt_cache, nxt_logits, u_cur, u_nxt, rows, buffers)
+        (out, lengths, stopped), steps, busy = self.per_shard(local)((state, knobs), row_args)
+        return out, lengths, stopped, steps, busy

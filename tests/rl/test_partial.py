@@ -104,6 +104,33 @@ def test_rows_in_flight_survive_state_and_restore(model):
         fresh.generate(*batches[0], STOPS, keys[0])
 
 
+@pytest.mark.parametrize("shape,slots", [((2, 1, 1), 2), ((2, 2, 1), 4)])
+def test_on_a_mesh_each_device_continues_its_rows(model, shape, slots):
+    """Rows split over data x fsdp: each device begins and continues its own share of the
+    rows. Three calls give the one-device calls' tokens, lengths and finish reasons (how many
+    tokens a row got one version back depends on its device's loop, the tokens do not)."""
+    from test_continuous import _mesh, _placed
+
+    lengths = ([4, 14, 1, 9], [6, 9, 3, 2], [12, 2, 7, 5])
+    batches = [prompts(batch, seed=s) for s, batch in enumerate(lengths)]
+    keys = [jax.random.key(30 + i) for i in range(3)]
+    mesh = _mesh(shape)
+    one = PartialSampler(model, slots=2, budget=3, pad_id=PAD)
+    split = PartialSampler(_placed(model, mesh), slots=slots, budget=3, pad_id=PAD, mesh=mesh)
+    calls = zip(_calls(one, batches, keys), _calls(split, batches, keys), strict=True)
+    for i, (a, b) in enumerate(calls):
+        for field in ("completion_tokens", "lengths", "finish_reason"):
+            np.testing.assert_array_equal(getattr(a, field), getattr(b, field), err_msg=field)
+        tol = 30 * np.finfo(np.float32).eps * 10
+        np.testing.assert_allclose(a.policy_logp, b.policy_logp, atol=tol)
+        versions, mask = np.asarray(b.token_version), np.asarray(b.completion_mask) > 0
+        assert set(np.unique(versions[mask])) <= {i - 1, i}
+        begun = ((versions == i - 1) & mask).sum(1)  # tokens sampled by the call before
+        assert begun.max() <= split.budget and (i == 0) == (begun.max() == 0)
+    with pytest.raises(ValueError, match="3 prompts do not split over [24] devices"):
+        split.generate(*prompts([4, 5, 6], seed=1), STOPS, keys[0])
+
+
 def _config(**overrides):
     c = small_rl_config()
     c.rollout.update(max_new_tokens=8, continuous_slots=4, partial_budget=3)
@@ -141,6 +168,17 @@ def test_trainer_lags_by_at_most_one_and_resumes_with_rows_in_flight(tmp_path):
         assert [r[key] for r in rows_resumed][-2:] == [r[key] for r in rows][-2:], key
     for a, b in zip(_leaves(whole), _leaves(resumed), strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+def test_trainer_on_two_devices_continues_each_devices_rows(tmp_path):
+    """mesh.num_devices = 2: the rollout mesh splits the rows, each device runs 2 of the 4
+    slots. Step 1 (the same weights, the same rows' keys) gives the one-device run's
+    rewards; the later steps lag by one version and train."""
+    _, _, one = _run(tmp_path, "one")
+    _, _, two = _run(tmp_path, "two", **{"mesh.num_devices": 2})
+    assert two[0]["reward/total"] == one[0]["reward/total"]
+    assert [r["rollout/token_lag_max"] for r in two] == [0.0, 1.0, 1.0, 1.0]
+    assert two[-1]["train/grad_norm"] > 0
 
 
 def test_config_refuses_what_partial_rollouts_do_not_go_with():

@@ -6,6 +6,7 @@ import jax
 import ml_collections
 import numpy as np
 import pytest
+from flax import nnx
 from test_sampling import GREEDY, PAD, TN, N, make_model, prompts
 
 from jaxrl_frontier.core import sharding as shd
@@ -82,10 +83,40 @@ def test_config_picks_it_and_errors_name_the_key(model):
     rollout.update(dropout_rate=0.0, speculative=dict(draft=1))
     with pytest.raises(ValueError, match="rollout.speculative.draft"):
         make_sampler(model, rollout, pad_id=PAD)
-    if jax.device_count() >= 2:
-        mesh = shd.make_mesh((2, 1, 1), devices=jax.devices()[:2])
-        with pytest.raises(ValueError, match="continuous_slots=4"):
-            ContinuousSampler(model, slots=4, pad_id=PAD, mesh=mesh)
+    rows_mesh, heads_mesh = _mesh((2, 1, 1)), _mesh((1, 1, 2))
+    with pytest.raises(ValueError, match="continuous_slots=3.*multiple of the 2 devices"):
+        ContinuousSampler(_placed(model, rows_mesh), slots=3, pad_id=PAD, mesh=rows_mesh)
+    with pytest.raises(ValueError, match="tensor axis must be 1"):
+        ContinuousSampler(_placed(model, heads_mesh), slots=4, pad_id=PAD, mesh=heads_mesh)
+
+
+def _mesh(shape):
+    return shd.make_mesh(shape, devices=jax.devices()[: int(np.prod(shape))])
+
+
+def _placed(model, mesh):
+    state = nnx.state(model)
+    return nnx.merge(nnx.graphdef(model), jax.device_put(state, shd.state_shardings(state, mesh)))
+
+
+@pytest.mark.parametrize("shape,slots", [((2, 1, 1), 2), ((2, 2, 1), 8)])
+def test_on_a_mesh_each_device_runs_its_rows(model, static, shape, slots):
+    """Rows split over data x fsdp, each device's slot loop over its own prompts: the tokens
+    of the one-device static decode (the rows' keys are global), log-probs to f32 rounding;
+    busy slot-steps counted over every device."""
+    mesh = _mesh(shape)
+    cont = ContinuousSampler(
+        _placed(model, mesh), slots=slots, pad_id=PAD, batch_buckets=(4,), mesh=mesh
+    )
+    tokens, mask = prompts([4, 14, 1], seed=4)
+    for params in (GREEDY, STOPS):
+        a, b = (s.generate(tokens, mask, params, jax.random.key(7)) for s in (static, cont))
+        for field in ("completion_tokens", "completion_mask", "lengths", "finish_reason"):
+            np.testing.assert_array_equal(np.asarray(getattr(a, field)), getattr(b, field))
+        tol = 28 * np.finfo(np.float32).eps * 10
+        np.testing.assert_allclose(np.asarray(a.policy_logp), b.policy_logp, atol=tol)
+    lengths = np.asarray(b.lengths)  # 3 prompts x N rows and the padding prompt's N rows
+    assert 0 < cont.stats["slot_busy_share"] <= 1 and cont.stats["steps"] < lengths.sum()
 
 
 def test_rl_run_with_continuous_batching_is_the_static_run(tmp_path):
