@@ -45,11 +45,13 @@ def role_devices(config) -> tuple[list, list]:
 def build_meshes(config) -> tuple[jax.sharding.Mesh, jax.sharding.Mesh]:
     """(train mesh, rollout mesh): `mesh.*` over the training devices and, when
     `rollout.devices > 0`, `rollout.mesh.*` over the rollout devices (else the same mesh).
-    Asynchronous rollouts on several processes (`rollout.max_staleness > 0`) sample on a
-    mesh of each process's own devices of those (rl/overlap.py), of the same shape spec."""
+    Asynchronous and partial rollouts on several processes (`rollout.max_staleness > 0`,
+    `rollout.partial_budget > 0`) sample on a mesh of each process's own devices of those
+    (rl/overlap.py, sampling/partial.py), of the same shape spec."""
     train, rollout = role_devices(config)
     train_mesh = sharding.make_mesh([config.mesh[a] for a in sharding.MESH_AXES], train)
-    if config.mode == "rl" and config.rollout.max_staleness and jax.process_count() > 1:
+    ahead = config.rollout.max_staleness or config.rollout.partial_budget
+    if config.mode == "rl" and ahead and jax.process_count() > 1:
         own = [d for d in (rollout or train) if d.process_index == jax.process_index()]
         spec = config.rollout.mesh if rollout else config.mesh
         return train_mesh, sharding.make_mesh([spec[a] for a in sharding.MESH_AXES], own)

@@ -431,14 +431,18 @@ def _check_roles(c: ml_collections.ConfigDict, num_devices: int) -> None:
 
 def _check_partial(c: ml_collections.ConfigDict, procs: int) -> None:
     """rollout.partial_budget > 0: the next batch's rows begun in this step's decode
-    (sampling/partial.py) with the plain producer, on one process, in the synchronous loop."""
+    (sampling/partial.py) with the plain producer, in the synchronous loop (on several
+    processes each samples its own rows on its own devices)."""
     refused = []
     if not c.rollout.continuous_slots:
         refused.append("rollout.continuous_slots = 0 (the rows start in its idle slots)")
     if c.rollout.max_staleness:
         refused.append("rollout.max_staleness > 0 (batches produced ahead whole)")
-    if procs > 1:
-        refused.append(f"{procs} processes (the rows in flight are one process's)")
+    if c.rollout.continuous_slots % procs:
+        slots = c.rollout.continuous_slots
+        refused.append(
+            f"rollout.continuous_slots = {slots} (each of {procs} processes runs a share)"
+        )
     if c.env.name:
         refused.append(f"env.name = {c.env.name!r} (episodes: the agent producer)")
     if c.data.source == "dynamic":

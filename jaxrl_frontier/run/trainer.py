@@ -196,11 +196,14 @@ class Trainer:
         meta["knobs"] = self.knobs.state()  # controllers' states, every spec
         if self.next_batch is not None:  # partial rollouts: the rows in flight, not drained
             examples, key = self.next_batch
-            meta["partial"] = dict(
+            partial = dict(
                 examples=examples,
                 key=jax.device_get(jax.random.key_data(key)).tolist(),
                 rows=self.rollout_sampler.state(),
             )
+            if jax.process_count() > 1:  # each process's own prompts and rows
+                partial = dict(per_process=distributed.allgather_json(partial))
+            meta["partial"] = partial
         faults.flush_logs(self.writer, self.rollout_log)  # a checkpoint's rows are on disk first
         self.ckpt.save(int(self.state.step), self.state, meta)
 
@@ -226,6 +229,8 @@ class Trainer:
             self.ahead.restore(outs, self.source.state())
         if meta.get("partial") is not None:
             partial = meta["partial"]
+            if "per_process" in partial:
+                partial = partial["per_process"][jax.process_index()]
             key = jax.random.wrap_key_data(np.asarray(partial["key"], np.uint32))
             self.next_batch = (list(partial["examples"]), key)
             self.rollout_sampler.restore(partial["rows"])
@@ -282,8 +287,13 @@ class Trainer:
         policy = self.policy  # placed on `mesh` when it is not the training mesh
         if mesh is not self.mesh:
             policy = nnx.merge(self.graphdef, reshard_to(mesh)(nnx.state(policy)))
+        rollout = self.config.rollout
+        if jax.process_count() > 1 and sharding.is_process_local(mesh):
+            # a process's share of the continuous slots, with its share of the rows
+            rollout = rollout.to_dict()
+            rollout["continuous_slots"] //= jax.process_count()
         return make_sampler(  # rollout.speculative: a SpeculativeSampler
-            policy, self.config.rollout, pad_id=self.tokenizer.pad_id, mesh=mesh, partial=partial
+            policy, rollout, pad_id=self.tokenizer.pad_id, mesh=mesh, partial=partial
         )
 
     # ------------------------------------------------------------------ run

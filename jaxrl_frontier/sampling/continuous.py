@@ -94,6 +94,17 @@ class ContinuousSampler(Sampler):
         slots = min(self.shard_slots, rows // self.batch_multiple) * self.batch_multiple
         return busy / max(steps * slots, 1)
 
+    @staticmethod
+    def merge_stats(per_process: list[dict]) -> dict:
+        """Every process's `stats` of one batch (each ran its own devices' loops, with equal
+        slots) -> the stats of all of them: steps the longest, slot_busy_share over every
+        slot-step, counts summed."""
+        steps = max(s["steps"] for s in per_process)
+        busy = sum(s["slot_busy_share"] * s["steps"] for s in per_process)  # x slots each
+        merged = {k: sum(s[k] for s in per_process) for k in per_process[0]}
+        merged.update(steps=steps, slot_busy_share=busy / max(len(per_process) * steps, 1))
+        return merged
+
     def per_shard(self, local):
         """local(shared, rows) -> (row outputs, steps, busy) run on each device's share of
         the rows (their leading axis split over the batch axes; `shared` replicated), steps

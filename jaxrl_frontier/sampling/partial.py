@@ -18,7 +18,7 @@ continuation's logits come from a prefill instead of decode steps: the same up t
 reduction order). On a mesh each device begins and continues its own share of both batches'
 rows (`shard_plans`; the same tokens, but how far a row of the next batch gets depends on its
 device's loop). The rows in flight are host arrays (`state` / `restore`: checkpointed with
-the run), one process's.
+the run); on several processes each holds its own share (`generate(first_row=...)`).
 """
 
 from __future__ import annotations
@@ -128,9 +128,11 @@ class PartialSampler(ContinuousSampler):
     ) -> ro.Rollout:
         """This batch's `Rollout` (B = P * n rows), continuing its rows begun by the last
         call if it began them; the batch of `begin_next`, if any, begun in the idle slots
-        and kept in flight. Each token's version is in `Rollout.token_version`."""
-        if params.dropout_rate > 0 or first_row:
-            raise ValueError("partial rollouts take no Dropout-GRPO masks and run on one process")
+        and kept in flight. Each token's version is in `Rollout.token_version`. first_row:
+        the global index of row 0 (a process's share of the batch), the rows' keys' offset,
+        the same for the rows begun ahead (a process keeps its share from call to call)."""
+        if params.dropout_rate > 0:
+            raise ValueError("partial rollouts take no Dropout-GRPO masks")
         plan, knobs = Plan.of(params), Knobs.of(params)
         n, tn = plan.n, plan.max_new_tokens
         version = np.int32(self.policy_version if policy_version is None else policy_version)
@@ -156,7 +158,7 @@ class PartialSampler(ContinuousSampler):
         nxt = RowsInFlight.fresh(
             *(ahead or (cur.prompt_tokens, cur.prompt_mask, key)), n, tn, self.pad_id
         )
-        out, lengths, stopped = self._run(cur, nxt, ahead is not None, plan, knobs)
+        out, lengths, stopped = self._run(cur, nxt, ahead is not None, plan, knobs, first_row)
         b = cur.tokens.shape[0]
         done, kept = (
             self._rows_after(rows, out, lengths, stopped, part, version)
@@ -165,7 +167,7 @@ class PartialSampler(ContinuousSampler):
         self.in_flight, self._next = (kept if ahead is not None else None), None
         return self._rollout(done, n, version)
 
-    def _run(self, cur: RowsInFlight, nxt: RowsInFlight, ahead: bool, plan, knobs):
+    def _run(self, cur: RowsInFlight, nxt: RowsInFlight, ahead: bool, plan, knobs, first_row):
         """One call's slot decode over [cur rows; next rows] -> host (out, lengths, stopped).
         On a mesh each device decodes its share of both batches (`shard_plans`)."""
         n, tn, b = plan.n, plan.max_new_tokens, cur.tokens.shape[0]
@@ -187,7 +189,7 @@ class PartialSampler(ContinuousSampler):
         keys = (jax.random.wrap_key_data(cur.key_data), nxt_key)
         out, lengths, stopped, steps, busy = self.slot_program("partial", 2 * b)(
             state, *self.place_rows(rows_tok, rows_mask), nxt_cache, nxt_logits, rows, keys,
-            knobs, buffers, plan=plan,
+            np.int32(first_row), knobs, buffers, plan=plan,
         )  # fmt: skip
         steps, busy = int(steps), int(busy)
         todo = ~cur.finished
@@ -297,13 +299,25 @@ class PartialSampler(ContinuousSampler):
         )
 
     def _partial(
-        self, state, rows_tok, rows_mask, nxt_cache, nxt_logits, rows, keys, knobs, buffers, *, plan
+        self,
+        state,
+        rows_tok,
+        rows_mask,
+        nxt_cache,
+        nxt_logits,
+        rows,
+        keys,
+        first_row,
+        knobs,
+        buffers,
+        *,
+        plan,
     ):
         """The current batch's rows re-prefilled (prompt and held tokens, [B, Tp + W]), then
         one slot decode over [current rows; next rows], per device on a mesh -> (out,
         lengths, stopped) [D, 2 B / D, ...], steps, busy."""
         tn, b = plan.max_new_tokens, rows_tok.shape[0]
-        u_cur, u_nxt = (uniforms(ops.row_keys(k, b)[1], tn) for k in keys)
+        u_cur, u_nxt = (uniforms(ops.row_keys(k, b, first_row)[1], tn) for k in keys)
 
         def local(shared, row_args):  # a device's current rows and next prompts
             state, knobs = shared

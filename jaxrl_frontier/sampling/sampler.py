@@ -168,6 +168,12 @@ class Sampler:
         self._state = state
         self.policy_version = self.policy_version if version is None else int(version)
 
+    @staticmethod
+    def merge_stats(per_process: list[dict]) -> dict:
+        """Every process's `stats` of one batch (a subclass's, e.g. the speculative
+        acceptance rate) -> one figure each: their mean (subclasses with counts override)."""
+        return {k: sum(s[k] for s in per_process) / len(per_process) for k in per_process[0]}
+
     def weights(self):
         """The `nnx.State` the next `generate` samples from."""
         return self._state if self._state is not None else nnx.state(self.model)

@@ -12,6 +12,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 
 import numpy as np
 from safetensors.numpy import load_file
@@ -51,7 +52,11 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _run_two_processes(workdir, steps: int, extra: dict | None = None) -> list[dict]:
+def _run_two_processes(
+    workdir, steps: int, extra: dict | None = None, kill_after_checkpoint: int | None = None
+) -> list[dict]:
+    """Both processes to the end (their summaries), or killed with SIGKILL once checkpoint
+    `kill_after_checkpoint` is committed (orbax renames its directory into place)."""
     port = _free_port()
     procs = [
         subprocess.Popen(
@@ -75,6 +80,16 @@ def _run_two_processes(workdir, steps: int, extra: dict | None = None) -> list[d
     ]
     outs = []
     try:
+        if kill_after_checkpoint is not None:
+            committed = os.path.join(workdir, "checkpoints", str(kill_after_checkpoint))
+            deadline = time.monotonic() + 600
+            while not os.path.isdir(committed):
+                assert all(p.poll() is None for p in procs), "a process ended before the kill"
+                assert time.monotonic() < deadline, "no checkpoint to kill after"
+                time.sleep(0.02)
+            for p in procs:
+                p.kill()
+            return []
         for p in procs:
             out, err = p.communicate(timeout=600)
             assert p.returncode == 0, err[-4000:]
@@ -196,5 +211,46 @@ def test_two_processes_with_rollouts_two_steps_ahead_equal_one_process(tmp_path)
     assert lags == [0, 1, 2, 0, 1, 2], lags  # k batches in flight between the syncs
     moved = [s for s in range(1, 7) if want[s]["train/grad_norm"] > 1e-3]
     assert len(moved) >= 5, f"vacuous: a gradient at steps {moved} only"
+    assert _rollouts(multi) == _rollouts(single) and len(_rollouts(single)) >= 6
+    _assert_same_run(want, got, _weights(single), _weights(multi), rtol=2e-4)
+
+
+PARTIAL = {  # partial rollouts: 8 prompts (one per device), 8 slots (one per device)
+    "data.prompt_batch": 8,
+    "rollout.continuous_slots": 8,
+    "rollout.partial_budget": 2,
+    "objective.weight": "tis",
+    "train.checkpoint_every": 3,
+    "train.eval_every": 3,
+}
+
+
+def test_two_processes_with_partial_rollouts_equal_one_process(tmp_path):
+    """rollout.partial_budget on 2 processes x 4 devices: each process begins and continues
+    its own prompts' rows on its own 4 devices (one slot loop per device, keys by global
+    row), and each checkpoint holds every process's rows in flight. Across a resume from
+    such a checkpoint, the prompts, completions, rewards and token lags equal those of 1
+    process x 8 devices (the same device loops over the same rows) exactly, the other
+    metrics and the weights to rtol 2e-4 (the samplers are different programs: f32
+    rounding of the log-probs, as with rollouts ahead)."""
+    single = tmp_path / "single"
+    proc = subprocess.run(
+        _cmd(single, 6, PARTIAL), cwd=REPO, env=_env(8), capture_output=True, text=True,
+        timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    multi = tmp_path / "multi"
+    _run_two_processes(multi, 6, PARTIAL, kill_after_checkpoint=3)  # rows in flight
+    held = json.load(open(multi / "checkpoints" / "3" / "meta" / "metadata"))["partial"]
+    assert len(held["per_process"]) == 2  # each process's rows in flight
+    assert all(len(p["examples"]) == 4 for p in held["per_process"])
+    assert [o["step"] for o in _run_two_processes(multi, 6, PARTIAL)] == [6, 6]
+
+    want, got = _metrics(single), _metrics(multi)
+    lags = [want[s]["rollout/token_lag_max"] for s in range(1, 7)]
+    assert lags == [0, 1, 1, 1, 1, 1], lags  # rows begun one step before, across the resume
+    for step in range(1, 7):
+        for key in ("rollout/token_lag_mean", "rollout/lagged_token_share"):
+            assert got[step][key] == want[step][key], (step, key)
     assert _rollouts(multi) == _rollouts(single) and len(_rollouts(single)) >= 6
     _assert_same_run(want, got, _weights(single), _weights(multi), rtol=2e-4)

@@ -142,3 +142,18 @@ def test_rl_run_with_continuous_batching_is_the_static_run(tmp_path):
         assert b["train/loss"] == pytest.approx(a["train/loss"], abs=1e-5)
         assert 0.0 < b["rollout/continuous_slot_busy_share"] <= 1.0
         assert "rollout/continuous_slot_busy_share" not in a
+
+
+def test_merge_stats_over_processes_counts_every_slot_step():
+    """Two processes' loops of 2 slots each: 10 steps at 0.9 busy (18 slot-steps) and 6
+    steps at 0.5 (6): 24 busy of 2 x 2 slots x 10 steps = 0.6; continued rows summed."""
+    merged = ContinuousSampler.merge_stats(
+        [
+            dict(slot_busy_share=0.9, steps=10.0, continued_rows=3.0),
+            dict(slot_busy_share=0.5, steps=6.0, continued_rows=2.0),
+        ]
+    )
+    assert merged == pytest.approx(dict(slot_busy_share=0.6, steps=10.0, continued_rows=5.0))
+    assert Sampler.merge_stats([dict(acceptance_rate=0.5), dict(acceptance_rate=0.7)]) == (
+        pytest.approx(dict(acceptance_rate=0.6))
+    )

@@ -35,7 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_frontier.core import sharding
-from jaxrl_frontier.core.distributed import sum_over_processes
+from jaxrl_frontier.core.distributed import allgather_json, sum_over_processes
 from jaxrl_frontier.data.rewards.scorer import RewardScorer
 from jaxrl_frontier.data.tasks.base import Example
 from jaxrl_frontier.models.text import decode, encode_prompts
@@ -64,10 +64,12 @@ def token_lags(exp: Experience, version: int) -> dict[str, Array]:
     }
 
 
-def oldest_version(rows: RolloutRows, version: int) -> int:
-    """The oldest weights' version among this process's sampled tokens."""
+def oldest_version(rows: RolloutRows, version: int, local: bool = False) -> int:
+    """The oldest weights' version among the sampled tokens (`local`: each process holds its
+    own rows, so the oldest of every process's; a collective)."""
     sampled = rows.token_version[rows.completion_mask > 0]
-    return int(min(sampled.min(initial=version), version))
+    oldest = int(min(sampled.min(initial=version), version))
+    return min(allgather_json(oldest)) if local else oldest
 
 
 def _gather_prompts(tokens: np.ndarray, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -204,7 +206,10 @@ class RolloutProducer:
         adv, r_b, metrics = advantages_and_metrics(exp, self.objective, self.reward_names, g)
         host = {k: jnp.float32(v) for k, v in drawn.host_metrics.items()}
         metrics = {**metrics, **pass_metrics, **host}
-        for name, value in drawn.sampler_stats.items():  # speculative, continuous
+        stats = drawn.sampler_stats  # speculative, continuous: each process's own loops
+        if self.local and stats:
+            stats = self.sampler.merge_stats(allgather_json(stats))
+        for name, value in stats.items():
             metrics[f"{self.sampler.stats_prefix}{name}"] = jnp.float32(value)
         if exp.token_version is not None:  # partial rollouts: tokens sampled by older weights
             metrics.update(token_lags(exp, version))
@@ -218,7 +223,9 @@ class RolloutProducer:
             metrics=metrics,
             n_failed=sum_over_processes(draw.n_failed),
             rollout_seconds=drawn.seconds,
-            policy_version=version if rows.token_version is None else oldest_version(rows, version),
+            policy_version=(
+                version if rows.token_version is None else oldest_version(rows, version, self.local)
+            ),
             results=results,
             texts=rows.texts,
         )
