@@ -37,6 +37,7 @@ import flax.struct
 import jax
 import numpy as np
 
+from jaxrl_frontier.core.distributed import allgather_json
 from jaxrl_frontier.core.serialize import array_from_text, array_to_text
 from jaxrl_frontier.data.tasks.base import Example
 
@@ -232,13 +233,18 @@ def log_rollouts(logger, step: int, exp: Experience, info: dict, mesh, prompt_of
 def batch_state(exp: Experience, info: dict) -> dict:
     """A produced batch (Experience, the producer's info) as JSON-able host state, exactly:
     each array's bits and its partition spec, the info's metrics, results and texts. For a
-    checkpoint taken with batches in flight (`rl/overlap.py`); one process's rows."""
+    checkpoint taken with batches in flight (`rl/overlap.py`). On several processes every
+    process calls it (the arrays are gathered whole) and gets the same arrays and metrics,
+    and its own prompts' results and texts (`batch_from_state` takes them back apart)."""
     if any(r.episode_states for r in info["results"]):
         raise ValueError("batch_state: episodes' visited states are not saved (environment runs)")
+    from jax.experimental import multihost_utils
+
     arrays = {}
     for name, x in {**_fields(exp), **{f"extras.{k}": v for k, v in exp.extras.items()}}.items():
         spec = getattr(x.sharding, "spec", ())
-        arrays[name] = dict(data=array_to_text(jax.device_get(x)), spec=_spec_state(spec))
+        whole = x if x.is_fully_addressable else multihost_utils.process_allgather(x, tiled=True)
+        arrays[name] = dict(data=array_to_text(jax.device_get(whole)), spec=_spec_state(spec))
     results = [
         {**dataclasses.asdict(r), **{k: array_to_text(getattr(r, k)) for k in _RESULT_ARRAYS}}
         for r in info["results"]
@@ -253,19 +259,18 @@ def batch_state(exp: Experience, info: dict) -> dict:
 
 
 def batch_from_state(state: dict, mesh) -> tuple[Experience, dict]:
-    """`batch_state`'s inverse: the Experience placed on `mesh` as it was sharded."""
+    """`batch_state`'s inverse: the Experience placed on `mesh` as it was sharded (each
+    process placing its devices' shards of the whole arrays)."""
     import jax.numpy as jnp
     from jax.sharding import NamedSharding, PartitionSpec
 
-    placed = {
-        name: jax.device_put(
-            array_from_text(a["data"]),
-            NamedSharding(
-                mesh, PartitionSpec(*[tuple(p) if isinstance(p, list) else p for p in a["spec"]])
-            ),
-        )
-        for name, a in state["arrays"].items()
-    }
+    def place(a):
+        whole = array_from_text(a["data"])
+        spec = PartitionSpec(*[tuple(p) if isinstance(p, list) else p for p in a["spec"]])
+        sharding = NamedSharding(mesh, spec)
+        return jax.make_array_from_callback(whole.shape, sharding, lambda index: whole[index])
+
+    placed = {name: place(a) for name, a in state["arrays"].items()}
     extras = {k.split(".", 1)[1]: v for k, v in placed.items() if k.startswith("extras.")}
     fields = {k: v for k, v in placed.items() if not k.startswith("extras.")}
     results = [
@@ -280,6 +285,25 @@ def batch_from_state(state: dict, mesh) -> tuple[Experience, dict]:
         **{k: state[k] for k in _INFO_SCALARS if k in state},
     )
     return Experience(**fields, extras=extras), info
+
+
+def batches_state(outs: list[tuple]) -> list[dict]:
+    """`batch_state` of each (Experience, info); on several processes the arrays once and
+    every process's results and texts apart (`per_process`, gathered: a collective)."""
+    states = [batch_state(*out) for out in outs]
+    if jax.process_count() == 1:
+        return states
+    mine = [{k: s.pop(k) for k in ("results", "texts")} for s in states]
+    every = allgather_json(mine)  # [process][batch]
+    for i, s in enumerate(states):
+        s["per_process"] = [p[i] for p in every]
+    return states
+
+
+def batches_from_state(states: list[dict], mesh) -> list[tuple]:
+    """`batches_state`'s inverse, each process taking its own results and texts back."""
+    own = lambda s: {**s, **s["per_process"][jax.process_index()]} if "per_process" in s else s  # noqa: E731
+    return [batch_from_state(own(s), mesh) for s in states]
 
 
 _RESULT_ARRAYS = ("rewards", "reward", "lengths")

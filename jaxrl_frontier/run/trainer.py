@@ -32,7 +32,12 @@ from jaxrl_frontier.data.rewards.scorer import make_scorer
 from jaxrl_frontier.data.tasks import task_for
 from jaxrl_frontier.models import hf, lora
 from jaxrl_frontier.rl import diagnostics
-from jaxrl_frontier.rl.experience import Experience, batch_from_state, batch_state, log_rollouts
+from jaxrl_frontier.rl.experience import (
+    Experience,
+    batches_from_state,
+    batches_state,
+    log_rollouts,
+)
 from jaxrl_frontier.rl.learn.learner import reshard_to
 from jaxrl_frontier.rl.learn.optimizer import build_optimizer
 from jaxrl_frontier.rl.learn.train_step import (
@@ -184,7 +189,7 @@ class Trainer:
     def _save_now(self) -> None:
         ahead = None
         if self.ahead.in_flight and self.keeps_in_flight:  # saved whole, the source past them
-            ahead = [batch_state(*out) for out in self.ahead.finished()]
+            ahead = batches_state(self.ahead.finished())
             data = self.source.state()
         else:
             data = self.ahead.source_state(self.source)  # before any batch still in flight
@@ -225,7 +230,7 @@ class Trainer:
         self.ahead.dropped = stale.get("dropped", 0)
         self.ahead.resampled = stale.get("resampled", 0)
         if meta.get("ahead"):  # batches produced ahead, saved with the checkpoint
-            outs = [batch_from_state(b, self.mesh) for b in meta["ahead"]]
+            outs = batches_from_state(meta["ahead"], self.mesh)
             self.ahead.restore(outs, self.source.state())
         if meta.get("partial") is not None:
             partial = meta["partial"]
@@ -366,11 +371,10 @@ class Trainer:
     @property
     def keeps_in_flight(self) -> bool:
         """Batches produced ahead (`rollout.max_staleness`) cross a checkpoint, saved whole
-        with it (`RolloutsAhead.finished`), instead of the queue draining before it: on one
-        process, with the plain producer and a source that draws only in the main loop."""
+        with it (`RolloutsAhead.finished`; `batches_state`), instead of the queue draining
+        before it: with the plain producer and a source that draws only in the main loop."""
         return (
             self.ahead.enabled
-            and jax.process_count() == 1
             and isinstance(self.producer, RolloutProducer)
             and self.config.data.source != "dynamic"
         )

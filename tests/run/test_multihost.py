@@ -254,3 +254,30 @@ def test_two_processes_with_partial_rollouts_equal_one_process(tmp_path):
             assert got[step][key] == want[step][key], (step, key)
     assert _rollouts(multi) == _rollouts(single) and len(_rollouts(single)) >= 6
     _assert_same_run(want, got, _weights(single), _weights(multi), rtol=2e-4)
+
+
+def test_two_processes_keep_the_batches_ahead_across_a_kill(tmp_path):
+    """rollout.max_staleness = 2 with the checkpoint at step 3 not an eval: the checkpoint
+    does not drain the queue on 2 processes either. It holds the 2 batches in flight (the
+    arrays once, each process's results apart); both processes killed with SIGKILL after it
+    and resumed give the 1 process x 8 devices run: lags 0, 1, 2, 2, 2, 2, the same prompts,
+    completions and rewards exactly, the rest to rtol 2e-4 (as above)."""
+    kept = {**ASYNC, "train.eval_every": 6}
+    single = tmp_path / "single"
+    proc = subprocess.run(
+        _cmd(single, 6, kept), cwd=REPO, env=_env(8), capture_output=True, text=True,
+        timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    multi = tmp_path / "multi"
+    _run_two_processes(multi, 6, kept, kill_after_checkpoint=3)
+    held = json.load(open(multi / "checkpoints" / "3" / "meta" / "metadata"))["ahead"]
+    assert [b["policy_version"] for b in held] == [1, 2]  # steps 4 and 5's batches
+    assert [len(b["per_process"]) for b in held] == [2, 2]
+    assert [o["step"] for o in _run_two_processes(multi, 6, kept)] == [6, 6]
+
+    want, got = _metrics(single), _metrics(multi)
+    lags = [want[s]["rollout/policy_lag"] for s in range(1, 7)]
+    assert lags == [0, 1, 2, 2, 2, 2], lags
+    assert _rollouts(multi) == _rollouts(single) and len(_rollouts(single)) >= 6
+    _assert_same_run(want, got, _weights(single), _weights(multi), rtol=2e-4)
