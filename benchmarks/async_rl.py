@@ -21,6 +21,9 @@ run from 1 to the cap. Variants:
   continuous_k1  both
   partial        continuous, and the next batch's rows begun in the idle slots, up to 32
                  tokens each (rollout.partial_budget), continued in the next step
+  k1_free        k1 with a free-running producer (rollout.free_running_queue = 2): it
+                 samples whenever the queue has room, by the newest weights, and the
+                 learner drops a batch that lags by more than 1 (the drops are recorded)
 Per variant (medians over the steps after --warmup, and over --rounds runs taken in
 alternating order): seconds per step, useful tokens/s (completion tokens / step seconds, and
 / rollout seconds: the engine alone), rollout seconds, and the share of slot-steps spent on finished rows (static: 1 - mean / max
@@ -64,6 +67,7 @@ SPREAD_VARIANTS = {
     "k2": {"rollout.max_staleness": 2},
     "continuous_k1": {"rollout.continuous_slots": SPREAD_SLOTS, "rollout.max_staleness": 1},
     "partial": {"rollout.continuous_slots": SPREAD_SLOTS, "rollout.partial_budget": 32},
+    "k1_free": {"rollout.max_staleness": 1, "rollout.free_running_queue": 2},
 }
 WORKLOADS = {"roles": VARIANTS, "spread": SPREAD_VARIANTS}
 
@@ -115,6 +119,7 @@ def _run(variant: str, args, workdir: str) -> dict:
         times=times,
         rollout_seconds=median("rollout/seconds"),
         max_policy_lag=max(r.get("rollout/policy_lag", 0.0) for r in rows),
+        dropped_stale=rows[-1].get("rollout/dropped_stale_total", 0.0),  # over the whole run
         reshard_seconds=statistics.median(r.get("perf/reshard_seconds", 0.0) for r in rows),
         final_reward=rows[-1]["reward/total"],
         config=flags,

@@ -387,6 +387,8 @@ def async_rows(result: dict, source: str) -> list[Row]:
                 f"; rollout {r['rollout_useful_tokens_per_second']:,.0f} useful tokens/s, "
                 f"{100 * r['finished_slot_step_share']:.0f}% of slot-steps on finished rows"
             )
+        if r.get("dropped_stale"):
+            measured += f"; {r['dropped_stale']:.0f} stale batches dropped over the run"
         rows.append(info(m, f"RL step, {workload} workload, {name}", measured, source))
     t = result.get("targets", {})
     c = t.get("continuous_vs_static_rollout_useful_tokens_per_second")
