@@ -35,8 +35,8 @@ reproducible bit for bit (a resumed one loses no prompt or batch, but is not the
 Nothing is lost across a checkpoint. No batch is started that a sync step (an eval, a stage
 boundary, the run's end) would leave in flight (`RolloutsAhead.room`). A checkpoint does not
 drain the queue where the trainer can save it (`Trainer.keeps_in_flight`: the plain
-producer, on one process or several): `finished` waits for the batch being produced and returns every batch in
-flight, which the checkpoint holds and `restore` queues again. Elsewhere checkpoints are sync
+producer, on one process or several): `finished` waits for the batch being produced and
+returns every batch in flight, which the checkpoint holds and `restore` queues again. Elsewhere checkpoints are sync
 steps too, and a stop signal with batches in flight saves the prompt source's state from
 before the oldest one's prompts.
 """
