@@ -101,6 +101,15 @@ def _run_two_processes(
     return outs
 
 
+def _run_one_process(workdir, steps: int, extra: dict) -> None:
+    """The reference: one process with 8 devices, to the end."""
+    proc = subprocess.run(
+        _cmd(workdir, steps, extra), cwd=REPO, env=_env(8), capture_output=True, text=True,
+        timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+
+
 def _metrics(workdir) -> dict[int, dict]:
     rows = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))]
     by_step: dict[int, dict] = {}
@@ -121,10 +130,7 @@ def _weights(workdir) -> dict[str, np.ndarray]:
 
 def test_two_processes_with_a_resume_equal_one_process(tmp_path):
     single = tmp_path / "single"
-    proc = subprocess.run(
-        _cmd(single, 4, {}), cwd=REPO, env=_env(8), capture_output=True, text=True, timeout=600
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    _run_one_process(single, 4, {})
 
     multi = tmp_path / "multi"
     first = _run_two_processes(multi, 2)  # checkpoint at step 2, then stop
@@ -198,10 +204,7 @@ def test_two_processes_with_rollouts_two_steps_ahead_equal_one_process(tmp_path)
     relative at step 1); six updates at lr 5e-3 with gradient norms up to 19 carry that to
     at most 9e-5 (approx_kl after step 4's large update)."""
     single = tmp_path / "single"
-    proc = subprocess.run(
-        _cmd(single, 6, ASYNC), cwd=REPO, env=_env(8), capture_output=True, text=True, timeout=600
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    _run_one_process(single, 6, ASYNC)
     multi = tmp_path / "multi"
     assert [o["step"] for o in _run_two_processes(multi, 3, {**ASYNC})] == [3, 3]
     assert [o["step"] for o in _run_two_processes(multi, 6, {**ASYNC})] == [6, 6]
@@ -234,11 +237,7 @@ def test_two_processes_with_partial_rollouts_equal_one_process(tmp_path):
     metrics and the weights to rtol 2e-4 (the samplers are different programs: f32
     rounding of the log-probs, as with rollouts ahead)."""
     single = tmp_path / "single"
-    proc = subprocess.run(
-        _cmd(single, 6, PARTIAL), cwd=REPO, env=_env(8), capture_output=True, text=True,
-        timeout=600,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    _run_one_process(single, 6, PARTIAL)
     multi = tmp_path / "multi"
     _run_two_processes(multi, 6, PARTIAL, kill_after_checkpoint=3)  # rows in flight
     held = json.load(open(multi / "checkpoints" / "3" / "meta" / "metadata"))["partial"]
@@ -264,11 +263,7 @@ def test_two_processes_keep_the_batches_ahead_across_a_kill(tmp_path):
     completions and rewards exactly, the rest to rtol 2e-4 (as above)."""
     kept = {**ASYNC, "train.eval_every": 6}
     single = tmp_path / "single"
-    proc = subprocess.run(
-        _cmd(single, 6, kept), cwd=REPO, env=_env(8), capture_output=True, text=True,
-        timeout=600,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    _run_one_process(single, 6, kept)
     multi = tmp_path / "multi"
     _run_two_processes(multi, 6, kept, kill_after_checkpoint=3)
     held = json.load(open(multi / "checkpoints" / "3" / "meta" / "metadata"))["ahead"]
