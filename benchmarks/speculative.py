@@ -40,7 +40,7 @@ def _time_rollouts(config, repeats: int) -> dict:
         times, infos = [], []
         for i in range(repeats + 1):
             t0 = time.perf_counter()
-            exp, info = trainer.rollout(examples, jax.random.key(i))
+            exp, info = trainer.step.rollout(examples, jax.random.key(i))
             jax.block_until_ready(exp)
             times.append(time.perf_counter() - t0)
             infos.append({k: v for k, v in info.items() if isinstance(v, int | float)})

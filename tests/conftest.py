@@ -157,16 +157,15 @@ def run_killed_after(config, workdir, step: int) -> None:
 
 def killed_after(trainer, step: int) -> None:
     """Make `trainer.run()` raise `Killed` once step `step`'s checkpoint is on disk."""
-    end_of_step = trainer._end_of_step
+    from jaxrl_frontier.train import hooks
 
-    def killed(done, stop, tag):
-        outcome = end_of_step(done, stop, tag)
-        if done == step:
-            trainer.ckpt.wait()
-            raise Killed
-        return outcome
+    class KillAfter(hooks.Hook):  # after the trainer's hooks: the checkpoint is saved
+        def after_step(self, end):
+            if end.done == step:
+                trainer.ckpt.wait()
+                raise Killed
 
-    trainer._end_of_step = killed
+    trainer.hooks.append(KillAfter())
 
 
 def override(config, overrides: dict):

@@ -32,8 +32,10 @@ next one), or its prompts sampled again by the current weights (`rollout.stale_b
 Which weights a batch gets then depends on the two loops' speeds, so such a run is not
 reproducible bit for bit (a resumed one loses no prompt or batch, but is not the uncut run).
 
-Nothing is lost across a checkpoint. No batch is started that a sync step (an eval, a stage
-boundary, the run's end) would leave in flight (`RolloutsAhead.room`). A checkpoint does not
+Nothing is lost across a checkpoint. No batch is started that a sync step (a stage boundary,
+the run's end) would leave in flight (`RolloutsAhead.room`). An evaluation is no sync step: it
+waits for the batches being produced (`paused`) and leaves them queued, so evals do not
+reset the lag. A checkpoint does not
 drain the queue where the trainer can save it (`Trainer.keeps_in_flight`: the plain
 producer, on one process or several): `finished` waits for the batch being produced and
 returns every batch in flight, which the checkpoint holds and `restore` queues again. Elsewhere checkpoints are sync
@@ -47,7 +49,7 @@ import contextlib
 import threading
 from collections import deque
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any
 
 
@@ -74,8 +76,8 @@ class RolloutsAhead:
 
     def room(self, step: int, last_step: int, is_sync: Callable[[int], bool]) -> bool:
         """Whether a batch may start during step `step`: fewer than k in flight, and it
-        would be taken by step step + in_flight + 1 <= last_step with no eval / checkpoint
-        (`is_sync`) at the end of any step before that."""
+        would be taken by step step + in_flight + 1 <= last_step with no sync step (a stage
+        boundary, a checkpoint that drains: `is_sync`) at the end of any step before that."""
         ahead = self.in_flight
         if not self.enabled or ahead >= self.max_staleness or step + ahead + 1 > last_step:
             return False
@@ -105,9 +107,13 @@ class RolloutsAhead:
         self.resampled += 1
         return resample(examples)
 
-    def paused(self) -> contextlib.AbstractContextManager:
-        """A block during which no batch is being produced (the fixed schedule: always)."""
-        return contextlib.nullcontext()
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """A block during which no batch is being produced: the fixed schedule waits for the
+        batches in flight to be produced (they stay queued, their `finish` for `take`), so an
+        evaluation or a checkpoint may use the sampler and leave the lag as it is."""
+        wait([future for future, *_ in self._pending])
+        yield
 
     def begin(self, source, remaining: int, maker: Callable[[], Callable]) -> None:
         """Start producing the `remaining` batches the run will take (a free-running

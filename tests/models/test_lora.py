@@ -227,7 +227,7 @@ def test_lora_rl_run_trains_adapters_only(tmp_path):
 
     c = get_config("grpo_arith_lora", {**FAST, **RL, "train.steps": 2})
     tr = Trainer(c, str(tmp_path))
-    base0 = [np.asarray(x) for x in jax.tree.leaves(tr.base_params)]
+    base0 = [np.asarray(x) for x in jax.tree.leaves(tr.roles.base_params)]
     adapters0 = [np.asarray(x) for x in jax.tree.leaves(tr.state.params)]
     summary = tr.run()
     assert summary["step"] == 2 and int(tr.state.skipped) == 0
@@ -237,7 +237,7 @@ def test_lora_rl_run_trains_adapters_only(tmp_path):
     assert paths and all("_lora_" in p for p in paths)
     mu = tr.state.opt_state[1][0].mu  # clip_by_global_norm, adamw's scale_by_adam
     assert jax.tree.structure(mu) == jax.tree.structure(tr.state.params)
-    for x, y in zip(base0, jax.tree.leaves(tr.base_params)):
+    for x, y in zip(base0, jax.tree.leaves(tr.roles.base_params)):
         np.testing.assert_array_equal(x, y)
     moved = [
         float(np.abs(x - np.asarray(y)).max())
@@ -245,7 +245,7 @@ def test_lora_rl_run_trains_adapters_only(tmp_path):
     ]
     assert max(moved) > 0
     exported = hf.load(os.path.join(tmp_path, "export"))
-    want = lora.merged(nnx.merge(tr.graphdef, tr.learner.policy_params()))
+    want = lora.merged(nnx.merge(tr.roles.graphdef, tr.step.learner.policy_params()))
     for x, y in zip(jax.tree.leaves(nnx.state(exported)), jax.tree.leaves(nnx.state(want))):
         np.testing.assert_allclose(x, y, atol=1e-6)
 

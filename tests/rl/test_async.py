@@ -18,6 +18,11 @@ from jaxrl_frontier.run import config as config_lib
 from jaxrl_frontier.run import trainer as tr
 
 
+def _untimed(row: dict) -> dict:
+    """A metrics row without its wall-clock figures."""
+    return {k: v for k, v in row.items() if k != "time" and "seconds" not in k and "perf/" not in k}
+
+
 def _config(**overrides):
     c = small_rl_config(num_devices=0)  # all 8 devices
     c.data.prompt_batch = 8  # 32 rows: 4 per device on 8, 8 per device on 4
@@ -39,11 +44,11 @@ def _leaves(trainer):
 def test_rollout_mesh_of_its_own_is_the_same_run(tmp_path):
     one, _, rows1 = _run(tmp_path, "one", **{"mesh.num_devices": 4})
     two, _, rows2 = _run(tmp_path, "two", **{"rollout.devices": 4})
-    assert one.mesh.devices.size == 4 and one.rollout_mesh is one.mesh
-    assert two.mesh.devices.size == 4 and two.rollout_mesh.devices.size == 4
-    assert not set(two.mesh.devices.flat) & set(two.rollout_mesh.devices.flat)
-    sampler_devices = {d for x in jax.tree.leaves(two.sampler.weights()) for d in x.devices()}
-    assert sampler_devices == set(two.rollout_mesh.devices.flat)
+    assert one.roles.mesh.devices.size == 4 and one.roles.rollout_mesh is one.roles.mesh
+    assert two.roles.mesh.devices.size == 4 and two.roles.rollout_mesh.devices.size == 4
+    assert not set(two.roles.mesh.devices.flat) & set(two.roles.rollout_mesh.devices.flat)
+    sampler_devices = {d for x in jax.tree.leaves(two.roles.sampler.weights()) for d in x.devices()}
+    assert sampler_devices == set(two.roles.rollout_mesh.devices.flat)
     for a, b in zip(rows1, rows2, strict=True):
         for key in ("train/loss", "train/grad_norm", "reward/total"):
             assert b[key] == a[key], key
@@ -110,6 +115,20 @@ def test_staleness_k_keeps_k_batches_in_flight_and_resumes_exactly(tmp_path):
     for key in ("train/loss", "reward/total", "rollout/policy_lag", "train/grad_norm"):
         assert [r[key] for r in rows_resumed][-3:] == [r[key] for r in rows][-3:], key
     for a, b in zip(_leaves(whole), _leaves(resumed), strict=True):
+        np.testing.assert_array_equal(a, b)
+    # a real evaluation every 2 steps waits for the batches being produced and leaves them
+    # queued: the lag still reaches 2 and every train step equals the run without evals
+    evaluated = tr.Trainer(
+        _config(**async2, **{"train.steps": 6, "train.eval_every": 2}), str(tmp_path / "evals")
+    )
+    evaluated.run()
+    logged = [json.loads(line) for line in open(tmp_path / "evals" / "metrics.jsonl")]
+    assert [r["step"] for r in logged if "eval/pass@1_greedy" in r] == [2, 4, 6]
+    rows_evals = [r for r in logged if "train/loss" in r]
+    assert [r["rollout/policy_lag"] for r in rows_evals] == [0.0, 1.0, 2.0, 2.0, 2.0, 2.0]
+    for a, b in zip(rows, rows_evals, strict=True):
+        assert _untimed(b) == _untimed(a)
+    for a, b in zip(_leaves(whole), _leaves(evaluated), strict=True):
         np.testing.assert_array_equal(a, b)
 
 
@@ -187,21 +206,25 @@ def test_lora_on_disaggregated_roles_moves_only_the_adapters(tmp_path):
     for a, b in zip(_leaves(one), _leaves(two), strict=True):
         np.testing.assert_allclose(b, a, atol=1e-5)
     # the rollout mesh holds base + adapters; the base there is one copy, reused each step
-    rollout_devices = set(two.rollout_mesh.devices.flat)
-    weights = two.sampler.weights()
+    rollout_devices = set(two.roles.rollout_mesh.devices.flat)
+    weights = two.roles.sampler.weights()
     assert {d for x in jax.tree.leaves(weights) for d in x.devices()} == rollout_devices
-    base_there = two.learner._rollout_base
+    base_there = two.step.learner._rollout_base
     assert all(
         a is b
-        for a, b in zip(jax.tree.leaves(base_there), jax.tree.leaves(two.learner._rollout_base))
+        for a, b in zip(
+            jax.tree.leaves(base_there), jax.tree.leaves(two.step.learner._rollout_base)
+        )
     )
-    want = lora.combine(two.base_params, two.state.params)
-    got = two.learner.rollout_params()
+    want = lora.combine(two.roles.base_params, two.state.params)
+    got = two.step.learner.rollout_params()
     for a, b in zip(jax.tree.leaves(want), jax.tree.leaves(got), strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     async1, rows_async = run("async", **{"rollout.devices": 4, "rollout.max_staleness": 1})
     assert [r["rollout/policy_lag"] for r in rows_async] == [0.0, 1.0, 1.0, 1.0]
-    for a, b in zip(jax.tree.leaves(two.base_params), jax.tree.leaves(async1.base_params)):
+    for a, b in zip(
+        jax.tree.leaves(two.roles.base_params), jax.tree.leaves(async1.roles.base_params)
+    ):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))  # the same frozen base
     moved = max(float(np.abs(a - b).max()) for a, b in zip(_leaves(async1), _leaves(two)))
     assert moved > 1e-6  # the adapters trained on other (stale) batches

@@ -170,8 +170,8 @@ def test_dre_through_the_producer_recomputes_the_edited_log_probs_by_a_forward(t
     c.train.update(steps=2, log_every=1, eval_every=10**6, checkpoint_every=10**6)
     trainer = tr.Trainer(c, str(tmp_path))
     trainer.evaluate = lambda num_prompts=None: {"eval/pass@1_greedy": 0.0}
-    trainer.producer.sampler = AnswerThenSpaces()
-    exp, info = trainer.rollout(trainer.source.next_batch(), jax.random.key(0))
+    trainer.step.producer.sampler = AnswerThenSpaces()
+    exp, info = trainer.step.rollout(trainer.source.next_batch(), jax.random.key(0))
     tok, am = np.asarray(exp.tokens), np.asarray(exp.attention_mask)
     tp = tok.shape[1] - 5
     for b, res in enumerate(r for r in info["results"] for _ in range(4)):
@@ -179,7 +179,7 @@ def test_dre_through_the_producer_recomputes_the_edited_log_probs_by_a_forward(t
         np.testing.assert_array_equal(tok[b, tp : tp + len(ans) + 1], ans + [TOK.eos_id])
         assert am[b, tp:].sum() == len(ans) + 1
     # every edited token's old log-prob = a teacher-forced forward of the edited sequence
-    model = nnx.merge(trainer.graphdef, trainer.state.params)
+    model = nnx.merge(trainer.roles.graphdef, trainer.state.params)
     logits = model(exp.tokens, exp.attention_mask)
     direct = jnp.take_along_axis(
         jax.nn.log_softmax(logits[:, :-1].astype(jnp.float32)), exp.tokens[:, 1:, None], -1
@@ -208,7 +208,7 @@ def test_overlong_shaping_and_truncated_masking_through_the_trainer(tmp_path):
     c.train.update(steps=2, log_every=1, eval_every=10**6, checkpoint_every=10**6)
     trainer = tr.Trainer(c, str(tmp_path))
     trainer.evaluate = lambda num_prompts=None: {"eval/pass@1_greedy": 0.0}
-    exp, info = trainer.rollout(trainer.source.next_batch(), jax.random.key(0))
+    exp, info = trainer.step.rollout(trainer.source.next_batch(), jax.random.key(0))
     ends = np.asarray([res.lengths for res in info["results"]]).reshape(-1)
     cut = np.asarray(exp.loss_mask).sum(1) == 0  # masked rows
     # a masked row ran to the 3-token budget without a stop token: its overlong reward is

@@ -96,13 +96,13 @@ def _slow_run(config, workdir, delay=0.6, kill_at=None):
     dead once that step's checkpoint is on disk (summary None)."""
     trainer = tr.Trainer(config, str(workdir))
     trainer.evaluate = lambda num_prompts=None: {"eval/pass@1_greedy": 0.0}
-    update = trainer.learner.update
+    update = trainer.step.learner.update
 
     def slow_update(*args, **kwargs):
         time.sleep(delay)
         return update(*args, **kwargs)
 
-    trainer.learner.update = slow_update
+    trainer.step.learner.update = slow_update
     if kill_at is not None:
         killed_after(trainer, kill_at)
     summary = None

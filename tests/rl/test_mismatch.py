@@ -68,7 +68,7 @@ def test_tiny_model_mismatch_in_f32(tmp_path, recompute):
     c.train.recompute_old_logp, c.train.measure_mismatch = recompute, not recompute
     trainer = tr.Trainer(c, str(tmp_path))
     examples = [trainer.task.example("train", i) for i in range(c.data.prompt_batch)]
-    exp, info = trainer.rollout(examples, jax.random.key(0))
+    exp, info = trainer.step.rollout(examples, jax.random.key(0))
     got = {k: float(info["metrics"][k]) for k in KEYS}
     assert float(jnp.sum(exp.loss_mask)) > 16  # real completions were measured
     scale = max(1.0, float(jnp.max(jnp.abs(exp.old_logp))))

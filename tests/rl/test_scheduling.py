@@ -290,5 +290,5 @@ def test_each_source_runs_through_the_trainer_logs_its_metrics_and_resumes(tmp_p
     # the saved source state resumes the stream: a fresh trainer continues it exactly
     want_next = [e["index"] for e in trainer.source.next_batch()]
     again = tr.Trainer(c, str(tmp_path))
-    again._restore()
+    again.restore()
     assert [e["index"] for e in again.source.next_batch()] == want_next

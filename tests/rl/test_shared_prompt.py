@@ -149,9 +149,9 @@ def test_minibatches_hold_whole_groups_when_the_prompt_is_shared(tmp_path):
     assert sorted(order.tolist()) == list(range(16))
     groups = order.reshape(4, 4)
     np.testing.assert_array_equal(groups - groups[:, :1], np.tile(np.arange(4), (4, 1)))
-    assert trainer.learner.update_groups == 4  # 2 minibatches of 8 rows: whole groups
+    assert trainer.step.learner.update_groups == 4  # 2 minibatches of 8 rows: whole groups
     layout = lambda rows: update_layout(
-        rows=rows, group_size=4, completion_len=6, mesh=trainer.mesh, share_prompt=True
+        rows=rows, group_size=4, completion_len=6, mesh=trainer.roles.mesh, share_prompt=True
     )
     assert layout(8) == dict(group_size=4, completion_len=6)
     assert layout(6) == dict(group_size=1, completion_len=6)
@@ -165,14 +165,14 @@ def test_trainer_update_with_and_without_shared_prompt(tmp_path, capsys):
     for share in (False, True):
         trainer = _trainer(tmp_path / str(share), **{"train.share_prompt_forward": share})
         examples = [trainer.task.example("train", i) for i in range(4)]
-        exp, _ = trainer.rollout(examples, jax.random.key(3))
+        exp, _ = trainer.step.rollout(examples, jax.random.key(3))
         host = {k: np.asarray(v) for k, v in exp.update_batch().items()}
         assert sorted(host) == sorted(keys)
         # an untrained policy's rewards are all 0 (zero advantages): use random ones
         adv = np.random.default_rng(0).normal(size=(16, 1)).astype(np.float32)
         host["advantages"] = adv * host["loss_mask"]
-        update = trainer.learner.programs(keys)[1]
-        state, metrics = update(trainer.state, sharding.shard_batch(host, trainer.mesh))
+        update = trainer.step.learner.programs(keys)[1]
+        state, metrics = update(trainer.state, sharding.shard_batch(host, trainer.roles.mesh))
         results.append((host, jax.device_get(state.params), jax.device_get(metrics)))
     (b0, p0, m0), (b1, p1, m1) = results
     np.testing.assert_array_equal(b1["tokens"], b0["tokens"])  # the same rollout
@@ -211,16 +211,16 @@ def test_sharded_update_moves_no_more_data_with_a_shared_prompt(tmp_path):
                 "train.share_prompt_forward": share,
             },
         )
-        assert trainer.learner.update_groups == (4 if share else 1)
+        assert trainer.step.learner.update_groups == (4 if share else 1)
         rows, t = 32, 5 + 6
         batch = {k: np.zeros((rows, t), np.float32) for k in keys}
         batch["tokens"] = np.ones((rows, t), np.int32)
         batch["attention_mask"] = np.ones((rows, t), np.int32)
-        update = trainer.learner.programs(keys)[1]
-        lowered = update.lower(trainer.state, sharding.shard_batch(batch, trainer.mesh))
+        update = trainer.step.learner.programs(keys)[1]
+        lowered = update.lower(trainer.state, sharding.shard_batch(batch, trainer.roles.mesh))
         counts[share] = _collectives(lowered.compile().as_text())
     assert counts[False]["all-gather"] > 0  # the weights are gathered: the check can fail
     assert counts[True] == counts[False]
     # 2 groups cannot split over 8 devices: the trainer runs every row's prompt instead
     few = _trainer(tmp_path / "few", **{"mesh.num_devices": 0, "mesh.fsdp": 8})
-    assert few.config.data.prompt_batch == 4 and few.learner.update_groups == 1
+    assert few.config.data.prompt_batch == 4 and few.step.learner.update_groups == 1

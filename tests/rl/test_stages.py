@@ -111,14 +111,14 @@ def test_a_custom_source_and_editor_plug_into_the_loop(tmp_path):
     trainer.evaluate = lambda num_prompts=None: {"eval/pass@1_greedy": 0.0}
     source = trainer.source = ReplayUnsolved(trainer.source)
     editor = FirstTokenOnly(trainer.tokenizer)
-    trainer.producer.editors = (editor,)
+    trainer.step.producer.editors = (editor,)
     trainer.run()
     assert editor.calls == 3 and len(source.seen) == 3
     # an untrained policy solves nothing: step 2 replays two of step 1's prompts
     assert source.seen[1][:2] == source.seen[0][:2]
     rows = [json.loads(line) for line in open(tmp_path / "metrics.jsonl")]
     assert [r["rollout/response_length"] for r in rows if "train/loss" in r] == [1.0] * 3
-    exp, _ = trainer.rollout(trainer.source.next_batch(), jax.random.key(0))
+    exp, _ = trainer.step.rollout(trainer.source.next_batch(), jax.random.key(0))
     np.testing.assert_array_equal(np.asarray(exp.loss_mask).sum(1), np.ones(16))
 
 
@@ -332,15 +332,15 @@ def test_every_objective_name_runs_two_steps_and_its_gradient_is_objective_loss(
 ):
     trainer = _wired(tmp_path, kind, name)
     assert trainer.run()["step"] == 2
-    exp, _ = trainer.rollout(trainer.source.next_batch(), jax.random.key(5))
-    _, got, _ = trainer.learner.gradient(exp)
+    exp, _ = trainer.step.rollout(trainer.source.next_batch(), jax.random.key(5))
+    _, got, _ = trainer.step.learner.gradient(exp)
     batch = dict(exp.update_batch())
     assert ("sc_logp" in batch) == (name == "sc_grpo")  # the pass runs when the weight needs it
     if kind == "distill":
-        teacher = nnx.merge(nnx.graphdef(trainer.teacher), trainer.teacher_params)
+        teacher = nnx.merge(nnx.graphdef(trainer.roles.teacher), trainer.roles.teacher_params)
         batch["teacher_logits"] = teacher(exp.tokens, exp.attention_mask)
-    objective = trainer.learner._objective
-    want = jax.grad(_plain_loss(trainer.graphdef, objective))(trainer.state.params, batch)
+    objective = trainer.step.learner._objective
+    want = jax.grad(_plain_loss(trainer.roles.graphdef, objective))(trainer.state.params, batch)
     scale = max(float(np.abs(x).max()) for x in jax.tree.leaves(want))
     assert scale > 1e-5, "a zero gradient would make the comparison vacuous"
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):

@@ -142,7 +142,7 @@ def objective_recompute(tr, seen) -> float | None:
     combined with the base): what the learner should have reported. None where the
     learner's loss is more than the objective (a critic's value loss, PACT's term) or runs
     under Dropout-GRPO masks."""
-    c, learner = tr.config, tr.learner
+    c, learner = tr.config, tr.step.learner
     if learner.critic is not None or c.pact.enabled or c.rollout.dropout_rate > 0:
         return None
     frozen = seen["frozen"] or {}
@@ -151,9 +151,9 @@ def objective_recompute(tr, seen) -> float | None:
         cfg = losses.with_values(cfg, frozen["knobs"])
     batch = {k: jnp.asarray(v) for k, v in seen["batch"].items()}
     if cfg.get("distill"):
-        teacher = nnx.merge(nnx.graphdef(tr.teacher), frozen["teacher"])
+        teacher = nnx.merge(nnx.graphdef(tr.roles.teacher), frozen["teacher"])
         batch["teacher_logits"] = teacher(batch["tokens"], batch["attention_mask"])
-    apply = lambda p, t, m: nnx.merge(tr.graphdef, p)(t, m)
+    apply = lambda p, t, m: nnx.merge(tr.roles.graphdef, p)(t, m)
     params = seen["params"]
     if "base" in frozen:  # LoRA: the learner trains the adapters over the frozen base
         params = lora.combine(frozen["base"], params)
@@ -167,7 +167,7 @@ def test_runlocal_trains_two_steps(name, tmp_path, monkeypatch):
     c = get_config(name, QUICK)
     tr = Trainer(c, str(tmp_path))
     before = host_leaves(tr.state.params)
-    seen = capture_first_update(tr.learner) if c.mode == "rl" else {}
+    seen = capture_first_update(tr.step.learner) if c.mode == "rl" else {}
     summary = tr.run()
     assert summary["step"] == 2 and not summary["stopped"]
     assert int(tr.state.step) == 2 and int(tr.state.skipped) == 0

@@ -67,7 +67,7 @@ def _trainer(workdir, c):
 def test_scheduled_kl_is_logged_at_every_step_and_the_loss_uses_it(tmp_path):
     steps = 4
     trainer = _trainer(tmp_path, _config(steps, {"objective.kl_coef": KL}))
-    assert trainer.ref_params is not None  # objective.kl_coef is 0: loaded for the schedule
+    assert trainer.roles.ref_params is not None  # objective.kl_coef is 0: loaded for the schedule
     trainer.run()
     rows = read_metrics(tmp_path)
     schedule = Schedule("k", KL, steps)
@@ -82,22 +82,22 @@ def test_scheduled_kl_is_logged_at_every_step_and_the_loss_uses_it(tmp_path):
 
     # the gradient of the update at a coefficient == that of the loss with it as a constant
     examples = [trainer.task.example("train", i) for i in range(4)]
-    exp, _ = trainer.rollout(examples, jax.random.key(7))
+    exp, _ = trainer.step.rollout(examples, jax.random.key(7))
     batch = exp.update_batch()
-    options = trainer.learner.options
+    options = trainer.step.learner.options
     layout = update_layout(
         rows=options.rows,
         group_size=options.group_size,
         completion_len=options.completion_len,
-        mesh=trainer.mesh,
+        mesh=trainer.roles.mesh,
         share_prompt=options.share_prompt,
     )
     grads = {}
     for coef in (0.05, 0.5):
-        trainer.learner.set_knobs({"kl_coef": coef})
-        got_loss, got, _ = trainer.learner.gradient(exp)
+        trainer.step.learner.set_knobs({"kl_coef": coef})
+        got_loss, got, _ = trainer.step.learner.gradient(exp)
         objective = {**options.objective, "kl_coef": coef}
-        by_hand = rl_loss(trainer.graphdef, objective, **layout)
+        by_hand = rl_loss(trainer.roles.graphdef, objective, **layout)
         den = losses.aggregation_denominator(objective, batch["loss_mask"])
         want_loss, want, _ = microbatch_grads(by_hand, trainer.state.params, batch, 1, None, den)
         # the same f32 program but for a traced scalar in place of a constant: equal up to
@@ -122,7 +122,7 @@ def test_moving_values_compile_nothing_after_the_first_steps(tmp_path, count_com
     }
     controllers = {"objective.entropy_coef": "entropy(target=10.0, step=0.01)"}  # rises
     trainer = _trainer(tmp_path, _config(6, knobs, controllers))
-    update = trainer.learner.update
+    update = trainer.step.learner.update
     with count_compiles() as seen:
 
         def marked(*args, **kwargs):
@@ -131,7 +131,7 @@ def test_moving_values_compile_nothing_after_the_first_steps(tmp_path, count_com
 
         export = trainer.export
         trainer.export = lambda *a: seen.append("export") or export(*a)  # compiles its own
-        trainer.learner.update = marked
+        trainer.step.learner.update = marked
         trainer.run()
     first, last = seen.index("step 3"), seen.index("export")
     assert [s for s in seen[first:last] if not s.startswith("step ")] == [], seen[first:]
@@ -141,7 +141,7 @@ def test_moving_values_compile_nothing_after_the_first_steps(tmp_path, count_com
     for key in [*knobs, *controllers]:
         logged = series(rows, f"schedule/{key}")
         assert all(logged[k] != logged[k + 1] for k in range(1, 6)), (key, logged)  # moves
-    ((select, program),) = trainer.learner._programs.values()
+    ((select, program),) = trainer.step.learner.built_programs()
     assert program._cache_size() == 1 and select._cache_size() == 1
 
 
@@ -153,13 +153,13 @@ def test_a_rollout_sampled_ahead_uses_and_logs_the_schedule_of_the_step_it_train
     c = _config(4, {"rollout.temperature": temperature}, rollout__max_staleness=1)
     c.train.checkpoint_every = 10**6  # a checkpoint step samples synchronously
     trainer = _trainer(tmp_path, c)
-    generate, sampled = trainer.sampler.generate, []
+    generate, sampled = trainer.roles.sampler.generate, []
 
     def recording(tokens, mask, params, key):
         sampled.append(params.temperature)
         return generate(tokens, mask, params, key)
 
-    trainer.sampler.generate = recording
+    trainer.roles.sampler.generate = recording
     trainer.run()
     rows = read_metrics(tmp_path)
     schedule = Schedule("t", temperature, 4)

@@ -65,11 +65,11 @@ def test_rl_step_compiles_once(tmp_path, num_devices, count_compiles):
     """The Trainer's own pieces: rollout, old/ref log-probs, advantages, update."""
     trainer = _trainer(tmp_path, "rl", num_devices)
     keys = ["tokens", "attention_mask", "loss_mask", "old_logp", "advantages", "ref_logp"]
-    select, update = trainer.learner.programs(keys)
+    select, update = trainer.step.learner.programs(keys)
     examples = [trainer.task.example("train", i) for i in range(4)]
 
     def step(i):
-        exp, _ = trainer.rollout(examples, jax.random.key(i))
+        exp, _ = trainer.step.rollout(examples, jax.random.key(i))
         batch = exp.update_batch()
         assert sorted(batch) == sorted(keys)
         mb = select(batch, np.arange(exp.num_rows))
@@ -83,22 +83,22 @@ def test_rl_step_compiles_once(tmp_path, num_devices, count_compiles):
         step(2)
     assert update._cache_size() == 1, "the train step was traced again"
     assert select._cache_size() == 1, "the minibatch gather was traced again"
-    assert trainer.logp_fn._cache_size() == 1, "the log-prob forward was traced again"
+    assert trainer.step.logp_fn._cache_size() == 1, "the log-prob forward was traced again"
     assert seen == [], f"compiled again on a same-shaped call: {seen}"
 
 
 def test_sft_step_compiles_once(tmp_path, count_compiles):
     trainer = _trainer(tmp_path, "sft", 1)
-    batch_sh = sharding.batch_sharding(trainer.mesh, 2)
+    batch_sh = sharding.batch_sharding(trainer.roles.mesh, 2)
     update = make_update_fn(
-        trainer.graphdef,
+        trainer.roles.graphdef,
         trainer.tx,
-        sft_loss(trainer.graphdef),
+        sft_loss(trainer.roles.graphdef),
         1,
         trainer.state_sharding,
         batch_sh,
     )
-    batches = [sharding.shard_batch(_batch(s, rl=False), trainer.mesh) for s in range(3)]
+    batches = [sharding.shard_batch(_batch(s, rl=False), trainer.roles.mesh) for s in range(3)]
     trainer.state, _ = update(trainer.state, batches[0])
     _state_step(trainer)
     jax.block_until_ready(trainer.state)

@@ -14,6 +14,7 @@ from jaxrl_frontier.rl.sources.base import UniformSource
 from jaxrl_frontier.run import config as config_lib
 from jaxrl_frontier.run import trainer as tr
 from jaxrl_frontier.run.build import total_updates
+from jaxrl_frontier.train import hooks
 
 GROW = {"rollout.group_size": 8, "rollout.max_new_tokens": 5}
 
@@ -39,30 +40,38 @@ def test_a_boundary_switches_the_shapes_and_compiles_once(tmp_path, count_compil
     """Steps 1-2 train on 4 x 4 rows of 3 tokens, steps 3-4 on 4 x 8 rows of 5; step 3
     compiles (the new shapes), step 4 compiles nothing, and each step logs its stage."""
     trainer = _trainer(tmp_path, _config(4))
-    assert trainer.learner.options.group_size == 4
-    shapes, rl_step = {}, trainer._rl_step
-    with count_compiles() as seen:
+    assert trainer.step.learner.options.group_size == 4
+    shapes = {}
 
-        def marked():  # the learner is rebuilt at the boundary: mark the loop's step instead
-            step = int(trainer.state.step) + 1
+    class Marked(hooks.Hook):  # the learner is rebuilt at the boundary: mark each step
+        def begin(self, start):
+            self.mark(start + 1)
+
+        def after_step(self, end):  # after the stage switch: the next step's learner
+            if not end.last:
+                self.mark(end.done + 1)
+
+        def mark(self, step):
             seen.append(f"step {step}")
-            update = trainer.learner.update
+            update = trainer.step.learner.update
 
             def recording(exp, next_key):
                 shapes[step] = (exp.tokens.shape[0], exp.loss_mask.shape[1])
                 return update(exp, next_key)
 
-            trainer.learner.update = recording
-            return rl_step()
+            trainer.step.learner.update = recording
 
+    with count_compiles() as seen:
         export = trainer.export
         trainer.export = lambda *a: seen.append("export") or export(*a)  # compiles its own
-        trainer._rl_step = marked
+        trainer.hooks.append(Marked())
         trainer.run()
     width = {k: w for k, (_, w) in shapes.items()}  # prompt + completion tokens
     assert {k: rows for k, (rows, _) in shapes.items()} == {1: 16, 2: 16, 3: 32, 4: 32}
     assert width[1] == width[2] and width[3] == width[4] == width[1] + 2  # 3 -> 5 tokens
-    assert trainer.learner.options.group_size == 8 and trainer.config.rollout.max_new_tokens == 5
+    assert (
+        trainer.step.learner.options.group_size == 8 and trainer.config.rollout.max_new_tokens == 5
+    )
     assert trainer.launch_config.rollout.group_size == 4  # what checkpoints record
     step3, step4, end = (seen.index(m) for m in ("step 3", "step 4", "export"))
     assert [s for s in seen[step3 + 1 : step4] if not s.startswith("step ")] != []  # compiles
@@ -82,10 +91,10 @@ def test_a_run_cut_right_after_the_boundary_resumes_bitwise(tmp_path):
     full.run()
     cut = _trainer(tmp_path / "cut", _config(2, grow))
     cut.run()
-    assert cut.stage_index == 0 and int(cut.state.step) == 2  # ended at the boundary
+    assert cut.step.stage_index == 0 and int(cut.state.step) == 2  # ended at the boundary
     resumed = _trainer(tmp_path / "cut", _config(4, grow))
     resumed.run()
-    assert resumed.stage_index == 1 and resumed.source.batch_size == 8
+    assert resumed.step.stage_index == 1 and resumed.source.batch_size == 8
     for step in (3, 4):
         row = assert_resumed_run_equal(full, resumed, tmp_path / "full", tmp_path / "cut", step)
         assert row["stage/index"] == 1

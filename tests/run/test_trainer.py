@@ -75,15 +75,15 @@ def test_one_rl_step_sharded_equals_single_device(tmp_path):
     # the same Experience's gradient on both meshes, from the same fresh state (one Adam step
     # from a fresh state is -lr * sign(g) and would hide a wrong gradient scale)
     examples = [single.task.example("train", i) for i in range(8)]
-    exp1, _ = single.rollout(examples, jax.random.key(7))
-    g1 = jax.device_get(single.learner.gradient(exp1)[1])
+    exp1, _ = single.step.rollout(examples, jax.random.key(7))
+    g1 = jax.device_get(single.step.learner.gradient(exp1)[1])
     single.run()
     sharded_cfg = get_config(
         "grpo_arith",
         {**FAST, **common, "mesh.num_devices": 0, "mesh.data": 2, "mesh.fsdp": 2, "mesh.tensor": 2},
     )
     sharded = Trainer(sharded_cfg, str(tmp_path / "eight"))
-    assert sharded.mesh.devices.size == 8 and dict(sharded.mesh.shape) == dict(
+    assert sharded.roles.mesh.devices.size == 8 and dict(sharded.roles.mesh.shape) == dict(
         data=2, fsdp=2, tensor=2
     )
     assert any(len(x.sharding.device_set) == 8 for x in jax.tree.leaves(sharded.state.params))
@@ -91,9 +91,9 @@ def test_one_rl_step_sharded_equals_single_device(tmp_path):
         "no parameter is sharded on the 2x2x2 mesh"
     )
     sharded.evaluate = lambda num_prompts=None: {}
-    exp8, _ = sharded.rollout(examples, jax.random.key(7))
+    exp8, _ = sharded.step.rollout(examples, jax.random.key(7))
     np.testing.assert_array_equal(np.asarray(exp1.tokens), np.asarray(exp8.tokens))
-    g8 = sharded.learner.gradient(exp8)[1]
+    g8 = sharded.step.learner.gradient(exp8)[1]
     assert max(float(np.abs(x).max()) for x in jax.tree.leaves(g1)) > 1e-4
     for x, y in zip(jax.tree.leaves(g1), jax.tree.leaves(g8), strict=True):
         np.testing.assert_allclose(np.asarray(y), np.asarray(x), rtol=1e-4, atol=1e-6)
@@ -312,7 +312,7 @@ def _synthetic_rl_batch(tr: Trainer, seed: int = 0) -> dict:
     loss_mask = np.zeros((rows, t), np.float32)
     loss_mask[:, 5:] = 1.0
     return dict(
-        tokens=rng.randint(4, tr.policy.cfg.vocab_size, size=(rows, t)).astype(np.int32),
+        tokens=rng.randint(4, tr.roles.policy.cfg.vocab_size, size=(rows, t)).astype(np.int32),
         attention_mask=np.ones((rows, t), np.int32),
         loss_mask=loss_mask,
         old_logp=np.full((rows, t), -2.0, np.float32) * loss_mask,
@@ -324,17 +324,17 @@ def test_nonfinite_update_is_skipped_and_counted(tmp_path):
     tr = Trainer(get_config("grpo_arith", {**FAST, **RL}), str(tmp_path))
     keys = ["tokens", "attention_mask", "loss_mask", "old_logp", "advantages"]
     update = make_update_fn(
-        tr.graphdef,
+        tr.roles.graphdef,
         tr.tx,
-        rl_loss(tr.graphdef, objective_section(tr.config.objective)),
+        rl_loss(tr.roles.graphdef, objective_section(tr.config.objective)),
         1,
         tr.state_sharding,
-        {k: sharding.batch_sharding(tr.mesh, 2) for k in keys},
+        {k: sharding.batch_sharding(tr.roles.mesh, 2) for k in keys},
     )
     before = host_leaves(tr.state)  # the update donates the state: copy first
     bad = _synthetic_rl_batch(tr)
     bad["advantages"][3, 6] = np.nan
-    state, m = update(tr.state, sharding.shard_batch(bad, tr.mesh))
+    state, m = update(tr.state, sharding.shard_batch(bad, tr.roles.mesh))
     assert not np.isfinite(float(m["loss"]))
     assert float(m["update_skipped"]) == 1.0 and int(state.skipped) == 1
     after_bad = host_leaves(state)
@@ -345,11 +345,11 @@ def test_nonfinite_update_is_skipped_and_counted(tmp_path):
 
     inf_grad = _synthetic_rl_batch(tr, seed=1)
     inf_grad["old_logp"][0, 7] = -np.inf  # ratio exp(logp - old) = inf on one token
-    state, m = update(state, sharding.shard_batch(inf_grad, tr.mesh))
+    state, m = update(state, sharding.shard_batch(inf_grad, tr.roles.mesh))
     assert float(m["update_skipped"]) == 1.0 and int(state.skipped) == 2
 
     good = _synthetic_rl_batch(tr, seed=2)
-    state, m = update(state, sharding.shard_batch(good, tr.mesh))
+    state, m = update(state, sharding.shard_batch(good, tr.roles.mesh))
     assert np.isfinite(float(m["loss"])) and float(m["update_skipped"]) == 0.0
     assert int(state.skipped) == 2
     moved = [
@@ -472,12 +472,14 @@ def test_dropout_grpo_update_runs_the_sub_network_that_sampled_each_row(tmp_path
     c = get_config("grpo_arith", {**FAST, **RL, "rollout.dropout_rate": 0.3})
     trainer = Trainer(c, str(tmp_path))
     examples = [trainer.task.example("train", i) for i in range(8)]
-    exp, _ = trainer.rollout(examples, jax.random.key(0))
-    assert exp.dropout_keys is not None and trainer.learner.update_groups == 1
-    _, _, m = trainer.learner.gradient(exp)
+    exp, _ = trainer.step.rollout(examples, jax.random.key(0))
+    assert exp.dropout_keys is not None and trainer.step.learner.update_groups == 1
+    _, _, m = trainer.step.learner.gradient(exp)
     np.testing.assert_allclose(float(m["ratio_mean"]), 1.0, atol=1e-5)
     assert float(m["approx_kl"]) < 1e-6
-    full = trainer.logp_fn(trainer.state.params, exp.tokens, exp.attention_mask) * exp.loss_mask
+    full = (
+        trainer.step.logp_fn(trainer.state.params, exp.tokens, exp.attention_mask) * exp.loss_mask
+    )
     gap = np.abs(np.asarray(full) - np.asarray(exp.old_logp)).max()
     assert gap > 1e-2, "dropout changes nothing here: the check above would be vacuous"
 

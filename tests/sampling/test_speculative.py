@@ -276,12 +276,12 @@ def test_config_turns_speculative_rollouts_on(tmp_path):
     c = small_rl_config()
     c.rollout.speculative = dict(draft=1, k=2)
     trainer = tr.Trainer(c, str(tmp_path))
-    assert isinstance(trainer.sampler, SpeculativeSampler)
-    assert trainer.sampler.proposer.cfg.num_layers == 1 and trainer.sampler.k == 2
+    assert isinstance(trainer.roles.sampler, SpeculativeSampler)
+    assert trainer.roles.sampler.proposer.cfg.num_layers == 1 and trainer.roles.sampler.k == 2
     examples = [trainer.task.example("train", i) for i in range(4)]
-    exp, info = trainer.rollout(examples, jax.random.key(0))
+    exp, info = trainer.step.rollout(examples, jax.random.key(0))
     assert exp.num_rows == 16
     rate = float(info["metrics"]["rollout/speculative_acceptance_rate"])
     assert 0.0 <= rate <= 1.0
     off = dict(speculative=dict(draft=None, k=4), cache_dtype=None)
-    assert type(make_sampler(trainer.policy, off, pad_id=0)) is Sampler
+    assert type(make_sampler(trainer.roles.policy, off, pad_id=0)) is Sampler

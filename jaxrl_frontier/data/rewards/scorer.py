@@ -37,6 +37,9 @@ class RewardScorer(Protocol):
         self, examples: Sequence[Example] | Mapping[str, Any], completions: Sequence[str]
     ) -> tuple[np.ndarray, int]: ...
 
+    def close(self) -> None:
+        """End the scorer's workers, if it has any."""
+
 
 def _align(
     examples: Sequence[Example] | Mapping[str, Any], completions: Sequence[str]
@@ -138,6 +141,9 @@ class InProcessScorer:
         if first is not None and self.first_failure is None:
             self.first_failure = f"{type(first).__name__}: {first}"
         return rewards, n_failed
+
+    def close(self) -> None:
+        """Nothing to end: the reward ran in this process."""
 
 
 SCORERS = ("auto", "in_process", "sandboxed")

@@ -298,6 +298,10 @@ class Learner:
         self.reshard_seconds = 0.0
         self._rollout_base = None  # LoRA: the base on the rollout mesh, placed once
 
+    def built_programs(self) -> list[tuple[Callable, Callable]]:
+        """The (select, update) pairs built so far, one per batch key set (`programs`)."""
+        return list(self._programs.values())
+
     def programs(self, keys: Sequence[str]) -> tuple[Callable, Callable]:
         """(select, update) jitted for a batch with these keys (built once per key set).
 

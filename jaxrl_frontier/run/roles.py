@@ -1,0 +1,96 @@
+"""The run's roles in one record: the policy (trained), its frozen reference, the teacher,
+and the samplers, each with the mesh it lives on (`build_roles`).
+
+    policy     the module the train state's params belong to (`graphdef`); with LoRA the
+               state holds the adapters and `base_params` the frozen weights
+    reference  `ref_params`: a frozen copy of the starting weights (None: no KL to it)
+    teacher    a module of its own (`teacher`, `teacher_params`), or None
+    samplers   `sampler`: the evaluation's and, unless rollouts are process-local or keep
+               rows in flight, the rollouts' too; `rollout_sampler`: the training rollouts'
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import ml_collections
+from flax import nnx
+from jax.sharding import Mesh
+
+from jaxrl_frontier.core import sharding
+from jaxrl_frontier.models import lora
+from jaxrl_frontier.rl.learn.learner import reshard_to
+from jaxrl_frontier.run.build import attach_lora, build_meshes, build_model, build_teacher
+from jaxrl_frontier.sampling import Sampler, make_sampler
+
+
+@dataclasses.dataclass
+class Roles:
+    """The models of a run and where they live (see the module docstring)."""
+
+    mesh: Mesh
+    rollout_mesh: Mesh
+    tokenizer: Any
+    policy: nnx.Module
+    graphdef: Any
+    base_params: Any
+    ref_params: Any
+    teacher: nnx.Module | None
+    teacher_params: Any
+    sampler: Sampler
+    rollout_sampler: Sampler
+
+
+def build_roles(
+    c: ml_collections.ConfigDict, tokenizer, kl_coef: float, k_model, k_teacher
+) -> tuple[Roles, Any]:
+    """(Roles, the policy's trained params) of config `c`; `kl_coef`: the largest KL
+    coefficient the run can reach (a reference is loaded when it is above 0); `k_model`,
+    `k_teacher`: the random initialisations' keys."""
+    mesh, rollout_mesh = build_meshes(c)  # the same mesh unless rollout.devices
+    policy = build_model(c.model.init, c.model.path, c, tokenizer, mesh, k_model, c.model.dtype)
+    policy = attach_lora(policy, c, mesh, k_model)
+    graphdef, params, base, ref = lora.trained_and_frozen(
+        policy, with_reference=c.mode == "rl" and kl_coef > 0
+    )
+    teacher = build_teacher(c, tokenizer, mesh, k_teacher, policy.cfg)
+    make = lambda on, partial=False: _sampler(c, policy, graphdef, mesh, on, tokenizer, partial)  # noqa: E731
+    eval_mesh = rollout_mesh
+    if jax.process_count() > 1 and sharding.is_process_local(rollout_mesh):
+        eval_mesh = mesh  # the eval's prompts span every host: the global mesh
+    sampler = make(eval_mesh)
+    # the training rollouts' own sampler: partial rollouts hold rows in flight in it, and
+    # asynchronous rollouts on several processes sample on each process's own devices
+    partial = c.mode == "rl" and c.rollout.partial_budget > 0
+    local = jax.process_count() > 1 and sharding.is_process_local(rollout_mesh)
+    rollout_sampler = make(rollout_mesh, partial) if partial or local else sampler
+    roles = Roles(
+        mesh=mesh,
+        rollout_mesh=rollout_mesh,
+        tokenizer=tokenizer,
+        policy=policy,
+        graphdef=graphdef,
+        base_params=base,
+        ref_params=ref,
+        teacher=teacher,
+        teacher_params=None if teacher is None else nnx.state(teacher),
+        sampler=sampler,
+        rollout_sampler=rollout_sampler,
+    )
+    return roles, params
+
+
+def _sampler(c, policy, graphdef, train_mesh, mesh, tokenizer, partial: bool) -> Sampler:
+    """The sampler `rollout.*` asks for, over the policy placed on `mesh`."""
+    if mesh is not train_mesh:
+        policy = nnx.merge(graphdef, reshard_to(mesh)(nnx.state(policy)))
+    rollout = c.rollout
+    if jax.process_count() > 1 and sharding.is_process_local(mesh):
+        # a process's share of the continuous slots, with its share of the rows
+        rollout = rollout.to_dict()
+        rollout["continuous_slots"] //= jax.process_count()
+    return make_sampler(  # rollout.speculative: a SpeculativeSampler
+        policy, rollout, pad_id=tokenizer.pad_id, mesh=mesh, partial=partial
+    )

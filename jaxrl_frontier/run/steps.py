@@ -1,0 +1,121 @@
+"""The `Step` protocol the loop runs, and the SFT step (the RL step: run/rl_step.py).
+
+A step owns the train state and what produces its batches; the loop (run/trainer.py) calls
+it once per step and hands the rest to hooks (train/hooks.py). `STEPS` maps the config key
+`mode` to the step's builder.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import jax
+
+from jaxrl_frontier.core.registry import Registry
+from jaxrl_frontier.rl.sources import make_source
+from jaxrl_frontier.train.sft import SFTStep
+
+STEPS = Registry("training step", key="mode")
+
+
+class Step(Protocol):
+    """One training step of a run and the state it trains."""
+
+    tag: str  # "rl" | "sft": the prefix of the step's console lines
+    shown: dict[str, str]  # the progress line's {label: scalar name}
+    evaluates_at_start: bool  # an evaluation before the first step (of a fresh run)
+    config: Any  # the config of the stage the run is in (the launched one but for stages)
+    state: Any  # the train state (params, optimizer state, step, RNG)
+    source: Any  # the prompt source (`state()` / `restore()` go with the checkpoint)
+
+    def __call__(self) -> Callable[[float], dict[str, float]]:
+        """Run one step; returns scalars(seconds the step took) for the metrics writers."""
+
+    def begin(self, start: int, steps: int) -> None:
+        """Before the first step (`start`: the step resumed from, of `steps`)."""
+
+    def checkpoint_meta(self) -> dict[str, Any]:
+        """What a checkpoint holds besides the train state (JSON, and arrays under 'ahead')."""
+
+    def restore(self, meta: dict[str, Any]) -> None:
+        """Continue from a checkpoint's `checkpoint_meta`."""
+
+    def paused(self) -> contextlib.AbstractContextManager:
+        """A block during which no batch is being produced in the background."""
+
+    def hooks(self) -> list:
+        """Hooks of the step's own (train/hooks.py), run after the trainer's."""
+
+    def close(self) -> None:
+        """End the step's threads."""
+
+
+class SFTRunStep:
+    """Supervised fine-tuning on the task's demonstrations: one `SFTStep` update per step
+    on the next batch of the prompt source."""
+
+    tag = "sft"
+    shown = {"nll": "train/nll"}
+    evaluates_at_start = False
+
+    def __init__(
+        self, config, update: SFTStep, state, source, guard, describe: Callable[[], str], say
+    ):
+        self.config, self.update, self.state, self.source = config, update, state, source
+        self.guard, self.describe, self.say = guard, describe, say
+
+    def __call__(self) -> Callable[[float], dict[str, float]]:
+        self.state, metrics = self.update(self.state, self.source.next_batch())
+        self.guard.check_updates(int(self.state.step), metrics)
+        return lambda dt: {f"train/{k}": float(v) for k, v in jax.device_get(metrics).items()}
+
+    def begin(self, start: int, steps: int) -> None:
+        if start == 0:
+            self.say(f"[sft] {self.describe()}")
+
+    def checkpoint_meta(self) -> dict[str, Any]:
+        return dict(data=self.source.state())
+
+    def restore(self, meta: dict[str, Any]) -> None:
+        if meta.get("data") is not None:
+            self.source.restore(meta["data"])
+
+    def paused(self) -> contextlib.AbstractContextManager:
+        return contextlib.nullcontext()
+
+    def hooks(self) -> list:
+        return []
+
+    def close(self) -> None:
+        pass
+
+
+@STEPS.register("sft")
+def sft_step(c, roles, *, state, state_sharding, tx, **common):
+    """The SFT step of config `c` (the keys it reads: optimizer.grad_accum, data.max_prompt_len,
+    rollout.max_new_tokens, train.sft_batch, train.steps)."""
+    source = make_source(
+        common["task"],
+        c,
+        batch_size=c.train.sft_batch,
+        process_index=jax.process_index(),
+        process_count=jax.process_count(),
+    )
+    update = SFTStep(
+        roles.graphdef,
+        tx,
+        state_sharding,
+        roles.mesh,
+        common["task"],
+        roles.tokenizer,
+        grad_accum=c.optimizer.grad_accum,
+        max_prompt_len=c.data.max_prompt_len,
+        max_new_tokens=c.rollout.max_new_tokens,
+    )
+    describe = lambda: (  # noqa: E731
+        f"{roles.policy.cfg.num_params() / 1e6:.2f}M params, "
+        f"{c.train.steps} steps of {c.train.sft_batch} demonstrations"
+    )
+    return SFTRunStep(c, update, state, source, common["guard"], describe, common["say"])
