@@ -99,6 +99,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.train = train_defaults.train_section()
     c.rewards = data_defaults.rewards_section()
     c.eval = train_defaults.eval_section()
+    c.metrics = train_defaults.metrics_section()
     c.env = data_defaults.env_section()
     c.pact = rl_defaults.pact_section()
     # keys that move during a run: a schedule of the step, or a feedback controller (run/knobs.py)
