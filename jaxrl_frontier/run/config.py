@@ -25,6 +25,7 @@ an error naming the allowed keys.
 
 from __future__ import annotations
 
+import difflib
 import inspect
 import logging
 from collections.abc import Mapping
@@ -184,8 +185,10 @@ def _merge(node: ml_collections.ConfigDict, given: Mapping, prefix: str) -> None
         key = f"{prefix}{k}"
         if k not in node:
             where = f" under {prefix[:-1]!r}" if prefix else ""
+            close = difflib.get_close_matches(k, list(node.keys()), n=1)
+            hint = f"; did you mean {prefix + close[0]!r}?" if close else ""
             raise ConfigError(
-                f"unknown config key {key!r}; known keys{where}: {', '.join(sorted(node))}"
+                f"unknown config key {key!r}{hint} (known keys{where}: {', '.join(sorted(node))})"
             )
         if key in FREE_FORM:
             node[k] = ml_collections.ConfigDict(dict(v or {}))
