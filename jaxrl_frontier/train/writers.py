@@ -90,7 +90,7 @@ class MetricsOptions:
     wandb: WandbOptions = WandbOptions()
 
     def __post_init__(self) -> None:
-        names = tuple(self.writers)
+        names = (self.writers,) if isinstance(self.writers, str) else tuple(self.writers)
         object.__setattr__(self, "writers", names)
         for name in names:
             WRITERS.get(name)  # an UnknownNameError naming `metrics.writers` and the known names

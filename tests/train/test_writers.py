@@ -29,6 +29,7 @@ def test_registry_names_and_default_files(tmp_path):
     assert files[1] == METRICS_FILE and len(files) == 2
     assert files[0].startswith("events.out.tfevents.")
     assert MetricsOptions().writers == ("tensorboard", "jsonl")
+    assert MetricsOptions.from_section({"writers": "jsonl"}).writers == ("jsonl",)  # one name
 
 
 def test_bad_writer_names_name_the_key(monkeypatch):
