@@ -21,10 +21,48 @@ Train from a config file (SFT or RL); the same command resumes when DIR holds a 
   --config.KEY=VALUE    override any key, e.g. --config.optimizer.lr=1e-5
   -h, --help            this text
 
+examples:
+  python scripts/train.py --config=configs/sft_arith.py:runlocal --workdir=runs/sft_local
+  python scripts/train.py --config=configs/grpo_arith.py --workdir=runs/grpo_arith \\
+      --config.model.path=runs/sft_arith --config.rollout.temperature=0.8 \\
+      --config.metrics.writers="('tensorboard', 'jsonl', 'wandb')"
+
 Ctrl-C or SIGTERM saves a checkpoint and stops; a kill loses at most the steps since the
 last checkpoint (docs/reliability.md). Errors in the config, the data or a checkpoint are
 one line naming the key, file or step.
 """
+
+HELP_FLAGS = ("-h", "--help", "-help", "--helpfull", "--helpshort")
+
+
+def wants_help(argv: list[str]) -> bool:
+    """Whether `argv` (argv[0]: the program) asks for the help text."""
+    return any(a in HELP_FLAGS for a in argv[1:])
+
+
+def flags_help(fv, doc: str) -> str:
+    """The `--help` text of a script whose flags are absl flags in `fv`: its docstring `doc`
+    (what it does, with examples), then each flag with its help and default; a ConfigDict
+    flag (`--campaign.KEY=VALUE`) lists its keys with their defaults."""
+    lines = [doc.strip(), "", "flags:"]
+    for name in sorted(fv):
+        flag = fv[name]
+        if isinstance(flag.default, ml_collections.ConfigDict):
+            keys = " ".join(f"{k}={v!r}" for k, v in _flat(flag.default))
+            lines.append(_wrap(f"  --{name}.KEY=VALUE  {flag.help}: {keys}"))
+            continue
+        default = "" if flag.default is None else f" (default: {flag.default!r})"
+        lines.append(_wrap(f"  --{name}  {flag.help}{default}"))
+    lines.append("  -h, --help  this text")
+    return "\n".join(lines)
+
+
+def _flat(node: ml_collections.ConfigDict, prefix: str = ""):
+    for k, v in node.items():
+        if isinstance(v, ml_collections.ConfigDict):
+            yield from _flat(v, f"{prefix}{k}.")
+        else:
+            yield prefix + k, v
 
 
 def usage() -> str:
@@ -33,7 +71,7 @@ def usage() -> str:
 
     lines = [USAGE, "config keys (section: key=default ...):"]
     for section, value in base_config().items():
-        if hasattr(value, "items"):
+        if isinstance(value, ml_collections.ConfigDict):
             keys = [f"{k}={_short(v)}" for k, v in value.items()]
             lines.append(_wrap(f"  {section}: " + " ".join(keys)))
         else:
@@ -42,9 +80,7 @@ def usage() -> str:
 
 
 def _short(v) -> str:
-    if hasattr(v, "items"):
-        return "{...}"
-    return repr(v)
+    return "{...}" if isinstance(v, ml_collections.ConfigDict) else repr(v)
 
 
 def _wrap(text: str, width: int = 96) -> str:
@@ -61,7 +97,6 @@ def parse(argv: list[str]) -> tuple[ml_collections.ConfigDict | None, str | None
     from ml_collections import config_flags
 
     fv = flags.FlagValues()
-    saved, sys.argv = sys.argv, list(argv)  # config_flags reads the overrides from sys.argv
     try:
         config_flags.DEFINE_config_file(
             "config",
@@ -69,6 +104,7 @@ def parse(argv: list[str]) -> tuple[ml_collections.ConfigDict | None, str | None
             "Experiment config file (get_config).",
             lock_config=False,
             flag_values=fv,
+            sys_argv=list(argv),  # where the --config.KEY=VALUE overrides are read from
         )
         flags.DEFINE_string("workdir", None, "Run directory (checkpoints, logs).", flag_values=fv)
         fv(list(argv))
@@ -77,14 +113,12 @@ def parse(argv: list[str]) -> tuple[ml_collections.ConfigDict | None, str | None
         # ml_collections rejects a typo'd or mistyped override, and a file that sets a key the
         # config lacks, with a repr of its KeyError: say it in one line instead
         raise ConfigError(flag_error(argv, e)) from None
-    finally:
-        sys.argv = saved
 
 
 def train_main(argv: list[str] | None = None) -> None:
     """`scripts/train.py` / `jaxrl-train`: --config=FILE[:ARG] --workdir=DIR [--config.k=v ...]."""
     argv = list(sys.argv if argv is None else argv)
-    if any(a in ("-h", "--help", "-help", "--helpfull", "--helpshort") for a in argv[1:]):
+    if wants_help(argv):
         print(usage())
         return
     try:
@@ -219,16 +253,15 @@ def _file_config(argv: list[str]) -> ml_collections.ConfigDict | None:
 
     own = [argv[0], *(a for a in argv[1:] if not a.startswith("--config."))]
     fv = flags.FlagValues()
-    saved, sys.argv = sys.argv, own
     try:
-        config_flags.DEFINE_config_file("config", None, "", lock_config=False, flag_values=fv)
+        config_flags.DEFINE_config_file(
+            "config", None, "", lock_config=False, flag_values=fv, sys_argv=own
+        )
         flags.DEFINE_string("workdir", None, "", flag_values=fv)
         fv(own)
         return _loaded(fv.config)
     except Exception:  # the file's own error is the one reported
         return None
-    finally:
-        sys.argv = saved
 
 
 def _locked_key_error(text: str) -> str | None:
