@@ -251,13 +251,12 @@ def _file_config(argv: list[str]) -> ml_collections.ConfigDict | None:
     from absl import flags
     from ml_collections import config_flags
 
-    own = [argv[0], *(a for a in argv[1:] if not a.startswith("--config."))]
+    own = [argv[0], *(a for a in argv[1:] if a.startswith("--config="))]  # the file alone
     fv = flags.FlagValues()
     try:
         config_flags.DEFINE_config_file(
             "config", None, "", lock_config=False, flag_values=fv, sys_argv=own
         )
-        flags.DEFINE_string("workdir", None, "", flag_values=fv)
         fv(own)
         return _loaded(fv.config)
     except Exception:  # the file's own error is the one reported

@@ -34,7 +34,7 @@ def test_overrides_apply_and_argv_is_left_alone():
 @pytest.mark.parametrize(
     "flag, expected",
     [
-        (  # the issue's example: was a raw repr over two lines
+        (  # ml_collections' own text: a repr of its KeyError over two lines
             "--config.rollout.temprature=0.5",
             "no config key 'rollout.temprature'; did you mean 'rollout.temperature'?",
         ),
@@ -101,6 +101,22 @@ def test_train_main_exits_with_the_line():
     argv = ["train.py", CONFIG, "--workdir=unused", "--config.rollout.temprature=0.5"]
     with pytest.raises(SystemExit) as e:
         cli.train_main(argv)
+    assert str(e.value) == (
+        "config error: --config.rollout.temprature=0.5: no config key 'rollout.temprature'; "
+        "did you mean 'rollout.temperature'?"
+    )
+
+
+def test_evaluate_script_config_errors_are_the_same_line():
+    import importlib.util
+
+    path = os.path.join(REPO, "scripts", "evaluate.py")
+    spec = importlib.util.spec_from_file_location("evaluate_script", path)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    argv = ["evaluate.py", CONFIG, "--policy=unused", "--config.rollout.temprature=0.5"]
+    with pytest.raises(SystemExit) as e:
+        script.main(argv)
     assert str(e.value) == (
         "config error: --config.rollout.temprature=0.5: no config key 'rollout.temprature'; "
         "did you mean 'rollout.temperature'?"
