@@ -47,6 +47,13 @@ def test_bad_writer_names_name_the_key(monkeypatch):
         MetricsWriter("unused", {"writers": ("jsonl", "wandb")}, process_index=1)
 
 
+def test_only_process_zero_starts_a_wandb_run(tmp_path):
+    pytest.importorskip("wandb")
+    with MetricsWriter(tmp_path / "p1", {"writers": ("wandb",)}, process_index=1) as w:
+        w.write_scalars(1, {"loss": 1.0})
+    assert not (tmp_path / "p1").exists()
+
+
 def test_wandb_mode_offline_unless_a_key_or_the_config_says_otherwise():
     o = WandbOptions()
     assert o.resolved_mode({}) == "offline"
