@@ -9,9 +9,9 @@
                  an API key is set; keys `metrics.wandb.*` (`WandbOptions`)
 
 A writer is a small class with `write_scalars(step, scalars)`, `flush(sync)`, `close()` and
-`truncate_after(step)` (the rows after a resumed checkpoint's step dropped: only `jsonl` keeps
-such rows; the others are append-only and return 0). Scalars arrive as Python floats (the
-caller converts once); a writer is only built on process 0 (`MetricsWriter`).
+`truncate_after(step)` (on resume, drop the rows after the checkpoint's step: `jsonl` does; the
+others are append-only and return 0). Scalars arrive as Python floats (the caller converts
+once); writers are only built on process 0 (`MetricsWriter`).
 
 A new destination is one class registered here (or in a user's module imported before the run
 is built):
@@ -305,7 +305,10 @@ class WandbWriter(ScalarWriter):
     """A Weights & Biases run (`WandbOptions`): each write is one `run.log(scalars, step)`;
     writes at the same step (a step's train scalars, then its eval) land in one history row.
     The resolved config is the W&B run config. Offline by default without an API key: the run
-    is written under `<dir>/wandb/offline-run-*` with no network, for `wandb sync` later."""
+    is written under `<dir>/wandb/offline-run-*` with no network, for `wandb sync` later.
+    A resumed run is a new W&B run (from the checkpoint's step on). `close` returns once W&B's
+    own process has the run's end; that process may finish writing the run's file a moment
+    later, and always before the Python process exits."""
 
     def __init__(self, logdir, options: MetricsOptions, run_config=None):
         _require_wandb()
@@ -313,11 +316,13 @@ class WandbWriter(ScalarWriter):
 
         o = options.wandb
         config = json.loads(json.dumps(dict(run_config or {}), default=str))  # JSON-able
+        directory = Path(o.dir or logdir)
+        directory.mkdir(parents=True, exist_ok=True)
         self._run = wandb.init(
             project=o.project,
             entity=o.entity or None,
             name=o.name or Path(logdir).resolve().name,
-            dir=o.dir or str(logdir),
+            dir=str(directory),
             mode=o.resolved_mode(),
             config=config,
             reinit="create_new",  # a process may hold several runs (tests, sweeps in process)
