@@ -74,7 +74,8 @@ benchmark("continuous", continuous.add_arguments)(continuous.bench_continuous)
 def main(argv=None) -> dict:
     config_args, argv = common.split_config_args(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(
-        description=__doc__.splitlines()[0],
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="--config=FILE[:ARG] and --config.KEY=VALUE: the experiment config, as in "
         "training (each benchmark's docstring names its default)",
     )

@@ -23,10 +23,12 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import ml_collections  # noqa: E402
 from absl import flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
 from jaxrl_frontier.core.errors import ConfigError, SweepError  # noqa: E402
+from jaxrl_frontier.run.cli import flags_help, key_problem, wants_help  # noqa: E402
 from jaxrl_frontier.sweeps.campaign import defaults, run_campaign  # noqa: E402
 from jaxrl_frontier.sweeps.campaign_tree import Campaign, summary_table  # noqa: E402
 from jaxrl_frontier.sweeps.launch import LAUNCHERS, REPO, abs_config  # noqa: E402
@@ -35,7 +37,9 @@ USAGE = __doc__.split("\n\n")[1]
 
 
 def define(fv: flags.FlagValues) -> None:
-    config_flags.DEFINE_config_dict("campaign", defaults(), "campaign.* keys", flag_values=fv)
+    config_flags.DEFINE_config_dict(
+        "campaign", defaults(), "the campaign's keys (docs/methods.md)", flag_values=fv
+    )
     flags.DEFINE_string("config", None, "experiment file FILE.py[:ARG]", flag_values=fv)
     flags.DEFINE_string("root", None, "the campaign directory", flag_values=fv)
     flags.DEFINE_enum("launcher", "local", LAUNCHERS.names(), "sweep launcher", flag_values=fv)
@@ -43,8 +47,8 @@ def define(fv: flags.FlagValues) -> None:
     flags.DEFINE_string("cluster", None, "slurm: None (detect), local or debug", flag_values=fv)
     flags.DEFINE_string("partition", None, "slurm partition", flag_values=fv)
     flags.DEFINE_integer("timeout_min", 240, "slurm: minutes a task", flag_values=fv)
-    flags.DEFINE_integer("cpus_per_task", 8, "slurm", flag_values=fv)
-    flags.DEFINE_integer("gpus_per_node", 0, "slurm", flag_values=fv)
+    flags.DEFINE_integer("cpus_per_task", 8, "slurm: CPUs a task", flag_values=fv)
+    flags.DEFINE_integer("gpus_per_node", 0, "slurm: GPUs a node", flag_values=fv)
 
 
 def launcher(fv: flags.FlagValues, root: str):
@@ -69,11 +73,17 @@ def main(argv: list[str] | None = None) -> int:
     try:  # ml_collections reads the --campaign.KEY flags from sys.argv when defining them
         sys.argv = own
         define(fv)
+        if wants_help(own):
+            print(flags_help(fv, __doc__))
+            return 0
         rest = fv(own)[1:]
     except (AttributeError, KeyError) as e:  # a --campaign.KEY the campaign lacks
-        given = [a.split("=")[0] for a in own if a.startswith("--campaign.")]
-        text = str(e).replace("\\n", " ").replace("\\'", "").strip("'\"")
-        raise SystemExit(f"campaign error: unknown key among {given}: {text}") from None
+        keys = ml_collections.ConfigDict({"campaign": defaults()})
+        for arg in (a for a in own if a.startswith("--campaign.")):
+            problem = key_problem(keys, arg.split("=")[0][2:])
+            if problem:  # no config key 'campaign.polcy'; did you mean 'campaign.policy'?
+                raise SystemExit(f"campaign error: {arg}: {problem}") from None
+        raise SystemExit(f"campaign error: {' '.join(str(e).split())}") from None
     except (flags.Error, TypeError, ValueError) as e:
         raise SystemExit(f"campaign error: {' '.join(str(e).split())}") from None
     finally:

@@ -1,5 +1,8 @@
 """The claims of docs/results.md: what each tests, the sweeps that redo it, its verdict rule.
 
+    python scripts/claims.py            # every claim: its statement, sweeps and commands
+    python scripts/claims.py a e        # claims (a) and (e) only
+
 Each claim reads the `collect` output of its sweeps (ROOT/sweep_results.json) and returns
 a Finding: a table of groups (mean +- std over seeds), curves to plot, and a verdict —
 "reproduces at this scale", "does not reproduce at this scale" or "inconclusive" — from a
@@ -10,9 +13,11 @@ yet". scripts/report.py renders the findings.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import math
 import os
+import sys
 from collections.abc import Callable
 
 REPRODUCES = "reproduces at this scale"
@@ -718,3 +723,26 @@ CLAIMS: dict[str, Claim] = {
         ),
     ]
 }
+
+
+def describe(claim: Claim) -> str:
+    """A claim as text: key, title, the paper's statement, the task, the commands that redo it."""
+    lines = [f"({claim.key}) {claim.title}", f"  {claim.statement}", f"  task: {claim.task}"]
+    return "\n".join(lines + ["  redo: " + c for c in claim.commands()])
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("keys", nargs="*", help=f"claims to show (default: all of {', '.join(CLAIMS)})")
+    args = p.parse_args(argv)
+    unknown = [k for k in args.keys if k not in CLAIMS]
+    if unknown:
+        p.error(f"unknown claim {', '.join(unknown)}; known: {', '.join(CLAIMS)}")
+    print("\n\n".join(describe(CLAIMS[k]) for k in args.keys or CLAIMS))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

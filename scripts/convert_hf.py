@@ -15,10 +15,7 @@ import os
 import shutil
 import sys
 
-import jax.numpy as jnp
 import numpy as np
-
-from jaxrl_frontier.models import hf
 
 # Files a serving stack reads besides config.json and the weights.
 _COPIED = (
@@ -33,8 +30,10 @@ _COPIED = (
 )
 
 
-def _probe_batch(vocab: int) -> tuple[jnp.ndarray, jnp.ndarray]:
-    """[2, 16] tokens and mask; the second row left-padded by 5."""
+def _probe_batch(vocab: int):
+    """[2, 16] tokens and mask (jax arrays); the second row left-padded by 5."""
+    import jax.numpy as jnp
+
     tokens = np.random.RandomState(0).randint(0, vocab, size=(2, 16)).astype(np.int32)
     mask = np.ones_like(tokens)
     mask[1, :5] = 0
@@ -43,12 +42,15 @@ def _probe_batch(vocab: int) -> tuple[jnp.ndarray, jnp.ndarray]:
 
 def main(argv: list[str] | None = None) -> float:
     """Runs the conversion; returns the max |logit diff| (also printed)."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--in", dest="src", required=True, help="HF checkpoint directory")
     parser.add_argument("--out", dest="dst", required=True, help="output directory")
     parser.add_argument("--dtype", default=None, help="saved tensor dtype: float32 | bfloat16")
     parser.add_argument("--max-shard-size", default="5GB", help="e.g. 5GB, 500MB")
     args = parser.parse_args(argv)
+    from jaxrl_frontier.models import hf  # after parsing: --help needs no jax
 
     base = hf.read_config(args.src)
     saved_dtype = args.dtype or base.get("torch_dtype") or base.get("dtype") or "float32"

@@ -15,10 +15,6 @@ import logging
 import os
 import time
 
-import jax
-
-from jaxrl_frontier.run import trainer
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -30,13 +26,29 @@ def load_config(path: str, arg: str | None = None):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workdir", default=os.path.join(ROOT, "runs", "demo"))
-    parser.add_argument("--sft_config", default=os.path.join(ROOT, "configs", "sft_arith.py"))
-    parser.add_argument("--rl_config", default=os.path.join(ROOT, "configs", "grpo_arith.py"))
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--workdir", default=os.path.join(ROOT, "runs", "demo"), help="sft/, rl/, summary.json"
+    )
+    parser.add_argument(
+        "--sft_config",
+        default=os.path.join(ROOT, "configs", "sft_arith.py"),
+        help="the SFT stage's config file",
+    )
+    parser.add_argument(
+        "--rl_config",
+        default=os.path.join(ROOT, "configs", "grpo_arith.py"),
+        help="the RL stage's config file (from the SFT policy)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="config key seed of both stages")
     parser.add_argument("--runlocal", action="store_true", help="seconds-long smoke run")
     args = parser.parse_args()
+    import jax  # after parsing: --help needs no jax
+
+    from jaxrl_frontier.run import trainer
+
     logging.basicConfig(level=logging.WARNING)
     arg = "runlocal" if args.runlocal else None
     print(f"jaxrl_frontier demo on {jax.device_count()} {jax.devices()[0].platform} device(s)")

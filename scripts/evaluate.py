@@ -1,4 +1,4 @@
-"""Evaluate any policy (a workdir's export or a Hugging Face dir) on a task split.
+r"""Evaluate any policy (a workdir's export or a Hugging Face dir) on a task split.
 
     python scripts/evaluate.py --config=configs/grpo_arith.py --policy=runs/grpo_arith \
         --reference=runs/sft_arith --n=8 --rerank=progress,confidence,none --json=eval.json
@@ -172,13 +172,21 @@ def main(argv=None) -> dict[str, float]:
     from absl import flags
     from ml_collections import config_flags
 
+    from jaxrl_frontier.core.errors import ConfigError
     from jaxrl_frontier.data.tasks import make_task
     from jaxrl_frontier.run import config as config_lib
     from jaxrl_frontier.run.build import build_mesh, build_model, build_tokenizer
+    from jaxrl_frontier.run.cli import flag_error, flags_help, wants_help
 
+    argv = list(sys.argv if argv is None else argv)
     f = flags.FlagValues()
     config_flags.DEFINE_config_file(
-        "config", None, "Experiment config file.", flag_values=f, lock_config=False
+        "config",
+        None,
+        "Experiment config file FILE.py[:ARG] (then --config.KEY=VALUE overrides).",
+        flag_values=f,
+        lock_config=False,
+        sys_argv=argv,
     )
     flags.DEFINE_string(
         "policy", None, "A workdir (its export/) or an HF directory.", flag_values=f
@@ -196,10 +204,18 @@ def main(argv=None) -> dict[str, float]:
     )
     flags.DEFINE_bool("entropy", False, "Also the mean next-token entropy.", flag_values=f)
     flags.DEFINE_string("json", None, "Write the results here.", flag_values=f)
-    f(list(sys.argv if argv is None else argv))
-    if f.config is None or not f.policy:
+    if wants_help(argv):
+        print(flags_help(f, __doc__))
+        return {}
+    try:
+        f(argv)
+        c = None if f.config is None else config_lib.resolve(f.config)
+    except ConfigError as e:
+        raise SystemExit(f"config error: {e}") from None
+    except (flags.Error, AttributeError, KeyError, TypeError, ValueError, OSError) as e:
+        raise SystemExit(f"config error: {flag_error(argv, e)}") from None  # one line
+    if c is None or not f.policy:
         raise SystemExit("usage: evaluate.py --config=FILE --policy=DIR [--reference=DIR] ...")
-    c = config_lib.resolve(f.config)
     mesh, tokenizer = build_mesh(c), build_tokenizer(c)
     task = make_task(c.task.name, **c.task.kwargs.to_dict())
     load = lambda path: build_model(

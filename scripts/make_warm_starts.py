@@ -115,8 +115,12 @@ def build(name: str) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", default=",".join(WARM_STARTS), help="comma-separated names")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--only", default=",".join(WARM_STARTS), help="comma-separated names (default: all)"
+    )
     for name in parser.parse_args().only.split(","):
         build(name)
 

@@ -1,4 +1,4 @@
-"""Per-device bytes of an RL update: the arithmetic beside XLA's compiled memory analysis.
+r"""Per-device bytes of an RL update: the arithmetic beside XLA's compiled memory analysis.
 
     XLA_FLAGS=--xla_force_host_platform_device_count=8 \
         python scripts/memory_plan.py --model 0.5b --fsdp 8 --out /tmp/plan.json
@@ -36,18 +36,22 @@ QWEN2_5 = {  # Hugging Face config.json of Qwen/Qwen2.5-{0.5B,7B,32B}
 
 
 def parse(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", default="0.5b", choices=sorted(QWEN2_5))
-    p.add_argument("--data", type=int, default=1)
-    p.add_argument("--fsdp", type=int, default=8)
-    p.add_argument("--tensor", type=int, default=1)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--model", default="0.5b", choices=sorted(QWEN2_5), help="a Qwen2.5 shape")
+    p.add_argument("--data", type=int, default=1, help="mesh axis data (devices)")
+    p.add_argument("--fsdp", type=int, default=8, help="mesh axis fsdp (devices)")
+    p.add_argument("--tensor", type=int, default=1, help="mesh axis tensor (devices)")
     p.add_argument("--rows", type=int, default=8, help="rows per microbatch (all devices)")
     p.add_argument("--seq", type=int, default=512, help="tokens per row")
     p.add_argument("--dtype", default="bfloat16", help="compute dtype (params stay f32)")
-    p.add_argument("--remat", default="full", choices=("none", "full", "dots_saveable"))
+    p.add_argument(
+        "--remat", default="full", choices=("none", "full", "dots_saveable"), help="model.remat"
+    )
     p.add_argument("--chunk", type=int, default=512, help="positions per output-layer chunk")
     p.add_argument("--lora", type=int, default=0, help="LoRA rank (0: full fine-tune)")
-    p.add_argument("--out", default="")
+    p.add_argument("--out", default="", help="write the plan here as JSON")
     return p.parse_args(argv)
 
 

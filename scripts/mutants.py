@@ -1,4 +1,4 @@
-"""Mutation testing of a module: does some test fail when the code is wrong?
+r"""Mutation testing of a module: does some test fail when the code is wrong?
 
     python scripts/mutants.py jaxrl_frontier/objectives/advantages.py \
         tests/objectives/test_advantages.py tests/objectives/test_advantage_terms.py \
@@ -138,7 +138,9 @@ def run_mutant(scratch: Path, module: str, source: str, site, tests, timeout: fl
 
 
 def main(argv=None) -> dict:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("module", help="the file to mutate, relative to the repository root")
     p.add_argument("tests", nargs="+", help="the test files or node ids to run per mutant")
     p.add_argument("--workers", type=int, default=2, help="mutants run at a time")

@@ -290,9 +290,13 @@ def report(runs_dir: str, out: str, data_dir: str | None = None) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--runs", default=os.path.join(REPO, "runs", "sweeps"))
-    p.add_argument("--out", default=os.path.join(REPO, "docs", "results.md"))
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--runs", default=os.path.join(REPO, "runs", "sweeps"), help="the collected sweeps"
+    )
+    p.add_argument("--out", default=os.path.join(REPO, "docs", "results.md"), help="the page")
     p.add_argument(
         "--data",
         default=os.path.join(REPO, "docs", "results", "data"),

@@ -1,4 +1,4 @@
-"""Run a config sweep, on this machine or a slurm cluster, and collect its results.
+r"""Run a config sweep, on this machine or a slurm cluster, and collect its results.
 
     python scripts/sweep.py run sweeps/claim_a.py [--config=configs/grpo_arith.py:runlocal] \
         [--root=runs/sweeps/claim_a] [--launcher=local --parallel=1 | --launcher=slurm ...]
@@ -35,9 +35,17 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = p.add_subparsers(dest="command", required=True)
-    run = sub.add_parser("run", help="launch the runs of a sweep file")
+    run = sub.add_parser(
+        "run",
+        help="launch the runs of a sweep file",
+        description="Launch the runs of a sweep file, e.g.\n  python scripts/sweep.py run "
+        "sweeps/claim_a.py --config=configs/grpo_arith.py:runlocal --parallel=2",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     run.add_argument("sweep", help="a sweep file (get_sweep() -> list of override dicts)")
     run.add_argument("--config", default=None, help="FILE.py[:ARG] for runs without 'config'")
     run.add_argument("--root", default=None, help="default: runs/sweeps/<sweep file name>")
@@ -52,8 +60,14 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     run.add_argument("--gpus_per_node", type=int, default=0)
     run.add_argument("--array_parallelism", type=int, default=64)
     run.add_argument("--no_wait", action="store_true", help="slurm: return after submitting")
-    col = sub.add_parser("collect", help="gather a sweep's runs into CSV and JSON tables")
-    col.add_argument("root")
+    col = sub.add_parser(
+        "collect",
+        help="gather a sweep's runs into CSV and JSON tables",
+        description="Gather a sweep's runs into CSV and JSON tables, e.g.\n"
+        "  python scripts/sweep.py collect runs/sweeps/claim_a",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    col.add_argument("root", help="the sweep's directory (its --root)")
     return p.parse_args(argv)
 
 

@@ -1,4 +1,4 @@
-"""Train from a config file: SFT or RL, resuming when the workdir holds a checkpoint.
+r"""Train from a config file: SFT or RL, resuming when the workdir holds a checkpoint.
 
     python scripts/train.py --config=configs/grpo_arith.py --workdir=runs/grpo_arith \
         --config.optimizer.lr=1e-5 --config.objective.weight=dppo

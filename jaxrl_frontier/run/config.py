@@ -25,6 +25,7 @@ an error naming the allowed keys.
 
 from __future__ import annotations
 
+import difflib
 import inspect
 import logging
 from collections.abc import Mapping
@@ -99,6 +100,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.train = train_defaults.train_section()
     c.rewards = data_defaults.rewards_section()
     c.eval = train_defaults.eval_section()
+    c.metrics = train_defaults.metrics_section()
     c.env = data_defaults.env_section()
     c.pact = rl_defaults.pact_section()
     # keys that move during a run: a schedule of the step, or a feedback controller (run/knobs.py)
@@ -183,8 +185,10 @@ def _merge(node: ml_collections.ConfigDict, given: Mapping, prefix: str) -> None
         key = f"{prefix}{k}"
         if k not in node:
             where = f" under {prefix[:-1]!r}" if prefix else ""
+            close = difflib.get_close_matches(k, list(node.keys()), n=1)
+            hint = f"; did you mean {prefix + close[0]!r}?" if close else ""
             raise ConfigError(
-                f"unknown config key {key!r}; known keys{where}: {', '.join(sorted(node))}"
+                f"unknown config key {key!r}{hint} (known keys{where}: {', '.join(sorted(node))})"
             )
         if key in FREE_FORM:
             node[k] = ml_collections.ConfigDict(dict(v or {}))

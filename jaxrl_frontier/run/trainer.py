@@ -81,7 +81,7 @@ class Trainer:
         self.ckpt = Checkpointer(
             os.path.join(self.workdir, "checkpoints"), max_to_keep=c.train.keep_checkpoints
         )
-        self.writer = MetricsWriter(self.workdir)
+        self.writer = MetricsWriter(self.workdir, c.metrics.to_dict(), run_config=c.to_dict())
         self.rollout_log = RolloutLogger(self.workdir) if self.is_main else None
         self.history: dict[str, Any] = {"eval": []}
         self.step: Step = STEPS.get(c.mode)(

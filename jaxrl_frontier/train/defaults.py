@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import ml_collections
 from ml_collections import config_dict
+
+from jaxrl_frontier.train.writers import WANDB_MODES, MetricsOptions
 
 
 def train_section() -> ml_collections.ConfigDict:
@@ -69,6 +73,17 @@ def eval_section() -> ml_collections.ConfigDict:
     return s
 
 
+def metrics_section() -> ml_collections.ConfigDict:
+    """`metrics`: where the logged scalars go (train/writers.py). writers: 'tensorboard'
+    (event files), 'jsonl' (metrics.jsonl), 'console' (a line per log step on stdout), 'wandb'
+    (Weights & Biases; `pip install 'jaxrl_frontier[wandb]'`). flush_secs: TensorBoard's flush
+    interval. wandb: project; name ('': the run directory's name); entity ('': the API key's
+    default); mode ('' = $WANDB_MODE, else online with $WANDB_API_KEY set, else offline: no
+    network, `wandb sync` uploads later); dir ('': the run directory)."""
+    defaults = dataclasses.asdict(MetricsOptions())  # one place for the defaults
+    return ml_collections.ConfigDict(defaults)
+
+
 def knob_section() -> ml_collections.ConfigDict:
     """`schedules` and `controllers` (each its own copy): one unset entry per key a run may
     move as it trains (run/knobs.py): the objective's coefficients and float weight knobs,
@@ -92,6 +107,7 @@ def knob_section() -> ml_collections.ConfigDict:
 # The allowed values of this layer's keys with a closed set of them (run/config.py checks).
 CHOICES: dict[str, tuple] = {
     "train.export": ("last", "best"),
+    "metrics.wandb.mode": WANDB_MODES,
 }
 
 # This layer's numeric keys: (low, high, low inclusive, high inclusive); None = open.
@@ -111,4 +127,5 @@ RANGES: dict[str, tuple] = {
     "eval.num_prompts": (0, None, False, None),
     "eval.pass_k": (0, None, False, None),
     "eval.batch": (0, None, False, None),
+    "metrics.flush_secs": (0, None, False, None),
 }

@@ -1,4 +1,6 @@
-"""Run outputs: TensorBoard + JSONL scalars, JSONL rollout dumps, a console progress line.
+"""Run outputs: scalars to the writers `metrics.writers` names (TensorBoard + JSONL by default;
+console and Weights & Biases on request: train/writers.py), JSONL rollout dumps, a console
+progress line.
 
 Nothing here needs TensorFlow or torch: event files are written with the `tensorboard`
 package's own `EventFileWriter` and protos. Every run writes machine-readable JSONL next to the
@@ -19,6 +21,7 @@ the whole line; if that write fails (disk full), the file is cut back to the row
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import math
@@ -31,85 +34,84 @@ from typing import Any, TextIO
 
 import numpy as np
 
-METRICS_FILE = "metrics.jsonl"
+from jaxrl_frontier.train.writers import (
+    METRICS_FILE,
+    MetricsOptions,
+    ScalarWriter,
+    make_writers,
+    truncate_jsonl,
+)
+from jaxrl_frontier.train.writers import append_line as _append_line
+from jaxrl_frontier.train.writers import format_value as _format_value
+from jaxrl_frontier.train.writers import is_writer as _is_writer
+from jaxrl_frontier.train.writers import json_number as _json_number
+from jaxrl_frontier.train.writers import open_appending as _open_appending
+from jaxrl_frontier.train.writers import to_float as _to_float
+
 ROLLOUTS_FILE = "rollouts.jsonl"
-
-
-def _is_writer(process_index: int | None) -> bool:
-    if process_index is None:
-        import jax  # deferred: pure-logging users and tests need no backend
-
-        process_index = jax.process_index()
-    return process_index == 0
-
-
-def _to_float(name: str, value: Any) -> float:
-    arr = np.asarray(value)
-    if arr.size != 1:
-        raise ValueError(f"metric {name!r} must be a scalar, got shape {arr.shape}")
-    return float(arr.reshape(()))
-
-
-def _json_number(x: float) -> float | None:
-    # Strict JSON has no NaN/Infinity (jq, JS and many readers reject them): write null.
-    # The event file keeps the exact non-finite value.
-    return x if math.isfinite(x) else None
+__all__ = [
+    "METRICS_FILE",
+    "ROLLOUTS_FILE",
+    "MetricsWriter",
+    "ProgressBar",
+    "RolloutLogger",
+    "format_duration",
+    "rl_step_scalars",
+    "truncate_jsonl",
+]
 
 
 class MetricsWriter:
-    """Scalars to TensorBoard event files and `metrics.jsonl`; text to TensorBoard.
+    """A run's scalars to each writer `metrics.writers` names (train/writers.py: by default
+    TensorBoard event files and `metrics.jsonl`); text to those that keep it (TensorBoard).
 
     `metrics.jsonl` holds one JSON object per `write_scalars` call:
     {"step": int, "time": unix seconds, "<name>": float | null, ...} (null = NaN/inf).
-    Use "/" in names to group them in TensorBoard ("reward/correctness").
+    Use "/" in names to group them in TensorBoard and W&B ("reward/correctness").
+
+    options: a `MetricsOptions`, or the `metrics` section as a plain mapping; run_config: the
+    resolved config as a plain dict (W&B records it as the run's config).
     """
 
     def __init__(
-        self, logdir: str | Path, *, process_index: int | None = None, flush_secs: float = 30
+        self,
+        logdir: str | Path,
+        options: MetricsOptions | Mapping[str, Any] | None = None,
+        *,
+        run_config: Mapping[str, Any] | None = None,
+        process_index: int | None = None,
+        flush_secs: float | None = None,
     ):
+        if options is None or isinstance(options, Mapping):
+            options = MetricsOptions.from_section(options or {})
+        if flush_secs is not None:
+            options = dataclasses.replace(options, flush_secs=flush_secs)
         self.logdir = Path(logdir)
+        self.options = options
         self.active = _is_writer(process_index)
-        self._events = None
-        self._jsonl: io.RawIOBase | None = None
+        self._writers: list[ScalarWriter] = []
         self._closed = False
         if self.active:
-            # Deferred imports: the event writer pulls in tensorboard's proto stack.
-            from tensorboard.summary.writer.event_file_writer import EventFileWriter
-
             self.logdir.mkdir(parents=True, exist_ok=True)
-            self._events = EventFileWriter(str(self.logdir), flush_secs=flush_secs)
-            self._jsonl = _open_appending(self.logdir / METRICS_FILE)
+            self._writers = make_writers(self.logdir, options, run_config)
 
     def write_scalars(self, step: int, scalars: Mapping[str, Any]) -> None:
         """Write each name -> scalar (Python/NumPy/JAX scalar or size-1 array) at `step`."""
         self._check_open()
         if not self.active:
             return
-        from tensorboard.compat.proto import event_pb2, summary_pb2
-
         values = {name: _to_float(name, v) for name, v in scalars.items()}
         for k in ("step", "time"):
             if k in values:
                 raise ValueError(f"metric name {k!r} collides with a reserved JSONL key")
-        now = time.time()
-        summary = summary_pb2.Summary(
-            value=[summary_pb2.Summary.Value(tag=k, simple_value=v) for k, v in values.items()]
-        )
-        self._events.add_event(event_pb2.Event(wall_time=now, step=int(step), summary=summary))
-        row = {"step": int(step), "time": now}
-        row.update({k: _json_number(v) for k, v in values.items()})
-        _append_line(self._jsonl, json.dumps(row))
+        for writer in self._writers:
+            writer.write_scalars(int(step), values)
 
     def write_text(self, step: int, tag: str, text: str) -> None:
         """A text summary (TensorBoard's Text tab), e.g. the resolved config or a sample."""
         self._check_open()
-        if not self.active:
-            return
-        from tensorboard.compat.proto import event_pb2
-        from tensorboard.plugins.text.summary_v2 import text_pb
-
-        event = event_pb2.Event(wall_time=time.time(), step=int(step), summary=text_pb(tag, text))
-        self._events.add_event(event)
+        for writer in self._writers:
+            writer.write_text(int(step), tag, text)
 
     def _check_open(self) -> None:
         if self._closed:
@@ -118,11 +120,9 @@ class MetricsWriter:
     def flush(self, sync: bool = False) -> None:
         """Hand buffered rows to the OS (`sync`: and to the disk: the trainer syncs with each
         checkpoint, so a checkpoint's rows survive a power cut as well as a kill)."""
-        if self.active and not self._closed:
-            self._events.flush()
-            self._jsonl.flush()
-            if sync:
-                os.fsync(self._jsonl.fileno())
+        if not self._closed:
+            for writer in self._writers:
+                writer.flush(sync)
 
     def truncate_after(self, step: int) -> int:
         """Drop the `metrics.jsonl` rows after `step` (and torn lines); returns how many.
@@ -130,16 +130,13 @@ class MetricsWriter:
         Called on resume from the checkpoint at `step`: the resumed run logs those steps
         again. (TensorBoard event files are append-only; TensorBoard shows the newest value of
         a repeated step.)"""
-        if not self.active:
-            return 0
-        self._jsonl.flush()
-        return truncate_jsonl(self.logdir / METRICS_FILE, step)
+        return sum(writer.truncate_after(step) for writer in self._writers)
 
     def close(self) -> None:
         """Flush and close; later writes are an error. Safe to call twice."""
-        if self.active and not self._closed:
-            self._events.close()
-            self._jsonl.close()
+        if not self._closed:
+            for writer in self._writers:
+                writer.close()
         self._closed = True
 
     def __enter__(self) -> MetricsWriter:
@@ -250,57 +247,6 @@ class RolloutLogger:
             self.active = False
 
 
-def _open_appending(path: Path) -> io.RawIOBase:
-    """An unbuffered append handle: each row reaches the OS in `_append_line`'s own writes, so
-    no half-written row waits in a Python buffer to be flushed later (at close, or after the
-    disk filled up)."""
-    return open(path, "ab", buffering=0)
-
-
-def _append_line(f: io.RawIOBase, line: str) -> None:
-    """Append `line` + newline; on failure (disk full) cut the file back to where it was, so a
-    reader (and a resumed run) never sees a torn row, then re-raise."""
-    data = memoryview((line + "\n").encode("utf-8"))
-    fd = f.fileno()
-    start = os.lseek(fd, 0, os.SEEK_END)
-    try:
-        while data:
-            data = data[os.write(fd, data) :]
-    except OSError:
-        try:
-            os.ftruncate(fd, start)
-        except OSError:
-            pass  # truncate_jsonl drops the torn line on resume
-        raise
-
-
-def truncate_jsonl(path: str | Path, step: int) -> int:
-    """Keep the rows of the JSONL file at `path` whose "step" <= `step`, in place (the same
-    inode: an open append handle keeps writing to it); drop later rows and lines that do not
-    parse (a write torn by a kill). Returns the number of lines dropped."""
-    path = Path(path)
-    if not path.exists():
-        return 0
-    with open(path, "r+", encoding="utf-8") as f:
-        lines = f.read().split("\n")
-        keep = []
-        for line in lines:
-            if not line:
-                continue
-            try:
-                row = json.loads(line)
-            except ValueError:
-                continue  # a torn line: the step it belonged to is logged again
-            if isinstance(row, dict) and int(row.get("step", 0)) <= step:
-                keep.append(line)
-        f.seek(0)
-        f.write("".join(k + "\n" for k in keep))
-        f.truncate()
-        f.flush()
-        os.fsync(f.fileno())
-    return sum(1 for line in lines if line) - len(keep)
-
-
 def format_duration(seconds: float | None) -> str:
     """Compact duration: 7s, 4m05s, 1h02m, 2d03h; '?' when unknown (None, NaN, inf, < 0)."""
     if seconds is None or not math.isfinite(seconds) or seconds < 0:
@@ -313,12 +259,6 @@ def format_duration(seconds: float | None) -> str:
     if s < 86400:
         return f"{s // 3600}h{s % 3600 // 60:02d}m"
     return f"{s // 86400}d{s % 86400 // 3600:02d}h"
-
-
-def _format_value(x: float) -> str:
-    if not math.isfinite(x):
-        return str(x)
-    return f"{x:.4g}"
 
 
 class ProgressBar:

@@ -11,6 +11,7 @@ from a scripted curve and a checkpoint directory per step holding its origin
 import importlib.util
 import json
 import os
+import re
 
 import pytest
 
@@ -381,7 +382,10 @@ def test_cli_summary_and_errors(tmp_path, capsys):
     spec.loader.exec_module(cli)
     assert cli.main(["campaign.py", "summary", str(tmp_path / "c")]) == 0
     assert "| s0/s1 | s0 | 1 | s0@4, prompts from s0@10 | 7 |" in capsys.readouterr().out
-    with pytest.raises(SystemExit, match="unknown key among \\['--campaign.polcy'\\]"):
+    one_line = (
+        "--campaign.polcy=es: no config key 'campaign.polcy'; did you mean 'campaign.policy'?"
+    )
+    with pytest.raises(SystemExit, match=re.escape(f"campaign error: {one_line}")):
         cli.main(["campaign.py", "run", "--config=configs/grpo_arith.py", "--campaign.polcy=es"])
     with pytest.raises(SystemExit, match="campaign error: .*no campaign here"):
         cli.main(["campaign.py", "summary", str(tmp_path / "none")])
