@@ -109,7 +109,7 @@ def test_a_custom_source_and_editor_plug_into_the_loop(tmp_path):
     c.eval.update(num_prompts=4, batch=4, pass_k=1)
     trainer = tr.Trainer(c, str(tmp_path))
     trainer.evaluate = lambda num_prompts=None: {"eval/pass@1_greedy": 0.0}
-    source = trainer.source = ReplayUnsolved(trainer.source)
+    source = trainer.step.source = ReplayUnsolved(trainer.source)
     editor = FirstTokenOnly(trainer.tokenizer)
     trainer.step.producer.editors = (editor,)
     trainer.run()
