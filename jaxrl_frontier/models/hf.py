@@ -5,8 +5,9 @@
     hf.save(model, "/out/policy", dtype="bfloat16")  # transformers / vLLM load this
 
 Supported architectures live in the `ARCHITECTURES` registry (HF `architectures[0]` ->
-`Architecture`): LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM. All three share
-the tensor names of `model.layers.{i}...`; they differ in config fields (qkv bias, qk-norm).
+`Architecture`): LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Gemma2ForCausalLM,
+Gemma3ForCausalLM. All share the tensor names of `model.layers.{i}...`; they differ in
+config fields (qkv bias, qk-norm, the Gemma fields) and Gemma's two extra norms per layer.
 
 Layout conversion (HF Linear weights are [out, in]; ours are [in, out] split into heads):
 
@@ -145,13 +146,10 @@ def tensor_specs(cfg: ModelConfig) -> list[TensorSpec]:
             ]
         mlp = ("layers", "mlp")
         layer += [
-            TensorSpec(
-                pre + "post_attention_layernorm.weight",
-                ("layers", "post_attn_norm", "weight"),
-                (d,),
-                (d,),
-                False,
-            ),
+            TensorSpec(pre + f"{hf_name}.weight", ("layers", ours, "weight"), (d,), (d,), False)
+            for hf_name, ours in _mlp_norms(cfg)
+        ]
+        layer += [
             TensorSpec(pre + "mlp.gate_proj.weight", (*mlp, "gate_proj"), (f, d), (d, f), True),
             TensorSpec(pre + "mlp.up_proj.weight", (*mlp, "up_proj"), (f, d), (d, f), True),
             TensorSpec(pre + "mlp.down_proj.weight", (*mlp, "down_proj"), (d, f), (f, d), True),
@@ -161,6 +159,20 @@ def tensor_specs(cfg: ModelConfig) -> list[TensorSpec]:
     if not cfg.tie_word_embeddings:
         specs.append(TensorSpec("lm_head.weight", ("lm_head",), (v, d), (d, v), True))
     return specs
+
+
+def _mlp_norms(cfg: ModelConfig) -> list[tuple[str, str]]:
+    """(HF name, our Block attribute) of a layer's norms after the attention. Llama / Qwen:
+    post_attention_layernorm is the MLP's input norm; Gemma's post_attention_layernorm
+    normalises the attention output, pre_feedforward_layernorm is the MLP's input norm
+    and post_feedforward_layernorm normalises the MLP output (`ModelConfig.sandwich_norms`)."""
+    if not cfg.sandwich_norms:
+        return [("post_attention_layernorm", "post_attn_norm")]
+    return [
+        ("post_attention_layernorm", "attn_out_norm"),
+        ("pre_feedforward_layernorm", "post_attn_norm"),
+        ("post_feedforward_layernorm", "mlp_out_norm"),
+    ]
 
 
 # ----------------------------------------------------------------------------- reading
