@@ -243,3 +243,89 @@ def test_sliding_window_ring_cache_decode(gemma):
     ring_bytes, full_bytes = cache_bytes(cache_ring)
     assert ring_bytes == 2 * 2 * b * k * WINDOW * dh * 4  # 2 sliding layers, k and v, f32
     assert full_bytes == 2 * b * k * size * dh * 4
+
+
+# Gemma 3's instruct chat template: <bos>, a system message folded into the first user
+# turn, roles alternating user / model, each turn closed by <end_of_turn>.
+GEMMA3_TEMPLATE = (
+    "{{ bos_token }}\n"
+    "{%- if messages[0]['role'] == 'system' -%}\n"
+    "    {%- set first_user_prefix = messages[0]['content'] + '\\n\\n' -%}\n"
+    "    {%- set loop_messages = messages[1:] -%}\n"
+    "{%- else -%}\n"
+    '    {%- set first_user_prefix = "" -%}\n'
+    "    {%- set loop_messages = messages -%}\n"
+    "{%- endif -%}\n"
+    "{%- for message in loop_messages -%}\n"
+    "    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}\n"
+    '        {{ raise_exception("Conversation roles must alternate user/assistant/user/assistant/'
+    '...") }}\n'
+    "    {%- endif -%}\n"
+    "    {%- if (message['role'] == 'assistant') -%}\n"
+    '        {%- set role = "model" -%}\n'
+    "    {%- else -%}\n"
+    "        {%- set role = message['role'] -%}\n"
+    "    {%- endif -%}\n"
+    "    {{ '<start_of_turn>' + role + '\\n' + (first_user_prefix if loop.first else \"\") }}\n"
+    "    {{- message['content'] | trim }}\n"
+    "    {{- '<end_of_turn>\\n' }}\n"
+    "{%- endfor -%}\n"
+    "{%- if add_generation_prompt -%}\n"
+    "    {{'<start_of_turn>model\\n'}}\n"
+    "{%- endif -%}\n"
+)
+GEMMA_SPECIALS = ["<pad>", "<eos>", "<bos>", "<start_of_turn>", "<end_of_turn>"]
+
+
+def test_gemma_chat_template_through_the_chat_path(tmp_path):
+    """Gemma's template renders as transformers renders it, its turns stop at
+    <end_of_turn> (and the EOS), a prompt drops the template's <bos> (the tokenizer adds
+    its own), and a multi-turn context extends turn by turn."""
+    from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from jaxrl_frontier.data.tasks.chat import ChatPrompts, ChatTemplate
+    from jaxrl_frontier.models.tokenizer import HFTokenizer
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=300,
+        special_tokens=GEMMA_SPECIALS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tok.train_from_iterator(["what is 12 + 30? the answer is 42. user model"] * 4, trainer)
+    tok.add_special_tokens([AddedToken(s, special=True, normalized=False) for s in GEMMA_SPECIALS])
+    tok.save(str(tmp_path / "tokenizer.json"))
+    config = dict(
+        tokenizer_class="PreTrainedTokenizerFast",
+        bos_token="<bos>",
+        eos_token="<eos>",
+        pad_token="<pad>",
+        chat_template=GEMMA3_TEMPLATE,
+    )
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+
+    chat, ours = ChatTemplate.from_dir(tmp_path), HFTokenizer(tmp_path)
+    ref = PreTrainedTokenizerFast.from_pretrained(str(tmp_path))
+    conversation = [
+        {"role": "system", "content": "You solve arithmetic."},
+        {"role": "user", "content": "what is 12 + 30? "},
+        {"role": "assistant", "content": "42"},
+        {"role": "user", "content": "and 7 * 6?"},
+    ]
+    for gen in (True, False):
+        text = chat.render(conversation, add_generation_prompt=gen)
+        assert text == ref.apply_chat_template(
+            conversation, add_generation_prompt=gen, tokenize=False
+        )
+    assert text.startswith("<bos><start_of_turn>user\nYou solve arithmetic.\n\nwhat is 12 + 30?")
+    assert chat.assistant_suffix == "<end_of_turn>\n"
+    end_of_turn, eos = ours.encode("<end_of_turn>"), ours.encode("<eos>")
+    assert chat.stop_token_ids(ours) == end_of_turn + eos
+    prompts = ChatPrompts(type("Task", (), {"prompt": lambda self, x: x})(), chat)
+    assert (
+        prompts.prompt("2+2?") == "<start_of_turn>user\n2+2?<end_of_turn>\n<start_of_turn>model\n"
+    )
+    turn = chat.turn_text(ours, conversation[1:3], [conversation[3]])
+    assert turn == "\n<start_of_turn>user\nand 7 * 6?<end_of_turn>\n<start_of_turn>model\n"
