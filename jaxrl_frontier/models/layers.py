@@ -85,11 +85,14 @@ class ModelConfig:
             raise ValueError(f"hidden_act={self.hidden_act!r}; allowed: {tuple(ACTIVATIONS)}")
         if self.layer_types is not None:
             bad = sorted(set(self.layer_types) - set(LAYER_TYPES))
-            if bad or len(self.layer_types) != self.num_layers:
-                raise ValueError(
-                    f"layer_types={self.layer_types}: one of {LAYER_TYPES} per layer "
-                    f"({self.num_layers} layers)"
-                )
+            if bad or not self.layer_types:
+                raise ValueError(f"layer_types={self.layer_types}: each one of {LAYER_TYPES}")
+            # a config replaced to fewer layers (a shallow draft: the first layers) keeps
+            # their types; to more (a separate critic), the pattern repeats
+            types = tuple(
+                self.layer_types[i % len(self.layer_types)] for i in range(self.num_layers)
+            )
+            object.__setattr__(self, "layer_types", types)
             if "sliding_attention" in self.layer_types and not (self.sliding_window or 0) > 0:
                 raise ValueError(
                     f"sliding_window={self.sliding_window}; layer_types has sliding layers, "

@@ -147,7 +147,9 @@ class Sampler:
         if (name, options) not in self._jits:
             statics = dict(prefill=("n", "use_dropout", "slots"), decode=("plan",))[name]
             # a cache that grows between phases is a new buffer: nothing to donate
-            donate = ("cache",) if name == "decode" and self.decode_phases == 1 else ()
+            # (nor with rings: the sliding layers' buffers change shape)
+            one_cache = self.decode_phases == 1 and not self.ring_cache
+            donate = ("cache",) if name == "decode" and one_cache else ()
             fn = getattr(self, f"_{name}")
             self._jits[name, options] = jax.jit(
                 fn, static_argnames=statics, donate_argnames=donate, compiler_options=dict(options)

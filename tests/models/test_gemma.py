@@ -187,6 +187,9 @@ def test_config_mapping_and_errors():
     }
     cfg = hf.config_from_hf(v4)
     assert cfg.sliding_layers == (True,) * 5 + (False, True)
+    # fewer layers (a speculative shallow draft) keep the first layers' types; more repeat
+    assert cfg.replace(num_layers=2).sliding_layers == (True, True)
+    assert cfg.replace(num_layers=9).sliding_layers == (True,) * 5 + (False, True, True, True)
     assert (cfg.rope_theta, cfg.rope_local_theta, cfg.rope_scaling) == (1e6, 1e4, None)
     # Gemma 2 without layer_types alternates, layer 0 sliding
     g2 = {**v4, "architectures": ["Gemma2ForCausalLM"], "num_hidden_layers": 4}
