@@ -353,24 +353,14 @@ class Transformer(nnx.Module):
         return jnp.concatenate([jnp.repeat(h_p, n, axis=0), h_c], axis=1)
 
     def output_embedding(self) -> jax.Array:
-        """[D, V] output projection (the transposed input embedding when tied), for callers
-        that compute logits as hidden @ W themselves (the chunked log-prob path). A model
-        with final logit soft-capping (Gemma 2) raises: those logits are not hidden @ W."""
-        if self.cfg.final_logit_softcap is not None:
-            raise ValueError(
-                f"{self.cfg.family}: final_logit_softcap={self.cfg.final_logit_softcap} makes "
-                "the logits c * tanh(hidden @ W / c), which the chunked log-prob path (hidden, "
-                "W) does not apply; compute log-probs from Transformer.logits (logprob_chunk "
-                "None)"
-            )
-        return self._output_weights()
-
-    def _output_weights(self) -> jax.Array:
+        """[D, V] output projection (the transposed input embedding when tied). The logits
+        are hidden @ W, soft-capped by `cfg.final_logit_softcap` where set (Gemma 2): a
+        caller computing them itself applies it (`objectives.logprobs.OutputLayer`)."""
         return self.embed[...].T if self.cfg.tie_word_embeddings else self.lm_head[...]
 
     def logits(self, hidden: jax.Array) -> jax.Array:
         """hidden [..., D] -> f32 logits [..., V] (soft-capped by `final_logit_softcap`)."""
-        w = self._output_weights().astype(self.cfg.compute_dtype)
+        w = self.output_embedding().astype(self.cfg.compute_dtype)
         z = jnp.einsum("...d,dv->...v", hidden, w, preferred_element_type=jnp.float32)
         cap = self.cfg.final_logit_softcap
         return z if cap is None else cap * jnp.tanh(z / cap)

@@ -362,3 +362,23 @@ def test_shared_prompt_forward_with_sliding_windows():
     real = np.asarray(mask).astype(bool)
     # f32 hidden states of size ~4 through 3 layers: a few roundings apart
     assert np.abs(np.asarray(shared) - per_row)[real].max() < 1e-5 * np.abs(per_row).max()
+
+
+def test_gemma2_chunked_logprobs_apply_the_final_softcap(gemma):
+    """The update's chunked log-probs (hidden states and the output layer, no [B, T, V]
+    logits) soft-cap the logits as `Transformer.logits` does: the full-logit log-probs."""
+    from jaxrl_frontier.objectives.logprobs import OutputLayer
+    from jaxrl_frontier.rl.learn.forward import apply_hidden, make_logp_fn
+
+    _, _, model = gemma("gemma2")
+    graphdef, state = nnx.split(model)
+    tokens, mask = map(jnp.asarray, left_padded_batch(length=12))
+    assert isinstance(apply_hidden(graphdef)(state, tokens, mask)[1], OutputLayer)
+    chunked = np.asarray(make_logp_fn(graphdef, 5)(state, tokens, mask))  # 5: a ragged chunk
+    full = np.asarray(make_logp_fn(graphdef, None)(state, tokens, mask))
+    real = np.asarray(mask)[:, 1:].astype(bool)
+    np.testing.assert_allclose(chunked[:, 1:][real], full[:, 1:][real], atol=1e-5)
+    uncapped = with_config(model, model.cfg.replace(final_logit_softcap=None))
+    graphdef_u, state_u = nnx.split(uncapped)
+    other = np.asarray(make_logp_fn(graphdef_u, 5)(state_u, tokens, mask))
+    assert np.abs(other - chunked)[:, 1:][real].max() > 1e-2  # the cap matters here
