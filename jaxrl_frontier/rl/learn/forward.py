@@ -15,7 +15,8 @@ from jaxrl_frontier.objectives import logprobs
 
 
 def apply_hidden(graphdef, group_size: int = 1, completion_len: int = 0):
-    """(params, tokens, mask, mlp_mask=None) -> (final hidden [B, T, D], output layer [D, V]).
+    """(params, tokens, mask, mlp_mask=None) -> (final hidden [B, T, D], output layer [D, V],
+    or a `logprobs.OutputLayer` with the model's final logit soft-cap).
 
     group_size > 1 and completion_len > 0: the rows are prompt-major groups of `group_size`
     that share their first T - completion_len tokens (an RL batch), and each group's prompt
@@ -28,7 +29,9 @@ def apply_hidden(graphdef, group_size: int = 1, completion_len: int = 0):
 
     def apply_hidden_fn(params, tokens, attention_mask, mlp_mask=None):
         model, hidden = hidden_fn(params, tokens, attention_mask, mlp_mask)
-        return hidden, model.output_embedding()
+        cap = model.cfg.final_logit_softcap  # Gemma 2: the logits are soft-capped
+        w_out = model.output_embedding()
+        return hidden, w_out if cap is None else logprobs.OutputLayer(w_out, cap)
 
     return apply_hidden_fn
 
