@@ -147,10 +147,19 @@ class GemmaArchitecture(Architecture):
     layers, the global base and its `rope_scaling` for the full ones)."""
 
     version: int = 2
+    # Gemma3ForConditionalGeneration: the language model's config is `text_config` (keys it
+    # omits take transformers' Gemma3TextConfig defaults, as hub files rely on), its
+    # tensors are `language_model.model.*`; the vision tower is not read
+    multimodal: bool = False
 
     def config_from_hf(self, hf: dict) -> ModelConfig:
         """config.json dict (transformers 4 or 5 style) -> ModelConfig; unsupported options
         raise, naming the key."""
+        if self.multimodal:
+            text = dict(_require(hf, "text_config"))
+            text.setdefault("tie_word_embeddings", hf.get("tie_word_embeddings", True))
+            text = {**GEMMA3_TEXT_DEFAULTS, **text, "architectures": ["Gemma3ForCausalLM"]}
+            return ARCHITECTURES.get("Gemma3ForCausalLM").config_from_hf(text)
         act = hf.get("hidden_activation") or hf.get("hidden_act") or "gelu_pytorch_tanh"
         if act != "gelu_pytorch_tanh":
             raise ValueError(
@@ -259,9 +268,28 @@ def _float_or_none(x) -> float | None:
     return None if x is None else float(x)
 
 
+# transformers' Gemma3TextConfig defaults (the keys a hub `text_config` may omit)
+GEMMA3_TEXT_DEFAULTS = dict(
+    vocab_size=262208,
+    hidden_size=2304,
+    intermediate_size=9216,
+    num_hidden_layers=26,
+    num_attention_heads=8,
+    num_key_value_heads=4,
+    head_dim=256,
+    query_pre_attn_scalar=256,
+    sliding_window=4096,
+    max_position_embeddings=131072,
+    rms_norm_eps=1e-6,
+)
+
 for _arch in (
     GemmaArchitecture("Gemma2ForCausalLM", "gemma2", "never", False, 8192, version=2),
     GemmaArchitecture("Gemma3ForCausalLM", "gemma3_text", "never", True, 131072, version=3),
+    # read only: saved back as the Gemma3ForCausalLM of its language model
+    GemmaArchitecture(
+        "Gemma3ForConditionalGeneration", "gemma3", "never", True, 131072, 3, multimodal=True
+    ),
 ):
     ARCHITECTURES.register(_arch.name)(_arch)
 
@@ -272,7 +300,9 @@ def architecture_for(hf: dict) -> Architecture:
     if names:
         name = names[0]
     else:  # some exports omit `architectures`; fall back to model_type
-        by_type = {ARCHITECTURES.get(n).model_type: n for n in ARCHITECTURES}
+        by_type = {}
+        for n in ARCHITECTURES:
+            by_type.setdefault(ARCHITECTURES.get(n).model_type, n)
         name = by_type.get(hf.get("model_type"), f"model_type={hf.get('model_type')!r}")
     if name not in ARCHITECTURES:
         raise ValueError(

@@ -51,6 +51,7 @@ from jaxrl_frontier.core.sharding import DEFAULT_RULES, state_shardings
 from jaxrl_frontier.models.architectures import (
     ARCHITECTURES,
     Architecture,
+    architecture_for,
     config_from_hf,
     config_to_hf,
 )
@@ -230,8 +231,9 @@ def _safe_open(file: str):
 
 
 @contextlib.contextmanager
-def _tensor_reader(path: str, weight_map: dict[str, str]) -> Iterator:
-    """read(name) -> host array; each safetensors file is opened once, on first use."""
+def _tensor_reader(path: str, weight_map: dict[str, str], stored=None) -> Iterator:
+    """read(name) -> host array; each safetensors file is opened once, on first use.
+    stored: {name: the name it has in the file} where they differ."""
     with contextlib.ExitStack() as stack:
         handles = {}
 
@@ -240,13 +242,35 @@ def _tensor_reader(path: str, weight_map: dict[str, str]) -> Iterator:
             if file not in handles:
                 handles[file] = stack.enter_context(_safe_open(os.path.join(path, file)))
             try:
-                return handles[file].get_tensor(name)
+                return handles[file].get_tensor((stored or {}).get(name, name))
             except Exception as e:  # a truncated file: safetensors names neither file nor tensor
                 raise ModelFileError(
                     f"{os.path.join(path, file)}: cannot read tensor {name!r}: {e}"
                 ) from None
 
         yield read
+
+
+# Gemma3ForConditionalGeneration: its language model's tensors under the prefixes
+# transformers has saved them with (the hub's, and the in-memory module path of some
+# versions); the vision tower and projector are not read.
+_LANGUAGE_MODEL_PREFIXES = ("language_model.model.", "model.language_model.")
+_LANGUAGE_MODEL_HEADS = ("language_model.lm_head.weight", "lm_head.weight")
+
+
+def _language_model_tensors(weight_map: dict[str, str]) -> tuple[dict, dict]:
+    """({our HF name: file}, {our HF name: its name in the file}) of a multimodal
+    checkpoint's language-model tensors (`model.layers.0...` for
+    `language_model.model.layers.0...`)."""
+    files, stored = {}, {}
+    for name, file in weight_map.items():
+        ours = "lm_head.weight" if name in _LANGUAGE_MODEL_HEADS else None
+        for prefix in _LANGUAGE_MODEL_PREFIXES:
+            if name.startswith(prefix):
+                ours = "model." + name[len(prefix) :]
+        if ours is not None:
+            files[ours], stored[ours] = file, name
+    return files, stored
 
 
 def _check_tensor_names(
@@ -299,7 +323,9 @@ def load(
     """
     path = os.fspath(path)
     try:
-        cfg = config_from_hf(read_config(path))
+        hf_config = read_config(path)
+        arch = architecture_for(hf_config)
+        cfg = arch.config_from_hf(hf_config)
     except (KeyError, TypeError) as e:  # a config.json with missing or mistyped keys
         raise ModelFileError(f"{os.path.join(path, CONFIG_FILE)}: {e}") from None
     except ValueError as e:
@@ -312,7 +338,9 @@ def load(
         param_dtype=jnp.dtype(param_dtype or "float32").name,
     )
     specs = tensor_specs(cfg)
-    weight_map = _weight_map(path)
+    weight_map, stored = _weight_map(path), None
+    if getattr(arch, "multimodal", False):  # its language model's tensors only
+        weight_map, stored = _language_model_tensors(weight_map)
     _check_tensor_names(path, specs, weight_map, cfg)
 
     # Abstract model: shapes and logical axes, no memory.
@@ -327,7 +355,7 @@ def load(
     default = SingleDeviceSharding(jax.devices()[0])
     pd = jnp.dtype(cfg.param_dtype)  # jnp: np.dtype does not know "bfloat16"
 
-    with _tensor_reader(path, weight_map) as read:
+    with _tensor_reader(path, weight_map, stored) as read:
         for param_path, group in by_path.items():  # one parameter's tensors at a time
             hosts = []
             for spec in group:

@@ -382,3 +382,60 @@ def test_gemma2_chunked_logprobs_apply_the_final_softcap(gemma):
     graphdef_u, state_u = nnx.split(uncapped)
     other = np.asarray(make_logp_fn(graphdef_u, 5)(state_u, tokens, mask))
     assert np.abs(other - chunked)[:, 1:][real].max() > 1e-2  # the cap matters here
+
+
+def test_gemma3_multimodal_checkpoint_loads_its_language_model(tmp_path):
+    """A Gemma3ForConditionalGeneration checkpoint: its text_config and its
+    language_model.model.* tensors load (the vision tower is skipped) and give the
+    multimodal model's text-only logits; a hub-style text_config that omits keys takes
+    transformers' defaults."""
+    import torch
+    import transformers
+
+    text = dict(BASE, num_hidden_layers=3, layer_types=LOCAL_GLOBAL)
+    vision = dict(
+        model_type="siglip_vision_model",
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        image_size=16,
+        patch_size=8,
+    )
+    config = transformers.Gemma3Config(
+        text_config=text,
+        vision_config=vision,
+        mm_tokens_per_image=4,
+        boi_token_index=125,
+        eoi_token_index=126,
+        image_token_index=127,
+        attn_implementation="eager",
+    )
+    torch.manual_seed(0)
+    torch_model = transformers.Gemma3ForConditionalGeneration(config).eval()
+    with torch.no_grad():
+        for name, p in torch_model.named_parameters():
+            p.copy_((0.3 if "norm" in name else 0.1) * torch.randn_like(p))
+    torch_model.save_pretrained(tmp_path)
+    model = hf.load(tmp_path)
+    assert model.cfg.family == "gemma3_text"  # saved back as a Gemma3ForCausalLM
+    tokens, mask = left_padded_batch(length=12, vocab=120)  # no image tokens
+    ref = hf_logits(torch_model, tokens, mask)
+    got = np.asarray(model(jnp.asarray(tokens), jnp.asarray(mask)))
+    assert rel_diff(got, ref, mask) < REL_TOL
+
+    hub_style = {
+        "architectures": ["Gemma3ForConditionalGeneration"],
+        "model_type": "gemma3",
+        "text_config": {
+            "hidden_size": 2560,
+            "intermediate_size": 10240,
+            "model_type": "gemma3_text",
+            "num_hidden_layers": 34,
+            "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+            "sliding_window": 1024,
+        },
+    }
+    cfg = hf.config_from_hf(hub_style)
+    assert (cfg.vocab_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim) == (262208, 8, 4, 256)
+    assert cfg.sliding_layers.count(False) == 34 // 6 and cfg.rope_theta == 1e6
