@@ -299,6 +299,22 @@ def _check_tensor_names(
         )
 
 
+def _read_model_config(path: str) -> tuple[Architecture, ModelConfig]:
+    """(the architecture, the ModelConfig) of a checkpoint's config.json; a bad config is a
+    ModelFileError naming the file."""
+    try:
+        hf_config = read_config(path)
+        arch = architecture_for(hf_config)
+        return arch, arch.config_from_hf(hf_config)
+    except (KeyError, TypeError) as e:  # a config.json with missing or mistyped keys
+        raise ModelFileError(f"{os.path.join(path, CONFIG_FILE)}: {e}") from None
+    except ValueError as e:
+        if isinstance(e, ModelFileError):
+            raise
+        msg = str(e).removeprefix(f"{CONFIG_FILE}: ")
+        raise ModelFileError(f"{os.path.join(path, CONFIG_FILE)}: {msg}") from None
+
+
 def load(
     path: str | os.PathLike,
     *,
@@ -322,17 +338,7 @@ def load(
       the model; `model(tokens [B, T], attention_mask [B, T])` -> logits [B, T, V].
     """
     path = os.fspath(path)
-    try:
-        hf_config = read_config(path)
-        arch = architecture_for(hf_config)
-        cfg = arch.config_from_hf(hf_config)
-    except (KeyError, TypeError) as e:  # a config.json with missing or mistyped keys
-        raise ModelFileError(f"{os.path.join(path, CONFIG_FILE)}: {e}") from None
-    except ValueError as e:
-        if isinstance(e, ModelFileError):
-            raise
-        msg = str(e).removeprefix(f"{CONFIG_FILE}: ")
-        raise ModelFileError(f"{os.path.join(path, CONFIG_FILE)}: {msg}") from None
+    arch, cfg = _read_model_config(path)
     cfg = cfg.replace(
         dtype=jnp.dtype(dtype or "float32").name,
         param_dtype=jnp.dtype(param_dtype or "float32").name,
