@@ -3,7 +3,7 @@ r"""Per-device bytes of an RL update: the arithmetic beside XLA's compiled memor
     XLA_FLAGS=--xla_force_host_platform_device_count=8 \
         python scripts/memory_plan.py --model 0.5b --fsdp 8 --out /tmp/plan.json
 
-For a Qwen2.5 shape (0.5b, 7b, 32b), builds the policy abstractly (`nnx.eval_shape`: no
+For a Qwen2.5 shape (0.5b, 7b, 32b) or a Gemma 3 one (gemma3-12b, gemma3-27b), builds the policy abstractly (`nnx.eval_shape`: no
 weights are allocated), shards it over a (data, fsdp, tensor) mesh of fake CPU devices and
 compiles the jitted update the trainer runs (`train_step.make_update_fn`: value and
 gradient of a policy-gradient loss through the chunked output layer, clip + AdamW, state
@@ -33,13 +33,42 @@ QWEN2_5 = {  # Hugging Face config.json of Qwen/Qwen2.5-{0.5B,7B,32B}
     "32b": dict(hidden_size=5120, intermediate_size=27648, num_layers=64, num_heads=40,
                 num_kv_heads=8, vocab_size=152064, tie_word_embeddings=False),
 }  # fmt: skip
+GEMMA3 = {  # the text_config of google/gemma-3-{12b,27b}-it's config.json
+    "gemma3-12b": dict(hidden_size=3840, intermediate_size=15360, num_hidden_layers=48,
+                       num_attention_heads=16, num_key_value_heads=8, head_dim=256,
+                       query_pre_attn_scalar=256),
+    "gemma3-27b": dict(hidden_size=5376, intermediate_size=21504, num_hidden_layers=62,
+                       num_attention_heads=32, num_key_value_heads=16, head_dim=128,
+                       query_pre_attn_scalar=168),
+}  # fmt: skip
+GEMMA3_COMMON = dict(architectures=["Gemma3ForCausalLM"], vocab_size=262208,
+                     sliding_window=1024, sliding_window_pattern=6, rope_theta=1e6,
+                     rope_local_base_freq=1e4, rope_scaling=dict(rope_type="linear", factor=8.0),
+                     max_position_embeddings=131072, tie_word_embeddings=True)  # fmt: skip
+
+
+def model_config(args):
+    """The `ModelConfig` of `args.model` (compute dtype and remat from the flags)."""
+    from jaxrl_frontier.models import hf
+    from jaxrl_frontier.models.layers import ModelConfig
+
+    if args.model in GEMMA3:
+        cfg = hf.config_from_hf({**GEMMA3_COMMON, **GEMMA3[args.model]})
+        return cfg.replace(dtype=args.dtype, remat=args.remat)
+    return ModelConfig(**QWEN2_5[args.model], qkv_bias=True, rope_theta=1e6, family="qwen2",
+                       dtype=args.dtype, remat=args.remat)  # fmt: skip
 
 
 def parse(argv=None):
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("--model", default="0.5b", choices=sorted(QWEN2_5), help="a Qwen2.5 shape")
+    p.add_argument(
+        "--model",
+        default="0.5b",
+        choices=sorted(QWEN2_5) + sorted(GEMMA3),
+        help="a Qwen2.5 or Gemma 3 shape",
+    )
     p.add_argument("--data", type=int, default=1, help="mesh axis data (devices)")
     p.add_argument("--fsdp", type=int, default=8, help="mesh axis fsdp (devices)")
     p.add_argument("--tensor", type=int, default=1, help="mesh axis tensor (devices)")
@@ -119,15 +148,13 @@ def main(argv=None) -> dict:
 
     from jaxrl_frontier.core import sharding
     from jaxrl_frontier.models import lora
-    from jaxrl_frontier.models.layers import ModelConfig
     from jaxrl_frontier.models.transformer import Transformer
     from jaxrl_frontier.objectives import logprobs
     from jaxrl_frontier.rl.learn.forward import apply_hidden
     from jaxrl_frontier.rl.learn.learner import with_base
     from jaxrl_frontier.rl.learn.train_step import make_update_fn
 
-    cfg = ModelConfig(**QWEN2_5[args.model], qkv_bias=True, rope_theta=1e6, family="qwen2",
-                      dtype=args.dtype, remat=args.remat)  # fmt: skip
+    cfg = model_config(args)
     mesh = sharding.make_mesh((args.data, args.fsdp, args.tensor))
 
     def build():

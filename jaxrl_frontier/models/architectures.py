@@ -1,7 +1,8 @@
 """Hugging Face architectures: the `ARCHITECTURES` registry (HF `architectures[0]` ->
 `Architecture`) and the map between an HF config.json and `ModelConfig`, both directions.
 LlamaForCausalLM, Qwen2ForCausalLM and Qwen3ForCausalLM share tensor names; they differ in
-config fields (qkv bias, qk-norm)."""
+config fields (qkv bias, qk-norm). Gemma2ForCausalLM and Gemma3ForCausalLM
+(`GemmaArchitecture`) add the Gemma fields of `ModelConfig` and two norms per layer."""
 
 from __future__ import annotations
 
@@ -138,13 +139,170 @@ for _arch in (
     ARCHITECTURES.register(_arch.name)(_arch)
 
 
+@dataclasses.dataclass(frozen=True)
+class GemmaArchitecture(Architecture):
+    """Gemma 2 (`version` 2: attention and final logit soft-capping, layers alternating
+    sliding / full, one RoPE base) and Gemma 3 text (3: qk-norm, `layer_types` or
+    `sliding_window_pattern`, a local RoPE base `rope_local_base_freq` for the sliding
+    layers, the global base and its `rope_scaling` for the full ones)."""
+
+    version: int = 2
+    # Gemma3ForConditionalGeneration: the language model's config is `text_config` (keys it
+    # omits take transformers' Gemma3TextConfig defaults, as hub files rely on), its
+    # tensors are `language_model.model.*`; the vision tower is not read
+    multimodal: bool = False
+
+    def config_from_hf(self, hf: dict) -> ModelConfig:
+        """config.json dict (transformers 4 or 5 style) -> ModelConfig; unsupported options
+        raise, naming the key."""
+        if self.multimodal:
+            text = dict(_require(hf, "text_config"))
+            text.setdefault("tie_word_embeddings", hf.get("tie_word_embeddings", True))
+            text = {**GEMMA3_TEXT_DEFAULTS, **text, "architectures": ["Gemma3ForCausalLM"]}
+            return ARCHITECTURES.get("Gemma3ForCausalLM").config_from_hf(text)
+        act = hf.get("hidden_activation") or hf.get("hidden_act") or "gelu_pytorch_tanh"
+        if act != "gelu_pytorch_tanh":
+            raise ValueError(
+                f"config.json: hidden_activation={act!r}; {self.name} supports only "
+                "'gelu_pytorch_tanh'"
+            )
+        for key in ("attention_bias", "use_bidirectional_attention"):
+            if hf.get(key):
+                raise ValueError(f"config.json: {key}={hf[key]!r} is not supported for {self.name}")
+        if self.version == 3 and hf.get("attn_logit_softcapping") is not None:
+            raise ValueError(
+                "config.json: attn_logit_softcapping is not supported for Gemma3ForCausalLM "
+                "(transformers ignores it there; set it to null)"
+            )
+        layers = int(_require(hf, "num_hidden_layers"))
+        global_theta, scaling, local_theta = self._rope(hf)
+        heads = int(_require(hf, "num_attention_heads"))
+        head_dim = int(hf.get("head_dim") or int(_require(hf, "hidden_size")) // heads)
+        return ModelConfig(
+            vocab_size=int(_require(hf, "vocab_size")),
+            hidden_size=int(_require(hf, "hidden_size")),
+            intermediate_size=int(_require(hf, "intermediate_size")),
+            num_layers=layers,
+            num_heads=heads,
+            num_kv_heads=int(hf.get("num_key_value_heads") or heads),
+            head_dim=head_dim,
+            rope_theta=global_theta,
+            rope_scaling=scaling,
+            rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+            tie_word_embeddings=bool(hf.get("tie_word_embeddings", True)),
+            qk_norm=self.qk_norm,
+            max_position_embeddings=int(
+                hf.get("max_position_embeddings", self.default_max_positions)
+            ),
+            family=self.model_type,
+            hidden_act=act,
+            norm_plus_one=True,
+            embed_scale=True,
+            query_pre_attn_scalar=float(hf.get("query_pre_attn_scalar", 256)),
+            sandwich_norms=True,
+            attn_logit_softcap=_float_or_none(hf.get("attn_logit_softcapping")),
+            final_logit_softcap=_float_or_none(hf.get("final_logit_softcapping")),
+            layer_types=self._layer_types(hf, layers),
+            sliding_window=int(_require(hf, "sliding_window")),
+            rope_local_theta=local_theta,
+        )
+
+    def _layer_types(self, hf: dict, layers: int) -> tuple[str, ...]:
+        """HF `layer_types`, else Gemma 2's alternation (layer 0 sliding) or Gemma 3's
+        `sliding_window_pattern` (every pattern-th layer full; 6 by default)."""
+        if hf.get("layer_types"):
+            return tuple(hf["layer_types"])
+        period = 2 if self.version == 2 else int(hf.get("sliding_window_pattern") or 6)
+        return tuple(
+            "sliding_attention" if (i + 1) % period else "full_attention" for i in range(layers)
+        )
+
+    def _rope(self, hf: dict):
+        """(global theta, global rope_scaling items or None, local theta or None)."""
+        params = hf.get("rope_parameters") or {}
+        if "full_attention" in params or "sliding_attention" in params:  # transformers 5
+            full = dict(params.get("full_attention") or {})
+            local = dict(params.get("sliding_attention") or {})
+            if local.get("rope_type", "default") != "default":
+                raise ValueError(
+                    "config.json: rope_parameters.sliding_attention.rope_type="
+                    f"{local['rope_type']!r}; only 'default' is supported for sliding layers"
+                )
+            theta, scaling = _rope_from_hf({"rope_parameters": full})
+            local_theta = local.get("rope_theta")
+        else:
+            theta, scaling = _rope_from_hf(hf)
+            local_theta = hf.get("rope_local_base_freq")
+        if self.version == 2:
+            local_theta = None  # one base for every layer
+        elif local_theta is None:
+            local_theta = 10000.0  # transformers' Gemma 3 default
+        if not hf.get("rope_theta") and not params and self.version == 3:
+            theta = 1_000_000.0  # transformers' Gemma 3 global default
+        return theta, scaling, None if local_theta is None else float(local_theta)
+
+    def config_to_hf(self, cfg: ModelConfig, torch_dtype: str) -> dict:
+        """ModelConfig -> config.json dict (transformers 4 key style, plus `layer_types`)."""
+        hf = super().config_to_hf(cfg, torch_dtype)
+        for key in ("hidden_act", "use_sliding_window"):
+            hf.pop(key, None)
+        hf.update(
+            hidden_activation=cfg.hidden_act,
+            query_pre_attn_scalar=_int_if_whole(cfg.query_pre_attn_scalar),  # HF: an int
+            attn_logit_softcapping=cfg.attn_logit_softcap,
+            final_logit_softcapping=cfg.final_logit_softcap,
+            sliding_window=cfg.sliding_window,
+            layer_types=list(cfg.layer_types or ("full_attention",) * cfg.num_layers),
+            attention_bias=False,
+        )
+        if self.version == 3:
+            hf["rope_local_base_freq"] = cfg.rope_local_theta or cfg.rope_theta
+        return hf
+
+
+def _int_if_whole(x):
+    return int(x) if x is not None and float(x).is_integer() else x
+
+
+def _float_or_none(x) -> float | None:
+    return None if x is None else float(x)
+
+
+# transformers' Gemma3TextConfig defaults (the keys a hub `text_config` may omit)
+GEMMA3_TEXT_DEFAULTS = dict(
+    vocab_size=262208,
+    hidden_size=2304,
+    intermediate_size=9216,
+    num_hidden_layers=26,
+    num_attention_heads=8,
+    num_key_value_heads=4,
+    head_dim=256,
+    query_pre_attn_scalar=256,
+    sliding_window=4096,
+    max_position_embeddings=131072,
+    rms_norm_eps=1e-6,
+)
+
+for _arch in (
+    GemmaArchitecture("Gemma2ForCausalLM", "gemma2", "never", False, 8192, version=2),
+    GemmaArchitecture("Gemma3ForCausalLM", "gemma3_text", "never", True, 131072, version=3),
+    # read only: saved back as the Gemma3ForCausalLM of its language model
+    GemmaArchitecture(
+        "Gemma3ForConditionalGeneration", "gemma3", "never", True, 131072, 3, multimodal=True
+    ),
+):
+    ARCHITECTURES.register(_arch.name)(_arch)
+
+
 def architecture_for(hf: dict) -> Architecture:
     """The registry entry for a config.json dict (by `architectures[0]`, else `model_type`)."""
     names = hf.get("architectures") or []
     if names:
         name = names[0]
     else:  # some exports omit `architectures`; fall back to model_type
-        by_type = {ARCHITECTURES.get(n).model_type: n for n in ARCHITECTURES}
+        by_type = {}
+        for n in ARCHITECTURES:
+            by_type.setdefault(ARCHITECTURES.get(n).model_type, n)
         name = by_type.get(hf.get("model_type"), f"model_type={hf.get('model_type')!r}")
     if name not in ARCHITECTURES:
         raise ValueError(

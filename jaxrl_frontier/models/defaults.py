@@ -30,6 +30,13 @@ def model_section() -> ml_collections.ConfigDict:
     s.qk_norm = False
     s.max_position_embeddings = 512
     s.dtype = "float32"  # compute dtype: float32 | bfloat16
+    # the architecture of a scratch model: "" (llama, qwen2 with qkv_bias, qwen3 with
+    # qk_norm) | gemma2 | gemma3_text (Gemma's norms, GeGLU, embedding scale, soft-caps /
+    # qk-norm, sliding-window layers: docs/models.md); a model read from a checkpoint keeps
+    # the checkpoint's
+    s.family = ""
+    s.sliding_window = 4096  # gemma: a sliding layer's keys (its last this many tokens)
+    s.sliding_window_pattern = 0  # gemma: every this-th layer is global (0: 2 / 6, HF's)
     # recompute in the backward pass (memory for FLOPs), per scanned block: none | full (keep
     # only each block's input) | dots_saveable (keep the matmul outputs, recompute the rest)
     s.remat = "none"
@@ -64,6 +71,7 @@ CHOICES: dict[str, tuple] = {
     "tokenizer.kind": ("char", "hf"),
     "model.init": ("scratch", "hf", "checkpoint"),
     "model.dtype": ("float32", "bfloat16"),
+    "model.family": ("", "gemma2", "gemma3_text"),
     "model.remat": ("none", "full", "dots_saveable"),
     "model.attention": ("xla", "dot_product", "cudnn"),
     "teacher.init": ("none", "scratch", "hf", "checkpoint"),
@@ -82,6 +90,8 @@ RANGES: dict[str, tuple] = {
     "model.rope_theta": (0, None, False, None),
     "model.max_position_embeddings": (0, None, False, None),
     "model.scan_unroll": (0, None, True, None),  # 0: every layer
+    "model.sliding_window": (0, None, False, None),
+    "model.sliding_window_pattern": (0, None, True, None),  # 0: the family's
     "model.lora.rank": (0, None, True, None),  # 0: no adapters
     "model.lora.alpha": (0, None, False, None),
 }

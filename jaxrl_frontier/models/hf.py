@@ -5,8 +5,9 @@
     hf.save(model, "/out/policy", dtype="bfloat16")  # transformers / vLLM load this
 
 Supported architectures live in the `ARCHITECTURES` registry (HF `architectures[0]` ->
-`Architecture`): LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM. All three share
-the tensor names of `model.layers.{i}...`; they differ in config fields (qkv bias, qk-norm).
+`Architecture`): LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Gemma2ForCausalLM,
+Gemma3ForCausalLM. All share the tensor names of `model.layers.{i}...`; they differ in
+config fields (qkv bias, qk-norm, the Gemma fields) and Gemma's two extra norms per layer.
 
 Layout conversion (HF Linear weights are [out, in]; ours are [in, out] split into heads):
 
@@ -50,6 +51,7 @@ from jaxrl_frontier.core.sharding import DEFAULT_RULES, state_shardings
 from jaxrl_frontier.models.architectures import (
     ARCHITECTURES,
     Architecture,
+    architecture_for,
     config_from_hf,
     config_to_hf,
 )
@@ -145,13 +147,10 @@ def tensor_specs(cfg: ModelConfig) -> list[TensorSpec]:
             ]
         mlp = ("layers", "mlp")
         layer += [
-            TensorSpec(
-                pre + "post_attention_layernorm.weight",
-                ("layers", "post_attn_norm", "weight"),
-                (d,),
-                (d,),
-                False,
-            ),
+            TensorSpec(pre + f"{hf_name}.weight", ("layers", ours, "weight"), (d,), (d,), False)
+            for hf_name, ours in _mlp_norms(cfg)
+        ]
+        layer += [
             TensorSpec(pre + "mlp.gate_proj.weight", (*mlp, "gate_proj"), (f, d), (d, f), True),
             TensorSpec(pre + "mlp.up_proj.weight", (*mlp, "up_proj"), (f, d), (d, f), True),
             TensorSpec(pre + "mlp.down_proj.weight", (*mlp, "down_proj"), (d, f), (f, d), True),
@@ -161,6 +160,20 @@ def tensor_specs(cfg: ModelConfig) -> list[TensorSpec]:
     if not cfg.tie_word_embeddings:
         specs.append(TensorSpec("lm_head.weight", ("lm_head",), (v, d), (d, v), True))
     return specs
+
+
+def _mlp_norms(cfg: ModelConfig) -> list[tuple[str, str]]:
+    """(HF name, our Block attribute) of a layer's norms after the attention. Llama / Qwen:
+    post_attention_layernorm is the MLP's input norm; Gemma's post_attention_layernorm
+    normalises the attention output, pre_feedforward_layernorm is the MLP's input norm
+    and post_feedforward_layernorm normalises the MLP output (`ModelConfig.sandwich_norms`)."""
+    if not cfg.sandwich_norms:
+        return [("post_attention_layernorm", "post_attn_norm")]
+    return [
+        ("post_attention_layernorm", "attn_out_norm"),
+        ("pre_feedforward_layernorm", "post_attn_norm"),
+        ("post_feedforward_layernorm", "mlp_out_norm"),
+    ]
 
 
 # ----------------------------------------------------------------------------- reading
@@ -218,8 +231,9 @@ def _safe_open(file: str):
 
 
 @contextlib.contextmanager
-def _tensor_reader(path: str, weight_map: dict[str, str]) -> Iterator:
-    """read(name) -> host array; each safetensors file is opened once, on first use."""
+def _tensor_reader(path: str, weight_map: dict[str, str], stored=None) -> Iterator:
+    """read(name) -> host array; each safetensors file is opened once, on first use.
+    stored: {name: the name it has in the file} where they differ."""
     with contextlib.ExitStack() as stack:
         handles = {}
 
@@ -228,13 +242,35 @@ def _tensor_reader(path: str, weight_map: dict[str, str]) -> Iterator:
             if file not in handles:
                 handles[file] = stack.enter_context(_safe_open(os.path.join(path, file)))
             try:
-                return handles[file].get_tensor(name)
+                return handles[file].get_tensor((stored or {}).get(name, name))
             except Exception as e:  # a truncated file: safetensors names neither file nor tensor
                 raise ModelFileError(
                     f"{os.path.join(path, file)}: cannot read tensor {name!r}: {e}"
                 ) from None
 
         yield read
+
+
+# Gemma3ForConditionalGeneration: its language model's tensors under the prefixes
+# transformers has saved them with (the hub's, and the in-memory module path of some
+# versions); the vision tower and projector are not read.
+_LANGUAGE_MODEL_PREFIXES = ("language_model.model.", "model.language_model.")
+_LANGUAGE_MODEL_HEADS = ("language_model.lm_head.weight", "lm_head.weight")
+
+
+def _language_model_tensors(weight_map: dict[str, str]) -> tuple[dict, dict]:
+    """({our HF name: file}, {our HF name: its name in the file}) of a multimodal
+    checkpoint's language-model tensors (`model.layers.0...` for
+    `language_model.model.layers.0...`)."""
+    files, stored = {}, {}
+    for name, file in weight_map.items():
+        ours = "lm_head.weight" if name in _LANGUAGE_MODEL_HEADS else None
+        for prefix in _LANGUAGE_MODEL_PREFIXES:
+            if name.startswith(prefix):
+                ours = "model." + name[len(prefix) :]
+        if ours is not None:
+            files[ours], stored[ours] = file, name
+    return files, stored
 
 
 def _check_tensor_names(
@@ -263,6 +299,22 @@ def _check_tensor_names(
         )
 
 
+def _read_model_config(path: str) -> tuple[Architecture, ModelConfig]:
+    """(the architecture, the ModelConfig) of a checkpoint's config.json; a bad config is a
+    ModelFileError naming the file."""
+    try:
+        hf_config = read_config(path)
+        arch = architecture_for(hf_config)
+        return arch, arch.config_from_hf(hf_config)
+    except (KeyError, TypeError) as e:  # a config.json with missing or mistyped keys
+        raise ModelFileError(f"{os.path.join(path, CONFIG_FILE)}: {e}") from None
+    except ValueError as e:
+        if isinstance(e, ModelFileError):
+            raise
+        msg = str(e).removeprefix(f"{CONFIG_FILE}: ")
+        raise ModelFileError(f"{os.path.join(path, CONFIG_FILE)}: {msg}") from None
+
+
 def load(
     path: str | os.PathLike,
     *,
@@ -286,21 +338,15 @@ def load(
       the model; `model(tokens [B, T], attention_mask [B, T])` -> logits [B, T, V].
     """
     path = os.fspath(path)
-    try:
-        cfg = config_from_hf(read_config(path))
-    except (KeyError, TypeError) as e:  # a config.json with missing or mistyped keys
-        raise ModelFileError(f"{os.path.join(path, CONFIG_FILE)}: {e}") from None
-    except ValueError as e:
-        if isinstance(e, ModelFileError):
-            raise
-        msg = str(e).removeprefix(f"{CONFIG_FILE}: ")
-        raise ModelFileError(f"{os.path.join(path, CONFIG_FILE)}: {msg}") from None
+    arch, cfg = _read_model_config(path)
     cfg = cfg.replace(
         dtype=jnp.dtype(dtype or "float32").name,
         param_dtype=jnp.dtype(param_dtype or "float32").name,
     )
     specs = tensor_specs(cfg)
-    weight_map = _weight_map(path)
+    weight_map, stored = _weight_map(path), None
+    if getattr(arch, "multimodal", False):  # its language model's tensors only
+        weight_map, stored = _language_model_tensors(weight_map)
     _check_tensor_names(path, specs, weight_map, cfg)
 
     # Abstract model: shapes and logical axes, no memory.
@@ -315,7 +361,7 @@ def load(
     default = SingleDeviceSharding(jax.devices()[0])
     pd = jnp.dtype(cfg.param_dtype)  # jnp: np.dtype does not know "bfloat16"
 
-    with _tensor_reader(path, weight_map) as read:
+    with _tensor_reader(path, weight_map, stored) as read:
         for param_path, group in by_path.items():  # one parameter's tensors at a time
             hosts = []
             for spec in group:

@@ -1,7 +1,8 @@
 """The decoder's parts (transformer.py assembles them): `ModelConfig`, the KV cache, RoPE,
 the projections (`dense`, `project`: LoRA adapters run inside them), RMSNorm, grouped-query
-attention with its one selection point (`attention`, `ModelConfig.attention`), the SwiGLU
-MLP and the pre-norm `Block`.
+attention with its one selection point (`attention`, `ModelConfig.attention`), the gated
+MLP (SwiGLU, or GeGLU by `ModelConfig.hidden_act`) and the pre-norm `Block` (with Gemma's
+extra norms around attention and MLP when `ModelConfig.sandwich_norms`).
 """
 
 from __future__ import annotations
@@ -50,6 +51,22 @@ class ModelConfig:
     # the layers (least compile time); 0 unrolls them all (no loop: its per-layer slicing of
     # the saved activations and their zero-filled [L, ...] buffers are gone)
     scan_unroll: int = 1
+    # ---- Gemma 2 / 3 (docs/models.md); the defaults are the Llama / Qwen behaviour
+    hidden_act: str = "silu"  # the MLP's gate activation (`ACTIVATIONS`)
+    norm_plus_one: bool = False  # RMSNorm scales by (1 + w) (w stored around 0)
+    embed_scale: bool = False  # embeddings times sqrt(hidden_size), in the compute dtype
+    # scores scaled by query_pre_attn_scalar ** -0.5 instead of head_dim ** -0.5
+    query_pre_attn_scalar: float | None = None
+    # RMSNorms on the attention output and the MLP output (HF post_attention_layernorm and
+    # post_feedforward_layernorm), the MLP's input norm being HF pre_feedforward_layernorm
+    sandwich_norms: bool = False
+    attn_logit_softcap: float | None = None  # scores -> c * tanh(scores / c) (Gemma 2)
+    final_logit_softcap: float | None = None  # logits -> c * tanh(logits / c) (Gemma 2)
+    # per layer "full_attention" | "sliding_attention" (None: all full); a sliding layer's
+    # query sees the keys of the last `sliding_window` slots, itself included
+    layer_types: tuple[str, ...] | None = None
+    sliding_window: int | None = None
+    rope_local_theta: float | None = None  # sliding layers' RoPE base, unscaled (None: rope_theta)
 
     def __post_init__(self):
         if self.num_heads % self.num_kv_heads:
@@ -64,6 +81,34 @@ class ModelConfig:
             raise ValueError(f"scan_unroll={self.scan_unroll}; must be >= 0 (0: every layer)")
         if self.remat not in REMAT_POLICIES:
             raise ValueError(f"remat={self.remat!r}; allowed: {tuple(REMAT_POLICIES)}")
+        if self.hidden_act not in ACTIVATIONS:
+            raise ValueError(f"hidden_act={self.hidden_act!r}; allowed: {tuple(ACTIVATIONS)}")
+        if self.layer_types is not None:
+            bad = sorted(set(self.layer_types) - set(LAYER_TYPES))
+            if bad or not self.layer_types:
+                raise ValueError(f"layer_types={self.layer_types}: each one of {LAYER_TYPES}")
+            # a config replaced to fewer layers (a shallow draft: the first layers) keeps
+            # their types; to more (a separate critic), the pattern repeats
+            types = tuple(
+                self.layer_types[i % len(self.layer_types)] for i in range(self.num_layers)
+            )
+            object.__setattr__(self, "layer_types", types)
+            if "sliding_attention" in self.layer_types and not (self.sliding_window or 0) > 0:
+                raise ValueError(
+                    f"sliding_window={self.sliding_window}; layer_types has sliding layers, "
+                    "which need a window > 0"
+                )
+
+    @property
+    def sliding_layers(self) -> tuple[bool, ...]:
+        """Per layer: True for a sliding-window layer."""
+        types = self.layer_types or ("full_attention",) * self.num_layers
+        return tuple(t == "sliding_attention" for t in types)
+
+    @property
+    def per_layer_attention(self) -> bool:
+        """Layers differ in window or RoPE base (then `layer_attention_inputs` is scanned)."""
+        return any(self.sliding_layers)
 
     @property
     def resolved_head_dim(self) -> int:
@@ -88,7 +133,7 @@ class ModelConfig:
             attn += hd * (self.num_heads + 2 * self.num_kv_heads)
         if self.qk_norm:
             attn += 2 * hd
-        layer = attn + 3 * d * f + 2 * d
+        layer = attn + 3 * d * f + (4 if self.sandwich_norms else 2) * d
         emb = v * d * (1 if self.tie_word_embeddings else 2)
         return self.num_layers * layer + emb + d
 
@@ -108,10 +153,14 @@ class KVCache:
     v: jax.Array
     valid: jax.Array
     index: jax.Array
+    # sliding layers' rings (models/sliding_cache.py): their [B, W] validity, and per layer
+    # whether k[i], v[i] are rings of W slots (static; () = no rings)
+    ring_valid: jax.Array | None = None
+    ring_layers: tuple[bool, ...] = flax.struct.field(pytree_node=False, default=())
 
     @property
     def max_len(self) -> int:
-        return self.k[0].shape[2]
+        return self.valid.shape[1]
 
 
 def write_slots(buf: jax.Array, new: jax.Array, index, axis: int) -> jax.Array:
@@ -174,6 +223,24 @@ def rope_inv_freq(cfg: ModelConfig) -> jax.Array:
     )
 
 
+def layer_attention_inputs(cfg: ModelConfig) -> tuple[jax.Array, jax.Array]:
+    """Each layer's (RoPE inverse frequencies [L, Dh/2] f32, window [L] int32): a sliding
+    layer's window and `rope_local_theta` base (unscaled, as HF's local rotary embedding),
+    a full layer's `rope_inv_freq(cfg)` and a window of 2**30 (no limit). Scanned over the
+    layers beside their weights, so layers of both kinds run in one program."""
+    full = rope_inv_freq(cfg)
+    theta = cfg.rope_local_theta or cfg.rope_theta
+    local = rope_inv_freq(cfg.replace(rope_theta=theta, rope_scaling=None))
+    sliding = jnp.asarray(cfg.sliding_layers)
+    inv_freq = jnp.where(sliding[:, None], local[None], full[None])
+    window = jnp.where(sliding, cfg.sliding_window or 0, NO_WINDOW).astype(jnp.int32)
+    return inv_freq, window
+
+
+NO_WINDOW = 2**30  # a full-attention layer's window in `layer_attention_inputs`
+LAYER_TYPES = ("full_attention", "sliding_attention")  # HF `layer_types` values
+
+
 def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: jax.Array) -> jax.Array:
     """x [..., H, Dh], positions [...] (e.g. [B, T]) -> x rotated (rotate-half convention)."""
     angles = positions[..., None].astype(jnp.float32) * inv_freq  # [..., Dh/2]
@@ -233,14 +300,26 @@ def make_param(rngs: nnx.Rngs, shape, axes, dtype, init="normal", stack=()) -> n
 
 
 class RMSNorm(nnx.Module):
-    def __init__(self, dim: int, eps: float, param_dtype, rngs: nnx.Rngs, stack=()):
-        self.weight = make_param(rngs, (dim,), (None,), param_dtype, init="ones", stack=stack)
+    """x / rms(x) * w in f32, cast back to x's dtype; plus_one (Gemma): * (1 + w), the
+    weight stored around 0 (initialised to 0)."""
+
+    def __init__(self, dim: int, eps: float, param_dtype, rngs: nnx.Rngs, stack=(), plus_one=False):
+        init = "zeros" if plus_one else "ones"
+        self.weight = make_param(rngs, (dim,), (None,), param_dtype, init=init, stack=stack)
         self.eps = eps
+        self.plus_one = plus_one
 
     def __call__(self, x: jax.Array) -> jax.Array:
         x32 = x.astype(jnp.float32)
         x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
-        return (self.weight[...].astype(jnp.float32) * x32).astype(x.dtype)
+        w = self.weight[...].astype(jnp.float32)
+        return ((1.0 + w if self.plus_one else w) * x32).astype(x.dtype)
+
+
+def rms_norm(cfg: ModelConfig, dim: int, rngs: nnx.Rngs, stack=()) -> RMSNorm:
+    """An `RMSNorm` of `dim` with the config's eps, parameter dtype and (1 + w) choice."""
+    pd = jnp.dtype(cfg.param_dtype)
+    return RMSNorm(dim, cfg.rms_norm_eps, pd, rngs, stack, plus_one=cfg.norm_plus_one)
 
 
 class Attention(nnx.Module):
@@ -258,8 +337,8 @@ class Attention(nnx.Module):
             self.k_bias = param((k, hd), ("kv_heads", None), init="zeros")
             self.v_bias = param((k, hd), ("kv_heads", None), init="zeros")
         if cfg.qk_norm:
-            self.q_norm = RMSNorm(hd, cfg.rms_norm_eps, pd, rngs, stack)
-            self.k_norm = RMSNorm(hd, cfg.rms_norm_eps, pd, rngs, stack)
+            self.q_norm = rms_norm(cfg, hd, rngs, stack)
+            self.k_norm = rms_norm(cfg, hd, rngs, stack)
 
     def project_qkv(self, x, positions, inv_freq):
         """x [..., D], positions [...] -> q [..., H, Dh], k and v [..., K, Dh], with the
@@ -297,11 +376,21 @@ class Attention(nnx.Module):
             k = write_slots(k_cache, k_new, index, axis=2)
             v = write_slots(v_cache, v_new, index, axis=2)
             new_kv, kv_spec = (k, v), "bksd"
-        out = attention(q, k, v, attn_bias, kv_spec, impl=self.cfg.attention)
+        out = attention(q, k, v, attn_bias, kv_spec, **self.score_options())
         return self.project_out(out.astype(x.dtype)), new_kv
 
+    def score_options(self) -> dict:
+        """`attention`'s keywords from the config: impl, and Gemma's scale and soft-cap
+        (absent for other families, so their scores are computed as before)."""
+        cfg, options = self.cfg, dict(impl=self.cfg.attention)
+        if cfg.query_pre_attn_scalar is not None:
+            options["scale"] = cfg.query_pre_attn_scalar**-0.5
+        if cfg.attn_logit_softcap is not None:
+            options["softcap"] = cfg.attn_logit_softcap
+        return options
 
-def attention(q, k, v, attn_bias, kv_spec: str = "bskd", *, impl: str = "xla"):
+
+def attention(q, k, v, attn_bias, kv_spec: str = "bskd", *, impl: str = "xla", **scores):
     """The model's one attention-selection point (`ModelConfig.attention`, static).
 
     q [B, T, H, Dh]; k, v [B, S, K, Dh] (kv_spec 'bskd') or [B, K, S, Dh] ('bksd', the
@@ -311,19 +400,29 @@ def attention(q, k, v, attn_bias, kv_spec: str = "bskd", *, impl: str = "xla"):
     (`_attend_one_query`) whatever the implementation; every other call runs
     `ATTENTION[impl]`: 'xla' (`attend`'s einsums), 'dot_product'
     (`jax.nn.dot_product_attention`, XLA's implementation of the same math), 'cudnn' (its
-    cuDNN fused kernel: a GPU, bf16 / fp16 compute only).
+    cuDNN fused kernel: a GPU, bf16 / fp16 compute only). `scores`: `scale` (default
+    Dh ** -0.5) and `softcap` (c: scores -> c * tanh(scores / c) before the bias).
     """
     if impl not in ATTENTION:
         raise ValueError(f"attention impl {impl!r}; allowed: {ATTENTION_IMPLS}")
     if q.shape[1] == 1 and kv_spec == "bksd":
         b, _, h, hd = q.shape
         kvh = k.shape[1]
-        out = _attend_one_query(q.reshape(b, kvh, h // kvh, hd), k, v, attn_bias[:, 0, 0, 0])
+        grouped = q.reshape(b, kvh, h // kvh, hd)
+        out = _attend_one_query(grouped, k, v, attn_bias[:, 0, 0, 0], **scores)
         return out.astype(q.dtype).reshape(b, 1, h, hd)
-    return ATTENTION[impl](q, k, v, attn_bias, kv_spec)
+    return ATTENTION[impl](q, k, v, attn_bias, kv_spec, **scores)
 
 
-def attend(q, k, v, attn_bias, kv_spec: str = "bskd"):
+def scaled_scores(scores, head_dim: int, scale=None, softcap=None):
+    """f32 scores q.k -> scaled (by `scale`, default head_dim ** -0.5) and soft-capped."""
+    scores = scores / math.sqrt(head_dim) if scale is None else scores * scale
+    if softcap is not None:
+        scores = softcap * jnp.tanh(scores / softcap)
+    return scores
+
+
+def attend(q, k, v, attn_bias, kv_spec: str = "bskd", scale=None, softcap=None):
     """softmax(q k^T / sqrt(Dh) + bias) v with grouped-query heads; scores and softmax in f32.
 
     q [B, T, H, Dh]; k, v [B, S, K, Dh] (kv_spec 'bskd') or [B, K, S, Dh] ('bksd', the
@@ -336,15 +435,22 @@ def attend(q, k, v, attn_bias, kv_spec: str = "bskd"):
     scores = jnp.einsum(
         f"btkgd,{kv_spec}->bkgts", q, k.astype(dt), preferred_element_type=jnp.float32
     )
-    scores = scores / math.sqrt(hd) + attn_bias
+    scores = scaled_scores(scores, hd, scale, softcap) + attn_bias
     probs = jax.nn.softmax(scores, axis=-1).astype(dt)
     out = jnp.einsum(f"bkgts,{kv_spec}->btkgd", probs, v.astype(dt))
     return out.reshape(b, t, h, hd)
 
 
-def attend_dot_product(q, k, v, attn_bias, kv_spec: str = "bskd", implementation=None):
+def attend_dot_product(
+    q, k, v, attn_bias, kv_spec: str = "bskd", scale=None, softcap=None, implementation=None
+):
     """`attend` by `jax.nn.dot_product_attention` (same shapes; implementation None: XLA's,
-    scores and softmax in f32 as `attend`; 'cudnn': the fused cuDNN kernel, on a GPU)."""
+    scores and softmax in f32 as `attend`; 'cudnn': the fused cuDNN kernel, on a GPU). It
+    has no soft-capping: a `softcap` raises (use attention 'xla')."""
+    if softcap is not None:
+        raise ValueError(
+            "attention logit soft-capping (Gemma 2) runs only with model.attention='xla'"
+        )
     dt = q.dtype
     if kv_spec == "bksd":  # the cache's layout -> the [B, S, K, Dh] the call takes
         k, v = jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)
@@ -352,11 +458,11 @@ def attend_dot_product(q, k, v, attn_bias, kv_spec: str = "bskd", implementation
     if implementation == "cudnn":
         bias = bias.astype(dt)
     return jax.nn.dot_product_attention(
-        q, k.astype(dt), v.astype(dt), bias=bias, implementation=implementation
+        q, k.astype(dt), v.astype(dt), bias=bias, scale=scale, implementation=implementation
     )
 
 
-def _attend_one_query(q, k, v, bias):
+def _attend_one_query(q, k, v, bias, scale=None, softcap=None):
     """One decode step's attention as broadcast-multiply + reduce, in f32.
 
     q [B, K, G, Dh] (query heads grouped by kv head); k, v: one layer's cache [B, K, S, Dh];
@@ -367,7 +473,7 @@ def _attend_one_query(q, k, v, bias):
     f32 = jnp.float32
     qf = q.astype(f32)
     scores = jnp.sum(qf[:, :, :, None, :] * k[:, :, None].astype(f32), axis=-1)  # [B,K,G,S]
-    scores = scores / math.sqrt(q.shape[-1]) + bias[:, None, None, :]
+    scores = scaled_scores(scores, q.shape[-1], scale, softcap) + bias[:, None, None, :]
     probs = jax.nn.softmax(scores, axis=-1)
     return jnp.sum(probs[..., None] * v[:, :, None].astype(f32), axis=3)  # [B, K, G, Dh]
 
@@ -382,11 +488,20 @@ ATTENTION = {
 ATTENTION_IMPLS = tuple(ATTENTION)
 
 
+# ModelConfig.hidden_act (HF `hidden_act` / `hidden_activation`) -> the MLP's gate activation
+ACTIVATIONS = {
+    "silu": jax.nn.silu,
+    "gelu_pytorch_tanh": functools.partial(jax.nn.gelu, approximate=True),  # Gemma's GeGLU
+    "gelu": functools.partial(jax.nn.gelu, approximate=False),
+}
+
+
 class MLP(nnx.Module):
     def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs, stack=()):
         d, f, pd = cfg.hidden_size, cfg.intermediate_size, jnp.dtype(cfg.param_dtype)
         param = functools.partial(make_param, rngs, dtype=pd, stack=stack)
         self.dtype = cfg.compute_dtype
+        self.act = ACTIVATIONS[cfg.hidden_act]
         self.gate_proj = param((d, f), ("embed", "mlp"))
         self.up_proj = param((d, f), ("embed", "mlp"))
         self.down_proj = param((f, d), ("mlp", "embed"))
@@ -394,7 +509,7 @@ class MLP(nnx.Module):
     def __call__(self, x, hidden_mask=None):
         dt = self.dtype
         gate = project(self, "gate_proj", x, dt)
-        h = jax.nn.silu(gate) * project(self, "up_proj", x, dt)
+        h = self.act(gate) * project(self, "up_proj", x, dt)
         if hidden_mask is not None:  # [B, F] fixed dropout mask (Dropout-GRPO rollouts)
             h = h * hidden_mask[:, None, :].astype(dt)
         return project(self, "down_proj", h, dt)
@@ -406,19 +521,27 @@ class Block(nnx.Module):
     runs it one layer at a time, each call seeing one layer's slice."""
 
     def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs, stack=()):
-        pd = jnp.dtype(cfg.param_dtype)
-        self.input_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, pd, rngs, stack)
+        d = cfg.hidden_size
+        self.input_norm = rms_norm(cfg, d, rngs, stack)
         self.attn = Attention(cfg, rngs, stack)
-        self.post_attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, pd, rngs, stack)
+        self.post_attn_norm = rms_norm(cfg, d, rngs, stack)  # the MLP's input norm
         self.mlp = MLP(cfg, rngs, stack)
+        if cfg.sandwich_norms:  # Gemma: norms on the attention's and the MLP's outputs
+            self.attn_out_norm = rms_norm(cfg, d, rngs, stack)
+            self.mlp_out_norm = rms_norm(cfg, d, rngs, stack)
 
     def __call__(self, x, positions, inv_freq, attn_bias, kv=None, hidden_mask=None):
         a, new_kv = self.attn(self.input_norm(x), positions, inv_freq, attn_bias, kv)
-        return self.feed_forward(x + a, hidden_mask), new_kv
+        return self.feed_forward(x + self.out_norm("attn_out_norm", a), hidden_mask), new_kv
+
+    def out_norm(self, name: str, x):
+        """x through the block's output norm `name` where it has one (Gemma), else x."""
+        norm = getattr(self, name, None)
+        return x if norm is None else norm(x)
 
     def feed_forward(self, x, hidden_mask=None):
         """The block's second residual half: x + MLP(RMSNorm(x)); x [..., D]."""
-        return x + self.mlp(self.post_attn_norm(x), hidden_mask)
+        return x + self.out_norm("mlp_out_norm", self.mlp(self.post_attn_norm(x), hidden_mask))
 
 
 def mask_to_bias(allowed: jax.Array) -> jax.Array:
@@ -451,10 +574,10 @@ def shared_prompt_block(layer: Block, x, positions, inv_freq, bias_p, bias_c, *,
     (q_p, q_c), (k_p, k_c), (v_p, v_c) = map(
         split, layer.attn.project_qkv(layer.input_norm(x), positions, inv_freq)
     )
-    impl = layer.attn.cfg.attention
-    out_p = attention(q_p, k_p, v_p, bias_p, impl=impl)
+    options = layer.attn.score_options()
+    out_p = attention(q_p, k_p, v_p, bias_p, **options)
     keys = jnp.concatenate([jnp.repeat(k_p, n, axis=0), k_c], axis=1)  # [B, T, K, Dh]
     values = jnp.concatenate([jnp.repeat(v_p, n, axis=0), v_c], axis=1)
-    out_c = attention(q_c, keys, values, bias_c, impl=impl)
+    out_c = attention(q_c, keys, values, bias_c, **options)
     out = jnp.concatenate([out_p, out_c.reshape(groups, n * tn, *out_c.shape[2:])], axis=1)
-    return layer.feed_forward(x + layer.attn.project_out(out))
+    return layer.feed_forward(x + layer.out_norm("attn_out_norm", layer.attn.project_out(out)))

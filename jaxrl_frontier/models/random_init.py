@@ -24,7 +24,8 @@ def random_model(
     norm_std: float = 0.1,
     legacy_rng: bool = False,
 ) -> Transformer:
-    """A `Transformer` for `cfg` with N(0, std) weights and N(1, norm_std) norm scales.
+    """A `Transformer` for `cfg` with N(0, std) weights and N(1, norm_std) norm scales
+    (weights N(0, norm_std) where norms scale by 1 + w: `cfg.norm_plus_one`).
 
     head_std: std of an untied output layer (`lm_head`), which sets how sharp the logits
       are (None: `std`).
@@ -36,7 +37,7 @@ def random_model(
 
     def draw(name, shape):
         if "norm" in name:
-            return 1.0 + norm_std * rng.standard_normal(shape)
+            return (0.0 if cfg.norm_plus_one else 1.0) + norm_std * rng.standard_normal(shape)
         scale = head_std if head_std is not None and "lm_head" in name else std
         return scale * rng.standard_normal(shape)
 

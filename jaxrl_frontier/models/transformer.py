@@ -1,8 +1,16 @@
-"""A decoder-only transformer covering the Llama, Qwen2 and Qwen3 shapes, in Flax NNX.
+"""A decoder-only transformer covering the Llama, Qwen2, Qwen3, Gemma 2 and Gemma 3 shapes,
+in Flax NNX.
 
-    x = embed(tokens)
+    x = embed(tokens)                    (Gemma: * sqrt(D))
     for each layer:  x = x + Attn(RMSNorm(x));  x = x + SwiGLU(RMSNorm(x))
     logits = RMSNorm(x) @ W_out          (W_out = embed^T when embeddings are tied)
+
+- Gemma 2 / 3 (`ModelConfig` fields after `scan_unroll`): RMSNorm by (1 + w), GeGLU, the
+  query pre-attention scale, norms on the attention and MLP outputs, soft-capped scores
+  and logits (Gemma 2), sliding-window layers with their own RoPE base. Layers that differ
+  in window and RoPE base still run under one scan: each layer's inverse frequencies and
+  window are scanned beside its weights (`layers.layer_attention_inputs`), and its
+  attention bias is built from the window inside the scanned body.
 
 - Attention: grouped-query (num_kv_heads divides num_heads), RoPE in the rotate-half
   convention of the Hugging Face implementations, optional qkv bias (Qwen2), optional
@@ -47,11 +55,12 @@ from jaxrl_frontier.models.layers import (
     Block,
     KVCache,
     ModelConfig,
-    RMSNorm,
     init_cache,
+    layer_attention_inputs,
     make_param,
     mask_to_bias,
     positions_from_mask,
+    rms_norm,
     rope_inv_freq,
     shared_prompt_block,
     write_slots,
@@ -72,7 +81,7 @@ class Transformer(nnx.Module):
         self.cfg = cfg
         self.embed = make_param(rngs, (cfg.vocab_size, cfg.hidden_size), ("vocab", "embed"), pd)
         self.layers = Block(cfg, rngs, stack=(cfg.num_layers,))
-        self.final_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, pd, rngs)
+        self.final_norm = rms_norm(cfg, cfg.hidden_size, rngs)
         if not cfg.tie_word_embeddings:
             self.lm_head = make_param(
                 rngs, (cfg.hidden_size, cfg.vocab_size), ("embed", "vocab"), pd
@@ -173,38 +182,103 @@ class Transformer(nnx.Module):
         # query i sits in slot offset + i; it sees valid slots up to its own (offset [B]: a
         # cache whose rows write at their own slots)
         query_slot = jnp.asarray(offset)[..., None, None] + jnp.arange(t)[:, None]
-        causal = query_slot >= jnp.arange(s)[None, :]  # [T, S] or [B, T, S]
-        attn_bias = mask_to_bias(jnp.broadcast_to(causal, (b, t, s)) & key_valid[:, None, :])
+        distance = query_slot - jnp.arange(s)[None, :]  # [T, S] or [B, T, S]
+        allowed = jnp.broadcast_to(distance >= 0, (b, t, s)) & key_valid[:, None, :]
+        per_layer, layer_info = self.attention_inputs([(distance, allowed)])
 
-        inv_freq = rope_inv_freq(cfg)
-        x = self.constrain_rows(self.embed[...].astype(cfg.compute_dtype)[tokens])
+        x = self.constrain_rows(self.embed_tokens(tokens))
         if cache is None:  # a training (or scoring) forward: remat applies
 
-            def block(layer, x, hidden_mask):
+            def block(layer, x, inputs):
+                hidden_mask, info = inputs
+                inv_freq, (attn_bias,) = per_layer(info)
                 x = self.constrain_rows(x)
                 return layer(x, positions, inv_freq, attn_bias, None, hidden_mask)[0], None
 
-            x, _ = self.scan_layers(block, x, mlp_mask, remat=cfg.remat)
+            x, _ = self.scan_layers(block, x, (mlp_mask, layer_info), remat=cfg.remat)
             return self.final_norm(x), None
 
+        if isinstance(self.layers, nnx.List):  # unstacked: each layer's cache in place
+            x, new_cache = self._cached_layers(
+                x, positions, real, per_layer, layer_info, cache, mlp_mask
+            )
+            return self.final_norm(x), new_cache.replace(valid=key_valid, index=cache.index + t)
+        if cache.ring_layers:
+            raise ValueError(
+                "a cache with sliding-window rings runs on the unstacked model "
+                "(transformer.unstack_layers), not the scanned one"
+            )
+
         def cached_block(layer, x, inputs):
-            k, v, hidden_mask = inputs
+            k, v, hidden_mask, info = inputs
+            inv_freq, (attn_bias,) = per_layer(info)
             kv = (k, v, cache.index)
             return layer(self.constrain_rows(x), positions, inv_freq, attn_bias, kv, hidden_mask)
 
-        if isinstance(self.layers, nnx.List):  # unstacked: each layer's cache in place
-            new_k, new_v = [], []
-            for i, layer in enumerate(self.layers):
-                hidden_mask = None if mlp_mask is None else mlp_mask[i]
-                x, (k, v) = cached_block(layer, x, (cache.k[i], cache.v[i], hidden_mask))
-                new_k.append(k)
-                new_v.append(v)
-        else:  # the scan takes (and returns) the layers' caches stacked [L, ...]
-            xs = (jnp.stack(cache.k), jnp.stack(cache.v), mlp_mask)
-            x, (k, v) = self.scan_layers(cached_block, x, xs)
-            new_k, new_v = list(k), list(v)
-        new_cache = KVCache(k=tuple(new_k), v=tuple(new_v), valid=key_valid, index=cache.index + t)
+        # the scan takes (and returns) the layers' caches stacked [L, ...]
+        xs = (jnp.stack(cache.k), jnp.stack(cache.v), mlp_mask, layer_info)
+        x, (k, v) = self.scan_layers(cached_block, x, xs)
+        new_cache = cache.replace(k=tuple(k), v=tuple(v), valid=key_valid, index=cache.index + t)
         return self.final_norm(x), new_cache
+
+    def _cached_layers(self, x, positions, real, per_layer, layer_info, cache, mlp_mask):
+        """The unstacked layers over a cache, each layer's cache updated in place: at slots
+        [index, index + T), or for a sliding layer's ring (`sliding_cache`) one token at
+        slot index % W, its bias the ring's validity. -> (x, the cache with new k, v)."""
+        rings = cache.ring_layers or (False,) * len(self.layers)
+        if any(rings):
+            if x.shape[1] != 1 or jnp.ndim(cache.index) != 0:
+                raise ValueError(
+                    "a cache with sliding-window rings takes one token per step at one index "
+                    "for every row; run longer inputs on the full cache, then "
+                    "sliding_cache.to_ring"
+                )
+            ring_slot = cache.index % cache.ring_valid.shape[1]
+            ring_valid = write_slots(cache.ring_valid, real, ring_slot, axis=1)
+            ring_bias = mask_to_bias(ring_valid[:, None, :])  # [B, 1, 1, 1, W]
+            cache = cache.replace(ring_valid=ring_valid)
+        new_k, new_v = [], []
+        for i, layer in enumerate(self.layers):
+            hidden_mask = None if mlp_mask is None else mlp_mask[i]
+            info = jax.tree.map(lambda a, i=i: a[i], layer_info)
+            if rings[i]:
+                inv_freq, attn_bias, index = info[0], ring_bias, ring_slot
+            else:
+                (inv_freq, (attn_bias,)), index = per_layer(info), cache.index
+            kv = (cache.k[i], cache.v[i], index)
+            x, (k, v) = layer(
+                self.constrain_rows(x), positions, inv_freq, attn_bias, kv, hidden_mask
+            )
+            new_k.append(k)
+            new_v.append(v)
+        return x, cache.replace(k=tuple(new_k), v=tuple(new_v))
+
+    def embed_tokens(self, tokens: jax.Array) -> jax.Array:
+        """tokens [B, T] -> embeddings [B, T, D] in the compute dtype (Gemma: times
+        sqrt(D), the factor rounded to the compute dtype as transformers does)."""
+        dt = self.cfg.compute_dtype
+        x = self.embed[...].astype(dt)[tokens]
+        return x * jnp.asarray(self.cfg.hidden_size**0.5, dt) if self.cfg.embed_scale else x
+
+    def attention_inputs(self, masks):
+        """masks: [(distance, allowed)], per attention of a layer: slot distance query -
+        key and the allowed bool mask (causal and valid), [B, T, S] or broadcastable.
+        -> (per_layer(info) -> (inv_freq [Dh/2], [attn bias [B, 1, 1, T, S]] per mask),
+        info: the per-layer inputs stacked [L, ...] to scan over, or None).
+
+        Models whose layers all attend alike (every family but Gemma) get one shared
+        (inv_freq, biases), built once outside the scan; otherwise each layer's window
+        limits its keys to distance < window, inside the scanned body."""
+        cfg = self.cfg
+        if not cfg.per_layer_attention:
+            shared = rope_inv_freq(cfg), [mask_to_bias(allowed) for _, allowed in masks]
+            return (lambda _: shared), None
+
+        def per_layer(info):
+            inv_freq, window = info
+            return inv_freq, [mask_to_bias(a & (dist < window)) for dist, a in masks]
+
+        return per_layer, layer_attention_inputs(cfg)
 
     def hidden_states_shared_prompt(
         self,
@@ -258,34 +332,38 @@ class Transformer(nnx.Module):
             completions = x[:, tp:].reshape(groups, n * tn)
             return jnp.concatenate([first_of_group(x), completions], axis=1)
 
-        prompt_causal = jnp.arange(tp)[:, None] >= jnp.arange(tp)[None, :]
-        bias_p = mask_to_bias(prompt_causal[None] & first_of_group(real)[:, None, :])
-        completion_causal = (tp + jnp.arange(tn))[:, None] >= jnp.arange(t)[None, :]
-        bias_c = mask_to_bias(completion_causal[None] & real[:, None, :])  # [B, 1, 1, Tn, T]
-
-        inv_freq = rope_inv_freq(cfg)
+        dist_p = jnp.arange(tp)[:, None] - jnp.arange(tp)[None, :]  # [Tp, Tp]
+        allowed_p = (dist_p >= 0)[None] & first_of_group(real)[:, None, :]
+        dist_c = (tp + jnp.arange(tn))[:, None] - jnp.arange(t)[None, :]  # [Tn, T]
+        allowed_c = (dist_c >= 0)[None] & real[:, None, :]  # biases [B, 1, 1, Tn, T]
+        per_layer, layer_info = self.attention_inputs([(dist_p, allowed_p), (dist_c, allowed_c)])
         rows_positions = pack(positions)
 
-        def block(layer, x, _):
+        def block(layer, x, info):
+            inv_freq, (bias_p, bias_c) = per_layer(info)
             out = shared_prompt_block(
                 layer, self.constrain_rows(x), rows_positions, inv_freq, bias_p, bias_c, n=n, tp=tp
             )
             return out, None
 
-        x = self.constrain_rows(self.embed[...].astype(cfg.compute_dtype)[pack(tokens)])
-        x, _ = self.scan_layers(block, x, remat=cfg.remat)
+        x = self.constrain_rows(self.embed_tokens(pack(tokens)))
+        x, _ = self.scan_layers(block, x, layer_info, remat=cfg.remat)
         hidden = self.final_norm(x)
         h_p, h_c = hidden[:, :tp], hidden[:, tp:].reshape(b, tn, -1)
         return jnp.concatenate([jnp.repeat(h_p, n, axis=0), h_c], axis=1)
 
     def output_embedding(self) -> jax.Array:
-        """[D, V] output projection (the transposed input embedding when tied)."""
+        """[D, V] output projection (the transposed input embedding when tied). The logits
+        are hidden @ W, soft-capped by `cfg.final_logit_softcap` where set (Gemma 2): a
+        caller computing them itself applies it (`objectives.logprobs.OutputLayer`)."""
         return self.embed[...].T if self.cfg.tie_word_embeddings else self.lm_head[...]
 
     def logits(self, hidden: jax.Array) -> jax.Array:
-        """hidden [..., D] -> f32 logits [..., V]."""
+        """hidden [..., D] -> f32 logits [..., V] (soft-capped by `final_logit_softcap`)."""
         w = self.output_embedding().astype(self.cfg.compute_dtype)
-        return jnp.einsum("...d,dv->...v", hidden, w, preferred_element_type=jnp.float32)
+        z = jnp.einsum("...d,dv->...v", hidden, w, preferred_element_type=jnp.float32)
+        cap = self.cfg.final_logit_softcap
+        return z if cap is None else cap * jnp.tanh(z / cap)
 
     def init_cache(self, batch_size: int, max_len: int, dtype=None) -> KVCache:
         return init_cache(self.cfg, batch_size, max_len, dtype)

@@ -5,12 +5,17 @@ ALIGNMENT. Every [B, T] per-token statistic is aligned with `tokens`: `x[b, t]` 
 t + 1. The functions here do the shift (logits at t - 1 predict token t) and put 0 in column
 0, which is never a completion token. From hidden states the output layer is applied in
 chunks of positions (`DEFAULT_LOGPROB_CHUNK`), so the [B, T, V] logits never exist at once.
+
+OUTPUT LAYER. Where logits come from hidden states, the output layer is a [D, V] array
+(logits h @ W), or an `OutputLayer` that also soft-caps them (Gemma 2: c tanh(h W / c));
+`output_logits` applies either.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
+import flax.struct
 import jax
 import jax.numpy as jnp
 
@@ -18,6 +23,35 @@ from jaxrl_frontier.core import sharding
 
 Array = jax.Array
 sg = jax.lax.stop_gradient
+
+
+@flax.struct.dataclass
+class OutputLayer:
+    """An output layer whose logits are soft-capped: softcap * tanh(h @ w / softcap)
+    (Gemma 2's final logit soft-cap). w [D, V]; softcap static."""
+
+    w: Array
+    softcap: float = flax.struct.field(pytree_node=False)
+
+
+def output_weights(w_out) -> tuple[Array, float | None]:
+    """(the [D, V] weights, the soft-cap or None) of a [D, V] array or an `OutputLayer`."""
+    if isinstance(w_out, OutputLayer):
+        return w_out.w, w_out.softcap
+    return w_out, None
+
+
+def cap_logits(z: Array, softcap: float | None) -> Array:
+    """f32 logits z soft-capped elementwise (softcap * tanh(z / softcap)); None: z."""
+    return z if softcap is None else softcap * jnp.tanh(z / softcap)
+
+
+def output_logits(h: Array, w_out, spec: str = "...d,dv->...v") -> Array:
+    """f32 logits of hidden states h through the output layer `w_out` (a [D, V] array or an
+    `OutputLayer`), accumulated in f32 from h's dtype, as `Transformer.logits`."""
+    w, softcap = output_weights(w_out)
+    z = jnp.einsum(spec, h, w.astype(h.dtype), preferred_element_type=jnp.float32)
+    return cap_logits(z, softcap)
 
 
 def shift_right(x_bt: Array) -> Array:
@@ -61,7 +95,8 @@ def token_stats_from_hidden(
     positions (`lax.map`), each chunk under `jax.checkpoint`, so the backward pass recomputes
     one chunk's [chunk, V] logits at a time instead of storing all of them.
 
-    hidden [B, T, D] (compute dtype), w_out [D, V], tokens [B, T] int -> (logp [B, T] f32,
+    hidden [B, T, D] (compute dtype), w_out [D, V] (or an `OutputLayer`), tokens [B, T] int
+    -> (logp [B, T] f32,
     entropy [B, T] f32 or None), aligned with tokens like `token_logprobs` (column 0 is 0).
     Logits are accumulated in f32 as in `Transformer.logits`. `entropy_grad=False` holds the
     entropy constant (a metric only). Cost: the output matmul runs once more in the backward
@@ -122,18 +157,20 @@ def chunked_token_stats(
         x_n = jnp.pad(x_n, ((0, pad),) + ((0, 0),) * (x_n.ndim - 1))
         return x_n.reshape(-1, chunk, *x_n.shape[1:])
 
-    w = w_out_dv.astype(hidden_btd.dtype)
+    w, cap = output_weights(w_out_dv)
+    w = w.astype(hidden_btd.dtype)
     xs = (chunked(h), chunked(y))
     if with_distill:
         h_t, w_t = (sg(x) for x in teacher_hidden)
         xs += (chunked(positions(h_t)),)
+        w_t, cap_t = output_weights(w_t)
         w_t = w_t.astype(h_t.dtype)
 
     @jax.checkpoint
     def one(args):
         h_cd, y_c = args[:2]
         z = jnp.einsum("cd,dv->cv", h_cd, w, preferred_element_type=jnp.float32)
-        z = sharding.constrain_vocab(z, w)  # vocab-parallel: no device gathers w
+        z = cap_logits(sharding.constrain_vocab(z, w), cap)  # vocab-parallel: w not gathered
         lse = jax.nn.logsumexp(z, axis=-1)
         logp = jnp.take_along_axis(z, y_c[:, None], axis=-1)[:, 0] - lse
         ent = jnp.zeros_like(logp)
@@ -143,7 +180,7 @@ def chunked_token_stats(
         dist = jnp.zeros_like(logp)
         if with_distill:
             z_t = jnp.einsum("cd,dv->cv", args[2], w_t, preferred_element_type=jnp.float32)
-            z_t = sharding.constrain_vocab(z_t, w_t)
+            z_t = cap_logits(sharding.constrain_vocab(z_t, w_t), cap_t)
             dist = distill(z, z_t, y_c)
         return logp, ent, dist
 

@@ -33,6 +33,7 @@ from jaxrl_frontier.objectives.distillation import DISTILL_LOSSES, KL_ESTIMATORS
 from jaxrl_frontier.objectives.logprobs import (
     DEFAULT_LOGPROB_CHUNK,
     chunked_token_stats,
+    output_logits,
     token_entropy,
     token_logprobs,
 )
@@ -415,9 +416,7 @@ def loss_fn(
         logp, entropy = token_logprobs(logits, tokens), None
         if distill and teacher_hidden is not None:
             h_t, w_t = (sg(x) for x in teacher_hidden)
-            teacher_logits = jnp.einsum(
-                "btd,dv->btv", h_t, w_t.astype(h_t.dtype), preferred_element_type=jnp.float32
-            )
+            teacher_logits = output_logits(h_t, w_t, "btd,dv->btv")
     stats = TokenStats(
         logp=logp,
         old_logp=batch["old_logp"],

@@ -15,6 +15,7 @@ from flax import nnx
 from jaxrl_frontier.core import sharding
 from jaxrl_frontier.core.errors import ConfigError
 from jaxrl_frontier.models import hf, lora
+from jaxrl_frontier.models.architectures import architecture_for
 from jaxrl_frontier.models.layers import ModelConfig
 from jaxrl_frontier.models.tokenizer import CharTokenizer, load_tokenizer
 from jaxrl_frontier.models.transformer import Transformer
@@ -79,6 +80,8 @@ def export_dir(path: str) -> str:
 
 def model_config_from(config, tokenizer) -> ModelConfig:
     m = config.model
+    if m.family:  # gemma2 | gemma3_text: the HF architecture's mapping of these shapes
+        return gemma_config_from(m, tokenizer)
     return ModelConfig(
         vocab_size=m.vocab_size or tokenizer.vocab_size,
         hidden_size=m.hidden_size,
@@ -97,6 +100,35 @@ def model_config_from(config, tokenizer) -> ModelConfig:
         remat=m.remat,
         attention=m.attention,
         scan_unroll=m.scan_unroll,
+    )
+
+
+def gemma_config_from(m, tokenizer) -> ModelConfig:
+    """A scratch Gemma 2 / 3 `ModelConfig` from the `model` section, through the HF
+    architecture's config mapping (`models.architectures.GemmaArchitecture`)."""
+    head_dim = m.head_dim or m.hidden_size // m.num_heads
+    hf_config = dict(
+        architectures=[{"gemma2": "Gemma2ForCausalLM"}.get(m.family, "Gemma3ForCausalLM")],
+        vocab_size=m.vocab_size or tokenizer.vocab_size,
+        hidden_size=m.hidden_size,
+        intermediate_size=m.intermediate_size,
+        num_hidden_layers=m.num_layers,
+        num_attention_heads=m.num_heads,
+        num_key_value_heads=m.num_kv_heads,
+        head_dim=head_dim,
+        query_pre_attn_scalar=head_dim,
+        rope_theta=m.rope_theta,
+        tie_word_embeddings=m.tie_word_embeddings,
+        max_position_embeddings=m.max_position_embeddings,
+        sliding_window=m.sliding_window,
+        sliding_window_pattern=m.sliding_window_pattern or None,
+        attn_logit_softcapping=50.0 if m.family == "gemma2" else None,
+        final_logit_softcapping=30.0 if m.family == "gemma2" else None,
+    )
+    return (
+        architecture_for(hf_config)
+        .config_from_hf(hf_config)
+        .replace(dtype=m.dtype, remat=m.remat, attention=m.attention, scan_unroll=m.scan_unroll)
     )
 
 

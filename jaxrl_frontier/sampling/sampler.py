@@ -28,6 +28,7 @@ from jaxrl_frontier.core import sharding as shd
 from jaxrl_frontier.core.xla_options import rollout_compiler_options
 from jaxrl_frontier.models import transformer as tfm
 from jaxrl_frontier.models.layers import KVCache
+from jaxrl_frontier.models.sliding_cache import to_ring
 from jaxrl_frontier.models.transformer import Transformer
 from jaxrl_frontier.sampling import ops
 from jaxrl_frontier.sampling import rollout as ro
@@ -91,7 +92,9 @@ class Sampler:
     cache_dtype: of the KV cache (None: the compute dtype; 'bfloat16' halves it);
     decode_phases: the decode's cache sizes (`decode_windows`; 1: one cache of Tp + Tn
     slots for every step), each a trace of the step: more phases read less, compile
-    longer."""
+    longer; sliding_window_cache: a model's sliding-window layers (Gemma) decode from a ring
+    of window slots (`models.sliding_cache`; not on fsdp meshes, whose decode is scanned),
+    same tokens, a cache that does not grow with the completion."""
 
     def __init__(
         self,
@@ -103,6 +106,7 @@ class Sampler:
         batch_buckets: Sequence[int] | None = None,
         cache_dtype: str | None = None,
         decode_phases: int = 4,
+        sliding_window_cache: bool = True,
     ):
         self.model, self.cfg, self.pad_id, self.mesh = model, model.cfg, int(pad_id), mesh
         decode_windows(1, 2, decode_phases)  # validates the count
@@ -132,6 +136,8 @@ class Sampler:
         # fsdp-split weights: scan the layers (unstacked, XLA gathers every layer before the
         # loop); elsewhere per-layer weights are read in place (2.8x faster per step on CPU)
         self.scan_decode = mesh is not None and mesh.shape.get("fsdp", 1) > 1
+        rings = sliding_window_cache and any(self.cfg.sliding_layers)
+        self.ring_cache = rings and not self.scan_decode
         self.platform = (jax.devices() if mesh is None else mesh.devices.flat)[0].platform
         self._jits = {}  # (program, XLA options) -> jitted program
 
@@ -141,7 +147,9 @@ class Sampler:
         if (name, options) not in self._jits:
             statics = dict(prefill=("n", "use_dropout", "slots"), decode=("plan",))[name]
             # a cache that grows between phases is a new buffer: nothing to donate
-            donate = ("cache",) if name == "decode" and self.decode_phases == 1 else ()
+            # (nor with rings: the sliding layers' buffers change shape)
+            one_cache = self.decode_phases == 1 and not self.ring_cache
+            donate = ("cache",) if name == "decode" and one_cache else ()
             fn = getattr(self, f"_{name}")
             self._jits[name, options] = jax.jit(
                 fn, static_argnames=statics, donate_argnames=donate, compiler_options=dict(options)
@@ -190,6 +198,9 @@ class Sampler:
             k=tuple(self.constrain(x, kv_axes) for x in cache.k),
             v=tuple(self.constrain(x, kv_axes) for x in cache.v),
             valid=self.constrain(cache.valid, ("batch", None)),
+            ring_valid=None
+            if cache.ring_valid is None
+            else self.constrain(cache.ring_valid, ("batch", None)),
         )
 
     def mlp_mask(self, key, num_rows: int, knobs: Knobs, use_dropout: bool):
@@ -245,6 +256,8 @@ class Sampler:
         """Sample Tn tokens per row from the prefilled cache -> (`Rollout`, the final cache);
         see the module docstring. prompts: (tokens, mask) [P, Tp] for the record."""
         model = self.decode_model(state)
+        if self.ring_cache:  # sliding layers: their last W slots, in rings
+            cache = self.constrain_cache(to_ring(cache, self.cfg))
         num_rows, tn = logits0.shape[0], plan.max_new_tokens
         mlp_mask, dropout_keys = self.mlp_mask(key, num_rows, knobs, plan.use_dropout)
         _, streams = ops.row_keys(key, num_rows, knobs.first_row)
@@ -321,14 +334,16 @@ class Sampler:
 
 
 def grow_cache(cache: KVCache, size: int) -> KVCache:
-    """The cache with empty (invalid) slots appended up to `size` slots (static)."""
+    """The cache with empty (invalid) slots appended up to `size` slots (static); sliding
+    layers' rings (`cache.ring_layers`) keep their size."""
     extra = size - cache.max_len
     if extra == 0:
         return cache
     grow = lambda x, axis: jnp.pad(x, [(0, extra * (a == axis)) for a in range(x.ndim)])
+    rings = cache.ring_layers or (False,) * len(cache.k)
     return cache.replace(
-        k=tuple(grow(x, 2) for x in cache.k),
-        v=tuple(grow(x, 2) for x in cache.v),
+        k=tuple(x if r else grow(x, 2) for x, r in zip(cache.k, rings)),
+        v=tuple(x if r else grow(x, 2) for x, r in zip(cache.v, rings)),
         valid=grow(cache.valid, 1),
     )
 

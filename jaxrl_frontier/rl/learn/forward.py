@@ -15,7 +15,8 @@ from jaxrl_frontier.objectives import logprobs
 
 
 def apply_hidden(graphdef, group_size: int = 1, completion_len: int = 0):
-    """(params, tokens, mask, mlp_mask=None) -> (final hidden [B, T, D], output layer [D, V]).
+    """(params, tokens, mask, mlp_mask=None) -> (final hidden [B, T, D], output layer [D, V],
+    or a `logprobs.OutputLayer` with the model's final logit soft-cap).
 
     group_size > 1 and completion_len > 0: the rows are prompt-major groups of `group_size`
     that share their first T - completion_len tokens (an RL batch), and each group's prompt
@@ -24,9 +25,22 @@ def apply_hidden(graphdef, group_size: int = 1, completion_len: int = 0):
     so the update runs the sub-network that sampled each row; not with a shared prompt (each
     row's prompt then runs through its own sub-network).
     """
-    shared = group_size > 1 and completion_len > 0
+    hidden_fn = _hidden_states(graphdef, group_size, completion_len)
 
     def apply_hidden_fn(params, tokens, attention_mask, mlp_mask=None):
+        model, hidden = hidden_fn(params, tokens, attention_mask, mlp_mask)
+        cap = model.cfg.final_logit_softcap  # Gemma 2: the logits are soft-capped
+        w_out = model.output_embedding()
+        return hidden, w_out if cap is None else logprobs.OutputLayer(w_out, cap)
+
+    return apply_hidden_fn
+
+
+def _hidden_states(graphdef, group_size: int, completion_len: int):
+    """(params, tokens, mask, mlp_mask) -> (the merged model, final hidden [B, T, D])."""
+    shared = group_size > 1 and completion_len > 0
+
+    def hidden_fn(params, tokens, attention_mask, mlp_mask):
         model = nnx.merge(graphdef, params)
         if shared:
             if mlp_mask is not None:
@@ -39,18 +53,19 @@ def apply_hidden(graphdef, group_size: int = 1, completion_len: int = 0):
             )
         else:
             hidden = model.hidden_states(tokens, attention_mask, mlp_mask=mlp_mask)[0]
-        return hidden, model.output_embedding()
+        return model, hidden
 
-    return apply_hidden_fn
+    return hidden_fn
 
 
 def apply_logits(graphdef, group_size: int = 1, completion_len: int = 0):
-    """(params, tokens, mask, mlp_mask=None) -> logits [B, T, V] (f32); as `apply_hidden`."""
-    hidden_fn = apply_hidden(graphdef, group_size, completion_len)
+    """(params, tokens, mask, mlp_mask=None) -> logits [B, T, V] (f32); as `apply_hidden`
+    (through `Transformer.logits`, so a final logit soft-cap applies)."""
+    hidden_fn = _hidden_states(graphdef, group_size, completion_len)
 
     def apply_fn(params, tokens, attention_mask, mlp_mask=None):
-        hidden, _ = hidden_fn(params, tokens, attention_mask, mlp_mask)
-        return nnx.merge(graphdef, params).logits(hidden)
+        model, hidden = hidden_fn(params, tokens, attention_mask, mlp_mask)
+        return model.logits(hidden)
 
     return apply_fn
 

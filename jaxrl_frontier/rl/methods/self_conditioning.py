@@ -22,6 +22,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from jaxrl_frontier.objectives.logprobs import cap_logits, output_weights
+
 Array = jax.Array
 
 
@@ -68,7 +70,8 @@ def chunked_kl_and_logp(
     """(KL(p || q) [N], log q(y) [N]) from hidden states, never forming [N, V] logits.
 
     h_p, h_q [N, D]: the hidden states whose logits z_p = h_p @ w_out, z_q = h_q @ w_out
-    (f32 accumulation, as `Transformer.logits`) define p and q; w_out [D, V]; y int [N].
+    (f32 accumulation, as `Transformer.logits`) define p and q; w_out [D, V] (or an
+    `OutputLayer`: the logits soft-capped); y int [N].
     Positions go in chunks of `position_chunk` (`lax.map`), and within each the vocabulary in
     chunks of `vocab_chunk` (`lax.scan`) carrying, per position, the running maxima m_p, m_q,
     the rescaled sums s_p = sum e^(z_p - m_p), s_q, a = sum e^(z_p - m_p) (z_p - z_q) and the
@@ -76,6 +79,7 @@ def chunked_kl_and_logp(
     against rounding) and log q(y) = z_q(y) - (m_q + log s_q).
     """
     n, d = h_p.shape
+    w_out, cap = output_weights(w_out)  # a soft-capped output layer (Gemma 2): per logit
     v = w_out.shape[1]
     vc = max(1, min(vocab_chunk, v))
     vpad = -v % vc
@@ -96,6 +100,7 @@ def chunked_kl_and_logp(
             wc, v0 = inputs
             zp = jnp.einsum("nd,dv->nv", hp, wc, preferred_element_type=jnp.float32)
             zq = jnp.einsum("nd,dv->nv", hq, wc, preferred_element_type=jnp.float32)
+            zp, zq = cap_logits(zp, cap), cap_logits(zq, cap)
             ids = v0 + jnp.arange(vc)
             real = (ids < v)[None]
             zp = jnp.where(real, zp, -jnp.inf)
