@@ -473,13 +473,13 @@ def test_broken_tokenizer_json_names_the_file(tmp_path):
 
 def test_long_jsonl_row_is_refused_before_any_model_is_built(tmp_path, monkeypatch):
     from jaxrl_frontier.core.errors import ConfigError
-    from jaxrl_frontier.run import trainer as trainer_lib
+    from jaxrl_frontier.run import roles
 
     rows = tmp_path / "rows.jsonl"
     questions = ["1+1"] * 26 + ["1+1 " * 20] + ["2+2"]
     rows.write_text("".join(json.dumps({"question": q, "answer": "2"}) + "\n" for q in questions))
     built = []
-    monkeypatch.setattr(trainer_lib, "build_model", lambda *a, **k: built.append(1) / 0)
+    monkeypatch.setattr(roles, "build_model", lambda *a, **k: built.append(1) / 0)
     overrides = {"task.name": "jsonl_math", "task.kwargs": {"path": str(rows)}}
     c = get_config("grpo_arith", {**FAST, **overrides, "data.max_prompt_len": 16})
     with pytest.raises(ConfigError, match=rf"^{re.escape(str(rows))}:27: prompt is 82 tokens"):
