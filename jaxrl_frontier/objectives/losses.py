@@ -363,6 +363,7 @@ def loss_fn(
     first_scored: int = 1,
     teacher_hidden: tuple[Array, Array] | None = None,
     denominator: Array | float | None = None,
+    packed: tuple[Array, Callable[[Array], Array]] | None = None,
 ) -> tuple[Array, dict[str, Array]]:
     """The trainer's entry point: forward, token log-probs, then `objective_loss`.
 
@@ -385,13 +386,19 @@ def loss_fn(
     denominator: see `objective_loss`; with the whole minibatch's
     `aggregation_denominator(cfg, loss_mask)`, the microbatch losses and gradients sum to
     the minibatch's exactly (gradient accumulation).
+    packed: (tokens [R, N], unpack) for rows packed several to a buffer row: apply_hidden_fn
+    runs on the packed tokens (its hidden states and `teacher_hidden` are [R, N, D]), the
+    per-token statistics are computed over the packed slots, where a slot's predecessor is
+    its segment's previous token, and `unpack` ([R, N] -> [B, T]) lays them out as the
+    batch's rows before the objective (columns before `first_scored` 0, as unpacked).
     """
     tokens = batch["tokens"]
     distill = _get(cfg, "distill")
     teacher_logits = batch.get("teacher_logits")
     distill_bt = None
     if apply_hidden_fn is not None and (not distill or teacher_hidden is not None):
-        hidden, w_out = apply_hidden_fn(params, tokens, batch["attention_mask"])
+        stat_tokens = tokens if packed is None else packed[0]
+        hidden, w_out = apply_hidden_fn(params, stat_tokens, batch["attention_mask"])
         per_position = None
         if distill:
             per_position = functools.partial(
@@ -401,14 +408,20 @@ def loss_fn(
         logp, entropy, distill_bt = chunked_token_stats(
             hidden,
             w_out,
-            tokens,
+            stat_tokens,
             logprob_chunk,
             entropy=True,
             entropy_grad=_on(cfg, "entropy_coef"),
-            start=first_scored,
+            start=first_scored if packed is None else 1,
             teacher_hidden=teacher_hidden if distill else None,
             distill=per_position,
         )
+        if packed is not None:  # back to the rows; the prompt's columns 0 as unpacked
+            scored = jnp.arange(tokens.shape[1]) >= first_scored
+            logp, entropy, distill_bt = (
+                None if x is None else jnp.where(scored, packed[1](x), 0.0)
+                for x in (logp, entropy, distill_bt)
+            )
         logits = None
     else:
         logits = apply_fn(params, tokens, batch["attention_mask"])
