@@ -136,62 +136,123 @@ def _entries():
     yield {**base, "entropy_coef": 0.05}
 
 
-def test_every_objective_gets_the_padded_loss_and_gradient(monkeypatch):
-    """Each layout's loss inputs (log-probs and the [B, T, V] student and teacher logits, the
-    full-logits path) are captured with their VJP, once; every registered objective is then
-    the loss of those inputs, and its parameter gradient the VJP of its input gradient."""
+@pytest.fixture(scope="module")
+def captured():
+    """(params, batch, inputs(b) -> (loss inputs, aux), vjp(b, cot) -> param cotangent):
+    each layout's objective inputs (log-probs, the [B, T, V] student and teacher logits: the
+    full-logits path, and the inputs masked as the loss sees them) and their VJP, jitted
+    once per layout and shared by the tests below."""
     (graphdef, params), (t_graphdef, t_params) = _models()
-    batch = _batch(2)
     base = objective_section(config_lib.base_config().objective)
-    monkeypatch.setattr(losses, "objective_loss", _capture)
-    loss_of = rl_loss(graphdef, {**base, "distill": "jsd"}, None, completion_len=TN,
-                      teacher_graphdef=t_graphdef)  # fmt: skip
-    frozen = {"teacher": t_params}
-    diff = ("logp", "logits")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(losses, "objective_loss", _capture)
+        loss_of = rl_loss(graphdef, {**base, "distill": "jsd"}, None, completion_len=TN,
+                          teacher_graphdef=t_graphdef)  # fmt: skip
+        frozen = {"teacher": t_params}
 
-    def layout(b):
-        def inputs(p):
+        def inputs(p, b):
             out = loss_of(p, b, denominator=jnp.ones(()), frozen=frozen)[1]
-            return {k: out[k] for k in diff}, out
+            return {k: out[k] for k in ("logp", "logits")}, out
 
-        def run(p, cot):
-            out, vjp, aux = jax.vjp(inputs, p, has_aux=True)
+        @jax.jit
+        def run(b, cot):
+            out, vjp, aux = jax.vjp(lambda p: inputs(p, b), params, has_aux=True)
             return out, aux, vjp(cot)[0]
 
-        return jax.jit(run)
-
-    two = packing.PackSpec(N, microbatches=1)
-    sides = []
-    for b in (batch, _packed(batch, two)[0]):
-        run = layout(b)
         zeros = {"logp": jnp.zeros((B, TP + TN)), "logits": jnp.zeros((B, TP + TN, V))}
-        out, aux, _ = run(params, zeros)
-        sides.append((run, out, aux))
+        cache = {}
+
+        def side(b, key):  # traced inside the patch, the first time each layout is seen
+            if key not in cache:
+                cache[key] = run(b, zeros)[:2]
+            return cache[key]
+
+        batch = _batch(2)
+        layouts = {
+            "padded": batch,
+            "packed": _packed(batch, packing.PackSpec(N))[0],
+            "micro": _packed(batch, packing.PackSpec(N, micro_rows=1))[0],
+        }
+        for name, b in list(layouts.items()):
+            if name == "micro":  # each token-budget microbatch, traced once
+                k = b["pack"]["src"].shape[0]
+                for i in range(k):
+                    one = {**b, "pack": jax.tree.map(lambda x, i=i: x[i], b["pack"])}
+                    side(one, (name, i))
+                    layouts[(name, i)] = one
+            else:
+                side(b, name)
+    return dict(batch=batch, layouts=layouts, side=side, run=run)  # the patch undone
+
+
+def _objective(cfg):
+    """Jitted (inputs, aux, denominator) -> (loss, its gradient in the inputs)."""
+
+    def loss(d, aux, den):
+        stats = TokenStats(
+            logp=d["logp"], **{k: aux[k] for k in
+            ("old_logp", "mask", "ref_logp", "teacher_logp", "sc_logp")},
+        )  # fmt: skip
+        return objective_loss(
+            stats, aux["adv"], cfg, logits=d["logits"], teacher_logits=aux["teacher_logits"],
+            tokens=aux["tokens"], denominator=den,
+        )[0]  # fmt: skip
+
+    return jax.jit(jax.value_and_grad(loss))
+
+
+def _loss_and_grads(captured, objective, name, den):
+    b = captured["layouts"][name]
+    out, aux = captured["side"](b, name)
+    value, cot = objective(out, {**aux, "tokens": b["tokens"]}, den)
+    return value, captured["run"](b, cot)[2]
+
+
+def _assert_same(a, b, what):
+    (l0, g0), (l1, g1) = a, b
+    np.testing.assert_allclose(l1, l0, rtol=1e-5, atol=1e-6, err_msg=what)
+    for (path, x), y in zip(jax.tree.leaves_with_path(g0), jax.tree.leaves(g1)):
+        scale = max(float(jnp.abs(x).max()), 1e-3)
+        np.testing.assert_allclose(y, x, atol=2e-5 * scale, err_msg=f"{what} {path}")
+
+
+def test_every_objective_gets_the_padded_loss_and_gradient(captured):
+    """Every registered objective is the loss of the captured inputs, and its parameter
+    gradient the VJP of its input gradient: packed rows give the padded rows' both."""
     checked = 0
     for cfg in _entries():
-
-        def loss(d, aux, cfg=cfg):
-            stats = TokenStats(
-                logp=d["logp"], **{k: aux[k] for k in
-                ("old_logp", "mask", "ref_logp", "teacher_logp", "sc_logp")},
-            )  # fmt: skip
-            return objective_loss(
-                stats, aux["adv"], cfg, logits=d["logits"],
-                teacher_logits=aux["teacher_logits"], tokens=batch["tokens"],
-            )[0]  # fmt: skip
-
-        loss_and_cot = jax.jit(jax.value_and_grad(loss))  # one compile for both layouts
-        got = []
-        for run, out, aux in sides:
-            value, cot = loss_and_cot(out, aux)
-            got.append((value, run(params, cot)[2]))
-        (l0, g0), (l1, g1) = got
-        np.testing.assert_allclose(l1, l0, rtol=1e-5, atol=1e-6, err_msg=str(cfg))
-        for (path, x), y in zip(jax.tree.leaves_with_path(g0), jax.tree.leaves(g1)):
-            scale = max(float(jnp.abs(x).max()), 1e-3)
-            np.testing.assert_allclose(y, x, atol=2e-5 * scale, err_msg=f"{cfg} {path}")
+        objective = _objective(cfg)
+        den = losses.aggregation_denominator(cfg, captured["batch"]["loss_mask"])
+        padded = _loss_and_grads(captured, objective, "padded", den)
+        _assert_same(padded, _loss_and_grads(captured, objective, "packed", den), str(cfg))
         checked += 1
     assert checked == len(WEIGHTS.names()) + len(AGGREGATIONS.names()) + 3 + 4 + 1
+
+
+def test_token_budget_microbatches_sum_to_the_minibatch(captured):
+    """`train.microbatch_tokens`: microbatches of one buffer row each (rows of about equal
+    token counts); for every aggregation (token mean, sequence mean, token sums, Dr. GRPO's
+    constant) their losses and gradients with the minibatch's denominator sum to the
+    minibatch's."""
+    pack = captured["layouts"]["micro"]["pack"]
+    k = pack["src"].shape[0]
+    used = int((pack["seg"].reshape(k, -1).max(1) > 0).sum())
+    assert k == packing.bucket(used) and used >= 4  # several microbatches, some empty
+    tokens = (pack["seg"] > 0).reshape(k, -1).sum(1)
+    assert int(tokens[:used].max()) - int(tokens[:used].min()) <= N  # about equal
+    base = objective_section(config_lib.base_config().objective)
+    aggregations = [{**base, "aggregation": a} for a in AGGREGATIONS.names()]
+    dr_grpo = dict(
+        aggregation="seq_mean_token_sum_norm", aggregation_kwargs={"max_completion_len": 9}
+    )
+    aggregations.append({**base, **dr_grpo})
+    for cfg in aggregations:
+        objective = _objective(cfg)
+        den = losses.aggregation_denominator(cfg, captured["batch"]["loss_mask"])
+        full = _loss_and_grads(captured, objective, "padded", den)
+        parts = [_loss_and_grads(captured, objective, ("micro", i), den) for i in range(k)]
+        summed = (sum(p[0] for p in parts), jax.tree.map(lambda *g: sum(g), *(p[1] for p in parts)))
+        _assert_same(full, summed, cfg["aggregation"])
 
 
 def test_packed_update_equals_padded_and_compiles_once_per_bucket(count_compiles):
