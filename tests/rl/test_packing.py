@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from conftest import SMALL_MODEL, random_model
+from conftest import SMALL_MODEL, random_model, small_rl_config
 from flax import nnx
 
 from jaxrl_frontier.core import sharding
@@ -26,6 +26,7 @@ from jaxrl_frontier.rl.learn.forward import make_logp_fn
 from jaxrl_frontier.rl.learn.learner import rl_loss
 from jaxrl_frontier.rl.learn.train_step import init_train_state, make_update_fn
 from jaxrl_frontier.run import config as config_lib
+from jaxrl_frontier.run import trainer as tr
 from jaxrl_frontier.run.build import objective_section
 
 V, TP, TN, N = 41, 4, 12, 20  # vocab, prompt / completion positions, slots per packed row
@@ -91,7 +92,10 @@ def test_plan_packs_every_token_once_first_fit_decreasing():
         np.testing.assert_array_equal(src[mk].reshape(-1)[dst[mk][here]], np.flatnonzero(here))
         # a row lies whole in one microbatch, as one segment
         assert set(np.flatnonzero(here.any(1))) == set(np.flatnonzero((here | ~mask).all(1)))
-    assert packing.bucket(5, 1) == 8 and packing.bucket(3, 2) == 4 and packing.bucket(1, 2) == 2
+    buckets = [packing.bucket(n) for n in range(1, 41)]
+    assert sorted(set(buckets)) == [1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14, 16, 20, 24, 28, 32, 40]
+    assert all(n <= b <= 1.25 * n + 1 for n, b in zip(range(1, 41), buckets))
+    assert packing.bucket(3, 2) == 4 and packing.bucket(9, 2) == 10 and packing.bucket(1, 2) == 2
 
 
 def test_packed_hidden_states_equal_padded_and_need_the_segment_mask(monkeypatch):
@@ -337,3 +341,24 @@ def test_packing_refuses_what_it_does_not_run_with():
         packing.pack_spec(16, grad_accum=2, microbatch_tokens=64)
     assert packing.pack_spec(16, microbatch_tokens=70, multiple=2).micro_rows == 4  # 70 // 16
     assert packing.pack_spec(16, microbatch_tokens=40, multiple=4).micro_rows == 4  # 2 -> 4
+
+
+def test_trainer_packs_its_update_and_passes(tmp_path):
+    """The config keys wired through a run: a step's update and reference pass on packed
+    rows log their bucket; the shared prompt with packing is refused, naming the key."""
+    c = small_rl_config()
+    c.train.update(pack_tokens=16, share_prompt_forward=False, minibatches=2)
+    c.objective.kl_coef = 0.05  # the reference pass, packed too
+    trainer = tr.Trainer(c, str(tmp_path / "packed"))
+    exp, _ = trainer.rollout(
+        [trainer.task.example("train", i) for i in range(4)], jax.random.key(3)
+    )
+    metrics = jax.device_get(trainer.learner.update(exp, trainer._next_key))
+    rows = np.asarray(exp.attention_mask).sum(1)  # 8 rows of 8 positions per minibatch
+    assert rows.max() <= 8 and len(metrics) == 2
+    for m in metrics:  # 2 rows a buffer row of 16: 4 of them, a bucket of 4
+        assert m["pack_bucket"] >= m["pack_rows"] >= 4 and 0 < m["pack_fill"] <= 1
+    assert np.abs(np.asarray(exp.ref_logp)).sum() > 0
+    c.train.share_prompt_forward = True
+    with pytest.raises(ConfigError, match="set train.share_prompt_forward = False"):
+        tr.Trainer(c, str(tmp_path / "shared"))

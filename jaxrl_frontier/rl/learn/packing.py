@@ -27,8 +27,9 @@ microbatches' losses and gradients sum to the minibatch's exactly.
 
 Shapes are bucketed so that a run compiles few programs: R (with K = `optimizer.grad_accum`
 microbatches) or K (with `train.microbatch_tokens`: R = microbatch_tokens // N fixed) is the
-next bucket size, powers of two times the mesh's batch multiple; empty microbatches of a
-bucket are skipped at run time (`lax.cond`), not computed.
+next bucket size (`bucket`: four sizes per doubling, times the mesh's batch multiple), and
+the bucket is logged per optimizer step (`train/pack_bucket`, with `train/pack_rows` and
+`train/pack_fill`); empty microbatches of a bucket are skipped at run time (`lax.cond`).
 """
 
 from __future__ import annotations
@@ -107,9 +108,12 @@ def check_packing(pack_tokens: int, *, row_len: int, share_prompt: bool, dropout
 
 
 def bucket(n: int, multiple: int = 1) -> int:
-    """The bucket of n: multiple * the smallest power of two >= n / multiple (>= multiple)."""
+    """The bucket of n: multiple * u, u the smallest of 1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 14,
+    16, 20, 24, ... (four sizes per doubling) >= n / multiple. At most a quarter of a bucket
+    is padding, and sizes up to n take at most 4 log2(n) programs."""
     units = max(-(-n // multiple), 1)
-    return multiple * (1 << (units - 1).bit_length())
+    step = 1 << max(units.bit_length() - 3, 0)
+    return multiple * -(-units // step) * step
 
 
 def first_fit_decreasing(lengths: np.ndarray, capacity: int) -> list[list[int]]:
