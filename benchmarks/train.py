@@ -358,10 +358,6 @@ def bench_mfu(args) -> dict:
     and the reported figures are medians over rounds.
     """
 
-    if args.workload == "spread":
-        from benchmarks import train_spread
-
-        return train_spread.bench_spread(args)
     from benchmarks import peers
 
     busy_before, load_before = peers.wait_for_quiet(), os.getloadavg()  # refuses under load

@@ -113,6 +113,15 @@ def run_variant(variant: str, steps: int, warmup: int) -> dict:
     )
 
 
+def bench_train(args) -> dict:
+    """Train-step MFU (`train.bench_mfu`), or with --workload spread padded vs packed rows."""
+    if args.workload == "spread":
+        return bench_spread(args)
+    from benchmarks import train
+
+    return train.bench_mfu(args)
+
+
 def bench_spread(args) -> dict:
     """Padded vs packed update on spread completion lengths, each variant in its own process."""
     out: dict = {"machine": common.machine_info(jax_device=False)}

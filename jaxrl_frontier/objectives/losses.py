@@ -352,6 +352,13 @@ def objective_loss(
     return loss, metrics
 
 
+def _unpacked(unpack, first_scored: int, t: int, *xs):
+    """Packed-slot statistics [R, N] back on the rows [B, T] (None stays None), 0 before
+    `first_scored` as on padded rows."""
+    scored = jnp.arange(t) >= first_scored
+    return tuple(None if x is None else jnp.where(scored, unpack(x), 0.0) for x in xs)
+
+
 def loss_fn(
     params: Any,
     batch: Mapping[str, Array],
@@ -386,11 +393,8 @@ def loss_fn(
     denominator: see `objective_loss`; with the whole minibatch's
     `aggregation_denominator(cfg, loss_mask)`, the microbatch losses and gradients sum to
     the minibatch's exactly (gradient accumulation).
-    packed: (tokens [R, N], unpack) for rows packed several to a buffer row: apply_hidden_fn
-    runs on the packed tokens (its hidden states and `teacher_hidden` are [R, N, D]), the
-    per-token statistics are computed over the packed slots, where a slot's predecessor is
-    its segment's previous token, and `unpack` ([R, N] -> [B, T]) lays them out as the
-    batch's rows before the objective (columns before `first_scored` 0, as unpacked).
+    packed: (tokens [R, N], unpack [R, N] -> [B, T]) for packed rows: hidden states (and
+    `teacher_hidden`) are [R, N, D], the statistics are computed over the slots and unpacked.
     """
     tokens = batch["tokens"]
     distill = _get(cfg, "distill")
@@ -416,12 +420,9 @@ def loss_fn(
             teacher_hidden=teacher_hidden if distill else None,
             distill=per_position,
         )
-        if packed is not None:  # back to the rows; the prompt's columns 0 as unpacked
-            scored = jnp.arange(tokens.shape[1]) >= first_scored
-            logp, entropy, distill_bt = (
-                None if x is None else jnp.where(scored, packed[1](x), 0.0)
-                for x in (logp, entropy, distill_bt)
-            )
+        if packed is not None:
+            logp, entropy, distill_bt = _unpacked(packed[1], first_scored, tokens.shape[1],
+                                                  logp, entropy, distill_bt)  # fmt: skip
         logits = None
     else:
         logits = apply_fn(params, tokens, batch["attention_mask"])

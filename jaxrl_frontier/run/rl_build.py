@@ -104,6 +104,21 @@ def checked_objective(config, parts: RunParts) -> tuple[dict, list, list, bool]:
     return objective, editors, shapers, self_conditioned
 
 
+def packed_rows(config, *, row_len: int, mesh) -> packing.PackSpec | None:
+    """The log-prob passes' `PackSpec` (`train.pack_tokens`; None: padded rows), after the
+    config errors for what packed rows do not run with."""
+    c = config
+    packing.check_packing(
+        c.train.pack_tokens,
+        row_len=row_len,
+        share_prompt=c.train.share_prompt_forward,
+        dropout_rate=c.rollout.dropout_rate,
+        critic=c.get("critic") is not None and c.critic.kind != "none",
+        pact=pact.section(c) is not None,
+    )
+    return packing.pack_spec(c.train.pack_tokens, multiple=sharding.batch_size_multiple(mesh))
+
+
 def build_rl_stages(
     config, parts: RunParts, *, tx, state, log=print
 ) -> tuple[Learner, RolloutProducer, Any]:
@@ -136,15 +151,7 @@ def build_rl_stages(
         share_prompt=c.train.share_prompt_forward,
         dropout_rate=rate,
     )
-    packing.check_packing(
-        c.train.pack_tokens,
-        row_len=c.data.max_prompt_len + tn,
-        share_prompt=c.train.share_prompt_forward,
-        dropout_rate=rate,
-        critic=c.get("critic") is not None and c.critic.kind != "none",
-        pact=pact.section(c) is not None,
-    )
-    pack = packing.pack_spec(c.train.pack_tokens, multiple=sharding.batch_size_multiple(mesh))
+    pack = packed_rows(c, row_len=c.data.max_prompt_len + tn, mesh=mesh)
     graphdef = nnx.graphdef(policy)
     logp_fn = make_logp_fn(graphdef, **layout, pack=pack)
     masks = jax.jit(lambda keys: dropout_masks(policy.cfg, rate, keys)) if rate > 0 else None

@@ -323,12 +323,9 @@ class Learner:
         self.rows = rows
         self.minibatch_rows = rows // minibatches
         micro_rows = self.minibatch_rows // grad_accum
-        self.pack = packing.pack_spec(
-            o.pack_tokens,
-            grad_accum=grad_accum,
-            microbatch_tokens=o.microbatch_tokens,
-            multiple=sharding.batch_size_multiple(mesh),
-        )
+        self.pack = packing.pack_spec(o.pack_tokens, grad_accum=grad_accum,
+                                      microbatch_tokens=o.microbatch_tokens,
+                                      multiple=sharding.batch_size_multiple(mesh))  # fmt: skip
         share_prompt = share_prompt and self.pack is None  # packed rows: no shared prompt
         layout = update_layout(
             rows=micro_rows,
