@@ -78,7 +78,7 @@ def test_plan_packs_every_token_once_first_fit_decreasing():
     bins = packing.first_fit_decreasing(np.array([9, 16, 7, 4, 13, 2]), 20)
     assert bins == [[1, 3], [4, 2], [0, 5]]  # 16+4, 13+7, 9+2
     maps, stats = packing.plan_packing(mask, packing.PackSpec(N, microbatches=2))
-    src, seg, pos, dst = (maps[k] for k in ("src", "seg", "pos", "dst"))
+    src, seg, pos, start = (maps[k] for k in ("src", "seg", "pos", "start"))
     k, r, n = src.shape
     assert (k, n) == (2, N) and r == packing.bucket(-(-int(stats["pack_rows"]) // 2))
     assert stats["pack_fill"] == lengths.sum() / (k * r * N)
@@ -88,8 +88,9 @@ def test_plan_packs_every_token_once_first_fit_decreasing():
     flat_pos = np.asarray(positions_from_mask(jnp.asarray(mask))).reshape(-1)
     np.testing.assert_array_equal(pos[real], flat_pos[src[real]])
     for mk in range(k):
-        here = dst[mk] < r * n
-        np.testing.assert_array_equal(src[mk].reshape(-1)[dst[mk][here]], np.flatnonzero(here))
+        dst = np.asarray(packing.destinations(jnp.asarray(start[mk]), jnp.asarray(mask), r * n))
+        here = dst < r * n
+        np.testing.assert_array_equal(src[mk].reshape(-1)[dst[here]], np.flatnonzero(here))
         # a row lies whole in one microbatch, as one segment
         assert set(np.flatnonzero(here.any(1))) == set(np.flatnonzero((here | ~mask).all(1)))
     buckets = [packing.bucket(n) for n in range(1, 41)]
@@ -107,7 +108,8 @@ def test_packed_hidden_states_equal_padded_and_need_the_segment_mask(monkeypatch
 
     def unpacked():  # traced anew at each call
         model = lambda p: nnx.merge(graphdef, p)
-        fn = lambda p: packing.unpack(packing.packed_hidden(model(p), tokens, pack), pack["dst"])
+        dst = packing.destinations(pack["start"], mask, pack["src"].size)
+        fn = lambda p: packing.unpack(packing.packed_hidden(model(p), tokens, pack), dst)
         return np.asarray(jax.jit(fn)(params))
 
     real, padded = np.asarray(mask, bool), np.asarray(padded)
@@ -277,7 +279,7 @@ def test_packed_update_equals_padded_and_compiles_once_per_bucket(count_compiles
     def update_fn(keys, pack):
         sh = {k: sharding.batch_sharding(mesh, 2) for k in keys}
         if pack:
-            sh["pack"] = {k: sharding.replicated(mesh) for k in ("src", "seg", "pos", "dst")}
+            sh["pack"] = {k: sharding.replicated(mesh) for k in ("src", "seg", "pos", "start")}
         den = lambda b: losses.aggregation_denominator(cfg, b["loss_mask"])
         update = make_update_fn(
             graphdef, tx, loss_of, 1, jax.tree.map(lambda x: x.sharding, fresh()), sh,

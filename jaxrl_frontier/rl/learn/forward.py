@@ -91,18 +91,19 @@ def make_packed_logp_fn(
     chunk = logprob_chunk or logprobs.DEFAULT_LOGPROB_CHUNK
 
     @jax.jit
-    def packed_logp(params, tokens, pack):
+    def packed_logp(params, tokens, attention_mask, pack):
         hidden, w_out = hidden_fn(params, tokens, pack)
         packed_tokens = packing.gather_packed(tokens, pack["src"])
         logp = logprobs.token_logprobs_from_hidden(hidden, w_out, packed_tokens, chunk)
         scored = jnp.arange(tokens.shape[1]) >= first_scored(tokens, completion_len)
-        return jnp.where(scored, packing.unpack(logp, pack["dst"]), 0.0)
+        dst = packing.destinations(pack["start"], attention_mask, pack["src"].size)
+        return jnp.where(scored, packing.unpack(logp, dst), 0.0)
 
     def logp_fn(params, tokens, attention_mask, mlp_mask=None):
         if mlp_mask is not None:
             raise ValueError("packed rows do not take per-row MLP masks")
         maps, _ = packing.plan_packing(packing.host_mask(attention_mask), spec)
-        return packed_logp(params, tokens, {k: v[0] for k, v in maps.items()})
+        return packed_logp(params, tokens, attention_mask, {k: v[0] for k, v in maps.items()})
 
     return logp_fn
 

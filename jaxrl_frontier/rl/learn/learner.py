@@ -52,7 +52,7 @@ from jaxrl_frontier.rl.learn.train_step import TrainState, make_update_fn, micro
 from jaxrl_frontier.sampling import mlp_dropout_mask
 
 sg = jax.lax.stop_gradient
-PACK_MAPS = ("src", "seg", "pos", "dst")  # a packed minibatch's maps (`packing.plan_packing`)
+PACK_MAPS = ("src", "seg", "pos", "start")  # a packed minibatch's maps (`packing.plan_packing`)
 
 
 def dropout_masks(model_cfg, dropout_rate: float, keys_data):
@@ -162,11 +162,12 @@ def packed_loss(graphdef, logprob_chunk, completion_len: int, teacher_graphdef=N
         batch = dict(batch)
         pk = batch.pop("pack")
         tokens = batch["tokens"]
-        here = packing.present(pk["dst"], pk["src"].size)
+        dst = packing.destinations(pk["start"], batch["attention_mask"], pk["src"].size)
+        here = packing.present(dst, pk["src"].size)
         for k, v in batch.items():
             if v.shape == here.shape and jnp.issubdtype(v.dtype, jnp.floating):
                 batch[k] = jnp.where(here, v, 0.0)
-        unpack = lambda x: packing.unpack(x, pk["dst"])
+        unpack = lambda x: packing.unpack(x, dst)
 
         def apply_fn(p, t, m):  # the full-logits path: [B, T, V]
             hidden, _ = hidden_fn(p, tokens, pk)

@@ -12,12 +12,13 @@ decreasing by length, and each segment attends causally to itself only
         src  [K, R, N]  flat index b * T + t of the token in each slot (B * T: empty)
         seg  [K, R, N]  segment id in its buffer row, 1, 2, ... (0: empty)
         pos  [K, R, N]  position of the token in its sequence (the padded row's position)
-        dst  [K, B, T]  flat index r * N + n of each token in microbatch k (R * N: not there)
+        start [K, B]    flat slot r * N + n of row b's first token in microbatch k (-1: not
+                        there); its t-th real token is at start + t (`destinations`)
     device (`gather_packed`, `unpack`): [B, T, ...] -> [R, N, ...] and back, gathers by the
         maps above inside the jitted programs (the gradient flows through them).
 
 The forward runs on the packed [R, N] tokens; per-token statistics (log-probs, entropy,
-distillation terms) are computed over the packed slots and unpacked to [B, T] by `dst`
+distillation terms) are computed over the packed slots and unpacked to [B, T] by the slots
 before the objective, so every registered weight, aggregation and distillation loss reads
 the same [B, T] arrays as on padded rows. A microbatch holds whole rows (a row is never split
 over buffer rows, a buffer row never over microbatches): on microbatch k the rows it does not
@@ -150,7 +151,7 @@ def _split_bins(bins: list[list[int]], lengths: np.ndarray, k: int, per: int) ->
 def plan_packing(attention_mask: np.ndarray, spec: PackSpec) -> tuple[dict, dict]:
     """(maps, stats) packing the rows of `attention_mask` [B, T] (host) by `spec`.
 
-    maps: {'src', 'seg', 'pos': int32 [K, R, N], 'dst': int32 [K, B, T]} (module docstring);
+    maps: {'src', 'seg', 'pos': int32 [K, R, N], 'start': int32 [K, B]} (module docstring);
     stats: {'pack_rows': buffer rows used, 'pack_bucket': K * R, 'pack_fill': real tokens /
     (K * R * N)} (floats, logged per optimizer step).
     """
@@ -169,7 +170,7 @@ def plan_packing(attention_mask: np.ndarray, spec: PackSpec) -> tuple[dict, dict
     src = np.full((k, r, n), b * t, np.int32)
     seg = np.zeros((k, r, n), np.int32)
     pos = np.zeros((k, r, n), np.int32)
-    dst = np.full((k, b, t), r * n, np.int32)
+    start = np.full((k, b), -1, np.int32)
     for mk, rows_bins in enumerate(micro):
         for ri, rows in enumerate(rows_bins):
             at = 0
@@ -179,14 +180,14 @@ def plan_packing(attention_mask: np.ndarray, spec: PackSpec) -> tuple[dict, dict
                 src[mk, ri, slots] = row * t + cols
                 seg[mk, ri, slots] = si + 1
                 pos[mk, ri, slots] = np.arange(len(cols))
-                dst[mk, row, cols] = ri * n + slots
+                start[mk, row] = ri * n + at
                 at += len(cols)
     stats = dict(
         pack_rows=float(len(bins)),
         pack_bucket=float(k * r),
         pack_fill=float(lengths.sum() / (k * r * n)),
     )
-    return dict(src=src, seg=seg, pos=pos, dst=dst), stats
+    return dict(src=src, seg=seg, pos=pos, start=start), stats
 
 
 def host_mask(attention_mask) -> np.ndarray:
@@ -211,6 +212,18 @@ def unpack(x_rn: Array, dst_bt: Array) -> Array:
     flat = x_rn.reshape(-1, *x_rn.shape[2:])
     flat = jnp.concatenate([flat, jnp.zeros_like(flat[:1])])
     return flat[dst_bt]
+
+
+def destinations(start_b: Array, attention_mask: Array, slots: int) -> Array:
+    """[B, T] int32: the flat slot of each token in one microbatch of `slots` slots, from its
+    rows' first slots start [B] (-1: not in it): a row's real tokens lie in order from
+    there, so token t is at start + (its index among the row's real tokens); `slots` where
+    there is none (padding, or a row another microbatch holds). Computed on device: no
+    [B, T] map travels or stays replicated."""
+    real = attention_mask > 0
+    index = jnp.cumsum(real, axis=1, dtype=jnp.int32) - 1
+    here = real & (start_b[:, None] >= 0)
+    return jnp.where(here, start_b[:, None] + index, slots)
 
 
 def present(dst_bt: Array, slots: int) -> Array:
