@@ -264,8 +264,9 @@ def test_token_budget_microbatches_sum_to_the_minibatch(captured):
 def test_packed_update_equals_padded_and_compiles_once_per_bucket(count_compiles):
     """The jitted update (`make_update_fn`) on the chunked path with the entropy bonus and a
     teacher's JSD: padded rows against 2 packed microbatches (each holding some rows), the
-    same loss, additive metrics and SGD step; then a batch of short rows lands in a smaller
-    bucket, and a second call of each bucket compiles nothing."""
+    same loss, additive metrics and SGD step; then a batch of short rows in another bucket
+    (4 microbatches, 2 of them empty): the same again, and a second call of each bucket
+    compiles nothing."""
     (graphdef, params), (t_graphdef, t_params) = _models()
     cfg = objective_section(config_lib.base_config().objective)
     cfg.update(entropy_coef=0.05, distill="jsd", kl_coef=0.1)
@@ -301,9 +302,16 @@ def test_packed_update_equals_padded_and_compiles_once_per_bucket(count_compiles
         np.testing.assert_allclose(y, x, atol=1e-5)
     short = dict(batch, attention_mask=batch["attention_mask"].at[:, TP + 2 :].set(0))
     short["loss_mask"] = batch["loss_mask"].at[:, TP + 2 :].set(0)
-    narrow, small = _packed(short, spec)
-    assert small["pack_bucket"] == 2  # 2 buffer rows: one per microbatch
-    packed(narrow)
+    # 2 buffer rows in 4 microbatches of 1: two are empty, skipped by the update
+    narrow, small = _packed(short, packing.PackSpec(N, microbatches=4))
+    assert small["pack_bucket"] == 4 and small["pack_rows"] == 2
+    (s0, m0), (s1, m1) = padded(short), packed(narrow)
+    # (diagnostics such as `entropy` are means over the microbatches that held rows, as
+    # with grad_accum: not the minibatch's token mean, so not compared)
+    for k in ("loss", "pg_loss", "kl_loss", "distill_loss", "grad_norm"):
+        np.testing.assert_allclose(m1[k], m0[k], rtol=1e-5, atol=1e-6, err_msg=k)
+    for x, y in zip(jax.tree.leaves(s0.params), jax.tree.leaves(s1.params)):
+        np.testing.assert_allclose(y, x, atol=1e-5)
     states = fresh(), fresh()
     with count_compiles() as seen:
         packed(wide, states[0])
