@@ -8,6 +8,7 @@ arguments, read as training reads them) and returns a JSON-able dict, written to
     python benchmarks/bench.py sampler --config=benchmarks/configs/random_qwen2.py:tiny
     python benchmarks/bench.py rl --config=benchmarks/configs/grpo_random_qwen2.py
     python benchmarks/bench.py train                  # train-step MFU (train.py)
+    python benchmarks/bench.py train --workload spread  # padded vs packed rows
     python benchmarks/bench.py memory                 # FSDP bytes per device, 8 fake CPUs
     python benchmarks/bench.py speculative            # speculative vs plain rollouts
     python benchmarks/bench.py profile                # a decode step's ops (decode_profile.py)
@@ -43,6 +44,7 @@ from benchmarks import (  # noqa: E402  (after the re-run as a module above)
     sampler,
     speculative,
     train,
+    train_spread,
 )
 
 BENCHMARKS: dict[str, tuple[Callable, Callable]] = {}  # name -> (add_arguments, run)
@@ -62,7 +64,7 @@ def benchmark(name: str, add_arguments: Callable[[argparse.ArgumentParser], None
 
 benchmark("sampler", sampler.add_arguments)(sampler.bench_sampler)
 benchmark("rl", rl.add_arguments)(rl.bench_rl)
-benchmark("train", train.add_mfu_arguments)(train.bench_mfu)
+benchmark("train", train.add_mfu_arguments)(train_spread.bench_train)
 benchmark("memory", train.add_memory_arguments)(train.bench_memory)
 benchmark("speculative", speculative.add_arguments)(speculative.bench_speculative)
 benchmark("profile", decode_profile.add_arguments)(decode_profile.bench_profile)

@@ -11,7 +11,8 @@
 # Steps: versions (packages, devices), sampler (tokens/s vs transformers generate, each in
 # its own process, and the 256-row decode step against its roofline), profile (a decode
 # step's kernels from a device trace: time and launches per step, at 256 rows), train (MFU),
-# rl (one GRPO step of ours), tests (model and sampler tests on the GPU).
+# rl (one GRPO step of ours), tests (model and sampler tests on the GPU); on request: spread
+# (padded vs packed rows, `train.pack_tokens`) and spread_tests.
 #
 # Packages the GPU image lacks (grain, ml_collections and their two missing needs) travel as
 # wheels in .whl/ (git-ignored; see the device tool's README for the pip download line) and
@@ -78,6 +79,12 @@ step profile 150 "$PY" -m benchmarks.bench profile $PROFILE --trace-dir /tmp/jax
 step train 300 "$PY" -m benchmarks.bench train $TRAIN --out "$OUT/train_0.5b_gpu.json"
 # One full GRPO step of ours on the tiny model (TRL is not in the GPU image).
 step rl 90 "$PY" -m benchmarks.bench rl --no-trl --steps 5 --out "$OUT/rl_tiny_gpu.json"
+# Packed against padded rows on spread completions (train_spread.py; not in the default
+# steps: `bash benchmarks/gpu_check.sh spread`), then the packing tests on the GPU.
+step spread 400 "$PY" -m benchmarks.bench train --workload spread --steps 5 --warmup 2 \
+  --out "$OUT/train_spread_gpu.json"
+step spread_tests 150 env JAX_DEFAULT_MATMUL_PRECISION=highest "$PY" -m pytest -q -x \
+  -p no:cacheprovider tests/rl/test_packing.py
 # Correctness on the GPU: the model against transformers and the sampler's tests, in f32 at
 # full matmul precision (on a GPU, XLA may run f32 matmuls in TF32 by default).
 step tests 75 env JAX_DEFAULT_MATMUL_PRECISION=highest "$PY" -m pytest -v -x -p no:cacheprovider \

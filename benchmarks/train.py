@@ -318,6 +318,14 @@ def profile_update(step, flops: float, calls: int = 3) -> dict:
 
 
 def add_mfu_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--workload",
+        default="mfu",
+        choices=("mfu", "spread"),
+        help="mfu: the train step's MFU; spread: padded vs packed rows (train_spread.py)",
+    )
+    p.add_argument("--steps", type=int, default=6, help="spread: RL steps per variant")
+    p.add_argument("--warmup", type=int, default=2, help="spread: first steps left out")
     p.add_argument("--models", default="25m,100m", help=f"from {sorted(TRAIN_MODELS)}")
     p.add_argument("--seq", type=int, default=256)
     p.add_argument(

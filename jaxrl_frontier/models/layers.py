@@ -544,6 +544,14 @@ class Block(nnx.Module):
         return x + self.out_norm("mlp_out_norm", self.mlp(self.post_attn_norm(x), hidden_mask))
 
 
+def same_segment(segment_ids: jax.Array) -> jax.Array:
+    """segment_ids [B, T] int (0: an empty slot of a packed row) -> [B, T, T] bool: query i
+    and key j lie in the same segment, and key j is not empty. With the causal mask, the
+    attention of packed rows (`Transformer.hidden_states(segment_ids=)`): each sequence sees
+    only itself, as in a row of its own."""
+    return (segment_ids[:, :, None] == segment_ids[:, None, :]) & (segment_ids[:, None, :] > 0)
+
+
 def mask_to_bias(allowed: jax.Array) -> jax.Array:
     """allowed [B, T, S] bool -> additive attention bias [B, 1, 1, T, S] (f32)."""
     return jnp.where(allowed, 0.0, _NEG_INF).astype(jnp.float32)[:, None, None]

@@ -62,6 +62,7 @@ from jaxrl_frontier.models.layers import (
     positions_from_mask,
     rms_norm,
     rope_inv_freq,
+    same_segment,
     shared_prompt_block,
     write_slots,
 )
@@ -163,11 +164,27 @@ class Transformer(nnx.Module):
         return logits if cache is None else (logits, new_cache)
 
     def hidden_states(
-        self, tokens, attention_mask=None, *, positions=None, cache=None, mlp_mask=None
+        self,
+        tokens,
+        attention_mask=None,
+        *,
+        positions=None,
+        cache=None,
+        mlp_mask=None,
+        segment_ids=None,
     ):
-        """Final-normed hidden states [B, T, D] (and the updated cache, or None)."""
+        """Final-normed hidden states [B, T, D] (and the updated cache, or None).
+
+        segment_ids [B, T] int (no cache): packed rows, several sequences per row (0 on empty
+        slots); a token attends only to earlier tokens of its own segment
+        (`layers.same_segment`), and `positions` (then required) restart in each segment.
+        """
         cfg = self.cfg
         b, t = tokens.shape
+        if segment_ids is not None:
+            if cache is not None or positions is None:
+                raise ValueError("hidden_states: segment_ids need positions and no cache")
+            attention_mask = segment_ids > 0
         if attention_mask is None:
             attention_mask = jnp.ones((b, t), jnp.int32)
         if positions is None:
@@ -184,6 +201,8 @@ class Transformer(nnx.Module):
         query_slot = jnp.asarray(offset)[..., None, None] + jnp.arange(t)[:, None]
         distance = query_slot - jnp.arange(s)[None, :]  # [T, S] or [B, T, S]
         allowed = jnp.broadcast_to(distance >= 0, (b, t, s)) & key_valid[:, None, :]
+        if segment_ids is not None:  # packed rows: nothing attends across segments
+            allowed = allowed & same_segment(segment_ids)
         per_layer, layer_info = self.attention_inputs([(distance, allowed)])
 
         x = self.constrain_rows(self.embed_tokens(tokens))

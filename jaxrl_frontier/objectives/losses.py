@@ -353,6 +353,13 @@ def objective_loss(
     return loss, metrics
 
 
+def _unpacked(unpack, first_scored: int, t: int, *xs):
+    """Packed-slot statistics [R, N] back on the rows [B, T] (None stays None), 0 before
+    `first_scored` as on padded rows."""
+    scored = jnp.arange(t) >= first_scored
+    return tuple(None if x is None else jnp.where(scored, unpack(x), 0.0) for x in xs)
+
+
 def loss_fn(
     params: Any,
     batch: Mapping[str, Array],
@@ -364,6 +371,7 @@ def loss_fn(
     first_scored: int = 1,
     teacher_hidden: tuple[Array, Array] | None = None,
     denominator: Array | float | None = None,
+    packed: tuple[Array, Callable[[Array], Array]] | None = None,
 ) -> tuple[Array, dict[str, Array]]:
     """The trainer's entry point: forward, token log-probs, then `objective_loss`.
 
@@ -386,13 +394,16 @@ def loss_fn(
     denominator: see `objective_loss`; with the whole minibatch's
     `aggregation_denominator(cfg, loss_mask)`, the microbatch losses and gradients sum to
     the minibatch's exactly (gradient accumulation).
+    packed: (tokens [R, N], unpack [R, N] -> [B, T]) for packed rows: hidden states (and
+    `teacher_hidden`) are [R, N, D], the statistics are computed over the slots and unpacked.
     """
     tokens = batch["tokens"]
     distill = _get(cfg, "distill")
     teacher_logits = batch.get("teacher_logits")
     distill_bt = None
     if apply_hidden_fn is not None and (not distill or teacher_hidden is not None):
-        hidden, w_out = apply_hidden_fn(params, tokens, batch["attention_mask"])
+        stat_tokens = tokens if packed is None else packed[0]
+        hidden, w_out = apply_hidden_fn(params, stat_tokens, batch["attention_mask"])
         per_position = None
         if distill:
             per_position = functools.partial(
@@ -402,14 +413,17 @@ def loss_fn(
         logp, entropy, distill_bt = chunked_token_stats(
             hidden,
             w_out,
-            tokens,
+            stat_tokens,
             logprob_chunk,
             entropy=True,
             entropy_grad=_on(cfg, "entropy_coef"),
-            start=first_scored,
+            start=first_scored if packed is None else 1,
             teacher_hidden=teacher_hidden if distill else None,
             distill=per_position,
         )
+        if packed is not None:
+            logp, entropy, distill_bt = _unpacked(packed[1], first_scored, tokens.shape[1],
+                                                  logp, entropy, distill_bt)  # fmt: skip
         logits = None
     else:
         logits = apply_fn(params, tokens, batch["attention_mask"])

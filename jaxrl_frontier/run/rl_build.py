@@ -12,10 +12,12 @@ from typing import Any
 import jax
 from flax import nnx
 
+from jaxrl_frontier.core import sharding
 from jaxrl_frontier.data.rewards.scorer import make_scorer
 from jaxrl_frontier.data.rewards.shaping import effective_reward_weights
 from jaxrl_frontier.data.tasks import chat
 from jaxrl_frontier.objectives import losses
+from jaxrl_frontier.rl.learn import packing
 from jaxrl_frontier.rl.learn.forward import apply_hidden, make_logp_fn
 from jaxrl_frontier.rl.learn.learner import (
     Learner,
@@ -102,6 +104,21 @@ def checked_objective(config, parts: RunParts) -> tuple[dict, list, list, bool]:
     return objective, editors, shapers, self_conditioned
 
 
+def packed_rows(config, *, row_len: int, mesh) -> packing.PackSpec | None:
+    """The log-prob passes' `PackSpec` (`train.pack_tokens`; None: padded rows), after the
+    config errors for what packed rows do not run with."""
+    c = config
+    packing.check_packing(
+        c.train.pack_tokens,
+        row_len=row_len,
+        share_prompt=c.train.share_prompt_forward,
+        dropout_rate=c.rollout.dropout_rate,
+        critic=c.get("critic") is not None and c.critic.kind != "none",
+        pact=pact.section(c) is not None,
+    )
+    return packing.pack_spec(c.train.pack_tokens, multiple=sharding.batch_size_multiple(mesh))
+
+
 def build_rl_stages(
     config, parts: RunParts, *, tx, state, log=print
 ) -> tuple[Learner, RolloutProducer, Any]:
@@ -134,8 +151,9 @@ def build_rl_stages(
         share_prompt=c.train.share_prompt_forward,
         dropout_rate=rate,
     )
+    pack = packed_rows(c, row_len=c.data.max_prompt_len + tn, mesh=mesh)
     graphdef = nnx.graphdef(policy)
-    logp_fn = make_logp_fn(graphdef, **layout)
+    logp_fn = make_logp_fn(graphdef, **layout, pack=pack)
     masks = jax.jit(lambda keys: dropout_masks(policy.cfg, rate, keys)) if rate > 0 else None
     context: dict[str, Any] = dict(policy_logp_fn=logp_fn, mlp_masks=masks)
     # an editor that changes tokens (DRE) needs their behaviour log-probs recomputed
@@ -160,7 +178,7 @@ def build_rl_stages(
     teacher_pair = None
     if teacher is not None:
         teacher_pair = (nnx.graphdef(teacher), nnx.state(teacher))
-        context["teacher_logp_fn"] = make_logp_fn(teacher_pair[0], **layout)
+        context["teacher_logp_fn"] = make_logp_fn(teacher_pair[0], **layout, pack=pack)
         names.append("teacher")
 
     # PPO's learned critic (critic.kind; None: none), trained and checkpointed with the policy
@@ -180,6 +198,8 @@ def build_rl_stages(
         share_prompt=c.train.share_prompt_forward,
         dropout_rate=rate,
         knobs=plan.objective_keys if plan else (),
+        pack_tokens=c.train.pack_tokens,
+        microbatch_tokens=c.train.microbatch_tokens,
     )
     pact_term = pact.loss_transform(c, graphdef)
     learner = Learner(

@@ -29,6 +29,15 @@ def train_section() -> ml_collections.ConfigDict:
     # (rows / minibatches / grad_accum) is not whole groups that split evenly over the
     # batch devices (mesh data x fsdp).
     s.share_prompt_forward = True
+    # RL: > 0 packs the update's rows (and the behaviour / reference / teacher log-prob
+    # passes') without their padding, first-fit decreasing, into buffer rows of this many
+    # tokens (at least the longest row; rl/learn/packing.py); 0: padded rows. Not with
+    # share_prompt_forward (set it False), Dropout-GRPO, a critic or PACT.
+    s.pack_tokens = 0
+    # with pack_tokens: > 0 splits each minibatch into microbatches of about this many tokens
+    # (whole packed rows; the summed gradient is the minibatch's) instead of
+    # optimizer.grad_accum equal row counts; 0: optimizer.grad_accum
+    s.microbatch_tokens = 0
     s.log_every = 10
     s.eval_every = 50
     s.checkpoint_every = 50
@@ -124,6 +133,8 @@ RANGES: dict[str, tuple] = {
     "train.sft_batch": (0, None, False, None),
     "train.stop_at_pass1": (0, 1, True, True),
     "train.max_skipped_updates": (0, None, True, None),
+    "train.pack_tokens": (0, None, True, None),
+    "train.microbatch_tokens": (0, None, True, None),
     "eval.num_prompts": (0, None, False, None),
     "eval.pass_k": (0, None, False, None),
     "eval.batch": (0, None, False, None),

@@ -7,11 +7,14 @@ take the weights as an argument (never as constants baked into the program).
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
 from jaxrl_frontier.objectives import logprobs
+from jaxrl_frontier.rl.learn import packing
 
 
 def apply_hidden(graphdef, group_size: int = 1, completion_len: int = 0):
@@ -76,12 +79,57 @@ def first_scored(tokens, completion_len: int) -> int:
     return tokens.shape[1] - completion_len if completion_len else 1
 
 
+def apply_packed_hidden(graphdef):
+    """(params, tokens [B, T], pack) -> (final hidden [R, N, D] over one microbatch's packed
+    slots, output layer [D, V]); pack: one microbatch's maps (`packing.plan_packing`)."""
+
+    def apply_fn(params, tokens, pack):
+        model = nnx.merge(graphdef, params)
+        return packing.packed_hidden(model, tokens, pack), model.output_embedding()
+
+    return apply_fn
+
+
+def make_packed_logp_fn(
+    graphdef,
+    spec: packing.PackSpec,
+    logprob_chunk: int | None = logprobs.DEFAULT_LOGPROB_CHUNK,
+    *,
+    completion_len: int = 0,
+):
+    """`make_logp_fn` on packed rows: (params, tokens, mask, mlp_mask=None) -> [B, T]
+    log-probs (0 before the scored columns and on padding). The rows are packed on the host
+    (`packing.plan_packing`, one microbatch) and the packed forward is jitted once per
+    bucket of buffer rows; mlp_mask must be None (refused with packing)."""
+    spec = dataclasses.replace(spec, microbatches=1, micro_rows=0)
+    hidden_fn = apply_packed_hidden(graphdef)
+    chunk = logprob_chunk or logprobs.DEFAULT_LOGPROB_CHUNK
+
+    @jax.jit
+    def packed_logp(params, tokens, attention_mask, pack):
+        hidden, w_out = hidden_fn(params, tokens, pack)
+        packed_tokens = packing.gather_packed(tokens, pack["src"])
+        logp = logprobs.token_logprobs_from_hidden(hidden, w_out, packed_tokens, chunk)
+        scored = jnp.arange(tokens.shape[1]) >= first_scored(tokens, completion_len)
+        dst = packing.destinations(pack["start"], attention_mask, pack["src"].size)
+        return jnp.where(scored, packing.unpack(logp, dst), 0.0)
+
+    def logp_fn(params, tokens, attention_mask, mlp_mask=None):
+        if mlp_mask is not None:
+            raise ValueError("packed rows do not take per-row MLP masks")
+        maps, _ = packing.plan_packing(packing.host_mask(attention_mask), spec)
+        return packed_logp(params, tokens, attention_mask, {k: v[0] for k, v in maps.items()})
+
+    return logp_fn
+
+
 def make_logp_fn(
     graphdef,
     logprob_chunk: int | None = logprobs.DEFAULT_LOGPROB_CHUNK,
     *,
     group_size: int = 1,
     completion_len: int = 0,
+    pack: packing.PackSpec | None = None,
 ):
     """Jitted (params, tokens, mask, mlp_mask=None) -> per-token log-probs [B, T], aligned
     with tokens.
@@ -90,7 +138,10 @@ def make_logp_fn(
     [B, T, V] logits); None: the plain path through the full logits.
     completion_len > 0: only the last `completion_len` positions are scored (the rest are
     0), and with group_size > 1 each group's prompt runs once (see `apply_hidden`).
+    pack: packed rows (`train.pack_tokens`; `make_packed_logp_fn`), group_size ignored.
     """
+    if pack is not None:
+        return make_packed_logp_fn(graphdef, pack, logprob_chunk, completion_len=completion_len)
     logits_fn = apply_logits(graphdef, group_size, completion_len)
     hidden_fn = apply_hidden(graphdef, group_size, completion_len)
 

@@ -35,16 +35,24 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 
 from jaxrl_frontier.core import sharding
 from jaxrl_frontier.models import lora
 from jaxrl_frontier.objectives import logprobs, losses
 from jaxrl_frontier.rl.experience import Experience
-from jaxrl_frontier.rl.learn.forward import apply_hidden, apply_logits, first_scored
+from jaxrl_frontier.rl.learn import packing
+from jaxrl_frontier.rl.learn.forward import (
+    apply_hidden,
+    apply_logits,
+    apply_packed_hidden,
+    first_scored,
+)
 from jaxrl_frontier.rl.learn.train_step import TrainState, make_update_fn, microbatch_grads
 from jaxrl_frontier.sampling import mlp_dropout_mask
 
 sg = jax.lax.stop_gradient
+PACK_MAPS = ("src", "seg", "pos", "start")  # a packed minibatch's maps (`packing.plan_packing`)
 
 
 def dropout_masks(model_cfg, dropout_rate: float, keys_data):
@@ -74,6 +82,9 @@ def rl_loss(
     """`loss_of(params, batch, denominator=None, frozen=None) -> (loss, metrics)`:
     `losses.loss_fn` over the policy.
 
+    A batch with a 'pack' entry (one microbatch's maps, `packing.plan_packing`) runs on
+    packed rows (`packed_loss`): the same loss, of the rows that microbatch holds.
+
     completion_len > 0: log-probs only over the last `completion_len` positions (the loss
     mask is 0 on the prompt); with group_size > 1 each group's prompt runs once. Both need
     prompt-major groups of [prompt | completion] rows. dropout_rate > 0: the batch carries
@@ -92,11 +103,15 @@ def rl_loss(
         hidden_fn = apply_hidden(graphdef, group_size, completion_len)
     teacher_hidden_fn = None if teacher_graphdef is None else apply_hidden(teacher_graphdef)
 
+    packed_loss_of = packed_loss(graphdef, logprob_chunk, completion_len, teacher_graphdef)
+
     def loss_of(params, batch, denominator=None, frozen=None):
         batch = dict(batch)
         cfg = objective_cfg  # with this step's scheduled / controlled values, traced
         if frozen is not None and "knobs" in frozen:
             cfg = losses.with_values(objective_cfg, frozen["knobs"])
+        if "pack" in batch:
+            return packed_loss_of(params, batch, cfg, denominator, frozen)
         mlp_mask = None
         keys = batch.pop("dropout_keys", None)
         if dropout_rate > 0:
@@ -127,6 +142,57 @@ def rl_loss(
         if capture_hidden and "hidden" in seen:
             metrics = {**metrics, "hidden": seen["hidden"]}
         return loss, metrics
+
+    return loss_of
+
+
+def packed_loss(graphdef, logprob_chunk, completion_len: int, teacher_graphdef=None):
+    """(params, batch with 'pack', cfg, denominator, frozen) -> (loss, metrics): `loss_fn` of
+    the rows one microbatch of packed rows holds (`rl.learn.packing`).
+
+    The forward runs on the packed slots; log-probs, entropy and distillation terms are
+    computed there and unpacked to [B, T]. The rows of the minibatch this microbatch does
+    not hold read as all-masked rows (every float [B, T] input 0 there, as on a prompt), so
+    they add nothing to any aggregation's numerator. Full logits (logprob_chunk None) are
+    unpacked to [B, T, V]."""
+    hidden_fn = apply_packed_hidden(graphdef)
+    teacher_fn = None if teacher_graphdef is None else apply_packed_hidden(teacher_graphdef)
+
+    def loss_of(params, batch, cfg, denominator, frozen):
+        batch = dict(batch)
+        pk = batch.pop("pack")
+        tokens = batch["tokens"]
+        dst = packing.destinations(pk["start"], batch["attention_mask"], pk["src"].size)
+        here = packing.present(dst, pk["src"].size)
+        for k, v in batch.items():
+            if v.shape == here.shape and jnp.issubdtype(v.dtype, jnp.floating):
+                batch[k] = jnp.where(here, v, 0.0)
+        unpack = lambda x: packing.unpack(x, dst)
+
+        def apply_fn(p, t, m):  # the full-logits path: [B, T, V]
+            hidden, _ = hidden_fn(p, tokens, pk)
+            return unpack(nnx.merge(graphdef, p).logits(hidden))
+
+        kwargs: dict[str, Any] = {}
+        if denominator is not None:
+            kwargs["denominator"] = denominator
+        if teacher_fn is not None and frozen is not None:
+            h_t, w_t = teacher_fn(frozen["teacher"], tokens, pk)
+            h_t = h_t if logprob_chunk is not None else unpack(h_t)
+            kwargs["teacher_hidden"] = sg((h_t, w_t))
+        return losses.loss_fn(
+            params,
+            batch,
+            cfg,
+            apply_fn=apply_fn,
+            apply_hidden_fn=None
+            if logprob_chunk is None
+            else (lambda p, t, m: hidden_fn(p, tokens, pk)),
+            logprob_chunk=logprob_chunk or logprobs.DEFAULT_LOGPROB_CHUNK,
+            first_scored=first_scored(tokens, completion_len),
+            packed=(packing.gather_packed(tokens, pk["src"]), unpack),
+            **kwargs,
+        )
 
     return loss_of
 
@@ -197,7 +263,8 @@ class LearnerOptions:
     (`rollout.dropout_rate`; the update rebuilds the sampler's masks).  knobs: the objective
     keys whose values arrive with each update as traced f32 scalars (`losses.traced_keys`:
     'kl_coef', 'weight_kwargs.eps_high'; set by `Learner.set_knobs`), moved by schedules
-    and controllers without compiling again.
+    and controllers without compiling again.  pack_tokens, microbatch_tokens: packed rows
+    of that many slots, microbatches of about that many tokens (`rl.learn.packing`).
     """
 
     objective: dict
@@ -210,6 +277,8 @@ class LearnerOptions:
     share_prompt: bool = True
     dropout_rate: float = 0.0
     knobs: tuple[str, ...] = ()
+    pack_tokens: int = 0  # `train.pack_tokens`: > 0, the update runs on packed rows
+    microbatch_tokens: int = 0  # `train.microbatch_tokens`: token-budget microbatches
 
 
 class Learner:
@@ -255,6 +324,10 @@ class Learner:
         self.rows = rows
         self.minibatch_rows = rows // minibatches
         micro_rows = self.minibatch_rows // grad_accum
+        self.pack = packing.pack_spec(o.pack_tokens, grad_accum=grad_accum,
+                                      microbatch_tokens=o.microbatch_tokens,
+                                      multiple=sharding.batch_size_multiple(mesh))  # fmt: skip
+        share_prompt = share_prompt and self.pack is None  # packed rows: no shared prompt
         layout = update_layout(
             rows=micro_rows,
             group_size=group_size,
@@ -310,6 +383,10 @@ class Learner:
         keys = tuple(sorted(keys))
         if keys not in self._programs:
             batch_sh = {k: sharding.batch_sharding(self.mesh, 2) for k in keys}
+            update_sh = batch_sh
+            if self.pack is not None:  # the packing maps: small, replicated
+                repl = sharding.replicated(self.mesh)
+                update_sh = {**batch_sh, "pack": {k: repl for k in PACK_MAPS}}
             frozen_sh = None
             if self.frozen is not None:
                 frozen_sh = jax.tree.map(lambda x: x.sharding, self.frozen)
@@ -323,7 +400,7 @@ class Learner:
                 self._loss_of,
                 self._grad_accum,
                 jax.tree.map(lambda x: x.sharding, self.state),
-                batch_sh,
+                update_sh,
                 denominator_fn=lambda b: losses.aggregation_denominator(objective, b["loss_mask"]),
                 frozen_sharding=frozen_sh,
             )
@@ -337,10 +414,17 @@ class Learner:
         """(loss, grads, metrics) of one minibatch holding every row in order, as the update
         computes them (microbatches, the minibatch's denominator); for tests and probes."""
         batch = experience.update_batch()
+        if self.pack is not None:
+            batch["pack"] = self.place_pack(packing.host_mask(batch["attention_mask"]))[0]
         den = losses.aggregation_denominator(self._objective, batch["loss_mask"])
         return microbatch_grads(
             self._loss_of, self.state.params, batch, self._grad_accum, self.frozen, den
         )
+
+    def place_pack(self, mask: np.ndarray) -> tuple[dict, dict]:
+        """(maps on the mesh, replicated; their stats) packing the rows of `mask` [B, T]."""
+        maps, stats = packing.plan_packing(mask, self.pack)
+        return jax.device_put(maps, sharding.replicated(self.mesh)), stats
 
     def set_knobs(self, values: dict[str, float]) -> None:
         """This step's values of `options.knobs` (every one, by objective key), placed as
@@ -389,16 +473,20 @@ class Learner:
             )
         batch = experience.update_batch()
         select, update = self.programs(batch)
+        mask = None if self.pack is None else packing.host_mask(batch["attention_mask"])
         metrics = []
         for _ in range(self.epochs):
             order = minibatch_order(next_key(), self.rows, self.update_groups)
             for j in range(self.minibatches):
                 idx = order[j * self.minibatch_rows : (j + 1) * self.minibatch_rows]
                 mb = select(batch, idx)  # host indices: the same on every process
+                pack_stats = {}
+                if self.pack is not None:  # this minibatch's rows packed (host), then placed
+                    mb["pack"], pack_stats = self.place_pack(mask[idx])
                 if self.frozen is None:
                     self.state, m = update(self.state, mb)
                 else:
                     self.state, m = update(self.state, mb, self.frozen)
-                metrics.append({**m, **rollout_metrics})
+                metrics.append({**m, **pack_stats, **rollout_metrics})
         self.state = self.state.replace(step=self.state.step + 1)
         return metrics

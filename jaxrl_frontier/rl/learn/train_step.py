@@ -124,6 +124,8 @@ def microbatch_grads(loss_of, params, batch, grad_accum: int, frozen=None, denom
     With a `denominator` (the minibatch's), each microbatch's loss is its share and the
     shares add up to the minibatch loss; without one, per-microbatch losses are averaged.
     """
+    if isinstance(batch, dict) and "pack" in batch:
+        return packed_microbatch_grads(loss_of, params, batch, frozen, denominator)
     if grad_accum == 1:
         return _grads(loss_of, params, batch, frozen, denominator)
     micro = jax.tree.map(lambda x: x.reshape(grad_accum, -1, *x.shape[1:]), batch)
@@ -144,6 +146,45 @@ def microbatch_grads(loss_of, params, batch, grad_accum: int, frozen=None, denom
     zeros = lambda tree: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), tree)
     init = (jnp.zeros((), jnp.float32), zeros(shapes[1]), zeros(shapes[2]))
     (loss, grads, metrics), _ = jax.lax.scan(body, init, micro)
+    return loss, grads, metrics
+
+
+def packed_microbatch_grads(loss_of, params, batch, frozen, denominator):
+    """`microbatch_grads` over packed rows: batch['pack'] holds K microbatches' maps
+    ([K, ...] leaves, `rl.learn.packing`) and every other entry the whole minibatch [B, T];
+    microbatch k's loss is that of the rows it holds, with the minibatch's `denominator`, so
+    the K losses and gradients sum to the minibatch's. A microbatch with no rows (the rest
+    of a bucket) is skipped (`lax.cond`), not computed."""
+    pack = batch["pack"]
+    k = pack["src"].shape[0]
+    if denominator is None:
+        raise ValueError("packed microbatches need the minibatch's denominator")
+    rest = {key: v for key, v in batch.items() if key != "pack"}
+    one = lambda mb: _grads(loss_of, params, {**rest, "pack": mb}, frozen, denominator)
+    first = jax.tree.map(lambda x: x[0], pack)
+    shapes = jax.eval_shape(one, first)
+    zeros = lambda tree: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), tree)
+    if k == 1:
+        return one(first)
+
+    def body(carry, mb):
+        empty = jnp.all(mb["seg"] == 0)
+        loss, grads, metrics = jax.lax.cond(empty, lambda _: zeros(shapes), one, mb)
+        acc_loss, acc_grads, acc_metrics, used = carry
+        carry = (
+            acc_loss + loss,
+            jax.tree.map(jnp.add, acc_grads, grads),
+            jax.tree.map(jnp.add, acc_metrics, metrics),
+            used + (~empty).astype(jnp.float32),
+        )
+        return carry, None
+
+    init = (jnp.zeros((), jnp.float32), zeros(shapes[1]), zeros(shapes[2]), jnp.zeros(()))
+    (loss, grads, metrics, used), _ = jax.lax.scan(body, init, pack)
+    # additive metrics are shares of the minibatch's; the others, means over microbatches
+    # that held rows
+    per = jnp.maximum(used, 1.0)
+    metrics = {m: v if m in ADDITIVE_METRICS else v / per for m, v in metrics.items()}
     return loss, grads, metrics
 
 
