@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+MOE_IMPLS = ("auto", "ragged", "dense")  # ModelConfig.moe_impl (models/moe.py: expert_impl)
 _NEG_INF = -1e30  # finite, so a fully masked (padding) query row gives a uniform softmax, not NaN
 
 
@@ -50,6 +51,16 @@ class ModelConfig:
     # the layers (least compile time); 0 unrolls them all (no loop: its per-layer slicing of
     # the saved activations and their zero-filled [L, ...] buffers are gone)
     scan_unroll: int = 1
+    # mixture of experts (Qwen3-MoE; models/moe.py): num_experts > 0 replaces every layer's
+    # MLP by a router over that many SwiGLU experts of moe_intermediate_size, each token
+    # going to num_experts_per_tok of them; 0 keeps the dense MLP
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = False  # renormalise the k gates to sum to 1
+    # the experts' matmuls: ragged (grouped) | dense (every expert on every token) | auto
+    # (dense on CPU, ragged elsewhere)
+    moe_impl: str = "auto"
 
     def __post_init__(self):
         if self.num_heads % self.num_kv_heads:
@@ -64,6 +75,16 @@ class ModelConfig:
             raise ValueError(f"scan_unroll={self.scan_unroll}; must be >= 0 (0: every layer)")
         if self.remat not in REMAT_POLICIES:
             raise ValueError(f"remat={self.remat!r}; allowed: {tuple(REMAT_POLICIES)}")
+        if self.num_experts and not (
+            0 < self.num_experts_per_tok <= self.num_experts and self.moe_intermediate_size > 0
+        ):
+            raise ValueError(
+                f"num_experts={self.num_experts} needs 0 < num_experts_per_tok "
+                f"({self.num_experts_per_tok}) <= num_experts and moe_intermediate_size "
+                f"({self.moe_intermediate_size}) > 0"
+            )
+        if self.moe_impl not in MOE_IMPLS:
+            raise ValueError(f"moe_impl={self.moe_impl!r}; allowed: {MOE_IMPLS}")
 
     @property
     def resolved_head_dim(self) -> int:
@@ -88,7 +109,10 @@ class ModelConfig:
             attn += hd * (self.num_heads + 2 * self.num_kv_heads)
         if self.qk_norm:
             attn += 2 * hd
-        layer = attn + 3 * d * f + 2 * d
+        mlp = 3 * d * f
+        if self.num_experts:  # the router and the experts instead
+            mlp = d * self.num_experts * (1 + 3 * self.moe_intermediate_size)
+        layer = attn + mlp + 2 * d
         emb = v * d * (1 if self.tie_word_embeddings else 2)
         return self.num_layers * layer + emb + d
 
@@ -405,20 +429,29 @@ class Block(nnx.Module):
     layers' parameters stacked along a leading `layers` axis; `Transformer.scan_layers`
     runs it one layer at a time, each call seeing one layer's slice."""
 
-    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs, stack=()):
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs, stack=(), mlp=None):
+        """mlp: the MLP's class (`MLP` when None; `moe.MoE` for a mixture of experts)."""
         pd = jnp.dtype(cfg.param_dtype)
         self.input_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, pd, rngs, stack)
         self.attn = Attention(cfg, rngs, stack)
         self.post_attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, pd, rngs, stack)
-        self.mlp = MLP(cfg, rngs, stack)
+        self.mlp = (mlp or MLP)(cfg, rngs, stack)
 
-    def __call__(self, x, positions, inv_freq, attn_bias, kv=None, hidden_mask=None):
+    def __call__(self, x, positions, inv_freq, attn_bias, kv=None, hidden_mask=None, route=None):
+        """-> (x, new_kv); with a `route` (an MoE's `moe.Route`), (x, new_kv, router stats)."""
         a, new_kv = self.attn(self.input_norm(x), positions, inv_freq, attn_bias, kv)
-        return self.feed_forward(x + a, hidden_mask), new_kv
+        if route is None:
+            return self.feed_forward(x + a, hidden_mask), new_kv
+        out, stats = self.feed_forward(x + a, hidden_mask, route)
+        return out, new_kv, stats
 
-    def feed_forward(self, x, hidden_mask=None):
-        """The block's second residual half: x + MLP(RMSNorm(x)); x [..., D]."""
-        return x + self.mlp(self.post_attn_norm(x), hidden_mask)
+    def feed_forward(self, x, hidden_mask=None, route=None):
+        """The block's second residual half: x + MLP(RMSNorm(x)); x [..., D]. With a
+        `route` (MoE only): (that, the layer's router stats)."""
+        if route is None:
+            return x + self.mlp(self.post_attn_norm(x), hidden_mask)
+        y, stats = self.mlp(self.post_attn_norm(x), hidden_mask, route)
+        return x + y, stats
 
 
 def mask_to_bias(allowed: jax.Array) -> jax.Array:

@@ -42,6 +42,7 @@ from flax import nnx
 from jax.sharding import NamedSharding
 
 from jaxrl_frontier.core import sharding as shd
+from jaxrl_frontier.models import moe
 from jaxrl_frontier.models.layers import (
     REMAT_POLICIES,
     Block,
@@ -71,7 +72,8 @@ class Transformer(nnx.Module):
         pd = jnp.dtype(cfg.param_dtype)
         self.cfg = cfg
         self.embed = make_param(rngs, (cfg.vocab_size, cfg.hidden_size), ("vocab", "embed"), pd)
-        self.layers = Block(cfg, rngs, stack=(cfg.num_layers,))
+        mlp = moe.MoE if cfg.num_experts else None  # the dense MLP unless experts
+        self.layers = Block(cfg, rngs, stack=(cfg.num_layers,), mlp=mlp)
         self.final_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, pd, rngs)
         if not cfg.tie_word_embeddings:
             self.lm_head = make_param(
@@ -154,9 +156,23 @@ class Transformer(nnx.Module):
         return logits if cache is None else (logits, new_cache)
 
     def hidden_states(
-        self, tokens, attention_mask=None, *, positions=None, cache=None, mlp_mask=None
+        self,
+        tokens,
+        attention_mask=None,
+        *,
+        positions=None,
+        cache=None,
+        mlp_mask=None,
+        routing=None,
+        router_stats: bool = False,
     ):
-        """Final-normed hidden states [B, T, D] (and the updated cache, or None)."""
+        """Final-normed hidden states [B, T, D] (and the updated cache, or None).
+
+        MoE models only: routing int [B, T, L, k] sends each token of layer l to the experts
+        routing[:, :, l] (routing replay; gates from the current router); router_stats=True
+        also returns the layers' `moe.RouterStats` stacked [L, ...] (their `experts`
+        [L, B, T, k]) over the real tokens: (hidden, cache, stats).
+        """
         cfg = self.cfg
         b, t = tokens.shape
         if attention_mask is None:
@@ -177,34 +193,47 @@ class Transformer(nnx.Module):
         attn_bias = mask_to_bias(jnp.broadcast_to(causal, (b, t, s)) & key_valid[:, None, :])
 
         inv_freq = rope_inv_freq(cfg)
+        routed = routing is not None or router_stats
+        if routed and not cfg.num_experts:
+            raise ValueError("routing / router_stats: this model has no experts (num_experts=0)")
+        forced = None if routing is None else jnp.moveaxis(routing, 2, 0)  # [L, B, T, k]
+        route = lambda f: moe.Route(mask=attention_mask, experts=f) if routed else None
+        stats_of = lambda out: out[2] if routed else None
         x = self.constrain_rows(self.embed[...].astype(cfg.compute_dtype)[tokens])
         if cache is None:  # a training (or scoring) forward: remat applies
 
-            def block(layer, x, hidden_mask):
+            def block(layer, x, inputs):
+                hidden_mask, f = inputs
                 x = self.constrain_rows(x)
-                return layer(x, positions, inv_freq, attn_bias, None, hidden_mask)[0], None
+                out = layer(x, positions, inv_freq, attn_bias, None, hidden_mask, route(f))
+                return out[0], stats_of(out)
 
-            x, _ = self.scan_layers(block, x, mlp_mask, remat=cfg.remat)
-            return self.final_norm(x), None
+            x, stats = self.scan_layers(block, x, (mlp_mask, forced), remat=cfg.remat)
+            return (self.final_norm(x), None) + ((stats,) if router_stats else ())
 
         def cached_block(layer, x, inputs):
-            k, v, hidden_mask = inputs
+            k, v, hidden_mask, f = inputs
             kv = (k, v, cache.index)
-            return layer(self.constrain_rows(x), positions, inv_freq, attn_bias, kv, hidden_mask)
+            x = self.constrain_rows(x)
+            out = layer(x, positions, inv_freq, attn_bias, kv, hidden_mask, route(f))
+            return out[0], (out[1], stats_of(out))
 
         if isinstance(self.layers, nnx.List):  # unstacked: each layer's cache in place
-            new_k, new_v = [], []
+            new_k, new_v, per_layer = [], [], []
             for i, layer in enumerate(self.layers):
                 hidden_mask = None if mlp_mask is None else mlp_mask[i]
-                x, (k, v) = cached_block(layer, x, (cache.k[i], cache.v[i], hidden_mask))
+                f = None if forced is None else forced[i]
+                x, ((k, v), st) = cached_block(layer, x, (cache.k[i], cache.v[i], hidden_mask, f))
                 new_k.append(k)
                 new_v.append(v)
+                per_layer.append(st)
+            stats = jax.tree.map(lambda *a: jnp.stack(a), *per_layer) if routed else None
         else:  # the scan takes (and returns) the layers' caches stacked [L, ...]
-            xs = (jnp.stack(cache.k), jnp.stack(cache.v), mlp_mask)
-            x, (k, v) = self.scan_layers(cached_block, x, xs)
+            xs = (jnp.stack(cache.k), jnp.stack(cache.v), mlp_mask, forced)
+            x, ((k, v), stats) = self.scan_layers(cached_block, x, xs)
             new_k, new_v = list(k), list(v)
         new_cache = KVCache(k=tuple(new_k), v=tuple(new_v), valid=key_valid, index=cache.index + t)
-        return self.final_norm(x), new_cache
+        return (self.final_norm(x), new_cache) + ((stats,) if router_stats else ())
 
     def hidden_states_shared_prompt(
         self,
