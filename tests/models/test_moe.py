@@ -174,30 +174,36 @@ def test_expert_parallel_update_and_decode_equal_one_device(model):
     np.testing.assert_allclose(np.asarray(eight.policy_logp), one.policy_logp, atol=1e-5)
 
 
+@jax.jit
+def _router_numbers(logits, mask, a, b):
+    experts, gates = moe.top_k_gates(logits, 1, norm=False)
+    stats = jax.tree.map(lambda x: x[None], moe.router_stats(logits, experts, mask, 4))
+    pairs = ((a, a), (a, b), (a, b, jnp.asarray([[1, 0]])))
+    shares = [moe.routing_difference_share(*p) for p in pairs]
+    return experts, gates, moe.router_losses(stats), moe.router_metrics(stats), shares
+
+
 def test_router_losses_and_metrics_by_hand():
     # one layer, 3 tokens (the last masked out), 4 experts, k = 1
-    logits = jnp.log(jnp.asarray([[[0.7, 0.1, 0.1, 0.1], [0.1, 0.6, 0.2, 0.1], [0, 0, 0, 1.0]]]))
-    experts, gates = moe.top_k_gates(logits, 1, norm=False)
-    np.testing.assert_array_equal(experts[0, :, 0], [0, 1, 3])
-    np.testing.assert_allclose(gates[0, :2, 0], [0.7, 0.6], rtol=1e-6)
-    stats = moe.router_stats(logits, experts, jnp.asarray([[1, 1, 0]]), 4)
-    stacked = jax.tree.map(lambda x: x[None], stats)  # [L=1, ...]
-    f, p = np.array([0.5, 0.5, 0, 0]), np.array([0.8, 0.7, 0.3, 0.2]) / 2
-    out = moe.router_losses(stacked)
-    np.testing.assert_allclose(out["load_balance"], 4 * np.sum(f * p), rtol=1e-6)
-    lse = np.log([1.0, 1.0])  # the probabilities sum to 1: logsumexp = 0
-    np.testing.assert_allclose(out["z"], np.mean(lse**2), atol=1e-6)
-    m = moe.router_metrics(stacked)
-    np.testing.assert_allclose([m["moe/load_max"], m["moe/load_min"]], [2.0, 0.0])
-    h = lambda q: -np.sum(np.asarray(q) * np.log(q))
-    want = (h([0.7, 0.1, 0.1, 0.1]) + h([0.1, 0.6, 0.2, 0.1])) / 2
-    np.testing.assert_allclose(m["moe/router_entropy"], want, rtol=1e-5)
-
+    probs = [[0.7, 0.1, 0.1, 0.1], [0.1, 0.6, 0.2, 0.1], [0, 0, 0, 1.0]]
     a = jnp.asarray([[[[0, 1], [2, 3]], [[4, 5], [6, 7]]]])  # [B=1, T=2, L=2, k=2]
     b = a.at[0, 1, 0].set(jnp.asarray([5, 4])).at[0, 1, 1].set(jnp.asarray([6, 0]))
-    assert float(moe.routing_difference_share(a, a)) == 0.0
-    assert float(moe.routing_difference_share(a, b)) == 0.25  # order within k ignored
-    assert float(moe.routing_difference_share(a, b, jnp.asarray([[1, 0]]))) == 0.0
+    experts, gates, out, m, shares = _router_numbers(
+        jnp.log(jnp.asarray([probs])), jnp.asarray([[1, 1, 0]]), a, b
+    )
+    np.testing.assert_array_equal(experts[0, :, 0], [0, 1, 3])
+    np.testing.assert_allclose(gates[0, :2, 0], [0.7, 0.6], rtol=1e-6)
+    f, p = np.array([0.5, 0.5, 0, 0]), np.array([0.8, 0.7, 0.3, 0.2]) / 2
+    np.testing.assert_allclose(out["load_balance"], 4 * np.sum(f * p), rtol=1e-6)
+    # the probabilities sum to 1: logsumexp(log p) = 0 on each counted token
+    np.testing.assert_allclose(out["z"], 0.0, atol=1e-6)
+    np.testing.assert_allclose([m["moe/load_max"], m["moe/load_min"]], [2.0, 0.0])
+    h = lambda q: -np.sum(np.asarray(q) * np.log(q))
+    want = (h(probs[0]) + h(probs[1])) / 2
+    np.testing.assert_allclose(m["moe/router_entropy"], want, rtol=1e-5)
+    # a vs a; a vs b (1 of 4 token-layers differs as a set: [4, 5] vs [5, 4] does not);
+    # a vs b on token 0 only
+    np.testing.assert_array_equal(shares, [0.0, 0.25, 0.0])
 
 
 def _hand_moe(layer, x, forced):
@@ -216,24 +222,25 @@ def _hand_moe(layer, x, forced):
 def test_routing_replay_routes_to_the_recorded_experts(model):
     graphdef, state = nnx.split(model)
     tokens, mask = map(jnp.asarray, left_padded_batch(batch=2, length=6))
-    _, _, own = model.hidden_states(tokens, mask, router_stats=True)
+
+    @jax.jit
+    def forward(params, routing):
+        m = nnx.merge(graphdef, params)
+        return m.hidden_states(tokens, mask, routing=routing, router_stats=True)[::2]
+
+    plain = jax.jit(lambda p: nnx.merge(graphdef, p).hidden_states(tokens, mask)[0])(state)
+    _, own = forward(state, None)
     recorded = jnp.moveaxis(own.experts, 0, 2)  # [B, T, L, k]
     # replaying the model's own routing changes nothing
-    np.testing.assert_array_equal(
-        model.hidden_states(tokens, mask, routing=recorded)[0], model.hidden_states(tokens, mask)[0]
-    )
+    np.testing.assert_array_equal(forward(state, recorded)[0], plain)
     forced = (recorded + 3) % 8  # other experts everywhere
-    hidden, _, stats = model.hidden_states(tokens, mask, routing=forced, router_stats=True)
+    _, stats = forward(state, forced)
     np.testing.assert_array_equal(jnp.moveaxis(stats.experts, 0, 2), forced)
     assert float(moe.routing_difference_share(forced, recorded, mask)) == 1.0
 
-    def replayed(params):
-        return jnp.sum(nnx.merge(graphdef, params).hidden_states(tokens, mask, routing=forced)[0])
-
-    def by_hand(params):
-        return jnp.sum(_hand_forward(nnx.merge(graphdef, params), tokens, mask, forced))
-
-    g1, g2 = jax.grad(replayed)(state), jax.grad(by_hand)(state)
+    replayed = lambda p: jnp.sum(forward(p, forced)[0])
+    by_hand = lambda p: jnp.sum(_hand_forward(nnx.merge(graphdef, p), tokens, mask, forced))
+    g1, g2 = jax.jit(jax.grad(replayed))(state), jax.jit(jax.grad(by_hand))(state)
     for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g2)):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5, rtol=1e-4)
     assert float(jnp.abs(g1["layers"]["mlp"]["router"].get_value()).max()) > 0
