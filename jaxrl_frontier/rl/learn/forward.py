@@ -14,8 +14,12 @@ from flax import nnx
 from jaxrl_frontier.objectives import logprobs
 
 
-def apply_hidden(graphdef, group_size: int = 1, completion_len: int = 0):
+def apply_hidden(graphdef, group_size: int = 1, completion_len: int = 0, router: bool = False):
     """(params, tokens, mask, mlp_mask=None) -> (final hidden [B, T, D], output layer [D, V]).
+
+    router=True (a mixture-of-experts policy; no shared prompt): (params, tokens, mask,
+    mlp_mask=None, routing=None) -> (hidden, output layer, the layers' `moe.RouterStats`),
+    routing int [B, T, L, k] replaying recorded experts (`Transformer.hidden_states`).
 
     group_size > 1 and completion_len > 0: the rows are prompt-major groups of `group_size`
     that share their first T - completion_len tokens (an RL batch), and each group's prompt
@@ -25,9 +29,16 @@ def apply_hidden(graphdef, group_size: int = 1, completion_len: int = 0):
     row's prompt then runs through its own sub-network).
     """
     shared = group_size > 1 and completion_len > 0
+    if router and shared:
+        raise ValueError("apply_hidden: router statistics need the per-row forward (group_size 1)")
 
-    def apply_hidden_fn(params, tokens, attention_mask, mlp_mask=None):
+    def apply_hidden_fn(params, tokens, attention_mask, mlp_mask=None, routing=None):
         model = nnx.merge(graphdef, params)
+        if router:
+            hidden, _, stats = model.hidden_states(
+                tokens, attention_mask, mlp_mask=mlp_mask, routing=routing, router_stats=True
+            )
+            return hidden, model.output_embedding(), stats
         if shared:
             if mlp_mask is not None:
                 raise ValueError("a shared-prompt forward cannot take per-row MLP masks")

@@ -35,9 +35,10 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 
 from jaxrl_frontier.core import sharding
-from jaxrl_frontier.models import lora
+from jaxrl_frontier.models import lora, moe
 from jaxrl_frontier.objectives import logprobs, losses
 from jaxrl_frontier.rl.experience import Experience
 from jaxrl_frontier.rl.learn.forward import apply_hidden, apply_logits, first_scored
@@ -82,6 +83,9 @@ def rl_loss(
     weights, and a distillation loss reads its hidden states (no gradient).
     capture_hidden: metrics['hidden'] holds the policy's final hidden states [B, T, D] of the
     loss's own forward (a value head reads them: `rl.ppo`), when that forward computes them.
+    A mixture-of-experts policy (`model_cfg.num_experts`; group_size 1): the loss adds
+    `router_terms` (objective.router_aux_coef x the load-balancing loss, router_z_coef x the
+    z-loss) and the routing metrics; a batch's `routing` [B, T, L, k] replays those experts.
     `frozen['knobs']` (when present): {objective key: f32 []} replacing those keys of
     `objective_cfg` (`losses.with_values`): schedules and controllers move them step by step
     as arguments of the one compiled update.
@@ -90,6 +94,9 @@ def rl_loss(
     hidden_fn = None
     if logprob_chunk is not None:
         hidden_fn = apply_hidden(graphdef, group_size, completion_len)
+    routed = bool(model_cfg is not None and model_cfg.num_experts)
+    if routed:  # every forward of the loss through the one that records the router's stats
+        hidden_fn = apply_hidden(graphdef, group_size, completion_len, router=True)
     teacher_hidden_fn = None if teacher_graphdef is None else apply_hidden(teacher_graphdef)
 
     def loss_of(params, batch, denominator=None, frozen=None):
@@ -97,7 +104,7 @@ def rl_loss(
         cfg = objective_cfg  # with this step's scheduled / controlled values, traced
         if frozen is not None and "knobs" in frozen:
             cfg = losses.with_values(objective_cfg, frozen["knobs"])
-        mlp_mask = None
+        mlp_mask, routing = None, batch.pop("routing", None)
         keys = batch.pop("dropout_keys", None)
         if dropout_rate > 0:
             mlp_mask = dropout_masks(model_cfg, dropout_rate, keys)
@@ -111,14 +118,18 @@ def rl_loss(
         seen = {}
 
         def hidden_of(p, t, m):
-            seen["hidden"], w_out = hidden_fn(p, t, m, mlp_mask)
+            out = hidden_fn(p, t, m, mlp_mask, *((routing,) if routed else ()))
+            seen["hidden"], w_out, seen["router"] = *out[:2], out[2:]
             return seen["hidden"], w_out
 
+        apply_fn = lambda p, t, m: logits_fn(p, t, m, mlp_mask)
+        if routed:
+            apply_fn = lambda p, t, m: nnx.merge(graphdef, p).logits(hidden_of(p, t, m)[0])
         loss, metrics = losses.loss_fn(
             params,
             batch,
             cfg,
-            apply_fn=lambda p, t, m: logits_fn(p, t, m, mlp_mask),
+            apply_fn=apply_fn,
             apply_hidden_fn=None if hidden_fn is None else hidden_of,
             logprob_chunk=logprob_chunk or logprobs.DEFAULT_LOGPROB_CHUNK,
             first_scored=first_scored(batch["tokens"], completion_len),
@@ -126,9 +137,32 @@ def rl_loss(
         )
         if capture_hidden and "hidden" in seen:
             metrics = {**metrics, "hidden": seen["hidden"]}
+        if seen.get("router"):
+            share = 1.0  # this microbatch's share of the minibatch's aggregation denominator
+            if denominator is not None:
+                share = losses.aggregation_denominator(cfg, batch["loss_mask"]) / denominator
+            extra, router_metrics = router_terms(seen["router"][0], cfg)
+            loss, metrics = loss + share * extra, {**metrics, **router_metrics}
         return loss, metrics
 
     return loss_of
+
+
+def router_terms(stats, objective) -> tuple[jax.Array, dict]:
+    """(router_aux_coef x the load-balancing loss + router_z_coef x the z-loss, the routing
+    metrics) of an MoE forward's stacked `moe.RouterStats`; objective: the objective section
+    (its coefficients possibly traced: scheduled)."""
+    terms = moe.router_losses(stats)
+    aux, z = (
+        losses.value_of(objective, "router_aux_coef"),
+        losses.value_of(objective, "router_z_coef"),
+    )
+    metrics = {
+        **moe.router_metrics(stats),
+        "moe/load_balance_loss": terms["load_balance"],
+        "moe/z_loss": terms["z"],
+    }
+    return aux * terms["load_balance"] + z * terms["z"], metrics
 
 
 def with_base(loss_of):
@@ -150,6 +184,7 @@ def update_layout(
     mesh,
     share_prompt: bool,
     dropout_rate: float = 0.0,
+    routed: bool = False,
 ) -> dict[str, int]:
     """How `rows` rows of an RL batch may run: only the last `completion_len` positions are
     scored, and with `share_prompt` each group's prompt runs once when `rows` holds whole
@@ -158,6 +193,7 @@ def update_layout(
     Keyword arguments of `forward.make_logp_fn` and `rl_loss`."""
     groups, rem = divmod(rows, group_size)
     share = share_prompt and group_size > 1 and not rem and dropout_rate == 0.0
+    share = share and not routed  # an MoE's router statistics come from the per-row forward
     share = share and groups % sharding.batch_size_multiple(mesh) == 0
     return dict(group_size=group_size if share else 1, completion_len=completion_len)
 
@@ -255,6 +291,7 @@ class Learner:
         self.rows = rows
         self.minibatch_rows = rows // minibatches
         micro_rows = self.minibatch_rows // grad_accum
+        routed = bool(model_cfg is not None and model_cfg.num_experts)
         layout = update_layout(
             rows=micro_rows,
             group_size=group_size,
@@ -262,8 +299,10 @@ class Learner:
             mesh=mesh,
             share_prompt=share_prompt,
             dropout_rate=dropout_rate,
+            routed=routed,
         )
-        if share_prompt and layout["group_size"] == 1 and group_size > 1 and not dropout_rate:
+        quiet = dropout_rate or routed  # sharing is off for these by design, not by the rows
+        if share_prompt and layout["group_size"] == 1 and group_size > 1 and not quiet:
             log(
                 f"[rl] train.share_prompt_forward is off for the update: a microbatch of "
                 f"{micro_rows} rows is not whole groups of {group_size} that split evenly "
