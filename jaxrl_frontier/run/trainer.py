@@ -298,8 +298,9 @@ class Trainer:
             rollout = rollout.to_dict()
             rollout["continuous_slots"] //= jax.process_count()
         return make_sampler(  # rollout.speculative: a SpeculativeSampler
-            policy, rollout, pad_id=self.tokenizer.pad_id, mesh=mesh, partial=partial
-        )
+            policy, rollout, pad_id=self.tokenizer.pad_id, mesh=mesh, partial=partial,
+            record_routing=self.config.model.moe.routing_replay == "rollout",
+        )  # fmt: skip
 
     # ------------------------------------------------------------------ run
 
