@@ -8,7 +8,11 @@ the reward is shaped (format and length besides correctness) so that a random po
 groups disagree from the first step. The router's load-balancing loss enters at
 `objective.router_aux_coef` (Qwen3-MoE's 0.001), its z-loss at `router_z_coef`; the update
 logs the experts' load (moe/load_max, moe/load_min over the mean) and the router entropy.
-On a mesh the experts are split over the fsdp axis (expert parallelism).
+Routing replay (`model.moe.routing_replay = 'rollout'`, R3): the sampler records each
+token's experts per layer and the update routes every token there, the gates from the
+current router; moe/routing_diff_share is the share of recorded (token, layer) pairs whose
+update-time top-k differs from the rollout's. On a mesh the experts are split over the fsdp
+axis (expert parallelism).
 """
 
 from jaxrl_frontier.run import presets
@@ -17,7 +21,9 @@ from jaxrl_frontier.run import presets
 def get_config(arg=None):
     c = presets.arithmetic("rl")
     c.model.update(init="scratch", path="")
-    c.model.moe.update(num_experts=8, num_experts_per_tok=2, intermediate_size=128)
+    c.model.moe.update(
+        num_experts=8, num_experts_per_tok=2, intermediate_size=128, routing_replay="rollout"
+    )
     c.objective.advantage = "grpo"
     c.objective.weight = "ppo_clip"
     c.objective.weight_kwargs = dict(eps_low=0.2, eps_high=0.2)

@@ -3,7 +3,8 @@
     XLA_FLAGS=--xla_force_host_platform_device_count=8 \
         python scripts/memory_plan.py --model 0.5b --fsdp 8 --out /tmp/plan.json
 
-For a Qwen2.5 shape (0.5b, 7b, 32b), builds the policy abstractly (`nnx.eval_shape`: no
+For a Qwen2.5 shape (0.5b, 7b, 32b) or Qwen3-30B-A3B's (30b-a3b: 128 experts, top 8,
+split over fsdp: expert parallelism; the experts' ragged form, as on an accelerator), builds the policy abstractly (`nnx.eval_shape`: no
 weights are allocated), shards it over a (data, fsdp, tensor) mesh of fake CPU devices and
 compiles the jitted update the trainer runs (`train_step.make_update_fn`: value and
 gradient of a policy-gradient loss through the chunked output layer, clip + AdamW, state
@@ -33,11 +34,27 @@ QWEN2_5 = {  # Hugging Face config.json of Qwen/Qwen2.5-{0.5B,7B,32B}
     "32b": dict(hidden_size=5120, intermediate_size=27648, num_layers=64, num_heads=40,
                 num_kv_heads=8, vocab_size=152064, tie_word_embeddings=False),
 }  # fmt: skip
+QWEN3_MOE = {  # Hugging Face config.json of Qwen/Qwen3-30B-A3B
+    "30b-a3b": dict(hidden_size=2048, intermediate_size=6144, num_layers=48, num_heads=32,
+                    num_kv_heads=4, head_dim=128, vocab_size=151936, tie_word_embeddings=False,
+                    num_experts=128, num_experts_per_tok=8, moe_intermediate_size=768,
+                    norm_topk_prob=True, qk_norm=True, moe_impl="ragged"),
+}  # fmt: skip
+SHAPES = {**QWEN2_5, **QWEN3_MOE}
+
+
+def model_config(name: str, **kw):
+    """The `ModelConfig` of a shape name (a Qwen2.5 or Qwen3-MoE config.json's fields)."""
+    from jaxrl_frontier.models.layers import ModelConfig
+
+    if name in QWEN3_MOE:
+        return ModelConfig(**QWEN3_MOE[name], rope_theta=1e6, family="qwen3_moe", **kw)
+    return ModelConfig(**QWEN2_5[name], qkv_bias=True, rope_theta=1e6, family="qwen2", **kw)
 
 
 def parse(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--model", default="0.5b", choices=sorted(QWEN2_5))
+    p.add_argument("--model", default="0.5b", choices=sorted(SHAPES))
     p.add_argument("--data", type=int, default=1)
     p.add_argument("--fsdp", type=int, default=8)
     p.add_argument("--tensor", type=int, default=1)
@@ -60,6 +77,8 @@ def arithmetic(cfg, n_params: int, trained: int, args) -> dict:
     rows = args.rows // batch_devices
     layer = n_params - cfg.vocab_size * cfg.hidden_size * (1 if cfg.tie_word_embeddings else 2)
     layer //= cfg.num_layers
+    # an MoE layer's experts stay split (expert parallelism): only the rest is gathered
+    layer -= 3 * cfg.num_experts * cfg.hidden_size * cfg.moe_intermediate_size
     saved = cfg.num_layers * rows * args.seq * cfg.hidden_size * act  # remat=full: block inputs
     vocab = cfg.vocab_size * cfg.hidden_size
     out = dict(
@@ -115,15 +134,13 @@ def main(argv=None) -> dict:
 
     from jaxrl_frontier.core import sharding
     from jaxrl_frontier.models import lora
-    from jaxrl_frontier.models.layers import ModelConfig
     from jaxrl_frontier.models.transformer import Transformer
     from jaxrl_frontier.objectives import logprobs
     from jaxrl_frontier.rl.learn.forward import apply_hidden
     from jaxrl_frontier.rl.learn.learner import with_base
     from jaxrl_frontier.rl.learn.train_step import make_update_fn
 
-    cfg = ModelConfig(**QWEN2_5[args.model], qkv_bias=True, rope_theta=1e6, family="qwen2",
-                      dtype=args.dtype, remat=args.remat)  # fmt: skip
+    cfg = model_config(args.model, dtype=args.dtype, remat=args.remat)
     mesh = sharding.make_mesh((args.data, args.fsdp, args.tensor))
 
     def build():

@@ -45,13 +45,16 @@ def model_section() -> ml_collections.ConfigDict:
     # over the mesh's fsdp axis: expert parallelism); `impl`: the experts' matmuls (auto:
     # dense on CPU, ragged grouped matmuls elsewhere). The router's training terms are
     # objective.router_aux_coef / router_z_coef. A checkpoint (model.init = hf) brings its
-    # own shape; `impl` still applies.
+    # own shape; `impl` still applies. routing_replay: none | rollout (R3: the sampler
+    # records each token's experts per layer and the update routes each token there, the
+    # gates from the current router)
     s.moe = dict(
         num_experts=0,
         num_experts_per_tok=2,
         intermediate_size=64,
         norm_topk_prob=True,
         impl="auto",
+        routing_replay="none",
     )
     # LoRA (models/lora.py, Hu et al. 2021): rank > 0 trains rank-r adapters on the `targets`
     # projections beside the frozen weights (RL): y = x W + (alpha / rank) x A B. Only the
@@ -80,6 +83,7 @@ CHOICES: dict[str, tuple] = {
     "model.remat": ("none", "full", "dots_saveable"),
     "model.attention": ("xla", "dot_product", "cudnn"),
     "model.moe.impl": ("auto", "ragged", "dense"),
+    "model.moe.routing_replay": ("none", "rollout"),
     "teacher.init": ("none", "scratch", "hf", "checkpoint"),
     "teacher.dtype": ("float32", "bfloat16"),
 }

@@ -60,7 +60,8 @@ class Route:
 @flax.struct.dataclass
 class RouterStats:
     """One MoE layer's routing over the counted tokens (sums, so microbatches and layers
-    add up). experts: int32 [B, T, k] the experts each token went to (every token)."""
+    add up). experts: int32 [B, T, k] the experts each token went to (every token); own:
+    the router's own top-k (= experts unless a routing was replayed)."""
 
     load: jax.Array  # f32 [E]  assignments per expert
     prob: jax.Array  # f32 [E]  summed router probabilities
@@ -68,29 +69,33 @@ class RouterStats:
     entropy: jax.Array  # f32 []  summed router entropy (nats)
     tokens: jax.Array  # f32 []  counted tokens
     experts: jax.Array
+    own: jax.Array
 
 
 def top_k_gates(logits: jax.Array, k: int, norm: bool, forced: jax.Array | None = None):
-    """Router logits f32 [..., E] -> (experts int32 [..., k], gates f32 [..., k]).
+    """Router logits f32 [..., E] -> (experts int32 [..., k], gates f32 [..., k]); the
+    router's own top-k is `top_k_gates(logits, k, norm)[0]`.
 
     forced [..., k]: use these experts (routing replay); the gates are still the current
     router probabilities there (renormalised over the k with `norm`), so they carry a
-    gradient. Without: the k most probable experts, highest first (HF's torch.topk order).
+    gradient. A token whose forced experts are negative (none recorded: padding, a
+    rollout's last token) takes its own. Without: the k most probable experts, highest
+    first (HF's torch.topk order).
     """
     probs = jax.nn.softmax(logits, axis=-1)
-    if forced is None:
-        gates, experts = jax.lax.top_k(probs, k)
-    else:
-        experts = forced.astype(jnp.int32)
+    gates, experts = jax.lax.top_k(probs, k)
+    if forced is not None:
+        recorded = jnp.all(forced >= 0, axis=-1, keepdims=True)
+        experts = jnp.where(recorded, forced.astype(jnp.int32), experts)
         gates = jnp.take_along_axis(probs, experts, axis=-1)
     if norm:
         gates = gates / jnp.sum(gates, axis=-1, keepdims=True)
     return experts.astype(jnp.int32), gates
 
 
-def router_stats(logits, experts, mask, num_experts: int) -> RouterStats:
+def router_stats(logits, experts, mask, num_experts: int, own=None) -> RouterStats:
     """The `RouterStats` of logits f32 [B, T, E] and chosen experts [B, T, k] over the
-    tokens where mask [B, T] is 1 (None: all)."""
+    tokens where mask [B, T] is 1 (None: all); own: the router's own top-k (None: experts)."""
     w = jnp.ones(logits.shape[:-1], jnp.float32) if mask is None else mask.astype(jnp.float32)
     probs = jax.nn.softmax(logits, axis=-1)
     lse = jax.nn.logsumexp(logits, axis=-1)
@@ -103,6 +108,7 @@ def router_stats(logits, experts, mask, num_experts: int) -> RouterStats:
         entropy=jnp.sum(entropy * w),
         tokens=jnp.sum(w),
         experts=experts,
+        own=experts if own is None else own,
     )
 
 
@@ -275,7 +281,10 @@ class MoE(nnx.Module):
         )  # fmt: skip
         if route is None:
             return y
-        return y, router_stats(logits, experts, route.mask, self.cfg.num_experts)
+        own = experts
+        if route.experts is not None:  # replayed: the router's own choice too, for the metrics
+            own = jax.lax.top_k(logits, self.cfg.num_experts_per_tok)[1].astype(jnp.int32)
+        return y, router_stats(logits, experts, route.mask, self.cfg.num_experts, own)
 
 
 # ----------------------------------------------------------------------------- losses

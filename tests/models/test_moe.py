@@ -261,3 +261,37 @@ def _hand_forward(m, tokens, mask, forced):
         x = x + a
         x = x + _hand_moe(layer.mlp, layer.post_attn_norm(x), forced[:, :, i])
     return m.final_norm(x)
+
+
+def test_sampler_records_the_routing_the_update_replays(model):
+    """The sampler's recorded experts (prefill and decode) are the experts a full forward
+    over the rollout's sequences picks (f32: the cached decode and the full forward agree
+    here), and a forward replaying them routes every recorded token exactly there."""
+    tokens, mask = left_padded_batch(batch=2, length=6)
+    sampler = Sampler(model, pad_id=0, prompt_buckets=(8,), record_routing=True)
+    ro = sampler.generate(tokens, mask, SamplingParams(max_new_tokens=5, n=2), jax.random.key(1))
+    seq = ro.sequences()
+    routing = np.asarray(ro.routing)
+    assert routing.shape == (4, 8 + 5, 2, 2) and routing.dtype == np.int16
+    real = np.asarray(seq.attention_mask).astype(bool)
+    recorded = routing[..., 0] >= 0  # [B, T, L]
+    last = 8 + np.asarray(ro.lengths) - 1  # each row's last token is never fed
+    want = real.copy()
+    want[np.arange(4), last] = False
+    np.testing.assert_array_equal(recorded.all(-1), want)
+
+    graphdef, state = nnx.split(model)
+
+    @jax.jit
+    def experts_of(params, routing):
+        m = nnx.merge(graphdef, params)
+        stats = m.hidden_states(seq.tokens, seq.attention_mask, routing=routing, router_stats=True)
+        return jnp.moveaxis(stats[2].experts, 0, 2), jnp.moveaxis(stats[2].own, 0, 2)
+
+    own = np.asarray(experts_of(state, None)[0])
+    assert float(moe.routing_difference_share(own, routing, want)) == 0.0
+    flipped = np.where(want[:, :, None, None], (routing + 1) % 8, -1)  # other experts
+    used, router = map(np.asarray, experts_of(state, flipped))
+    np.testing.assert_array_equal(used[want], flipped[want])  # exactly the replayed experts
+    np.testing.assert_array_equal(used[~want], router[~want])  # no record: the router's own
+    assert float(moe.routing_difference_share(router, flipped, want)) > 0.5

@@ -154,7 +154,12 @@ def objective_recompute(tr, seen) -> float | None:
     if cfg.get("distill"):
         teacher = nnx.merge(nnx.graphdef(tr.teacher), frozen["teacher"])
         batch["teacher_logits"] = teacher(batch["tokens"], batch["attention_mask"])
+    routing = batch.pop("routing", None)  # MoE routing replay: the rollout's experts
     apply = lambda p, t, m: nnx.merge(tr.graphdef, p)(t, m)
+    if routing is not None:
+        apply = lambda p, t, m: (lambda x: x.logits(x.hidden_states(t, m, routing=routing)[0]))(
+            nnx.merge(tr.graphdef, p)
+        )
     params = seen["params"]
     if "base" in frozen:  # LoRA: the learner trains the adapters over the frozen base
         params = lora.combine(frozen["base"], params)

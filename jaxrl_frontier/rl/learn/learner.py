@@ -143,6 +143,8 @@ def rl_loss(
                 share = losses.aggregation_denominator(cfg, batch["loss_mask"]) / denominator
             extra, router_metrics = router_terms(seen["router"][0], cfg)
             loss, metrics = loss + share * extra, {**metrics, **router_metrics}
+            if routing is not None:  # the rollout's experts against the update's router
+                metrics["moe/routing_diff_share"] = replay_difference(seen["router"][0], routing)
         return loss, metrics
 
     return loss_of
@@ -163,6 +165,14 @@ def router_terms(stats, objective) -> tuple[jax.Array, dict]:
         "moe/z_loss": terms["z"],
     }
     return aux * terms["load_balance"] + z * terms["z"], metrics
+
+
+def replay_difference(stats, routing) -> jax.Array:
+    """The share of recorded (token, layer) pairs whose recorded experts (routing
+    [B, T, L, k], -1: none) differ from the update's own top-k (`stats.own` [L, B, T, k]):
+    the prompt's tokens and every fed completion token."""
+    counted = jnp.all(routing >= 0, axis=(-2, -1))
+    return moe.routing_difference_share(jnp.moveaxis(stats.own, 0, 2), routing, counted)
 
 
 def with_base(loss_of):
