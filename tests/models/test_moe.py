@@ -292,3 +292,10 @@ def test_sampler_records_the_routing_the_update_replays(model, rollout):
     np.testing.assert_array_equal(used[want], flipped[want])  # exactly the replayed experts
     np.testing.assert_array_equal(used[~want], router[~want])  # no record: the router's own
     assert float(moe.routing_difference_share(router, flipped, want)) > 0.5
+
+
+def test_lora_on_the_experts_is_refused(model):
+    from jaxrl_frontier.models import lora
+
+    with pytest.raises(ValueError, match="model.lora.targets.*gate_proj.*MoE"):
+        lora.add_adapters(model, rank=2, alpha=4.0, targets=("gate_proj",), key=jax.random.key(0))
