@@ -127,23 +127,27 @@ def _swiglu_ragged(xs, sizes, wg, wu, wd):
 def experts_ragged(x, experts, gates, wg, wu, wd, first: int | jax.Array = 0):
     """sum_j gates_j * SwiGLU_{experts_j}(x) over the experts held, by grouped matmuls.
 
-    x [N, D]; experts int [N, k]; gates [N, k]; wg, wu [E_l, D, F], wd [E_l, F, D]: the
-    experts first .. first + E_l - 1 (all of them on one device; a shard's under expert
-    parallelism, whose other assignments contribute 0). The N k assignments are sorted by
-    expert (stable), so each expert's rows are contiguous; the outputs are gathered back
-    to assignment order and summed over j in order. Returns [N, D] in x's dtype.
+    x [N, D]; experts int [N, k] (distinct per token); gates [N, k]; wg, wu [E_l, D, F],
+    wd [E_l, F, D]: the experts first .. first + E_l - 1 (all of them on one device; a
+    shard's under expert parallelism, whose other assignments contribute 0). The N k
+    assignments are sorted by expert (stable), the held ones first and contiguous per
+    expert; a token has at most min(k, E_l) of its k experts here, so the grouped matmuls
+    run over the first N min(k, E_l) sorted rows only (exact, dropless: at 128 experts over
+    64 devices, 2 held, a quarter of the N k rows), and each output row is added to its
+    token with its gate (f32). Returns [N, D] in x's dtype.
     """
     n, k = experts.shape
     num_local = wg.shape[0]
     local = experts.reshape(-1) - first
     held = (local >= 0) & (local < num_local)
     ids = jnp.where(held, local, num_local)  # assignments to other shards sort last
-    order = jnp.argsort(ids, stable=True)
+    order = jnp.argsort(ids, stable=True)[: n * min(k, num_local)]
     sizes = jnp.bincount(ids, length=num_local + 1)[:num_local].astype(jnp.int32)
-    out = _swiglu_ragged(x[order // k], sizes, wg, wu, wd)  # [N k, D], sorted
-    out = out[jnp.argsort(order)].reshape(n, k, -1)  # assignment order
-    g = jnp.where(held.reshape(n, k), gates, 0).astype(out.dtype)
-    return jnp.einsum("nkd,nk->nd", out, g)
+    tokens = order // k
+    out = _swiglu_ragged(x[tokens], sizes, wg, wu, wd)  # rows past the groups are 0
+    g = jnp.where(held, gates.reshape(-1), 0)[order].astype(jnp.float32)
+    y = jnp.zeros(x.shape, jnp.float32).at[tokens].add(out.astype(jnp.float32) * g[:, None])
+    return y.astype(x.dtype)
 
 
 def experts_dense(x, experts, gates, wg, wu, wd, first: int | jax.Array = 0):
@@ -168,8 +172,8 @@ def expert_impl(name: str):
     """The `EXPERT_IMPLS` entry for `ModelConfig.moe_impl`; 'auto' is 'dense' on CPU and
     'ragged' elsewhere. XLA:CPU lowers `ragged_dot` to a masked dot per group (every row
     against every expert), so there the one-hot form, with no sort or gather, ran forward +
-    gradient 2.0x as fast at N=256, D=64, E=8, k=2, F=32 (1.6 vs 3.2 ms) and 1.7x at N=2048,
-    D=256, E=32, k=4, F=128 (0.70 vs 1.21 s; benchmarks/moe_experts.py); accelerators have
+    gradient 1.6x as fast at N=256, D=64, E=8, k=2, F=32 (2.2 vs 3.6 ms) and 2.4x at N=2048,
+    D=256, E=32, k=4, F=128 (0.55 vs 1.29 s; benchmarks/moe_experts.py); accelerators have
     grouped-matmul kernels, and the dense form costs E / k times the FLOPs."""
     if name == "auto":
         name = "dense" if jax.default_backend() == "cpu" else "ragged"
