@@ -27,6 +27,11 @@ def make_sampler(
     `PartialSampler` (the training rollouts' partial rollouts); else a `Sampler`.
     record_routing: an MoE policy's rollouts carry their experts (`Sampler`'s only)."""
     spec = rollout.get("speculative") or {}
+    if record_routing and not model.cfg.num_experts:
+        raise ValueError(
+            "config key 'model.moe.routing_replay' = 'rollout' needs a mixture-of-experts "
+            "policy (model.moe.num_experts > 0, or a Qwen3-MoE checkpoint); set it to 'none'"
+        )
     if record_routing and (rollout.get("continuous_slots") or spec.get("draft") is not None):
         raise ValueError(
             "config key 'model.moe.routing_replay' = 'rollout' records the experts in the "
