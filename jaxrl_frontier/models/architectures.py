@@ -140,6 +140,7 @@ for _arch in (
     Architecture("Qwen2ForCausalLM", "qwen2", "always", False, 32768),
     Architecture("Qwen3ForCausalLM", "qwen3", "never", True, 32768),
     Architecture("Qwen3MoeForCausalLM", "qwen3_moe", "never", True, 32768, moe=True),
+    Architecture("Qwen2MoeForCausalLM", "qwen2_moe", "always", False, 32768, moe=True),
 ):
     ARCHITECTURES.register(_arch.name)(_arch)
 

@@ -5,10 +5,11 @@
     hf.save(model, "/out/policy", dtype="bfloat16")  # transformers / vLLM load this
 
 Supported architectures live in the `ARCHITECTURES` registry (HF `architectures[0]` ->
-`Architecture`): LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM.
-All share the tensor names of `model.layers.{i}...`; they differ in config fields (qkv bias,
-qk-norm) and, for Qwen3-MoE, in the MLP's tensors (`mlp.gate.weight`, the router, and
-`mlp.experts.{e}.gate_proj/up_proj/down_proj.weight`, stacked into [L, E, ...] parameters).
+`Architecture`): LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM,
+Qwen2MoeForCausalLM. All share the tensor names of `model.layers.{i}...`; they differ in
+config fields (qkv bias, qk-norm) and, for the mixtures of experts, in the MLP's tensors
+(`mlp.gate.weight`, the router, and `mlp.experts.{e}.gate_proj/up_proj/down_proj.weight`,
+stacked into [L, E, ...] parameters; Qwen2-MoE's `mlp.shared_expert.*`).
 
 Layout conversion (HF Linear weights are [out, in]; ours are [in, out] split into heads):
 
@@ -181,9 +182,10 @@ def tensor_specs(cfg: ModelConfig) -> list[TensorSpec]:
 
 
 def _expert_specs(cfg: ModelConfig, pre: str) -> list[TensorSpec]:
-    """A Qwen3-MoE layer's MLP tensors: the router `mlp.gate.weight` [E, D] and, per expert
-    e, `mlp.experts.{e}.gate_proj/up_proj/down_proj.weight` (transformers 5 fuses them in
-    memory, `gate_up_proj` [E, 2F, D], but reads and writes these names on disk)."""
+    """An MoE layer's MLP tensors: the router `mlp.gate.weight` [E, D] and, per expert e,
+    `mlp.experts.{e}.gate_proj/up_proj/down_proj.weight` (transformers 5 fuses them in
+    memory, `gate_up_proj` [E, 2F, D], but reads and writes these names on disk); Qwen2-MoE
+    adds `mlp.shared_expert.*_proj.weight` and `mlp.shared_expert_gate.weight` [1, D]."""
     d, e, f = cfg.hidden_size, cfg.num_experts, cfg.moe_intermediate_size
     mlp = ("layers", "mlp")
     specs = [TensorSpec(pre + "mlp.gate.weight", (*mlp, "router"), (e, d), (d, e), True)]
@@ -198,6 +200,16 @@ def _expert_specs(cfg: ModelConfig, pre: str) -> list[TensorSpec]:
                 ex + "down_proj.weight", (*mlp, "expert_down"), (d, f), (f, d), True, None, j
             ),
         ]
+    fs = cfg.shared_expert_intermediate_size
+    if fs:  # Qwen2-MoE's shared expert and its sigmoid gate
+        sh = pre + "mlp.shared_expert."
+        specs += [
+            TensorSpec(sh + "gate_proj.weight", (*mlp, "shared_gate"), (fs, d), (d, fs), True),
+            TensorSpec(sh + "up_proj.weight", (*mlp, "shared_up"), (fs, d), (d, fs), True),
+            TensorSpec(sh + "down_proj.weight", (*mlp, "shared_down"), (d, fs), (fs, d), True),
+            TensorSpec(pre + "mlp.shared_expert_gate.weight", (*mlp, "shared_expert_gate"),
+                       (1, d), (d, 1), True),
+        ]  # fmt: skip
     return specs
 
 

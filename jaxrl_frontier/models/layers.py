@@ -58,6 +58,9 @@ class ModelConfig:
     num_experts_per_tok: int = 0
     moe_intermediate_size: int = 0
     norm_topk_prob: bool = False  # renormalise the k gates to sum to 1
+    # Qwen2-MoE: a shared SwiGLU expert of this width every token goes through, its output
+    # scaled by sigmoid(x w_g); 0: none (Qwen3-MoE)
+    shared_expert_intermediate_size: int = 0
     # the experts' matmuls: ragged (grouped) | dense (every expert on every token) | auto
     # (dense on CPU, ragged elsewhere)
     moe_impl: str = "auto"
@@ -112,6 +115,11 @@ class ModelConfig:
         mlp = 3 * d * f
         if self.num_experts:  # the router and the experts instead
             mlp = d * self.num_experts * (1 + 3 * self.moe_intermediate_size)
+            mlp += (
+                d
+                * (1 + 3 * self.shared_expert_intermediate_size)
+                * bool(self.shared_expert_intermediate_size)
+            )
         layer = attn + mlp + 2 * d
         emb = v * d * (1 if self.tie_word_embeddings else 2)
         return self.num_layers * layer + emb + d

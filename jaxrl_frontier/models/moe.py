@@ -251,7 +251,10 @@ def _flat(fn, x, experts, gates, wg, wu, wd, first):
 
 class MoE(nnx.Module):
     """Qwen3-MoE's sparse MLP: `router` [D, E], experts `expert_gate`, `expert_up`
-    [E, D, F] and `expert_down` [E, F, D] (F = `moe_intermediate_size`)."""
+    [E, D, F] and `expert_down` [E, F, D] (F = `moe_intermediate_size`); with
+    `shared_expert_intermediate_size` Fs > 0 (Qwen2-MoE) also a shared expert every token
+    goes through, `shared_gate`, `shared_up` [D, Fs], `shared_down` [Fs, D], scaled by
+    sigmoid(x `shared_expert_gate` [D, 1])."""
 
     def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs, stack=()):
         d, e, f = cfg.hidden_size, cfg.num_experts, cfg.moe_intermediate_size
@@ -261,6 +264,20 @@ class MoE(nnx.Module):
         self.expert_gate = param((e, d, f), EXPERT_AXES)
         self.expert_up = param((e, d, f), EXPERT_AXES)
         self.expert_down = param((e, f, d), EXPERT_DOWN_AXES)
+        fs = cfg.shared_expert_intermediate_size
+        if fs:
+            self.shared_gate = param((d, fs), ("embed", "mlp"))
+            self.shared_up = param((d, fs), ("embed", "mlp"))
+            self.shared_down = param((fs, d), ("mlp", "embed"))
+            self.shared_expert_gate = param((d, 1), ("embed", None))
+
+    def shared_expert(self, x):
+        """Qwen2-MoE's shared expert: sigmoid(x w_g) * SwiGLU_shared(x); x [..., D]."""
+        dt = x.dtype
+        h = jax.nn.silu(dense(x, self.shared_gate[...].astype(dt)))
+        h = h * dense(x, self.shared_up[...].astype(dt))
+        gate = jax.nn.sigmoid(dense(x, self.shared_expert_gate[...].astype(dt)))
+        return gate * dense(h, self.shared_down[...].astype(dt))
 
     def route(self, x, forced=None):
         """x [B, T, D] -> (router logits f32 [B, T, E], experts [B, T, k], gates f32)."""
@@ -283,6 +300,8 @@ class MoE(nnx.Module):
             fn, x, experts, gates.astype(x.dtype),
             self.expert_gate[...], self.expert_up[...], self.expert_down[...],
         )  # fmt: skip
+        if self.cfg.shared_expert_intermediate_size:
+            y = y + self.shared_expert(x)
         if route is None:
             return y
         own = experts
@@ -338,8 +357,8 @@ def routing_difference_share(a, b, mask=None) -> jax.Array:
 
 
 def config_from_hf(hf: dict) -> dict:
-    """The MoE fields of a `ModelConfig` from a Qwen3-MoE config.json dict; options the
-    stacked layers cannot express raise, naming the key."""
+    """The MoE fields of a `ModelConfig` from a Qwen3-MoE / Qwen2-MoE config.json dict;
+    options the stacked layers cannot express raise, naming the key."""
     experts = hf.get("num_experts", hf.get("num_local_experts"))
     for key, value in (
         ("num_experts", experts),
@@ -355,19 +374,18 @@ def config_from_hf(hf: dict) -> dict:
             "must be a mixture of experts (decoder_sparse_step 1, mlp_only_layers []), since "
             "the layers' parameters are stacked into one scanned block"
         )
-    if hf.get("shared_expert_intermediate_size"):
-        raise ValueError("config.json: shared_expert_intermediate_size (a shared expert) is "
-                         "not supported")  # fmt: skip
     return dict(
         num_experts=int(experts),
         num_experts_per_tok=int(hf["num_experts_per_tok"]),
         moe_intermediate_size=int(hf["moe_intermediate_size"]),
         norm_topk_prob=bool(hf.get("norm_topk_prob", False)),
+        shared_expert_intermediate_size=int(hf.get("shared_expert_intermediate_size") or 0),
     )
 
 
 def config_to_hf(cfg: ModelConfig) -> dict:
-    """The MoE keys of a Qwen3-MoE config.json (the Hub's spelling, `num_experts`)."""
+    """The MoE keys of a Qwen3-MoE / Qwen2-MoE config.json (the Hub's spelling,
+    `num_experts`)."""
     return {
         "num_experts": cfg.num_experts,
         "num_experts_per_tok": cfg.num_experts_per_tok,
@@ -376,4 +394,9 @@ def config_to_hf(cfg: ModelConfig) -> dict:
         "decoder_sparse_step": 1,
         "mlp_only_layers": [],
         "output_router_logits": False,
+        **(
+            {"shared_expert_intermediate_size": cfg.shared_expert_intermediate_size}
+            if cfg.shared_expert_intermediate_size
+            else {}
+        ),
     }

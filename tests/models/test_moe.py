@@ -304,3 +304,41 @@ def test_lora_on_the_experts_is_refused(model):
 
     with pytest.raises(ValueError, match="model.lora.targets.*gate_proj.*MoE"):
         lora.add_adapters(model, rank=2, alpha=4.0, targets=("gate_proj",), key=jax.random.key(0))
+
+
+def test_qwen2_moe_shared_expert_parity_and_round_trip(tmp_path):
+    """Qwen2-MoE: qkv biases, no qk-norm, a sigmoid-gated shared expert beside the routed
+    ones, norm_topk_prob off."""
+    import torch
+    import transformers
+
+    keep = {k: v for k, v in HF_MOE.items() if k != "norm_topk_prob"}
+    config = transformers.Qwen2MoeConfig(
+        **keep, shared_expert_intermediate_size=24, attn_implementation="eager"
+    )
+    torch.manual_seed(1)
+    ref_model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    with torch.no_grad():
+        for name, p in ref_model.named_parameters():
+            p.copy_(1.0 + 0.2 * torch.randn_like(p) if "norm" in name else 0.2 * p.normal_())
+    ref_model.save_pretrained(tmp_path / "in")
+    tokens, mask = left_padded_batch(length=10)
+    ref = hf_logits(ref_model, tokens, mask)
+    model = hf.load(tmp_path / "in")
+    cfg = model.cfg
+    assert (cfg.family, cfg.qkv_bias, cfg.qk_norm, cfg.norm_topk_prob) == (
+        "qwen2_moe", True, False, False,
+    )  # fmt: skip
+    assert cfg.shared_expert_intermediate_size == 24
+    assert (
+        hf.count_params(model) == cfg.num_params() == sum(p.numel() for p in ref_model.parameters())
+    )
+    scale = float(np.abs(ref).max())
+    got = np.asarray(model(jnp.asarray(tokens), jnp.asarray(mask)))
+    assert _max_diff(got, ref, mask) < 1e-5 * scale
+    hf.save(model, tmp_path / "out")
+    back = transformers.AutoModelForCausalLM.from_pretrained(
+        tmp_path / "out", attn_implementation="eager"
+    ).eval()
+    assert type(back).__name__ == "Qwen2MoeForCausalLM"
+    assert _max_diff(hf_logits(back, tokens, mask), ref, mask) < 1e-5 * scale
