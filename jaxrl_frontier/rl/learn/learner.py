@@ -83,20 +83,17 @@ def rl_loss(
     weights, and a distillation loss reads its hidden states (no gradient).
     capture_hidden: metrics['hidden'] holds the policy's final hidden states [B, T, D] of the
     loss's own forward (a value head reads them: `rl.ppo`), when that forward computes them.
-    A mixture-of-experts policy (`model_cfg.num_experts`; group_size 1): the loss adds
-    `router_terms` (objective.router_aux_coef x the load-balancing loss, router_z_coef x the
-    z-loss) and the routing metrics; a batch's `routing` [B, T, L, k] replays those experts.
+    An MoE policy (`model_cfg.num_experts`; group_size 1): + `add_router_terms`; a batch's
+    `routing` [B, T, L, k] replays those experts.
     `frozen['knobs']` (when present): {objective key: f32 []} replacing those keys of
     `objective_cfg` (`losses.with_values`): schedules and controllers move them step by step
     as arguments of the one compiled update.
     """
     logits_fn = apply_logits(graphdef, group_size, completion_len)
+    routed = bool(model_cfg is not None and model_cfg.num_experts)  # MoE: the router's stats
     hidden_fn = None
-    if logprob_chunk is not None:
-        hidden_fn = apply_hidden(graphdef, group_size, completion_len)
-    routed = bool(model_cfg is not None and model_cfg.num_experts)
-    if routed:  # every forward of the loss through the one that records the router's stats
-        hidden_fn = apply_hidden(graphdef, group_size, completion_len, router=True)
+    if logprob_chunk is not None or routed:
+        hidden_fn = apply_hidden(graphdef, group_size, completion_len, router=routed)
     teacher_hidden_fn = None if teacher_graphdef is None else apply_hidden(teacher_graphdef)
 
     def loss_of(params, batch, denominator=None, frozen=None):
@@ -122,9 +119,8 @@ def rl_loss(
             seen["hidden"], w_out, seen["router"] = *out[:2], out[2:]
             return seen["hidden"], w_out
 
-        apply_fn = lambda p, t, m: logits_fn(p, t, m, mlp_mask)
-        if routed:
-            apply_fn = lambda p, t, m: nnx.merge(graphdef, p).logits(hidden_of(p, t, m)[0])
+        logits_of = lambda p, t, m: nnx.merge(graphdef, p).logits(hidden_of(p, t, m)[0])
+        apply_fn = logits_of if routed else lambda p, t, m: logits_fn(p, t, m, mlp_mask)
         loss, metrics = losses.loss_fn(
             params,
             batch,
@@ -137,14 +133,10 @@ def rl_loss(
         )
         if capture_hidden and "hidden" in seen:
             metrics = {**metrics, "hidden": seen["hidden"]}
-        if seen.get("router"):
-            share = 1.0  # this microbatch's share of the minibatch's aggregation denominator
-            if denominator is not None:
-                share = losses.aggregation_denominator(cfg, batch["loss_mask"]) / denominator
-            extra, router_metrics = router_terms(seen["router"][0], cfg)
-            loss, metrics = loss + share * extra, {**metrics, **router_metrics}
-            if routing is not None:  # the rollout's experts against the update's router
-                metrics["moe/routing_diff_share"] = replay_difference(seen["router"][0], routing)
+        if seen.get("router"):  # an MoE policy: the router's terms and metrics
+            loss, metrics = add_router_terms(
+                loss, metrics, seen["router"][0], routing, cfg, batch["loss_mask"], denominator
+            )
         return loss, metrics
 
     return loss_of
@@ -165,6 +157,21 @@ def router_terms(stats, objective) -> tuple[jax.Array, dict]:
         "moe/z_loss": terms["z"],
     }
     return aux * terms["load_balance"] + z * terms["z"], metrics
+
+
+def add_router_terms(loss, metrics, stats, routing, objective, loss_mask, denominator):
+    """(loss + this microbatch's share of `router_terms`, metrics + the routing metrics,
+    with routing [B, T, L, k] replayed `moe/routing_diff_share`). The share is the
+    microbatch's aggregation count over the minibatch's denominator (1 without one), so the
+    microbatches' terms add up to the minibatch's."""
+    share = 1.0
+    if denominator is not None:
+        share = losses.aggregation_denominator(objective, loss_mask) / denominator
+    extra, router_metrics = router_terms(stats, objective)
+    metrics = {**metrics, **router_metrics}
+    if routing is not None:  # the rollout's experts against the update's router
+        metrics["moe/routing_diff_share"] = replay_difference(stats, routing)
+    return loss + share * extra, metrics
 
 
 def replay_difference(stats, routing) -> jax.Array:
