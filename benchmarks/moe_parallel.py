@@ -43,7 +43,9 @@ def measure(name, rules, patch, impl):
     model = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
     graphdef, abstract = nnx.split(model)
     rng = np.random.RandomState(0)
-    state = jax.tree.map(lambda a: jnp.asarray(0.05 * rng.standard_normal(a.shape), a.dtype), abstract)
+    state = jax.tree.map(
+        lambda a: jnp.asarray(0.05 * rng.standard_normal(a.shape), a.dtype), abstract
+    )
     state = jax.device_put(state, sharding.state_shardings(state, mesh, rules))
     tokens = sharding.shard_batch(rng.randint(0, 256, (ROWS, LENGTH)).astype(np.int32), mesh)
     original = moe.expert_parallel
@@ -60,15 +62,19 @@ def measure(name, rules, patch, impl):
         ms = (time.perf_counter() - t0) / 3 * 1e3
     finally:
         moe.expert_parallel = original
-    print(f"{impl:6s} {name}: arguments {mem.argument_size_in_bytes / 2**20:.2f} MiB, temporaries "
-          f"{mem.temp_size_in_bytes / 2**20:.2f} MiB per device, {ms:.0f} ms per step, "
-          f"loss {float(out[0]):.6f}")
+    print(
+        f"{impl:6s} {name}: arguments {mem.argument_size_in_bytes / 2**20:.2f} MiB, temporaries "
+        f"{mem.temp_size_in_bytes / 2**20:.2f} MiB per device, {ms:.0f} ms per step, "
+        f"loss {float(out[0]):.6f}"
+    )
 
 
 def main():
     no_expert_rule = tuple(r for r in sharding.DEFAULT_RULES if r[0] != "expert")
     for impl in ("dense", "ragged"):
-        measure("expert-parallel shard_map (experts over fsdp)", sharding.DEFAULT_RULES, False, impl)
+        measure(
+            "expert-parallel shard_map (experts over fsdp)", sharding.DEFAULT_RULES, False, impl
+        )
         measure("same placement, XLA's partitioner", sharding.DEFAULT_RULES, True, impl)
         measure("plain FSDP (experts' D over fsdp)", no_expert_rule, True, impl)
 
