@@ -139,7 +139,7 @@ def _loss(graphdef, tokens, mask, coef=0.5):
     return jax.jit(jax.value_and_grad(loss))
 
 
-def test_expert_parallel_update_and_decode_equal_one_device(model):
+def test_expert_parallel_update_and_decode_equal_one_device(checkpoint, model):
     """The update's form (grouped matmuls, 1 expert per device: the N min(k, 1) rows bound)
     in the forward + gradient; the decode in the CPU default (dense)."""
     mesh = sharding.make_mesh((1, 8, 1))
@@ -157,6 +157,11 @@ def test_expert_parallel_update_and_decode_equal_one_device(model):
     for a, b in zip(jax.tree.leaves(grads1), jax.tree.leaves(grads8)):
         np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=1e-6, rtol=1e-5)
 
+    # loading onto the mesh reads each device's experts only, into the same placement
+    loaded = nnx.state(hf.load(checkpoint[0], mesh=mesh))
+    for a, b in zip(jax.tree.leaves(sharded), jax.tree.leaves(loaded)):
+        assert a.sharding.is_equivalent_to(b.sharding, a.ndim)
+        np.testing.assert_array_equal(np.asarray(b), np.asarray(a))
     # every device holds 1 of the 8 experts of each layer, and nothing gathers them
     experts = sharded["layers"]["mlp"]["expert_gate"].get_value()
     assert experts.sharding.spec[1] == "fsdp"
