@@ -3,7 +3,9 @@ r"""Per-device bytes of an RL update: the arithmetic beside XLA's compiled memor
     XLA_FLAGS=--xla_force_host_platform_device_count=8 \
         python scripts/memory_plan.py --model 0.5b --fsdp 8 --out /tmp/plan.json
 
-For a Qwen2.5 shape (0.5b, 7b, 32b) or a Gemma 3 one (gemma3-12b, gemma3-27b), builds the policy abstractly (`nnx.eval_shape`: no
+For a Qwen2.5 shape (0.5b, 7b, 32b), a Gemma 3 one (gemma3-12b, gemma3-27b) or Qwen3-30B-A3B's
+(30b-a3b: 128 experts, top 8, split over fsdp: expert parallelism; the experts' ragged form, as
+on an accelerator), builds the policy abstractly (`nnx.eval_shape`: no
 weights are allocated), shards it over a (data, fsdp, tensor) mesh of fake CPU devices and
 compiles the jitted update the trainer runs (`train_step.make_update_fn`: value and
 gradient of a policy-gradient loss through the chunked output layer, clip + AdamW, state
@@ -45,30 +47,33 @@ GEMMA3_COMMON = dict(architectures=["Gemma3ForCausalLM"], vocab_size=262208,
                      sliding_window=1024, sliding_window_pattern=6, rope_theta=1e6,
                      rope_local_base_freq=1e4, rope_scaling=dict(rope_type="linear", factor=8.0),
                      max_position_embeddings=131072, tie_word_embeddings=True)  # fmt: skip
+QWEN3_MOE = {  # Hugging Face config.json of Qwen/Qwen3-30B-A3B
+    "30b-a3b": dict(hidden_size=2048, intermediate_size=6144, num_layers=48, num_heads=32,
+                    num_kv_heads=4, head_dim=128, vocab_size=151936, tie_word_embeddings=False,
+                    num_experts=128, num_experts_per_tok=8, moe_intermediate_size=768,
+                    norm_topk_prob=True, qk_norm=True, moe_impl="ragged"),
+}  # fmt: skip
+SHAPES = {**QWEN2_5, **GEMMA3, **QWEN3_MOE}
 
 
-def model_config(args):
-    """The `ModelConfig` of `args.model` (compute dtype and remat from the flags)."""
+def model_config(name: str, **kw):
+    """The `ModelConfig` of a shape name (a Qwen2.5, Gemma 3 or Qwen3-MoE config.json's
+    fields); kw: ModelConfig fields to set (dtype, remat)."""
     from jaxrl_frontier.models import hf
     from jaxrl_frontier.models.layers import ModelConfig
 
-    if args.model in GEMMA3:
-        cfg = hf.config_from_hf({**GEMMA3_COMMON, **GEMMA3[args.model]})
-        return cfg.replace(dtype=args.dtype, remat=args.remat)
-    return ModelConfig(**QWEN2_5[args.model], qkv_bias=True, rope_theta=1e6, family="qwen2",
-                       dtype=args.dtype, remat=args.remat)  # fmt: skip
+    if name in GEMMA3:
+        return hf.config_from_hf({**GEMMA3_COMMON, **GEMMA3[name]}).replace(**kw)
+    if name in QWEN3_MOE:
+        return ModelConfig(**QWEN3_MOE[name], rope_theta=1e6, family="qwen3_moe", **kw)
+    return ModelConfig(**QWEN2_5[name], qkv_bias=True, rope_theta=1e6, family="qwen2", **kw)
 
 
 def parse(argv=None):
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument(
-        "--model",
-        default="0.5b",
-        choices=sorted(QWEN2_5) + sorted(GEMMA3),
-        help="a Qwen2.5 or Gemma 3 shape",
-    )
+    p.add_argument("--model", default="0.5b", choices=sorted(SHAPES), help="a model shape")
     p.add_argument("--data", type=int, default=1, help="mesh axis data (devices)")
     p.add_argument("--fsdp", type=int, default=8, help="mesh axis fsdp (devices)")
     p.add_argument("--tensor", type=int, default=1, help="mesh axis tensor (devices)")
@@ -93,6 +98,8 @@ def arithmetic(cfg, n_params: int, trained: int, args) -> dict:
     rows = args.rows // batch_devices
     layer = n_params - cfg.vocab_size * cfg.hidden_size * (1 if cfg.tie_word_embeddings else 2)
     layer //= cfg.num_layers
+    # an MoE layer's experts stay split (expert parallelism): only the rest is gathered
+    layer -= 3 * cfg.num_experts * cfg.hidden_size * cfg.moe_intermediate_size
     saved = cfg.num_layers * rows * args.seq * cfg.hidden_size * act  # remat=full: block inputs
     vocab = cfg.vocab_size * cfg.hidden_size
     out = dict(
@@ -154,7 +161,7 @@ def main(argv=None) -> dict:
     from jaxrl_frontier.rl.learn.learner import with_base
     from jaxrl_frontier.rl.learn.train_step import make_update_fn
 
-    cfg = model_config(args)
+    cfg = model_config(args.model, dtype=args.dtype, remat=args.remat)
     mesh = sharding.make_mesh((args.data, args.fsdp, args.tensor))
 
     def build():

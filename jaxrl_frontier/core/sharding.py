@@ -1,7 +1,8 @@
 """Device mesh and parameter placement from logical axis names.
 
 The mesh has axes ('data', 'fsdp', 'tensor'). Parameters carry logical axis names
-(`logical_axes` metadata on each `nnx.Param`: 'vocab', 'embed', 'heads', 'kv_heads', 'mlp');
+(`logical_axes` metadata on each `nnx.Param`: 'vocab', 'embed', 'heads', 'kv_heads', 'mlp',
+'expert');
 a rules table maps each logical name to a mesh axis. Batches are split over
 ('data', 'fsdp'). The same code runs on 1 CPU, 8 fake CPU devices, a GPU, or a TPU slice.
 
@@ -33,6 +34,10 @@ DEFAULT_RULES: tuple[tuple[str, str | None], ...] = (
     # activations, and no device gathers the whole table (544 MB in f32 at Qwen2.5-0.5B)
     # or holds its whole gradient
     ("vocab", ("tensor", "fsdp")),
+    # a mixture of experts' stacked [E, ...] expert weights split by expert over fsdp, claimed
+    # before `embed`: each device holds E / fsdp whole experts and the tokens travel to them
+    # (expert parallelism, models/moe.py), instead of every layer's experts being gathered
+    ("expert", "fsdp"),
     ("embed", "fsdp"),
     ("heads", "tensor"),
     ("kv_heads", "tensor"),

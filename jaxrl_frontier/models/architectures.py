@@ -10,6 +10,7 @@ import dataclasses
 from typing import Any
 
 from jaxrl_frontier.core.registry import Registry
+from jaxrl_frontier.models import moe
 from jaxrl_frontier.models.layers import ModelConfig
 
 ARCHITECTURES = Registry("Hugging Face architecture")
@@ -57,6 +58,7 @@ class Architecture:
     qkv_bias: str  # "always" | "never"
     qk_norm: bool
     default_max_positions: int
+    moe: bool = False  # every layer's MLP a mixture of experts (models/moe.py)
 
     def config_from_hf(self, hf: dict) -> ModelConfig:
         """config.json dict -> ModelConfig (unsupported options raise, naming the key)."""
@@ -97,6 +99,7 @@ class Architecture:
                 hf.get("max_position_embeddings", self.default_max_positions)
             ),
             family=self.model_type,
+            **(moe.config_from_hf(hf) if self.moe else {}),
         )
 
     def config_to_hf(self, cfg: ModelConfig, torch_dtype: str) -> dict:
@@ -128,6 +131,8 @@ class Architecture:
             hf["mlp_bias"] = False
         else:
             hf["use_sliding_window"] = False
+        if self.moe:
+            hf.update(moe.config_to_hf(cfg))
         return hf
 
 
@@ -135,6 +140,8 @@ for _arch in (
     Architecture("LlamaForCausalLM", "llama", "never", False, 2048),
     Architecture("Qwen2ForCausalLM", "qwen2", "always", False, 32768),
     Architecture("Qwen3ForCausalLM", "qwen3", "never", True, 32768),
+    Architecture("Qwen3MoeForCausalLM", "qwen3_moe", "never", True, 32768, moe=True),
+    Architecture("Qwen2MoeForCausalLM", "qwen2_moe", "always", False, 32768, moe=True),
 ):
     ARCHITECTURES.register(_arch.name)(_arch)
 

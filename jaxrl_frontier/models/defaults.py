@@ -47,6 +47,22 @@ def model_section() -> ml_collections.ConfigDict:
     # layers per iteration of the scanned forward: 1 loops over them (least compile time), 0
     # unrolls them all (faster updates for models of a few layers; longer compiles)
     s.scan_unroll = 1
+    # mixture of experts (models/moe.py, Qwen3-MoE): num_experts > 0 replaces each layer's MLP
+    # by a softmax top-k router over that many SwiGLU experts of `intermediate_size` (split
+    # over the mesh's fsdp axis: expert parallelism); `impl`: the experts' matmuls (auto:
+    # dense on CPU, ragged grouped matmuls elsewhere). The router's training terms are
+    # objective.router_aux_coef / router_z_coef. A checkpoint (model.init = hf) brings its
+    # own shape; `impl` still applies. routing_replay: none | rollout (R3: the sampler
+    # records each token's experts per layer and the update routes each token there, the
+    # gates from the current router)
+    s.moe = dict(
+        num_experts=0,
+        num_experts_per_tok=2,
+        intermediate_size=64,
+        norm_topk_prob=True,
+        impl="auto",
+        routing_replay="none",
+    )
     # LoRA (models/lora.py, Hu et al. 2021): rank > 0 trains rank-r adapters on the `targets`
     # projections beside the frozen weights (RL): y = x W + (alpha / rank) x A B. Only the
     # adapters and their optimizer state are trained and checkpointed; the reference policy
@@ -74,6 +90,8 @@ CHOICES: dict[str, tuple] = {
     "model.family": ("", "gemma2", "gemma3_text"),
     "model.remat": ("none", "full", "dots_saveable"),
     "model.attention": ("xla", "dot_product", "cudnn"),
+    "model.moe.impl": ("auto", "ragged", "dense"),
+    "model.moe.routing_replay": ("none", "rollout"),
     "teacher.init": ("none", "scratch", "hf", "checkpoint"),
     "teacher.dtype": ("float32", "bfloat16"),
 }
@@ -93,5 +111,8 @@ RANGES: dict[str, tuple] = {
     "model.sliding_window": (0, None, False, None),
     "model.sliding_window_pattern": (0, None, True, None),  # 0: the family's
     "model.lora.rank": (0, None, True, None),  # 0: no adapters
+    "model.moe.num_experts": (0, None, True, None),  # 0: the dense MLP
+    "model.moe.num_experts_per_tok": (0, None, False, None),
+    "model.moe.intermediate_size": (0, None, False, None),
     "model.lora.alpha": (0, None, False, None),
 }

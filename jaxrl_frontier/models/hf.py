@@ -6,8 +6,11 @@
 
 Supported architectures live in the `ARCHITECTURES` registry (HF `architectures[0]` ->
 `Architecture`): LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Gemma2ForCausalLM,
-Gemma3ForCausalLM. All share the tensor names of `model.layers.{i}...`; they differ in
-config fields (qkv bias, qk-norm, the Gemma fields) and Gemma's two extra norms per layer.
+Gemma3ForCausalLM, Qwen3MoeForCausalLM, Qwen2MoeForCausalLM. All share the tensor names of
+`model.layers.{i}...`; they differ in config fields (qkv bias, qk-norm, the Gemma fields),
+Gemma's two extra norms per layer and, for the mixtures of experts, the MLP's tensors
+(`mlp.gate.weight`, the router, and `mlp.experts.{e}.gate_proj/up_proj/down_proj.weight`,
+stacked into [L, E, ...] parameters; Qwen2-MoE's `mlp.shared_expert.*`).
 
 Layout conversion (HF Linear weights are [out, in]; ours are [in, out] split into heads):
 
@@ -77,6 +80,8 @@ class TensorSpec:
     linear=False: same element order, only reshaped (embeddings, norms, biases).
     layer: for a layer's tensor, its index i along the stacked parameter's leading axis
     (`shape` is then one layer's); None for the embedding, final norm and head.
+    expert: for an expert's tensor (`mlp.experts.{e}.*`), its index e along the expert axis
+    that follows the layers axis (`shape` is then one expert's); None otherwise.
     """
 
     hf_name: str
@@ -85,6 +90,14 @@ class TensorSpec:
     shape: tuple[int, ...]
     linear: bool
     layer: int | None = None
+    expert: int | None = None
+
+    @property
+    def index(self) -> tuple[int, ...]:
+        """The tensor's place along the parameter's leading (layers[, experts]) axes."""
+        if self.layer is None:
+            return ()
+        return (self.layer,) + (() if self.expert is None else (self.expert,))
 
     def to_ours(self, w: np.ndarray) -> np.ndarray:
         """HF array -> our layout (a view when possible: no copy of the tensor)."""
@@ -150,11 +163,14 @@ def tensor_specs(cfg: ModelConfig) -> list[TensorSpec]:
             TensorSpec(pre + f"{hf_name}.weight", ("layers", ours, "weight"), (d,), (d,), False)
             for hf_name, ours in _mlp_norms(cfg)
         ]
-        layer += [
-            TensorSpec(pre + "mlp.gate_proj.weight", (*mlp, "gate_proj"), (f, d), (d, f), True),
-            TensorSpec(pre + "mlp.up_proj.weight", (*mlp, "up_proj"), (f, d), (d, f), True),
-            TensorSpec(pre + "mlp.down_proj.weight", (*mlp, "down_proj"), (d, f), (f, d), True),
-        ]
+        if cfg.num_experts:
+            layer += _expert_specs(cfg, pre)
+        else:
+            layer += [
+                TensorSpec(pre + "mlp.gate_proj.weight", (*mlp, "gate_proj"), (f, d), (d, f), True),
+                TensorSpec(pre + "mlp.up_proj.weight", (*mlp, "up_proj"), (f, d), (d, f), True),
+                TensorSpec(pre + "mlp.down_proj.weight", (*mlp, "down_proj"), (d, f), (f, d), True),
+            ]
         specs += [dataclasses.replace(spec, layer=i) for spec in layer]
     specs.append(TensorSpec("model.norm.weight", ("final_norm", "weight"), (d,), (d,), False))
     if not cfg.tie_word_embeddings:
@@ -174,6 +190,38 @@ def _mlp_norms(cfg: ModelConfig) -> list[tuple[str, str]]:
         ("pre_feedforward_layernorm", "post_attn_norm"),
         ("post_feedforward_layernorm", "mlp_out_norm"),
     ]
+
+
+def _expert_specs(cfg: ModelConfig, pre: str) -> list[TensorSpec]:
+    """An MoE layer's MLP tensors: the router `mlp.gate.weight` [E, D] and, per expert e,
+    `mlp.experts.{e}.gate_proj/up_proj/down_proj.weight` (transformers 5 fuses them in
+    memory, `gate_up_proj` [E, 2F, D], but reads and writes these names on disk); Qwen2-MoE
+    adds `mlp.shared_expert.*_proj.weight` and `mlp.shared_expert_gate.weight` [1, D]."""
+    d, e, f = cfg.hidden_size, cfg.num_experts, cfg.moe_intermediate_size
+    mlp = ("layers", "mlp")
+    specs = [TensorSpec(pre + "mlp.gate.weight", (*mlp, "router"), (e, d), (d, e), True)]
+    for j in range(e):
+        ex = f"{pre}mlp.experts.{j}."
+        specs += [
+            TensorSpec(
+                ex + "gate_proj.weight", (*mlp, "expert_gate"), (f, d), (d, f), True, None, j
+            ),
+            TensorSpec(ex + "up_proj.weight", (*mlp, "expert_up"), (f, d), (d, f), True, None, j),
+            TensorSpec(
+                ex + "down_proj.weight", (*mlp, "expert_down"), (d, f), (f, d), True, None, j
+            ),
+        ]
+    fs = cfg.shared_expert_intermediate_size
+    if fs:  # Qwen2-MoE's shared expert and its sigmoid gate
+        sh = pre + "mlp.shared_expert."
+        specs += [
+            TensorSpec(sh + "gate_proj.weight", (*mlp, "shared_gate"), (fs, d), (d, fs), True),
+            TensorSpec(sh + "up_proj.weight", (*mlp, "shared_up"), (fs, d), (d, fs), True),
+            TensorSpec(sh + "down_proj.weight", (*mlp, "shared_down"), (d, fs), (fs, d), True),
+            TensorSpec(pre + "mlp.shared_expert_gate.weight", (*mlp, "shared_expert_gate"),
+                       (1, d), (d, 1), True),
+        ]  # fmt: skip
+    return specs
 
 
 # ----------------------------------------------------------------------------- reading
@@ -372,20 +420,33 @@ def load(
                         f"shape {spec.hf_shape} (from config.json), found {tuple(w.shape)}"
                     )
                 hosts.append(spec.to_ours(w))  # a view of the host array
-            stacked = group[0].layer is not None
-            shape = (len(hosts), *group[0].shape) if stacked else group[0].shape
+            grid = _host_grid(group, hosts)  # [L] or [L, E] host arrays; None: unstacked
+            shape = group[0].shape if grid is None else (*grid.shape, *group[0].shape)
             sharding = shardings[param_path].get_value() if mesh is not None else default
 
-            def shard(idx, hosts=hosts, stacked=stacked):
+            def shard(idx, hosts=hosts, grid=grid):
                 """Each device's slice, copied (and cast) from the host arrays."""
-                if not stacked:
+                if grid is None:
                     return np.asarray(hosts[0][idx], dtype=pd)
-                layers, rest = idx[0], idx[1:]
-                return np.stack([np.asarray(h[rest], dtype=pd) for h in hosts[layers]])
+                cells, rest = grid[idx[: grid.ndim]], idx[grid.ndim :]
+                parts = [np.asarray(h[rest], dtype=pd) for h in cells.reshape(-1)]
+                return np.stack(parts).reshape(*cells.shape, *parts[0].shape)
 
             variables[param_path].set_value(jax.make_array_from_callback(shape, sharding, shard))
             del hosts
     return nnx.merge(graphdef, state)
+
+
+def _host_grid(group: list[TensorSpec], hosts: list[np.ndarray]) -> np.ndarray | None:
+    """A stacked parameter's host tensors as an object array over its leading axes ([L],
+    or [L, E] for experts), by each spec's `index`; None for an unstacked parameter."""
+    if not group[0].index:
+        return None
+    dims = tuple(max(s.index[a] for s in group) + 1 for a in range(len(group[0].index)))
+    grid = np.empty(dims, dtype=object)
+    for spec, host in zip(group, hosts):
+        grid[spec.index] = host
+    return grid
 
 
 # ----------------------------------------------------------------------------- writing
@@ -413,8 +474,11 @@ def _to_host(x: jax.Array) -> np.ndarray:
 
 @jax.jit
 def _layer_slice(w: jax.Array, i: jax.Array) -> jax.Array:
-    """w[i] of a stacked [L, ...] parameter (a traced index: one compile per shape)."""
-    return jax.lax.dynamic_index_in_dim(w, i, 0, keepdims=False)
+    """w[i] of a stacked [L, ...] parameter, w[i0, i1] for i [2] (a layer's expert): traced
+    indices, one compile per shape."""
+    for j in i.reshape(-1):
+        w = jax.lax.dynamic_index_in_dim(w, j, 0, keepdims=False)
+    return w
 
 
 def save(
@@ -475,8 +539,8 @@ def save(
         tensors = {}
         for spec in group:
             w = variables[spec.path].get_value()
-            if spec.layer is not None:  # layer i's slice of the stacked parameter
-                w = _layer_slice(w, np.int32(spec.layer))
+            if spec.index:  # layer i's (expert e's) slice of the stacked parameter
+                w = _layer_slice(w, np.asarray(spec.index, np.int32))
             w = _to_host(w)
             tensors[spec.hf_name] = np.ascontiguousarray(spec.to_hf(w).astype(out_dtype))
             weight_map[spec.hf_name] = file

@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+MOE_IMPLS = ("auto", "ragged", "dense")  # ModelConfig.moe_impl (models/moe.py: expert_impl)
 _NEG_INF = -1e30  # finite, so a fully masked (padding) query row gives a uniform softmax, not NaN
 
 
@@ -67,6 +68,19 @@ class ModelConfig:
     layer_types: tuple[str, ...] | None = None
     sliding_window: int | None = None
     rope_local_theta: float | None = None  # sliding layers' RoPE base, unscaled (None: rope_theta)
+    # mixture of experts (Qwen3-MoE; models/moe.py): num_experts > 0 replaces every layer's
+    # MLP by a router over that many SwiGLU experts of moe_intermediate_size, each token
+    # going to num_experts_per_tok of them; 0 keeps the dense MLP
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = False  # renormalise the k gates to sum to 1
+    # Qwen2-MoE: a shared SwiGLU expert of this width every token goes through, its output
+    # scaled by sigmoid(x w_g); 0: none (Qwen3-MoE)
+    shared_expert_intermediate_size: int = 0
+    # the experts' matmuls: ragged (grouped) | dense (every expert on every token) | auto
+    # (dense on CPU, ragged elsewhere)
+    moe_impl: str = "auto"
 
     def __post_init__(self):
         if self.num_heads % self.num_kv_heads:
@@ -98,6 +112,16 @@ class ModelConfig:
                     f"sliding_window={self.sliding_window}; layer_types has sliding layers, "
                     "which need a window > 0"
                 )
+        if self.num_experts and not (
+            0 < self.num_experts_per_tok <= self.num_experts and self.moe_intermediate_size > 0
+        ):
+            raise ValueError(
+                f"num_experts={self.num_experts} needs 0 < num_experts_per_tok "
+                f"({self.num_experts_per_tok}) <= num_experts and moe_intermediate_size "
+                f"({self.moe_intermediate_size}) > 0"
+            )
+        if self.moe_impl not in MOE_IMPLS:
+            raise ValueError(f"moe_impl={self.moe_impl!r}; allowed: {MOE_IMPLS}")
 
     @property
     def sliding_layers(self) -> tuple[bool, ...]:
@@ -133,7 +157,15 @@ class ModelConfig:
             attn += hd * (self.num_heads + 2 * self.num_kv_heads)
         if self.qk_norm:
             attn += 2 * hd
-        layer = attn + 3 * d * f + (4 if self.sandwich_norms else 2) * d
+        mlp = 3 * d * f
+        if self.num_experts:  # the router and the experts instead
+            mlp = d * self.num_experts * (1 + 3 * self.moe_intermediate_size)
+            mlp += (
+                d
+                * (1 + 3 * self.shared_expert_intermediate_size)
+                * bool(self.shared_expert_intermediate_size)
+            )
+        layer = attn + mlp + (4 if self.sandwich_norms else 2) * d
         emb = v * d * (1 if self.tie_word_embeddings else 2)
         return self.num_layers * layer + emb + d
 
@@ -520,28 +552,38 @@ class Block(nnx.Module):
     layers' parameters stacked along a leading `layers` axis; `Transformer.scan_layers`
     runs it one layer at a time, each call seeing one layer's slice."""
 
-    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs, stack=()):
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs, stack=(), mlp=None):
+        """mlp: the MLP's class (`MLP` when None; `moe.MoE` for a mixture of experts)."""
         d = cfg.hidden_size
         self.input_norm = rms_norm(cfg, d, rngs, stack)
         self.attn = Attention(cfg, rngs, stack)
         self.post_attn_norm = rms_norm(cfg, d, rngs, stack)  # the MLP's input norm
-        self.mlp = MLP(cfg, rngs, stack)
+        self.mlp = (mlp or MLP)(cfg, rngs, stack)
         if cfg.sandwich_norms:  # Gemma: norms on the attention's and the MLP's outputs
             self.attn_out_norm = rms_norm(cfg, d, rngs, stack)
             self.mlp_out_norm = rms_norm(cfg, d, rngs, stack)
 
-    def __call__(self, x, positions, inv_freq, attn_bias, kv=None, hidden_mask=None):
+    def __call__(self, x, positions, inv_freq, attn_bias, kv=None, hidden_mask=None, route=None):
+        """-> (x, new_kv); with a `route` (an MoE's `moe.Route`), (x, new_kv, router stats)."""
         a, new_kv = self.attn(self.input_norm(x), positions, inv_freq, attn_bias, kv)
-        return self.feed_forward(x + self.out_norm("attn_out_norm", a), hidden_mask), new_kv
+        x = x + self.out_norm("attn_out_norm", a)
+        if route is None:
+            return self.feed_forward(x, hidden_mask), new_kv
+        out, stats = self.feed_forward(x, hidden_mask, route)
+        return out, new_kv, stats
 
     def out_norm(self, name: str, x):
         """x through the block's output norm `name` where it has one (Gemma), else x."""
         norm = getattr(self, name, None)
         return x if norm is None else norm(x)
 
-    def feed_forward(self, x, hidden_mask=None):
-        """The block's second residual half: x + MLP(RMSNorm(x)); x [..., D]."""
-        return x + self.out_norm("mlp_out_norm", self.mlp(self.post_attn_norm(x), hidden_mask))
+    def feed_forward(self, x, hidden_mask=None, route=None):
+        """The block's second residual half: x + MLP(RMSNorm(x)); x [..., D]. With a
+        `route` (MoE only): (that, the layer's router stats)."""
+        if route is None:
+            return x + self.out_norm("mlp_out_norm", self.mlp(self.post_attn_norm(x), hidden_mask))
+        y, stats = self.mlp(self.post_attn_norm(x), hidden_mask, route)
+        return x + self.out_norm("mlp_out_norm", y), stats
 
 
 def same_segment(segment_ids: jax.Array) -> jax.Array:

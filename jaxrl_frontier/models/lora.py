@@ -68,6 +68,12 @@ def add_adapters(model, *, rank: int, alpha: float, targets, key: jax.Array):
     for i, name in enumerate(check_targets(targets)):
         sub, n_in = TARGETS[name]
         module = getattr(layers, sub)
+        if not hasattr(module, name):  # a mixture of experts' MLP: no dense projections
+            raise ValueError(
+                f"config key 'model.lora.targets' names {name!r}, which this model's "
+                f"{type(module).__name__} MLP does not have (adapters on the experts are not "
+                "supported); target the attention projections (q_proj, k_proj, v_proj, o_proj)"
+            )
         w = getattr(module, name)
         shape, axes = w.get_value().shape, w.get_metadata().get("logical_axes")
         lead, ins, outs = shape[:1], shape[1 : 1 + n_in], shape[1 + n_in :]

@@ -50,6 +50,7 @@ from flax import nnx
 from jax.sharding import NamedSharding
 
 from jaxrl_frontier.core import sharding as shd
+from jaxrl_frontier.models import moe
 from jaxrl_frontier.models.layers import (
     REMAT_POLICIES,
     Block,
@@ -81,7 +82,8 @@ class Transformer(nnx.Module):
         pd = jnp.dtype(cfg.param_dtype)
         self.cfg = cfg
         self.embed = make_param(rngs, (cfg.vocab_size, cfg.hidden_size), ("vocab", "embed"), pd)
-        self.layers = Block(cfg, rngs, stack=(cfg.num_layers,))
+        mlp = moe.MoE if cfg.num_experts else None  # the dense MLP unless experts
+        self.layers = Block(cfg, rngs, stack=(cfg.num_layers,), mlp=mlp)
         self.final_norm = rms_norm(cfg, cfg.hidden_size, rngs)
         if not cfg.tie_word_embeddings:
             self.lm_head = make_param(
@@ -172,12 +174,18 @@ class Transformer(nnx.Module):
         cache=None,
         mlp_mask=None,
         segment_ids=None,
+        routing=None,
+        router_stats: bool = False,
     ):
         """Final-normed hidden states [B, T, D] (and the updated cache, or None).
 
         segment_ids [B, T] int (no cache): packed rows, several sequences per row (0 on empty
         slots); a token attends only to earlier tokens of its own segment
         (`layers.same_segment`), and `positions` (then required) restart in each segment.
+        MoE models only: routing int [B, T, L, k] sends each token of layer l to the experts
+        routing[:, :, l] (routing replay; gates from the current router); router_stats=True
+        also returns the layers' `moe.RouterStats` stacked [L, ...] (their `experts`
+        [L, B, T, k]) over the real tokens: (hidden, cache, stats).
         """
         cfg = self.cfg
         b, t = tokens.shape
@@ -190,11 +198,8 @@ class Transformer(nnx.Module):
         if positions is None:
             positions = positions_from_mask(attention_mask)
         real = attention_mask.astype(bool)
-        if cache is None:
-            key_valid, offset = real, 0
-        else:
-            key_valid = write_slots(cache.valid, real, cache.index, axis=1)
-            offset = cache.index
+        key_valid = real if cache is None else write_slots(cache.valid, real, cache.index, axis=1)
+        offset = 0 if cache is None else cache.index
         s = key_valid.shape[1]
         # query i sits in slot offset + i; it sees valid slots up to its own (offset [B]: a
         # cache whose rows write at their own slots)
@@ -204,24 +209,30 @@ class Transformer(nnx.Module):
         if segment_ids is not None:  # packed rows: nothing attends across segments
             allowed = allowed & same_segment(segment_ids)
         per_layer, layer_info = self.attention_inputs([(distance, allowed)])
+        route = self._router(attention_mask, routing, router_stats)
+        with_stats = lambda x, cache, stats: (  # noqa: E731
+            (self.final_norm(x), cache) + ((stats,) if router_stats else ())
+        )
 
         x = self.constrain_rows(self.embed_tokens(tokens))
         if cache is None:  # a training (or scoring) forward: remat applies
 
             def block(layer, x, inputs):
-                hidden_mask, info = inputs
+                hidden_mask, info, forced = inputs
                 inv_freq, (attn_bias,) = per_layer(info)
                 x = self.constrain_rows(x)
-                return layer(x, positions, inv_freq, attn_bias, None, hidden_mask)[0], None
+                out = layer(x, positions, inv_freq, attn_bias, None, hidden_mask, route(forced))
+                return out[0], route.stats(out)
 
-            x, _ = self.scan_layers(block, x, (mlp_mask, layer_info), remat=cfg.remat)
-            return self.final_norm(x), None
+            xs = (mlp_mask, layer_info, route.forced)
+            x, stats = self.scan_layers(block, x, xs, remat=cfg.remat)
+            return with_stats(x, None, stats)
 
         if isinstance(self.layers, nnx.List):  # unstacked: each layer's cache in place
-            x, new_cache = self._cached_layers(
-                x, positions, real, per_layer, layer_info, cache, mlp_mask
+            x, new_cache, stats = self._cached_layers(
+                x, positions, real, (per_layer, layer_info), cache, mlp_mask, route
             )
-            return self.final_norm(x), new_cache.replace(valid=key_valid, index=cache.index + t)
+            return with_stats(x, new_cache.replace(valid=key_valid, index=cache.index + t), stats)
         if cache.ring_layers:
             raise ValueError(
                 "a cache with sliding-window rings runs on the unstacked model "
@@ -229,21 +240,32 @@ class Transformer(nnx.Module):
             )
 
         def cached_block(layer, x, inputs):
-            k, v, hidden_mask, info = inputs
+            k, v, hidden_mask, info, forced = inputs
             inv_freq, (attn_bias,) = per_layer(info)
-            kv = (k, v, cache.index)
-            return layer(self.constrain_rows(x), positions, inv_freq, attn_bias, kv, hidden_mask)
+            kv, x = (k, v, cache.index), self.constrain_rows(x)
+            out = layer(x, positions, inv_freq, attn_bias, kv, hidden_mask, route(forced))
+            return out[0], (out[1], route.stats(out))
 
         # the scan takes (and returns) the layers' caches stacked [L, ...]
-        xs = (jnp.stack(cache.k), jnp.stack(cache.v), mlp_mask, layer_info)
-        x, (k, v) = self.scan_layers(cached_block, x, xs)
+        xs = (jnp.stack(cache.k), jnp.stack(cache.v), mlp_mask, layer_info, route.forced)
+        x, ((k, v), stats) = self.scan_layers(cached_block, x, xs)
         new_cache = cache.replace(k=tuple(k), v=tuple(v), valid=key_valid, index=cache.index + t)
-        return self.final_norm(x), new_cache
+        return with_stats(x, new_cache, stats)
 
-    def _cached_layers(self, x, positions, real, per_layer, layer_info, cache, mlp_mask):
+    def _router(self, attention_mask, routing, router_stats: bool) -> _Routing:
+        """The layers' MoE routing for `hidden_states` (replayed experts, stats wanted)."""
+        routed = routing is not None or router_stats
+        if routed and not self.cfg.num_experts:
+            raise ValueError("routing / router_stats: this model has no experts (num_experts=0)")
+        forced = None if routing is None else jnp.moveaxis(routing, 2, 0)  # [L, B, T, k]
+        return _Routing(routed, attention_mask, forced)
+
+    def _cached_layers(self, x, positions, real, attention, cache, mlp_mask, route):
         """The unstacked layers over a cache, each layer's cache updated in place: at slots
         [index, index + T), or for a sliding layer's ring (`sliding_cache`) one token at
-        slot index % W, its bias the ring's validity. -> (x, the cache with new k, v)."""
+        slot index % W, its bias the ring's validity. attention: (per_layer, layer_info) of
+        `attention_inputs`. -> (x, the cache with new k, v, router stats [L, ...] or None)."""
+        per_layer, layer_info = attention
         rings = cache.ring_layers or (False,) * len(self.layers)
         if any(rings):
             if x.shape[1] != 1 or jnp.ndim(cache.index) != 0:
@@ -256,7 +278,7 @@ class Transformer(nnx.Module):
             ring_valid = write_slots(cache.ring_valid, real, ring_slot, axis=1)
             ring_bias = mask_to_bias(ring_valid[:, None, :])  # [B, 1, 1, 1, W]
             cache = cache.replace(ring_valid=ring_valid)
-        new_k, new_v = [], []
+        new_k, new_v, stats = [], [], []
         for i, layer in enumerate(self.layers):
             hidden_mask = None if mlp_mask is None else mlp_mask[i]
             info = jax.tree.map(lambda a, i=i: a[i], layer_info)
@@ -265,12 +287,22 @@ class Transformer(nnx.Module):
             else:
                 (inv_freq, (attn_bias,)), index = per_layer(info), cache.index
             kv = (cache.k[i], cache.v[i], index)
-            x, (k, v) = layer(
-                self.constrain_rows(x), positions, inv_freq, attn_bias, kv, hidden_mask
+            forced = None if route.forced is None else route.forced[i]
+            out = layer(
+                self.constrain_rows(x),
+                positions,
+                inv_freq,
+                attn_bias,
+                kv,
+                hidden_mask,
+                route(forced),
             )
+            x, (k, v) = out[0], out[1]
             new_k.append(k)
             new_v.append(v)
-        return x, cache.replace(k=tuple(new_k), v=tuple(new_v))
+            stats.append(route.stats(out))
+        stacked = jax.tree.map(lambda *a: jnp.stack(a), *stats) if route.routed else None
+        return x, cache.replace(k=tuple(new_k), v=tuple(new_v)), stacked
 
     def embed_tokens(self, tokens: jax.Array) -> jax.Array:
         """tokens [B, T] -> embeddings [B, T, D] in the compute dtype (Gemma: times
@@ -436,3 +468,19 @@ def unstack_layers(model: Transformer) -> Transformer:
     out = nnx.merge(*nnx.split(model))  # a shallow structural copy sharing the arrays
     out.layers = nnx.List(blocks)
     return out
+
+
+class _Routing:
+    """An MoE forward's routing, for `Transformer.hidden_states`: `routed` (replayed experts
+    or router stats asked for), `forced` [L, B, T, k] replayed experts (or None);
+    route(forced_l) -> the layer's `moe.Route` (None: a plain MLP call); stats(out) -> the
+    layer's router stats from its output (None unless routed)."""
+
+    def __init__(self, routed: bool, attention_mask, forced):
+        self.routed, self.mask, self.forced = routed, attention_mask, forced
+
+    def __call__(self, forced_layer):
+        return moe.Route(mask=self.mask, experts=forced_layer) if self.routed else None
+
+    def stats(self, out):
+        return out[2] if self.routed else None

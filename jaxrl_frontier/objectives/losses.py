@@ -58,6 +58,10 @@ DEFAULTS: Mapping[str, Any] = {
     "kl_estimator": "k3",
     "kl_in_reward": False,
     "entropy_coef": 0.0,
+    # a mixture-of-experts policy's router terms (models/moe.py): the load-balancing loss
+    # E sum_e f_e P_e (1 when balanced) and the router z-loss, each times its coefficient
+    "router_aux_coef": 0.0,
+    "router_z_coef": 0.0,
     "distill": None,
     "distill_coef": 1.0,
     "distill_kwargs": {},
@@ -77,6 +81,8 @@ CHOICES: dict[str, tuple] = {
 # The objective's numeric keys: (low, high, low inclusive, high inclusive); None = open.
 RANGES: dict[str, tuple] = {
     "objective.kl_coef": (0, None, True, None),
+    "objective.router_aux_coef": (0, None, True, None),
+    "objective.router_z_coef": (0, None, True, None),
 }
 
 
@@ -132,7 +138,9 @@ def _on(cfg: Any, key: str) -> bool:
 # The float keys of `config.objective` whose value may arrive traced (`with_values`), so
 # that a schedule or a controller moves it without compiling again; besides these, every
 # float knob of the weight functions (`objective.weight_kwargs.<knob>`, `traced_keys`).
-TRACED_KEYS = ("pg_coef", "kl_coef", "entropy_coef", "distill_coef")
+TRACED_KEYS = (
+    "pg_coef", "kl_coef", "entropy_coef", "distill_coef", "router_aux_coef", "router_z_coef"
+)  # fmt: skip
 
 
 def traced_keys() -> tuple[str, ...]:

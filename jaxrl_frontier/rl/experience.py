@@ -18,6 +18,8 @@ g*G .. g*G+G-1 are the G completions of prompt g, and a group never spans proces
     policy_version  int32 [B]      version of the weights that sampled the row (its first token)
     turn_index      int32 [B, T]   0 for single-turn rollouts; the turn of each token
     dropout_keys    uint32 [B, 2]  Dropout-GRPO row keys (the update rebuilds their masks), or None
+    routing         int16 [B, T, L, k]  a mixture of experts' experts per token and layer as the
+                    sampler routed them (-1: none), which the update replays; or None
     token_version   int32 [B, T]   partial rollouts: the version that sampled each token (-1 off
                                    the completion), or None (every token: policy_version)
     extras          {name: [B, T]} arrays filled by registered log-prob passes (e.g. sc_logp)
@@ -116,7 +118,8 @@ class ScoredRows:
     """One draw of this process's rows after editing and scoring (host, prompt-major).
 
     rows: the `RolloutRows`; prompt_tokens / prompt_mask int32 [B_l, Tp]; rewards f32
-    [B_l, K]; dropout_keys [B_l, ...] or None; n_failed: completions whose scoring failed.
+    [B_l, K]; dropout_keys [B_l, ...] or None; n_failed: completions whose scoring failed;
+    routing: the recorded experts [B_l, Tp + Tn, L, k] (`Rollout.routing`) or None.
     """
 
     rows: RolloutRows
@@ -125,6 +128,7 @@ class ScoredRows:
     rewards: np.ndarray
     dropout_keys: np.ndarray | None
     n_failed: int
+    routing: np.ndarray | None = None
 
     def take_groups(self, groups: Sequence[int]) -> ScoredRows:
         rows = group_rows(groups, self.rows.group_size)
@@ -136,6 +140,7 @@ class ScoredRows:
             self.rewards[rows],
             keys,
             self.n_failed,
+            None if self.routing is None else self.routing[rows],
         )
 
     @staticmethod
@@ -155,6 +160,7 @@ class ScoredRows:
             else np.concatenate([x.token_version for x in r]),
         )
         keys = None if parts[0].dropout_keys is None else cat(lambda p: p.dropout_keys)
+        routing = None if parts[0].routing is None else cat(lambda p: p.routing)
         return ScoredRows(
             rows,
             cat(lambda p: p.prompt_tokens),
@@ -162,12 +168,13 @@ class ScoredRows:
             cat(lambda p: p.rewards),
             keys,
             sum(p.n_failed for p in parts),
+            routing,
         )
 
 
 # Fields the update reads (besides the optional ones present): see `Experience.update_batch`.
 UPDATE_FIELDS = ("tokens", "attention_mask", "loss_mask", "old_logp", "advantages")
-OPTIONAL_FIELDS = ("ref_logp", "teacher_logp", "dropout_keys")
+OPTIONAL_FIELDS = ("ref_logp", "teacher_logp", "dropout_keys", "routing")
 
 
 @flax.struct.dataclass
@@ -186,6 +193,7 @@ class Experience:
     teacher_logp: Array | None = None
     dropout_keys: Array | None = None
     token_version: Array | None = None
+    routing: Array | None = None
     extras: dict[str, Array] = flax.struct.field(default_factory=dict)
 
     @property

@@ -82,6 +82,8 @@ def model_config_from(config, tokenizer) -> ModelConfig:
     m = config.model
     if m.family:  # gemma2 | gemma3_text: the HF architecture's mapping of these shapes
         return gemma_config_from(m, tokenizer)
+    experts = m.moe.num_experts
+    family = "qwen2" if m.qkv_bias else ("qwen3" if m.qk_norm else "llama")
     return ModelConfig(
         vocab_size=m.vocab_size or tokenizer.vocab_size,
         hidden_size=m.hidden_size,
@@ -96,10 +98,15 @@ def model_config_from(config, tokenizer) -> ModelConfig:
         qk_norm=m.qk_norm,
         max_position_embeddings=m.max_position_embeddings,
         dtype=m.dtype,
-        family="qwen2" if m.qkv_bias else ("qwen3" if m.qk_norm else "llama"),
+        family="qwen3_moe" if experts else family,
         remat=m.remat,
         attention=m.attention,
         scan_unroll=m.scan_unroll,
+        num_experts=experts,
+        num_experts_per_tok=m.moe.num_experts_per_tok if experts else 0,
+        moe_intermediate_size=m.moe.intermediate_size if experts else 0,
+        norm_topk_prob=m.moe.norm_topk_prob,
+        moe_impl=m.moe.impl,
     )
 
 
@@ -141,9 +148,9 @@ def build_model(init: str, path: str, config, tokenizer, mesh, key, dtype: str) 
         return sharding.shard_model(model, mesh)
     model = hf.load(export_dir(path), mesh=mesh, dtype=dtype)
     m = config.model  # training choices, not part of the HF config
-    if (m.remat, m.attention, m.scan_unroll) != ("none", "xla", 1):
+    if (m.remat, m.attention, m.scan_unroll, m.moe.impl) != ("none", "xla", 1, "auto"):
         model.cfg = model.cfg.replace(
-            remat=m.remat, attention=m.attention, scan_unroll=m.scan_unroll
+            remat=m.remat, attention=m.attention, scan_unroll=m.scan_unroll, moe_impl=m.moe.impl
         )
     return model
 

@@ -92,5 +92,10 @@ def _sampler(c, policy, graphdef, train_mesh, mesh, tokenizer, partial: bool) ->
         rollout = rollout.to_dict()
         rollout["continuous_slots"] //= jax.process_count()
     return make_sampler(  # rollout.speculative: a SpeculativeSampler
-        policy, rollout, pad_id=tokenizer.pad_id, mesh=mesh, partial=partial
+        policy,
+        rollout,
+        pad_id=tokenizer.pad_id,
+        mesh=mesh,
+        partial=partial,
+        record_routing=c.model.moe.routing_replay == "rollout",  # MoE routing replay (R3)
     )

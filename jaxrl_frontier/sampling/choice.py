@@ -13,13 +13,31 @@ from jaxrl_frontier.sampling.speculative import SpeculativeSampler
 
 
 def make_sampler(
-    model: Transformer, rollout, *, pad_id: int, mesh: Mesh | None = None, partial: bool = False
+    model: Transformer,
+    rollout,
+    *,
+    pad_id: int,
+    mesh: Mesh | None = None,
+    partial: bool = False,
+    record_routing: bool = False,
 ):
     """The sampler config section `rollout` asks for: with `speculative.draft` set, a
     `SpeculativeSampler` (draft: the policy's first layers); with `continuous_slots` > 0, a
     `ContinuousSampler` (continuous batching), or with `partial` and `partial_budget` > 0 a
-    `PartialSampler` (the training rollouts' partial rollouts); else a `Sampler`."""
+    `PartialSampler` (the training rollouts' partial rollouts); else a `Sampler`.
+    record_routing: an MoE policy's rollouts carry their experts (`Sampler`'s only)."""
     spec = rollout.get("speculative") or {}
+    if record_routing and not model.cfg.num_experts:
+        raise ValueError(
+            "config key 'model.moe.routing_replay' = 'rollout' needs a mixture-of-experts "
+            "policy (model.moe.num_experts > 0, or a Qwen3-MoE checkpoint); set it to 'none'"
+        )
+    if record_routing and (rollout.get("continuous_slots") or spec.get("draft") is not None):
+        raise ValueError(
+            "config key 'model.moe.routing_replay' = 'rollout' records the experts in the "
+            "plain sampler only: set rollout.continuous_slots = 0 and rollout.speculative.draft "
+            "= None, or model.moe.routing_replay = 'none'"
+        )
     kw = dict(pad_id=pad_id, mesh=mesh, cache_dtype=rollout.get("cache_dtype") or None)
     slots = int(rollout.get("continuous_slots") or 0)
     if slots and spec.get("draft") is not None:
@@ -43,5 +61,6 @@ def make_sampler(
     if slots:
         return ContinuousSampler(model, slots=slots, **kw)
     if spec.get("draft") is None:
-        return Sampler(model, decode_phases=int(rollout.get("decode_phases") or 1), **kw)
+        phases = int(rollout.get("decode_phases") or 1)
+        return Sampler(model, decode_phases=phases, record_routing=record_routing, **kw)
     return SpeculativeSampler(model, int(spec["draft"]), k=int(spec.get("k", 4)), **kw)

@@ -47,6 +47,10 @@ class Rollout:
     dropout_keys:      uint32 [B, ...] key data of each row's MLP dropout mask, or None.
     token_version:     int32 [B, Tn]   the version of each token, or None (all policy_version):
                                        partial rollouts continue rows with newer weights.
+    routing:           int16 [B, Tp + Tn, L, k] a mixture of experts' experts of each token
+                       and layer as the sampler routed it (`Sampler(record_routing=True)`),
+                       aligned with `sequences()`; -1 where none was recorded (padding, the
+                       last token, which is never fed); or None.
     group_size:        n (static).
     """
 
@@ -62,6 +66,7 @@ class Rollout:
     policy_version: jax.Array
     dropout_keys: jax.Array | None = None
     token_version: jax.Array | None = None
+    routing: jax.Array | None = None
     group_size: int = flax.struct.field(pytree_node=False, default=1)
 
     @property
@@ -94,10 +99,13 @@ class Rollout:
         )
 
 
-def make_rollout(prompt_tokens, prompt_mask, out, lengths, stopped, *, n, version, dropout_keys):
+def make_rollout(
+    prompt_tokens, prompt_mask, out, lengths, stopped, *, n, version, dropout_keys, routing=None
+):
     """The `Rollout` of a decode: prompts [P, Tp] (each repeated n times), out = (tokens,
     policy_logp, sample_logp) [B, Tn] (pad_id / 0 past each row's end), lengths int32 [B],
-    stopped bool [B] (it emitted a stop token), version int32 []."""
+    stopped bool [B] (it emitted a stop token), version int32 []; routing: the recorded
+    experts [B, Tp + Tn, L, k] or None."""
     tokens, policy_logp, sample_logp = out
     num_rows, tn = tokens.shape
     completion_mask = (jnp.arange(tn)[None, :] < lengths[:, None]).astype(jnp.int32)
@@ -113,6 +121,7 @@ def make_rollout(prompt_tokens, prompt_mask, out, lengths, stopped, *, n, versio
         policy_logp=policy_logp,
         policy_version=jnp.full((num_rows,), version, jnp.int32),
         dropout_keys=dropout_keys,
+        routing=routing,
         group_size=n,
     )
 

@@ -58,7 +58,9 @@ def decode_windows(prompt_len: int, max_new_tokens: int, phases: int) -> tuple[i
 class DecodeState:
     """The decode loop's carry: step int32 [] (the next token's index), cache, token int32
     [B] (the last emitted: the next input), done bool [B] (emitted a stop token), lengths
-    int32 [B], out = (tokens, policy_logp, sample_logp) [B, Tn] (pad_id / 0 past the end)."""
+    int32 [B], out = (tokens, policy_logp, sample_logp) [B, Tn] (pad_id / 0 past the end);
+    routing: int16 [B, Tn, L, k] the experts each fed completion token went to (-1: none),
+    or None (not recorded)."""
 
     step: jax.Array
     cache: KVCache
@@ -66,6 +68,7 @@ class DecodeState:
     done: jax.Array
     lengths: jax.Array
     out: tuple
+    routing: jax.Array | None = None
 
     @classmethod
     def start(cls, cache: KVCache, num_rows: int, width: int, pad_id: int) -> DecodeState:
@@ -94,7 +97,9 @@ class Sampler:
     slots for every step), each a trace of the step: more phases read less, compile
     longer; sliding_window_cache: a model's sliding-window layers (Gemma) decode from a ring
     of window slots (`models.sliding_cache`; not on fsdp meshes, whose decode is scanned),
-    same tokens, a cache that does not grow with the completion."""
+    same tokens, a cache that does not grow with the completion; record_routing: a mixture
+    of experts' rollouts carry each token's experts per layer (`Rollout.routing`, from the
+    prefill and every decode step) for routing replay."""
 
     def __init__(
         self,
@@ -107,8 +112,12 @@ class Sampler:
         cache_dtype: str | None = None,
         decode_phases: int = 4,
         sliding_window_cache: bool = True,
+        record_routing: bool = False,
     ):
         self.model, self.cfg, self.pad_id, self.mesh = model, model.cfg, int(pad_id), mesh
+        if record_routing and not model.cfg.num_experts:
+            raise ValueError("Sampler(record_routing=True): the model has no experts")
+        self.record_routing = bool(record_routing)
         decode_windows(1, 2, decode_phases)  # validates the count
         self.decode_phases = int(decode_phases)
         self.prompt_buckets = tuple(sorted(int(b) for b in prompt_buckets))
@@ -222,9 +231,16 @@ class Sampler:
         num_rows, tp = tokens.shape
         mlp_mask, _ = self.mlp_mask(key, num_rows, knobs, use_dropout)
         cache = self.constrain_cache(model.init_cache(num_rows, tp, self.cache_dtype))
-        hidden, cache = model.hidden_states(tokens, mask, cache=cache, mlp_mask=mlp_mask)
+        out = model.hidden_states(
+            tokens, mask, cache=cache, mlp_mask=mlp_mask, router_stats=self.record_routing
+        )
+        hidden, cache = out[:2]
         logits = model.logits(hidden[:, -1])  # left padding: column Tp-1 is the last token
         reps = 1 if use_dropout else n
+        routing = None
+        if self.record_routing:  # [P, Tp, L, k], -1 on padding
+            routing = recorded_experts(out[2].experts, mask)
+            routing = jnp.repeat(routing, reps, axis=0)
 
         def fit(x):  # the prompt's rows repeated, the decode's slots added (axis 2 / 1)
             return jnp.pad(
@@ -236,7 +252,8 @@ class Sampler:
             k=jax.tree.map(fit, cache.k), v=jax.tree.map(fit, cache.v), valid=fit(cache.valid)
         )
         lengths = jnp.repeat(jnp.sum(mask, axis=1, dtype=jnp.int32), reps)
-        return self.constrain_cache(cache), jnp.repeat(logits, reps, 0), lengths
+        out = self.constrain_cache(cache), jnp.repeat(logits, reps, 0), lengths
+        return out + ((routing,) if self.record_routing else ())
 
     def decode_model(self, state) -> Transformer:
         """The model a decode loop runs: weights cast once, layers split unless scanned."""
@@ -252,9 +269,12 @@ class Sampler:
         weights, token = jax.lax.optimization_barrier((weights, token))
         return nnx.merge(graphdef, weights), token
 
-    def _decode(self, state, cache, logits0, prompt_len, prompts, key, knobs, version, *, plan):
+    def _decode(
+        self, state, cache, logits0, prompt_len, prompts, key, knobs, version, routing=None, *, plan
+    ):
         """Sample Tn tokens per row from the prefilled cache -> (`Rollout`, the final cache);
-        see the module docstring. prompts: (tokens, mask) [P, Tp] for the record."""
+        see the module docstring. prompts: (tokens, mask) [P, Tp] for the record; routing:
+        the prefill's recorded experts [B, Tp, L, k] (`record_routing`)."""
         model = self.decode_model(state)
         if self.ring_cache:  # sliding layers: their last W slots, in rings
             cache = self.constrain_cache(to_ring(cache, self.cfg))
@@ -272,21 +292,35 @@ class Sampler:
         def step(s: DecodeState) -> DecodeState:
             step_model, token = self.step_model(model, s.token)
             pos = (prompt_len + s.step - 1)[:, None]
-            logits, cache = step_model(
-                token[:, None], None, positions=pos, cache=s.cache, mlp_mask=mlp_mask
-            )
-            return emit(s.replace(cache=self.constrain_cache(cache)), logits[:, 0])
+            out = step_model.hidden_states(
+                token[:, None], None, positions=pos, cache=s.cache, mlp_mask=mlp_mask,
+                router_stats=self.record_routing,
+            )  # fmt: skip
+            if self.record_routing:  # the fed token s - 1's experts, for the rows still live
+                rec = recorded_experts(out[2].experts, ~s.done[:, None])
+                s = s.replace(
+                    routing=jax.lax.dynamic_update_slice_in_dim(s.routing, rec, s.step - 1, 1)
+                )
+            s = s.replace(cache=self.constrain_cache(out[1]))
+            return emit(s, step_model.logits(out[0])[:, 0])
 
-        s = emit(DecodeState.start(cache, num_rows, tn, self.pad_id), logits0)
+        s = DecodeState.start(cache, num_rows, tn, self.pad_id)
+        if self.record_routing:
+            shape = (num_rows, tn, self.cfg.num_layers, self.cfg.num_experts_per_tok)
+            s = s.replace(routing=jnp.full(shape, -1, jnp.int16))
+        s = emit(s, logits0)
         tp = prompts[0].shape[1]
         for size in decode_windows(tp, tn, self.decode_phases):
             last = min(tn, size - tp + 1)  # this phase runs the steps s < last
             s = s.replace(cache=self.constrain_cache(grow_cache(s.cache, size)))
             s = jax.lax.while_loop(lambda s, last=last: (s.step < last) & ~jnp.all(s.done), step, s)
         keys = None if dropout_keys is None else jax.random.key_data(dropout_keys)
+        if self.record_routing:  # [B, Tp + Tn, L, k], aligned with the rollout's sequences
+            routing = jnp.concatenate([routing, s.routing], axis=1)
         rollout = ro.make_rollout(
-            *prompts, s.out, s.lengths, s.done, n=plan.n, version=version, dropout_keys=keys
-        )
+            *prompts, s.out, s.lengths, s.done, n=plan.n, version=version, dropout_keys=keys,
+            routing=routing,
+        )  # fmt: skip
         return rollout, s.cache  # the cache out too: XLA then updates the donated buffers
 
     def first_cache_size(self, prompt_len: int, plan: Plan) -> int:
@@ -322,15 +356,23 @@ class Sampler:
         (tokens, mask), num_prompts = self.pad_prompts(prompt_tokens, prompt_mask)
         plan, knobs, key = Plan.of(params), Knobs.of(params, first_row), as_key(key)
         state = self.weights()
-        cache, logits0, prompt_len = self.prefill(
+        cache, logits0, prompt_len, *routing = self.prefill(
             state, tokens, mask, key, knobs, n=plan.n, use_dropout=plan.use_dropout,
             slots=self.first_cache_size(tokens.shape[1], plan) - tokens.shape[1],
         )  # fmt: skip
         version = np.int32(self.policy_version if policy_version is None else policy_version)
         rollout, _ = self.decode(
-            state, cache, logits0, prompt_len, (tokens, mask), key, knobs, version, plan=plan
-        )
+            state, cache, logits0, prompt_len, (tokens, mask), key, knobs, version, *routing,
+            plan=plan,
+        )  # fmt: skip
         return rollout.take_rows(num_prompts * plan.n)
+
+
+def recorded_experts(experts: jax.Array, real: jax.Array) -> jax.Array:
+    """A forward's experts [L, B, T, k] (`moe.RouterStats.experts`) -> int16 [B, T, L, k],
+    -1 where real [B, T] is 0 (padding, finished rows)."""
+    rec = jnp.moveaxis(experts, 0, 2).astype(jnp.int16)
+    return jnp.where(real.astype(bool)[:, :, None, None], rec, jnp.int16(-1))
 
 
 def grow_cache(cache: KVCache, size: int) -> KVCache:

@@ -21,6 +21,7 @@ from flax import nnx
 from benchmarks.common import cpu_info
 from jaxrl_frontier.models import lora
 from jaxrl_frontier.objectives import losses
+from jaxrl_frontier.rl.learn.learner import router_terms
 from jaxrl_frontier.run.config import resolve, validate
 from jaxrl_frontier.run.trainer import Trainer
 from jaxrl_frontier.train.checkpoint import Checkpointer
@@ -155,11 +156,22 @@ def objective_recompute(tr, seen) -> float | None:
     if cfg.get("distill"):
         teacher = nnx.merge(nnx.graphdef(tr.roles.teacher), frozen["teacher"])
         batch["teacher_logits"] = teacher(batch["tokens"], batch["attention_mask"])
+    routing = batch.pop("routing", None)  # MoE routing replay: the rollout's experts
     apply = lambda p, t, m: nnx.merge(tr.roles.graphdef, p)(t, m)
+    if routing is not None:
+        apply = lambda p, t, m: (lambda x: x.logits(x.hidden_states(t, m, routing=routing)[0]))(
+            nnx.merge(tr.roles.graphdef, p)
+        )
     params = seen["params"]
     if "base" in frozen:  # LoRA: the learner trains the adapters over the frozen base
         params = lora.combine(frozen["base"], params)
     loss, _ = losses.loss_fn(params, batch, cfg, apply_fn=apply)
+    model = nnx.merge(tr.roles.graphdef, params)
+    if model.cfg.num_experts:  # an MoE policy's loss adds the router's terms
+        _, _, stats = model.hidden_states(
+            batch["tokens"], batch["attention_mask"], router_stats=True
+        )
+        loss = loss + router_terms(stats, cfg)[0]
     return float(loss)
 
 
@@ -187,6 +199,13 @@ def test_runlocal_trains_two_steps(name, tmp_path, monkeypatch):
         assert math.isfinite(series(rows, "train/grad_norm")[2])
         if c.teacher.init != "none":
             assert math.isfinite(series(rows, "opd/reverse_kl")[2])
+        if c.model.moe.num_experts:  # the router's metrics are logged
+            assert 1.0 <= series(rows, "train/moe/load_max")[2] <= c.model.moe.num_experts
+            assert (
+                0.0
+                < series(rows, "train/moe/router_entropy")[2]
+                <= math.log(c.model.moe.num_experts)
+            )
         # it trains: its groups disagree (a warm start), so the gradient and the update are
         # not 0 (a weight function that returned zeros would fail here)
         moved = max(float(abs(a - b).max()) for a, b in zip(before, host_leaves(tr.state.params)))

@@ -17,9 +17,17 @@ from jaxrl_frontier.objectives import logprobs
 from jaxrl_frontier.rl.learn import packing
 
 
-def apply_hidden(graphdef, group_size: int = 1, completion_len: int = 0):
+def apply_hidden(graphdef, group_size: int = 1, completion_len: int = 0, router: bool = False):
     """(params, tokens, mask, mlp_mask=None) -> (final hidden [B, T, D], output layer [D, V],
     or a `logprobs.OutputLayer` with the model's final logit soft-cap).
+
+    router=True (a mixture-of-experts policy; no shared prompt): (params, tokens, mask,
+    mlp_mask=None, routing=None) -> (hidden, output layer, the layers' `moe.RouterStats`),
+    routing int [B, T, L, k] replaying recorded experts (`Transformer.hidden_states`).
+
+    router=True (a mixture-of-experts policy; no shared prompt): (params, tokens, mask,
+    mlp_mask=None, routing=None) -> (hidden, output layer, the layers' `moe.RouterStats`),
+    routing int [B, T, L, k] replaying recorded experts (`Transformer.hidden_states`).
 
     group_size > 1 and completion_len > 0: the rows are prompt-major groups of `group_size`
     that share their first T - completion_len tokens (an RL batch), and each group's prompt
@@ -28,15 +36,29 @@ def apply_hidden(graphdef, group_size: int = 1, completion_len: int = 0):
     so the update runs the sub-network that sampled each row; not with a shared prompt (each
     row's prompt then runs through its own sub-network).
     """
+    if router and group_size > 1 and completion_len > 0:
+        raise ValueError("apply_hidden: router statistics need the per-row forward (group_size 1)")
     hidden_fn = _hidden_states(graphdef, group_size, completion_len)
 
-    def apply_hidden_fn(params, tokens, attention_mask, mlp_mask=None):
+    def apply_hidden_fn(params, tokens, attention_mask, mlp_mask=None, routing=None):
+        if router:
+            model = nnx.merge(graphdef, params)
+            hidden, _, stats = model.hidden_states(
+                tokens, attention_mask, mlp_mask=mlp_mask, routing=routing, router_stats=True
+            )
+            return hidden, _output_layer(model), stats
         model, hidden = hidden_fn(params, tokens, attention_mask, mlp_mask)
-        cap = model.cfg.final_logit_softcap  # Gemma 2: the logits are soft-capped
-        w_out = model.output_embedding()
-        return hidden, w_out if cap is None else logprobs.OutputLayer(w_out, cap)
+        return hidden, _output_layer(model)
 
     return apply_hidden_fn
+
+
+def _output_layer(model):
+    """The output projection [D, V], or with a final logit soft-cap (Gemma 2) the
+    `logprobs.OutputLayer` that applies it."""
+    cap = model.cfg.final_logit_softcap
+    w_out = model.output_embedding()
+    return w_out if cap is None else logprobs.OutputLayer(w_out, cap)
 
 
 def _hidden_states(graphdef, group_size: int, completion_len: int):

@@ -38,7 +38,8 @@ import numpy as np
 from flax import nnx
 
 from jaxrl_frontier.core import sharding
-from jaxrl_frontier.models import lora
+from jaxrl_frontier.core.errors import ConfigError
+from jaxrl_frontier.models import lora, moe
 from jaxrl_frontier.objectives import logprobs, losses
 from jaxrl_frontier.rl.experience import Experience
 from jaxrl_frontier.rl.learn import packing
@@ -93,14 +94,17 @@ def rl_loss(
     weights, and a distillation loss reads its hidden states (no gradient).
     capture_hidden: metrics['hidden'] holds the policy's final hidden states [B, T, D] of the
     loss's own forward (a value head reads them: `rl.ppo`), when that forward computes them.
+    An MoE policy (`model_cfg.num_experts`; group_size 1): + `add_router_terms`; a batch's
+    `routing` [B, T, L, k] replays those experts.
     `frozen['knobs']` (when present): {objective key: f32 []} replacing those keys of
     `objective_cfg` (`losses.with_values`): schedules and controllers move them step by step
     as arguments of the one compiled update.
     """
     logits_fn = apply_logits(graphdef, group_size, completion_len)
+    routed = bool(model_cfg is not None and model_cfg.num_experts)  # MoE: the router's stats
     hidden_fn = None
-    if logprob_chunk is not None:
-        hidden_fn = apply_hidden(graphdef, group_size, completion_len)
+    if logprob_chunk is not None or routed:
+        hidden_fn = apply_hidden(graphdef, group_size, completion_len, router=routed)
     teacher_hidden_fn = None if teacher_graphdef is None else apply_hidden(teacher_graphdef)
 
     packed_loss_of = packed_loss(graphdef, logprob_chunk, completion_len, teacher_graphdef)
@@ -112,7 +116,7 @@ def rl_loss(
             cfg = losses.with_values(objective_cfg, frozen["knobs"])
         if "pack" in batch:
             return packed_loss_of(params, batch, cfg, denominator, frozen)
-        mlp_mask = None
+        mlp_mask, routing = None, batch.pop("routing", None)
         keys = batch.pop("dropout_keys", None)
         if dropout_rate > 0:
             mlp_mask = dropout_masks(model_cfg, dropout_rate, keys)
@@ -126,14 +130,17 @@ def rl_loss(
         seen = {}
 
         def hidden_of(p, t, m):
-            seen["hidden"], w_out = hidden_fn(p, t, m, mlp_mask)
+            out = hidden_fn(p, t, m, mlp_mask, *((routing,) if routed else ()))
+            seen["hidden"], w_out, seen["router"] = *out[:2], out[2:]
             return seen["hidden"], w_out
 
+        logits_of = lambda p, t, m: nnx.merge(graphdef, p).logits(hidden_of(p, t, m)[0])
+        apply_fn = logits_of if routed else lambda p, t, m: logits_fn(p, t, m, mlp_mask)
         loss, metrics = losses.loss_fn(
             params,
             batch,
             cfg,
-            apply_fn=lambda p, t, m: logits_fn(p, t, m, mlp_mask),
+            apply_fn=apply_fn,
             apply_hidden_fn=None if hidden_fn is None else hidden_of,
             logprob_chunk=logprob_chunk or logprobs.DEFAULT_LOGPROB_CHUNK,
             first_scored=first_scored(batch["tokens"], completion_len),
@@ -141,6 +148,10 @@ def rl_loss(
         )
         if capture_hidden and "hidden" in seen:
             metrics = {**metrics, "hidden": seen["hidden"]}
+        if seen.get("router"):  # an MoE policy: the router's terms and metrics
+            loss, metrics = add_router_terms(
+                loss, metrics, seen["router"][0], routing, cfg, batch["loss_mask"], denominator
+            )
         return loss, metrics
 
     return loss_of
@@ -197,6 +208,46 @@ def packed_loss(graphdef, logprob_chunk, completion_len: int, teacher_graphdef=N
     return loss_of
 
 
+def router_terms(stats, objective) -> tuple[jax.Array, dict]:
+    """(router_aux_coef x the load-balancing loss + router_z_coef x the z-loss, the routing
+    metrics) of an MoE forward's stacked `moe.RouterStats`; objective: the objective section
+    (its coefficients possibly traced: scheduled)."""
+    terms = moe.router_losses(stats)
+    aux, z = (
+        losses.value_of(objective, "router_aux_coef"),
+        losses.value_of(objective, "router_z_coef"),
+    )
+    metrics = {
+        **moe.router_metrics(stats),
+        "moe/load_balance_loss": terms["load_balance"],
+        "moe/z_loss": terms["z"],
+    }
+    return aux * terms["load_balance"] + z * terms["z"], metrics
+
+
+def add_router_terms(loss, metrics, stats, routing, objective, loss_mask, denominator):
+    """(loss + this microbatch's share of `router_terms`, metrics + the routing metrics,
+    with routing [B, T, L, k] replayed `moe/routing_diff_share`). The share is the
+    microbatch's aggregation count over the minibatch's denominator (1 without one), so the
+    microbatches' terms add up to the minibatch's."""
+    share = 1.0
+    if denominator is not None:
+        share = losses.aggregation_denominator(objective, loss_mask) / denominator
+    extra, router_metrics = router_terms(stats, objective)
+    metrics = {**metrics, **router_metrics}
+    if routing is not None:  # the rollout's experts against the update's router
+        metrics["moe/routing_diff_share"] = replay_difference(stats, routing)
+    return loss + share * extra, metrics
+
+
+def replay_difference(stats, routing) -> jax.Array:
+    """The share of recorded (token, layer) pairs whose recorded experts (routing
+    [B, T, L, k], -1: none) differ from the update's own top-k (`stats.own` [L, B, T, k]):
+    the prompt's tokens and every fed completion token."""
+    counted = jnp.all(routing >= 0, axis=(-2, -1))
+    return moe.routing_difference_share(jnp.moveaxis(stats.own, 0, 2), routing, counted)
+
+
 def with_base(loss_of):
     """`loss_of` over adapters: (adapters, batch, denominator, frozen) -> loss_of(base +
     adapters, ...) with the base from `frozen['base']`, so the gradient is the adapters'."""
@@ -216,6 +267,7 @@ def update_layout(
     mesh,
     share_prompt: bool,
     dropout_rate: float = 0.0,
+    routed: bool = False,
 ) -> dict[str, int]:
     """How `rows` rows of an RL batch may run: only the last `completion_len` positions are
     scored, and with `share_prompt` each group's prompt runs once when `rows` holds whole
@@ -224,6 +276,7 @@ def update_layout(
     Keyword arguments of `forward.make_logp_fn` and `rl_loss`."""
     groups, rem = divmod(rows, group_size)
     share = share_prompt and group_size > 1 and not rem and dropout_rate == 0.0
+    share = share and not routed  # an MoE's router statistics come from the per-row forward
     share = share and groups % sharding.batch_size_multiple(mesh) == 0
     return dict(group_size=group_size if share else 1, completion_len=completion_len)
 
@@ -328,6 +381,12 @@ class Learner:
                                       microbatch_tokens=o.microbatch_tokens,
                                       multiple=sharding.batch_size_multiple(mesh))  # fmt: skip
         share_prompt = share_prompt and self.pack is None  # packed rows: no shared prompt
+        routed = bool(model_cfg is not None and model_cfg.num_experts)
+        if routed and self.pack is not None:
+            raise ConfigError(
+                "config key 'train.pack_tokens' > 0 packs the update's rows, which an MoE "
+                "policy's router statistics and replayed routing do not follow yet: set it to 0"
+            )
         layout = update_layout(
             rows=micro_rows,
             group_size=group_size,
@@ -335,8 +394,10 @@ class Learner:
             mesh=mesh,
             share_prompt=share_prompt,
             dropout_rate=dropout_rate,
+            routed=routed,
         )
-        if share_prompt and layout["group_size"] == 1 and group_size > 1 and not dropout_rate:
+        quiet = dropout_rate or routed  # sharing is off for these by design, not by the rows
+        if share_prompt and layout["group_size"] == 1 and group_size > 1 and not quiet:
             log(
                 f"[rl] train.share_prompt_forward is off for the update: a microbatch of "
                 f"{micro_rows} rows is not whole groups of {group_size} that split evenly "

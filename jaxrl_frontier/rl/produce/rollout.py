@@ -202,6 +202,8 @@ class RolloutProducer:
         exp = self._assemble(
             rows, draw.prompt_tokens, draw.prompt_mask, rewards, draw.dropout_keys, version
         )
+        if draw.routing is not None:  # the sampler's experts, for the update to replay
+            exp = exp.replace(routing=sharding.shard_local_batch(draw.routing, self.mesh))
         exp, pass_metrics = run_passes(self.passes, weights, exp)
         adv, r_b, metrics = advantages_and_metrics(exp, self.objective, self.reward_names, g)
         host = {k: jnp.float32(v) for k, v in drawn.host_metrics.items()}
@@ -268,6 +270,7 @@ class RolloutProducer:
             rewards,
             keys,
             int(n_failed),
+            None if rollout.routing is None else local(rollout.routing),
         )
 
     def _assemble(self, rows, prompt_tok, prompt_mask, rewards, dropout_keys, version):

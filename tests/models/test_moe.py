@@ -1,0 +1,349 @@
+"""Qwen3-MoE: HF parity (logits, greedy decode, save -> transformers), the experts' two
+forms, expert parallelism on 8 fake CPU devices, the router's losses and metrics, routing
+replay at the model level.
+
+One tiny random Qwen3-MoE (transformers, 8 experts, top 2, 2 layers, hidden 32) serves
+every test of the file, so its programs compile once.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import hf_logits, left_padded_batch
+from flax import nnx
+
+from jaxrl_frontier.core import sharding
+from jaxrl_frontier.models import hf, moe
+from jaxrl_frontier.sampling import Sampler, SamplingParams
+
+HF_MOE = dict(
+    vocab_size=128,
+    hidden_size=32,
+    intermediate_size=64,
+    moe_intermediate_size=16,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=8,
+    num_experts=8,
+    num_experts_per_tok=2,
+    norm_topk_prob=True,
+    max_position_embeddings=64,
+)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    """(directory, torch model): a random tiny Qwen3-MoE saved by transformers."""
+    import torch
+    import transformers
+
+    config = transformers.Qwen3MoeConfig(**HF_MOE, attn_implementation="eager")
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    with torch.no_grad():  # every parameter redrawn, so each one moves the logits
+        for name, p in model.named_parameters():
+            p.copy_(1.0 + 0.2 * torch.randn_like(p) if "norm" in name else 0.2 * p.normal_())
+    path = tmp_path_factory.mktemp("qwen3_moe")
+    model.save_pretrained(path)
+    return path, model
+
+
+@pytest.fixture(scope="module")
+def model(checkpoint):
+    return hf.load(checkpoint[0])
+
+
+def _max_diff(a, b, mask) -> float:
+    return float(np.abs(a - b)[mask.astype(bool)].max())
+
+
+def test_hf_parity_both_forms_and_save_round_trip(checkpoint, model, tmp_path):
+    from safetensors import safe_open
+    from transformers import AutoModelForCausalLM
+
+    path, torch_model = checkpoint
+    assert model.cfg.family == "qwen3_moe" and model.cfg.num_experts == 8
+    with safe_open(str(path / "model.safetensors"), "np") as f:  # transformers' disk layout
+        assert "model.layers.1.mlp.experts.7.down_proj.weight" in f.keys()
+    tokens, mask = left_padded_batch(length=10)
+    ref = hf_logits(torch_model, tokens, mask)
+    scale = float(np.abs(ref).max())
+    for impl in moe.EXPERT_IMPLS:
+        m = nnx.merge(*nnx.split(model))
+        m.cfg = m.cfg.replace(moe_impl=impl)
+        got = np.asarray(m(jnp.asarray(tokens), jnp.asarray(mask)))
+        assert _max_diff(got, ref, mask) < 1e-5 * scale, impl
+
+    # save (sharded into several files) -> transformers and our loader read the same model
+    hf.save(model, tmp_path, max_shard_size="40KB", base_config=hf.read_config(path))
+    assert (tmp_path / hf.INDEX_FILE).exists()
+    back = AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation="eager").eval()
+    assert type(back).__name__ == "Qwen3MoeForCausalLM"
+    assert _max_diff(hf_logits(back, tokens, mask), ref, mask) < 1e-5 * scale
+    again = hf.load(tmp_path)
+    for a, b in zip(jax.tree.leaves(nnx.state(model)), jax.tree.leaves(nnx.state(again))):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_config_mapping_and_refused_options():
+    cfg = hf.config_from_hf({**HF_MOE, "architectures": ["Qwen3MoeForCausalLM"]})
+    assert (cfg.num_experts, cfg.num_experts_per_tok, cfg.moe_intermediate_size) == (8, 2, 16)
+    assert hf.config_from_hf(hf.config_to_hf(cfg)) == cfg
+    # transformers 5 writes `num_local_experts`; the Hub's configs `num_experts`
+    alt = {k: v for k, v in HF_MOE.items() if k != "num_experts"}
+    assert hf.config_from_hf({**alt, "num_local_experts": 8, "model_type": "qwen3_moe"}) == cfg
+    for key, value in (("decoder_sparse_step", 2), ("mlp_only_layers", [0])):
+        with pytest.raises(ValueError, match=key):
+            hf.config_from_hf({**HF_MOE, "model_type": "qwen3_moe", key: value})
+    assert (
+        cfg.num_params()
+        == 8 * 2 * 32 * 3 * 16
+        + 2 * 32 * 8
+        + cfg.replace(num_experts=0, intermediate_size=0).num_params()
+    )
+
+
+PROMPTS = np.random.RandomState(1).randint(1, 128, size=(2, 6)).astype(np.int32)
+GREEDY = SamplingParams(max_new_tokens=8, greedy=True)
+
+
+@pytest.fixture(scope="module")
+def rollout(model):
+    """A greedy rollout of PROMPTS (left-padded to 8) recording its routing."""
+    sampler = Sampler(model, pad_id=0, prompt_buckets=(8,), record_routing=True)
+    return sampler.generate(PROMPTS, np.ones_like(PROMPTS), GREEDY, jax.random.key(0))
+
+
+def test_greedy_decode_equals_transformers(checkpoint, rollout):
+    import torch
+
+    with torch.no_grad():
+        ref = checkpoint[1].generate(
+            torch.as_tensor(PROMPTS, dtype=torch.long), max_new_tokens=8, do_sample=False,
+            attention_mask=torch.ones(PROMPTS.shape, dtype=torch.long), pad_token_id=0,
+        )[:, 6:].numpy()  # fmt: skip
+    np.testing.assert_array_equal(np.asarray(rollout.completion_tokens), ref)
+
+
+def _loss(graphdef, tokens, mask, coef=0.5):
+    """Mean squared logits + coef x the load-balancing loss: a gradient through the experts,
+    the gates and the router."""
+
+    def loss(params):
+        m = nnx.merge(graphdef, params)
+        hidden, _, stats = m.hidden_states(tokens, mask, router_stats=True)
+        return jnp.mean(m.logits(hidden) ** 2) + coef * moe.router_losses(stats)["load_balance"]
+
+    return jax.jit(jax.value_and_grad(loss))
+
+
+def test_expert_parallel_update_and_decode_equal_one_device(checkpoint, model):
+    """The update's form (grouped matmuls, 1 expert per device: the N min(k, 1) rows bound)
+    in the forward + gradient; the decode in the CPU default (dense)."""
+    mesh = sharding.make_mesh((1, 8, 1))
+    graphdef, state = nnx.split(model)
+    ragged_model = nnx.merge(graphdef, state)
+    ragged_model.cfg = model.cfg.replace(moe_impl="ragged")
+    ragged = nnx.graphdef(ragged_model)
+    tokens, mask = map(jnp.asarray, left_padded_batch(batch=8, length=6))
+    loss1, grads1 = _loss(ragged, tokens, mask)(state)
+    sharded = jax.device_put(state, sharding.state_shardings(state, mesh))
+    rows = sharding.shard_batch((tokens, mask), mesh)
+    loss8, grads8 = _loss(ragged, *rows)(sharded)
+    # f32 sums in another order (a psum over the devices): a few ulps of O(1) values
+    np.testing.assert_allclose(loss8, loss1, rtol=1e-6)
+    for a, b in zip(jax.tree.leaves(grads1), jax.tree.leaves(grads8)):
+        np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=1e-6, rtol=1e-5)
+
+    # loading onto the mesh reads each device's experts only, into the same placement
+    loaded = nnx.state(hf.load(checkpoint[0], mesh=mesh))
+    for a, b in zip(jax.tree.leaves(sharded), jax.tree.leaves(loaded)):
+        assert a.sharding.is_equivalent_to(b.sharding, a.ndim)
+        np.testing.assert_array_equal(np.asarray(b), np.asarray(a))
+    # every device holds 1 of the 8 experts of each layer, and nothing gathers them
+    experts = sharded["layers"]["mlp"]["expert_gate"].get_value()
+    assert experts.sharding.spec[1] == "fsdp"
+    assert {s.data.nbytes for s in experts.addressable_shards} == {experts.nbytes // 8}
+    fwd = jax.jit(lambda p, t, m: nnx.merge(graphdef, p)(t, m))
+    mem = fwd.lower(sharded, *rows).compile().memory_analysis()
+    expert_bytes = sum(sharded["layers"]["mlp"][k].get_value().nbytes for k in
+                       ("expert_gate", "expert_up", "expert_down"))  # fmt: skip
+    other_bytes = sum(x.nbytes for x in jax.tree.leaves(sharded)) - expert_bytes
+    assert mem.argument_size_in_bytes < other_bytes + expert_bytes / 8 + 4096
+    assert mem.temp_size_in_bytes < expert_bytes / 4  # no gathered copy of the experts
+
+    params = SamplingParams(max_new_tokens=6, greedy=True)
+    prompts = np.asarray(tokens), np.asarray(mask)
+    one = Sampler(model, pad_id=0, prompt_buckets=(8,)).generate(
+        *prompts, params, jax.random.key(0)
+    )
+    placed = nnx.merge(graphdef, sharded)
+    eight = Sampler(placed, pad_id=0, mesh=mesh, prompt_buckets=(8,)).generate(
+        *prompts, params, jax.random.key(0)
+    )
+    np.testing.assert_array_equal(np.asarray(eight.completion_tokens), one.completion_tokens)
+    np.testing.assert_allclose(np.asarray(eight.policy_logp), one.policy_logp, atol=1e-5)
+
+
+@jax.jit
+def _router_numbers(logits, mask, a, b):
+    experts, gates = moe.top_k_gates(logits, 1, norm=False)
+    stats = jax.tree.map(lambda x: x[None], moe.router_stats(logits, experts, mask, 4))
+    pairs = ((a, a), (a, b), (a, b, jnp.asarray([[1, 0]])))
+    shares = [moe.routing_difference_share(*p) for p in pairs]
+    return experts, gates, moe.router_losses(stats), moe.router_metrics(stats), shares
+
+
+def test_router_losses_and_metrics_by_hand():
+    # one layer, 3 tokens (the last masked out), 4 experts, k = 1
+    probs = [[0.7, 0.1, 0.1, 0.1], [0.1, 0.6, 0.2, 0.1], [0, 0, 0, 1.0]]
+    a = jnp.asarray([[[[0, 1], [2, 3]], [[4, 5], [6, 7]]]])  # [B=1, T=2, L=2, k=2]
+    b = a.at[0, 1, 0].set(jnp.asarray([5, 4])).at[0, 1, 1].set(jnp.asarray([6, 0]))
+    experts, gates, out, m, shares = _router_numbers(
+        jnp.log(jnp.asarray([probs])), jnp.asarray([[1, 1, 0]]), a, b
+    )
+    np.testing.assert_array_equal(experts[0, :, 0], [0, 1, 3])
+    np.testing.assert_allclose(gates[0, :2, 0], [0.7, 0.6], rtol=1e-6)
+    f, p = np.array([0.5, 0.5, 0, 0]), np.array([0.8, 0.7, 0.3, 0.2]) / 2
+    np.testing.assert_allclose(out["load_balance"], 4 * np.sum(f * p), rtol=1e-6)
+    # the probabilities sum to 1: logsumexp(log p) = 0 on each counted token
+    np.testing.assert_allclose(out["z"], 0.0, atol=1e-6)
+    np.testing.assert_allclose([m["moe/load_max"], m["moe/load_min"]], [2.0, 0.0])
+    h = lambda q: -np.sum(np.asarray(q) * np.log(q))
+    want = (h(probs[0]) + h(probs[1])) / 2
+    np.testing.assert_allclose(m["moe/router_entropy"], want, rtol=1e-5)
+    # a vs a; a vs b (1 of 4 token-layers differs as a set: [4, 5] vs [5, 4] does not);
+    # a vs b on token 0 only
+    np.testing.assert_array_equal(shares, [0.0, 0.25, 0.0])
+
+
+def _hand_moe(layer, x, forced):
+    """A Qwen3-MoE layer's MLP written out per token: the forced experts' weights gathered,
+    gates = the router's renormalised probabilities there."""
+    probs = jax.nn.softmax(x @ layer.router[...], -1)
+    g = jnp.take_along_axis(probs, forced, -1)
+    g = g / g.sum(-1, keepdims=True)
+    wg, wu, wd = (
+        getattr(layer, n)[...][forced] for n in ("expert_gate", "expert_up", "expert_down")
+    )
+    h = jax.nn.silu(jnp.einsum("btd,btkdf->btkf", x, wg)) * jnp.einsum("btd,btkdf->btkf", x, wu)
+    return jnp.einsum("btkf,btkfd,btk->btd", h, wd, g)
+
+
+def test_routing_replay_routes_to_the_recorded_experts(model):
+    graphdef, state = nnx.split(model)
+    tokens, mask = map(jnp.asarray, left_padded_batch(batch=2, length=6))
+
+    @jax.jit
+    def forward(params, routing):
+        m = nnx.merge(graphdef, params)
+        return m.hidden_states(tokens, mask, routing=routing, router_stats=True)[::2]
+
+    plain, own = forward(state, None)
+    recorded = jnp.moveaxis(own.experts, 0, 2)  # [B, T, L, k]
+    # replaying the model's own routing changes nothing
+    np.testing.assert_array_equal(forward(state, recorded)[0], plain)
+    forced = (recorded + 3) % 8  # other experts everywhere
+    _, stats = forward(state, forced)
+    np.testing.assert_array_equal(jnp.moveaxis(stats.experts, 0, 2), forced)
+    assert float(moe.routing_difference_share(forced, recorded, mask)) == 1.0
+
+    replayed = lambda p: jnp.sum(forward(p, forced)[0])
+    by_hand = lambda p: jnp.sum(_hand_forward(nnx.merge(graphdef, p), tokens, mask, forced))
+    g1, g2 = jax.jit(jax.grad(replayed))(state), jax.jit(jax.grad(by_hand))(state)
+    for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g2)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5, rtol=1e-4)
+    assert float(jnp.abs(g1["layers"]["mlp"]["router"].get_value()).max()) > 0
+
+
+def _hand_forward(m, tokens, mask, forced):
+    """The model's forward with each layer's MLP replaced by `_hand_moe` (Python loop)."""
+    from jaxrl_frontier.models.layers import mask_to_bias, positions_from_mask, rope_inv_freq
+    from jaxrl_frontier.models.transformer import unstack_layers
+
+    m = unstack_layers(m)
+    t = tokens.shape[1]
+    bias = mask_to_bias(jnp.tril(jnp.ones((t, t), bool))[None] & mask.astype(bool)[:, None, :])
+    pos, inv = positions_from_mask(mask), rope_inv_freq(m.cfg)
+    x = m.embed[...][tokens]
+    for i, layer in enumerate(m.layers):
+        a, _ = layer.attn(layer.input_norm(x), pos, inv, bias)
+        x = x + a
+        x = x + _hand_moe(layer.mlp, layer.post_attn_norm(x), forced[:, :, i])
+    return m.final_norm(x)
+
+
+def test_sampler_records_the_routing_the_update_replays(model, rollout):
+    """The sampler's recorded experts (prefill and decode) are the experts a full forward
+    over the rollout's sequences picks (f32: the cached decode and the full forward agree
+    here), and a forward replaying them routes every recorded token exactly there."""
+    seq = rollout.sequences()
+    routing = np.asarray(rollout.routing)
+    assert routing.shape == (2, 8 + 8, 2, 2) and routing.dtype == np.int16
+    want = np.asarray(seq.attention_mask).astype(bool)  # 2 padding slots per prompt
+    want[np.arange(2), 8 + np.asarray(rollout.lengths) - 1] = False  # the last is never fed
+    np.testing.assert_array_equal((routing >= 0).all((-2, -1)), want)
+    np.testing.assert_array_equal((routing >= 0).any((-2, -1)), want)
+
+    graphdef, state = nnx.split(model)
+
+    @jax.jit
+    def experts_of(params, routing):
+        m = nnx.merge(graphdef, params)
+        stats = m.hidden_states(seq.tokens, seq.attention_mask, routing=routing, router_stats=True)
+        return jnp.moveaxis(stats[2].experts, 0, 2), jnp.moveaxis(stats[2].own, 0, 2)
+
+    own = np.asarray(experts_of(state, None)[0])
+    assert float(moe.routing_difference_share(own, routing, want)) == 0.0
+    flipped = np.where(want[:, :, None, None], (routing + 1) % 8, -1)  # other experts
+    used, router = map(np.asarray, experts_of(state, flipped))
+    np.testing.assert_array_equal(used[want], flipped[want])  # exactly the replayed experts
+    np.testing.assert_array_equal(used[~want], router[~want])  # no record: the router's own
+    assert float(moe.routing_difference_share(router, flipped, want)) > 0.5
+
+
+def test_lora_on_the_experts_is_refused(model):
+    from jaxrl_frontier.models import lora
+
+    with pytest.raises(ValueError, match="model.lora.targets.*gate_proj.*MoE"):
+        lora.add_adapters(model, rank=2, alpha=4.0, targets=("gate_proj",), key=jax.random.key(0))
+
+
+def test_qwen2_moe_shared_expert_parity_and_round_trip(tmp_path):
+    """Qwen2-MoE: qkv biases, no qk-norm, a sigmoid-gated shared expert beside the routed
+    ones, norm_topk_prob off."""
+    import torch
+    import transformers
+
+    keep = {k: v for k, v in HF_MOE.items() if k != "norm_topk_prob"}
+    config = transformers.Qwen2MoeConfig(
+        **keep, shared_expert_intermediate_size=24, attn_implementation="eager"
+    )
+    torch.manual_seed(1)
+    ref_model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    with torch.no_grad():
+        for name, p in ref_model.named_parameters():
+            p.copy_(1.0 + 0.2 * torch.randn_like(p) if "norm" in name else 0.2 * p.normal_())
+    ref_model.save_pretrained(tmp_path / "in")
+    tokens, mask = left_padded_batch(length=10)
+    ref = hf_logits(ref_model, tokens, mask)
+    model = hf.load(tmp_path / "in")
+    cfg = model.cfg
+    assert (cfg.family, cfg.qkv_bias, cfg.qk_norm, cfg.norm_topk_prob) == (
+        "qwen2_moe", True, False, False,
+    )  # fmt: skip
+    assert cfg.shared_expert_intermediate_size == 24
+    assert (
+        hf.count_params(model) == cfg.num_params() == sum(p.numel() for p in ref_model.parameters())
+    )
+    scale = float(np.abs(ref).max())
+    got = np.asarray(model(jnp.asarray(tokens), jnp.asarray(mask)))
+    assert _max_diff(got, ref, mask) < 1e-5 * scale
+    hf.save(model, tmp_path / "out")
+    back = transformers.AutoModelForCausalLM.from_pretrained(
+        tmp_path / "out", attn_implementation="eager"
+    ).eval()
+    assert type(back).__name__ == "Qwen2MoeForCausalLM"
+    assert _max_diff(hf_logits(back, tokens, mask), ref, mask) < 1e-5 * scale
