@@ -93,7 +93,7 @@ class RLStep:
         objective_knobs = KnobPlan.split(self.knobs.values(done - 1))[0]
         if objective_knobs:  # this step's values, arguments of the update
             self.learner.set_knobs(objective_knobs)
-        step_metrics = self.learner.update(exp, self._next_key)
+        step_metrics = self.learner.update(exp, self.next_key)
         self.ahead.publish(self._batch_maker)  # a free-running producer's next weights
         self.guard.check_rewards(done, info["n_failed"], c.data.prompt_batch * c.rollout.group_size)
         self.guard.check_updates(done, step_metrics)
@@ -211,7 +211,7 @@ class RLStep:
 
         return make
 
-    def _next_key(self):
+    def next_key(self):
         """Split the state's RNG (kept in the checkpoint, so a resume continues the stream)."""
         rng, key = jax.random.split(jax.random.wrap_key_data(self.state.rng))
         self.state = self.state.replace(rng=jax.random.key_data(rng))
@@ -219,7 +219,7 @@ class RLStep:
 
     def _sample_key(self):  # uncommitted: the rollout mesh may hold other devices
         return jax.random.wrap_key_data(
-            jax.device_get(jax.random.key_data(jax.random.split(self._next_key())[0]))
+            jax.device_get(jax.random.key_data(jax.random.split(self.next_key())[0]))
         )
 
     def _partial_rollout(self, done: int, boundaries) -> tuple[Experience, dict]:

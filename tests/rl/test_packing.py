@@ -360,10 +360,10 @@ def test_trainer_packs_its_update_and_passes(tmp_path):
     c.train.update(pack_tokens=16, share_prompt_forward=False, minibatches=2)
     c.objective.kl_coef = 0.05  # the reference pass, packed too
     trainer = tr.Trainer(c, str(tmp_path / "packed"))
-    exp, _ = trainer.rollout(
+    exp, _ = trainer.step.rollout(
         [trainer.task.example("train", i) for i in range(4)], jax.random.key(3)
     )
-    metrics = jax.device_get(trainer.learner.update(exp, trainer._next_key))
+    metrics = jax.device_get(trainer.step.learner.update(exp, trainer.step.next_key))
     rows = np.asarray(exp.attention_mask).sum(1)  # 8 rows of 8 positions per minibatch
     assert rows.max() <= 8 and len(metrics) == 2
     for m in metrics:  # 2 rows a buffer row of 16: 4 of them, a bucket of 4
