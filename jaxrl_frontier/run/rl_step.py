@@ -83,11 +83,11 @@ class RLStep:
         boundaries = stages_lib.boundaries(self.stages)  # no batch in flight across a stage
         resample = None  # a stale batch (lag > k): dropped, or its prompts sampled again
         if c.rollout.stale_batches == "resample":
-            resample = lambda examples: self.rollout(examples, self._sample_key())  # noqa: E731
+            resample = lambda examples: self.rollout(examples, self.sample_key())  # noqa: E731
         out = self.ahead.take(self.learner.version, resample)  # produced during the last update
         if out is None and c.rollout.partial_budget:
             out = self._partial_rollout(done, boundaries)
-        exp, info = out or self.rollout(self.source.next_batch(), self._sample_key())
+        exp, info = out or self.rollout(self.source.next_batch(), self.sample_key())
         self.source.observe(info["results"])
         self._start_ahead(done, boundaries)
         objective_knobs = KnobPlan.split(self.knobs.values(done - 1))[0]
@@ -112,7 +112,7 @@ class RLStep:
         syncs = lambda s: (drains and s % c.train.checkpoint_every == 0) or s in boundaries  # noqa: E731
         while self.ahead.room(done, c.train.steps, syncs):  # taken at done + in_flight + 1
             step = done + self.ahead.in_flight  # its step's index, for the scheduled knobs
-            job, finish = self._producer_for(self._sample_key(), copy=True, step=step)
+            job, finish = self._producer_for(self.sample_key(), copy=True, step=step)
             self.ahead.start(self.source, job, finish)
 
     def _log_rollouts(self, done: int, exp: Experience, info: dict) -> None:
@@ -217,7 +217,7 @@ class RLStep:
         self.state = self.state.replace(rng=jax.random.key_data(rng))
         return key
 
-    def _sample_key(self):  # uncommitted: the rollout mesh may hold other devices
+    def sample_key(self):  # uncommitted: the rollout mesh may hold other devices
         return jax.random.wrap_key_data(
             jax.device_get(jax.random.key_data(jax.random.split(self.next_key())[0]))
         )
@@ -226,10 +226,10 @@ class RLStep:
         """Partial rollouts: this step's batch (begun by the last step's decode, or drawn
         now), with the next batch begun in its idle slots unless this is the run's last step
         or a stage ends with it (sampling/partial.py)."""
-        examples, key = self.next_batch or (self.source.next_batch(), self._sample_key())
+        examples, key = self.next_batch or (self.source.next_batch(), self.sample_key())
         self.next_batch = None
         if done < self.config.train.steps and done not in boundaries:
-            self.next_batch = (self.source.next_batch(), self._sample_key())
+            self.next_batch = (self.source.next_batch(), self.sample_key())
             self.producer.begin_next(*self.next_batch)
         return self.rollout(examples, key)
 
@@ -238,7 +238,7 @@ class RLStep:
     def begin(self, start: int, steps: int) -> None:
         self.enter_stage(start)  # a run resumed after a stage boundary starts in that stage
         if self.ahead.free_running:  # it starts now, after any batches restored
-            self._free_key = self._sample_key()
+            self._free_key = self.sample_key()
             self.ahead.begin(self.source, steps - start, self._batch_maker)
 
     def paused(self) -> contextlib.AbstractContextManager:
