@@ -20,7 +20,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from jaxrl_frontier.models.layers import KVCache, ModelConfig
+from jaxrl_frontier.models.kv_cache import KVCache
+from jaxrl_frontier.models.layers import ModelConfig
 
 
 def ring_slots(index, window: int) -> jax.Array:

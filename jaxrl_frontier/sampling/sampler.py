@@ -27,7 +27,7 @@ from jax.sharding import Mesh, NamedSharding
 from jaxrl_frontier.core import sharding as shd
 from jaxrl_frontier.core.xla_options import rollout_compiler_options
 from jaxrl_frontier.models import transformer as tfm
-from jaxrl_frontier.models.layers import KVCache
+from jaxrl_frontier.models.kv_cache import KVCache
 from jaxrl_frontier.models.sliding_cache import to_ring
 from jaxrl_frontier.models.transformer import Transformer
 from jaxrl_frontier.sampling import ops

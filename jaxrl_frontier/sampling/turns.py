@@ -35,7 +35,7 @@ import numpy as np
 
 from jaxrl_frontier.core import sharding as shd
 from jaxrl_frontier.core.xla_options import rollout_compiler_options
-from jaxrl_frontier.models.layers import KVCache
+from jaxrl_frontier.models.kv_cache import KVCache
 from jaxrl_frontier.sampling import ops
 from jaxrl_frontier.sampling.params import Knobs, Plan, SamplingParams
 from jaxrl_frontier.sampling.sampler import as_key
