@@ -188,27 +188,18 @@ class Transformer(nnx.Module):
         [L, B, T, k]) over the real tokens: (hidden, cache, stats).
         """
         cfg = self.cfg
-        b, t = tokens.shape
         if segment_ids is not None:
             if cache is not None or positions is None:
                 raise ValueError("hidden_states: segment_ids need positions and no cache")
             attention_mask = segment_ids > 0
         if attention_mask is None:
-            attention_mask = jnp.ones((b, t), jnp.int32)
+            attention_mask = jnp.ones(tokens.shape, jnp.int32)
         if positions is None:
             positions = positions_from_mask(attention_mask)
         real = attention_mask.astype(bool)
-        key_valid = real if cache is None else write_slots(cache.valid, real, cache.index, axis=1)
-        offset = 0 if cache is None else cache.index
-        s = key_valid.shape[1]
-        # query i sits in slot offset + i; it sees valid slots up to its own (offset [B]: a
-        # cache whose rows write at their own slots)
-        query_slot = jnp.asarray(offset)[..., None, None] + jnp.arange(t)[:, None]
-        distance = query_slot - jnp.arange(s)[None, :]  # [T, S] or [B, T, S]
-        allowed = jnp.broadcast_to(distance >= 0, (b, t, s)) & key_valid[:, None, :]
-        if segment_ids is not None:  # packed rows: nothing attends across segments
-            allowed = allowed & same_segment(segment_ids)
+        key_valid, distance, allowed = self._visible(real, cache, segment_ids)
         per_layer, layer_info = self.attention_inputs([(distance, allowed)])
+        t = tokens.shape[1]
         route = self._router(attention_mask, routing, router_stats)
         with_stats = lambda x, cache, stats: (  # noqa: E731
             (self.final_norm(x), cache) + ((stats,) if router_stats else ())
@@ -251,6 +242,23 @@ class Transformer(nnx.Module):
         x, ((k, v), stats) = self.scan_layers(cached_block, x, xs)
         new_cache = cache.replace(k=tuple(k), v=tuple(v), valid=key_valid, index=cache.index + t)
         return with_stats(x, new_cache, stats)
+
+    @staticmethod
+    def _visible(real, cache, segment_ids):
+        """(key_valid [B, S], distance [T, S] or [B, T, S], allowed [B, T, S]): which cache
+        slots hold real tokens, each query's slot distance to each key, and the keys it may
+        attend to (causal, valid, in its own segment). Query i sits in slot offset + i
+        (offset [B]: a cache whose rows write at their own slots)."""
+        b, t = real.shape
+        key_valid = real if cache is None else write_slots(cache.valid, real, cache.index, axis=1)
+        offset = 0 if cache is None else cache.index
+        s = key_valid.shape[1]
+        query_slot = jnp.asarray(offset)[..., None, None] + jnp.arange(t)[:, None]
+        distance = query_slot - jnp.arange(s)[None, :]
+        allowed = jnp.broadcast_to(distance >= 0, (b, t, s)) & key_valid[:, None, :]
+        if segment_ids is not None:  # packed rows: nothing attends across segments
+            allowed = allowed & same_segment(segment_ids)
+        return key_valid, distance, allowed
 
     def _router(self, attention_mask, routing, router_stats: bool) -> _Routing:
         """The layers' MoE routing for `hidden_states` (replayed experts, stats wanted)."""

@@ -310,45 +310,69 @@ def objective_loss(
     pg_loss = agg(pg_bt)
     loss = _get(cfg, "pg_coef") * pg_loss
     metrics = {"pg_loss": pg_loss}
+    loss = _add_kl(loss, metrics, stats, cfg, agg)
+    loss = _add_entropy(loss, metrics, cfg, agg, m, logits, entropy)
+    loss = _add_distill(loss, metrics, cfg, agg, (logits, teacher_logits, tokens, distill_bt))
+    hp = {**entry_defaults(weight_fn), **weight_kwargs}
+    metrics.update(loss=loss, **_diagnostics(stats, w, adv, m, hp))
+    return loss, metrics
 
-    if stats.ref_logp is not None:
-        kl_bt = kl_to_ref(stats, _get(cfg, "kl_estimator"))
-        metrics["kl_ref"] = _token_mean(kl_to_ref(stats, "k3"), m)
-        if _on(cfg, "kl_coef") and not _get(cfg, "kl_in_reward"):
-            kl_loss = agg(kl_bt)
-            loss = loss + _get(cfg, "kl_coef") * kl_loss
-            metrics["kl_loss"] = kl_loss
 
-    if logits is not None or entropy is not None:
-        ent_bt = token_entropy(logits) if entropy is None else entropy
-        if _on(cfg, "entropy_coef"):
-            ent = agg(ent_bt)
-            loss = loss - _get(cfg, "entropy_coef") * ent
-        metrics["entropy"] = _token_mean(ent_bt, m)
+def _add_kl(loss, metrics: dict, stats: TokenStats, cfg, agg):
+    """loss + kl_coef * agg(KL to the reference) (not with kl_in_reward); metrics kl_ref,
+    kl_loss."""
+    if stats.ref_logp is None:
+        return loss
+    m = stats.mask.astype(jnp.float32)
+    kl_bt = kl_to_ref(stats, _get(cfg, "kl_estimator"))
+    metrics["kl_ref"] = _token_mean(kl_to_ref(stats, "k3"), m)
+    if _on(cfg, "kl_coef") and not _get(cfg, "kl_in_reward"):
+        kl_loss = agg(kl_bt)
+        loss = loss + _get(cfg, "kl_coef") * kl_loss
+        metrics["kl_loss"] = kl_loss
+    return loss
 
+
+def _add_entropy(loss, metrics: dict, cfg, agg, m, logits, entropy):
+    """loss - entropy_coef * agg(token entropy), from the logits or the given entropies."""
+    if logits is None and entropy is None:
+        return loss
+    ent_bt = token_entropy(logits) if entropy is None else entropy
+    if _on(cfg, "entropy_coef"):
+        ent = agg(ent_bt)
+        loss = loss - _get(cfg, "entropy_coef") * ent
+    metrics["entropy"] = _token_mean(ent_bt, m)
+    return loss
+
+
+def _add_distill(loss, metrics: dict, cfg, agg, inputs):
+    """loss + distill_coef * agg(the distillation loss); inputs: (student logits, teacher
+    logits, tokens, the per-token loss when computed elsewhere)."""
     distill = _get(cfg, "distill")
-    if distill:
-        if distill_bt is None:
-            if logits is None:
-                raise ObjectiveConfigError(
-                    f"config.objective: distill {distill!r} needs the student logits"
-                )
-            if distill == "cr_opd" and tokens is None:
-                raise ObjectiveConfigError("config.objective: distill 'cr_opd' needs `tokens`")
-            distill_bt = DISTILL_LOSSES.get(distill)(
-                logits, teacher_logits, tokens, **_get(cfg, "distill_kwargs")
+    if not distill:
+        return loss
+    logits, teacher_logits, tokens, distill_bt = inputs
+    if distill_bt is None:
+        if logits is None:
+            raise ObjectiveConfigError(
+                f"config.objective: distill {distill!r} needs the student logits"
             )
-        distill_loss = agg(distill_bt)
-        loss = loss + _get(cfg, "distill_coef") * distill_loss
-        metrics["distill_loss"] = distill_loss
+        if distill == "cr_opd" and tokens is None:
+            raise ObjectiveConfigError("config.objective: distill 'cr_opd' needs `tokens`")
+        distill_bt = DISTILL_LOSSES.get(distill)(
+            logits, teacher_logits, tokens, **_get(cfg, "distill_kwargs")
+        )
+    distill_loss = agg(distill_bt)
+    metrics["distill_loss"] = distill_loss
+    return loss + _get(cfg, "distill_coef") * distill_loss
 
-    # Diagnostics (constant): how far the policy moved, and how much the weight dropped.
+
+def _diagnostics(stats: TokenStats, w, adv, m, hp: dict) -> dict[str, Array]:
+    """Constant diagnostics: how far the policy moved, and how much the weight dropped."""
     d = jnp.where(m > 0, sg(stats.logp) - stats.old_logp, 0.0)
     r = jnp.exp(d)
-    hp = {**entry_defaults(weight_fn), **weight_kwargs}
     eps_low, eps_high = hp.get("eps_low", 0.2), hp.get("eps_high", 0.2)
-    metrics.update(
-        loss=loss,
+    return dict(
         clip_frac=_token_mean((w == 0).astype(jnp.float32), m),
         ratio_clip_frac=_token_mean(
             ((r > 1 + eps_high) | (r < 1 - eps_low)).astype(jnp.float32), m
@@ -358,7 +382,6 @@ def objective_loss(
         ratio_mean=_token_mean(r, m),
         adv_mean=_token_mean(adv, m),
     )
-    return loss, metrics
 
 
 def _unpacked(unpack, first_scored: int, t: int, *xs):
@@ -366,6 +389,37 @@ def _unpacked(unpack, first_scored: int, t: int, *xs):
     `first_scored` as on padded rows."""
     scored = jnp.arange(t) >= first_scored
     return tuple(None if x is None else jnp.where(scored, unpack(x), 0.0) for x in xs)
+
+
+def _chunked_stats(params, batch, cfg, apply_hidden_fn, chunking, teacher_hidden, packed):
+    """(logp, entropy, the per-token distillation loss or None), each [B, T], from the final
+    hidden states in chunks of positions (`chunked_token_stats`); chunking: (logprob_chunk,
+    first_scored); packed rows: computed over the slots, then unpacked. See `loss_fn`."""
+    logprob_chunk, first_scored = chunking
+    tokens, distill = batch["tokens"], _get(cfg, "distill")
+    stat_tokens = tokens if packed is None else packed[0]
+    hidden, w_out = apply_hidden_fn(params, stat_tokens, batch["attention_mask"])
+    per_position = None
+    if distill:
+        per_position = functools.partial(
+            DISTILL_LOSSES.get(distill).per_position,
+            **_get(cfg, "distill_kwargs"),
+        )
+    logp, entropy, distill_bt = chunked_token_stats(
+        hidden,
+        w_out,
+        stat_tokens,
+        logprob_chunk,
+        entropy=True,
+        entropy_grad=_on(cfg, "entropy_coef"),
+        start=first_scored if packed is None else 1,
+        teacher_hidden=teacher_hidden if distill else None,
+        distill=per_position,
+    )
+    if packed is not None:
+        t = tokens.shape[1]
+        return _unpacked(packed[1], first_scored, t, logp, entropy, distill_bt)
+    return logp, entropy, distill_bt
 
 
 def loss_fn(
@@ -410,28 +464,15 @@ def loss_fn(
     teacher_logits = batch.get("teacher_logits")
     distill_bt = None
     if apply_hidden_fn is not None and (not distill or teacher_hidden is not None):
-        stat_tokens = tokens if packed is None else packed[0]
-        hidden, w_out = apply_hidden_fn(params, stat_tokens, batch["attention_mask"])
-        per_position = None
-        if distill:
-            per_position = functools.partial(
-                DISTILL_LOSSES.get(distill).per_position,
-                **_get(cfg, "distill_kwargs"),
-            )
-        logp, entropy, distill_bt = chunked_token_stats(
-            hidden,
-            w_out,
-            stat_tokens,
-            logprob_chunk,
-            entropy=True,
-            entropy_grad=_on(cfg, "entropy_coef"),
-            start=first_scored if packed is None else 1,
-            teacher_hidden=teacher_hidden if distill else None,
-            distill=per_position,
+        logp, entropy, distill_bt = _chunked_stats(
+            params,
+            batch,
+            cfg,
+            apply_hidden_fn,
+            (logprob_chunk, first_scored),
+            teacher_hidden,
+            packed,
         )
-        if packed is not None:
-            logp, entropy, distill_bt = _unpacked(packed[1], first_scored, tokens.shape[1],
-                                                  logp, entropy, distill_bt)  # fmt: skip
         logits = None
     else:
         logits = apply_fn(params, tokens, batch["attention_mask"])

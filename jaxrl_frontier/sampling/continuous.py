@@ -200,92 +200,19 @@ class ContinuousSampler(Sampler):
         u f32 [R, Tn]: each row's uniforms (uniform t draws token t); buffers: (out, lengths,
         stopped) of the rows before the loop (`empty_rows`, or rows continued with their
         tokens so far)."""
-        tn = plan.max_new_tokens
-        num_rows = u.shape[0]
-        num_slots, tp = min(self.shard_slots, num_rows), start_cache.max_len - tn
-        idle = num_rows  # the row index of an idle slot (writes to it are dropped)
-        row_of = lambda s: jnp.where(s.row < idle, s.row, 0)  # noqa: E731  (idle slots: row 0)
-
-        def record(s: SlotState, live, token, sample_logp, policy_logp) -> SlotState:
-            """Token t of each live slot's row into the row buffers; a row that stopped or
-            reached its limit (Tn, or a budget) frees its slot."""
-            row = jnp.where(live, s.row, idle)
-            put = lambda buf, x: buf.at[row, s.t].set(x, mode="drop")
-            out = tuple(map(put, s.out, (token, policy_logp, sample_logp)))
-            stop = live & ops.is_stop(token, knobs.stop_ids)
-            lengths = s.lengths.at[row].set(s.t + 1, mode="drop")
-            stopped = s.stopped.at[row].set(stop, mode="drop")
-            freed = live & (stop | (s.t + 1 >= rows.limit[row_of(s)]))
-            return s.replace(
-                out=out, lengths=lengths, stopped=stopped, token=token,
-                t=jnp.where(live, s.t + 1, s.t),  # an idle slot's counter stays <= Tn
-                row=jnp.where(freed, idle, s.row),
-            )  # fmt: skip
-
-        def start_rows(s: SlotState) -> SlotState:
-            """Every idle slot takes the next row of the plan's order: its start cache and
-            its next token (token t0 of the row)."""
-            free = s.row == idle
-            place = s.next_row + jnp.cumsum(free) - 1
-            take = free & (place < rows.count)
-            new_row = rows.order[jnp.where(take, place, 0)]
-            src, t0 = rows.src[new_row], rows.t0[new_row]
-            # only the slots that take a row are written (a scatter of their rows): a select
-            # over every slot rewrote the whole cache at almost every step
-            slot = jnp.where(take, jnp.arange(num_slots), num_slots)
-            fill = lambda old, new: old.at[slot].set(new[src], mode="drop")
-            cache = s.cache.replace(
-                k=tuple(map(fill, s.cache.k, start_cache.k)),
-                v=tuple(map(fill, s.cache.v, start_cache.v)),
-                valid=fill(s.cache.valid, start_cache.valid),
-            )
-            s = s.replace(
-                cache=cache, row=jnp.where(take, new_row, s.row), t=jnp.where(take, t0, s.t),
-                next_row=s.next_row + jnp.sum(take, dtype=jnp.int32),
-            )  # fmt: skip
-            u0 = u[new_row, jnp.minimum(t0, tn - 1)]
-            token, sample_logp, policy_logp = ops.draw(start_logits[src], u0, plan, knobs)
-            first = record(s, take, token, sample_logp, policy_logp)
-            keep = lambda a, b: jnp.where(take, a, b)  # slots already running keep their row
-            return first.replace(
-                token=keep(first.token, s.token), t=keep(first.t, s.t), row=keep(first.row, s.row)
-            )
-
-        def any_free_and_pending(s: SlotState):
-            return jnp.any(s.row == idle) & (s.next_row < rows.count)
-
-        def running(s: SlotState):  # a row the loop must finish is running or pending
-            return jnp.any(s.row < rows.must_end) | (s.next_row < rows.must_count)
-
-        def step(s: SlotState) -> SlotState:
-            live = s.row < idle
-            pos = rows.prompt_len[row_of(s)] + s.t - 1
-            # an idle slot writes at its last row's final slot, inside its cache, where nothing
-            # reads it (a new row replaces the slot's cache and mask)
-            index = tp + jnp.maximum(s.t, 1) - 1
-            logits, cache = model(
-                s.token[:, None], None, positions=pos[:, None], cache=s.cache.replace(index=index)
-            )
-            u_t = u[row_of(s), jnp.minimum(s.t, tn - 1)]
-            token, sample_logp, policy_logp = ops.draw(logits[:, 0], u_t, plan, knobs)
-            s = s.replace(
-                cache=cache, steps=s.steps + 1, busy=s.busy + jnp.sum(live, dtype=jnp.int32)
-            )
-            s = record(s, live, token, sample_logp, policy_logp)
-            return jax.lax.while_loop(any_free_and_pending, start_rows, s)
-
+        loop = _SlotLoop(model, start_cache, start_logits, rows, u, plan, knobs, self.shard_slots)
         slot_cache = jax.tree.map(
-            lambda x: jnp.zeros((num_slots,) + x.shape[1:], x.dtype), start_cache
+            lambda x: jnp.zeros((loop.num_slots,) + x.shape[1:], x.dtype), start_cache
         )
-        zeros = jnp.zeros((num_slots,), jnp.int32)
+        zeros = jnp.zeros((loop.num_slots,), jnp.int32)
         out, lengths, stopped = buffers
         s = SlotState(
             cache=slot_cache.replace(index=zeros),  # per-slot write indices, set each step
-            row=zeros + idle, t=zeros, token=zeros, next_row=jnp.int32(0), out=out,
+            row=zeros + loop.idle, t=zeros, token=zeros, next_row=jnp.int32(0), out=out,
             lengths=lengths, stopped=stopped, steps=jnp.int32(0), busy=jnp.int32(0),
         )  # fmt: skip
-        s = jax.lax.while_loop(any_free_and_pending, start_rows, s)
-        return jax.lax.while_loop(running, step, s)
+        s = jax.lax.while_loop(loop.any_free_and_pending, loop.start_rows, s)
+        return jax.lax.while_loop(loop.running, loop.step, s)
 
 
 @flax.struct.dataclass
@@ -332,3 +259,88 @@ def empty_rows(num_rows: int, tn: int, pad_id: int):
     buf = jnp.zeros((num_rows, tn), jnp.float32)
     out = (jnp.full((num_rows, tn), pad_id, jnp.int32), buf, buf)
     return out, jnp.zeros((num_rows,), jnp.int32), jnp.zeros((num_rows,), bool)
+
+
+class _SlotLoop:
+    """The parts of `slot_decode`'s loop over `num_slots` slots and R rows (its arguments;
+    `idle` = R is the row index of an idle slot, whose writes are dropped)."""
+
+    def __init__(self, model, start_cache, start_logits, rows, u, plan, knobs, shard_slots):
+        self.model, self.start_cache, self.start_logits = model, start_cache, start_logits
+        self.rows, self.u, self.plan, self.knobs = rows, u, plan, knobs
+        self.tn = plan.max_new_tokens
+        self.idle = u.shape[0]
+        self.num_slots = min(shard_slots, self.idle)
+        self.tp = start_cache.max_len - self.tn
+
+    def row_of(self, s: SlotState):  # idle slots: row 0
+        return jnp.where(s.row < self.idle, s.row, 0)
+
+    def record(self, s: SlotState, live, token, sample_logp, policy_logp) -> SlotState:
+        """Token t of each live slot's row into the row buffers; a row that stopped or
+        reached its limit (Tn, or a budget) frees its slot."""
+        row = jnp.where(live, s.row, self.idle)
+        put = lambda buf, x: buf.at[row, s.t].set(x, mode="drop")  # noqa: E731
+        out = tuple(map(put, s.out, (token, policy_logp, sample_logp)))
+        stop = live & ops.is_stop(token, self.knobs.stop_ids)
+        lengths = s.lengths.at[row].set(s.t + 1, mode="drop")
+        stopped = s.stopped.at[row].set(stop, mode="drop")
+        freed = live & (stop | (s.t + 1 >= self.rows.limit[self.row_of(s)]))
+        return s.replace(
+            out=out, lengths=lengths, stopped=stopped, token=token,
+            t=jnp.where(live, s.t + 1, s.t),  # an idle slot's counter stays <= Tn
+            row=jnp.where(freed, self.idle, s.row),
+        )  # fmt: skip
+
+    def start_rows(self, s: SlotState) -> SlotState:
+        """Every idle slot takes the next row of the plan's order: its start cache and
+        its next token (token t0 of the row)."""
+        rows, start_cache = self.rows, self.start_cache
+        free = s.row == self.idle
+        place = s.next_row + jnp.cumsum(free) - 1
+        take = free & (place < rows.count)
+        new_row = rows.order[jnp.where(take, place, 0)]
+        src, t0 = rows.src[new_row], rows.t0[new_row]
+        # only the slots that take a row are written (a scatter of their rows): a select
+        # over every slot rewrote the whole cache at almost every step
+        slot = jnp.where(take, jnp.arange(self.num_slots), self.num_slots)
+        fill = lambda old, new: old.at[slot].set(new[src], mode="drop")  # noqa: E731
+        cache = s.cache.replace(
+            k=tuple(map(fill, s.cache.k, start_cache.k)),
+            v=tuple(map(fill, s.cache.v, start_cache.v)),
+            valid=fill(s.cache.valid, start_cache.valid),
+        )
+        s = s.replace(
+            cache=cache, row=jnp.where(take, new_row, s.row), t=jnp.where(take, t0, s.t),
+            next_row=s.next_row + jnp.sum(take, dtype=jnp.int32),
+        )  # fmt: skip
+        u0 = self.u[new_row, jnp.minimum(t0, self.tn - 1)]
+        token, sample_logp, policy_logp = ops.draw(
+            self.start_logits[src], u0, self.plan, self.knobs
+        )
+        first = self.record(s, take, token, sample_logp, policy_logp)
+        keep = lambda a, b: jnp.where(take, a, b)  # noqa: E731  (running slots keep their row)
+        return first.replace(
+            token=keep(first.token, s.token), t=keep(first.t, s.t), row=keep(first.row, s.row)
+        )
+
+    def any_free_and_pending(self, s: SlotState):
+        return jnp.any(s.row == self.idle) & (s.next_row < self.rows.count)
+
+    def running(self, s: SlotState):  # a row the loop must finish is running or pending
+        return jnp.any(s.row < self.rows.must_end) | (s.next_row < self.rows.must_count)
+
+    def step(self, s: SlotState) -> SlotState:
+        live = s.row < self.idle
+        pos = self.rows.prompt_len[self.row_of(s)] + s.t - 1
+        # an idle slot writes at its last row's final slot, inside its cache, where nothing
+        # reads it (a new row replaces the slot's cache and mask)
+        index = self.tp + jnp.maximum(s.t, 1) - 1
+        logits, cache = self.model(
+            s.token[:, None], None, positions=pos[:, None], cache=s.cache.replace(index=index)
+        )
+        u_t = self.u[self.row_of(s), jnp.minimum(s.t, self.tn - 1)]
+        token, sample_logp, policy_logp = ops.draw(logits[:, 0], u_t, self.plan, self.knobs)
+        s = s.replace(cache=cache, steps=s.steps + 1, busy=s.busy + jnp.sum(live, dtype=jnp.int32))
+        s = self.record(s, live, token, sample_logp, policy_logp)
+        return jax.lax.while_loop(self.any_free_and_pending, self.start_rows, s)

@@ -162,32 +162,10 @@ class SpeculativeSampler(Sampler):
             p_logits = ops.sampling_logits(p_raw, plan, knobs)  # [B, k+1, V]
 
             # -- accept the longest prefix, then one corrected (or bonus) token
-            target = jnp.argmax(p_logits, axis=-1).astype(jnp.int32)  # [B, k+1], greedy
-            log_ratio = ops.log_prob(p_logits[:, :k], drafts) - ops.log_prob(q_logits, drafts)
-            accept = (
-                drafts == target[:, :k] if plan.greedy else u[:, k : 2 * k] < jnp.exp(log_ratio)
-            )
-            a = jnp.sum(jnp.cumprod(accept.astype(jnp.int32), axis=1), axis=1)  # [B] in [0, k]
-            if plan.greedy:
-                t = jnp.take_along_axis(target, a[:, None], 1)[:, 0]
-            else:
-                p = jax.nn.softmax(p_logits, axis=-1)  # [B, k+1, V]
-                # q_{k+1} = 0: the residual after k accepts is p_{k+1}
-                q = jnp.concatenate([jax.nn.softmax(q_logits, -1), jnp.zeros_like(p[:, :1])], 1)
-                p_a = jnp.take_along_axis(p, a[:, None, None], 1)[:, 0]  # [B, V]
-                residual = jnp.maximum(p_a - jnp.take_along_axis(q, a[:, None, None], 1)[:, 0], 0.0)
-                # a rejection with an all-zero residual means p == q up to rounding: use p
-                residual = jnp.where(jnp.sum(residual, -1, keepdims=True) > 0, residual, p_a)
-                t = ops.inverse_cdf(jnp.log(residual), u[:, 2 * k])[0]
+            a, t = _accept(p_logits, q_logits, drafts, u, k, plan.greedy)
 
             # -- emit d_1..d_a, t; cut at the first stop token and at max_new_tokens
-            col = jnp.arange(k + 1)
-            emitted = jnp.where(col < a[:, None], jnp.pad(drafts, ((0, 0), (0, 1))), t[:, None])
-            stops = ops.is_stop(emitted, knobs.stop_ids) & (col <= a[:, None])
-            stop_at = jnp.where(jnp.any(stops, 1), jnp.argmax(stops, 1), k + 1)
-            count = jnp.where(live, jnp.minimum(jnp.minimum(a + 1, stop_at + 1), tn - n), 0)
-            keep = col < count[:, None]
-            emitted = jnp.where(keep, emitted, pad)
+            emitted, keep, stops, count = _emitted(drafts, a, t, live, tn - n, knobs.stop_ids, pad)
             policy_logp = jnp.where(keep, ops.log_prob(p_raw, emitted), 0.0)
             sample_logp = jnp.where(keep & (not plan.greedy), ops.log_prob(p_logits, emitted), 0.0)
             columns = (emitted, policy_logp, sample_logp)
@@ -210,11 +188,7 @@ class SpeculativeSampler(Sampler):
         out = tuple(x[:, :tn] for x in s.out)
         record = dict(n=plan.n, version=version, dropout_keys=None)
         rollout = make_rollout(*prompts, out, s.lengths, s.done, **record)
-        proposed, per_row = k * s.live_rounds, jnp.sum(s.lengths) / (num_rows + s.live_rounds)
-        stats = dict(acceptance_rate=s.accepted / jnp.maximum(proposed, 1), rounds=s.step - 1)
-        stats.update(tokens_per_policy_forward=per_row, policy_forwards=s.step)  # prefill: 1
-        stats.update(draft_tokens_proposed=proposed, draft_tokens_accepted=s.accepted)
-        return rollout, stats, s.cache
+        return rollout, _round_stats(s, k, num_rows), s.cache
 
     def generate(
         self,
@@ -241,3 +215,48 @@ class SpeculativeSampler(Sampler):
             states, (p_cache, d_cache), logits0, lengths, prompts, key, knobs, version, plan=plan
         )
         return rollout.take_rows(num_prompts * plan.n)
+
+
+def _round_stats(s: SpeculativeState, k: int, num_rows: int) -> dict:
+    """The decode's acceptance rate, rounds, tokens per policy forward (the prefill one of
+    them) and draft tokens proposed and accepted."""
+    proposed, per_row = k * s.live_rounds, jnp.sum(s.lengths) / (num_rows + s.live_rounds)
+    stats = dict(acceptance_rate=s.accepted / jnp.maximum(proposed, 1), rounds=s.step - 1)
+    stats.update(tokens_per_policy_forward=per_row, policy_forwards=s.step)  # prefill: 1
+    stats.update(draft_tokens_proposed=proposed, draft_tokens_accepted=s.accepted)
+    return stats
+
+
+def _accept(p_logits, q_logits, drafts, u, k: int, greedy: bool):
+    """(a [B]: the drafts accepted, t [B]: the corrected or bonus token) of one round:
+    p_logits [B, k+1, V] the policy's sampling logits over [x_n, d_1..d_k], q_logits
+    [B, k, V] the draft's, drafts [B, k], u [B, 2k+1] the round's uniforms. Greedy: the
+    longest prefix equal to the policy's argmax, then its next argmax; sampled: d_i kept
+    with probability min(1, p/q), then a draw from the residual max(p - q, 0)."""
+    target = jnp.argmax(p_logits, axis=-1).astype(jnp.int32)  # [B, k+1], greedy
+    log_ratio = ops.log_prob(p_logits[:, :k], drafts) - ops.log_prob(q_logits, drafts)
+    accept = drafts == target[:, :k] if greedy else u[:, k : 2 * k] < jnp.exp(log_ratio)
+    a = jnp.sum(jnp.cumprod(accept.astype(jnp.int32), axis=1), axis=1)  # [B] in [0, k]
+    if greedy:
+        return a, jnp.take_along_axis(target, a[:, None], 1)[:, 0]
+    p = jax.nn.softmax(p_logits, axis=-1)  # [B, k+1, V]
+    # q_{k+1} = 0: the residual after k accepts is p_{k+1}
+    q = jnp.concatenate([jax.nn.softmax(q_logits, -1), jnp.zeros_like(p[:, :1])], 1)
+    p_a = jnp.take_along_axis(p, a[:, None, None], 1)[:, 0]  # [B, V]
+    residual = jnp.maximum(p_a - jnp.take_along_axis(q, a[:, None, None], 1)[:, 0], 0.0)
+    # a rejection with an all-zero residual means p == q up to rounding: use p
+    residual = jnp.where(jnp.sum(residual, -1, keepdims=True) > 0, residual, p_a)
+    return a, ops.inverse_cdf(jnp.log(residual), u[:, 2 * k])[0]
+
+
+def _emitted(drafts, a, t, live, room, stop_ids, pad: int):
+    """(emitted [B, k+1] (pad past the count), keep [B, k+1], stops [B, k+1], count [B]):
+    d_1..d_a then t, cut after the first stop token and at `room` tokens [B]."""
+    k = drafts.shape[1]
+    col = jnp.arange(k + 1)
+    emitted = jnp.where(col < a[:, None], jnp.pad(drafts, ((0, 0), (0, 1))), t[:, None])
+    stops = ops.is_stop(emitted, stop_ids) & (col <= a[:, None])
+    stop_at = jnp.where(jnp.any(stops, 1), jnp.argmax(stops, 1), k + 1)
+    count = jnp.where(live, jnp.minimum(jnp.minimum(a + 1, stop_at + 1), room), 0)
+    keep = col < count[:, None]
+    return jnp.where(keep, emitted, pad), keep, stops, count

@@ -106,7 +106,6 @@ def rl_loss(
     if logprob_chunk is not None or routed:
         hidden_fn = apply_hidden(graphdef, group_size, completion_len, router=routed)
     teacher_hidden_fn = None if teacher_graphdef is None else apply_hidden(teacher_graphdef)
-
     packed_loss_of = packed_loss(graphdef, logprob_chunk, completion_len, teacher_graphdef)
 
     def loss_of(params, batch, denominator=None, frozen=None):
@@ -120,13 +119,7 @@ def rl_loss(
         keys = batch.pop("dropout_keys", None)
         if dropout_rate > 0:
             mlp_mask = dropout_masks(model_cfg, dropout_rate, keys)
-        kwargs: dict[str, Any] = {}
-        if denominator is not None:
-            kwargs["denominator"] = denominator
-        if teacher_hidden_fn is not None and frozen is not None:
-            kwargs["teacher_hidden"] = sg(
-                teacher_hidden_fn(frozen["teacher"], batch["tokens"], batch["attention_mask"])
-            )
+        kwargs = _loss_kwargs(batch, denominator, frozen, teacher_hidden_fn)
         seen = {}
 
         def hidden_of(p, t, m):
@@ -155,6 +148,19 @@ def rl_loss(
         return loss, metrics
 
     return loss_of
+
+
+def _loss_kwargs(batch, denominator, frozen, teacher_hidden_fn) -> dict[str, Any]:
+    """`losses.loss_fn`'s optional arguments: the minibatch's denominator, the teacher's
+    final hidden states (held constant)."""
+    kwargs: dict[str, Any] = {}
+    if denominator is not None:
+        kwargs["denominator"] = denominator
+    if teacher_hidden_fn is not None and frozen is not None:
+        kwargs["teacher_hidden"] = sg(
+            teacher_hidden_fn(frozen["teacher"], batch["tokens"], batch["attention_mask"])
+        )
+    return kwargs
 
 
 def packed_loss(graphdef, logprob_chunk, completion_len: int, teacher_graphdef=None):
@@ -360,14 +366,8 @@ class Learner:
         log: Callable[[str], None] = print,
     ):
         o = options
-        objective, rows, group_size, completion_len = (
-            o.objective,
-            o.rows,
-            o.group_size,
-            o.completion_len,
-        )
+        objective, rows = o.objective, o.rows
         epochs, minibatches, grad_accum = o.epochs, o.minibatches, o.grad_accum
-        share_prompt, dropout_rate = o.share_prompt, o.dropout_rate
         self.options = options
         self.state = state
         self.critic = critic
@@ -376,33 +376,7 @@ class Learner:
         self.epochs, self.minibatches = epochs, minibatches
         self.rows = rows
         self.minibatch_rows = rows // minibatches
-        micro_rows = self.minibatch_rows // grad_accum
-        self.pack = packing.pack_spec(o.pack_tokens, grad_accum=grad_accum,
-                                      microbatch_tokens=o.microbatch_tokens,
-                                      multiple=sharding.batch_size_multiple(mesh))  # fmt: skip
-        share_prompt = share_prompt and self.pack is None  # packed rows: no shared prompt
-        routed = bool(model_cfg is not None and model_cfg.num_experts)
-        if routed and self.pack is not None:
-            raise ConfigError(
-                "config key 'train.pack_tokens' > 0 packs the update's rows, which an MoE "
-                "policy's router statistics and replayed routing do not follow yet: set it to 0"
-            )
-        layout = update_layout(
-            rows=micro_rows,
-            group_size=group_size,
-            completion_len=completion_len,
-            mesh=mesh,
-            share_prompt=share_prompt,
-            dropout_rate=dropout_rate,
-            routed=routed,
-        )
-        quiet = dropout_rate or routed  # sharing is off for these by design, not by the rows
-        if share_prompt and layout["group_size"] == 1 and group_size > 1 and not quiet:
-            log(
-                f"[rl] train.share_prompt_forward is off for the update: a microbatch of "
-                f"{micro_rows} rows is not whole groups of {group_size} that split evenly "
-                f"over the {sharding.batch_size_multiple(mesh)} batch devices"
-            )
+        self.pack, layout = self._layout(o, mesh, model_cfg, log)
         self.update_groups = layout["group_size"]
         self.teacher = teacher
         uses_teacher = teacher is not None and bool(objective.get("distill"))
@@ -411,7 +385,7 @@ class Learner:
             graphdef,
             objective,
             **layout,
-            dropout_rate=dropout_rate,
+            dropout_rate=o.dropout_rate,
             model_cfg=model_cfg,
             teacher_graphdef=teacher[0] if uses_teacher else None,
             capture_hidden=critic is not None and critic.reads_hidden,
@@ -431,6 +405,38 @@ class Learner:
         self._reshard = reshard or (lambda params: params)
         self.reshard_seconds = 0.0
         self._rollout_base = None  # LoRA: the base on the rollout mesh, placed once
+
+    def _layout(self, o: LearnerOptions, mesh, model_cfg, log) -> tuple[Any, dict[str, int]]:
+        """(the packed rows' spec or None, `update_layout` of a microbatch's rows): packed rows
+        run without the shared prompt, and an MoE policy neither packed nor shared."""
+        micro_rows = self.minibatch_rows // o.grad_accum
+        pack = packing.pack_spec(o.pack_tokens, grad_accum=o.grad_accum,
+                                 microbatch_tokens=o.microbatch_tokens,
+                                 multiple=sharding.batch_size_multiple(mesh))  # fmt: skip
+        share_prompt = o.share_prompt and pack is None  # packed rows: no shared prompt
+        routed = bool(model_cfg is not None and model_cfg.num_experts)
+        if routed and pack is not None:
+            raise ConfigError(
+                "config key 'train.pack_tokens' > 0 packs the update's rows, which an MoE "
+                "policy's router statistics and replayed routing do not follow yet: set it to 0"
+            )
+        layout = update_layout(
+            rows=micro_rows,
+            group_size=o.group_size,
+            completion_len=o.completion_len,
+            mesh=mesh,
+            share_prompt=share_prompt,
+            dropout_rate=o.dropout_rate,
+            routed=routed,
+        )
+        quiet = o.dropout_rate or routed  # sharing is off for these by design, not the rows
+        if share_prompt and layout["group_size"] == 1 and o.group_size > 1 and not quiet:
+            log(
+                f"[rl] train.share_prompt_forward is off for the update: a microbatch of "
+                f"{micro_rows} rows is not whole groups of {o.group_size} that split evenly "
+                f"over the {sharding.batch_size_multiple(mesh)} batch devices"
+            )
+        return pack, layout
 
     def built_programs(self) -> list[tuple[Callable, Callable]]:
         """The (select, update) pairs built so far, one per batch key set (`programs`)."""
