@@ -326,6 +326,12 @@ def add_mfu_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--steps", type=int, default=6, help="spread: RL steps per variant")
     p.add_argument("--warmup", type=int, default=2, help="spread: first steps left out")
+    p.add_argument(
+        "--spread-shape",
+        default="tiny",
+        choices=("tiny", "0.5b"),
+        help="spread: the policy's shape (0.5b: Qwen2.5-0.5B's layers in bf16, with its MFU)",
+    )
     p.add_argument("--models", default="25m,100m", help=f"from {sorted(TRAIN_MODELS)}")
     p.add_argument("--seq", type=int, default=256)
     p.add_argument(

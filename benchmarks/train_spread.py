@@ -44,6 +44,21 @@ SPREAD = {
     "eval.at_start": False,
     "train.share_prompt_forward": False,  # packing refuses it; `shared` turns it on
 }
+# --spread-shape: the policy's shape. tiny: grpo_arith's 2-layer d=128 model; 0.5b: Qwen2.5-
+# 0.5B's layers (24 x d=896, GQA 14/2, MLP 4864) in bf16 over the char vocabulary, for a GPU,
+# where the update's model FLOP/s against the device's bf16 matmul peak (MFU) is recorded
+SHAPES = {
+    "tiny": {},
+    "0.5b": {
+        "model.hidden_size": 896,
+        "model.intermediate_size": 4864,
+        "model.num_layers": 24,
+        "model.num_heads": 14,
+        "model.num_kv_heads": 2,
+        "model.head_dim": 64,
+        "model.dtype": "bfloat16",
+    },
+}
 VARIANTS = {
     "padded": {},
     "shared": {"train.share_prompt_forward": True},
@@ -51,14 +66,14 @@ VARIANTS = {
 }
 
 
-def run_variant(variant: str, steps: int, warmup: int) -> dict:
+def run_variant(variant: str, steps: int, warmup: int, shape: str = "tiny") -> dict:
     """One variant's steps in this process (see the module docstring)."""
     import jax
     import numpy as np
 
     from jaxrl_frontier.run import trainer as tr
 
-    flags = {**SPREAD, **VARIANTS[variant], "train.steps": steps}
+    flags = {**SPREAD, **SHAPES[shape], **VARIANTS[variant], "train.steps": steps}
     c = common.load_config([f"--config.{k}={v}" for k, v in flags.items()], "configs/grpo_arith.py")
     trainer = tr.Trainer(c, tempfile.mkdtemp())
     compiles: list[str] = []
@@ -108,6 +123,8 @@ def run_variant(variant: str, steps: int, warmup: int) -> dict:
         padding_share=1.0 - median("real_tokens") / median("padded_tokens"),
         pack_buckets=sorted({r["pack_bucket"] for r in rows}),
         compiles_after_warmup=len(compiles),
+        # 6 N FLOPs a useful token (forward and backward, attention left out)
+        params=trainer.roles.policy.cfg.num_params(),
         steps=[{k: v for k, v in r.items() if k != "lengths"} for r in rows],
         config=flags,
     )
@@ -131,7 +148,7 @@ def bench_spread(args) -> dict:
         with tempfile.NamedTemporaryFile(suffix=".json") as f:
             cmd = [
                 sys.executable, "-m", "benchmarks.train_spread", variant,
-                str(args.steps), str(args.warmup), f.name,
+                str(args.steps), str(args.warmup), f.name, args.spread_shape,
             ]  # fmt: skip
             env = {**os.environ, "PYTHONPATH": str(common.REPO)}
             proc = subprocess.run(cmd, cwd=common.REPO, env=env, capture_output=True, text=True)
@@ -141,6 +158,12 @@ def bench_spread(args) -> dict:
         result["load_before_after"] = [list(load_before), list(os.getloadavg())]
         variants[variant] = result
     pad, pack, shared = variants["padded"], variants["packed"], variants["shared"]
+    if args.spread_shape != "tiny":  # the update's MFU against the device's bf16 matmul peak
+        peak = common.matmul_peak(8192)["bfloat16_gflops"] * 1e9
+        for v in variants.values():
+            flops = 6 * v["params"] * v["update_useful_tokens_per_second"]
+            v["update_model_tflops"], v["update_mfu"] = flops / 1e12, flops / peak
+        out["bf16_matmul_peak_tflops"] = peak / 1e12
     out["packed_vs_shared"] = dict(
         update_useful_tokens_ratio=pack["update_useful_tokens_per_second"]
         / shared["update_useful_tokens_per_second"],
@@ -167,6 +190,6 @@ def bench_spread(args) -> dict:
 
 
 if __name__ == "__main__":
-    variant, steps, warmup, path = sys.argv[1:5]
+    variant, steps, warmup, path, shape = sys.argv[1:6]
     with open(path, "w") as f:
-        json.dump(run_variant(variant, int(steps), int(warmup)), f)
+        json.dump(run_variant(variant, int(steps), int(warmup), shape), f)
