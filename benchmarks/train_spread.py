@@ -150,7 +150,8 @@ def bench_spread(args) -> dict:
                 sys.executable, "-m", "benchmarks.train_spread", variant,
                 str(args.steps), str(args.warmup), f.name, args.spread_shape,
             ]  # fmt: skip
-            env = {**os.environ, "PYTHONPATH": str(common.REPO)}
+            path = os.pathsep.join(filter(None, [str(common.REPO), os.environ.get("PYTHONPATH")]))
+            env = {**os.environ, "PYTHONPATH": path}
             proc = subprocess.run(cmd, cwd=common.REPO, env=env, capture_output=True, text=True)
             if proc.returncode:
                 raise RuntimeError(f"{variant}: {proc.stderr[-3000:]}")

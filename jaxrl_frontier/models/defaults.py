@@ -50,7 +50,7 @@ def model_section() -> ml_collections.ConfigDict:
     # mixture of experts (models/moe.py, Qwen3-MoE): num_experts > 0 replaces each layer's MLP
     # by a softmax top-k router over that many SwiGLU experts of `intermediate_size` (split
     # over the mesh's fsdp axis: expert parallelism); `impl`: the experts' matmuls (auto:
-    # dense on CPU, ragged grouped matmuls elsewhere). The router's training terms are
+    # ragged grouped matmuls on TPU, dense elsewhere). The router's training terms are
     # objective.router_aux_coef / router_z_coef. A checkpoint (model.init = hf) brings its
     # own shape; `impl` still applies. routing_replay: none | rollout (R3: the sampler
     # records each token's experts per layer and the update routes each token there, the

@@ -80,7 +80,7 @@ class ModelConfig:
     # scaled by sigmoid(x w_g); 0: none (Qwen3-MoE)
     shared_expert_intermediate_size: int = 0
     # the experts' matmuls: ragged (grouped) | dense (every expert on every token) | auto
-    # (dense on CPU, ragged elsewhere)
+    # (ragged on TPU, dense elsewhere: models/moe.py expert_impl)
     moe_impl: str = "auto"
 
     def __post_init__(self):
