@@ -25,6 +25,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 
 from jaxrl_frontier.core import sharding as shd
+from jaxrl_frontier.core.capabilities import Capabilities
 from jaxrl_frontier.core.xla_options import rollout_compiler_options
 from jaxrl_frontier.models import transformer as tfm
 from jaxrl_frontier.models.layers import KVCache
@@ -92,6 +93,8 @@ class Sampler:
     decode_phases: the decode's cache sizes (`decode_windows`; 1: one cache of Tp + Tn
     slots for every step), each a trace of the step: more phases read less, compile
     longer."""
+
+    capabilities = Capabilities.all_but(partial_rows="the rows start in its idle slots")
 
     def __init__(
         self,
