@@ -49,6 +49,8 @@ from jaxrl_frontier.rl.produce.rollout import RolloutProducer
 from jaxrl_frontier.rl.sources import make_source
 from jaxrl_frontier.rl.sources.utils import prompt_text
 from jaxrl_frontier.run import config as config_lib
+from jaxrl_frontier.run import parts as parts_lib
+from jaxrl_frontier.run import sections
 from jaxrl_frontier.run import stages as stages_lib
 from jaxrl_frontier.run.build import (
     attach_lora,
@@ -77,7 +79,7 @@ class Trainer:
             config.workdir = workdir
         if not config.workdir:
             raise config_lib.ConfigError("config key 'workdir' is empty: pass --workdir")
-        distributed.initialize(config)  # before any device is touched
+        distributed.initialize(sections.distributed_options(config))  # before any device
         config_lib.validate(config, num_devices=jax.device_count())
         # self.config: the config of the stage the run is in (run/stages.py); the one launched
         # (its stages listed, none applied) is what checkpoints and config.json record
@@ -90,9 +92,9 @@ class Trainer:
         # ---- mesh, tokenizer, task
         self.mesh, self.rollout_mesh = build_meshes(c)  # the same mesh unless rollout.devices
         self.tokenizer = build_tokenizer(c)
-        self.task = task_for(c, self.tokenizer)  # every prompt's length checked
+        self.task = task_for(sections.task_options(c), self.tokenizer)  # prompt lengths checked
         self.reward_names = list(self.task.reward_names)
-        self.scorer = make_scorer(c, self.task)  # one per run: training and evaluation
+        self.scorer = make_scorer(sections.reward_options(c), self.task)  # train and eval share it
 
         # keys that move as the run trains (schedules, controllers: run/knobs.py)
         self.knobs = KnobPlan.from_config(c, config_lib.RANGES)
@@ -118,9 +120,11 @@ class Trainer:
         offload = optimizer_memory_kind(c.train.offload_optimizer, self.mesh)
         state = init_train_state(self.tx, params, self.mesh, rng0, memory_kind=offload)
         self.state_sharding = jax.tree.map(lambda x: x.sharding, state)
-        n, pi = jax.process_count(), jax.process_index()
+        n, pi, src = jax.process_count(), jax.process_index(), sections.source_options(c)
         batch = c.data.prompt_batch if c.mode == "rl" else c.train.sft_batch
-        self.source = make_source(self.task, c, batch_size=batch, process_index=pi, process_count=n)
+        self.source = make_source(
+            self.task, src, batch_size=batch, process_index=pi, process_count=n
+        )
         if c.mode == "rl":
             self._parts = parts = RunParts(
                 mesh=self.mesh,
@@ -141,8 +145,9 @@ class Trainer:
             self._check_stages()
         else:
             self._state = state
-            self.sft_step = SFTStep.from_config(
-                c, self.graphdef, self.tx, self.state_sharding, self.mesh, self.task, self.tokenizer
+            o = sections.sft_options(c)
+            self.sft_step = SFTStep.from_options(
+                o, self.graphdef, self.tx, self.state_sharding, self.mesh, self.task, self.tokenizer
             )
 
         # ---- checkpointing, logging
@@ -152,7 +157,9 @@ class Trainer:
         self.writer = MetricsWriter(self.workdir)
         self.rollout_log = RolloutLogger(self.workdir) if self.is_main else None
         self.history: dict[str, Any] = {"eval": []}
-        self.guard = faults.RunGuard.from_config(c, say=self._print, scorer=self.scorer)
+        self.guard = faults.RunGuard.from_options(
+            sections.guard_options(c), say=self._print, scorer=self.scorer
+        )
         k = c.rollout.max_staleness if c.mode == "rl" else 0
         queue = c.rollout.free_running_queue
         self.ahead = FreeRunningRollouts(k, queue) if k and queue else RolloutsAhead(k)
@@ -261,8 +268,9 @@ class Trainer:
         params = self.state.params  # LoRA: the base + adapters, unmerged
         params = params if self.base_params is None else lora.combine(self.base_params, params)
         self.sampler.update_weights(params, int(self.state.step))
+        options = sections.eval_options(self.config)
         return evaluation.evaluate(
-            self.sampler, self.tokenizer, self.task, self.config, num_prompts, scorer=self.scorer
+            self.sampler, self.tokenizer, self.task, options, num_prompts, scorer=self.scorer
         )
 
     @property
@@ -373,11 +381,7 @@ class Trainer:
         """Batches produced ahead (`rollout.max_staleness`) cross a checkpoint, saved whole
         with it (`RolloutsAhead.finished`; `batches_state`), instead of the queue draining
         before it: with the plain producer and a source that draws only in the main loop."""
-        return (
-            self.ahead.enabled
-            and isinstance(self.producer, RolloutProducer)
-            and self.config.data.source != "dynamic"
-        )
+        return self.ahead.enabled and parts_lib.supports(self.config, "keeps_rows_in_flight")
 
     @property
     def local_rollouts(self) -> bool:
@@ -542,7 +546,8 @@ class Trainer:
             ev = self.evaluate()
         self.history["eval"].append(dict(step=step, **ev))
         self.writer.write_scalars(step, ev)
-        diagnostics.after_eval(self.history, ev, step, self.config, self.export, self._print)
+        peak = sections.peak_options(self.config)  # export the best, stop at a collapse
+        diagnostics.after_eval(self.history, ev, step, peak, self.export, self._print)
         self._print(f"[{tag}] step {step}: " + _fmt(ev))
         return ev
 
