@@ -1,6 +1,6 @@
 """Multi-host start-up: plain multi-controller JAX, one process per host, no extra service.
 
-Every host runs the same command. `initialize(config)` must run before anything touches a
+Every host runs the same command. `initialize(options)` must run before anything touches a
 device; the CLI calls it first. Where the processes come from:
 
 * `distributed.coordinator_address`, `num_processes`, `process_id` set (any launcher,
@@ -14,6 +14,7 @@ On CPU the processes talk through gloo collectives (set here, before the backend
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from typing import Any
@@ -32,15 +33,23 @@ def _cluster_detected() -> bool:
     return "," in hosts or "MEGASCALE_COORDINATOR_ADDRESS" in os.environ
 
 
-def initialize(config) -> bool:
-    """Start `jax.distributed` once if the config or the cluster asks for several processes.
+@dataclasses.dataclass(frozen=True)
+class DistributedOptions:
+    """The `distributed` section: how the processes find each other (None: unset)."""
+
+    coordinator_address: str | None = None
+    num_processes: int | None = None
+    process_id: int | None = None
+
+
+def initialize(options: DistributedOptions) -> bool:
+    """Start `jax.distributed` once if the options or the cluster ask for several processes.
 
     Returns True when this process is part of a multi-process run. Idempotent.
     """
     if jax.distributed.is_initialized():
         return True
-    d = config.get("distributed") or {}
-    address, num, pid = (d.get(k) for k in ("coordinator_address", "num_processes", "process_id"))
+    address, num, pid = options.coordinator_address, options.num_processes, options.process_id
     given = [
         k
         for k, v in zip(("coordinator_address", "num_processes", "process_id"), (address, num, pid))

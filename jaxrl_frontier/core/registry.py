@@ -33,12 +33,17 @@ class Registry:
     True
     """
 
-    def __init__(self, kind: str, key: str | None = None):
+    def __init__(self, kind: str, key: str | None = None, default_part: type | None = None):
         self.kind, self.key = kind, key  # key: the config key whose values name entries
+        # the class whose `capabilities` an entry registered without `part` has (None: all)
+        self.default_part = default_part
         self._entries: dict[str, Callable[..., Any]] = {}
+        self._parts: dict[str, type] = {}  # name -> the class the entry builds
 
-    def register(self, name: str) -> Callable[[F], F]:
-        """Decorator registering `fn` under `name`; the function is returned unchanged."""
+    def register(self, name: str, part: type | None = None) -> Callable[[F], F]:
+        """Decorator registering `fn` under `name`; the function is returned unchanged.
+        `part`: the class `fn` builds, whose `capabilities` (`core.capabilities`) declare what
+        it supports, read by `capabilities(name)` without building it (None: every feature)."""
         if not isinstance(name, str) or not name:
             raise ValueError(
                 f"{self.kind} registry: a name must be a non-empty string, got {name!r}"
@@ -51,6 +56,8 @@ class Registry:
                     f"(already registered to {self._entries[name].__qualname__})"
                 )
             self._entries[name] = fn
+            if part is not None:
+                self._parts[name] = part
             return fn
 
         return decorator
@@ -68,6 +75,16 @@ class Registry:
                 f"{where}unknown {self.kind} {name!r}. "
                 f"Known {self.kind}s: {', '.join(self.names())}.{hint}"
             ) from None
+
+    def capabilities(self, name: str):
+        """The `Capabilities` the class of entry `name` declares (registered without `part`:
+        the registry's `default_part`'s, or every feature); an `UnknownNameError` for an
+        unknown name."""
+        from jaxrl_frontier.core.capabilities import ALL
+
+        self.get(name)
+        part = self._parts.get(name, self.default_part)
+        return ALL if part is None else part.capabilities
 
     def names(self) -> list[str]:
         """Sorted registered names."""

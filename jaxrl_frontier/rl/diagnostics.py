@@ -138,7 +138,22 @@ class CollapseDetector:
         )
 
 
-def after_eval(history: dict[str, Any], ev: dict[str, float], step: int, config, export, say):
+@dataclasses.dataclass(frozen=True)
+class PeakOptions:
+    """What the loop does after an eval (`train.export`, `train.collapse.*`): export the best
+    policy ('best') or the last ('last'), and stop on a rise and collapse of `metric`."""
+
+    export: str = "last"
+    stop: bool = False
+    metric: str = "eval/pass@1_greedy"
+    rise: float = 0.05
+    drop: float = 0.05
+    patience: int = 2
+
+
+def after_eval(
+    history: dict[str, Any], ev: dict[str, float], step: int, options: PeakOptions, export, say
+):
     """The loop's decisions after an eval at `step` (history['eval'] already holds it).
 
     Tracks history['best'] = {step, value} of `train.collapse.metric`; under
@@ -148,10 +163,10 @@ def after_eval(history: dict[str, Any], ev: dict[str, float], step: int, config,
     the run stops (`collapse_outcome`), its export is the peak (rolled forward to the next
     campaign), whose budget is peak_step + 3.
     """
-    t = config.train
-    key = t.collapse.metric
+    t = options
+    key = t.metric
     if key not in ev:
-        if t.export == "best" or t.collapse.stop:
+        if t.export == "best" or t.stop:
             raise KeyError(
                 f"config key 'train.collapse.metric' = {key!r} is not an eval metric; the "
                 f"eval's: {', '.join(sorted(ev))}"
@@ -163,8 +178,8 @@ def after_eval(history: dict[str, Any], ev: dict[str, float], step: int, config,
         history["best"] = dict(step=int(step), value=value)
         if t.export == "best":
             export()
-    if t.collapse.stop and "collapse" not in history:
-        det = CollapseDetector(t.collapse.rise, t.collapse.drop, t.collapse.patience)
+    if t.stop and "collapse" not in history:
+        det = CollapseDetector(t.rise, t.drop, t.patience)
         found = det.check([(e["step"], e[key]) for e in history["eval"] if key in e])
         if found is not None:
             history["collapse"] = found

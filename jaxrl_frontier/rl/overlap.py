@@ -52,9 +52,13 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any
 
+from jaxrl_frontier.core.capabilities import Capabilities
+
 
 class RolloutsAhead:
     """Up to `max_staleness` Experiences produced ahead of the learner, oldest first."""
+
+    capabilities = Capabilities.all_but(partial_rows="batches produced ahead whole")
 
     free_running = False  # batches started on the fixed schedule (`room`, `start`)
 
@@ -156,6 +160,12 @@ class FreeRunningRollouts(RolloutsAhead):
     waits for the oldest; a stale one (lag > k) is dropped and the next taken, or resampled.
     `paused()` holds the loop (a checkpoint, an eval); `finished`, `restore` and
     `source_state` are the fixed schedule's, under a pause."""
+
+    capabilities = Capabilities.all_but(
+        partial_rows="batches produced ahead whole",
+        multi_process="their collectives would follow its timing",
+        stages="a boundary needs the queue empty",
+    )
 
     free_running = True
 

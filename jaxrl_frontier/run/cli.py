@@ -138,9 +138,10 @@ def train_main(argv: list[str] | None = None) -> None:
     sys.unraisablehook = _quiet_closed_loop(sys.unraisablehook)
 
     from jaxrl_frontier.core import distributed
+    from jaxrl_frontier.run import sections
 
     try:  # once, before anything touches a device (docs/distributed.md)
-        distributed.initialize(config)
+        distributed.initialize(sections.distributed_options(config))
     except ValueError as e:
         raise SystemExit(f"config error: {e}") from None
 

@@ -39,6 +39,7 @@ from jaxrl_frontier.data import defaults as data_defaults
 from jaxrl_frontier.models import defaults as model_defaults
 from jaxrl_frontier.objectives import losses
 from jaxrl_frontier.rl import defaults as rl_defaults
+from jaxrl_frontier.run import parts
 from jaxrl_frontier.train import defaults as train_defaults
 
 log = logging.getLogger(__name__)
@@ -366,13 +367,11 @@ def _check_registries(c: ml_collections.ConfigDict) -> None:
         raise ConfigError(f"config key 'task.module' = {c.task.module!r}: {e}") from None
     task_cls = TASKS.get(c.task.name)
     _check_task_kwargs(task_cls, c.task.kwargs.to_dict())
-    from jaxrl_frontier.data.rewards.shaping import shaper_reward_names
+    from jaxrl_frontier.run.sections import shaped_rewards
 
-    names = list(task_cls.reward_names) + shaper_reward_names(c)  # + rollout shapers' rewards
+    names = list(task_cls.reward_names) + shaped_rewards(c)  # + rollout shapers' rewards
     if c.env.name:  # an environment run: the episode's rewards (empty weights: the return)
-        from jaxrl_frontier.data.envs.task import check_env_config
-
-        names = list(check_env_config(c))
+        names = list(check_env_run(c))
     for k, v in c.objective.reward_weights.items():
         if k not in names:
             raise ConfigError(
@@ -425,80 +424,39 @@ def _check_roles(c: ml_collections.ConfigDict, num_devices: int) -> None:
             raise ConfigError(f"config key 'rollout.mesh': {e}") from None
     if c.rollout.max_staleness < 0:
         raise ConfigError("config key 'rollout.max_staleness' must be >= 0")
-    if c.rollout.max_staleness and procs > 1:
-        check_local_rollouts(c)
-    if c.rollout.partial_budget:
-        _check_partial(c, procs)
-    if c.rollout.free_running_queue:
-        _check_free_running(c, procs)
-
-
-def _check_partial(c: ml_collections.ConfigDict, procs: int) -> None:
-    """rollout.partial_budget > 0: the next batch's rows begun in this step's decode
-    (sampling/partial.py) with the plain producer, in the synchronous loop (on several
-    processes each samples its own rows on its own devices)."""
-    refused = []
-    if not c.rollout.continuous_slots:
-        refused.append("rollout.continuous_slots = 0 (the rows start in its idle slots)")
-    if c.rollout.max_staleness:
-        refused.append("rollout.max_staleness > 0 (batches produced ahead whole)")
-    if c.rollout.continuous_slots % procs:
-        slots = c.rollout.continuous_slots
-        refused.append(
-            f"rollout.continuous_slots = {slots} (each of {procs} processes runs a share)"
-        )
-    if c.env.name:
-        refused.append(f"env.name = {c.env.name!r} (episodes: the agent producer)")
-    if c.data.source == "dynamic":
-        refused.append("data.source = 'dynamic' (it draws more prompts within a step)")
-    if tuple(c.rollout.editors):
-        refused.append(f"rollout.editors = {tuple(c.rollout.editors)} (they rewrite tokens)")
-    if c.get("pact") is not None and c.pact.get("enabled", False):
-        refused.append("pact.enabled (its producer wraps the rollouts)")
-    _refuse(f"'rollout.partial_budget' = {c.rollout.partial_budget} (partial rollouts)", refused)
-
-
-def _check_free_running(c: ml_collections.ConfigDict, procs: int) -> None:
-    """rollout.free_running_queue > 0: a background loop timed by itself draws the prompts
-    and samples them (rl/overlap.py), beside the main loop, on one process."""
-    refused = [] if c.rollout.max_staleness else ["rollout.max_staleness = 0 (no bound)"]
-    if procs > 1:
-        refused.append(f"{procs} processes (their collectives would follow its timing)")
-    if c.data.source != "uniform":
-        refused.append(f"data.source = {c.data.source!r} (it reads the results as it draws)")
-    if c.env.name:
-        refused.append(f"env.name = {c.env.name!r} (episodes: the agent producer)")
-    if c.get("pact") is not None and c.pact.get("enabled", False):
-        refused.append("pact.enabled (its producer wraps the rollouts)")
-    if tuple(c.stages):
-        refused.append("stages (a boundary needs the queue empty)")
-    _refuse(f"'rollout.free_running_queue' = {c.rollout.free_running_queue}", refused)
-
-
-def _refuse(what: str, refused: list[str]) -> None:
-    if refused:
-        raise ConfigError(f"config key {what} does not go with: " + "; ".join(refused))
+    parts.check_capabilities(c, procs)  # what the run needs of its parts (run/parts.py)
 
 
 def check_local_rollouts(c: ml_collections.ConfigDict) -> None:
     """rollout.max_staleness > 0 on several processes: each samples its own prompts in a
     background thread, which must talk to no other process (rl/overlap.py). The parts of a
-    run whose rollouts do are refused, naming their key."""
-    refused = []
-    if c.env.name:
-        refused.append(f"env.name = {c.env.name!r} (episodes: the agent producer)")
-    if c.data.source == "dynamic":
-        refused.append("data.source = 'dynamic' (its draws agree across hosts)")
-    if "dre" in tuple(c.rollout.editors):
-        refused.append("rollout.editors with 'dre' (its counts are summed across hosts)")
-    if c.get("pact") is not None and c.pact.get("enabled", False):
-        refused.append("pact.enabled (its producer wraps the rollouts)")
-    if refused:
+    run that lack `process_local` are refused, naming their key (run/parts.py)."""
+    parts.check_capabilities(c, procs=2, only=("process_local",))
+
+
+def check_env_run(c: ml_collections.ConfigDict) -> tuple[str, ...]:
+    """An environment run (`env.name` set): its section (`check_env_config`), the keys that do
+    not go with episodes, and 3SPO's source; returns the run's reward names."""
+    from jaxrl_frontier.data.envs.task import check_env_config
+
+    names = check_env_config(c.env)
+    if c.env.credit == "3spo" and c.data.source != "sspo":
         raise ConfigError(
-            "config key 'rollout.max_staleness' > 0 on several processes samples each "
-            "process's rows in a background thread that must not talk to other processes; "
-            "not with: " + "; ".join(refused)
+            "config key 'env.credit' = '3spo' reads the state history that data.source='sspo' "
+            f"keeps (and checkpoints); data.source is {c.data.source!r}"
         )
+    refused = {
+        "rollout.dropout_rate": c.rollout.dropout_rate > 0,
+        "rollout.speculative.draft": c.rollout.speculative.draft is not None,
+        "rollout.editors": bool(c.rollout.editors),
+        "data.source": c.data.source not in ("uniform", "sspo"),
+    }
+    for key, bad in refused.items():
+        if bad:
+            raise ConfigError(f"config key {key!r} is not supported with an environment (env.name)")
+    if c.mode == "sft" and not c.env.demonstrations:
+        raise ConfigError("config key 'env.demonstrations' is empty: mode='sft' needs them")
+    return names
 
 
 def _check_lora(c: ml_collections.ConfigDict) -> None:

@@ -34,6 +34,7 @@ from jaxrl_frontier.rl.produce.passes import PASSES
 from jaxrl_frontier.rl.produce.rollout import RolloutProducer
 from jaxrl_frontier.rl.sources.teacher_answers import TeacherAnswers
 from jaxrl_frontier.rl.sources.utils import prompt_text
+from jaxrl_frontier.run import sections
 from jaxrl_frontier.run.build import objective_section
 from jaxrl_frontier.sampling import SamplingParams
 
@@ -48,7 +49,7 @@ def rollout_sampling(config, tokenizer) -> SamplingParams:
         min_p=r.min_p,
         n=r.group_size,
         max_new_tokens=r.max_new_tokens,
-        eos_ids=chat.stop_ids(config, tokenizer),
+        eos_ids=chat.stop_ids(sections.task_options(config), tokenizer),
         dropout_rate=r.dropout_rate,
     )
 
@@ -84,7 +85,9 @@ def checked_objective(config, parts: RunParts) -> tuple[dict, list, list, bool]:
     objective = objective_section(c.objective)
     if parts.knobs:  # a moving key at its largest value: the structure every value runs in
         objective = parts.knobs.structural(objective)
-    editors, shapers = build_editors(c, task=parts.task, tokenizer=parts.tokenizer)
+    editors, shapers = build_editors(
+        sections.editor_options(c), task=parts.task, tokenizer=parts.tokenizer
+    )
     shaped = [n for s in shapers for n in s.reward_names]
     objective["reward_weights"] = effective_reward_weights(objective.get("reward_weights"), shaped)
     if c.train.collapse.stop and c.train.export != "best":
@@ -157,7 +160,7 @@ def build_rl_stages(
     masks = jax.jit(lambda keys: dropout_masks(policy.cfg, rate, keys)) if rate > 0 else None
     context: dict[str, Any] = dict(policy_logp_fn=logp_fn, mlp_masks=masks)
     # an editor that changes tokens (DRE) needs their behaviour log-probs recomputed
-    edited = any(getattr(e, "changes_tokens", 0) for e in editors)
+    edited = any(e.changes_tokens for e in editors)
     recompute = c.train.recompute_old_logp or edited
     names = ["behaviour"] if recompute else []
     # the train/rollout mismatch: free beside a recompute, a probe forward otherwise; not
@@ -183,7 +186,12 @@ def build_rl_stages(
 
     # PPO's learned critic (critic.kind; None: none), trained and checkpointed with the policy
     critic = build_critic(
-        c, policy, mesh=mesh, reward_names=task.reward_names, objective=objective, layout=layout
+        sections.critic_options(c),
+        policy,
+        mesh=mesh,
+        reward_names=task.reward_names,
+        objective=objective,
+        layout=layout,
     )
     if critic is not None:
         state = state.replace(critic=critic.init_state())
@@ -201,7 +209,7 @@ def build_rl_stages(
         pack_tokens=c.train.pack_tokens,
         microbatch_tokens=c.train.microbatch_tokens,
     )
-    pact_term = pact.loss_transform(c, graphdef)
+    pact_term = pact.loss_transform(sections.pact_options(c), graphdef)
     learner = Learner(
         graphdef,
         tx,
@@ -216,7 +224,7 @@ def build_rl_stages(
         loss_transforms=[pact_term] if pact_term is not None else [],
         log=log,
     )
-    scorer = scorer or make_scorer(c, task)
+    scorer = scorer or make_scorer(sections.reward_options(c), task)
     teacher_answers = None
     if teacher is not None and c.data.source == "zppo":  # BCQ references from the teacher
         teacher_answers = TeacherAnswers(
@@ -229,13 +237,17 @@ def build_rl_stages(
             mesh=mesh,
         )
     passes = [PASSES.get(name)(**context) for name in names]
+    wrap = lambda producer, env, task: pact.wrap_producer(  # noqa: E731
+        producer, sections.pact_options(c), tokenizer, mesh=mesh, env=env, task=task
+    )
     if c.env.name:  # episodes of an environment (rl/produce/agent.py)
         sampling = rollout_sampling(c, tokenizer)
         producer = agent_rollout.env_producer(
-            c, sampler, tokenizer, task, mesh=mesh, sampling=sampling, objective=objective,
+            sections.env_section(c), sampler, tokenizer, task, mesh=mesh, sampling=sampling,
+            objective=objective,
             passes=passes,
         )  # fmt: skip
-        return learner, pact.wrap_producer(producer, c, tokenizer, mesh=mesh, task=task), logp_fn
+        return learner, wrap(producer, sections.env_section(c), task), logp_fn
     producer = RolloutProducer(
         sampler,
         tokenizer,
@@ -250,4 +262,4 @@ def build_rl_stages(
         shapers=shapers,
         teacher_answers=teacher_answers,
     )
-    return learner, pact.wrap_producer(producer, c, tokenizer, mesh=mesh), logp_fn
+    return learner, wrap(producer, None, None), logp_fn

@@ -27,10 +27,11 @@ from jaxrl_frontier.rl.experience import (
     log_rollouts,
 )
 from jaxrl_frontier.rl.overlap import FreeRunningRollouts, RolloutsAhead
-from jaxrl_frontier.rl.produce.rollout import RolloutProducer
 from jaxrl_frontier.rl.sources import make_source
 from jaxrl_frontier.rl.sources.utils import prompt_text
 from jaxrl_frontier.run import config as config_lib
+from jaxrl_frontier.run import parts as parts_lib
+from jaxrl_frontier.run import sections
 from jaxrl_frontier.run import stages as stages_lib
 from jaxrl_frontier.run.knobs import KnobPlan
 from jaxrl_frontier.run.rl_build import RunParts, build_rl_stages, checked_objective
@@ -155,18 +156,14 @@ class RLStep:
         """Batches produced ahead (`rollout.max_staleness`) cross a checkpoint, saved whole
         with it (`RolloutsAhead.finished`; `batches_state`), instead of the queue draining
         before it: with the plain producer and a source that draws only in the main loop."""
-        return (
-            self.ahead.enabled
-            and isinstance(self.producer, RolloutProducer)
-            and self.config.data.source != "dynamic"
-        )
+        return self.ahead.enabled and parts_lib.supports(self.config, "keeps_rows_in_flight")
 
     @property
     def local_rollouts(self) -> bool:
         """Each process samples its own rows on its own devices (asynchronous rollouts on
         several processes: rl/produce/rollout.py), so a rollout ahead runs `draw` alone in
         the background and its `finish` (collectives) in the main loop."""
-        return isinstance(self.producer, RolloutProducer) and self.producer.local
+        return self.producer.local
 
     def _producer_for(self, key, copy: bool = False, step: int | None = None):
         """(job(examples), finish(job's result) -> (Experience, info)) over the weights and
@@ -349,7 +346,7 @@ def rl_step(c, roles, *, state, state_sharding, tx, **common) -> RLStep:
     )
     source = make_source(
         common["task"],
-        c,
+        sections.source_options(c),
         batch_size=c.data.prompt_batch,
         process_index=jax.process_index(),
         process_count=jax.process_count(),

@@ -15,6 +15,7 @@ import jax
 
 from jaxrl_frontier.core.registry import Registry
 from jaxrl_frontier.rl.sources import make_source
+from jaxrl_frontier.run import sections
 from jaxrl_frontier.train.sft import SFTStep
 
 STEPS = Registry("training step", key="mode")
@@ -94,25 +95,23 @@ class SFTRunStep:
 
 @STEPS.register("sft")
 def sft_step(c, roles, *, state, state_sharding, tx, **common):
-    """The SFT step of config `c` (the keys it reads: optimizer.grad_accum, data.max_prompt_len,
-    rollout.max_new_tokens, train.sft_batch, train.steps)."""
+    """The SFT step of config `c`: `SFTStep` over the `SFTOptions` section record, the prompt
+    source over its `SourceOptions` (a batch of train.sft_batch demonstrations)."""
     source = make_source(
         common["task"],
-        c,
+        sections.source_options(c),
         batch_size=c.train.sft_batch,
         process_index=jax.process_index(),
         process_count=jax.process_count(),
     )
-    update = SFTStep(
+    update = SFTStep.from_options(
+        sections.sft_options(c),
         roles.graphdef,
         tx,
         state_sharding,
         roles.mesh,
         common["task"],
         roles.tokenizer,
-        grad_accum=c.optimizer.grad_accum,
-        max_prompt_len=c.data.max_prompt_len,
-        max_new_tokens=c.rollout.max_new_tokens,
     )
     describe = lambda: (  # noqa: E731
         f"{roles.policy.cfg.num_params() / 1e6:.2f}M params, "

@@ -33,7 +33,10 @@ from jaxrl_frontier.rl import diagnostics
 from jaxrl_frontier.rl.learn.optimizer import build_optimizer
 from jaxrl_frontier.rl.learn.train_step import init_train_state, optimizer_memory_kind
 from jaxrl_frontier.run import config as config_lib
-from jaxrl_frontier.run import rl_step  # noqa: F401  (registers the "rl" step)
+from jaxrl_frontier.run import (
+    rl_step,  # noqa: F401  (registers the "rl" step)
+    sections,
+)
 from jaxrl_frontier.run import stages as stages_lib
 from jaxrl_frontier.run.build import build_tokenizer, check_resume_schedule, total_updates
 from jaxrl_frontier.run.knobs import KnobPlan
@@ -54,7 +57,7 @@ class Trainer:
             config.workdir = workdir
         if not config.workdir:
             raise config_lib.ConfigError("config key 'workdir' is empty: pass --workdir")
-        distributed.initialize(config)  # before any device is touched
+        distributed.initialize(sections.distributed_options(config))  # before any device
         config_lib.validate(config, num_devices=jax.device_count())
         # the config launched (its stages listed, none applied): what checkpoints and
         # config.json record; the step holds the config of the stage the run is in
@@ -64,8 +67,8 @@ class Trainer:
         self.is_main = jax.process_index() == 0
 
         self.tokenizer = build_tokenizer(c)
-        self.task = task_for(c, self.tokenizer)  # every prompt's length checked
-        self.scorer = make_scorer(c, self.task)  # one per run: training and evaluation
+        self.task = task_for(sections.task_options(c), self.tokenizer)  # prompt lengths checked
+        self.scorer = make_scorer(sections.reward_options(c), self.task)  # train and eval share it
         # keys that move as the run trains (schedules, controllers: run/knobs.py)
         self.knobs = KnobPlan.from_config(c, config_lib.RANGES)
         kl_coef = c.objective.kl_coef
@@ -84,6 +87,9 @@ class Trainer:
         self.writer = MetricsWriter(self.workdir, c.metrics.to_dict(), run_config=c.to_dict())
         self.rollout_log = RolloutLogger(self.workdir) if self.is_main else None
         self.history: dict[str, Any] = {"eval": []}
+        guard = faults.RunGuard.from_options(
+            sections.guard_options(c), say=self._print, scorer=self.scorer
+        )
         self.step: Step = STEPS.get(c.mode)(
             c,
             self.roles,
@@ -93,7 +99,7 @@ class Trainer:
             task=self.task,
             scorer=self.scorer,
             knobs=self.knobs,
-            guard=faults.RunGuard.from_config(c, say=self._print, scorer=self.scorer),
+            guard=guard,
             rollout_log=self.rollout_log,
             say=self._print,
         )
@@ -122,7 +128,7 @@ class Trainer:
                 writer=self.writer,
                 paused=self.step.paused,
                 after_eval=lambda ev, step: diagnostics.after_eval(
-                    self.history, ev, step, self.config, self.export, self._print
+                    self.history, ev, step, sections.peak_options(self.config), self.export, say
                 ),
                 say=say,
             ),
@@ -203,9 +209,9 @@ class Trainer:
         params, base = self.state.params, self.roles.base_params  # LoRA: base + adapters
         params = params if base is None else lora.combine(base, params)
         self.roles.sampler.update_weights(params, int(self.state.step))
-        sampler, task, c = self.roles.sampler, self.task, self.config
+        sampler, options = self.roles.sampler, sections.eval_options(self.config)
         return evaluation.evaluate(
-            sampler, self.tokenizer, task, c, num_prompts, scorer=self.scorer
+            sampler, self.tokenizer, self.task, options, num_prompts, scorer=self.scorer
         )
 
     # ------------------------------------------------------------------ the loop

@@ -12,6 +12,17 @@ from jaxrl_frontier.sampling.sampler import Sampler
 from jaxrl_frontier.sampling.speculative import SpeculativeSampler
 
 
+def sampler_class(rollout, *, partial: bool = False) -> type[Sampler]:
+    """The class `make_sampler` builds for the `rollout` section (no instance): what run/
+    reads a sampler's declared `capabilities` from."""
+    slots = int(rollout.get("continuous_slots") or 0)
+    if slots:
+        budget = int(rollout.get("partial_budget") or 0)
+        return PartialSampler if budget and partial else ContinuousSampler
+    spec = rollout.get("speculative") or {}
+    return Sampler if spec.get("draft") is None else SpeculativeSampler
+
+
 def make_sampler(
     model: Transformer,
     rollout,

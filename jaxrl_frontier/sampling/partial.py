@@ -31,6 +31,7 @@ import numpy as np
 from flax import nnx
 
 from jaxrl_frontier.core import sharding as shd
+from jaxrl_frontier.core.capabilities import ALL
 from jaxrl_frontier.core.serialize import array_from_text, array_to_text
 from jaxrl_frontier.sampling import ops
 from jaxrl_frontier.sampling import rollout as ro
@@ -94,6 +95,8 @@ class RowsInFlight:
 class PartialSampler(ContinuousSampler):
     """A `ContinuousSampler` whose calls overlap batches (module docstring). budget: the most
     tokens a row of the next batch samples during the current batch's call (>= 1)."""
+
+    capabilities = ALL  # it holds the next batch's rows between calls
 
     def __init__(self, model, *, slots: int, budget: int, pad_id: int, mesh=None, **kw):
         if budget < 1:

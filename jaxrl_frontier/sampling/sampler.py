@@ -25,6 +25,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 
 from jaxrl_frontier.core import sharding as shd
+from jaxrl_frontier.core.capabilities import Capabilities
 from jaxrl_frontier.core.xla_options import rollout_compiler_options
 from jaxrl_frontier.models import transformer as tfm
 from jaxrl_frontier.models.kv_cache import KVCache
@@ -100,6 +101,8 @@ class Sampler:
     same tokens, a cache that does not grow with the completion; record_routing: a mixture
     of experts' rollouts carry each token's experts per layer (`Rollout.routing`, from the
     prefill and every decode step) for routing replay."""
+
+    capabilities = Capabilities.all_but(partial_rows="the rows start in its idle slots")
 
     def __init__(
         self,

@@ -6,13 +6,16 @@ every row, so each process returns the same figures.
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any
+
 import jax
 import numpy as np
 
 from jaxrl_frontier.core import sharding
 from jaxrl_frontier.data.envs.task import EnvTask
 from jaxrl_frontier.data.rewards.scorer import InProcessScorer
-from jaxrl_frontier.data.tasks import chat, eval_examples
+from jaxrl_frontier.data.tasks import TaskOptions, chat, eval_examples
 from jaxrl_frontier.models.text import decode, encode_prompts
 from jaxrl_frontier.rl.produce.agent import evaluate_episodes
 from jaxrl_frontier.sampling import SamplingParams
@@ -55,21 +58,45 @@ def solve_rate(
     return np.concatenate(correct)
 
 
+@dataclasses.dataclass(frozen=True)
+class EvalOptions:
+    """What the held-out evaluation reads: `eval.num_prompts`, `eval.pass_k`, `eval.batch`,
+    the run's seed (which prompts), the completion budget (`rollout.max_new_tokens`), the
+    prompt length (`data.max_prompt_len`), the task's `TaskOptions` (`prompts`: the stop
+    tokens of its chat template) and, in an environment run, the `env` section (`environment`,
+    with `max_prompt_len`)."""
+
+    num_prompts: int = 256
+    pass_k: int = 4
+    batch: int = 128
+    seed: int = 0
+    max_new_tokens: int = 8
+    max_prompt_len: int = 16
+    prompts: TaskOptions = dataclasses.field(default_factory=TaskOptions)
+    environment: Any = None
+
+    def __post_init__(self):
+        for key in ("num_prompts", "pass_k", "batch"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"config key 'eval.{key}' = {getattr(self, key)} must be >= 1")
+
+
 def evaluate(
-    sampler, tokenizer, task, config, num_prompts: int | None = None, *, scorer=None
+    sampler, tokenizer, task, options: EvalOptions, num_prompts: int | None = None, *, scorer=None
 ) -> dict:
     """{'eval/pass@1_greedy', 'eval/pass@k', 'eval/mean_correct_sampled',
     'eval/reward_failed'} of the sampler's current weights on `eval.num_prompts` held-out
     prompts (k = eval.pass_k, temperature 1); reward_failed counts the completions whose
     reward raised (scored 0)."""
-    c = config
     if isinstance(task, EnvTask):  # an environment: greedy and sampled held-out episodes
-        return evaluate_episodes(task, sampler, tokenizer, c, num_prompts)
+        return evaluate_episodes(
+            task, sampler, tokenizer, options.environment, options, num_prompts
+        )
     failures: list = []
     # at most the held-out split (a small local JSONL may hold only a few eval rows)
-    n = min(num_prompts or c.eval.num_prompts, task.num_examples("eval"))
-    examples = eval_examples(task, n, c.seed)
-    eos, tn = chat.stop_ids(c, tokenizer), c.rollout.max_new_tokens
+    n = min(num_prompts or options.num_prompts, task.num_examples("eval"))
+    examples = eval_examples(task, n, options.seed)
+    eos, tn = chat.stop_ids(options.prompts, tokenizer), options.max_new_tokens
     run = lambda params, key: solve_rate(
         sampler,
         tokenizer,
@@ -77,8 +104,8 @@ def evaluate(
         examples,
         params,
         key,
-        batch=c.eval.batch,
-        max_prompt_len=c.data.max_prompt_len,
+        batch=options.batch,
+        max_prompt_len=options.max_prompt_len,
         scorer=scorer,
         failures=failures,
     )
@@ -86,8 +113,8 @@ def evaluate(
         SamplingParams(greedy=True, n=1, max_new_tokens=tn, eos_ids=eos), jax.random.key(0)
     )
     out = {"eval/pass@1_greedy": float(np.mean(greedy))}
-    if c.eval.pass_k > 1:
-        k = c.eval.pass_k
+    if options.pass_k > 1:
+        k = options.pass_k
         sampled = run(
             SamplingParams(temperature=1.0, n=k, max_new_tokens=tn, eos_ids=eos), jax.random.key(1)
         )

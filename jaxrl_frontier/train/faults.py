@@ -9,6 +9,7 @@ the global update and the failure counts are summed over processes.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -52,6 +53,15 @@ def resume(ckpt, abstract_state, loggers: Sequence, say: Callable[[str], None]):
     return state, meta
 
 
+@dataclasses.dataclass(frozen=True)
+class GuardOptions:
+    """The stop rules' limits: `train.max_skipped_updates` updates skipped in a row and
+    `rewards.max_failure_steps` steps of failing rewards in a row (0: never)."""
+
+    max_skipped_updates: int = 10
+    max_failure_steps: int = 3
+
+
 class RunGuard:
     """Counts consecutive skipped updates and consecutive all-failed reward steps.
 
@@ -76,11 +86,11 @@ class RunGuard:
         self.failed_steps_in_a_row = 0
 
     @classmethod
-    def from_config(cls, config, *, say=print, scorer=None) -> RunGuard:
+    def from_options(cls, options: GuardOptions, *, say=print, scorer=None) -> RunGuard:
         """The limits `train.max_skipped_updates` and `rewards.max_failure_steps`."""
         return cls(
-            max_skipped_updates=config.train.max_skipped_updates,
-            max_failure_steps=config.rewards.max_failure_steps,
+            max_skipped_updates=options.max_skipped_updates,
+            max_failure_steps=options.max_failure_steps,
             say=say,
             scorer=scorer,
         )

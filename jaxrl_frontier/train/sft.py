@@ -7,6 +7,8 @@ shared with RL.
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -74,6 +76,16 @@ def token_count(batch) -> jax.Array:
     return jnp.maximum(jnp.sum(batch["loss_mask"]), 1.0)
 
 
+@dataclasses.dataclass(frozen=True)
+class SFTOptions:
+    """What an SFT step reads: `optimizer.grad_accum` microbatches per update, the prompt and
+    demonstration lengths (`data.max_prompt_len`, `rollout.max_new_tokens`)."""
+
+    grad_accum: int = 1
+    max_prompt_len: int = 16
+    max_new_tokens: int = 8
+
+
 class SFTStep:
     """examples -> one update of the state (demonstrations from the task)."""
 
@@ -103,7 +115,7 @@ class SFTStep:
         )
 
     @classmethod
-    def from_config(cls, config, graphdef, tx, state_sharding, mesh, task, tokenizer):
+    def from_options(cls, options: SFTOptions, graphdef, tx, state_sharding, mesh, task, tokenizer):
         return cls(
             graphdef,
             tx,
@@ -111,9 +123,9 @@ class SFTStep:
             mesh,
             task,
             tokenizer,
-            grad_accum=config.optimizer.grad_accum,
-            max_prompt_len=config.data.max_prompt_len,
-            max_new_tokens=config.rollout.max_new_tokens,
+            grad_accum=options.grad_accum,
+            max_prompt_len=options.max_prompt_len,
+            max_new_tokens=options.max_new_tokens,
         )
 
     def __call__(self, state, examples):

@@ -9,6 +9,7 @@ import pytest
 
 from jaxrl_frontier.data.tasks.chat import ChatTemplate, ChatTemplateError, read_template
 from jaxrl_frontier.models.tokenizer import HFTokenizer
+from jaxrl_frontier.run import sections
 
 # The Qwen2.5-Instruct template (tools, tool calls, tool responses, default system prompt).
 QWEN25_TEMPLATE = (
@@ -305,7 +306,7 @@ def test_task_chat_template_key_formats_prompts_and_stops(model_dir, hf_tok):
     tok = HFTokenizer(model_dir)
     raw = make_task("arithmetic")
     ex = raw.example("train", 3)
-    task = task_for(_chat_config(model_dir), tok)
+    task = task_for(sections.task_options(_chat_config(model_dir)), tok)
     ids = tok.encode(task.prompt(ex))
     ref = hf_tok.apply_chat_template(
         [{"role": "user", "content": raw.prompt(ex)}],
@@ -316,16 +317,18 @@ def test_task_chat_template_key_formats_prompts_and_stops(model_dir, hf_tok):
     assert ids == list(ref)
     assert task.prompt(ex).endswith(f"user\n{raw.prompt(ex)}<|im_end|>\n<|im_start|>assistant\n")
     assert task.reward_names == raw.reward_names  # the rest is the task's
-    system = task_for(_chat_config(model_dir, system_prompt="Be brief."), tok).prompt(ex)
+    system = task_for(
+        sections.task_options(_chat_config(model_dir, system_prompt="Be brief.")), tok
+    ).prompt(ex)
     assert system.startswith("<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n")
     # stops: the EOS, then the turn's end token when the two differ
     c = _chat_config(model_dir)
     eos_other = HFTokenizer(model_dir, eos="<|endoftext|>")
     im_end, eot = tok.encode("<|im_end|>")[0], tok.encode("<|endoftext|>")[0]
-    assert chat_mod.stop_ids(c, eos_other) == (eot, im_end)
+    assert chat_mod.stop_ids(sections.task_options(c), eos_other) == (eot, im_end)
     c.task.chat_template = False
-    assert chat_mod.stop_ids(c, eos_other) == (eot,)
-    assert task_for(c, tok).prompt(ex) == raw.prompt(ex)
+    assert chat_mod.stop_ids(sections.task_options(c), eos_other) == (eot,)
+    assert task_for(sections.task_options(c), tok).prompt(ex) == raw.prompt(ex)
 
 
 def test_task_chat_template_without_a_model_directory_names_the_keys():
@@ -336,7 +339,7 @@ def test_task_chat_template_without_a_model_directory_names_the_keys():
     c = base_config()
     c.task.chat_template = True
     with pytest.raises(ChatTemplateError, match="task.chat_template.*tokenizer.path"):
-        task_for(c, CharTokenizer())
+        task_for(sections.task_options(c), CharTokenizer())
 
 
 def test_episode_in_the_chat_template_equals_apply_chat_template(model_dir, hf_tok):
@@ -353,7 +356,7 @@ def test_episode_in_the_chat_template_equals_apply_chat_template(model_dir, hf_t
     c.env.kwargs = dict(rewards=[0.0, 0.0, 1.0], observations=["two", "three", "end"])
     c.data.max_prompt_len = 128
     tok = HFTokenizer(model_dir)
-    task = task_for(c, tok)
+    task = task_for(sections.task_options(c), tok)
     first = task.env.reset(5)
     ids = tok.encode(task.prompt({"seed": 5}))
     messages = [{"role": "user", "content": f"see: {first}"}]

@@ -10,6 +10,7 @@ import pytest
 from conftest import small_rl_config
 
 from jaxrl_frontier.rl import diagnostics as dg
+from jaxrl_frontier.run import sections
 from jaxrl_frontier.run import trainer as tr
 
 
@@ -73,7 +74,7 @@ def _train_config(export="best", stop=True):
     c = ml_collections.ConfigDict()
     c.train = dict(export=export)
     c.train.collapse = dict(stop=stop, metric="m", rise=0.05, drop=0.05, patience=2)
-    return c
+    return sections.peak_options(c)
 
 
 def test_after_eval_exports_each_new_best_and_records_the_collapse():

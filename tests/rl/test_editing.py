@@ -21,6 +21,7 @@ from jaxrl_frontier.rl.produce.editors import (
     overlong_penalty,
 )
 from jaxrl_frontier.run import config as config_lib
+from jaxrl_frontier.run import sections
 from jaxrl_frontier.run import trainer as tr
 from jaxrl_frontier.sampling import Rollout
 
@@ -122,12 +123,12 @@ def test_build_editors_reads_the_config_and_names_the_key():
     c = config_lib.base_config()
     c.rollout.editors = ("dre",)
     c.rollout.mask_truncated, c.rollout.overlong_cache = True, 2
-    editors, shapers = build_editors(c, task=TASK, tokenizer=TOK)
+    editors, shapers = build_editors(sections.editor_options(c), task=TASK, tokenizer=TOK)
     assert [type(e).__name__ for e in editors] == ["DynamicRolloutEditing", "MaskTruncated"]
     assert [s.reward_names for s in shapers] == [("dre",), ("overlong",)]
     c.rollout.editors = ("nope",)
     with pytest.raises(config_lib.ConfigError, match="rollout.editors"):
-        build_editors(c, task=TASK, tokenizer=TOK)
+        build_editors(sections.editor_options(c), task=TASK, tokenizer=TOK)
 
 
 class AnswerThenSpaces:

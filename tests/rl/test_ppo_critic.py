@@ -24,6 +24,7 @@ from jaxrl_frontier.rl.learn.train_step import init_train_state
 from jaxrl_frontier.rl.methods import critic as critic_lib
 from jaxrl_frontier.rl.methods import ppo
 from jaxrl_frontier.run import config as config_lib
+from jaxrl_frontier.run import sections
 from jaxrl_frontier.train.checkpoint import Checkpointer, abstract_like
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -261,7 +262,12 @@ def test_kind_none_adds_nothing_and_mismatches_are_refused():
     c = config_lib.base_config()
     c.mode = "rl"
     assert c.critic.kind == "none"
-    assert ppo.build_critic(c, None, mesh=None, reward_names=(), objective={}, layout={}) is None
+    assert (
+        ppo.build_critic(
+            sections.critic_options(c), None, mesh=None, reward_names=(), objective={}, layout={}
+        )
+        is None
+    )
     c.objective.advantage = "gae"
     with pytest.raises(config_lib.ConfigError, match="critic.kind"):
         config_lib.validate(c)

@@ -88,15 +88,18 @@ def test_dynamic_sampling_judges_signal_on_the_weighted_reward():
 def test_dynamic_builder_weighs_correctness_and_the_shaped_components():
     from jaxrl_frontier.rl.sources import make_source
     from jaxrl_frontier.run import config as config_lib
+    from jaxrl_frontier.run import sections
 
     c = config_lib.base_config()
     c.data.source = "dynamic"
     c.rollout.overlong_cache = 2
-    src = make_source(TASK, c, batch_size=4)
+    src = make_source(TASK, sections.source_options(c), batch_size=4)
     # the task's (correctness, format, length), then the shaper's overlong
     np.testing.assert_array_equal(src.weights, [1.0, 0.0, 0.0, 1.0])
     c.objective.reward_weights = dict(correctness=1.0, length=0.5)
-    np.testing.assert_array_equal(make_source(TASK, c, batch_size=4).weights, [1, 0, 0.5, 0])
+    np.testing.assert_array_equal(
+        make_source(TASK, sections.source_options(c), batch_size=4).weights, [1, 0, 0.5, 0]
+    )
 
 
 def test_dynamic_source_resumes_exactly():

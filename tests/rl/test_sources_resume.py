@@ -16,6 +16,7 @@ from jaxrl_frontier.rl.sources import make_source
 from jaxrl_frontier.rl.sources.base import UniformSource
 from jaxrl_frontier.rl.sources.clustering import KMeansClusters, kmeans, prompt_features
 from jaxrl_frontier.rl.sources.zppo import ZPPOSource
+from jaxrl_frontier.run import sections
 
 TASK = make_task("arithmetic", max_digits=2, ops="+-", prompt_template="{a}{op}{b}=", train_size=64)
 
@@ -48,19 +49,23 @@ def _ads_config(clusters="kmeans", seed=0, k=3):
     return c
 
 
+def _source(**kwargs):
+    return sections.source_options(_ads_config(**kwargs))
+
+
 def test_ads_kmeans_clusters_are_seeded_checkpointed_and_resume_exactly():
-    one = make_source(TASK, _ads_config(), batch_size=4)
+    one = make_source(TASK, _source(), batch_size=4)
     assert isinstance(one.clusters, KMeansClusters)
     keys = {one.clusters.key(TASK.example("train", i)) for i in range(64)}
     assert keys <= {"k0", "k1", "k2"} and len(keys) > 1
-    again = make_source(TASK, _ads_config(), batch_size=4)  # same seed: same centroids
+    again = make_source(TASK, _source(), batch_size=4)  # same seed: same centroids
     np.testing.assert_array_equal(again.clusters.centroids, one.clusters.centroids)
     batch = one.next_batch()
     one.observe([_result(e, 0.5) for e in batch[:2]] + [_result(e, 1.0) for e in batch[2:]])
     saved = _json(one.state())
     assert saved["clusters"]["centroids"] == one.clusters.centroids.tolist()
     want = [[e["index"] for e in one.next_batch()] for _ in range(3)]
-    two = make_source(TASK, _ads_config(), batch_size=4)
+    two = make_source(TASK, _source(), batch_size=4)
     two.clusters.centroids = two.clusters.centroids[::-1] * 0  # the restore must set them
     two.restore(saved)
     np.testing.assert_array_equal(two.clusters.centroids, one.clusters.centroids)
@@ -72,7 +77,7 @@ def test_ads_kmeans_separates_prompts_that_differ_only_in_the_operator():
     """k = 2 on one-digit '+' / '-' prompts ('a+b=': every other feature is constant, so
     standardised to 0): each cluster holds exactly one operator."""
     task = make_task("arithmetic", max_digits=1, ops="+-", prompt_template="{a}{op}{b}=")
-    src = make_source(task, _ads_config(k=2), batch_size=4)
+    src = make_source(task, _source(k=2), batch_size=4)
     by_op = {}
     for i in range(64):
         ex = task.example("train", i)
@@ -82,7 +87,7 @@ def test_ads_kmeans_separates_prompts_that_differ_only_in_the_operator():
 
 def test_ads_clusters_key_names_the_allowed_values():
     with pytest.raises(ConfigError, match=r"'data.ads.clusters'.*spectral.*kmeans, task"):
-        make_source(TASK, _ads_config(clusters="spectral"), batch_size=4)
+        make_source(TASK, _source(clusters="spectral"), batch_size=4)
 
 
 # ============================================================================ ZPPO

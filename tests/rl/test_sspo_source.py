@@ -8,13 +8,14 @@ import numpy as np
 import pytest
 
 from jaxrl_frontier.core.errors import ConfigError
-from jaxrl_frontier.data.envs.task import EnvTask, check_env_config
+from jaxrl_frontier.data.envs.task import EnvTask
 from jaxrl_frontier.rl.experience import PromptResult
 from jaxrl_frontier.rl.methods.step_credit import StateScores
 from jaxrl_frontier.rl.sources import make_source
 from jaxrl_frontier.rl.sources.base import UniformSource
 from jaxrl_frontier.rl.sources.sspo import SSPOSource
-from jaxrl_frontier.run import presets
+from jaxrl_frontier.run import config as config_lib
+from jaxrl_frontier.run import presets, sections
 
 
 class Stream:
@@ -152,21 +153,21 @@ def test_the_config_errors_name_their_keys():
     c = presets.frozenlake("rl")
     c.env.credit = "3spo"
     with pytest.raises(ConfigError, match="env.credit.*data.source='sspo'"):
-        check_env_config(c)
+        config_lib.check_env_run(c)
     c.data.source = "sspo"
-    check_env_config(c)
-    src = make_source(EnvTask(c.env), c, batch_size=8)
+    config_lib.check_env_run(c)
+    src = make_source(EnvTask(c.env), sections.source_options(c), batch_size=8)
     assert isinstance(src, SSPOSource) and isinstance(src.fresh, UniformSource)
     batch = src.next_batch()
     assert len(batch) == 8 and len({e["seed"] for e in batch}) == 8
     c.data.sspo.pool = 0
     with pytest.raises(ConfigError, match="data.sspo.pool"):
-        make_source(EnvTask(c.env), c, batch_size=8)
+        make_source(EnvTask(c.env), sections.source_options(c), batch_size=8)
     plain = presets.frozenlake("rl")
     plain.env.name = ""
     plain.data.source = "sspo"
     with pytest.raises(ConfigError, match="'data.source' = 'sspo' needs an environment"):
-        make_source(EnvTask(c.env), plain, batch_size=8)
+        make_source(EnvTask(c.env), sections.source_options(plain), batch_size=8)
 
 
 def test_a_3spo_run_cut_after_two_steps_resumes_bitwise(tmp_path):

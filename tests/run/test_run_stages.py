@@ -12,6 +12,7 @@ from jaxrl_frontier.data.tasks import task_for
 from jaxrl_frontier.models.tokenizer import CharTokenizer
 from jaxrl_frontier.rl.sources.base import UniformSource
 from jaxrl_frontier.run import config as config_lib
+from jaxrl_frontier.run import sections
 from jaxrl_frontier.run import trainer as tr
 from jaxrl_frontier.run.build import total_updates
 from jaxrl_frontier.train import hooks
@@ -120,7 +121,7 @@ def test_a_uniform_source_resized_continues_its_stream():
     of 8s after the first 8 prompts; a state taken after the resize restores exactly into a
     source built with the first batch size."""
     c = small_rl_config()
-    task = task_for(config_lib.resolve(c), CharTokenizer())
+    task = task_for(sections.task_options(config_lib.resolve(c)), CharTokenizer())
     prompts = lambda batch: [e["prompt"] for e in batch]
     one = UniformSource(task, batch_size=4, seed=0)
     whole = UniformSource(task, batch_size=8, seed=0)

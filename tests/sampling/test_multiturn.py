@@ -141,8 +141,9 @@ def scripted_producer(char_setup, rewards, **env):
     """An AgentRolloutProducer over the scripted environment (turn rewards `rewards`)."""
     from jaxrl_frontier.core import sharding
     from jaxrl_frontier.data.envs.task import EnvTask
-    from jaxrl_frontier.rl.produce.agent import AgentRolloutProducer, env_section
+    from jaxrl_frontier.rl.produce.agent import AgentRolloutProducer
     from jaxrl_frontier.run.config import base_config
+    from jaxrl_frontier.run.sections import env_section
 
     tok, m, sampler = char_setup
     c = base_config()

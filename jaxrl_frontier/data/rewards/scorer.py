@@ -15,6 +15,7 @@ first error of the run in one line, for the stop rule `rewards.max_failure_steps
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from collections.abc import Mapping, Sequence
@@ -149,10 +150,39 @@ class InProcessScorer:
 SCORERS = ("auto", "in_process", "sandboxed")
 
 
-def make_scorer(config, task: Task) -> RewardScorer:
+@dataclasses.dataclass(frozen=True)
+class RewardOptions:
+    """The `rewards` section as `make_scorer` reads it: the scorer (`SCORERS`) and the
+    sandbox's workers and per-completion limits."""
+
+    scorer: str = "auto"
+    workers: int = 4
+    cpu_seconds: float = 2.0
+    wall_seconds: float = 5.0
+    memory_mb: int = 512
+    max_output_bytes: int = 65536
+
+    def __post_init__(self):
+        if self.scorer not in SCORERS:
+            import difflib
+
+            from jaxrl_frontier.core.errors import ConfigError
+
+            close = difflib.get_close_matches(str(self.scorer), SCORERS, n=1)
+            raise ConfigError(
+                f"config key 'rewards.scorer' = {self.scorer!r}; allowed: {', '.join(SCORERS)}"
+                + (f" (did you mean {close[0]!r}?)" if close else "")
+            )
+
+    @classmethod
+    def from_section(cls, section) -> RewardOptions:
+        return cls(**{f.name: section[f.name] for f in dataclasses.fields(cls)})
+
+
+def make_scorer(options: RewardOptions, task: Task) -> RewardScorer:
     """The scorer `rewards.scorer` names; 'auto' takes the task's `scorer` attribute
     ('in_process' unless the task runs model-written code)."""
-    kind = config.rewards.scorer
+    kind = options.scorer
     if kind == "auto":
         kind = getattr(task, "scorer", "in_process")
     if kind == "in_process":
@@ -166,7 +196,7 @@ def make_scorer(config, task: Task) -> RewardScorer:
     if kind == "sandboxed":
         from jaxrl_frontier.data.rewards.sandbox import Limits
 
-        r = config.rewards
+        r = options
         limits = Limits(
             cpu_s=r.cpu_seconds,
             wall_s=r.wall_seconds,

@@ -7,11 +7,11 @@ from __future__ import annotations
 SHAPER_REWARDS = {"dre": ("dre",), "overlong": ("overlong",)}
 
 
-def shaper_reward_names(config) -> list[str]:
-    """The reward components the configured shapers append (after the task's)."""
-    r = config.rollout
-    names = [n for e in dict.fromkeys(r.editors) for n in SHAPER_REWARDS.get(e, ())]
-    return names + (list(SHAPER_REWARDS["overlong"]) if r.overlong_cache else [])
+def shaper_reward_names(editors, overlong_cache: int) -> list[str]:
+    """The reward components the configured shapers append (after the task's):
+    `rollout.editors` (names) and `rollout.overlong_cache`."""
+    names = [n for e in dict.fromkeys(editors) for n in SHAPER_REWARDS.get(e, ())]
+    return names + (list(SHAPER_REWARDS["overlong"]) if overlong_cache else [])
 
 
 def effective_reward_weights(reward_weights, shaped: list[str]) -> dict[str, float]:

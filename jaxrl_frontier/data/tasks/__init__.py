@@ -15,6 +15,7 @@ from jaxrl_frontier.data.tasks.base import (
     Task,
     length_score,
 )
+from jaxrl_frontier.data.tasks.options import TaskOptions
 from jaxrl_frontier.data.tasks.pipeline import (
     check_prompt_lengths,
     eval_examples,
@@ -36,25 +37,24 @@ def make_task(name: str, **kwargs) -> Task:
     return TASKS.get(name)(**kwargs)
 
 
-def task_for(config, tokenizer) -> Task:
-    """The config's task (`task.name`, `task.kwargs`; with `env.name` set, the environment's
-    seeds: `envs.task.EnvTask`), its prompts in the model's chat template
-    when `task.chat_template`, with every prompt's length checked against
-    `data.max_prompt_len`, or truncated when `data.truncate_prompts`."""
-    env = config.get("env")
-    if env is not None and env.name:  # an environment run: its seeds are the examples
+def task_for(options: TaskOptions, tokenizer) -> Task:
+    """The run's task (`options.name`, `options.kwargs`; with `options.env` set, the
+    environment's seeds: `envs.task.EnvTask`), its prompts in the model's chat template
+    when `options.chat_template`, with every prompt's length checked against
+    `options.max_prompt_len`, or truncated when `options.truncate_prompts`."""
+    template = chat.template_for(options)
+    if options.env is not None:  # an environment run: its seeds are the examples
         from jaxrl_frontier.data.envs.task import EnvTask
 
-        system = config.task.get("system_prompt", "")
-        task = EnvTask(env, chat.template_for(config), tokenizer, system)
+        task = EnvTask(options.env, template, tokenizer, options.system_prompt)
     else:
-        kwargs = {k: v for k, v in config.task.kwargs.to_dict().items() if v is not None}
-        task = make_task(config.task.name, **kwargs)  # None: a knob of another task, unset
-        template = chat.template_for(config)
+        kwargs = {k: v for k, v in dict(options.kwargs).items() if v is not None}
+        task = make_task(options.name, **kwargs)  # None: a knob of another task, unset
         if template is not None:
-            task = chat.ChatPrompts(task, template, config.task.get("system_prompt", ""))
-    d = config.data
-    return check_prompt_lengths(task, tokenizer, d.max_prompt_len, truncate=d.truncate_prompts)
+            task = chat.ChatPrompts(task, template, options.system_prompt)
+    return check_prompt_lengths(
+        task, tokenizer, options.max_prompt_len, truncate=options.truncate_prompts
+    )
 
 
 __all__ = [
@@ -66,6 +66,7 @@ __all__ = [
     "load_task_module",
     "SyntheticTask",
     "Task",
+    "TaskOptions",
     "eval_examples",
     "length_score",
     "make_prompt_iterator",

@@ -305,23 +305,23 @@ class ChatPrompts:
         return f"ChatPrompts({self._task!r}, template={self.template.name!r})"
 
 
-def template_for(config) -> ChatTemplate | None:
-    """The chat template `task.chat_template` asks for (from `tokenizer.path`), or None."""
-    if not config.task.get("chat_template", False):
+def template_for(options) -> ChatTemplate | None:
+    """The chat template `task.chat_template` asks for (from `tokenizer.path`), or None.
+    `options`: the run's `TaskOptions`."""
+    if not options.chat_template:
         return None
-    path = config.tokenizer.path
-    if not path:
+    if not options.tokenizer_path:
         raise ChatTemplateError(
             "config key 'task.chat_template' = True needs a model directory in 'tokenizer.path' "
-            f"(tokenizer.kind = {config.tokenizer.kind!r} has none); set task.chat_template=False"
+            f"(tokenizer.kind = {options.tokenizer_kind!r} has none); set task.chat_template=False"
         )
-    return ChatTemplate.from_dir(path)
+    return ChatTemplate.from_dir(options.tokenizer_path)
 
 
-def stop_ids(config, tokenizer) -> tuple[int, ...]:
+def stop_ids(options, tokenizer) -> tuple[int, ...]:
     """The ids a rollout stops at: the tokenizer's EOS, and with a chat template the token
-    that ends an assistant turn (e.g. Qwen2.5's <|im_end|>)."""
-    template = template_for(config)
+    that ends an assistant turn (e.g. Qwen2.5's <|im_end|>). `options`: the `TaskOptions`."""
+    template = template_for(options)
     ids = [int(tokenizer.eos_id)]
     if template is not None:
         ids += [i for i in template.stop_token_ids(tokenizer) if i not in ids]

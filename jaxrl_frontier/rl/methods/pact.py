@@ -29,13 +29,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxrl_frontier.core.capabilities import Capabilities
 from jaxrl_frontier.core.registry import Registry
 
 sg = jax.lax.stop_gradient
@@ -248,10 +248,38 @@ def _shift_right(x_bt, columns: int):
     return jnp.pad(x_bt, ((0, 0), (columns, 0)))
 
 
-def section(config) -> Any:
-    """The config's `pact` section, or None when PACT is off."""
-    p = config.get("pact")
-    return p if p is not None and p.get("enabled", False) else None
+@dataclasses.dataclass(frozen=True)
+class PactOptions:
+    """The `pact` section (PACT on; `run/sections.py` builds None when it is off): the trace
+    source (`TRACE_SOURCES`), its context, the coefficients and their annealing, the
+    component weights and the context and trace lengths."""
+
+    source: str = "calculator"
+    context: str = "expert solution: {trace}\n"
+    trace_coef: float = 0.5
+    sft_coef: float = 0.2
+    anneal_steps: int = 200
+    schedule: str = "linear"
+    weights: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    context_len: int = 96
+    trace_len: int = 64
+
+    def __post_init__(self):
+        unknown = set(self.weights) - set(COMPONENTS)
+        if unknown:
+            raise ValueError(
+                f"config key 'pact.weights': unknown components {sorted(unknown)}; "
+                f"allowed: {list(COMPONENTS)}"
+            )
+
+    @classmethod
+    def from_section(cls, section) -> PactOptions | None:
+        """The options of a `pact` section, or None when PACT is off (`pact.enabled`)."""
+        if section is None or not section.get("enabled", False):
+            return None
+        fields = {f.name: section[f.name] for f in dataclasses.fields(cls)}
+        fields["weights"] = {k: float(v) for k, v in dict(section["weights"]).items()}
+        return cls(**fields)
 
 
 # ------------------------------------------------------------------ trace sources
@@ -288,22 +316,26 @@ def answer_trace(example, env=None) -> list[Turn]:
 class PactProducer:
     """A RolloutProducer whose Experience also carries the PACT fields (`pact_fields`) of
     its rows, built on the host from each prompt's expert trace; everything else is the
-    wrapped producer's. The rollouts themselves never see a trace."""
+    wrapped producer's. The rollouts themselves never see a trace. `stops`: the `env.stop`
+    strings of an environment run (a turn ends as the rollouts' turns do: at the first of
+    them, else EOS)."""
 
-    def __init__(self, producer, config, tokenizer, *, mesh, obs_text=lambda s: s, env=None):
-        p = config.pact
+    local = False  # samples on the run's mesh (process-local rollouts: not a capability)
+    _WRAPS = "its producer wraps the rollouts"
+    capabilities = Capabilities.all_but(
+        partial_rows=_WRAPS, process_local=_WRAPS, free_running=_WRAPS, keeps_rows_in_flight=_WRAPS
+    )
+
+    def __init__(
+        self, producer, options: PactOptions, tokenizer, *, mesh, obs_text=lambda s: s, env=None,
+        stops=(),
+    ):  # fmt: skip
+        p = options
         self.producer, self.tokenizer, self.mesh = producer, tokenizer, mesh
         self.trace = TRACE_SOURCES.get(p.source)
         self.cfg, self.obs_text, self.env = p, obs_text, env
-        self.weights = {k: float(v) for k, v in p.weights.to_dict().items()}
-        unknown = set(self.weights) - set(COMPONENTS)
-        if unknown:
-            raise ValueError(
-                f"config key 'pact.weights': unknown components {sorted(unknown)}; "
-                f"allowed: {list(COMPONENTS)}"
-            )
-        # a turn ends as the rollouts' turns do: at the first `env.stop` string, else EOS
-        stops = tuple(config.get("env", {}).get("stop", ())) if env is not None else ()
+        self.weights = dict(p.weights)
+        stops = tuple(stops) if env is not None else ()
         self.stop_id = int(tokenizer.encode(stops[0])[0]) if stops else int(tokenizer.eos_id)
 
     def produce(self, examples, weights, key, *, version: int = 0, source=None, **options):
@@ -342,26 +374,28 @@ class PactProducer:
         return getattr(self.producer, name)
 
 
-def loss_transform(config, graphdef):
-    """The Learner's loss transform for the config: `with_pact` over the policy's full-row
-    log-probs, or None when PACT is off."""
-    p = section(config)
-    if p is None:
+def loss_transform(options: PactOptions | None, graphdef):
+    """The Learner's loss transform: `with_pact` over the policy's full-row log-probs, or
+    None when PACT is off (options None)."""
+    if options is None:
         return None
     from jaxrl_frontier.rl.learn.forward import make_logp_fn
 
     logp_fn = make_logp_fn(graphdef)
-    return lambda loss_of: with_pact(loss_of, logp_fn, float(p.trace_coef))
+    return lambda loss_of: with_pact(loss_of, logp_fn, float(options.trace_coef))
 
 
-def wrap_producer(producer, config, tokenizer, *, mesh, task=None):
-    """`PactProducer` around the run's producer when PACT is on (for an environment run the
-    observations are formatted as its rollouts format them), else the producer."""
-    if section(config) is None:
+def wrap_producer(producer, options: PactOptions | None, tokenizer, *, mesh, env=None, task=None):
+    """`PactProducer` around the run's producer when PACT is on (options not None; for an
+    environment run, `env` its section, the observations are formatted as its rollouts
+    format them), else the producer."""
+    if options is None:
         return producer
-    env, obs_text = None, lambda s: s
-    if config.env.name:
+    stops, obs_text = (), lambda s: s
+    if env is not None:
         from jaxrl_frontier.data.envs.base import env_from_config
 
-        env, obs_text = env_from_config(config.env), task.observation_text
-    return PactProducer(producer, config, tokenizer, mesh=mesh, obs_text=obs_text, env=env)
+        stops, obs_text, env = tuple(env.stop), task.observation_text, env_from_config(env)
+    return PactProducer(
+        producer, options, tokenizer, mesh=mesh, obs_text=obs_text, env=env, stops=stops
+    )

@@ -1,6 +1,6 @@
 """PPO with a learned critic: values and GAE before each update, the value loss inside it.
 
-    critic = build_critic(config, policy, mesh=..., reward_names=..., objective=..., layout=...)
+    critic = build_critic(options, policy, mesh=..., reward_names=..., objective=..., layout=...)
     state = state.replace(critic=critic.init_state())      # {'params', 'opt_state'}
     Learner(..., critic=critic)
 
@@ -35,6 +35,7 @@ for it too. The update's `grad_norm` is over both parts.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from typing import Any
 
 import jax
@@ -291,22 +292,40 @@ class Critic:
         )
 
 
-def critic_optimizer(config) -> optax.GradientTransformation:
+@dataclasses.dataclass(frozen=True)
+class CriticOptions:
+    """The `critic` section as PPO's critic is built from it (`critic.kind`: 'none' for no
+    critic), with the run's seed (the critic's own stream) and its optimizer: the `optimizer`
+    section's settings at `critic.lr` (None: optimizer.lr), a plain dict."""
+
+    kind: str = "none"
+    gamma: float = 1.0
+    lam: float = 0.95
+    value_clip: float = 0.2
+    value_coef: float = 0.5
+    whiten: bool = True
+    stop_gradient: bool = False
+    hidden_size: int = 64
+    num_layers: int = 2
+    seed: int = 0
+    optimizer: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+
+def critic_optimizer(options: CriticOptions) -> optax.GradientTransformation:
     """The critic's Adam: the policy's optimizer settings at `critic.lr` (None: optimizer.lr),
     constant, no weight decay."""
     from jaxrl_frontier.rl.learn.optimizer import build_optimizer
 
-    opt = ml_collections.ConfigDict(config.optimizer.to_dict())
-    opt.lr = config.critic.lr if config.critic.lr is not None else config.optimizer.lr
+    opt = ml_collections.ConfigDict(dict(options.optimizer))
     opt.update(schedule="constant", warmup_steps=0, weight_decay=0.0)
     return build_optimizer(opt, 1)
 
 
 def build_critic(
-    config, policy, *, mesh, reward_names, objective: dict, layout: dict
+    options: CriticOptions, policy, *, mesh, reward_names, objective: dict, layout: dict
 ) -> Critic | None:
-    """The run's critic from `config.critic` (None when critic.kind = 'none')."""
-    cc = config.critic
+    """The run's critic from its `CriticOptions` (None when critic.kind = 'none')."""
+    cc = options
     if cc.kind == "none":
         return None
     kwargs: dict[str, Any] = {}
@@ -315,7 +334,7 @@ def build_critic(
     elif cc.kind == "model":
         kwargs.update(hidden_size=cc.hidden_size, num_layers=cc.num_layers)
     # its own stream: the policy's initialisation is the same with and without a critic
-    key = jax.random.fold_in(jax.random.key(config.seed), 0xC417)
+    key = jax.random.fold_in(jax.random.key(options.seed), 0xC417)
     module = critic_lib.make_critic(
         cc.kind, policy.cfg, rngs=nnx.Rngs(params=jax.random.key_data(key)), **kwargs
     )
@@ -323,7 +342,7 @@ def build_critic(
     return Critic(
         module,
         kind=cc.kind,
-        tx=critic_optimizer(config),
+        tx=critic_optimizer(options),
         mesh=mesh,
         policy_graphdef=nnx.graphdef(policy),
         layout=layout,

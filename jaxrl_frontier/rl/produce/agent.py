@@ -34,6 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_frontier.core import sharding
+from jaxrl_frontier.core.capabilities import Capabilities
 from jaxrl_frontier.data.envs.base import env_from_config
 from jaxrl_frontier.data.envs.batch import EpisodeBatch
 from jaxrl_frontier.data.envs.task import ENV_REWARD_NAMES, EnvTask, section_get
@@ -190,6 +191,16 @@ class AgentRolloutProducer:
       passes: `LogprobPass`es (behaviour, reference) over the packed rows.
     """
 
+    local = False  # samples on the run's mesh (process-local rollouts: not a capability)
+    _EPISODES = "episodes: the agent producer"
+    capabilities = Capabilities.all_but(
+        partial_rows=_EPISODES,
+        process_local=_EPISODES,
+        free_running=_EPISODES,
+        keeps_rows_in_flight=_EPISODES,
+        multi_process="environment rollouts run in one process",
+    )
+
     def __init__(
         self,
         sampler,
@@ -335,13 +346,13 @@ class AgentRolloutProducer:
 _EVAL_SESSIONS: dict = {}
 
 
-def evaluate_episodes(task: EnvTask, sampler, tokenizer, config, num_prompts=None) -> dict:
+def evaluate_episodes(task: EnvTask, sampler, tokenizer, env, options, num_prompts=None) -> dict:
     """{'eval/pass@1_greedy' (greedy success), 'eval/pass@k', 'eval/mean_correct_sampled',
     'eval/return_greedy', 'eval/turns_greedy', 'eval/reward_failed'} on the first
-    `eval.num_prompts` held-out seeds (k = eval.pass_k episodes per seed, temperature 1)."""
-    c = config
-    env = env_section(c)
-    n = min(num_prompts or c.eval.num_prompts, task.num_examples("eval"))
+    `eval.num_prompts` held-out seeds (k = eval.pass_k episodes per seed, temperature 1).
+    env: the `env` section (with `max_prompt_len`); options: the `EvalOptions`
+    (train/evaluation.py: num_prompts, pass_k, batch)."""
+    n = min(num_prompts or options.num_prompts, task.num_examples("eval"))
     seeds = [task.example("eval", i)["seed"] for i in range(n)]
     stops = stop_ids(tokenizer, tuple(env.stop), task)
 
@@ -356,10 +367,10 @@ def evaluate_episodes(task: EnvTask, sampler, tokenizer, config, num_prompts=Non
             )
         session = _EVAL_SESSIONS[sig]
         out = []
-        for i in range(0, n, c.eval.batch):
+        for i in range(0, n, options.batch):
             key, sub = jax.random.split(key)
             out.append(
-                play(session, task, tokenizer, seeds[i : i + c.eval.batch], sub, env=env).batch
+                play(session, task, tokenizer, seeds[i : i + options.batch], sub, env=env).batch
             )
         return out
 
@@ -370,8 +381,8 @@ def evaluate_episodes(task: EnvTask, sampler, tokenizer, config, num_prompts=Non
         "eval/return_greedy": float(np.mean(np.concatenate([b.returns() for b in greedy]))),
         "eval/turns_greedy": float(np.mean([ep.turns for b in greedy for ep in b.episodes])),
     }
-    if c.eval.pass_k > 1:
-        k = c.eval.pass_k
+    if options.pass_k > 1:
+        k = options.pass_k
         sampled = np.concatenate([b.successes() for b in run(k, False, jax.random.key(1))])
         per_seed = sampled.reshape(n, k)
         res[f"eval/pass@{k}"] = float(per_seed.max(1).mean())
@@ -380,23 +391,15 @@ def evaluate_episodes(task: EnvTask, sampler, tokenizer, config, num_prompts=Non
     return res
 
 
-def env_section(config):
-    """The run's `env` block with `max_prompt_len` (data.max_prompt_len) added."""
-    import ml_collections
-
-    env = ml_collections.ConfigDict(config.env.to_dict())
-    env.max_prompt_len = int(config.data.max_prompt_len)
-    return env
-
-
-def env_producer(config, sampler, tokenizer, task, *, mesh, sampling, objective, passes):
-    """The producer of an environment run (`env.name` set): `rl.build` selects it."""
+def env_producer(env, sampler, tokenizer, task, *, mesh, sampling, objective, passes):
+    """The producer of an environment run (`env.name` set; env: the `env` section with
+    `max_prompt_len`): `run/rl_build.py` selects it."""
     return AgentRolloutProducer(
         sampler,
         tokenizer,
         task,
         mesh=mesh,
-        env=env_section(config),
+        env=env,
         sampling=sampling,
         objective=objective,
         passes=passes,

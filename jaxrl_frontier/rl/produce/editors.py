@@ -4,18 +4,23 @@
     RewardShaper    (rows, rewards) -> rewards   after scoring: appends reward components
 
 Editors are chosen by `rollout.editors` (names in `EDITORS`), built with the run's task,
-tokenizer and config; `rollout.mask_truncated` adds `mask_truncated`, `rollout.overlong_cache`
-> 0 the `overlong` shaper. An editor or shaper with `metrics()` has them logged every step.
+tokenizer and `EditorOptions`; `rollout.mask_truncated` adds `mask_truncated`,
+`rollout.overlong_cache` > 0 the `overlong` shaper. An editor declares on its class what it is
+and what it supports: `reward_names` (a shaper too when not empty), `changes_tokens` (the
+behaviour log-probs are recomputed) and `capabilities` (core/capabilities.py). An editor
+or shaper with `metrics()` has them logged every step.
 A shaper's components enter the sequence reward through `objective.reward_weights` (when
 that is empty, correctness and every shaper component weigh 1).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Protocol
 
 import numpy as np
 
+from jaxrl_frontier.core.capabilities import Capabilities
 from jaxrl_frontier.core.distributed import sum_over_processes
 from jaxrl_frontier.core.registry import Registry
 from jaxrl_frontier.rl.experience import RolloutRows
@@ -30,14 +35,35 @@ class RewardShaper(Protocol):
     def __call__(self, rows: RolloutRows, rewards: np.ndarray) -> np.ndarray: ...
 
 
-class RolloutEditor(Protocol):
-    """Edits rollouts before they are scored: `edit(rows) -> rows` (same shapes)."""
+class RolloutEditor:
+    """Edits rollouts before they are scored: `edit(rows) -> rows` (same shapes). What it is
+    and supports is declared here, as data: `reward_names` (not empty: it is a `RewardShaper`
+    too), `changes_tokens` (its tokens need their behaviour log-probs recomputed) and
+    `capabilities` (the features of a run it can serve; its builder's registration repeats
+    it so run/ reads it without building the editor)."""
 
-    def edit(self, rows: RolloutRows) -> RolloutRows: ...
+    reward_names: tuple[str, ...] = ()
+    changes_tokens: bool = False
+    capabilities: Capabilities = Capabilities.all_but(partial_rows="they rewrite tokens")
+
+    def edit(self, rows: RolloutRows) -> RolloutRows:
+        raise NotImplementedError
 
 
-# name -> builder(*, task, tokenizer, config) -> RolloutEditor
-EDITORS = Registry("rollout editor", key="rollout.editors")
+@dataclasses.dataclass(frozen=True)
+class EditorOptions:
+    """The `rollout` keys the editors and shapers read: `editors` (EDITORS names),
+    `mask_truncated`, `overlong_cache` (0: off) against `max_new_tokens`, `dre_bonus`."""
+
+    editors: tuple[str, ...] = ()
+    mask_truncated: bool = False
+    overlong_cache: int = 0
+    max_new_tokens: int = 8
+    dre_bonus: float = 0.1
+
+
+# name -> builder(*, task, tokenizer, options: EditorOptions) -> RolloutEditor
+EDITORS = Registry("rollout editor", key="rollout.editors", default_part=RolloutEditor)
 
 
 def completion_ends(rows: RolloutRows, eos_id: int) -> np.ndarray:
@@ -87,7 +113,7 @@ class OverlongShaping:
         return np.concatenate([rewards, 1.0 + pen[:, None]], axis=1)
 
 
-class MaskTruncated:
+class MaskTruncated(RolloutEditor):
     """DAPO's overlong filtering: a completion cut off by the token budget (no stop token)
     keeps its reward but is masked out of the loss (policy_mask 0 on the whole row).
     Metric: `rollout/truncated_share` (of this process's rows)."""
@@ -104,7 +130,7 @@ class MaskTruncated:
         return {"rollout/truncated_share": self._share}
 
 
-@EDITORS.register("mask_truncated")
+@EDITORS.register("mask_truncated", part=MaskTruncated)
 def mask_truncated(*, tokenizer, **_):
     """`rollout.editors = ('mask_truncated',)` (or `rollout.mask_truncated = True`)."""
     return MaskTruncated(tokenizer.eos_id)
@@ -113,7 +139,7 @@ def mask_truncated(*, tokenizer, **_):
 # ----------------------------------------------------------------------------- DRE
 
 
-class DynamicRolloutEditing:
+class DynamicRolloutEditing(RolloutEditor):
     """DRE ("Dynamic Rollout Editing for Reducing Overthinking in RL-Trained Reasoning
     Models"): a correct rollout that keeps generating after its answer has appeared is cut
     to its verified prefix.
@@ -134,6 +160,9 @@ class DynamicRolloutEditing:
 
     reward_names = ("dre",)
     changes_tokens = True  # the builder recomputes the behaviour log-probs
+    capabilities = Capabilities.all_but(
+        partial_rows="they rewrite tokens", process_local="its counts are summed across hosts"
+    )
 
     def __init__(self, task, tokenizer, *, bonus: float = 0.1):
         self.task, self.tokenizer, self.bonus = task, tokenizer, float(bonus)
@@ -214,22 +243,23 @@ class DynamicRolloutEditing:
         }
 
 
-@EDITORS.register("dre")
-def dre(*, task, tokenizer, config, **_):
+@EDITORS.register("dre", part=DynamicRolloutEditing)
+def dre(*, task, tokenizer, options, **_):
     """`rollout.editors = ('dre',)`: DRE (`rollout.dre_bonus`: the edited rows' bonus)."""
-    return DynamicRolloutEditing(task, tokenizer, bonus=config.rollout.dre_bonus)
+    return DynamicRolloutEditing(task, tokenizer, bonus=options.dre_bonus)
 
 
-def build_editors(config, *, task, tokenizer) -> tuple[list[Any], list[Any]]:
+def build_editors(options: EditorOptions, *, task, tokenizer) -> tuple[list[Any], list[Any]]:
     """(editors, shapers) from `rollout.editors`, `rollout.mask_truncated` and
-    `rollout.overlong_cache`. An editor that is also a shaper (DRE) is both."""
-    r = config.rollout
+    `rollout.overlong_cache`. An editor that is also a shaper (DRE: declared `reward_names`)
+    is both."""
+    r = options
     names = list(r.editors) + (["mask_truncated"] if r.mask_truncated else [])
     editors = []
     for name in dict.fromkeys(names):
         builder = EDITORS.get(name)
-        editors.append(builder(task=task, tokenizer=tokenizer, config=config))
-    shapers = [e for e in editors if hasattr(e, "reward_names")]
+        editors.append(builder(task=task, tokenizer=tokenizer, options=options))
+    shapers = [e for e in editors if e.reward_names]
     if r.overlong_cache:
         shapers.append(OverlongShaping(r.max_new_tokens, r.overlong_cache))
     return editors, shapers

@@ -35,6 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_frontier.core import sharding
+from jaxrl_frontier.core.capabilities import ALL
 from jaxrl_frontier.core.distributed import allgather_json, sum_over_processes
 from jaxrl_frontier.data.rewards.scorer import RewardScorer
 from jaxrl_frontier.data.tasks.base import Example
@@ -97,6 +98,8 @@ class Drawn:
 
 class RolloutProducer:
     """Samples, decodes, edits, scores and annotates one batch of this process's prompts."""
+
+    capabilities = ALL  # every feature a run may need (core/capabilities.py)
 
     def __init__(
         self,

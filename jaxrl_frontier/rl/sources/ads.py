@@ -10,7 +10,7 @@ import numpy as np
 from jaxrl_frontier.core.distributed import allgather_json
 from jaxrl_frontier.data.tasks.base import Example, Task
 from jaxrl_frontier.rl.experience import PromptResult
-from jaxrl_frontier.rl.sources.base import SOURCES, PromptSource, UniformSource
+from jaxrl_frontier.rl.sources.base import SOURCES, PromptSource, SourceOptions, UniformSource
 from jaxrl_frontier.rl.sources.clustering import CLUSTERINGS, TaskClusters
 from jaxrl_frontier.rl.sources.utils import process_slice, prompt_text, rng_from, rng_state
 
@@ -153,18 +153,20 @@ class ADSSource(PromptSource):
         self.clusters.restore(state.get("clusters", {}))
 
 
-@SOURCES.register("ads")
-def ads(task: Task, config, *, batch_size: int, process_index: int, process_count: int):
+@SOURCES.register("ads", part=ADSSource)
+def ads(
+    task: Task, options: SourceOptions, *, batch_size: int, process_index: int, process_count: int
+):
     """`data.source = 'ads'`: Adaptive Data Scheduling (`data.ads.*`; the clusters:
     `data.ads.clusters`, a `clustering.CLUSTERINGS` name)."""
-    a = config.data.ads
+    a = options.ads
     make_clusters = CLUSTERINGS.get(a.clusters)
-    clusters = make_clusters(task, a, seed=config.seed, prompt_of=lambda e: prompt_text(task, e))
-    fresh = UniformSource(task, batch_size=batch_size, seed=config.seed)  # the global stream
+    clusters = make_clusters(task, a, seed=options.seed, prompt_of=lambda e: prompt_text(task, e))
+    fresh = UniformSource(task, batch_size=batch_size, seed=options.seed)  # the global stream
     return ADSSource(
         task,
         fresh,
-        seed=config.seed,
+        seed=options.seed,
         pool=a.pool,
         momentum=a.momentum,
         boundary=a.boundary,

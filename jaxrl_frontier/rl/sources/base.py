@@ -17,12 +17,14 @@ prompts on one host or many, and a group never spans processes.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import grain
 import numpy as np
 
+from jaxrl_frontier.core.capabilities import ALL, Capabilities
 from jaxrl_frontier.core.registry import Registry
 from jaxrl_frontier.data.tasks.base import Example, Task, check_split
 from jaxrl_frontier.data.tasks.pipeline import READ_OPTIONS, LoadExample
@@ -47,6 +49,12 @@ class PromptSource:
 
     def restore(self, state: dict[str, Any]) -> None:
         raise NotImplementedError
+
+    # what the runs it serves may need of it (core/capabilities.py); a source may schedule
+    # by how its prompts went, so by default not beside a free-running producer
+    capabilities: Capabilities = Capabilities.all_but(
+        free_running="it reads the results as it draws"
+    )
 
     # ---- optional capabilities
 
@@ -80,7 +88,26 @@ class PromptSource:
         return draw, {}
 
 
-SOURCES = Registry("prompt source", key="data.source")
+SOURCES = Registry("prompt source", key="data.source", default_part=PromptSource)
+
+
+@dataclasses.dataclass(frozen=True)
+class SourceOptions:
+    """What a prompt source's builder reads, built by `run/sections.py`: `data.source`, the
+    run's seed, each source's own block (`data.dynamic`, `data.ads`, `data.sspo`,
+    `data.zppo`), the reward weights the advantages use (`objective.reward_weights`, with
+    the rollout shapers' components `shaped`) and, in an environment run, the `env` section
+    (`environment`)."""
+
+    name: str = "uniform"
+    seed: int = 0
+    dynamic: Any = None
+    ads: Any = None
+    sspo: Any = None
+    zppo: Any = None
+    reward_weights: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    shaped: tuple[str, ...] = ()
+    environment: Any = None
 
 
 class LocalSlice:
@@ -107,6 +134,7 @@ class UniformSource(PromptSource):
     """
 
     resizable = True
+    capabilities = ALL  # it never reads the results
 
     def __init__(
         self,
@@ -162,27 +190,33 @@ class UniformSource(PromptSource):
         self._it.set_state(_from_jsonable_state(state["iterator"]))
 
 
-@SOURCES.register("uniform")
-def uniform(task: Task, config, *, batch_size: int, process_index: int, process_count: int):
+@SOURCES.register("uniform", part=UniformSource)
+def uniform(
+    task: Task, options: SourceOptions, *, batch_size: int, process_index: int, process_count: int
+):
     """`data.source = 'uniform'`: every prompt equally often (the default)."""
     return UniformSource(
         task,
         batch_size=batch_size,
-        seed=config.seed,
+        seed=options.seed,
         process_index=process_index,
         process_count=process_count,
     )
 
 
 def make_source(
-    task: Task, config, *, batch_size: int, process_index: int = 0, process_count: int = 1
+    task: Task,
+    options: SourceOptions,
+    *,
+    batch_size: int,
+    process_index: int = 0,
+    process_count: int = 1,
 ) -> PromptSource:
-    """The configured source (`config.data.source`) for global batches of `batch_size`."""
-    name = config.data.source
-    builder = SOURCES.get(name)
+    """The source `options.name` (`data.source`) for global batches of `batch_size`."""
+    builder = SOURCES.get(options.name)
     return builder(
         task,
-        config,
+        options,
         batch_size=batch_size,
         process_index=process_index,
         process_count=process_count,

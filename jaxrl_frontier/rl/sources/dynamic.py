@@ -7,10 +7,17 @@ from typing import Any
 
 import numpy as np
 
+from jaxrl_frontier.core.capabilities import Capabilities
 from jaxrl_frontier.core.distributed import sum_over_processes
 from jaxrl_frontier.data.tasks.base import Example, Task
 from jaxrl_frontier.rl.experience import PromptResult
-from jaxrl_frontier.rl.sources.base import SOURCES, PromptSource, UniformSource, uniform
+from jaxrl_frontier.rl.sources.base import (
+    SOURCES,
+    PromptSource,
+    SourceOptions,
+    UniformSource,
+    uniform,
+)
 
 
 def signal_groups(rewards: np.ndarray, group_size: int) -> np.ndarray:
@@ -37,6 +44,13 @@ class DynamicSource(PromptSource):
     `dynamic/signal_groups` (found, all processes), `dynamic/filled_zero_signal` (groups
     without signal kept because the budget ran out) and `dynamic/draws_total`.
     """
+
+    capabilities = Capabilities.all_but(
+        partial_rows="it draws more prompts within a step",
+        process_local="its draws agree across hosts",
+        free_running="it reads the results as it draws",
+        keeps_rows_in_flight="it draws more prompts within a step",
+    )
 
     resizable = True  # its uniform stream's batches
 
@@ -90,22 +104,21 @@ class DynamicSource(PromptSource):
         self.draws_total = int(state["draws_total"])
 
 
-@SOURCES.register("dynamic")
-def dynamic(task: Task, config, *, batch_size: int, process_index: int, process_count: int):
+@SOURCES.register("dynamic", part=DynamicSource)
+def dynamic(
+    task: Task, options: SourceOptions, *, batch_size: int, process_index: int, process_count: int
+):
     """`data.source = 'dynamic'`: DAPO dynamic sampling (`data.dynamic.max_draws`); signal is
-    judged on the weighted reward the advantages use (`objective.reward_weights`, with the
-    rollout shapers' components)."""
-    from jaxrl_frontier.data.rewards.shaping import effective_reward_weights, shaper_reward_names
-
+    judged on the weighted reward the advantages use (`options.reward_weights`: the
+    effective `objective.reward_weights`, with the rollout shapers' components)."""
     fresh = uniform(
         task,
-        config,
+        options,
         batch_size=batch_size,
         process_index=process_index,
         process_count=process_count,
     )
-    shaped = shaper_reward_names(config)
-    w = effective_reward_weights(config.objective.reward_weights.to_dict(), shaped)
-    names = list(task.reward_names) + shaped
+    w = dict(options.reward_weights)
+    names = list(task.reward_names) + list(options.shaped)
     vector = [w.get(n, 0.0) for n in names] if w else [float(n == "correctness") for n in names]
-    return DynamicSource(fresh, max_draws=config.data.dynamic.max_draws, weights=vector)
+    return DynamicSource(fresh, max_draws=options.dynamic["max_draws"], weights=vector)

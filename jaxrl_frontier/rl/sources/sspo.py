@@ -30,11 +30,12 @@ from typing import Any
 
 import numpy as np
 
+from jaxrl_frontier.core.capabilities import Capabilities
 from jaxrl_frontier.data.envs.base import env_from_config
 from jaxrl_frontier.data.tasks.base import Example, Task
 from jaxrl_frontier.rl.experience import PromptResult
 from jaxrl_frontier.rl.methods.step_credit import StateScores
-from jaxrl_frontier.rl.sources.base import SOURCES, PromptSource, UniformSource
+from jaxrl_frontier.rl.sources.base import SOURCES, PromptSource, SourceOptions, UniformSource
 from jaxrl_frontier.rl.sources.utils import rng_from, rng_state
 
 
@@ -54,6 +55,10 @@ class SSPOSource(PromptSource):
       pool: candidates per batch, in batches of P.
       allocate: draw seeds by n(s0); False: the fresh stream's batches as they come.
     """
+
+    capabilities = Capabilities.all_but(
+        free_running="it reads the results as it draws", multi_process="it runs in one process"
+    )
 
     def __init__(
         self,
@@ -122,31 +127,33 @@ class SSPOSource(PromptSource):
         self.state_scores.load_state_dict({"t": state["t"], "counts": counts})
 
 
-@SOURCES.register("sspo")
-def sspo(task: Task, config, *, batch_size: int, process_index: int, process_count: int):
+@SOURCES.register("sspo", part=SSPOSource)
+def sspo(
+    task: Task, options: SourceOptions, *, batch_size: int, process_index: int, process_count: int
+):
     """`data.source = 'sspo'`: 3SPO's state history and start-state allocation
     (`data.sspo.pool`, `data.sspo.allocate`; the scores: `env.sspo.*`)."""
     from jaxrl_frontier.core.errors import ConfigError
 
-    if not config.env.name:
+    if options.environment is None:
         raise ConfigError("config key 'data.source' = 'sspo' needs an environment (env.name)")
     if process_count > 1:
         raise ConfigError("config key 'data.source' = 'sspo' runs in one process")
-    pool = int(config.data.sspo.pool)
+    pool = int(options.sspo["pool"])
     if pool < 1:
         raise ConfigError(f"config key 'data.sspo.pool' = {pool} must be >= 1")
 
     def start_state(seed: int) -> Hashable:
-        env = env_from_config(config.env)
+        env = env_from_config(options.environment)
         env.reset(seed)
         return env.state_key()
 
     return SSPOSource(
-        UniformSource(task, batch_size=batch_size, seed=config.seed),
+        UniformSource(task, batch_size=batch_size, seed=options.seed),
         batch_size=batch_size,
         start_state=start_state,
-        scores=StateScores(**dict(config.env.sspo)),
-        seed=config.seed,
+        scores=StateScores(**dict(options.environment["sspo"])),
+        seed=options.seed,
         pool=pool,
-        allocate=bool(config.data.sspo.allocate),
+        allocate=bool(options.sspo["allocate"]),
     )

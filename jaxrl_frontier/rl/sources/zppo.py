@@ -10,7 +10,7 @@ import numpy as np
 from jaxrl_frontier.core.distributed import allgather_json
 from jaxrl_frontier.data.tasks.base import Example, Task
 from jaxrl_frontier.rl.experience import PromptResult
-from jaxrl_frontier.rl.sources.base import SOURCES, PromptSource, UniformSource
+from jaxrl_frontier.rl.sources.base import SOURCES, PromptSource, SourceOptions, UniformSource
 from jaxrl_frontier.rl.sources.utils import process_slice
 
 
@@ -167,14 +167,16 @@ class ZPPOSource(PromptSource):
         self.teacher_references = int(state.get("teacher_references", 0))
 
 
-@SOURCES.register("zppo")
-def zppo(task: Task, config, *, batch_size: int, process_index: int, process_count: int):
+@SOURCES.register("zppo", part=ZPPOSource)
+def zppo(
+    task: Task, options: SourceOptions, *, batch_size: int, process_index: int, process_count: int
+):
     """`data.source = 'zppo'`: hard-prompt replay with BCQ / NCQ prompts (`data.zppo.*`)."""
-    z = config.data.zppo
+    z = options.zppo
     return ZPPOSource(
         task,
-        UniformSource(task, batch_size=batch_size, seed=config.seed),  # the global stream
-        seed=config.seed,
+        UniformSource(task, batch_size=batch_size, seed=options.seed),  # the global stream
+        seed=options.seed,
         capacity=z.capacity,
         replay_fraction=z.replay_fraction,
         max_wrong=z.max_wrong,

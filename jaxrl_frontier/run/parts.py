@@ -1,0 +1,181 @@
+"""A run's parts and what it needs of them: one check against their declared capabilities.
+
+`parts_of(c)` names the class each part of a run would be (registry lookups and the
+config's choices, nothing built): the training rollouts' sampler, the rollouts-ahead
+scheduler, the producer and its PACT wrapper, the prompt source and each rollout editor.
+Each declares `capabilities` (core/capabilities.py). `needs_of(c, procs)` lists the features
+the run's keys ask for; `check_capabilities` raises one `ConfigError` naming, for each such
+key, every part's key that lacks it and why. A new mode is a feature here and one
+declaration on each part that lacks it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+from jaxrl_frontier.core.capabilities import Capabilities
+from jaxrl_frontier.core.errors import ConfigError
+
+
+@dataclasses.dataclass(frozen=True)
+class Part:
+    """One part of a run: `key`, the config choice that selects it, as a refusal names it
+    (e.g. "data.source = 'dynamic'"), and the capabilities its class declares."""
+
+    key: str
+    capabilities: Capabilities
+
+    @property
+    def subject(self) -> str:
+        """The key as the subject of a refusal: "'data.source' = 'dynamic'"."""
+        name, _, value = self.key.partition(" = ")
+        return f"'{name}' = {value}" if value else f"'{name}'"
+
+
+@dataclasses.dataclass(frozen=True)
+class Need:
+    """A feature the run needs of its parts: `subject`, the key that asks for it, as a
+    refusal names it; `rows`, what else stands in its way (a rule between two keys, not a
+    part), each "key (why)"; `headline`: the refusal's text before its rows (None: "config
+    key <subject> does not go with: ")."""
+
+    feature: str
+    subject: str
+    rows: tuple[str, ...] = ()
+    headline: str | None = None
+
+
+LOCAL_HEADLINE = (
+    "config key 'rollout.max_staleness' > 0 on several processes samples each process's rows "
+    "in a background thread that must not talk to other processes; not with: "
+)
+
+
+def parts_of(c) -> list[Part]:
+    """The parts the config `c` composes, each from its choice (no instance built)."""
+    from jaxrl_frontier.rl.methods.pact import PactProducer
+    from jaxrl_frontier.rl.overlap import FreeRunningRollouts, RolloutsAhead
+    from jaxrl_frontier.rl.produce.agent import AgentRolloutProducer
+    from jaxrl_frontier.rl.produce.editors import EDITORS
+    from jaxrl_frontier.rl.produce.rollout import RolloutProducer
+    from jaxrl_frontier.rl.sources import SOURCES
+    from jaxrl_frontier.sampling.choice import sampler_class
+
+    r = c.rollout
+    sampler = sampler_class(r, partial=True)  # the training rollouts' sampler
+    parts = [Part(f"rollout.continuous_slots = {r.continuous_slots}", sampler.capabilities)]
+    if r.max_staleness and r.free_running_queue:
+        key = f"rollout.free_running_queue = {r.free_running_queue}"
+        parts.append(Part(key, FreeRunningRollouts.capabilities))
+    elif r.max_staleness:
+        parts.append(Part("rollout.max_staleness > 0", RolloutsAhead.capabilities))
+    producer = AgentRolloutProducer if c.env.name else RolloutProducer
+    parts.append(Part(f"env.name = {c.env.name!r}", producer.capabilities))
+    if c.get("pact") is not None and c.pact.get("enabled", False):
+        parts.append(Part("pact.enabled", PactProducer.capabilities))
+    parts.append(Part(f"data.source = {c.data.source!r}", SOURCES.capabilities(c.data.source)))
+    for name in dict.fromkeys(r.editors):
+        parts.append(Part(f"rollout.editors with {name!r}", EDITORS.capabilities(name)))
+    return parts
+
+
+@dataclasses.dataclass(frozen=True)
+class Mode:
+    """A run feature and when a run needs it: `asks(c, procs)` returns the `Need` (the key
+    that asks, and the rules between keys in its way), or None when the run does not."""
+
+    feature: str
+    asks: Callable[[Any, int], Need | None]
+
+
+def _partial(c, procs: int) -> Need | None:
+    r = c.rollout
+    if not r.partial_budget:
+        return None
+    rows = []
+    if r.continuous_slots % procs:
+        slots = r.continuous_slots
+        rows.append(f"rollout.continuous_slots = {slots} (each of {procs} processes runs a share)")
+    subject = f"'rollout.partial_budget' = {r.partial_budget} (partial rollouts)"
+    return Need("partial_rows", subject, tuple(rows))
+
+
+def _free_running(c, procs: int) -> Need | None:
+    r = c.rollout
+    if not r.free_running_queue:
+        return None
+    rows = () if r.max_staleness else ("rollout.max_staleness = 0 (no bound)",)
+    return Need("free_running", f"'rollout.free_running_queue' = {r.free_running_queue}", rows)
+
+
+def _process_local(c, procs: int) -> Need | None:
+    if not (c.rollout.max_staleness and procs > 1):
+        return None
+    return Need("process_local", "'rollout.max_staleness'", (), LOCAL_HEADLINE)
+
+
+# The run features a config may ask for; a new mode is one row here (and its feature in
+# core.capabilities.FEATURES) and one `capabilities` declaration on each part that lacks it.
+MODES: list[Mode] = [
+    Mode("partial_rows", _partial),
+    Mode("free_running", _free_running),
+    Mode("process_local", _process_local),
+    Mode(
+        "multi_process",
+        lambda c, procs: Need("multi_process", f"{procs} processes") if procs > 1 else None,
+    ),
+    Mode("stages", lambda c, procs: Need("stages", "stages") if tuple(c.stages) else None),
+]
+
+
+def needs_of(c, procs: int) -> list[Need]:
+    """The features the run `c` on `procs` processes asks of its parts (`MODES`)."""
+    return [need for mode in MODES if (need := mode.asks(c, procs)) is not None]
+
+
+# Features a run needs of every part at once (the parts name themselves as the subject).
+RUN_WIDE = ("multi_process", "stages")
+
+
+def refusals(c, procs: int, only: tuple[str, ...] | None = None) -> list[str]:
+    """Each refusal of the run `c` on `procs` processes (a message naming its keys), one per
+    subject; `only`: just these features."""
+    parts = parts_of(c)
+    groups: dict[str, tuple[str | None, list[str]]] = {}
+
+    def add(subject, headline, row):
+        groups.setdefault(subject, (headline, []))[1].append(row)
+
+    for need in needs_of(c, procs):
+        if only is not None and need.feature not in only:
+            continue
+        for row in need.rows:
+            add(need.subject, need.headline, row)
+        for part in parts:
+            if part.capabilities.supports(need.feature):
+                continue
+            why = part.capabilities.why_not(need.feature)
+            if need.feature in RUN_WIDE:  # the part is the subject; the run's feature, the row
+                add(part.subject, None, f"{need.subject} ({why})")
+            else:
+                add(need.subject, need.headline, f"{part.key} ({why})")
+    out = []
+    for subject, (headline, rows) in groups.items():
+        head = headline or f"config key {subject} does not go with: "
+        out.append(head + "; ".join(rows))
+    return out
+
+
+def check_capabilities(c, procs: int, only: tuple[str, ...] | None = None) -> None:
+    """One ConfigError naming every key whose part lacks a feature the run needs."""
+    found = refusals(c, procs, only)
+    if found:
+        raise ConfigError("\n".join(found))
+
+
+def supports(c, feature: str) -> bool:
+    """Whether every part of the run `c` supports `feature` (e.g. 'keeps_rows_in_flight':
+    batches produced ahead cross a checkpoint, saved whole with it)."""
+    return all(part.capabilities.supports(feature) for part in parts_of(c))

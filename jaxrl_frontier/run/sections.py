@@ -1,0 +1,172 @@
+"""Each layer's typed options, built from the config's sections: the only place below the
+trainer where a whole config is read (docs/design.md, "Sections").
+
+A builder below `run/` takes its record (`task_for(task_options(c), tokenizer)`,
+`make_source(task, source_options(c), ...)`), never the whole config; each record is frozen
+and checks its own values where it is built. What spans sections is settled here, once: the
+effective reward weights a dynamic source filters on, the environment section an
+environment run's parts read, the critic's optimizer.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import ml_collections
+
+from jaxrl_frontier.core.distributed import DistributedOptions
+from jaxrl_frontier.data.rewards.scorer import RewardOptions
+from jaxrl_frontier.data.rewards.shaping import effective_reward_weights, shaper_reward_names
+from jaxrl_frontier.data.tasks.options import TaskOptions
+from jaxrl_frontier.rl.diagnostics import PeakOptions
+from jaxrl_frontier.rl.methods.pact import PactOptions
+from jaxrl_frontier.rl.methods.ppo import CriticOptions
+from jaxrl_frontier.rl.produce.editors import EditorOptions
+from jaxrl_frontier.rl.sources.base import SourceOptions
+from jaxrl_frontier.train.evaluation import EvalOptions
+from jaxrl_frontier.train.faults import GuardOptions
+from jaxrl_frontier.train.sft import SFTOptions
+
+
+def env_section(c) -> ml_collections.ConfigDict | None:
+    """The `env` section with `max_prompt_len` (data.max_prompt_len) added, which the
+    environment's task, producer and evaluation read; None unless `env.name` is set."""
+    if not c.env.name:
+        return None
+    env = ml_collections.ConfigDict(c.env.to_dict())
+    env.max_prompt_len = int(c.data.max_prompt_len)
+    return env
+
+
+def task_options(c) -> TaskOptions:
+    """`task.*`, where the chat template is read (`tokenizer.*`), `data.max_prompt_len`,
+    `data.truncate_prompts` and the environment (`env_section`)."""
+    return TaskOptions(
+        name=c.task.name,
+        kwargs=c.task.kwargs.to_dict(),
+        chat_template=bool(c.task.chat_template),
+        system_prompt=c.task.system_prompt or "",
+        tokenizer_kind=c.tokenizer.kind,
+        tokenizer_path=c.tokenizer.path or "",
+        max_prompt_len=int(c.data.max_prompt_len),
+        truncate_prompts=bool(c.data.truncate_prompts),
+        env=env_section(c),
+    )
+
+
+def reward_options(c) -> RewardOptions:
+    return RewardOptions.from_section(c.rewards)
+
+
+def shaped_rewards(c) -> list[str]:
+    """The reward components the rollout shapers append (`rollout.editors`, `overlong_cache`)."""
+    return shaper_reward_names(tuple(c.rollout.editors), c.rollout.overlong_cache)
+
+
+def source_options(c) -> SourceOptions:
+    """`data.source` and its block, the seed, and the reward weights the advantages use."""
+    shaped = shaped_rewards(c)
+    weights = effective_reward_weights(c.objective.reward_weights.to_dict(), shaped)
+    d = c.data
+    return SourceOptions(
+        name=d.source,
+        seed=c.seed,
+        dynamic=d.dynamic,
+        ads=d.ads,
+        sspo=d.sspo,
+        zppo=d.zppo,
+        reward_weights=weights,
+        shaped=tuple(shaped),
+        environment=env_section(c),
+    )
+
+
+def editor_options(c) -> EditorOptions:
+    r = c.rollout
+    return EditorOptions(
+        editors=tuple(r.editors),
+        mask_truncated=bool(r.mask_truncated),
+        overlong_cache=int(r.overlong_cache),
+        max_new_tokens=int(r.max_new_tokens),
+        dre_bonus=float(r.dre_bonus),
+    )
+
+
+def pact_options(c) -> PactOptions | None:
+    """PACT's options, None when `pact.enabled` is off."""
+    return PactOptions.from_section(c.get("pact"))
+
+
+def critic_options(c) -> CriticOptions:
+    """`critic.*`, the seed, and the critic's optimizer: `optimizer.*` at `critic.lr`."""
+    cc = c.critic
+    optimizer = c.optimizer.to_dict()
+    optimizer["lr"] = cc.lr if cc.lr is not None else c.optimizer.lr
+    names = ("kind", "gamma", "lam", "value_clip", "value_coef", "whiten", "stop_gradient")
+    return CriticOptions(
+        **{k: cc[k] for k in (*names, "hidden_size", "num_layers")},
+        seed=c.seed,
+        optimizer=optimizer,
+    )
+
+
+def eval_options(c) -> EvalOptions:
+    e = c.eval
+    return EvalOptions(
+        num_prompts=e.num_prompts,
+        pass_k=e.pass_k,
+        batch=e.batch,
+        seed=c.seed,
+        max_new_tokens=c.rollout.max_new_tokens,
+        max_prompt_len=c.data.max_prompt_len,
+        prompts=task_options(c),
+        environment=env_section(c),
+    )
+
+
+def peak_options(c) -> PeakOptions:
+    """`train.export` and `train.collapse.*`: the loop's decisions after an eval."""
+    t = c.train
+    return PeakOptions(export=t.export, **t.collapse.to_dict())
+
+
+def guard_options(c) -> GuardOptions:
+    return GuardOptions(
+        max_skipped_updates=c.train.max_skipped_updates,
+        max_failure_steps=c.rewards.max_failure_steps,
+    )
+
+
+def sft_options(c) -> SFTOptions:
+    return SFTOptions(
+        grad_accum=c.optimizer.grad_accum,
+        max_prompt_len=c.data.max_prompt_len,
+        max_new_tokens=c.rollout.max_new_tokens,
+    )
+
+
+def distributed_options(c) -> DistributedOptions:
+    """`distributed.*` (a config without the section: every key unset)."""
+    d = c.get("distributed") or {}
+    keys = ("coordinator_address", "num_processes", "process_id")
+    return DistributedOptions(**{k: d.get(k) for k in keys})
+
+
+BUILDERS = {
+    "task": task_options,
+    "rewards": reward_options,
+    "source": source_options,
+    "editors": editor_options,
+    "pact": pact_options,
+    "critic": critic_options,
+    "eval": eval_options,
+    "peak": peak_options,
+    "guard": guard_options,
+    "sft": sft_options,
+    "distributed": distributed_options,
+}
+
+
+def build_all(c) -> dict[str, Any]:
+    """Every record of a resolved config, by name (each checks itself as it is built)."""
+    return {name: build(c) for name, build in BUILDERS.items()}
