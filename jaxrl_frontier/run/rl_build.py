@@ -130,66 +130,73 @@ def build_rl_stages(
     The objective is checked against what the run provides (a reference when
     `parts.reference`, a teacher when given) before anything is traced.
     """
-    mesh, tokenizer, task, policy = parts.mesh, parts.tokenizer, parts.task, parts.policy
-    sampler, reference, teacher, scorer = (
-        parts.sampler,
-        parts.reference,
-        parts.teacher,
-        parts.scorer,
-    )
-    rollout_mesh, base = parts.rollout_mesh, parts.base
     c = config
     objective, editors, shapers, self_conditioned = checked_objective(c, parts)
-    plan = parts.knobs
-
-    g, tn, rate = c.rollout.group_size, c.rollout.max_new_tokens, c.rollout.dropout_rate
+    g, tn = c.rollout.group_size, c.rollout.max_new_tokens
     if c.env.name:  # an environment run: the completion is the episode after its prompt
         tn = agent_rollout.completion_width(c.env)
-    rows = c.data.prompt_batch * g
     layout = update_layout(
-        rows=rows,
+        rows=c.data.prompt_batch * g,
         group_size=g,
         completion_len=tn,
-        mesh=mesh,
+        mesh=parts.mesh,
         share_prompt=c.train.share_prompt_forward,
-        dropout_rate=rate,
+        dropout_rate=c.rollout.dropout_rate,
     )
-    pack = packed_rows(c, row_len=c.data.max_prompt_len + tn, mesh=mesh)
-    graphdef = nnx.graphdef(policy)
+    pack = packed_rows(c, row_len=c.data.max_prompt_len + tn, mesh=parts.mesh)
+    graphdef = nnx.graphdef(parts.policy)
     logp_fn = make_logp_fn(graphdef, **layout, pack=pack)
-    masks = jax.jit(lambda keys: dropout_masks(policy.cfg, rate, keys)) if rate > 0 else None
+    edited = any(e.changes_tokens for e in editors)  # DRE: behaviour log-probs recomputed
+    names, context = _pass_context(c, parts, graphdef, logp_fn, edited, self_conditioned, tn)
+    teacher_pair = None
+    if parts.teacher is not None:
+        teacher_pair = (nnx.graphdef(parts.teacher), nnx.state(parts.teacher))
+        context["teacher_logp_fn"] = make_logp_fn(teacher_pair[0], **layout, pack=pack)
+        names.append("teacher")
+    learner = _learner(c, parts, graphdef, objective, layout, teacher_pair, tx=tx, state=state,
+                       completion_len=tn, log=log)  # fmt: skip
+    passes = [PASSES.get(name)(**context) for name in names]
+    producer = _producer(c, parts, objective, passes, editors, shapers)
+    return learner, producer, logp_fn
+
+
+def _pass_context(c, parts: RunParts, graphdef, logp_fn, edited: bool, self_conditioned, tn):
+    """(the log-prob passes' names, the context they are built from): the behaviour pass
+    when `train.recompute_old_logp` or an editor changed tokens, the mismatch probe, the
+    reference, the self-conditioned pass; the teacher's is added by the caller."""
+    rate = c.rollout.dropout_rate
+    masks = jax.jit(lambda keys: dropout_masks(parts.policy.cfg, rate, keys)) if rate > 0 else None
     context: dict[str, Any] = dict(policy_logp_fn=logp_fn, mlp_masks=masks)
-    # an editor that changes tokens (DRE) needs their behaviour log-probs recomputed
-    edited = any(e.changes_tokens for e in editors)
     recompute = c.train.recompute_old_logp or edited
     names = ["behaviour"] if recompute else []
     # the train/rollout mismatch: free beside a recompute, a probe forward otherwise; not
     # measured on tokens an editor changed (the sampler's log-probs are of others)
     context["measure_mismatch"] = not edited and (recompute or c.train.measure_mismatch)
     names += ["mismatch_probe"] if context["measure_mismatch"] and not recompute else []
-    names += ["reference"] if reference else []
+    names += ["reference"] if parts.reference else []
     if self_conditioned:  # [prompt | solution | completion]: only the completion scored
         context.update(
             scored_logp_fn=make_logp_fn(graphdef, completion_len=tn),
             hidden_fn=apply_hidden(graphdef),  # both forwards' hidden states: the full KL
             vocab_chunk=c.rollout.sc_vocab_chunk,
-            group_size=g,
+            group_size=c.rollout.group_size,
             completion_len=tn,
-            correct_column=list(task.reward_names).index("correctness"),
+            correct_column=list(parts.task.reward_names).index("correctness"),
         )
         names.append("self_conditioned")
-    teacher_pair = None
-    if teacher is not None:
-        teacher_pair = (nnx.graphdef(teacher), nnx.state(teacher))
-        context["teacher_logp_fn"] = make_logp_fn(teacher_pair[0], **layout, pack=pack)
-        names.append("teacher")
+    return names, context
 
+
+def _learner(c, parts: RunParts, graphdef, objective, layout, teacher_pair, **kw) -> Learner:
+    """The Learner of config `c` (with PPO's critic and PACT's loss term when configured);
+    kw: tx, state, completion_len, log."""
+    state, plan = kw["state"], parts.knobs
     # PPO's learned critic (critic.kind; None: none), trained and checkpointed with the policy
     critic = build_critic(
         sections.critic_options(c),
-        policy,
-        mesh=mesh,
-        reward_names=task.reward_names,
+        parts.policy,
+        mesh=parts.mesh,
+        reward_names=parts.task.reward_names,
         objective=objective,
         layout=layout,
     )
@@ -197,38 +204,45 @@ def build_rl_stages(
         state = state.replace(critic=critic.init_state())
     options = LearnerOptions(
         objective=objective,
-        rows=rows,
-        group_size=g,
-        completion_len=tn,
+        rows=c.data.prompt_batch * c.rollout.group_size,
+        group_size=c.rollout.group_size,
+        completion_len=kw["completion_len"],
         epochs=c.train.epochs,
         minibatches=c.train.minibatches,
         grad_accum=c.optimizer.grad_accum,
         share_prompt=c.train.share_prompt_forward,
-        dropout_rate=rate,
+        dropout_rate=c.rollout.dropout_rate,
         knobs=plan.objective_keys if plan else (),
         pack_tokens=c.train.pack_tokens,
         microbatch_tokens=c.train.microbatch_tokens,
     )
     pact_term = pact.loss_transform(sections.pact_options(c), graphdef)
-    learner = Learner(
+    rollout_mesh, mesh = parts.rollout_mesh, parts.mesh
+    return Learner(
         graphdef,
-        tx,
+        kw["tx"],
         state,
         options,
         mesh=mesh,
-        model_cfg=policy.cfg,
+        model_cfg=parts.policy.cfg,
         teacher=teacher_pair,
         reshard=None if rollout_mesh in (None, mesh) else reshard_to(rollout_mesh),
-        base=base,
+        base=parts.base,
         critic=critic,
         loss_transforms=[pact_term] if pact_term is not None else [],
-        log=log,
+        log=kw["log"],
     )
-    scorer = scorer or make_scorer(sections.reward_options(c), task)
+
+
+def _producer(c, parts: RunParts, objective, passes, editors, shapers):
+    """The RolloutProducer of config `c` (episodes of an environment, or sampled rows;
+    wrapped for PACT when configured)."""
+    mesh, tokenizer, task = parts.mesh, parts.tokenizer, parts.task
+    scorer = parts.scorer or make_scorer(sections.reward_options(c), task)
     teacher_answers = None
-    if teacher is not None and c.data.source == "zppo":  # BCQ references from the teacher
+    if parts.teacher is not None and c.data.source == "zppo":  # BCQ references
         teacher_answers = TeacherAnswers(
-            teacher,
+            parts.teacher,
             tokenizer,
             task,
             scorer,
@@ -236,24 +250,22 @@ def build_rl_stages(
             max_new_tokens=c.rollout.max_new_tokens,
             mesh=mesh,
         )
-    passes = [PASSES.get(name)(**context) for name in names]
     wrap = lambda producer, env, task: pact.wrap_producer(  # noqa: E731
         producer, sections.pact_options(c), tokenizer, mesh=mesh, env=env, task=task
     )
+    sampling = rollout_sampling(c, tokenizer)
     if c.env.name:  # episodes of an environment (rl/produce/agent.py)
-        sampling = rollout_sampling(c, tokenizer)
         producer = agent_rollout.env_producer(
-            sections.env_section(c), sampler, tokenizer, task, mesh=mesh, sampling=sampling,
-            objective=objective,
-            passes=passes,
+            sections.env_section(c), parts.sampler, tokenizer, task, mesh=mesh,
+            sampling=sampling, objective=objective, passes=passes,
         )  # fmt: skip
-        return learner, wrap(producer, sections.env_section(c), task), logp_fn
+        return wrap(producer, sections.env_section(c), task)
     producer = RolloutProducer(
-        sampler,
+        parts.sampler,
         tokenizer,
         scorer,
         mesh=mesh,
-        sampling=rollout_sampling(c, tokenizer),
+        sampling=sampling,
         max_prompt_len=c.data.max_prompt_len,
         objective=objective,
         prompt_of=lambda example: prompt_text(task, example),
@@ -262,4 +274,4 @@ def build_rl_stages(
         shapers=shapers,
         teacher_answers=teacher_answers,
     )
-    return learner, wrap(producer, None, None), logp_fn
+    return wrap(producer, None, None)

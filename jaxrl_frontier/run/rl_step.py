@@ -35,7 +35,7 @@ from jaxrl_frontier.run import sections
 from jaxrl_frontier.run import stages as stages_lib
 from jaxrl_frontier.run.knobs import KnobPlan
 from jaxrl_frontier.run.rl_build import RunParts, build_rl_stages, checked_objective
-from jaxrl_frontier.run.steps import STEPS
+from jaxrl_frontier.run.steps import STEPS, run_guard
 from jaxrl_frontier.train import hooks as hooks_lib
 from jaxrl_frontier.train.metrics import rl_step_scalars
 
@@ -56,7 +56,7 @@ class RLStep:
             0,
         )
         self.roles, self.parts, self.tx = roles, parts, tx
-        self.source, self.knobs, self.guard = source, common["knobs"], common["guard"]
+        self.source, self.knobs, self.guard = source, common["knobs"], run_guard(config, common)
         self.rollout_log, self.say = common["rollout_log"], common["say"]
         self.learner, self.producer, self.logp_fn = build_rl_stages(
             config, parts, tx=tx, state=state, log=self.say

@@ -16,6 +16,7 @@ import jax
 from jaxrl_frontier.core.registry import Registry
 from jaxrl_frontier.rl.sources import make_source
 from jaxrl_frontier.run import sections
+from jaxrl_frontier.train.faults import RunGuard
 from jaxrl_frontier.train.sft import SFTStep
 
 STEPS = Registry("training step", key="mode")
@@ -117,4 +118,11 @@ def sft_step(c, roles, *, state, state_sharding, tx, **common):
         f"{roles.policy.cfg.num_params() / 1e6:.2f}M params, "
         f"{c.train.steps} steps of {c.train.sft_batch} demonstrations"
     )
-    return SFTRunStep(c, update, state, source, common["guard"], describe, common["say"])
+    return SFTRunStep(c, update, state, source, run_guard(c, common), describe, common["say"])
+
+
+def run_guard(c, common) -> RunGuard:
+    """The stop rules of a run's updates and rewards (`train.max_skipped_updates`,
+    `rewards.max_failure_steps`), naming the scorer's first failure."""
+    options = sections.guard_options(c)
+    return RunGuard.from_options(options, say=common["say"], scorer=common["scorer"])

@@ -71,9 +71,8 @@ class Trainer:
         self.scorer = make_scorer(sections.reward_options(c), self.task)  # train and eval share it
         # keys that move as the run trains (schedules, controllers: run/knobs.py)
         self.knobs = KnobPlan.from_config(c, config_lib.RANGES)
-        kl_coef = c.objective.kl_coef
-        if "objective.kl_coef" in self.knobs.keys:  # loaded when it can rise above 0
-            kl_coef = self.knobs.upper("objective.kl_coef")
+        moving = "objective.kl_coef" in self.knobs.keys  # then loaded if it can rise above 0
+        kl_coef = self.knobs.upper("objective.kl_coef") if moving else c.objective.kl_coef
         k_model, k_teacher, rng0 = jax.random.split(jax.random.key(c.seed), 3)
         self.roles, params = build_roles(c, self.tokenizer, kl_coef, k_model, k_teacher)
 
@@ -87,9 +86,6 @@ class Trainer:
         self.writer = MetricsWriter(self.workdir, c.metrics.to_dict(), run_config=c.to_dict())
         self.rollout_log = RolloutLogger(self.workdir) if self.is_main else None
         self.history: dict[str, Any] = {"eval": []}
-        guard = faults.RunGuard.from_options(
-            sections.guard_options(c), say=self._print, scorer=self.scorer
-        )
         self.step: Step = STEPS.get(c.mode)(
             c,
             self.roles,
@@ -99,7 +95,6 @@ class Trainer:
             task=self.task,
             scorer=self.scorer,
             knobs=self.knobs,
-            guard=guard,
             rollout_log=self.rollout_log,
             say=self._print,
         )
