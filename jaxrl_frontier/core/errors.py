@@ -39,3 +39,12 @@ class TrainingFault(RuntimeError):
 
 class SweepError(ValueError):
     """A sweep file that cannot be expanded (the message names the file and the problem)."""
+
+
+class WorkdirLocked(RuntimeError):
+    """Another live trainer holds the run directory; the message names it (host, pid)."""
+
+
+class LostProcess(RuntimeError):
+    """A process of a multi-process run died or stopped answering; the message names it and
+    the step."""
