@@ -10,6 +10,13 @@ device; the CLI calls it first. Where the processes come from:
 * unset elsewhere: one process; nothing is initialised and nothing changes.
 
 On CPU the processes talk through gloo collectives (set here, before the backend starts).
+
+Faults. The coordination service's timeouts are config keys (`distributed.heartbeat_timeout_s`,
+`initialization_timeout_s`, `shutdown_timeout_s`). Tasks are started recoverable
+(`jax_enable_recoverability`): a process that dies no longer makes the coordination service
+abort every other one with a C++ stack trace; the survivors notice it (`live_processes`,
+polled by train/watchdog.py) and exit with one line naming it. `gather_ints` is the one tiny
+collective a step adds on several processes (the stop agreement, train/stopping.py).
 """
 
 from __future__ import annotations
@@ -56,7 +63,13 @@ def initialize(config) -> bool:
     if not given and not _cluster_detected():
         return False
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    kwargs = {}
+    # a lost task is reported to the others, not made fatal in C++ (train/watchdog.py)
+    jax.config.update("jax_enable_recoverability", True)
+    kwargs = dict(
+        heartbeat_timeout_seconds=int(d.get("heartbeat_timeout_s", 100)),
+        initialization_timeout=int(d.get("initialization_timeout_s", 300)),
+        shutdown_timeout_seconds=int(d.get("shutdown_timeout_s", 300)),
+    )
     if address is not None:
         kwargs.update(coordinator_address=address)
     if num is not None:
@@ -93,3 +106,67 @@ def allgather_json(obj: Any) -> list[Any]:
 def sum_over_processes(x: float) -> float:
     """The sum of every process's `x` (a collective: all processes call)."""
     return float(sum(allgather_json(float(x))))
+
+
+def gather_ints(value: int) -> list[int]:
+    """Every process's int `value`, in process order: one all-gather of one int32 (a
+    collective: all processes call). [value] on one process."""
+    if jax.process_count() == 1:
+        return [int(value)]
+    from jax.experimental import multihost_utils
+
+    every = multihost_utils.process_allgather(np.asarray([value], np.int32))
+    return [int(v) for v in np.asarray(every).reshape(-1)]
+
+
+def live_processes() -> list[int] | None:
+    """The processes the coordination service counts alive (None on one process). A task
+    silent past `distributed.heartbeat_timeout_s`, or whose connection dropped, is missing."""
+    if jax.process_count() == 1:
+        return None
+    from jax._src import distributed as jax_distributed  # the client: no public accessor
+
+    client = jax_distributed.global_state.client
+    return sorted(int(k) for k in client.get_live_nodes(list(range(jax.process_count()))))
+
+
+def finish(timeout_s: float = 300.0) -> None:
+    """Leave a multi-process job in order (call once, at the end of the program, on every
+    process). Recoverable tasks skip jax's own shutdown barrier, and the coordination service
+    lives in process 0: were process 0 to leave first, a process still connected would abort.
+    So every process meets at a barrier, the others disconnect, and process 0 waits (at most
+    `timeout_s`) until they have before it shuts the service down."""
+    if jax.process_count() == 1 or not jax.distributed.is_initialized():
+        return
+    import time
+
+    from jax._src import distributed as jax_distributed
+
+    client = jax_distributed.global_state.client
+    try:
+        client.wait_at_barrier("jaxrl_frontier_finish", int(timeout_s * 1000))
+    except Exception:  # a process lost or stuck: leave anyway (the watchdog names it)
+        log.warning("distributed.finish: not every process reached the end")
+    if jax.process_index() == 0:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                if live_processes() == [0]:
+                    break
+            except Exception:
+                break
+            time.sleep(0.05)
+    jax.distributed.shutdown()
+
+
+def exit_now(code: int) -> None:
+    """Leave at once with `code`: no atexit handlers (jax's shutdown barrier would wait for,
+    or abort on, a lost process), buffered output flushed first."""
+    import sys
+
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)

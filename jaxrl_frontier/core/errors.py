@@ -44,7 +44,3 @@ class SweepError(ValueError):
 class WorkdirLocked(RuntimeError):
     """Another live trainer holds the run directory; the message names it (host, pid)."""
 
-
-class LostProcess(RuntimeError):
-    """A process of a multi-process run died or stopped answering; the message names it and
-    the step."""
