@@ -14,8 +14,8 @@ On CPU the processes talk through gloo collectives (set here, before the backend
 Faults. The coordination service's timeouts are config keys (`distributed.heartbeat_timeout_s`,
 `initialization_timeout_s`, `shutdown_timeout_s`). Tasks are started recoverable
 (`jax_enable_recoverability`): a process that dies no longer makes the coordination service
-abort every other one with a C++ stack trace; the survivors notice it (`live_processes`,
-polled by train/watchdog.py) and exit with one line naming it. `gather_ints` is the one tiny
+abort every other one with a C++ stack trace; the survivors notice it (`heartbeats`, polled
+by train/watchdog.py) and exit with one line naming it. `gather_ints` is the one tiny
 collective a step adds on several processes (the stop agreement, train/stopping.py).
 """
 
@@ -119,43 +119,66 @@ def gather_ints(value: int) -> list[int]:
     return [int(v) for v in np.asarray(every).reshape(-1)]
 
 
-def live_processes() -> list[int] | None:
-    """The processes the coordination service counts alive (None on one process). A task
-    silent past `distributed.heartbeat_timeout_s`, or whose connection dropped, is missing."""
-    if jax.process_count() == 1:
-        return None
+def _client():
     from jax._src import distributed as jax_distributed  # the client: no public accessor
 
-    client = jax_distributed.global_state.client
-    return sorted(int(k) for k in client.get_live_nodes(list(range(jax.process_count()))))
+    return jax_distributed.global_state.client
+
+
+# Every call below is a short key-value RPC. The coordination service's own blocking calls
+# (wait_at_barrier, get_live_nodes) hold the GIL while they wait: a watchdog thread could not
+# run during them, so they are not used while a run may lose a process.
+HEARTBEAT_DIR = "jaxrl_frontier/alive/"
+
+
+def beat(count: int) -> None:
+    """Publish this process's heartbeat (`count`, a number that grows with each call)."""
+    _client().key_value_set(f"{HEARTBEAT_DIR}{jax.process_index()}", str(count), True)
+
+
+def heartbeats() -> dict[int, str]:
+    """Every process's last published heartbeat ({process: value})."""
+    rows = _client().key_value_dir_get(HEARTBEAT_DIR)
+    return {int(k.rsplit("/", 1)[1]): v for k, v in rows}
+
+
+def polling_barrier(key: str, timeout_ms: int, process_ids=None, poll_s: float = 0.005) -> None:
+    """The coordination service's `wait_at_barrier`, by key-value polling: it waits in
+    `time.sleep`, so other threads (the watchdog) run meanwhile. TimeoutError naming the
+    processes missing after `timeout_ms`."""
+    import time
+
+    client = _client()
+    expected = sorted(process_ids) if process_ids is not None else range(jax.process_count())
+    client.key_value_set(f"jaxrl_frontier/barrier/{key}/{jax.process_index()}", "", True)
+    deadline = time.monotonic() + timeout_ms / 1000
+    while True:
+        arrived = {int(k.rsplit("/", 1)[1]) for k, _ in client.key_value_dir_get(
+            f"jaxrl_frontier/barrier/{key}/"
+        )}  # fmt: skip
+        missing = [p for p in expected if p not in arrived]
+        if not missing:
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"barrier {key!r}: processes {missing} did not arrive")
+        time.sleep(poll_s)
 
 
 def finish(timeout_s: float = 300.0) -> None:
-    """Leave a multi-process job in order (call once, at the end of the program, on every
+    """Leave a multi-process job in order (once, at the end of the program, on every
     process). Recoverable tasks skip jax's own shutdown barrier, and the coordination service
-    lives in process 0: were process 0 to leave first, a process still connected would abort.
-    So every process meets at a barrier, the others disconnect, and process 0 waits (at most
-    `timeout_s`) until they have before it shuts the service down."""
+    lives in process 0: were process 0 to leave first, a process still connected would
+    abort. So every process says it is done and disconnects; process 0 waits (at most
+    `timeout_s`, polling) for them before it shuts the service down."""
     if jax.process_count() == 1 or not jax.distributed.is_initialized():
         return
-    import time
-
-    from jax._src import distributed as jax_distributed
-
-    client = jax_distributed.global_state.client
     try:
-        client.wait_at_barrier("jaxrl_frontier_finish", int(timeout_s * 1000))
-    except Exception:  # a process lost or stuck: leave anyway (the watchdog names it)
+        polling_barrier("finish", int(timeout_s * 1000))
+        if jax.process_index() == 0:  # the others disconnect now: wait for them to be gone
+            while _client().get_live_nodes(list(range(jax.process_count()))).keys() != {0}:
+                pass
+    except Exception:  # a process lost or stuck: leave anyway (the watchdog named it)
         log.warning("distributed.finish: not every process reached the end")
-    if jax.process_index() == 0:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            try:
-                if live_processes() == [0]:
-                    break
-            except Exception:
-                break
-            time.sleep(0.05)
     jax.distributed.shutdown()
 
 

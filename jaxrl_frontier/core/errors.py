@@ -43,4 +43,3 @@ class SweepError(ValueError):
 
 class WorkdirLocked(RuntimeError):
     """Another live trainer holds the run directory; the message names it (host, pid)."""
-

@@ -6,14 +6,18 @@ Every thread's stack goes to `<run dir>/hang-<process>.txt` (`faulthandler`), on
 stderr names the step and the phase the loop was in (rollout, scoring, update, save, eval:
 markers the loop sets with `phase(name)`), and the process exits with `EXIT_HANG`, so a
 restart (scripts/launch.py) takes over. The first step of a run compiles its programs: its
-limit is `FIRST_STEP_FACTOR` times the timeout.
+limit is `FIRST_STEP_FACTOR` times the timeout. A hang inside a call that holds the GIL
+(no Python thread runs then) is caught by faulthandler's own thread at twice the limit: the
+stacks on stderr, exit status 1.
 
-Lost processes. On several processes a second thread polls the coordination service's live
-tasks (`distributed.live_processes`; a task is missing once its connection dropped or it
-was silent for `distributed.heartbeat_timeout_s`). When one is missing, one line on stderr
-names it and the step, and the process exits with `EXIT_LOST_PROCESS` (no stack trace; no
-atexit shutdown barrier waiting on the dead). A collective that failed in the loop because its
-peer died is handed to `on_error`, which waits for the verdict the same way.
+Lost processes. On several processes a second thread publishes a heartbeat in the
+coordination service's key-value store every `poll_s` and reads the others'
+(`distributed.beat`, `heartbeats`); a process whose heartbeat has not moved for
+`distributed.heartbeat_timeout_s` is lost: one line on stderr names it and the step, and the
+process exits with `EXIT_LOST_PROCESS` (no stack trace; no atexit shutdown barrier waiting on
+the dead). A collective that failed in the loop because its peer died is handed to
+`on_error`, which waits for the verdict the same way. (The service's own liveness query,
+`get_live_nodes`, is a barrier that holds the GIL: it would stall the loop.)
 
 Hook-shaped: `start()`, `after_step(step)`, `close()`.
 """
@@ -34,6 +38,7 @@ from jaxrl_frontier.core import distributed
 EXIT_LOST_PROCESS = 75  # EX_TEMPFAIL: a restart from the last checkpoint may succeed
 EXIT_HANG = 76
 FIRST_STEP_FACTOR = 10
+_ENDS = 0  # runs ended in this process: each end's barrier has its own key
 
 
 def _stderr(line: str) -> None:
@@ -58,18 +63,25 @@ class Watchdog:
         process_count: int = 1,
         heartbeat_timeout_s: float | None = None,
         poll_s: float = 1.0,
+        end_timeout_s: float = 300.0,
         say: Callable[[str], None] = _stderr,
         exit: Callable[[int], Any] = distributed.exit_now,
     ):
         self.run_dir, self.hang_timeout_s = run_dir, float(hang_timeout_s)
         self.process_index, self.process_count = process_index, process_count
         self.heartbeat_timeout_s, self.poll_s = heartbeat_timeout_s, poll_s
+        self.end_timeout_s = end_timeout_s
         self.say, self.exit = say, exit
         self.step: int | None = None  # the last step done
         self.current_phase = "start"
         self._deadline: float | None = None
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
+        # lost processes: each one's last heartbeat value, and when this process saw it change
+        self._beat_lock = threading.Lock()
+        self._backstop = None  # where faulthandler writes the stacks, while armed
+        self._beats = 0
+        self._seen: dict[int, tuple[str | None, float]] = {}
 
     @classmethod
     def from_config(cls, config, run_dir: str) -> Watchdog:
@@ -81,6 +93,7 @@ class Watchdog:
             process_index=jax.process_index(),
             process_count=jax.process_count(),
             heartbeat_timeout_s=config.distributed.get("heartbeat_timeout_s"),
+            end_timeout_s=config.distributed.get("shutdown_timeout_s", 300),
         )
 
     # ------------------------------------------------------------------ hook
@@ -89,6 +102,10 @@ class Watchdog:
         if self.hang_timeout_s > 0:
             self._deadline = time.monotonic() + FIRST_STEP_FACTOR * self.hang_timeout_s
             self._spawn(self._watch_hangs, "watchdog-hang")
+            # the backstop, for a hang that holds the GIL (no Python thread runs then):
+            # faulthandler's own C thread prints the stacks and exits 1 at twice the limit
+            self._backstop = sys.stderr
+            self._arm_backstop(FIRST_STEP_FACTOR)
         if self.process_count > 1:
             self._spawn(self._watch_processes, "watchdog-processes")
 
@@ -98,12 +115,35 @@ class Watchdog:
         self.current_phase = "rollout"
         if self.hang_timeout_s > 0:
             self._deadline = time.monotonic() + self.hang_timeout_s
+            self._arm_backstop(1)
 
     def close(self) -> None:
+        """On several processes, first meet the others (a polling barrier, at most
+        `end_timeout_s`): a process lost while the run ends (in its last save) is still
+        reported, and no process stops watching while another may still need it. Then stop."""
+        if self.process_count > 1 and self._threads:
+            global _ENDS
+            _ENDS += 1
+            try:
+                distributed.polling_barrier(f"run-end-{_ENDS}", int(self.end_timeout_s * 1000))
+            except Exception:  # not every process got here: leave (finish() says so)
+                pass
         self._stop.set()
         for thread in self._threads:
             thread.join(timeout=2 * self.poll_s)
         self._threads = []
+        if self._backstop is not None:
+            faulthandler.cancel_dump_traceback_later()
+            self._backstop = None
+
+    @property
+    def _stacks_path(self) -> str:
+        return os.path.join(self.run_dir, f"hang-{self.process_index}.txt")
+
+    def _arm_backstop(self, factor: float) -> None:
+        if self._backstop is not None:
+            timeout = 2 * factor * self.hang_timeout_s
+            faulthandler.dump_traceback_later(timeout, exit=True, file=self._backstop)
 
     # ------------------------------------------------------------------ phases
 
@@ -140,7 +180,9 @@ class Watchdog:
 
     def hung(self) -> None:
         """Dump every thread's stack to the run directory, say so in one line, exit."""
-        path = os.path.join(self.run_dir, f"hang-{self.process_index}.txt")
+        path = self._stacks_path
+        if self._backstop is not None:
+            faulthandler.cancel_dump_traceback_later()
         with open(path, "w") as f:
             f.write(f"{self._doing} overran train.hang_timeout_s={self.hang_timeout_s:g}\n")
             f.flush()
@@ -159,15 +201,23 @@ class Watchdog:
                 return
 
     def lost_processes(self) -> list[int]:
-        """The processes missing from the coordination service's live tasks ([] if none). A
-        service that does not answer counts process 0, which runs it, as lost."""
-        try:
-            live = distributed.live_processes()
-        except Exception:  # the coordinator itself is gone
-            return [0]
-        if live is None:
-            return []
-        return [p for p in range(self.process_count) if p not in live]
+        """Publish this process's heartbeat and return the processes whose own has not moved
+        for `heartbeat_timeout_s` ([] if none). A coordination service that does not answer
+        counts process 0, which runs it, as lost."""
+        with self._beat_lock:
+            self._beats += 1
+            now = time.monotonic()
+            try:
+                distributed.beat(self._beats)
+                beats = distributed.heartbeats()
+            except Exception:  # the coordinator itself is gone
+                return [0]
+            for p in range(self.process_count):
+                value = beats.get(p)
+                if p not in self._seen or self._seen[p][0] != value:
+                    self._seen[p] = (value, now)
+            limit = self.heartbeat_timeout_s or 60
+            return [p for p, (_, seen) in sorted(self._seen.items()) if now - seen > limit]
 
     def lost(self, processes: list[int]) -> None:
         names = ", ".join(str(p) for p in processes)
@@ -196,7 +246,7 @@ class Watchdog:
                 return
             if time.monotonic() > deadline:
                 return
-            time.sleep(min(self.poll_s, 0.5))
+            time.sleep(self.poll_s)
 
 
 class _Marked:

@@ -52,22 +52,34 @@ def test_a_step_within_the_timeout_is_not_a_hang_and_the_first_step_gets_more(tm
 
 
 def test_a_lost_process_is_one_line_naming_it_and_the_step(tmp_path, monkeypatch):
-    said, exits = [], []
+    """Process 2's heartbeat stops moving: once it has not for heartbeat_timeout_s, the
+    watchdog says so in one line and exits; a moving one is never lost."""
+    said, exits, published = [], [], {}
     dog = wd.Watchdog(
-        tmp_path, process_count=3, heartbeat_timeout_s=10, say=said.append, exit=exits.append
+        tmp_path,
+        process_count=3,
+        heartbeat_timeout_s=0.3,
+        poll_s=0.05,
+        say=said.append,
+        exit=exits.append,
     )
-    live = [[0, 1, 2]]
-    monkeypatch.setattr(wd.distributed, "live_processes", lambda: live[0])
+    ticks = [0]
+
+    def heartbeats():
+        ticks[0] += 1
+        return {0: published.get(0), 1: str(ticks[0]), 2: "5"}  # process 2 froze
+
+    monkeypatch.setattr(wd.distributed, "beat", lambda count: published.update({0: str(count)}))
+    monkeypatch.setattr(wd.distributed, "heartbeats", heartbeats)
     dog.after_step(7)
-    dog.on_error(wait_s=0.05)  # everyone alive: the error is someone else's, returned
-    assert exits == []
-    live[0] = [0, 1]
+    dog.on_error(wait_s=0.1)  # within the timeout: not lost yet, the error is returned
+    assert exits == [] and published[0] == str(dog._beats)
     with dog.phase("save"):
-        dog.on_error(wait_s=1.0)
+        dog.on_error(wait_s=2.0)
     assert exits == [wd.EXIT_LOST_PROCESS]
     assert said == [
         "lost process 2 of 3 during step 8 (phase: save): it died or was silent past "
-        "distributed.heartbeat_timeout_s=10; process 0 exits (resume from the last checkpoint)"
+        "distributed.heartbeat_timeout_s=0.3; process 0 exits (resume from the last checkpoint)"
     ]
 
 
