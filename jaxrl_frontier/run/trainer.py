@@ -63,9 +63,12 @@ from jaxrl_frontier.run.knobs import KnobPlan
 from jaxrl_frontier.run.rl_build import RunParts, build_rl_stages, checked_objective
 from jaxrl_frontier.sampling import Sampler, make_sampler
 from jaxrl_frontier.train import evaluation, faults
-from jaxrl_frontier.train.checkpoint import Checkpointer, StopRequest, abstract_like
+from jaxrl_frontier.train.checkpoint import Checkpointer, abstract_like
 from jaxrl_frontier.train.metrics import MetricsWriter, ProgressBar, RolloutLogger, rl_step_scalars
 from jaxrl_frontier.train.sft import SFTStep
+from jaxrl_frontier.train.stopping import StopAgreement
+from jaxrl_frontier.train.watchdog import Watchdog
+from jaxrl_frontier.train.workdir_lock import take_for_job
 
 
 class Trainer:
@@ -86,13 +89,17 @@ class Trainer:
         self.workdir = os.path.abspath(c.workdir)
         os.makedirs(self.workdir, exist_ok=True)
         self.is_main = jax.process_index() == 0
+        # one trainer per workdir (process 0 holds it), before anything is written there
+        self.lock = take_for_job(self.workdir, say=self._print)
+        self.watchdog = Watchdog.from_config(c, self.workdir)  # hangs, lost processes
 
         # ---- mesh, tokenizer, task
         self.mesh, self.rollout_mesh = build_meshes(c)  # the same mesh unless rollout.devices
         self.tokenizer = build_tokenizer(c)
         self.task = task_for(c, self.tokenizer)  # every prompt's length checked
         self.reward_names = list(self.task.reward_names)
-        self.scorer = make_scorer(c, self.task)  # one per run: training and evaluation
+        # one per run: training and evaluation; its calls are the watchdog's "scoring" phase
+        self.scorer = self.watchdog.marked(make_scorer(c, self.task), "scoring")
 
         # keys that move as the run trains (schedules, controllers: run/knobs.py)
         self.knobs = KnobPlan.from_config(c, config_lib.RANGES)
@@ -183,7 +190,8 @@ class Trainer:
         return key
 
     def _save(self) -> None:
-        with self.ahead.paused():  # a free-running producer holds still while it is saved
+        # a free-running producer holds still while it is saved
+        with self.ahead.paused(), self.watchdog.phase("save"):
             self._save_now()
 
     def _save_now(self) -> None:
@@ -304,17 +312,24 @@ class Trainer:
     # ------------------------------------------------------------------ run
 
     def run(self) -> dict[str, Any]:
-        stop = StopRequest()
+        stop = StopAgreement.from_config(self.config)  # agreed by every process
+        self.watchdog.start()
         try:
             return self._loop(stop)
+        except jax.errors.JaxRuntimeError:  # a collective whose peer died: say which, exit
+            self.watchdog.on_error()
+            raise
         finally:  # a run's threads and files end with it (a process may hold many runs)
             stop.restore()
             self.ahead.close()
             self.ckpt.wait()  # a failed save surfaces here, as one line
             for part in (self.ckpt, self.writer, self.rollout_log, self.scorer):
                 getattr(part, "close", lambda: None)()
+            self.watchdog.close()
+            if self.lock is not None:
+                self.lock.close()
 
-    def _loop(self, stop: StopRequest) -> dict[str, Any]:
+    def _loop(self, stop: StopAgreement) -> dict[str, Any]:
         c, tag = self.config, self.config.mode
         self._restore()
         start = int(self.state.step)
@@ -345,6 +360,9 @@ class Trainer:
                         done, {k: scalars[v] for k, v in (shown or {"nll": "train/nll"}).items()}
                     )
             outcome = self._end_of_step(done, stop, tag)
+            self.watchdog.after_step(done)
+            if self.lock is not None:
+                self.lock.after_step(done)
             if outcome == "signal":
                 return dict(stopped=True, step=done, history=self.history)
             if outcome == "target":
@@ -470,7 +488,8 @@ class Trainer:
         objective_knobs = KnobPlan.split(self.knobs.values(done - 1))[0]
         if objective_knobs:  # this step's values, arguments of the update
             self.learner.set_knobs(objective_knobs)
-        step_metrics = self.learner.update(exp, self._next_key)
+        with self.watchdog.phase("update"):
+            step_metrics = self.learner.update(exp, self._next_key)
         self.ahead.publish(self._batch_maker)  # a free-running producer's next weights
         self.guard.check_rewards(done, info["n_failed"], c.data.prompt_batch * c.rollout.group_size)
         self.guard.check_updates(done, step_metrics)
@@ -538,7 +557,8 @@ class Trainer:
         self._print(f"[rl] stage {index} from step {done + 1}: " + _fmt(overrides))
 
     def _record_eval(self, step: int, tag: str) -> dict:
-        with self.ahead.paused():  # the evaluation's sampler may be the rollouts'
+        # the evaluation's sampler may be the rollouts'
+        with self.ahead.paused(), self.watchdog.phase("eval"):
             ev = self.evaluate()
         self.history["eval"].append(dict(step=step, **ev))
         self.writer.write_scalars(step, ev)
@@ -546,7 +566,7 @@ class Trainer:
         self._print(f"[{tag}] step {step}: " + _fmt(ev))
         return ev
 
-    def _end_of_step(self, done: int, stop: StopRequest, tag: str) -> str | None:
+    def _end_of_step(self, done: int, stop: StopAgreement, tag: str) -> str | None:
         """Eval, checkpoint and stop handling after step `done`.
 
         Returns None to go on, "signal" after SIGTERM/SIGINT (checkpoint saved), or "target"
@@ -554,7 +574,7 @@ class Trainer:
         the history records it, so running the same command again does not train further).
         """
         c = self.config
-        outcome = "signal" if stop.requested else None
+        outcome = "signal" if stop.agreed(done) else None  # the same step on every process
         if done % c.train.eval_every == 0 or done == c.train.steps:
             ev = self._record_eval(done, tag)
             target = c.train.stop_at_pass1

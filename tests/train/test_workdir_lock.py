@@ -10,6 +10,7 @@ import sys
 import time
 
 import pytest
+from conftest import FAST, get_config
 
 from jaxrl_frontier.core.errors import WorkdirLocked
 from jaxrl_frontier.train.workdir_lock import LOCK_FILE, WorkdirLock
@@ -74,3 +75,31 @@ def test_another_hosts_holder_is_judged_by_its_heartbeat(tmp_path):
     assert len(said) == 1 and "no heartbeat for 45 s, more than 30 s" in said[0]
     with pytest.raises(ValueError, match="stale_after_s"):
         WorkdirLock(tmp_path, heartbeat_s=10, stale_after_s=5)
+
+
+def test_a_second_trainer_refuses_before_writing_anything(tmp_path, live_pid):
+    """The Trainer takes the lock before it writes: a refused one leaves the directory as it
+    was (only the holder's lock file there), and the CLI says so in one line, exit 1."""
+    from jaxrl_frontier.run.cli import train_main
+    from jaxrl_frontier.run.trainer import Trainer
+
+    _write_holder(tmp_path, socket.gethostname(), live_pid, age_s=0.0)
+    before = (tmp_path / LOCK_FILE).read_text()
+    with pytest.raises(WorkdirLocked, match=f"pid {live_pid}"):
+        Trainer(get_config("grpo_arith", FAST), str(tmp_path))
+    assert os.listdir(tmp_path) == [LOCK_FILE] and (tmp_path / LOCK_FILE).read_text() == before
+
+    argv = ["train.py", "--config=configs/grpo_arith.py:runlocal", f"--workdir={tmp_path}"]
+    cwd, old_argv = os.getcwd(), sys.argv
+    try:
+        os.chdir(os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+        sys.argv = argv
+        with pytest.raises(SystemExit) as e:
+            train_main(argv)
+    finally:
+        os.chdir(cwd)
+        sys.argv = old_argv
+    assert str(e.value).startswith(
+        f"workdir locked: workdir {tmp_path} is in use by pid {live_pid}"
+    )
+    assert os.listdir(tmp_path) == [LOCK_FILE]
