@@ -5,8 +5,9 @@ whose trainer lived on, a SLURM requeue) would interleave their log rows and che
 silently. A run therefore takes `<workdir>/.lock` before it writes anything there:
 
 * no lock file: it is created (atomically: `O_CREAT | O_EXCL`);
-* a lock whose holder is alive (same host: its pid exists; another host: its heartbeat is
-  younger than `stale_after_s`) refuses with `WorkdirLocked` naming the holder;
+* a lock whose holder is alive (same host: its pid runs, is no zombie and started when the
+  lock says; another host: its heartbeat is younger than `stale_after_s`) refuses with
+  `WorkdirLocked` naming the holder;
 * a lock whose holder is dead (same host, pid gone) or silent (heartbeat older than
   `stale_after_s`) is taken over, with a warning naming the old holder;
 * a lock of this very process (a run of it that ended without closing) is taken over quietly.
@@ -32,14 +33,30 @@ from jaxrl_frontier.core.errors import WorkdirLocked
 LOCK_FILE = ".lock"
 
 
-def _pid_alive(pid: int) -> bool:
+def _proc_stat(pid: int) -> tuple[str, str] | None:
+    """(state, start time) of process `pid` from /proc (None where /proc is missing)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()  # after "pid (name)"
+    except OSError:
+        return None
+    return fields[0], fields[19]
+
+
+def _pid_alive(pid: int, start: str | None = None) -> bool:
+    """Whether process `pid` runs: not gone, not a zombie (killed, not yet reaped by its
+    parent), and, when `start` is given, the same process (not a later one given its pid)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:  # another user's live process
+        pass
+    stat = _proc_stat(pid)
+    if stat is None:
         return True
-    return True
+    state, started = stat
+    return state != "Z" and (start is None or started == start)
 
 
 class WorkdirLock:
@@ -66,6 +83,7 @@ class WorkdirLock:
         self.path = os.path.join(os.path.abspath(workdir), LOCK_FILE)
         self.heartbeat_s, self.stale_after_s, self.say = heartbeat_s, stale_after_s, say
         self.host, self.pid, self.token = socket.gethostname(), os.getpid(), uuid.uuid4().hex
+        self.started = (_proc_stat(self.pid) or (None, None))[1]  # tells a reused pid apart
         self.step: int | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -119,7 +137,12 @@ class WorkdirLock:
 
     def _record(self) -> dict:
         return dict(
-            host=self.host, pid=self.pid, token=self.token, heartbeat=time.time(), step=self.step
+            host=self.host,
+            pid=self.pid,
+            start=self.started,
+            token=self.token,
+            heartbeat=time.time(),
+            step=self.step,
         )
 
     def _create(self) -> bool:
@@ -161,7 +184,7 @@ class WorkdirLock:
             pid = int(holder.get("pid", -1))
             if pid == self.pid:
                 return "self"
-            if not _pid_alive(pid):
+            if not _pid_alive(pid, holder.get("start")):
                 return f"pid {pid} is gone"
             return "alive"
         if age > self.stale_after_s:

@@ -43,8 +43,8 @@ def test_a_live_holder_on_this_host_refuses_and_a_dead_one_is_taken_over(tmp_pat
     _write_holder(tmp_path, host, live_pid, age_s=3600.0)
     with pytest.raises(WorkdirLocked):
         lock.start()
-    os.kill(live_pid, 9)
-    os.waitpid(live_pid, 0)
+    os.kill(live_pid, 9)  # killed, not yet reaped: a zombie, dead all the same
+    time.sleep(0.2)
     lock.start()  # pid gone: taken over
     try:
         assert said == [
