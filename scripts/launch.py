@@ -1,4 +1,4 @@
-"""Train with restarts that need nobody: N local processes (a multi-process job on
+r"""Train with restarts that need nobody: N local processes (a multi-process job on
 127.0.0.1, as the tests start them), started again from the last checkpoint when the job
 fails, with a restart budget and a back-off.
 

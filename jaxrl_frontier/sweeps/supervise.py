@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import re
 import signal
 import socket
@@ -213,7 +212,3 @@ def supervise(
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
-
-
-def default_env() -> dict:
-    return dict(os.environ)
