@@ -19,4 +19,5 @@ SLOW_FILES_FIRST = (
     "test_multiturn.py",
     "test_perf_paths.py",
     "test_vocab_parallel.py",
+    "test_supervise.py",
 )

@@ -21,4 +21,22 @@ def distributed_section() -> ml_collections.ConfigDict:
     s.coordinator_address = config_dict.placeholder(str)
     s.num_processes = config_dict.placeholder(int)
     s.process_id = config_dict.placeholder(int)
+    # The coordination service's timeouts (jax.distributed.initialize): a process silent
+    # this long is lost (the survivors then exit with one line naming it and the step,
+    # train/watchdog.py); how long processes wait for each other at start-up and at exit.
+    s.heartbeat_timeout_s = 60
+    s.initialization_timeout_s = 300
+    s.shutdown_timeout_s = 300
+    # a stop request (SIGTERM, SIGINT) on any process stops every process after the same step
+    # (one all-gather of a flag per step, train/stopping.py); False: each process alone (only
+    # to measure the agreement's cost: a lone stop breaks a multi-process run)
+    s.agree_stop = True
     return s
+
+
+# This layer's numeric keys: (low, high, low inclusive, high inclusive); None = open.
+RANGES: dict[str, tuple] = {
+    "distributed.heartbeat_timeout_s": (0, None, False, None),
+    "distributed.initialization_timeout_s": (0, None, False, None),
+    "distributed.shutdown_timeout_s": (0, None, False, None),
+}

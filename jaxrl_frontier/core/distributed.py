@@ -10,6 +10,13 @@ device; the CLI calls it first. Where the processes come from:
 * unset elsewhere: one process; nothing is initialised and nothing changes.
 
 On CPU the processes talk through gloo collectives (set here, before the backend starts).
+
+Faults. The coordination service's timeouts are config keys (`distributed.heartbeat_timeout_s`,
+`initialization_timeout_s`, `shutdown_timeout_s`). Tasks are started recoverable
+(`jax_enable_recoverability`): a process that dies no longer makes the coordination service
+abort every other one with a C++ stack trace; the survivors notice it (`heartbeats`, polled
+by train/watchdog.py) and exit with one line naming it. `gather_ints` is the one tiny
+collective a step adds on several processes (the stop agreement, train/stopping.py).
 """
 
 from __future__ import annotations
@@ -35,11 +42,16 @@ def _cluster_detected() -> bool:
 
 @dataclasses.dataclass(frozen=True)
 class DistributedOptions:
-    """The `distributed` section: how the processes find each other (None: unset)."""
+    """The `distributed` section: how the processes find each other (None: unset), and the
+    coordination service's timeouts (seconds: a lost process is declared after
+    heartbeat_timeout_s; start-up and shut-down wait at most their own)."""
 
     coordinator_address: str | None = None
     num_processes: int | None = None
     process_id: int | None = None
+    heartbeat_timeout_s: float = 60.0
+    initialization_timeout_s: float = 300.0
+    shutdown_timeout_s: float = 300.0
 
 
 def initialize(options: DistributedOptions) -> bool:
@@ -65,7 +77,13 @@ def initialize(options: DistributedOptions) -> bool:
     if not given and not _cluster_detected():
         return False
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    kwargs = {}
+    # a lost task is reported to the others, not made fatal in C++ (train/watchdog.py)
+    jax.config.update("jax_enable_recoverability", True)
+    kwargs = dict(
+        heartbeat_timeout_seconds=int(options.heartbeat_timeout_s),
+        initialization_timeout=int(options.initialization_timeout_s),
+        shutdown_timeout_seconds=int(options.shutdown_timeout_s),
+    )
     if address is not None:
         kwargs.update(coordinator_address=address)
     if num is not None:
@@ -102,3 +120,90 @@ def allgather_json(obj: Any) -> list[Any]:
 def sum_over_processes(x: float) -> float:
     """The sum of every process's `x` (a collective: all processes call)."""
     return float(sum(allgather_json(float(x))))
+
+
+def gather_ints(value: int) -> list[int]:
+    """Every process's int `value`, in process order: one all-gather of one int32 (a
+    collective: all processes call). [value] on one process."""
+    if jax.process_count() == 1:
+        return [int(value)]
+    from jax.experimental import multihost_utils
+
+    every = multihost_utils.process_allgather(np.asarray([value], np.int32))
+    return [int(v) for v in np.asarray(every).reshape(-1)]
+
+
+def _client():
+    from jax._src import distributed as jax_distributed  # the client: no public accessor
+
+    return jax_distributed.global_state.client
+
+
+# Every call below is a short key-value RPC. The coordination service's own blocking calls
+# (wait_at_barrier, get_live_nodes) hold the GIL while they wait: a watchdog thread could not
+# run during them, so they are not used while a run may lose a process.
+HEARTBEAT_DIR = "jaxrl_frontier/alive/"
+
+
+def beat(count: int) -> None:
+    """Publish this process's heartbeat (`count`, a number that grows with each call)."""
+    _client().key_value_set(f"{HEARTBEAT_DIR}{jax.process_index()}", str(count), True)
+
+
+def heartbeats() -> dict[int, str]:
+    """Every process's last published heartbeat ({process: value})."""
+    rows = _client().key_value_dir_get(HEARTBEAT_DIR)
+    return {int(k.rsplit("/", 1)[1]): v for k, v in rows}
+
+
+def polling_barrier(key: str, timeout_ms: int, process_ids=None, poll_s: float = 0.005) -> None:
+    """The coordination service's `wait_at_barrier`, by key-value polling: it waits in
+    `time.sleep`, so other threads (the watchdog) run meanwhile. TimeoutError naming the
+    processes missing after `timeout_ms`."""
+    import time
+
+    client = _client()
+    expected = sorted(process_ids) if process_ids is not None else range(jax.process_count())
+    client.key_value_set(f"jaxrl_frontier/barrier/{key}/{jax.process_index()}", "", True)
+    deadline = time.monotonic() + timeout_ms / 1000
+    while True:
+        arrived = {int(k.rsplit("/", 1)[1]) for k, _ in client.key_value_dir_get(
+            f"jaxrl_frontier/barrier/{key}/"
+        )}  # fmt: skip
+        missing = [p for p in expected if p not in arrived]
+        if not missing:
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"barrier {key!r}: processes {missing} did not arrive")
+        time.sleep(poll_s)
+
+
+def finish(timeout_s: float = 300.0) -> None:
+    """Leave a multi-process job in order (once, at the end of the program, on every
+    process). Recoverable tasks skip jax's own shutdown barrier, and the coordination service
+    lives in process 0: were process 0 to leave first, a process still connected would
+    abort. So every process says it is done and disconnects; process 0 waits (at most
+    `timeout_s`, polling) for them before it shuts the service down."""
+    if jax.process_count() == 1 or not jax.distributed.is_initialized():
+        return
+    try:
+        polling_barrier("finish", int(timeout_s * 1000))
+        if jax.process_index() == 0:  # the others disconnect now: wait for them to be gone
+            while _client().get_live_nodes(list(range(jax.process_count()))).keys() != {0}:
+                pass
+    except Exception:  # a process lost or stuck: leave anyway (the watchdog named it)
+        log.warning("distributed.finish: not every process reached the end")
+    jax.distributed.shutdown()
+
+
+def exit_now(code: int) -> None:
+    """Leave at once with `code`: no atexit handlers (jax's shutdown barrier would wait for,
+    or abort on, a lost process), buffered output flushed first."""
+    import sys
+
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)

@@ -39,3 +39,7 @@ class TrainingFault(RuntimeError):
 
 class SweepError(ValueError):
     """A sweep file that cannot be expanded (the message names the file and the problem)."""
+
+
+class WorkdirLocked(RuntimeError):
+    """Another live trainer holds the run directory; the message names it (host, pid)."""

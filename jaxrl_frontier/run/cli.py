@@ -145,23 +145,41 @@ def train_main(argv: list[str] | None = None) -> None:
     except ValueError as e:
         raise SystemExit(f"config error: {e}") from None
 
-    from jaxrl_frontier.core.errors import CheckpointError, ModelFileError, TrainingFault
+    from jaxrl_frontier.core.errors import (
+        CheckpointError,
+        ModelFileError,
+        TrainingFault,
+        WorkdirLocked,
+    )
     from jaxrl_frontier.run import trainer
 
     try:
-        summary = trainer.train(config, workdir)
+        summary = _train_then_finish(trainer, config, workdir)
     except ConfigError as e:
         raise SystemExit(f"config error: {e}") from None
     except CheckpointError as e:  # a failed save, or no checkpoint that restores
         raise SystemExit(f"checkpoint error: {e}") from None
     except TrainingFault as e:
         raise SystemExit(f"training stopped: {e}") from None
+    except WorkdirLocked as e:  # another live trainer writes this workdir
+        raise SystemExit(f"workdir locked: {e}") from None
     except ModelFileError as e:
         raise SystemExit(f"model file error: {e}") from None
     except OSError as e:  # e.g. a full disk while writing the logs
         raise SystemExit(f"error: {e.filename or ''}: {e.strerror or e}") from None
     last = summary["history"]["eval"][-1] if summary["history"]["eval"] else {}
     print(json.dumps({"step": summary["step"], "stopped": summary["stopped"], **last}))
+
+
+def _train_then_finish(trainer, config, workdir) -> dict:
+    """Train; then, on several processes, leave in order (`distributed.finish`: process 0,
+    which runs the coordination service, last), whatever the run's outcome."""
+    from jaxrl_frontier.core import distributed
+
+    try:
+        return trainer.train(config, workdir)
+    finally:
+        distributed.finish(float(config.distributed.get("shutdown_timeout_s", 300)))
 
 
 def _not_orbax_errors(record: logging.LogRecord) -> bool:

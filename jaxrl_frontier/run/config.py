@@ -129,6 +129,7 @@ CHOICES: dict[str, tuple] = {
 # consistency below (e.g. group_size >= 2 in RL) are here too.
 RANGES: dict[str, tuple] = {
     "seed": (0, None, True, None),
+    **core_defaults.RANGES,
     **model_defaults.RANGES,
     **data_defaults.RANGES,
     **rl_defaults.RANGES,

@@ -58,6 +58,7 @@ class RLStep:
         self.roles, self.parts, self.tx = roles, parts, tx
         self.source, self.knobs, self.guard = source, common["knobs"], run_guard(config, common)
         self.rollout_log, self.say = common["rollout_log"], common["say"]
+        self.watchdog = common["watchdog"]  # the phase a hang is reported in
         self.learner, self.producer, self.logp_fn = build_rl_stages(
             config, parts, tx=tx, state=state, log=self.say
         )
@@ -94,7 +95,8 @@ class RLStep:
         objective_knobs = KnobPlan.split(self.knobs.values(done - 1))[0]
         if objective_knobs:  # this step's values, arguments of the update
             self.learner.set_knobs(objective_knobs)
-        step_metrics = self.learner.update(exp, self.next_key)
+        with self.watchdog.phase("update"):
+            step_metrics = self.learner.update(exp, self.next_key)
         self.ahead.publish(self._batch_maker)  # a free-running producer's next weights
         self.guard.check_rewards(done, info["n_failed"], c.data.prompt_batch * c.rollout.group_size)
         self.guard.check_updates(done, step_metrics)

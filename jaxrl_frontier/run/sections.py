@@ -10,6 +10,7 @@ environment run's parts read, the critic's optimizer.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import ml_collections
@@ -148,8 +149,8 @@ def sft_options(c) -> SFTOptions:
 def distributed_options(c) -> DistributedOptions:
     """`distributed.*` (a config without the section: every key unset)."""
     d = c.get("distributed") or {}
-    keys = ("coordinator_address", "num_processes", "process_id")
-    return DistributedOptions(**{k: d.get(k) for k in keys})
+    fields = [f.name for f in dataclasses.fields(DistributedOptions)]
+    return DistributedOptions(**{k: d[k] for k in fields if d.get(k) is not None})
 
 
 BUILDERS = {

@@ -62,14 +62,19 @@ class SFTRunStep:
     shown = {"nll": "train/nll"}
     evaluates_at_start = False
 
-    def __init__(
-        self, config, update: SFTStep, state, source, guard, describe: Callable[[], str], say
-    ):
+    def __init__(self, config, update: SFTStep, state, source, describe: Callable[[], str], **kw):
         self.config, self.update, self.state, self.source = config, update, state, source
-        self.guard, self.describe, self.say = guard, describe, say
+        self.describe, self.guard, self.say, self.watchdog = (
+            describe,
+            kw["guard"],
+            kw["say"],
+            kw["watchdog"],
+        )
 
     def __call__(self) -> Callable[[float], dict[str, float]]:
-        self.state, metrics = self.update(self.state, self.source.next_batch())
+        examples = self.source.next_batch()
+        with self.watchdog.phase("update"):
+            self.state, metrics = self.update(self.state, examples)
         self.guard.check_updates(int(self.state.step), metrics)
         return lambda dt: {f"train/{k}": float(v) for k, v in jax.device_get(metrics).items()}
 
@@ -118,7 +123,10 @@ def sft_step(c, roles, *, state, state_sharding, tx, **common):
         f"{roles.policy.cfg.num_params() / 1e6:.2f}M params, "
         f"{c.train.steps} steps of {c.train.sft_batch} demonstrations"
     )
-    return SFTRunStep(c, update, state, source, run_guard(c, common), describe, common["say"])
+    return SFTRunStep(
+        c, update, state, source, describe,
+        guard=run_guard(c, common), say=common["say"], watchdog=common["watchdog"],
+    )  # fmt: skip
 
 
 def run_guard(c, common) -> RunGuard:

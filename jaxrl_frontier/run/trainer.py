@@ -17,6 +17,7 @@ one and return. On several hosts every process runs this loop on its own prompts
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from typing import Any
@@ -34,6 +35,7 @@ from jaxrl_frontier.rl.learn.optimizer import build_optimizer
 from jaxrl_frontier.rl.learn.train_step import init_train_state, optimizer_memory_kind
 from jaxrl_frontier.run import config as config_lib
 from jaxrl_frontier.run import (
+    periodic,
     rl_step,  # noqa: F401  (registers the "rl" step)
     sections,
 )
@@ -44,8 +46,10 @@ from jaxrl_frontier.run.roles import build_roles
 from jaxrl_frontier.run.steps import STEPS, Step
 from jaxrl_frontier.train import evaluation, faults
 from jaxrl_frontier.train import hooks as hooks_lib
-from jaxrl_frontier.train.checkpoint import Checkpointer, StopRequest, abstract_like
-from jaxrl_frontier.train.metrics import MetricsWriter, ProgressBar, RolloutLogger
+from jaxrl_frontier.train.checkpoint import Checkpointer, abstract_like
+from jaxrl_frontier.train.metrics import MetricsWriter, RolloutLogger
+from jaxrl_frontier.train.stopping import StopAgreement
+from jaxrl_frontier.train.workdir_lock import take_for_job
 
 
 class Trainer:
@@ -65,10 +69,14 @@ class Trainer:
         self.workdir = os.path.abspath(c.workdir)
         os.makedirs(self.workdir, exist_ok=True)
         self.is_main = jax.process_index() == 0
+        # one trainer per workdir (process 0 holds it), before anything is written there
+        self.lock = take_for_job(self.workdir, say=self.say)
+        self.watchdog = periodic.watchdog(c, self.workdir)  # hangs, lost processes
 
         self.tokenizer = build_tokenizer(c)
         self.task = task_for(sections.task_options(c), self.tokenizer)  # prompt lengths checked
-        self.scorer = make_scorer(sections.reward_options(c), self.task)  # train and eval share it
+        scorer = make_scorer(sections.reward_options(c), self.task)  # train and eval share it
+        self.scorer = self.watchdog.marked(scorer, "scoring")  # the watchdog's phase
         # keys that move as the run trains (schedules, controllers: run/knobs.py)
         self.knobs = KnobPlan.from_config(c, config_lib.RANGES)
         moving = "objective.kl_coef" in self.knobs.keys  # then loaded if it can rise above 0
@@ -96,43 +104,14 @@ class Trainer:
             scorer=self.scorer,
             knobs=self.knobs,
             rollout_log=self.rollout_log,
-            say=self._print,
+            say=self.say,
+            watchdog=self.watchdog,
         )
-        self.stop_request: StopRequest | None = None
-        self.hooks: list[hooks_lib.Hook] = self._hooks(c)
+        self.stop_request: StopAgreement | None = None
+        self.hooks: list[hooks_lib.Hook] = periodic.hooks(self, c)
         if self.is_main:
             with open(os.path.join(self.workdir, "config.json"), "w") as f:
                 f.write(c.to_json_best_effort(indent=2))
-
-    def _hooks(self, c) -> list[hooks_lib.Hook]:
-        """The periodic work after each step, in order (train/hooks.py)."""
-        tag, t = self.step.tag, c.train
-        say = lambda msg: self._print(f"[{tag}] {msg}")  # noqa: E731
-        hooks: list[hooks_lib.Hook] = [hooks_lib.WriteMetrics(self.writer, t.log_every)]
-        if self.is_main:
-            bar = lambda start: ProgressBar(t.steps, initial=start, desc=tag)  # noqa: E731
-            hooks.append(hooks_lib.Progress(bar, t.log_every, self.step.shown))
-        hooks += [
-            hooks_lib.StopOnSignal(lambda: self.stop_request, say),
-            hooks_lib.Evaluate(
-                lambda: self.evaluate(),
-                t.eval_every,
-                at_start=self.step.evaluates_at_start,
-                stop_at=t.stop_at_pass1,
-                history=self.history,
-                writer=self.writer,
-                paused=self.step.paused,
-                after_eval=lambda ev, step: diagnostics.after_eval(
-                    self.history, ev, step, sections.peak_options(self.config), self.export, say
-                ),
-                say=say,
-            ),
-            hooks_lib.Checkpoint(self.save, self.ckpt.wait, t.checkpoint_every),
-            *self.step.hooks(),  # the RL step's stage switch
-        ]
-        if t.export == "last":  # 'best': written at the best eval
-            hooks.append(hooks_lib.AtEnd(lambda: self.export()))
-        return hooks
 
     # ------------------------------------------------------------------ the run's parts
 
@@ -154,7 +133,8 @@ class Trainer:
     def source(self):
         return self.step.source
 
-    def _print(self, msg: str) -> None:
+    def say(self, msg: str) -> None:
+        """Print on process 0."""
         if self.is_main:
             print(msg, flush=True)
 
@@ -163,17 +143,23 @@ class Trainer:
     def save(self) -> None:
         """Checkpoint the train state and everything the run resumes from (no batch is being
         produced meanwhile: a free-running producer holds still)."""
-        with self.step.paused():
+        with self.holding("save"):
             meta = self.step.checkpoint_meta()
             meta.update(history=self.history, config=self.launch_config.to_dict())
             meta["knobs"] = self.knobs.state()  # controllers' states, every spec
             faults.flush_logs(self.writer, self.rollout_log)  # a checkpoint's rows first
             self.ckpt.save(int(self.state.step), self.state, meta)
 
+    @contextlib.contextmanager
+    def holding(self, phase: str):
+        """A block with no batch produced in the background, in the watchdog's `phase`."""
+        with self.step.paused(), self.watchdog.phase(phase):
+            yield
+
     def restore(self) -> None:
         """Resume from the newest intact checkpoint in the workdir, if any (faults.resume)."""
         logs = (self.writer, self.rollout_log)
-        restored = faults.resume(self.ckpt, abstract_like(self.state), logs, self._print)
+        restored = faults.resume(self.ckpt, abstract_like(self.state), logs, self.say)
         if restored is None:
             return
         self.state, meta = restored
@@ -212,16 +198,23 @@ class Trainer:
     # ------------------------------------------------------------------ the loop
 
     def run(self) -> dict[str, Any]:
-        self.stop_request = StopRequest()
+        agree = self.launch_config.distributed.agree_stop  # a stop agreed by every process
+        self.stop_request = StopAgreement(agree=agree)
+        self.watchdog.start()
         try:
             return self._loop()
+        except jax.errors.JaxRuntimeError:  # a collective whose peer died: say which, exit
+            self.watchdog.on_error()
+            raise
         finally:  # a run's threads and files end with it (a process may hold many runs)
             self.stop_request.restore()
             self.step.close()
             self.ckpt.wait()  # a failed save surfaces here, as one line
-            for part in (self.ckpt, self.writer, self.rollout_log, self.scorer):
+            for part in (self.ckpt, self.writer, self.rollout_log, self.scorer, self.watchdog):
                 if part is not None:  # rollout_log: process 0's alone
                     part.close()
+            if self.lock is not None:  # process 0's, released last
+                self.lock.close()
 
     def _loop(self) -> dict[str, Any]:
         self.restore()

@@ -322,6 +322,51 @@ def slurm_executor(folder: str, cluster: str | None = None, **params):
     return executor
 
 
+REQUEUES_FILE = "sweep_requeues.jsonl"
+
+
+def requeue_decision(run: Run, max_requeues: int) -> tuple[bool, str]:
+    """Whether a SLURM task of `run` stopped by a preemption or its time limit is requeued
+    (it then resumes from its last checkpoint): not once the run is finished, nor once it was
+    requeued `max_requeues` times (counted in REQUEUES_FILE in its workdir). (yes, why)."""
+    if run.done:
+        return False, f"{run.name}: finished; not requeued"
+    path = os.path.join(run.workdir, REQUEUES_FILE)
+    done = 0
+    if os.path.exists(path):
+        with open(path) as f:
+            done = sum(1 for line in f if line.strip())
+    if done >= max_requeues:
+        return False, (
+            f"{run.name}: requeued {done} times already (max_requeues={max_requeues}); "
+            "not requeued: resume it with the same sweep command"
+        )
+    return True, f"{run.name}: requeue {done + 1} of {max_requeues}"
+
+
+class RequeueingRunOne:
+    """`run_one` as a submitit task that SLURM's preemption or time-limit signal requeues
+    (submitit calls `checkpoint` with the task's arguments; a DelayedSubmission requeues it,
+    None lets it end), within `max_requeues` per run."""
+
+    def __init__(self, max_requeues: int = 3):
+        self.max_requeues = max_requeues
+
+    def __call__(self, run: Run, inprocess: bool = True) -> dict:
+        return run_one(run, inprocess=inprocess)
+
+    def checkpoint(self, run: Run, inprocess: bool = True):
+        requeue, why = requeue_decision(run, self.max_requeues)
+        print(f"[sweep] {why}", file=sys.stderr, flush=True)
+        if not requeue:
+            return None
+        os.makedirs(run.workdir, exist_ok=True)
+        _append_jsonl(os.path.join(run.workdir, REQUEUES_FILE), dict(time=time.time()))
+        from submitit.helpers import DelayedSubmission
+
+        return DelayedSubmission(self, run, inprocess)
+
+
 @LAUNCHERS.register("slurm")
 def launch_slurm(
     runs: list[Run],
@@ -330,19 +375,22 @@ def launch_slurm(
     cluster: str | None = None,
     wait: bool = True,
     params: dict | None = None,
+    max_requeues: int = 3,
     **_,
 ) -> list[dict]:
     """One array job over the runs not finished yet (one run per task, each through
     run_one, in the task's own process: one run per process already); waits for the tasks
-    and reports each when wait=True. A task stopped by slurm's SIGTERM saves a checkpoint
-    and is resumed by the next sweep."""
+    and reports each when wait=True. A task stopped by a preemption or its time limit saves
+    a checkpoint (the trainer's SIGTERM handling) and is requeued, at most `max_requeues`
+    times per run (`RequeueingRunOne`); past that the next sweep resumes it."""
     todo = [r for r in runs if not r.done]
     n = len(runs)
     say(f"[sweep] {n} runs, {n - len(todo)} finished before; {len(todo)} in one array job")
     results = {r.name: dict(name=r.name, status="skipped", seconds=0.0, returncode=0) for r in runs}
     if todo:
         executor = slurm_executor(folder, cluster, **(params or {}))
-        jobs = executor.map_array(run_one, todo, [True] * len(todo))
+        task = RequeueingRunOne(max_requeues)
+        jobs = executor.map_array(task, todo, [True] * len(todo))
         say(f"[sweep] submitted array job {jobs[0].job_id.split('_')[0]} ({len(jobs)} tasks)")
         if not wait:
             return [

@@ -49,6 +49,8 @@ class Checkpointer:
 
     def __init__(self, directory: str, *, max_to_keep: int = 3, async_save: bool = True):
         self.directory = os.path.abspath(directory)
+        if jax.process_count() > 1:
+            _poll_orbax_barriers()
         options = ocp.CheckpointManagerOptions(
             max_to_keep=max_to_keep, create=True, enable_async_checkpointing=async_save
         )
@@ -237,6 +239,39 @@ class Checkpointer:
     def close(self) -> None:
         self._manager.wait_until_finished()
         self._manager.close()
+
+
+def _poll_orbax_barriers() -> None:
+    """Make orbax's cross-process barriers wait by key-value polling
+    (`distributed.polling_barrier`): the coordination service's `wait_at_barrier` holds the
+    GIL while it waits, so with a process lost during a save no other thread, the watchdog
+    that reports it included, could run until the barrier's timeout (300 s)."""
+    from orbax.checkpoint._src.multihost import multihost as ocp_multihost
+
+    if getattr(ocp_multihost.get_jax_distributed_client, "polling", False):
+        return
+    real = ocp_multihost.get_jax_distributed_client
+
+    def client():
+        return _PollingBarriers(real())
+
+    client.polling = True
+    ocp_multihost.get_jax_distributed_client = client
+
+
+class _PollingBarriers:
+    """The jax distributed client with `wait_at_barrier` by polling; the rest as it is."""
+
+    def __init__(self, client):
+        self._client = client
+
+    def wait_at_barrier(self, key: str, timeout_in_ms: int, process_ids=None) -> None:
+        from jaxrl_frontier.core import distributed
+
+        distributed.polling_barrier(key, timeout_in_ms, process_ids)
+
+    def __getattr__(self, name: str):
+        return getattr(self._client, name)
 
 
 def _one_line(err: BaseException) -> str:

@@ -50,6 +50,10 @@ def train_section() -> ml_collections.ConfigDict:
     # this many updates in a row skipped for a non-finite loss / gradient stop the run with an
     # error and no export (a diverged run otherwise exits 0 with broken weights); 0: never
     s.max_skipped_updates = 10
+    # a step (or the save, eval after it) running longer than this many seconds is a hang:
+    # every thread's stack goes to <workdir>/hang-<process>.txt, the phase it was in is named,
+    # and the process exits non-zero for a restart to take over (train/watchdog.py); 0: off
+    s.hang_timeout_s = 0.0
     # keep the optimizer state (Adam's mu, nu) in pinned host memory between updates, on
     # backends with a separate host memory (TPU, GPU; not CPU): train_step.optimizer_memory_kind
     s.offload_optimizer = False
@@ -135,6 +139,7 @@ RANGES: dict[str, tuple] = {
     "train.max_skipped_updates": (0, None, True, None),
     "train.pack_tokens": (0, None, True, None),
     "train.microbatch_tokens": (0, None, True, None),
+    "train.hang_timeout_s": (0, None, True, None),
     "eval.num_prompts": (0, None, False, None),
     "eval.pass_k": (0, None, False, None),
     "eval.batch": (0, None, False, None),

@@ -69,14 +69,15 @@ class Hook:
 
 
 class StopOnSignal(Hook):
-    """SIGTERM / SIGINT (`request().requested`, polled between steps: a `StopRequest`)
-    stops the run after the step in progress; the checkpoint hook then saves it."""
+    """SIGTERM / SIGINT on any process stops every process after the same step
+    (`request()`: a `train.stopping.StopAgreement`, asked after every step); the checkpoint
+    hook then saves it."""
 
     def __init__(self, request: Callable[[], Any], say: Callable[[str], None]):
         self.request, self.say, self.at = request, say, None
 
     def after_step(self, end: StepEnd) -> None:
-        if self.request().requested:
+        if self.request().agreed(end.done):  # the same answer on every process
             end.stop, self.at = "signal", end.done
 
     def end(self, stop: str | None) -> None:
@@ -185,6 +186,18 @@ class Checkpoint(Hook):
     def end(self, stop: str | None) -> None:
         if stop != "signal":
             self.wait()
+
+
+class Beats(Hook):
+    """Parts that beat after every step (`after_step(step)`: the watchdog's deadline, the
+    workdir lock's heartbeat); None entries (the lock on processes other than 0) skipped."""
+
+    def __init__(self, *parts):
+        self.parts = [p for p in parts if p is not None]
+
+    def after_step(self, end: StepEnd) -> None:
+        for part in self.parts:
+            part.after_step(end.done)
 
 
 class AtEnd(Hook):

@@ -374,7 +374,13 @@ def test_unset_is_none_and_settable_from_the_command_line():
     c = base_config()
     assert c.rollout.cache_dtype is None and c.objective.distill is None
     assert c.distributed.to_dict() == dict(
-        coordinator_address=None, num_processes=None, process_id=None
+        coordinator_address=None,
+        num_processes=None,
+        process_id=None,
+        heartbeat_timeout_s=60,
+        initialization_timeout_s=300,
+        shutdown_timeout_s=300,
+        agree_stop=True,
     )
     c = _command_line(
         "--config.rollout.cache_dtype=bfloat16",

@@ -9,12 +9,15 @@ export.
 
 import json
 import os
+import re
+import signal
 import socket
 import subprocess
 import sys
 import time
 
 import numpy as np
+import pytest
 from safetensors.numpy import load_file
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -52,13 +55,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _run_two_processes(
-    workdir, steps: int, extra: dict | None = None, kill_after_checkpoint: int | None = None
-) -> list[dict]:
-    """Both processes to the end (their summaries), or killed with SIGKILL once checkpoint
-    `kill_after_checkpoint` is committed (orbax renames its directory into place)."""
+def _start_two_processes(workdir, steps: int, extra: dict | None) -> list[subprocess.Popen]:
     port = _free_port()
-    procs = [
+    return [
         subprocess.Popen(
             _cmd(
                 workdir,
@@ -78,6 +77,14 @@ def _run_two_processes(
         )
         for i in range(2)
     ]
+
+
+def _run_two_processes(
+    workdir, steps: int, extra: dict | None = None, kill_after_checkpoint: int | None = None
+) -> list[dict]:
+    """Both processes to the end (their summaries), or killed with SIGKILL once checkpoint
+    `kill_after_checkpoint` is committed (orbax renames its directory into place)."""
+    procs = _start_two_processes(workdir, steps, extra)
     outs = []
     try:
         if kill_after_checkpoint is not None:
@@ -128,17 +135,16 @@ def _weights(workdir) -> dict[str, np.ndarray]:
     return out
 
 
-def test_two_processes_with_a_resume_equal_one_process(tmp_path):
-    single = tmp_path / "single"
+@pytest.fixture(scope="module")
+def one_process_4_steps(tmp_path_factory):
+    """The reference of the 4-step runs: one process with 8 devices."""
+    single = tmp_path_factory.mktemp("single")
     _run_one_process(single, 4, {})
+    return single
 
-    multi = tmp_path / "multi"
-    first = _run_two_processes(multi, 2)  # checkpoint at step 2, then stop
-    assert [o["step"] for o in first] == [2, 2]
-    second = _run_two_processes(multi, 4)  # the same command resumes from step 2
-    assert [o["step"] for o in second] == [4, 4]
-    assert not os.path.exists(multi / "metrics.jsonl.1")
 
+def _assert_equal_to_reference(single, multi) -> None:
+    """Every per-step metric and the exported weights to 1e-5; one row per logged step."""
     want, got = _metrics(single), _metrics(multi)
     assert sorted(got) == sorted(want) and {1, 2, 3, 4} <= set(got)
     for step in want:
@@ -149,9 +155,7 @@ def test_two_processes_with_a_resume_equal_one_process(tmp_path):
             )
     assert "train/loss" in want[4] and "eval/pass@1_greedy" in want[4]
     assert all(want[s]["train/grad_norm"] > 1e-3 for s in (1, 2, 3, 4)), "vacuous: no gradient"
-
     w_single, w_multi = _weights(single), _weights(multi)
-
     assert sorted(w_single) == sorted(w_multi) and w_single
     for name in w_single:
         np.testing.assert_allclose(
@@ -159,8 +163,18 @@ def test_two_processes_with_a_resume_equal_one_process(tmp_path):
         )
     # process 0 alone wrote the logs: one row per logged step, no duplicates
     rows = [json.loads(line) for line in open(multi / "metrics.jsonl")]
-    logged = [r["step"] for r in rows if "train/loss" in r]
-    assert logged == [1, 2, 3, 4]
+    assert [r["step"] for r in rows if "train/loss" in r] == [1, 2, 3, 4]
+
+
+def test_two_processes_with_a_resume_equal_one_process(tmp_path, one_process_4_steps):
+    single = one_process_4_steps
+    multi = tmp_path / "multi"
+    first = _run_two_processes(multi, 2)  # checkpoint at step 2, then stop
+    assert [o["step"] for o in first] == [2, 2]
+    second = _run_two_processes(multi, 4)  # the same command resumes from step 2
+    assert [o["step"] for o in second] == [4, 4]
+    assert not os.path.exists(multi / "metrics.jsonl.1")
+    _assert_equal_to_reference(single, multi)
 
 
 ASYNC = {  # rollouts 2 steps ahead; an eval and a checkpoint (neither drains) every 3 steps
@@ -202,8 +216,10 @@ def test_two_processes_with_rollouts_two_steps_ahead_equal_one_process(tmp_path)
     exactly, the other metrics and the weights to rtol 2e-4. The samplers are different programs (4
     local devices vs an 8-device SPMD one), so their log-probs differ by f32 rounding (2e-7
     relative at step 1); six updates at lr 5e-3 with gradient norms up to 19 carry that to
-    at most 9e-5 (approx_kl after step 4's large update)."""
+    at most 9e-5 (approx_kl after step 4's large update). Both runs end at step 3 (the run's
+    last step: nothing is started past it) and resume to 6, so each restarts its queue."""
     single = tmp_path / "single"
+    _run_one_process(single, 3, ASYNC)
     _run_one_process(single, 6, ASYNC)
     multi = tmp_path / "multi"
     assert [o["step"] for o in _run_two_processes(multi, 3, {**ASYNC})] == [3, 3]
@@ -211,7 +227,7 @@ def test_two_processes_with_rollouts_two_steps_ahead_equal_one_process(tmp_path)
 
     want, got = _metrics(single), _metrics(multi)
     lags = [want[s]["rollout/policy_lag"] for s in range(1, 7)]
-    assert lags == [0, 1, 2, 2, 2, 2], lags  # k batches in flight across evals and checkpoints
+    assert lags == [0, 1, 2, 0, 1, 2], lags  # the queue starts anew with the resumed run
     moved = [s for s in range(1, 7) if want[s]["train/grad_norm"] > 1e-3]
     assert len(moved) >= 5, f"vacuous: a gradient at steps {moved} only"
     assert _rollouts(multi) == _rollouts(single) and len(_rollouts(single)) >= 6
@@ -276,3 +292,105 @@ def test_two_processes_keep_the_batches_ahead_across_a_kill(tmp_path):
     assert lags == [0, 1, 2, 2, 2, 2], lags
     assert _rollouts(multi) == _rollouts(single) and len(_rollouts(single)) >= 6
     _assert_same_run(want, got, _weights(single), _weights(multi), rtol=2e-4)
+
+
+# ============================================================================ faults
+
+HEARTBEAT = 10  # distributed.heartbeat_timeout_s of the fault legs
+
+
+def _train_rows(workdir) -> list[int]:
+    path = os.path.join(workdir, "metrics.jsonl")
+    if not os.path.exists(path):
+        return []
+    rows = []
+    for line in open(path).read().splitlines():
+        try:
+            row = json.loads(line)
+        except ValueError:
+            continue  # a row being written
+        if "train/loss" in row:
+            rows.append(row["step"])
+    return rows
+
+
+def _wait_for(condition, procs, what: str, timeout: float = 300.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert all(p.poll() is None for p in procs), f"a process ended before {what}"
+        assert time.monotonic() < deadline, f"no {what}"
+        time.sleep(0.005)
+
+
+def _saving_after(workdir, step: int):
+    """The step of a save in flight after `step` (its temporary directory exists), else None."""
+    ckpt = os.path.join(workdir, "checkpoints")
+    if not os.path.isdir(ckpt):
+        return None
+    for name in os.listdir(ckpt):
+        head = name.split(".", 1)[0]
+        if "tmp" in name and head.isdigit() and int(head) > step:
+            return int(head)
+    return None
+
+
+def test_sigterm_to_one_process_and_a_lost_process_then_resume_equal_one_process(
+    tmp_path, one_process_4_steps
+):
+    """Three legs in one workdir, then the 1 x 8 reference:
+    1. SIGTERM to process 1 alone after step 1 or 2 (drawn): both processes agree to stop
+       after the same step, save it, and exit 0 (no collective mismatch).
+    2. The relaunch resumes there; process 1 is killed with SIGKILL while a later save is in
+       flight: process 0 exits 75 within the heartbeat timeout, with one line naming
+       process 1 and the step (no stack trace); the half-written step is never restored.
+    3. The relaunch resumes from the newest committed step and ends with the reference's
+       metrics and weights, each step's row once."""
+    extra = {"distributed.heartbeat_timeout_s": HEARTBEAT}
+    multi = tmp_path / "multi"
+    signal_after = np.random.default_rng().integers(1, 3)  # after step 1 or 2
+    procs = _start_two_processes(multi, 4, extra)
+    try:
+        _wait_for(lambda: len(_train_rows(multi)) >= signal_after, procs, "train row")
+        procs[1].send_signal(signal.SIGTERM)
+        outs = [p.communicate(timeout=300) for p in procs]
+    finally:
+        for p in procs:
+            p.kill() if p.poll() is None else None
+    assert [p.returncode for p in procs] == [0, 0], outs[0][1][-3000:] + outs[1][1][-3000:]
+    # (a summary's "step" is its last eval's: the step-0 eval's here)
+    assert all(json.loads(out.strip().splitlines()[-1])["stopped"] for out, _ in outs)
+    said = re.search(r"stopped by SIGTERM on process 1 at step (\d); checkpoint saved", outs[0][0])
+    stopped = int(said.group(1))
+    assert signal_after <= stopped <= signal_after + 1
+    # both processes saved that step: orbax commits it once every process wrote its shards
+    assert max(int(n) for n in os.listdir(multi / "checkpoints") if n.isdigit()) == stopped
+    assert _train_rows(multi) == list(range(1, stopped + 1))
+
+    procs = _start_two_processes(multi, 4, extra)
+    try:
+        _wait_for(lambda: _saving_after(multi, stopped), procs, "save in flight")
+        saving = _saving_after(multi, stopped)
+        procs[1].kill()
+        killed_at = time.monotonic()
+        out, err = procs[0].communicate(timeout=HEARTBEAT + 60)
+        waited = time.monotonic() - killed_at
+    finally:
+        for p in procs:
+            p.kill() if p.poll() is None else None
+            p.wait()
+    assert procs[0].returncode == 75, err[-3000:]
+    assert waited < HEARTBEAT + 5, waited
+    last = err.strip().splitlines()[-1]
+    assert re.fullmatch(
+        r"lost process 1 of 2 during step \d \(phase: \w+\): it died or was silent past "
+        rf"distributed.heartbeat_timeout_s={HEARTBEAT}; process 0 exits \(resume from the "
+        r"last checkpoint\)",
+        last,
+    ), err[-3000:]
+    assert "Traceback" not in err and "stack trace" not in err, err[-3000:]
+    assert saving > stopped
+    print("save in flight at the kill:", saving, "committed:", os.listdir(multi / "checkpoints"))
+
+    third = _run_two_processes(multi, 4, extra)
+    assert [o["step"] for o in third] == [4, 4]
+    _assert_equal_to_reference(one_process_4_steps, multi)

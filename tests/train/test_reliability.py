@@ -237,6 +237,10 @@ def test_kill_9_at_random_moments_then_resume_loses_nothing(tmp_path, extra):
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads(proc.stdout.strip().splitlines()[-1])["step"] == steps
+    # each killed leg left its workdir lock behind: its pid is gone, so the next one took it
+    assert re.search(r"warning: \S+/\.lock: taking over the lock of pid \d+ on host \S+ "
+                     r"\(pid \d+ is gone\)", proc.stdout), proc.stdout[-3000:]  # fmt: skip
+    assert not (workdir / ".lock").exists()  # released at the end
 
     assert_logged_once(workdir, steps)
     want, got = read_metrics(ref), read_metrics(workdir)
@@ -410,6 +414,38 @@ def test_sigterm_summary_names_the_step_and_resume_prints_it(tmp_path, capsys):
     assert tr.run()["step"] == 3
     assert "resumed from step 2 " in capsys.readouterr().out
     assert [r["step"] for r in read_metrics(tmp_path) if "train/loss" in r] == [1, 2, 3]
+
+
+# ============================================================================ a hang
+
+
+def test_a_step_that_hangs_dumps_the_stacks_names_the_phase_and_exits(tmp_path):
+    """train.hang_timeout_s: a reward that never returns in step 2 -> every thread's stack in
+    the run directory, one line naming the step and the phase (scoring), exit status 76,
+    soon after the timeout."""
+    hang_s = 3
+    extra = {
+        "task.module": "tests/fixtures/hanging_task.py",
+        "task.name": "arith_hangs_in_step_2",
+        "train.hang_timeout_s": hang_s,
+    }
+    start = time.monotonic()
+    proc = subprocess.run(
+        _cmd(tmp_path, 4, extra), cwd=REPO, capture_output=True, text=True, timeout=300
+    )
+    elapsed = time.monotonic() - start
+    stacks = tmp_path / "hang-0.txt"
+    assert proc.returncode == 76, proc.stderr[-3000:]
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"hang: step 2 (phase: scoring) ran past train.hang_timeout_s={hang_s} s on process 0; "
+        f"every thread's stack is in {stacks}"
+    )
+    text = stacks.read_text()
+    assert text.startswith(f"step 2 (phase: scoring) overran train.hang_timeout_s={hang_s}\n")
+    assert re.search(r'File ".*hanging_task.py", line \d+ in reward', text), text
+    assert "Current thread" in text or "Thread 0x" in text
+    assert _train_rows(tmp_path) == 1  # step 1 logged, step 2 never
+    assert elapsed < 240
 
 
 # ============================================================================ validation up front
