@@ -1,6 +1,6 @@
 """Run the test suite as one pytest process per test file, N at a time: `make test`.
 
-    python tests/run_files.py [--workers 2] [--timeout 1500] [PATH ...]   (default: tests)
+    python tests/run_files.py [--workers 2] [--timeout 1500] [--keep-going] [PATH ...]
 
 Why not pytest-xdist: the suite is compile-bound, and each long-lived xdist worker grew to
 several GB and, in about one full run in three, died in XLA:CPU's executable
@@ -86,6 +86,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("paths", nargs="*", default=[HERE])
     p.add_argument("--workers", type=int, default=2, help="files run at once")
     p.add_argument("--timeout", type=float, default=1500, help="seconds per file")
+    p.add_argument(
+        "--keep-going", action="store_true", help="run every file, whatever fails (default: stop)"
+    )
     args = p.parse_args(argv)
 
     files = test_files(args.paths)
@@ -105,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     def worker(i: int) -> None:
         env = dict(os.environ, JAX_COMPILATION_CACHE_DIR=caches[i])
         env.pop("PYTEST_XDIST_WORKER", None)
-        while not failed.is_set():
+        while args.keep_going or not failed.is_set():
             try:
                 path = work.get_nowait()
             except queue.Empty:
