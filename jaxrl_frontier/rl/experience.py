@@ -38,6 +38,7 @@ from typing import Any
 import flax.struct
 import jax
 import numpy as np
+from jax.sharding import NamedSharding
 
 from jaxrl_frontier.core.distributed import allgather_json
 from jaxrl_frontier.core.serialize import array_from_text, array_to_text
@@ -250,7 +251,7 @@ def batch_state(exp: Experience, info: dict) -> dict:
 
     arrays = {}
     for name, x in {**_fields(exp), **{f"extras.{k}": v for k, v in exp.extras.items()}}.items():
-        spec = getattr(x.sharding, "spec", ())
+        spec = x.sharding.spec if isinstance(x.sharding, NamedSharding) else ()
         whole = x if x.is_fully_addressable else multihost_utils.process_allgather(x, tiled=True)
         arrays[name] = dict(data=array_to_text(jax.device_get(whole)), spec=_spec_state(spec))
     results = [
@@ -327,7 +328,7 @@ def _plain(v):
     """numpy scalars (and dicts of them) as Python numbers, for JSON."""
     if isinstance(v, dict):
         return {k: _plain(x) for k, x in v.items()}
-    return v.item() if hasattr(v, "item") else v
+    return v.item() if isinstance(v, np.generic | np.ndarray | jax.Array) else v
 
 
 def _spec_state(spec) -> list:

@@ -174,7 +174,7 @@ def resolve(config: Mapping | ml_collections.ConfigDict) -> ml_collections.Confi
     An unknown key or a value of the wrong type raises ConfigError naming the dotted key;
     the objective's kwargs blocks are settled for the entries now chosen (module docstring).
     Idempotent: resolving a resolved config changes nothing."""
-    given = config.to_dict() if hasattr(config, "to_dict") else dict(config)
+    given = config.to_dict() if isinstance(config, ml_collections.ConfigDict) else dict(config)
     out = base_config()
     _merge(out, given, "")
     _settle_task_kwargs(out.task)

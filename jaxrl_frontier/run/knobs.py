@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import ml_collections
 import numpy as np
 
 from jaxrl_frontier.core.errors import ConfigError
@@ -37,7 +38,9 @@ SECTIONS = ("schedules", "controllers")
 def set_entries(section) -> dict[str, Any]:
     """{dotted key: spec} of the entries set (not None) in a `schedules` / `controllers`
     section, the section's own name left out ('objective.kl_coef')."""
-    tree = section.to_dict() if hasattr(section, "to_dict") else dict(section or {})
+    tree = (
+        section.to_dict() if isinstance(section, ml_collections.ConfigDict) else dict(section or {})
+    )
     out: dict[str, Any] = {}
 
     def walk(node, prefix):

@@ -15,7 +15,8 @@ Row r draws from `fold_in(key, r)`. Details: docs/sampling.md.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 
 import flax.struct
 import jax
@@ -101,6 +102,9 @@ class Sampler:
     same tokens, a cache that does not grow with the completion; record_routing: a mixture
     of experts' rollouts carry each token's experts per layer (`Rollout.routing`, from the
     prefill and every decode step) for routing replay."""
+
+    # the last batch's statistics (continuous, partial, speculative decodes set theirs)
+    stats: Mapping[str, float] = MappingProxyType({})
 
     capabilities = Capabilities.all_but(partial_rows="the rows start in its idle slots")
 

@@ -125,3 +125,65 @@ def test_a_lazy_upward_import_would_be_seen(upward, tmp_path):
     probe.write_text(f"def f():\n    {upward}\n")
     graph, _ = imports({**mods, "jaxrl_frontier.core.probe": str(probe)})
     assert "jaxrl_frontier.run.trainer" in graph["jaxrl_frontier.core.probe"]
+
+
+def shape_problems(paths: dict[str, str]) -> list[str]:
+    """What keeps the wiring plain (docs/design.md, "The wiring"): no function over 80
+    lines; in run/ and rl/ no capability probe (`hasattr`, a `getattr` with a default) and no
+    `isinstance` on a class of the package (a stage's class: dispatch belongs to declared
+    capabilities and registries); the loop file at most 250 lines, with no branch on the
+    mode. paths: {dotted module: file}."""
+    found = []
+    for mod, path in paths.items():
+        source = open(path).read()
+        tree = ast.parse(source)
+        ours = {
+            alias.asname or alias.name
+            for node in ast.walk(tree)
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("jaxrl_frontier")
+            for alias in node.names
+        }
+        wiring = mod.startswith(("jaxrl_frontier.run", "jaxrl_frontier.rl"))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                if (n := node.end_lineno - node.lineno + 1) > 80:
+                    found.append(f"{path}:{node.lineno} {node.name}: {n} lines")
+            if not (wiring and isinstance(node, ast.Call) and isinstance(node.func, ast.Name)):
+                continue
+            name, args = node.func.id, node.args
+            probe = name == "hasattr" or (name == "getattr" and len(args) == 3)
+            classes = args[1:2] if name == "isinstance" else []
+            classes = [c for a in classes for c in (a.elts if isinstance(a, ast.Tuple) else [a])]
+            if probe or any(isinstance(c, ast.Name) and c.id in ours for c in classes):
+                found.append(f"{path}:{node.lineno} {ast.unparse(node)}")
+        if mod == "jaxrl_frontier.run.trainer":
+            if (n := len(source.splitlines())) > 250:
+                found.append(f"{path}: the loop file is {n} lines")
+            for node in ast.walk(tree):
+                if isinstance(node, ast.Compare) and any(
+                    isinstance(side, ast.Constant) and side.value in ("rl", "sft")
+                    for side in [node.left, *node.comparators]
+                ):
+                    found.append(f"{path}:{node.lineno} a branch on the mode")
+    return found
+
+
+def test_functions_are_short_and_the_wiring_declares_instead_of_probing():
+    assert shape_problems(modules()) == []
+
+
+def test_shape_problems_are_seen(tmp_path):
+    """Each rule fires on a planted module (the check can fail)."""
+    probe = tmp_path / "trainer.py"
+    long_body = "\n".join(f"    x{i} = {i}" for i in range(81))
+    probe.write_text(
+        "from jaxrl_frontier.rl.produce.rollout import RolloutProducer\n"
+        f"def long():\n{long_body}\n"
+        "def probe(part, c):\n"
+        "    if hasattr(part, 'metrics') or getattr(part, 'x', None):\n"
+        "        return isinstance(part, RolloutProducer) or c.mode == 'rl'\n"
+        "    return isinstance(part, dict)\n" + "\n" * 170
+    )
+    found = shape_problems({"jaxrl_frontier.run.trainer": str(probe)})
+    assert len(found) == 6, found  # long, hasattr, getattr, isinstance, 250 lines, the mode
+    assert not any("isinstance(part, dict)" in f for f in found)

@@ -135,6 +135,8 @@ class AnswerThenSpaces:
     """A sampler that answers every prompt correctly, then pads with spaces up to Tn - 1 and
     stops: every row is a correct rollout that keeps generating after its answer."""
 
+    mesh, stats = None, {}  # a Sampler's: no mesh of its own, no decode statistics
+
     def update_weights(self, weights, version=None):
         pass
 

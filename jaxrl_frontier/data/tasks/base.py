@@ -78,6 +78,9 @@ class Task:
 
     name: ClassVar[str] = ""
     reward_names: ClassVar[tuple[str, ...]] = REWARD_NAMES
+    # a method cluster_key(example) -> hashable groups prompts for the curriculum sources
+    # (rl/sources/clustering.py); None: they fall back on the prompt's shape
+    cluster_key: Any = None
 
     def num_examples(self, split: str) -> int:
         raise NotImplementedError

@@ -212,10 +212,7 @@ def make_update_fn(
     del graphdef  # the loss closes over it
     # an optimizer state offloaded to host memory (`init_opt_state`) comes to the device for
     # the update; the output shardings send the new one back
-    offloaded = any(
-        getattr(s, "memory_kind", None) == HOST_MEMORY
-        for s in jax.tree.leaves(state_sharding.opt_state)
-    )
+    offloaded = any(s.memory_kind == HOST_MEMORY for s in jax.tree.leaves(state_sharding.opt_state))
     device_opt = _on_memory(state_sharding.opt_state, "device") if offloaded else None
 
     def update(state: TrainState, batch, frozen=None):

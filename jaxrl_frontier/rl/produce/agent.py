@@ -61,7 +61,7 @@ def stop_ids(tokenizer, stops: Sequence[str], task=None) -> tuple[int, ...]:
     """The turn's end tokens: EOS, each `env.stop` string (one token each), and with a chat
     template (`task.chat`) the token that ends an assistant turn."""
     ids = [tokenizer.eos_id]
-    if getattr(task, "chat", None) is not None:
+    if task is not None and task.chat is not None:
         ids += task.chat.stop_token_ids(tokenizer)
     for s in stops:
         enc = tokenizer.encode(s)

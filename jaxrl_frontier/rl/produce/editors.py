@@ -34,6 +34,9 @@ class RewardShaper(Protocol):
 
     def __call__(self, rows: RolloutRows, rewards: np.ndarray) -> np.ndarray: ...
 
+    def metrics(self) -> dict[str, float]:
+        """This batch's metrics of the shaper's (empty when it logs none)."""
+
 
 class RolloutEditor:
     """Edits rollouts before they are scored: `edit(rows) -> rows` (same shapes). What it is
@@ -48,6 +51,10 @@ class RolloutEditor:
 
     def edit(self, rows: RolloutRows) -> RolloutRows:
         raise NotImplementedError
+
+    def metrics(self) -> dict[str, float]:
+        """This batch's metrics of the editor's (none unless it logs some)."""
+        return {}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,6 +118,9 @@ class OverlongShaping:
     def __call__(self, rows: RolloutRows, rewards: np.ndarray) -> np.ndarray:
         pen = overlong_penalty(rows.completion_mask.sum(1), self.l_max, self.l_cache)
         return np.concatenate([rewards, 1.0 + pen[:, None]], axis=1)
+
+    def metrics(self) -> dict[str, float]:
+        return {}
 
 
 class MaskTruncated(RolloutEditor):

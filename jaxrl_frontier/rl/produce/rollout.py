@@ -130,7 +130,7 @@ class RolloutProducer:
             n for s in self.shapers for n in s.reward_names
         )
         # this process samples its own prompts on its own devices (module docstring)
-        sampler_mesh = getattr(sampler, "mesh", None)
+        sampler_mesh = sampler.mesh
         self.local = (
             jax.process_count() > 1
             and sampler_mesh is not None
@@ -192,8 +192,8 @@ class RolloutProducer:
             draw, selected = source.select(draw, more)
             selected.update(source.metrics())  # e.g. ADS's p before this step
         for part in (*self.editors, *self.shapers):
-            selected.update(part.metrics() if hasattr(part, "metrics") else {})
-        stats = dict(getattr(self.sampler, "stats", {}))  # speculative, continuous: this draw's
+            selected.update(part.metrics())
+        stats = dict(self.sampler.stats)  # speculative, continuous: this draw's
         return Drawn(draw, version, time.perf_counter() - t0, selected, stats)
 
     def finish(self, drawn: Drawn, weights: dict[str, Any]) -> tuple[Experience, dict[str, Any]]:

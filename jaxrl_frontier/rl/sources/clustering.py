@@ -74,7 +74,7 @@ def kmeans(x: np.ndarray, k: int, *, seed: int, iters: int = 25) -> np.ndarray:
 
 
 def _fallback_key(task: Task, example: Example, prompt_of: Callable[[Example], str]) -> str:
-    key = getattr(task, "cluster_key", None)
+    key = task.cluster_key
     if key is not None:
         return str(key(example))
     if {"a", "b", "op"} <= set(example):
