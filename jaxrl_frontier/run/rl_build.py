@@ -117,7 +117,7 @@ def packed_rows(config, *, row_len: int, mesh) -> packing.PackSpec | None:
         share_prompt=c.train.share_prompt_forward,
         dropout_rate=c.rollout.dropout_rate,
         critic=c.get("critic") is not None and c.critic.kind != "none",
-        pact=pact.section(c) is not None,
+        pact=sections.pact_options(c) is not None,
     )
     return packing.pack_spec(c.train.pack_tokens, multiple=sharding.batch_size_multiple(mesh))
 
