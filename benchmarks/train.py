@@ -155,7 +155,7 @@ def build_model(cfg, mesh=None, seed: int = 0):
 
 
 def make_state(params, tx, mesh):
-    """A TrainState like `Trainer._init_state` (optimizer state placed like the params)."""
+    """A TrainState like the trainer's (`init_train_state`: optimizer state placed like the params)."""
     import jax
     import jax.numpy as jnp
 
