@@ -34,6 +34,7 @@ from jaxrl_frontier.objectives import (
 from jaxrl_frontier.rl.experience import Experience, RolloutRows
 from jaxrl_frontier.rl.learn.learner import Learner, LearnerOptions, minibatch_order
 from jaxrl_frontier.rl.learn.train_step import init_train_state
+from jaxrl_frontier.rl.produce.editors import RolloutEditor
 from jaxrl_frontier.rl.produce.rollout import RolloutProducer
 from jaxrl_frontier.rl.sources.base import PromptSource, UniformSource
 from jaxrl_frontier.run import trainer as tr
@@ -88,7 +89,7 @@ class ReplayUnsolved(PromptSource):
         self.queue = state["queue"]
 
 
-class FirstTokenOnly:
+class FirstTokenOnly(RolloutEditor):
     """A RolloutEditor written in a test: keep each completion's first token only."""
 
     def __init__(self, tokenizer):
@@ -130,6 +131,7 @@ class ScriptedSampler:
 
     COMPLETIONS = [[5, 6, 2], [7, 2, 0], [5, 2, 0], [8, 9, 9]]  # 2 = EOS, 0 = pad
     LENGTHS = [3, 2, 2, 3]
+    mesh, stats = None, {}  # a Sampler's: no mesh of its own, no decode statistics
 
     def __init__(self):
         self.weights = None
