@@ -20,6 +20,7 @@ FLAGS = {
     ("scripts/memory_plan.py",): ["--model", "--fsdp", "--rows", "--seq", "--lora", "--out"],
     ("scripts/make_warm_starts.py",): ["--only"],
     ("scripts/mutants.py",): ["module", "tests", "--workers", "--timeout", "--kinds"],
+    ("scripts/launch.py",): ["--processes", "--max_restarts", "--same_failure_limit", "--backoff"],
     ("benchmarks/bench.py",): ["sampler", "rl", "memory", "--config=FILE[:ARG]"],
 }
 

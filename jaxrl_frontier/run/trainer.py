@@ -75,8 +75,8 @@ class Trainer:
 
         self.tokenizer = build_tokenizer(c)
         self.task = task_for(sections.task_options(c), self.tokenizer)  # prompt lengths checked
-        scorer = make_scorer(sections.reward_options(c), self.task)  # train and eval share it
-        self.scorer = self.watchdog.marked(scorer, "scoring")  # the watchdog's phase
+        self.scorer = make_scorer(sections.reward_options(c), self.task)  # train, eval share it
+        self.scoring = self.watchdog.marked(self.scorer, "scoring")  # the watchdog's phase
         # keys that move as the run trains (schedules, controllers: run/knobs.py)
         self.knobs = KnobPlan.from_config(c, config_lib.RANGES)
         moving = "objective.kl_coef" in self.knobs.keys  # then loaded if it can rise above 0
@@ -101,7 +101,7 @@ class Trainer:
             state_sharding=self.state_sharding,
             tx=tx,
             task=self.task,
-            scorer=self.scorer,
+            scorer=self.scoring,
             knobs=self.knobs,
             rollout_log=self.rollout_log,
             say=self.say,
@@ -192,7 +192,7 @@ class Trainer:
         self.roles.sampler.update_weights(params, int(self.state.step))
         sampler, options = self.roles.sampler, sections.eval_options(self.config)
         return evaluation.evaluate(
-            sampler, self.tokenizer, self.task, options, num_prompts, scorer=self.scorer
+            sampler, self.tokenizer, self.task, options, num_prompts, scorer=self.scoring
         )
 
     # ------------------------------------------------------------------ the loop
