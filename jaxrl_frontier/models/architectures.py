@@ -16,6 +16,18 @@ from jaxrl_frontier.models.layers import ModelConfig
 ARCHITECTURES = Registry("Hugging Face architecture")
 
 
+def _shape(hf: dict, heads: int, head_dim: int) -> dict[str, int]:
+    """The `ModelConfig` shape fields every architecture reads alike from config.json."""
+    return dict(
+        vocab_size=int(_require(hf, "vocab_size")),
+        hidden_size=int(_require(hf, "hidden_size")),
+        intermediate_size=int(_require(hf, "intermediate_size")),
+        num_heads=heads,
+        num_kv_heads=int(hf.get("num_key_value_heads") or heads),
+        head_dim=head_dim,
+    )
+
+
 def _require(hf: dict, key: str):
     if key not in hf:
         raise ValueError(f"config.json: missing required key {key!r}")
@@ -82,13 +94,8 @@ class Architecture:
         # explicit always (Qwen3 sets it apart from hidden / heads; Qwen2 configs omit it)
         head_dim = int(hf.get("head_dim") or int(_require(hf, "hidden_size")) // heads)
         return ModelConfig(
-            vocab_size=int(_require(hf, "vocab_size")),
-            hidden_size=int(_require(hf, "hidden_size")),
-            intermediate_size=int(_require(hf, "intermediate_size")),
+            **_shape(hf, heads, head_dim),
             num_layers=int(_require(hf, "num_hidden_layers")),
-            num_heads=heads,
-            num_kv_heads=int(hf.get("num_key_value_heads") or heads),
-            head_dim=head_dim,
             rope_theta=theta,
             rope_scaling=scaling,
             rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
@@ -186,13 +193,8 @@ class GemmaArchitecture(Architecture):
         heads = int(_require(hf, "num_attention_heads"))
         head_dim = int(hf.get("head_dim") or int(_require(hf, "hidden_size")) // heads)
         return ModelConfig(
-            vocab_size=int(_require(hf, "vocab_size")),
-            hidden_size=int(_require(hf, "hidden_size")),
-            intermediate_size=int(_require(hf, "intermediate_size")),
+            **_shape(hf, heads, head_dim),
             num_layers=layers,
-            num_heads=heads,
-            num_kv_heads=int(hf.get("num_key_value_heads") or heads),
-            head_dim=head_dim,
             rope_theta=global_theta,
             rope_scaling=scaling,
             rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
