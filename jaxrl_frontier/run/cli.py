@@ -151,10 +151,10 @@ def train_main(argv: list[str] | None = None) -> None:
         TrainingFault,
         WorkdirLocked,
     )
-    from jaxrl_frontier.run import trainer
+    from jaxrl_frontier.run import population
 
     try:
-        summary = _train_then_finish(trainer, config, workdir)
+        summary = _train_then_finish(population, config, workdir)
     except ConfigError as e:
         raise SystemExit(f"config error: {e}") from None
     except CheckpointError as e:  # a failed save, or no checkpoint that restores
@@ -167,17 +167,19 @@ def train_main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"model file error: {e}") from None
     except OSError as e:  # e.g. a full disk while writing the logs
         raise SystemExit(f"error: {e.filename or ''}: {e.strerror or e}") from None
-    last = summary["history"]["eval"][-1] if summary["history"]["eval"] else {}
-    print(json.dumps({"step": summary["step"], "stopped": summary["stopped"], **last}))
+    for member in summary.get("members", [summary]):  # a population: a line per member
+        last = member["history"]["eval"][-1] if member["history"]["eval"] else {}
+        values = {"values": member["values"]} if "values" in member else {}
+        print(json.dumps({"step": member["step"], "stopped": member["stopped"], **values, **last}))
 
 
-def _train_then_finish(trainer, config, workdir) -> dict:
+def _train_then_finish(population, config, workdir) -> dict:
     """Train; then, on several processes, leave in order (`distributed.finish`: process 0,
     which runs the coordination service, last), whatever the run's outcome."""
     from jaxrl_frontier.core import distributed
 
     try:
-        return trainer.train(config, workdir)
+        return population.train(config, workdir)  # one run, or a population
     finally:
         distributed.finish(float(config.distributed.get("shutdown_timeout_s", 300)))
 

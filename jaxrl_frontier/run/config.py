@@ -39,7 +39,7 @@ from jaxrl_frontier.data import defaults as data_defaults
 from jaxrl_frontier.models import defaults as model_defaults
 from jaxrl_frontier.objectives import losses
 from jaxrl_frontier.rl import defaults as rl_defaults
-from jaxrl_frontier.run import parts
+from jaxrl_frontier.run import parts, population_config
 from jaxrl_frontier.train import defaults as train_defaults
 
 log = logging.getLogger(__name__)
@@ -107,6 +107,7 @@ def base_config() -> ml_collections.ConfigDict:
     # keys that move during a run: a schedule of the step, or a feedback controller (run/knobs.py)
     c.schedules = train_defaults.knob_section()
     c.controllers = train_defaults.knob_section()
+    c.population = population_config.population_section()
     # keys that fix shapes or programs, switched at chosen steps (run/stages.py): a list of
     # dict(step=..., overrides={dotted key: value}), each stage on top of the ones before
     c.stages = ()

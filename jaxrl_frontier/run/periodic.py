@@ -28,7 +28,7 @@ def hooks(trainer, c) -> list[hooks_lib.Hook]:
     tag, t = trainer.step.tag, c.train
     say = lambda msg: trainer.say(f"[{tag}] {msg}")  # noqa: E731
     out: list[hooks_lib.Hook] = [hooks_lib.WriteMetrics(trainer.writer, t.log_every)]
-    if trainer.is_main:
+    if trainer.is_main and trainer.shared is None:  # a population: its first member's
         bar = lambda start: ProgressBar(t.steps, initial=start, desc=tag)  # noqa: E731
         out.append(hooks_lib.Progress(bar, t.log_every, trainer.step.shown))
     out += [

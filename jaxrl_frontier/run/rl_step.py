@@ -62,12 +62,22 @@ class RLStep:
         self.learner, self.producer, self.logp_fn = build_rl_stages(
             config, parts, tx=tx, state=state, log=self.say
         )
+        if common.get("shared") is not None:  # a population's member: one set of programs
+            self._run_programs_of(common["shared"])
         self.evaluates_at_start = config.eval.at_start
         self._check_stages()
         k, queue = config.rollout.max_staleness, config.rollout.free_running_queue
         self.ahead = FreeRunningRollouts(k, queue) if k and queue else RolloutsAhead(k)
         # partial rollouts: the next batch (examples, key), begun by this step's decode
         self.next_batch: tuple[list, jax.Array] | None = None
+
+    def _run_programs_of(self, other: RLStep) -> None:
+        """Run the compiled programs of `other`, an RL step of the same structure (a
+        population's first member: only the seed and traced values differ): its learner's
+        update programs, its producer (weights, keys and sampling values are arguments) and
+        its log-prob forward; this step keeps its own state, prompts and knobs."""
+        self.learner.share_programs(other.learner)
+        self.producer, self.logp_fn = other.producer, other.logp_fn
 
     @property
     def state(self):

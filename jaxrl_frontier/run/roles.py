@@ -42,6 +42,13 @@ class Roles:
     sampler: Sampler
     rollout_sampler: Sampler
 
+    def sharing_samplers(self, other: Roles) -> Roles:
+        """These roles with `other`'s samplers (their compiled programs; the weights are
+        arguments): a population's members sample with one set of programs."""
+        return dataclasses.replace(
+            self, sampler=other.sampler, rollout_sampler=other.rollout_sampler
+        )
+
 
 def build_roles(
     c: ml_collections.ConfigDict, tokenizer, kl_coef: float, k_model, k_teacher

@@ -71,7 +71,7 @@ def source_options(c) -> SourceOptions:
     d = c.data
     return SourceOptions(
         name=d.source,
-        seed=c.seed,
+        seed=c.seed if d.get("seed") is None else d.seed,
         dynamic=d.dynamic,
         ads=d.ads,
         sspo=d.sspo,

@@ -1,13 +1,10 @@
 """The loop: a `Step` (SFT or RL, run/steps.py and run/rl_step.py) called once per step,
 and hooks that do the periodic work around it (train/hooks.py):
 
-    restore the newest checkpoint, if any
-    for hook in hooks: hook.begin(start)
-    for step in range(start, train.steps):
-        scalars = step_fn()
-        for hook in hooks: hook.after_step(end)    stop signal, metrics, progress, eval,
-        if end.stop: break                         checkpoint, stage switch
-    for hook in hooks: hook.end(end.stop)          export
+    begin():   restore the newest checkpoint, if any; hook.begin(start) for each hook
+    advance(): scalars = step(); hook.after_step(end) for each hook (stop signal, metrics,
+               progress, eval, checkpoint, stage switch); end.stop: the loop breaks
+    end():     hook.end(stop) for each hook (export)
 
 The trainer builds the roles (run/roles.py), the step the config's `mode` names (`STEPS`)
 and the hooks. A run resumes whenever its workdir holds a checkpoint; SIGTERM/SIGINT save
@@ -34,11 +31,7 @@ from jaxrl_frontier.rl import diagnostics
 from jaxrl_frontier.rl.learn.optimizer import build_optimizer
 from jaxrl_frontier.rl.learn.train_step import init_train_state, optimizer_memory_kind
 from jaxrl_frontier.run import config as config_lib
-from jaxrl_frontier.run import (
-    periodic,
-    rl_step,  # noqa: F401  (registers the "rl" step)
-    sections,
-)
+from jaxrl_frontier.run import periodic, rl_step, sections  # noqa: F401  (rl_step: "rl")
 from jaxrl_frontier.run import stages as stages_lib
 from jaxrl_frontier.run.build import build_tokenizer, check_resume_schedule, total_updates
 from jaxrl_frontier.run.knobs import KnobPlan
@@ -55,7 +48,17 @@ from jaxrl_frontier.train.workdir_lock import take_for_job
 class Trainer:
     """Builds the roles, the step and the hooks from a config; `run()` returns a summary."""
 
-    def __init__(self, config: ml_collections.ConfigDict, workdir: str | None = None):
+    def __init__(
+        self,
+        config: ml_collections.ConfigDict,
+        workdir: str | None = None,
+        *,
+        shared: Trainer | None = None,
+        label: str = "",
+    ):
+        """shared: a trainer of the same structure whose compiled programs this one runs (a
+        population's first member, run/population.py); label: the console lines' prefix."""
+        self.label, self.shared = label, shared
         config = config_lib.resolve(config)
         if workdir:
             config.workdir = workdir
@@ -83,6 +86,8 @@ class Trainer:
         kl_coef = self.knobs.upper("objective.kl_coef") if moving else c.objective.kl_coef
         k_model, k_teacher, rng0 = jax.random.split(jax.random.key(c.seed), 3)
         self.roles, params = build_roles(c, self.tokenizer, kl_coef, k_model, k_teacher)
+        if shared is not None:  # the samplers' compiled programs, shared
+            self.roles = self.roles.sharing_samplers(shared.roles)
 
         self.tx = tx = build_optimizer(c.optimizer, total_updates(c))
         offload = optimizer_memory_kind(c.train.offload_optimizer, self.roles.mesh)
@@ -95,18 +100,10 @@ class Trainer:
         self.rollout_log = RolloutLogger(self.workdir) if self.is_main else None
         self.history: dict[str, Any] = {"eval": []}
         self.step: Step = STEPS.get(c.mode)(
-            c,
-            self.roles,
-            state=state,
-            state_sharding=self.state_sharding,
-            tx=tx,
-            task=self.task,
-            scorer=self.scoring,
-            knobs=self.knobs,
-            rollout_log=self.rollout_log,
-            say=self.say,
-            watchdog=self.watchdog,
-        )
+            c, self.roles, state=state, state_sharding=self.state_sharding, tx=tx,
+            task=self.task, scorer=self.scoring, knobs=self.knobs, rollout_log=self.rollout_log,
+            say=self.say, watchdog=self.watchdog, shared=shared and shared.step,
+        )  # fmt: skip
         self.stop_request: StopAgreement | None = None
         self.hooks: list[hooks_lib.Hook] = periodic.hooks(self, c)
         if self.is_main:
@@ -136,9 +133,9 @@ class Trainer:
     def say(self, msg: str) -> None:
         """Print on process 0."""
         if self.is_main:
-            print(msg, flush=True)
+            print(f"{self.label}{msg}", flush=True)
 
-    # ------------------------------------------------------------------ checkpoints, export
+    # ------------------------------------------------------------------ save, export, evaluate
 
     def save(self) -> None:
         """Checkpoint the train state and everything the run resumes from (no batch is being
@@ -183,8 +180,6 @@ class Trainer:
             self.tokenizer.save(path)
         return path
 
-    # ------------------------------------------------------------------ evaluation
-
     def evaluate(self, num_prompts: int | None = None) -> dict[str, float]:
         """Held-out greedy pass@1 and sampled pass@k (k = eval.pass_k) of the current policy."""
         params, base = self.state.params, self.roles.base_params  # LoRA: base + adapters
@@ -202,40 +197,52 @@ class Trainer:
         self.stop_request = StopAgreement(agree=agree)
         self.watchdog.start()
         try:
-            return self._loop()
+            stop = None
+            for step in self.begin():
+                if (stop := self.advance(step)) is not None:
+                    break
+            return self.end(stop)
         except jax.errors.JaxRuntimeError:  # a collective whose peer died: say which, exit
             self.watchdog.on_error()
             raise
         finally:  # a run's threads and files end with it (a process may hold many runs)
             self.stop_request.restore()
-            self.step.close()
-            self.ckpt.wait()  # a failed save surfaces here, as one line
-            for part in (self.ckpt, self.writer, self.rollout_log, self.scorer, self.watchdog):
-                if part is not None:  # rollout_log: process 0's alone
-                    part.close()
-            if self.lock is not None:  # process 0's, released last
-                self.lock.close()
+            self.close()
 
-    def _loop(self) -> dict[str, Any]:
+    def begin(self) -> range:
+        """Restore the newest checkpoint, start the step and the hooks: the steps to run."""
         self.restore()
         start, steps = int(self.state.step), self.launch_config.train.steps
         last = start if diagnostics.finished(self.history) else steps
         self.step.begin(start, last)
         for hook in self.hooks:
             hook.begin(start)
-        stop = None
-        for step in range(start, last):
-            t0 = time.perf_counter()
-            scalars = self.step()
-            dt = time.perf_counter() - t0
-            end = hooks_lib.StepEnd(step + 1, steps, lambda s=scalars, dt=dt: s(dt))
-            for hook in self.hooks:
-                hook.after_step(end)
-            if (stop := end.stop) is not None:
-                break
+        return range(start, last)
+
+    def advance(self, step: int) -> str | None:
+        """Step `step` + 1 and the hooks after it; the reason to stop after it, or None."""
+        t0 = time.perf_counter()
+        scalars = self.step()
+        dt = time.perf_counter() - t0
+        end = hooks_lib.StepEnd(step + 1, self.launch_config.train.steps, lambda: scalars(dt))
+        for hook in self.hooks:
+            hook.after_step(end)
+        return end.stop
+
+    def end(self, stop: str | None) -> dict[str, Any]:
+        """The hooks' end (the export); the run's summary."""
         for hook in self.hooks:
             hook.end(stop)
         return dict(stopped=stop == "signal", step=int(self.state.step), history=self.history)
+
+    def close(self) -> None:
+        """End the step's threads, wait for the last save, close the files and the lock."""
+        self.step.close()
+        self.ckpt.wait()  # a failed save surfaces here, as one line
+        parts = (self.ckpt, self.writer, self.rollout_log, self.scorer, self.watchdog, self.lock)
+        for part in parts:  # rollout_log, lock: process 0's alone; the lock released last
+            if part is not None:
+                part.close()
 
 
 def train(config: ml_collections.ConfigDict, workdir: str | None = None) -> dict[str, Any]:

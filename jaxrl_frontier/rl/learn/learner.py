@@ -438,6 +438,12 @@ class Learner:
             )
         return pack, layout
 
+    def share_programs(self, other: Learner) -> None:
+        """Run `other`'s compiled (select, update) programs from now on: a learner of the
+        same structure (objective, shapes, optimizer; only traced values and the state
+        differ), so that a population's members compile once (run/population.py)."""
+        self._programs = other._programs
+
     def built_programs(self) -> list[tuple[Callable, Callable]]:
         """The (select, update) pairs built so far, one per batch key set (`programs`)."""
         return list(self._programs.values())

@@ -1,0 +1,128 @@
+"""A population: N runs of one config in one job (`population.*`, run/population_config.py).
+
+    workdir/population.json           each member's varied values
+    workdir/members/<i>/              an ordinary run directory: config.json, metrics.jsonl,
+                                      TensorBoard, rollouts.jsonl, checkpoints/, export/
+
+Every member is a `Trainer` of its own config (the seed and the varied values set), built
+over the first member's compiled programs (`Trainer(shared=)`: the samplers, the learner's
+update, the producer's passes), so the population compiles once. The members step in turn,
+in lockstep: step s of every member, then step s + 1. Each member checkpoints in its own
+directory at the same steps and resumes from its own newest checkpoint; a member resumed
+behind the others (a kill during a save) catches up first. A stop signal stops every member
+after the same step (`OnceAStep`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import jax
+import ml_collections
+
+from jaxrl_frontier.core import distributed
+from jaxrl_frontier.run import config as config_lib
+from jaxrl_frontier.run import population_config, sections, trainer
+from jaxrl_frontier.train.stopping import StopAgreement
+from jaxrl_frontier.train.workdir_lock import take_for_job
+
+
+class OnceAStep:
+    """A stop request asked once per step: the first member to ask after step s decides for
+    every member (a signal that arrives while the members step in turn stops them all after
+    the same step)."""
+
+    def __init__(self, request: StopAgreement):
+        self.request, self.answers = request, {}
+
+    def agreed(self, step: int) -> bool:
+        if step not in self.answers:
+            self.answers[step] = self.request.agreed(step)
+        return self.answers[step]
+
+    @property
+    def signal_name(self) -> str | None:
+        return self.request.signal_name
+
+
+class Population:
+    """The members of a population config (module docstring); `run()` trains them."""
+
+    def __init__(self, config: ml_collections.ConfigDict, workdir: str | None = None):
+        c = config_lib.resolve(config)
+        if workdir:
+            c.workdir = workdir
+        if not c.workdir:
+            raise config_lib.ConfigError("config key 'workdir' is empty: pass --workdir")
+        distributed.initialize(sections.distributed_options(c))
+        self.values = population_config.member_values(c)
+        if not self.values:
+            raise config_lib.ConfigError(
+                "config key 'population.size': no population is set (size 0, no vary or grid)"
+            )
+        self.workdir = os.path.abspath(c.workdir)
+        os.makedirs(self.workdir, exist_ok=True)
+        self.lock = take_for_job(self.workdir, say=print)  # one population per workdir
+        with open(os.path.join(self.workdir, "population.json"), "w") as f:
+            json.dump({"members": self.values}, f, indent=2)
+        self.members: list[trainer.Trainer] = []
+        for i, values in enumerate(self.values):
+            member = trainer.Trainer(
+                population_config.member_config(c, values),
+                self.member_dir(i),
+                shared=self.members[0] if self.members else None,
+                label=f"[member {i}] ",
+            )
+            self.members.append(member)
+        self.say(f"[population] {len(self.members)} members: " + "; ".join(
+            f"{i}: " + ", ".join(f"{k}={v}" for k, v in m.items())
+            for i, m in enumerate(self.values)
+        ))  # fmt: skip
+
+    def member_dir(self, i: int) -> str:
+        return os.path.join(self.workdir, "members", str(i))
+
+    def say(self, msg: str) -> None:
+        if jax.process_index() == 0:
+            print(msg, flush=True)
+
+    def run(self) -> dict[str, Any]:
+        """Train every member to `train.steps` (resuming each from its checkpoint); the
+        population's summary: each member's, and whether a signal stopped them."""
+        agree = self.members[0].launch_config.distributed.agree_stop
+        request = StopAgreement(agree=agree)
+        once = OnceAStep(request)
+        stops: list[str | None] = [None] * len(self.members)
+        try:
+            for member in self.members:
+                member.stop_request = once
+                member.watchdog.start()
+            steps = [member.begin() for member in self.members]
+            first = min(r.start for r in steps)
+            for step in range(first, max(r.stop for r in steps)):
+                for i, member in enumerate(self.members):
+                    if stops[i] is None and step in steps[i]:
+                        stops[i] = member.advance(step)
+                if "signal" in stops:
+                    break
+            summaries = [m.end(stop) for m, stop in zip(self.members, stops)]
+        finally:
+            request.restore()
+            for member in self.members:
+                member.close()
+            self.lock.close()
+        return dict(
+            stopped="signal" in stops,
+            step=max(s["step"] for s in summaries),
+            history=summaries[0]["history"],
+            members=[dict(values=v, **s) for v, s in zip(self.values, summaries)],
+        )
+
+
+def train(config: ml_collections.ConfigDict, workdir: str | None = None) -> dict[str, Any]:
+    """Train `config`: a population when its `population` section sets one, else one run."""
+    if population_config.member_values(config_lib.resolve(config)):
+        return Population(config, workdir).run()
+    return trainer.train(config, workdir)

@@ -1,0 +1,196 @@
+"""The `population` section: N runs of one config in one job, differing in their seed and in
+traced float keys (run/population.py runs them).
+
+    population.size = N            members; alone, member i runs `seed + i`
+    population.vary.<key> = (v_0, ..., v_{N-1})    member i's value of <key>
+    population.grid.<key> = (a, b, ...)            the product of the grid's keys' values
+                                                   (the seed outermost, the rest in order)
+    population.same_prompts = True                 every member draws the same prompts
+
+What may vary is what compiles nothing new: the seed, and the float keys the jitted programs
+take as arguments (the objective's coefficients and weight knobs, the rollout's temperature,
+top_p and min_p: `schedules.*`). Member i's config is an ordinary run's config: the launched
+one with `seed` (and with `same_prompts`, `data.seed` = the launched seed) set, and each
+varied key as a constant schedule (`schedules.<key> = v_i`), so that the solo run of a
+member's `config.json` trains what the member trains.
+"""
+
+from __future__ import annotations
+
+import ast
+import copy
+import itertools
+from typing import Any
+
+import ml_collections
+from ml_collections import config_dict
+
+from jaxrl_frontier.core.errors import ConfigError
+from jaxrl_frontier.train.defaults import knob_section
+
+SEED = "seed"
+
+
+def population_section() -> ml_collections.ConfigDict:
+    """`population`: see the module docstring (size 0: one run, no population)."""
+    s = ml_collections.ConfigDict()
+    s.size = 0
+    s.vary = _keys_section()
+    s.grid = _keys_section()
+    s.same_prompts = True
+    return s
+
+
+def _keys_section() -> ml_collections.ConfigDict:
+    """One unset entry per key a member may vary: the seed and every traced float key."""
+    s = knob_section()
+    s.seed = config_dict.placeholder(object)
+    return s
+
+
+def _entries(section) -> dict[str, tuple]:
+    """{dotted key: values} of the entries set; a string value (from the command line) is
+    read as a Python literal."""
+    from jaxrl_frontier.run.knobs import set_entries
+
+    out = {}
+    for key, value in set_entries(section).items():
+        if isinstance(value, str):
+            try:
+                value = ast.literal_eval(value)
+            except (ValueError, SyntaxError):
+                raise ConfigError(
+                    f"config key 'population.{key}' = {value!r}: give a tuple of values, "
+                    "e.g. '(0.01, 0.05)'"
+                ) from None
+        if not isinstance(value, (list, tuple)) or not value:
+            raise ConfigError(
+                f"config key 'population.{key}' = {value!r}: give a non-empty tuple of values"
+            )
+        out[key] = tuple(value)
+    return out
+
+
+def allowed_keys() -> tuple[str, ...]:
+    """The keys a member may vary: the seed and the traced float keys."""
+    from jaxrl_frontier.run.knobs import set_entries
+
+    every = {k: 0 for k in set_entries(_filled(knob_section()))}
+    return (SEED, *sorted(every))
+
+
+def _filled(section: ml_collections.ConfigDict) -> dict:
+    """The section as a dict with every unset entry set to 0 (to list its keys)."""
+    tree = section.to_dict()
+
+    def fill(node):
+        return {k: fill(v) if isinstance(v, dict) else 0 for k, v in node.items()}
+
+    return fill(tree)
+
+
+def member_values(c) -> list[dict[str, Any]]:
+    """Each member's varied values ({key: value}, the seed always among them), in member
+    order; [] when the config has no population. ConfigError naming the key for a key that
+    may not vary, a count that disagrees with `population.size`, or a run the population
+    does not run yet."""
+    p = c.get("population")
+    if p is None:
+        return []
+    vary, grid = _entries(p.vary), _entries(p.grid)
+    if not p.size and not vary and not grid:
+        return []
+    allowed = allowed_keys()
+    for where, entries in (("vary", vary), ("grid", grid)):
+        for key in entries:
+            if key not in allowed:
+                raise ConfigError(
+                    f"config key 'population.{where}.{key}': {key!r} changes the programs' "
+                    "shapes or structure, so members cannot share them; a population varies "
+                    f"the seed and the traced float keys ({', '.join(allowed)}). Use stages "
+                    "or separate runs (scripts/sweep.py) for it"
+                )
+    both = sorted(set(vary) & set(grid))
+    if both:
+        raise ConfigError(f"config key 'population.vary.{both[0]}' is also in population.grid")
+    grid = dict(sorted(grid.items(), key=lambda kv: allowed.index(kv[0])))  # the seed outermost
+    combos = [dict(zip(grid, values)) for values in itertools.product(*grid.values())]
+    size = int(p.size) or (len(combos) if grid else len(next(iter(vary.values()))))
+    if grid and len(combos) != size:
+        raise ConfigError(
+            f"config key 'population.size' = {p.size}: population.grid expands to "
+            f"{len(combos)} members; set size to {len(combos)} or 0"
+        )
+    for key, values in vary.items():
+        if len(values) != size:
+            raise ConfigError(
+                f"config key 'population.vary.{key}' has {len(values)} values for "
+                f"{size} members (population.size): give one per member"
+            )
+    if size < 2:
+        raise ConfigError(f"config key 'population.size' = {size}: a population has >= 2 members")
+    members = []
+    for i in range(size):
+        values = {SEED: int(c.seed) + i, **(combos[i] if grid else {})}
+        values.update({k: v[i] for k, v in vary.items()})
+        members.append(values)
+    _check_runs(c, members)
+    return members
+
+
+def _check_runs(c, members: list[dict[str, Any]]) -> None:
+    """The runs a population does not run yet, each refused naming its key."""
+    from jaxrl_frontier.run.knobs import set_entries
+
+    moving = {**set_entries(c.get("schedules")), **set_entries(c.get("controllers"))}
+    for key in members[0]:
+        if key in moving:
+            raise ConfigError(
+                f"config key 'population.vary.{key}': {key} is scheduled or controlled "
+                "already; a member's value is a constant schedule"
+            )
+    if any(m.get("objective.kl_coef", 1.0) <= 0 for m in members):
+        raise ConfigError(
+            "config key 'population.vary.objective.kl_coef': every member's value must be > 0 "
+            "(the members share the loaded reference model; compare against a small value)"
+        )
+    refusals = {
+        "mode": (c.mode != "rl", "a population trains RL runs (mode = 'rl')"),
+        "rollout.max_staleness": (
+            bool(c.rollout.max_staleness),
+            "members step in turn, without rollouts produced ahead: set it to 0",
+        ),
+        "rollout.partial_budget": (
+            bool(c.rollout.partial_budget),
+            "partial rollouts hold rows in the shared sampler: set it to 0",
+        ),
+        "stages": (bool(c.get("stages")), "stages rebuild each member's programs"),
+        "env.name": (bool(c.env.name), "environment runs are not run as a population yet"),
+        "distributed.num_processes": (
+            (c.distributed.num_processes or 1) > 1,
+            "a population runs on one process",
+        ),
+    }
+    for key, (refused, why) in refusals.items():
+        if refused:
+            raise ConfigError(f"config key {key!r} in a population: {why}")
+
+
+def member_config(c, values: dict[str, Any]) -> ml_collections.ConfigDict:
+    """Member config: the launched config `c` with the member's `values` (module docstring),
+    as an ordinary run's config (no population section set)."""
+    m = copy.deepcopy(c)
+    same_prompts = bool(c.population.same_prompts)
+    m.population = population_section()
+    m.seed = int(values[SEED])
+    if same_prompts and m.data.get("seed") is None:
+        m.data.seed = int(c.seed)
+    for key, value in values.items():
+        if key == SEED:
+            continue
+        section, *path = key.split(".")
+        node = m.schedules[section]
+        for part in path[:-1]:
+            node = node[part]
+        node[path[-1]] = float(value)
+    return m

@@ -1,0 +1,218 @@
+"""A population (run/population.py): every member equals the solo run of its own config
+(bitwise: the members run the same compiled programs), prompts shared with `same_prompts`,
+one compile for all members, a resume after a kill, a stop signal that stops every member
+after the same step, and the keys a population refuses."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+import jax
+import ml_collections
+import numpy as np
+import pytest
+from conftest import RL, Killed, small_rl_config
+
+from jaxrl_frontier.core.errors import ConfigError
+from jaxrl_frontier.run import population, population_config
+from jaxrl_frontier.run import trainer as tr
+from jaxrl_frontier.train import hooks
+
+STEPS = 4
+
+
+def base_config():
+    c = small_rl_config()
+    for key, value in RL.items():  # shaped rewards: advantages from the first step
+        section, name = key.split(".")
+        c[section][name] = value
+    c.objective.kl_coef = 0.05
+    c.train.update(steps=STEPS, log_every=1, eval_every=10**6, checkpoint_every=2)
+    c.train.rollout_log_every = 1
+    c.eval.update(num_prompts=8, batch=8, pass_k=1)
+    return c
+
+
+def population_config_of(size=2, **vary):
+    c = base_config()
+    c.population.size = size
+    for key, values in vary.items():
+        section, name = key.split("__")
+        c.population.vary[section][name] = values
+    return c
+
+
+def rows(workdir, name="metrics.jsonl"):
+    with open(os.path.join(workdir, name)) as f:
+        out = [json.loads(line) for line in f]
+    untimed = lambda r: {k: v for k, v in r.items() if "time" not in k and "second" not in k}  # noqa: E731
+    return [untimed(r) for r in out]
+
+
+def stubbed(pop):
+    for member in pop.members:  # no eval programs: the members' equality is the point
+        member.evaluate = lambda num_prompts=None: {"eval/pass@1_greedy": 0.0}
+    return pop
+
+
+@pytest.fixture(scope="module")
+def two_members(tmp_path_factory):
+    """A population of 2 (seeds 0, 1; kl_coef 0.02, 0.1), run whole, with the compiles of
+    each member's first step counted."""
+    root = str(tmp_path_factory.mktemp("pop"))
+    c = population_config_of(objective__kl_coef=(0.02, 0.1))
+    pop = stubbed(population.Population(c, root))
+    compiles: dict[int, list] = {}
+    seen: list[str] = []
+    listener = lambda event, duration, **kw: (  # noqa: E731
+        seen.append(kw.get("fun_name", "")) if "backend_compile" in event else None
+    )
+
+    class CountFirstStep(hooks.Hook):  # the compiles of each member's first step
+        def __init__(self, i):
+            self.i = i
+
+        def after_step(self, end):
+            if end.done == 1:
+                compiles[self.i] = list(seen)
+                seen.clear()
+
+    for i, member in enumerate(pop.members):
+        member.hooks.insert(0, CountFirstStep(i))
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        summary = pop.run()
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+    return root, pop, summary, compiles
+
+
+def test_members_record_their_values_and_compile_once(two_members):
+    root, pop, summary, compiles = two_members
+    want = [{"seed": 0, "objective.kl_coef": 0.02}, {"seed": 1, "objective.kl_coef": 0.1}]
+    assert json.load(open(os.path.join(root, "population.json")))["members"] == want
+    assert [m["values"] for m in summary["members"]] == want
+    assert [m["step"] for m in summary["members"]] == [STEPS, STEPS]
+    for i, values in enumerate(want):
+        cfg = json.load(open(os.path.join(root, "members", str(i), "config.json")))
+        assert cfg["seed"] == values["seed"] and cfg["data"]["seed"] == 0  # same_prompts
+        assert cfg["schedules"]["objective"]["kl_coef"] == values["objective.kl_coef"]
+        assert cfg["population"]["size"] == 0  # an ordinary run's config
+        kl = [r["schedule/objective.kl_coef"] for r in rows(pop.member_dir(i)) if "train/loss" in r]
+        assert kl == pytest.approx([values["objective.kl_coef"]] * STEPS)
+    # member 0's first step compiled the sampler and the update; member 1's first step runs
+    # those programs (its own optimizer init and key splits aside: none of the big ones)
+    big = ("update", "generate", "logp", "prefill", "decode")
+    assert any(any(b in name for b in big) for name in compiles[0])
+    assert not [name for name in compiles[1] if any(b in name for b in big)], compiles[1]
+
+
+def test_same_prompts_for_every_member(two_members):
+    root, pop, _, _ = two_members
+    prompts = lambda i: [  # noqa: E731
+        (r["step"], r["prompt"]) for r in rows(pop.member_dir(i), "rollouts.jsonl")
+    ]
+    assert {step for step, _ in prompts(0)} == set(range(1, STEPS + 1))
+    assert prompts(0) == prompts(1)
+    tokens = lambda i: [r["completion"] for r in rows(pop.member_dir(i), "rollouts.jsonl")]  # noqa: E731
+    assert tokens(0) != tokens(1)  # each member samples with its own seed and weights
+
+
+def test_a_member_equals_the_solo_run_of_its_config(two_members, tmp_path):
+    root, pop, _, _ = two_members
+    member = pop.members[1]
+    solo_cfg = ml_collections.ConfigDict(
+        json.load(open(os.path.join(pop.member_dir(1), "config.json")))
+    )
+    solo = tr.Trainer(solo_cfg, str(tmp_path))
+    solo.evaluate = lambda num_prompts=None: {"eval/pass@1_greedy": 0.0}
+    solo.run()
+    assert rows(pop.member_dir(1)) == rows(str(tmp_path))
+    assert rows(pop.member_dir(1), "rollouts.jsonl") == rows(str(tmp_path), "rollouts.jsonl")
+    for a, b in zip(jax.tree.leaves(member.state), jax.tree.leaves(solo.state), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_a_killed_population_resumes_bitwise(two_members, tmp_path):
+    _, full, _, _ = two_members
+    c = population_config_of(objective__kl_coef=(0.02, 0.1))
+    pop = stubbed(population.Population(c, str(tmp_path)))
+
+    class KillAfter(hooks.Hook):  # member 1's checkpoint of step 2 on disk, then dead
+        def after_step(self, end):
+            if end.done == 2:
+                pop.members[1].ckpt.wait()
+                raise Killed
+
+    pop.members[1].hooks.append(KillAfter())
+    with pytest.raises(Killed):
+        pop.run()
+    resumed = stubbed(population.Population(c, str(tmp_path)))
+    resumed.run()
+    for i in range(2):
+        assert rows(resumed.member_dir(i)) == rows(full.member_dir(i))
+        state, want = resumed.members[i].state, full.members[i].state
+        for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(want), strict=True):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_a_signal_stops_every_member_after_the_same_step(tmp_path):
+    c = population_config_of()  # seeds 0, 1
+    pop = stubbed(population.Population(c, str(tmp_path)))
+
+    class Signal(hooks.Hook):  # SIGTERM after member 1's step 1: every member stops at 2
+        def after_step(self, end):
+            if end.done == 1:
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    pop.members[1].hooks.append(Signal())
+    summary = pop.run()
+    assert summary["stopped"] and [m["step"] for m in summary["members"]] == [2, 2]
+    for i in range(2):
+        assert sorted(os.listdir(os.path.join(pop.member_dir(i), "checkpoints")))[-1] == "2"
+
+
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        (lambda c: c.population.vary.objective.update(kl_coef=(0.1, 0.2, 0.3)), "has 3 values"),
+        (lambda c: c.population.vary.objective.update(kl_coef=(0.0, 0.2)), "must be > 0"),
+        (lambda c: c.rollout.update(max_staleness=2), "rollout.max_staleness"),
+        (lambda c: c.schedules.objective.update(kl_coef="cosine(0.1, 0.01)"), "scheduled"),
+        (lambda c: c.population.grid.rollout.update(temperature=(0.7, 1.0, 1.3)), "expands to 3"),
+    ],
+)
+def test_refusals_name_the_key(change, words):
+    c = population_config_of(objective__kl_coef=(0.1, 0.2))
+    if "scheduled" in words:
+        c.population.vary.objective.kl_coef = None
+        c.population.vary.objective.kl_coef = (0.1, 0.2)
+    change(c)
+    with pytest.raises(ConfigError, match=words):
+        population_config.member_values(c)
+
+
+def test_a_structural_key_is_refused_with_the_way_out():
+    c = base_config()
+    c.population.size = 2
+    c.population.vary.unlock()
+    c.population.vary.model = dict(hidden_size=(32, 64))
+    with pytest.raises(ConfigError, match="model.hidden_size.*stages or separate runs"):
+        population_config.member_values(c)
+
+
+def test_a_grid_expands_to_its_product():
+    c = base_config()
+    c.population.grid.seed = (3, 4)
+    c.population.grid.rollout.temperature = (0.7, 1.0)
+    got = population_config.member_values(c)
+    assert got == [
+        {"seed": 3, "rollout.temperature": 0.7},
+        {"seed": 3, "rollout.temperature": 1.0},
+        {"seed": 4, "rollout.temperature": 0.7},
+        {"seed": 4, "rollout.temperature": 1.0},
+    ]
+    member = population_config.member_config(c, got[3])
+    assert member.seed == 4 and member.schedules.rollout.temperature == 1.0
