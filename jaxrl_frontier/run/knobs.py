@@ -74,6 +74,9 @@ class KnobPlan:
 
     def __init__(self, schedules: dict[str, Schedule], controllers: dict[str, Controller]):
         self.schedules, self.controllers = schedules, controllers
+        # population-based training moves a member's constant schedules (`set_constant`):
+        # then a resume takes the checkpoint's constants back instead of refusing them
+        self.adopts_constants = False
 
     @classmethod
     def from_config(cls, c, ranges: dict[str, tuple] | None = None) -> KnobPlan:
@@ -187,9 +190,23 @@ class KnobPlan:
             "controller_state": {k: c.state() for k, c in self.controllers.items()},
         }
 
+    def set_constant(self, key: str, value: float) -> None:
+        """Give the constant schedule of `key` the value `value` from now on (a population
+        member's varied key, moved by population-based training: run/population.py)."""
+        old = self.schedules.get(key)
+        if old is None or old.kind != "constant":
+            raise ValueError(f"set_constant: {key!r} has no constant schedule")
+        self.schedules[key] = Schedule(f"schedules.{key}", float(value), old.horizon)
+
     def restore(self, saved: dict[str, Any]) -> None:
         """Continue from a checkpoint's `state()`; ConfigError when a spec changed (a
-        resumed run would follow other values without a word)."""
+        resumed run would follow other values without a word). With `adopts_constants`, a
+        constant schedule takes the checkpoint's value first."""
+        if self.adopts_constants:
+            for key, spec in (saved.get("schedules") or {}).items():
+                if key in self.schedules and self.schedules[key].kind == spec.get("kind"):
+                    if spec["kind"] == "constant":
+                        self.set_constant(key, spec["value"])
         now = self.state()
         changed = [
             f"{section}.{k}"

@@ -1,6 +1,7 @@
 """A population: N runs of one config in one job (`population.*`, run/population_config.py).
 
     workdir/population.json           each member's varied values
+    workdir/lineage.jsonl             population-based training's copies (run/pbt.py)
     workdir/members/<i>/              an ordinary run directory: config.json, metrics.jsonl,
                                       TensorBoard, rollouts.jsonl, checkpoints/, export/
 
@@ -20,13 +21,16 @@ import os
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import ml_collections
 
 from jaxrl_frontier.core import distributed
 from jaxrl_frontier.run import config as config_lib
-from jaxrl_frontier.run import population_config, sections, trainer
+from jaxrl_frontier.run import pbt, population_config, sections, trainer
 from jaxrl_frontier.train.stopping import StopAgreement
 from jaxrl_frontier.train.workdir_lock import take_for_job
+
+LINEAGE = "lineage.jsonl"  # population-based training's copies, a row each
 
 
 class OnceAStep:
@@ -76,6 +80,10 @@ class Population:
                 label=f"[member {i}] ",
             )
             self.members.append(member)
+        self.pbt = pbt.PBTOptions.from_config(c)
+        if self.pbt.every:  # a resume takes each member's moved values from its checkpoint
+            for member in self.members:
+                member.knobs.adopts_constants = True
         self.say(f"[population] {len(self.members)} members: " + "; ".join(
             f"{i}: " + ", ".join(f"{k}={v}" for k, v in m.items())
             for i, m in enumerate(self.values)
@@ -101,12 +109,17 @@ class Population:
                 member.watchdog.start()
             steps = [member.begin() for member in self.members]
             first = min(r.start for r in steps)
+            self._check_pbt_resume(steps)
+            if self.pbt.due(first, self.steps):  # a checkpoint of a PBT step: before its copies
+                self.exploit(first)
             for step in range(first, max(r.stop for r in steps)):
                 for i, member in enumerate(self.members):
                     if stops[i] is None and step in steps[i]:
                         stops[i] = member.advance(step)
                 if "signal" in stops:
                     break
+                if self.pbt.due(step + 1, self.steps) and not any(stops):
+                    self.exploit(step + 1)
             summaries = [m.end(stop) for m, stop in zip(self.members, stops)]
         finally:
             request.restore()
@@ -119,6 +132,51 @@ class Population:
             history=summaries[0]["history"],
             members=[dict(values=v, **s) for v, s in zip(self.values, summaries)],
         )
+
+    @property
+    def steps(self) -> int:
+        return int(self.members[0].launch_config.train.steps)
+
+    def _check_pbt_resume(self, steps: list[range]) -> None:
+        if self.pbt.every and len({r.start for r in steps}) > 1:
+            starts = {i: r.start for i, r in enumerate(steps)}
+            raise config_lib.ConfigError(
+                f"population.pbt: the members resumed from different steps {starts} (a save "
+                "was cut short); PBT needs them at one step: remove the newer checkpoints "
+                "(members/<i>/checkpoints/<step>) down to the oldest common step"
+            )
+
+    def exploit(self, step: int) -> None:
+        """PBT at step `step` (run/pbt.py): the bottom members take a top member's params and
+        optimizer state and its perturbed values; a row per copy in lineage.jsonl (written
+        once: a resumed population redoes the same copies)."""
+        varied = [k for k in self.values[0] if k != population_config.SEED]
+        scores = []
+        for i, member in enumerate(self.members):
+            evals = [e for e in member.history["eval"] if e["step"] == step]
+            if not evals or self.pbt.metric not in evals[-1]:
+                raise config_lib.ConfigError(
+                    f"config key 'population.pbt.metric' = {self.pbt.metric!r}: member {i} has "
+                    f"no such eval metric at step {step}"
+                )
+            scores.append(float(evals[-1][self.pbt.metric]))
+        now = [{k: m.knobs.values(step)[k] for k in varied} for m in self.members]
+        rows = pbt.plan(self.pbt, step, scores, now)
+        for row in rows:
+            source, target = self.members[row["copied_from"]], self.members[row["member"]]
+            copied = jax.tree.map(jnp.copy, (source.state.params, source.state.opt_state))
+            target.state = target.state.replace(params=copied[0], opt_state=copied[1])
+            for key, value in row["values"].items():
+                target.knobs.set_constant(key, value)
+        path = os.path.join(self.workdir, LINEAGE)
+        written = set()
+        if os.path.exists(path):
+            written = {json.loads(line)["step"] for line in open(path)}
+        if jax.process_index() == 0 and step not in written:
+            with open(path, "a") as f:
+                f.writelines(json.dumps(row) + "\n" for row in rows)
+        moves = ", ".join(f"{r['copied_from']}->{r['member']}" for r in rows)
+        self.say(f"[population] step {step}: PBT copies {moves}")
 
 
 def train(config: ml_collections.ConfigDict, workdir: str | None = None) -> dict[str, Any]:

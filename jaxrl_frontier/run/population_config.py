@@ -6,6 +6,7 @@ traced float keys (run/population.py runs them).
     population.grid.<key> = (a, b, ...)            the product of the grid's keys' values
                                                    (the seed outermost, the rest in order)
     population.same_prompts = True                 every member draws the same prompts
+    population.pbt.every = K                       population-based training (run/pbt.py)
 
 What may vary is what compiles nothing new: the seed, and the float keys the jitted programs
 take as arguments (the objective's coefficients and weight knobs, the rollout's temperature,
@@ -26,6 +27,7 @@ import ml_collections
 from ml_collections import config_dict
 
 from jaxrl_frontier.core.errors import ConfigError
+from jaxrl_frontier.run.pbt import pbt_section
 from jaxrl_frontier.train.defaults import knob_section
 
 SEED = "seed"
@@ -38,6 +40,7 @@ def population_section() -> ml_collections.ConfigDict:
     s.vary = _keys_section()
     s.grid = _keys_section()
     s.same_prompts = True
+    s.pbt = pbt_section()  # population-based training (run/pbt.py)
     return s
 
 

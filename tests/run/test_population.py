@@ -216,3 +216,86 @@ def test_a_grid_expands_to_its_product():
     ]
     member = population_config.member_config(c, got[3])
     assert member.seed == 4 and member.schedules.rollout.temperature == 1.0
+
+
+def pbt_population(workdir):
+    """4 members (kl_coef 0.02 .. 0.08) with PBT every 2 steps on a scripted eval: member i
+    scores i / 10, so member 0 copies member 3 at steps 2 (and 4 is the last step: none)."""
+    c = population_config_of(size=4, objective__kl_coef=(0.02, 0.04, 0.06, 0.08))
+    c.train.eval_every = 2
+    c.population.pbt.update(every=2, fraction=0.25, factors=(0.5, 2.0))
+    pop = population.Population(c, str(workdir))
+    for i, member in enumerate(pop.members):
+        member.evaluate = lambda num_prompts=None, i=i: {"eval/pass@1_greedy": i / 10}
+    return pop
+
+
+@pytest.fixture(scope="module")
+def pbt_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("pbt")
+    pop = pbt_population(root)
+    seen = {}
+    exploit = pop.exploit
+
+    def spy(step):  # the weights right after the copies
+        exploit(step)
+        seen[step] = [jax.device_get(m.state.params) for m in pop.members]
+
+    pop.exploit = spy
+    pop.run()
+    return pop, seen
+
+
+def test_pbt_copies_the_top_member_and_perturbs_its_values(pbt_run):
+    pop, seen = pbt_run
+    assert sorted(seen) == [2]  # step 4 is the run's last: no copies after it
+    after = seen[2]
+    for a, b in zip(jax.tree.leaves(after[0]), jax.tree.leaves(after[3]), strict=True):
+        np.testing.assert_array_equal(a, b)  # member 0 holds member 3's weights exactly
+    differ = lambda x, y: any(  # noqa: E731
+        not np.array_equal(a, b) for a, b in zip(jax.tree.leaves(x), jax.tree.leaves(y))
+    )
+    assert differ(after[1], after[3]) and differ(after[2], after[3])  # the others kept theirs
+    (row,) = rows(pop.workdir, "lineage.jsonl")
+    assert (row["step"], row["member"], row["copied_from"]) == (2, 0, 3)
+    assert (row["score"], row["source_score"]) == (0.0, 0.3)
+    new = row["values"]["objective.kl_coef"]
+    assert row["values_before"] == {"objective.kl_coef": pytest.approx(0.02)}
+    assert new in (pytest.approx(0.04), pytest.approx(0.16))  # 0.08 x 0.5 or x 2.0
+    kl = [r["schedule/objective.kl_coef"] for r in rows(pop.member_dir(0)) if "train/loss" in r]
+    assert kl == pytest.approx([0.02, 0.02, new, new])
+
+
+def test_a_killed_pbt_population_resumes_bitwise(pbt_run, tmp_path):
+    full, _ = pbt_run
+    pop = pbt_population(tmp_path)
+
+    class KillAfter(hooks.Hook):  # the last member's checkpoint of step 2, before the copies
+        def after_step(self, end):
+            if end.done == 2:
+                pop.members[3].ckpt.wait()
+                raise Killed
+
+    pop.members[3].hooks.append(KillAfter())
+    with pytest.raises(Killed):
+        pop.run()
+    resumed = pbt_population(tmp_path)
+    resumed.run()
+    assert rows(resumed.workdir, "lineage.jsonl") == rows(full.workdir, "lineage.jsonl")
+    for i in range(4):
+        assert rows(resumed.member_dir(i)) == rows(full.member_dir(i))
+        state, want = resumed.members[i].state, full.members[i].state
+        for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(want), strict=True):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_pbt_plan_ranks_and_draws_reproducibly():
+    from jaxrl_frontier.run import pbt
+
+    options = pbt.PBTOptions(every=2, metric="m", fraction=0.5, factors=(0.5, 2.0), seed=7)
+    scores, values = [0.3, 0.1, 0.9, 0.5], [{"k": 1.0}, {"k": 2.0}, {"k": 3.0}, {"k": 4.0}]
+    got = pbt.plan(options, 4, scores, values)
+    assert [(r["member"], r["copied_from"] in (2, 3)) for r in got] == [(0, True), (1, True)]
+    for r in got:
+        assert r["values"]["k"] / values[r["copied_from"]]["k"] in (0.5, 2.0)
+    assert got == pbt.plan(options, 4, scores, values)  # the same draws on a resume
