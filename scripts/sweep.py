@@ -28,6 +28,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from jaxrl_frontier.core.errors import SweepError  # noqa: E402
+from jaxrl_frontier.sweeps import populations  # noqa: E402
 from jaxrl_frontier.sweeps.collect import RESULTS_JSON, TABLE_CSV, collect  # noqa: E402
 from jaxrl_frontier.sweeps.launch import LAUNCHERS, plan  # noqa: E402
 
@@ -53,6 +54,16 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     run.add_argument("--parallel", type=int, default=1, help="local: runs at once (0: auto)")
     run.add_argument("--cores_per_run", type=int, default=2, help="local --parallel=0 sizing")
     run.add_argument("--dry_run", action="store_true", help="print the runs, start none")
+    run.add_argument(
+        "--population",
+        type=int,
+        default=0,
+        help="pack runs differing only in the seed and traced float keys into populations "
+        "of up to N members, one job each (docs/population.md); 0: one job per run",
+    )
+    run.add_argument(
+        "--same_prompts", action="store_true", help="--population: members share prompts"
+    )
     run.add_argument("--cluster", default=None, help="slurm: None (detect), local or debug")
     run.add_argument("--partition", default=None)
     run.add_argument("--timeout_min", type=int, default=240)
@@ -100,7 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     stem = os.path.splitext(os.path.basename(args.sweep))[0]
     root = args.root or os.path.join(REPO, "runs", "sweeps", stem)
     try:
-        runs = plan(args.sweep, args.config, root)
+        runs = populations.pack(plan(args.sweep, args.config, root), args.population,
+                                same_prompts=args.same_prompts)  # fmt: skip
     except (SweepError, ValueError) as e:
         raise SystemExit(f"sweep error: {e}") from None
     if args.dry_run:

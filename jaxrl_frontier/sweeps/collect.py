@@ -20,6 +20,7 @@ import math
 import os
 from collections import defaultdict
 
+from jaxrl_frontier.sweeps import populations
 from jaxrl_frontier.sweeps.launch import ATTEMPTS_FILE, DONE_FILE, RUN_FILE
 from jaxrl_frontier.sweeps.spec import CONFIG_KEY, SEED_KEY, group_key
 
@@ -138,7 +139,8 @@ def collect(root: str) -> dict:
         os.path.join(root, d)
         for d in os.listdir(root)
         if os.path.isfile(os.path.join(root, d, RUN_FILE))
-    )
+        and not os.path.isdir(os.path.join(root, d, populations.MEMBERS_DIR))
+    ) + populations.member_workdirs(root, RUN_FILE)  # a population's runs: its members
     if not workdirs:
         raise FileNotFoundError(f"sweep root {root}: no run directory (none holds {RUN_FILE})")
     runs = [read_run(w) for w in workdirs]

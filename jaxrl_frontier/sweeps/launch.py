@@ -8,6 +8,8 @@ A run is `scripts/train.py --config=FILE[:ARG] --workdir=ROOT/NAME --config.KEY=
   sweep_done.json     after a successful attempt: the trainer's last line (step, final
                       eval) and the wall time summed over attempts; its presence marks the
                       run finished, and a later sweep skips it
+A population of runs (`--population N`, sweeps/populations.py) writes the first and the last
+into each member's directory too.
 A killed attempt leaves no sweep_done.json: the next sweep starts the same command, which
 resumes from the workdir's newest checkpoint (docs/reliability.md).
 """
@@ -29,6 +31,7 @@ import time
 from collections.abc import Callable
 
 from jaxrl_frontier.core.registry import Registry
+from jaxrl_frontier.sweeps import populations
 from jaxrl_frontier.sweeps.spec import CONFIG_KEY, group_key, load_sweep, run_name, varying_keys
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -50,6 +53,7 @@ class Run:
     overrides: tuple[tuple[str, object], ...]  # (key, value), the config key excluded
     workdir: str
     group: str = ""  # the name without the seed: what collect averages over
+    members: tuple = ()  # a population's runs (sweeps/populations.py), one per member
 
     def train_args(self) -> list[str]:
         """The arguments of scripts/train.py (no program name)."""
@@ -156,6 +160,8 @@ def run_one(run: Run, inprocess: bool = False, cpus: list[int] | None = None) ->
     with open(os.path.join(run.workdir, RUN_FILE), "w") as f:
         meta = dict(name=run.name, group=run.group, config=run.config)
         json.dump(dict(meta, overrides=dict(run.overrides)), f)
+    if run.members:  # a population: each member a run of the sweep's own
+        populations.write_members(run, RUN_FILE)
     start = time.time()
     if inprocess:
         returncode, out, cpu = _train_inprocess(run)
@@ -180,6 +186,8 @@ def run_one(run: Run, inprocess: bool = False, cpus: list[int] | None = None) ->
         )
         with open(os.path.join(run.workdir, DONE_FILE), "w") as f:
             json.dump(done, f)
+        if run.members:
+            populations.finish_members(run, out, done, DONE_FILE)
     error = "" if status == "done" else (out.strip().splitlines() or ["(no output)"])[-1]
     return dict(name=run.name, status=status, seconds=seconds, returncode=returncode, error=error)
 

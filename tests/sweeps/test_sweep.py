@@ -252,3 +252,40 @@ def test_a_pinned_run_records_the_cores_it_had():
     assert machine([0, 1, 2]).endswith(", 3 cores")
     n = len(os.sched_getaffinity(0))
     assert machine().endswith(f", {n} core{'s' if n > 1 else ''}")
+
+
+POPULATION_SWEEP = f"""
+from jaxrl_frontier.sweeps import grid, product, seeds
+
+TINY = {TINY!r}
+
+def get_sweep():
+    kl = grid(**{{"objective.kl_coef": [0.01, 0.05]}})
+    return product(kl, seeds(2), [TINY], [{{"objective.advantage": "rloo"}}])
+"""
+
+
+def test_a_sweep_packed_into_a_population_collects_as_its_runs(tmp_path):
+    from jaxrl_frontier.sweeps import populations
+
+    sweep = write_sweep(tmp_path, POPULATION_SWEEP)
+    root = str(tmp_path / "root")
+    solo = plan(sweep, "configs/grpo_arith.py:runlocal", root)
+    runs = populations.pack(solo, 4)
+    assert len(solo) == 4 and len(runs) == 1 and len(runs[0].members) == 4
+    given = dict(runs[0].overrides)
+    assert given["population.vary.seed"] == (0, 1, 0, 1)
+    assert given["population.vary.objective.kl_coef"] == (0.01, 0.01, 0.05, 0.05)
+    assert given["objective.advantage"] == "rloo" and given["population.same_prompts"] is False
+    (result,) = launch_local(runs, say=lambda _: None, inprocess=True)
+    assert result["status"] == "done", result.get("error")
+    out = collect(root)
+    assert sorted(r["name"] for r in out["runs"]) == sorted(r.name for r in solo)
+    assert [g["seeds"] for g in out["groups"]] == [[0, 1], [0, 1]]
+    assert all(r["status"] == "done" and r["step"] == 2 for r in out["runs"])
+    for i, member in enumerate(solo):  # each member ran its own run's seed and value
+        cfg = json.load(open(os.path.join(populations.member_dir(runs[0], i), "config.json")))
+        want = dict(member.overrides)
+        assert cfg["seed"] == want["seed"] and cfg["data"]["seed"] is None
+        assert cfg["schedules"]["objective"]["kl_coef"] == want["objective.kl_coef"]
+    assert populations.pack(solo, 3)[1] is solo[3]  # a group's rest of one runs alone
