@@ -91,14 +91,23 @@ def main(argv=None) -> dict:
     p.add_argument("--rounds", type=int, default=1, help="alternating solo / population rounds")
     p.add_argument("--workdir", default="/tmp/population_bench")
     p.add_argument("--out", default=str(common.REPO / "artifacts" / "population.json"))
+    p.add_argument("--solo-runs", type=int, default=0, help="solo runs timed (0: --members)")
+    p.add_argument("--batched", action="store_true", help="population.batched_update = True")
+    p.add_argument(
+        "--scratch", action="store_true", help="from a random policy with shaped rewards, no SFT"
+    )
     p.add_argument("--crn", action="store_true", help="the common-random-numbers comparison")
     p.add_argument("--kl", type=float, nargs=2, default=(0.01, 0.1), help="--crn's two arms")
     args = p.parse_args(argv)
-    sft = os.path.join(args.workdir, "sft")
-    if not os.path.exists(os.path.join(sft, "export")):
-        _train(str(common.REPO / "configs" / "sft_arith.py"), sft, {})
     rl = str(common.REPO / "configs" / "grpo_arith.py")
-    base = {"model.init": "checkpoint", "model.path": sft, "train.steps": args.steps}
+    if args.scratch:  # a random policy, shaped rewards: benchmarks/configs/grpo_arith_scratch.py
+        rl = str(common.REPO / "benchmarks" / "configs" / "grpo_arith_scratch.py")
+        base = {"train.steps": args.steps}
+    else:
+        sft = os.path.join(args.workdir, "sft")
+        if not os.path.exists(os.path.join(sft, "export")):
+            _train(str(common.REPO / "configs" / "sft_arith.py"), sft, {})
+        base = {"model.init": "checkpoint", "model.path": sft, "train.steps": args.steps}
     load = lambda: os.getloadavg()[0]  # noqa: E731
     result = dict(machine=common.machine_info(jax_device=False), load_before=load(), rounds=[])
     if args.crn:
@@ -109,15 +118,16 @@ def main(argv=None) -> dict:
         round_dir = os.path.join(args.workdir, f"round{r}")
         shutil.rmtree(round_dir, ignore_errors=True)
         solo = []
-        for i in range(args.members):
+        for i in range(args.solo_runs or args.members):
             overrides = {**base, "seed": i, "data.seed": 0}
             solo.append(_train(rl, os.path.join(round_dir, f"solo{i}"), overrides))
         pop_dir = os.path.join(round_dir, "population")
-        pop = _train(rl, pop_dir, {**base, "population.size": args.members})
+        batched = {"population.batched_update": True} if args.batched else {}
+        pop = _train(rl, pop_dir, {**base, "population.size": args.members, **batched})
         equal = [
             _rows(os.path.join(pop_dir, "members", str(i)))
             == _rows(os.path.join(round_dir, f"solo{i}"))
-            for i in range(args.members)
+            for i in range(len(solo))
         ]
         steps = sorted(_step_seconds(os.path.join(round_dir, "solo0"))[1:])
         result["rounds"].append(
@@ -125,7 +135,8 @@ def main(argv=None) -> dict:
                 solo_seconds=[round(s, 2) for s in solo],
                 solo_total_seconds=round(sum(solo), 2),
                 population_seconds=round(pop, 2),
-                speedup=round(sum(solo) / pop, 3),
+                speedup=round(sum(solo) / len(solo) * args.members / pop, 3),
+                population_over_one_solo=round(pop / (sum(solo) / len(solo)), 3),
                 members_equal_solo=equal,
                 solo_median_logged_step_seconds=steps[len(steps) // 2] if steps else None,
             )
@@ -133,7 +144,8 @@ def main(argv=None) -> dict:
         print(json.dumps(result["rounds"][-1]), flush=True)
     result["load_after"] = load()
     result["speedup_median"] = sorted(x["speedup"] for x in result["rounds"])[args.rounds // 2]
-    result.update(members=args.members, steps=args.steps, config="configs/grpo_arith.py")
+    result.update(members=args.members, steps=args.steps, config=os.path.relpath(rl, common.REPO))
+    result.update(batched_update=args.batched, scratch=args.scratch)
     return common.write_json(result, args.out)
 
 

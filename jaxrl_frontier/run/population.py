@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import ml_collections
 
 from jaxrl_frontier.core import distributed
+from jaxrl_frontier.rl.learn.members import MemberUpdates
 from jaxrl_frontier.run import config as config_lib
 from jaxrl_frontier.run import pbt, population_config, sections, trainer
 from jaxrl_frontier.train.stopping import StopAgreement
@@ -80,6 +81,9 @@ class Population:
                 label=f"[member {i}] ",
             )
             self.members.append(member)
+        self.updates = None  # population.batched_update: one update of every member
+        if c.population.batched_update:
+            self.updates = MemberUpdates([m.step.learner for m in self.members])
         self.pbt = pbt.PBTOptions.from_config(c)
         if self.pbt.every:  # a resume takes each member's moved values from its checkpoint
             for member in self.members:
@@ -113,9 +117,12 @@ class Population:
             if self.pbt.due(first, self.steps):  # a checkpoint of a PBT step: before its copies
                 self.exploit(first)
             for step in range(first, max(r.stop for r in steps)):
-                for i, member in enumerate(self.members):
-                    if stops[i] is None and step in steps[i]:
-                        stops[i] = member.advance(step)
+                active = [
+                    i for i in range(len(self.members)) if stops[i] is None and step in steps[i]
+                ]
+                runs = self._batched(step) if len(active) == len(self.members) else {}
+                for i in active:
+                    stops[i] = self.members[i].advance(step, runs.get(i))
                 if "signal" in stops:
                     break
                 if self.pbt.due(step + 1, self.steps) and not any(stops):
@@ -132,6 +139,20 @@ class Population:
             history=summaries[0]["history"],
             members=[dict(values=v, **s) for v, s in zip(self.values, summaries)],
         )
+
+    def _batched(self, step: int) -> dict[int, Any]:
+        """With `population.batched_update`: every member's batch collected, one vmapped
+        update of them all (rl/learn/members.py); {member: its step's finish} for
+        `Trainer.advance`. {} otherwise (each member steps whole, in turn)."""
+        if self.updates is None:
+            return {}
+        got = [m.step.collect() for m in self.members]
+        exps, keys = [g["exp"] for g in got], [m.step.next_key for m in self.members]
+        metrics = self.updates.update(exps, keys)
+        return {
+            i: (lambda m=m, g=g, x=x: m.step.finish(g, x))
+            for i, (m, g, x) in enumerate(zip(self.members, got, metrics))
+        }
 
     @property
     def steps(self) -> int:

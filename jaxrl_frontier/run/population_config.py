@@ -40,6 +40,9 @@ def population_section() -> ml_collections.ConfigDict:
     s.vary = _keys_section()
     s.grid = _keys_section()
     s.same_prompts = True
+    # one vmapped update over the members' stacked states (rl/learn/members.py) in place of
+    # an update per member: equal up to the order of float reductions
+    s.batched_update = False
     s.pbt = pbt_section()  # population-based training (run/pbt.py)
     return s
 

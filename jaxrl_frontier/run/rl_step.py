@@ -90,6 +90,16 @@ class RLStep:
     # ------------------------------------------------------------------ the step
 
     def __call__(self):
+        """One step: `collect`, the learner's update, `finish`."""
+        got = self.collect()
+        with self.watchdog.phase("update"):
+            step_metrics = self.learner.update(got["exp"], self.next_key)
+        return self.finish(got, step_metrics)
+
+    def collect(self) -> dict[str, Any]:
+        """This step's batch (taken ahead, begun by partial rollouts, or produced now), the
+        source told its results, batches ahead started, this step's knob values set on the
+        learner: {done, exp, info, objective_knobs}, what the update and `finish` read."""
         c = self.config
         done = int(self.state.step) + 1
         boundaries = stages_lib.boundaries(self.stages)  # no batch in flight across a stage
@@ -105,13 +115,17 @@ class RLStep:
         objective_knobs = KnobPlan.split(self.knobs.values(done - 1))[0]
         if objective_knobs:  # this step's values, arguments of the update
             self.learner.set_knobs(objective_knobs)
-        with self.watchdog.phase("update"):
-            step_metrics = self.learner.update(exp, self.next_key)
+        return dict(done=done, exp=exp, info=info, objective_knobs=objective_knobs)
+
+    def finish(self, got: dict[str, Any], step_metrics: list[dict]):
+        """After the update (`step_metrics`): the stop rules, the rollout log, the
+        controllers; returns scalars(seconds) for the metrics writers."""
+        c, done, exp, info = self.config, got["done"], got["exp"], got["info"]
         self.ahead.publish(self._batch_maker)  # a free-running producer's next weights
         self.guard.check_rewards(done, info["n_failed"], c.data.prompt_batch * c.rollout.group_size)
         self.guard.check_updates(done, step_metrics)
         self._log_rollouts(done, exp, info)
-        extra = self._extra_scalars(info, objective_knobs)
+        extra = self._extra_scalars(info, got["objective_knobs"])
         if self.knobs.controllers:  # each reads its metric of this step, for the next
             self.knobs.observe(rl_step_scalars(step_metrics, info, 0.0, self.state.skipped))
         return lambda dt: {**rl_step_scalars(step_metrics, info, dt, self.state.skipped), **extra}

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -126,9 +127,7 @@ class Trainer:
     def state(self, value) -> None:
         self.step.state = value
 
-    @property
-    def source(self):
-        return self.step.source
+    source = property(lambda self: self.step.source)  # the prompt source
 
     def say(self, msg: str) -> None:
         """Print on process 0."""
@@ -219,10 +218,10 @@ class Trainer:
             hook.begin(start)
         return range(start, last)
 
-    def advance(self, step: int) -> str | None:
-        """Step `step` + 1 and the hooks after it; the reason to stop after it, or None."""
+    def advance(self, step: int, run: Callable | None = None) -> str | None:
+        """Step `step` + 1 (by `run()` if given: a batched member), its hooks; why it stops."""
         t0 = time.perf_counter()
-        scalars = self.step()
+        scalars = (run or self.step)()
         dt = time.perf_counter() - t0
         end = hooks_lib.StepEnd(step + 1, self.launch_config.train.steps, lambda: scalars(dt))
         for hook in self.hooks:

@@ -438,6 +438,20 @@ class Learner:
             )
         return pack, layout
 
+    @property
+    def tx(self):
+        """The optimizer (optax)."""
+        return self._tx
+
+    @property
+    def loss_of(self) -> Callable:
+        """loss_of(params, batch, denominator=, frozen=) -> (loss, metrics): the update's."""
+        return self._loss_of
+
+    @property
+    def grad_accum(self) -> int:
+        return self._grad_accum
+
     def share_programs(self, other: Learner) -> None:
         """Run `other`'s compiled (select, update) programs from now on: a learner of the
         same structure (objective, shapes, optimizer; only traced values and the state

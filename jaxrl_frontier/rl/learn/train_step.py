@@ -198,6 +198,7 @@ def make_update_fn(
     *,
     denominator_fn: Callable | None = None,
     frozen_sharding=None,
+    members: dict | None = None,
 ):
     """Jitted `update(state, batch[, frozen]) -> (state, metrics)`; donates the old state.
 
@@ -208,6 +209,10 @@ def make_update_fn(
     `knobs` of the objective), passed through to `loss_of(..., frozen=)`.
     A non-finite loss or gradient skips the update (params and optimizer state unchanged)
     and counts it in `state.skipped`, so one bad batch does not end a long run.
+    members: a population's members updated at once (`rl.learn.members`): the state, the
+    batch and the metrics gain a leading [N] axis, and so do the entries of `frozen` this
+    dict maps to 0 (the knobs; None: shared, a teacher's weights); `update` is vmapped over
+    it and every sharding gets a replicated leading axis.
     """
     del graphdef  # the loss closes over it
     # an optimizer state offloaded to host memory (`init_opt_state`) comes to the device for
@@ -236,10 +241,29 @@ def make_update_fn(
         metrics = dict(metrics, loss=loss, grad_norm=grad_norm, update_skipped=1.0 - finite)
         return state, metrics
 
+    fn = update
+    if members is not None:  # one program over the members' stacked states
+        frozen_axes = (
+            None if frozen_sharding is None else {k: members.get(k) for k in frozen_sharding}
+        )
+        fn = jax.vmap(update, in_axes=(0, 0, frozen_axes))
+        state_sharding, batch_sharding_tree = stacked(state_sharding), stacked(batch_sharding_tree)
+        if frozen_sharding is not None:
+            frozen_sharding = {
+                k: stacked(v) if members.get(k) == 0 else v for k, v in frozen_sharding.items()
+            }
     if frozen_sharding is None:  # nothing frozen: update(state, batch)
-        fn, in_shardings = (lambda s, b: update(s, b)), (state_sharding, batch_sharding_tree)
+        step, in_shardings = (lambda s, b: fn(s, b)), (state_sharding, batch_sharding_tree)
     else:
-        fn, in_shardings = update, (state_sharding, batch_sharding_tree, frozen_sharding)
+        step, in_shardings = fn, (state_sharding, batch_sharding_tree, frozen_sharding)
     return jax.jit(
-        fn, in_shardings=in_shardings, out_shardings=(state_sharding, None), donate_argnums=(0,)
+        step, in_shardings=in_shardings, out_shardings=(state_sharding, None), donate_argnums=(0,)
     )
+
+
+def stacked(shardings):
+    """Each NamedSharding of the tree with a leading replicated axis (a population's member
+    axis: `make_update_fn(members=)`); other leaves as they are."""
+    is_named = lambda s: isinstance(s, jax.sharding.NamedSharding)  # noqa: E731
+    lead = lambda s: jax.sharding.NamedSharding(s.mesh, jax.sharding.PartitionSpec(None, *s.spec))  # noqa: E731
+    return jax.tree.map(lambda s: lead(s) if is_named(s) else s, shardings)

@@ -1,0 +1,112 @@
+"""One update for a population's members: their learners' states stacked on a leading [N]
+axis and one vmapped program (`train_step.make_update_fn(members=)`) in place of N updates.
+
+    MemberUpdates(learners).update(experiences, next_keys) -> [metrics per optimizer step]
+                                                             for each member
+
+Each member keeps its own minibatch order (its own RNG stream, `Learner.update`'s), its own
+knob values (`frozen['knobs']`, stacked) and, after the update, its own state: the result
+is member i's `Learner.update` up to the order of floating-point reductions (a vmapped matmul
+may sum in another order). The learners share one structure (a population's members:
+run/population.py); packed rows and a learned critic are not batched (refused).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+
+from jaxrl_frontier.core import sharding
+from jaxrl_frontier.core.errors import ConfigError
+from jaxrl_frontier.objectives import losses
+from jaxrl_frontier.rl.experience import Experience
+from jaxrl_frontier.rl.learn.learner import Learner, minibatch_order
+from jaxrl_frontier.rl.learn.train_step import make_update_fn, stacked
+
+
+class MemberUpdates:
+    """The vmapped update of `learners` (module docstring)."""
+
+    def __init__(self, learners: Sequence[Learner]):
+        first = learners[0]
+        if first.pack is not None or first.critic is not None:
+            what = "train.pack_tokens" if first.pack is not None else "critic"
+            raise ConfigError(
+                f"config key 'population.batched_update': the members' update is not batched "
+                f"with {what} yet: set population.batched_update = False"
+            )
+        self.learners = list(learners)
+        self._programs: dict[tuple[str, ...], Callable] = {}
+
+    def _program(self, keys: tuple[str, ...]) -> Callable:
+        """The vmapped update for a batch with these keys (built once per key set)."""
+        if keys not in self._programs:
+            first = self.learners[0]
+            batch_sh = {k: sharding.batch_sharding(first.mesh, 2) for k in keys}
+            frozen_sh = None
+            if first.frozen is not None:
+                frozen_sh = jax.tree.map(lambda x: x.sharding, first.frozen)
+            objective = first.options.objective
+            self._programs[keys] = make_update_fn(
+                None,
+                first.tx,
+                first.loss_of,
+                first.grad_accum,
+                jax.tree.map(lambda x: x.sharding, first.state),
+                batch_sh,
+                denominator_fn=lambda b: losses.aggregation_denominator(objective, b["loss_mask"]),
+                frozen_sharding=frozen_sh,
+                members={"knobs": 0},
+            )
+        return self._programs[keys]
+
+    def update(
+        self, experiences: Sequence[Experience], next_keys: Sequence[Callable[[], jax.Array]]
+    ) -> list[list[dict]]:
+        """Epochs x minibatches of one update of every member (each its own Experience and
+        key stream); each member's metrics, as `Learner.update` returns them."""
+        learners, first = self.learners, self.learners[0]
+        batches = [e.update_batch() for e in experiences]
+        keys = tuple(sorted(batches[0]))
+        select = first.programs(keys)[0]
+        update = self._program(keys)
+        # every epoch's order first: each key drawn moves the member's RNG in its state, which
+        # is stacked next (the update never reads the RNG, so the draws' order is the same)
+        orders = [
+            [minibatch_order(k(), first.rows, first.update_groups) for k in next_keys]
+            for _ in range(first.epochs)
+        ]
+        state_sh = jax.tree.map(lambda x: x.sharding, first.state)
+        state = _stack([lr.state for lr in learners], state_sh)
+        frozen = None
+        if first.frozen is not None:
+            frozen = dict(first.frozen)
+            if "knobs" in frozen:
+                knobs = [lr.frozen["knobs"] for lr in learners]
+                frozen["knobs"] = _stack(knobs, jax.tree.map(lambda x: x.sharding, knobs[0]))
+        batch_sh = {k: sharding.batch_sharding(first.mesh, 2) for k in keys}
+        metrics: list[list[dict]] = [[] for _ in learners]
+        rows = first.minibatch_rows
+        for epoch in orders:
+            for j in range(first.minibatches):
+                mbs = [select(b, o[j * rows : (j + 1) * rows]) for b, o in zip(batches, epoch)]
+                mb = _stack(mbs, batch_sh)
+                if frozen is None:
+                    state, m = update(state, mb)
+                else:
+                    state, m = update(state, mb, frozen)
+                for i in range(len(learners)):
+                    metrics[i].append(jax.tree.map(lambda x, i=i: x[i], m))
+        for i, lr in enumerate(learners):
+            own = jax.tree.map(lambda x, i=i: x[i], state)
+            own = jax.device_put(own, jax.tree.map(lambda x: x.sharding, lr.state))
+            lr.state = own.replace(step=own.step + 1)
+        return metrics
+
+
+def _stack(trees: list, shardings):
+    """The trees stacked on a new leading axis, placed by `shardings` (a member's) with a
+    replicated member axis."""
+    return jax.device_put(jax.tree.map(lambda *xs: jnp.stack(xs), *trees), stacked(shardings))
