@@ -30,4 +30,4 @@ format:
 # One pytest process per test file, two at a time (tests/run_files.py): the suite is
 # compile-bound, and XLA compiles one program on one core.
 test: install-test lint
-	$(BIN)/python tests/run_files.py --workers 2 tests
+	$(BIN)/python tests/run_files.py --workers 2 tests benchmarks/tests
