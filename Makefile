@@ -19,15 +19,15 @@ demo: install
 	$(BIN)/python scripts/demo.py
 
 lint: install-test
-	$(BIN)/ruff check jaxrl_frontier scripts benchmarks configs tests
-	$(BIN)/ruff format --check jaxrl_frontier scripts benchmarks configs tests
+	$(BIN)/ruff check jaxrl_frontier scripts benchmarks configs sweeps tests
+	$(BIN)/ruff format --check jaxrl_frontier scripts benchmarks configs sweeps tests
 	$(BIN)/lint-imports
 
 format:
-	$(BIN)/ruff check --fix jaxrl_frontier scripts benchmarks configs tests
-	$(BIN)/ruff format jaxrl_frontier scripts benchmarks configs tests
+	$(BIN)/ruff check --fix jaxrl_frontier scripts benchmarks configs sweeps tests
+	$(BIN)/ruff format jaxrl_frontier scripts benchmarks configs sweeps tests
 
 # One pytest process per test file, two at a time (tests/run_files.py): the suite is
 # compile-bound, and XLA compiles one program on one core.
 test: install-test lint
-	$(BIN)/python tests/run_files.py --workers 2 tests
+	$(BIN)/python tests/run_files.py --workers 2 tests benchmarks/tests

@@ -16,6 +16,8 @@ import sys
 import time
 from pathlib import Path
 
+from jaxrl_frontier.core.machine import cpu_info
+
 REPO = Path(__file__).resolve().parents[1]
 
 # The packages whose versions a figure depends on (recorded in every JSON).
@@ -85,25 +87,6 @@ def config_text(config) -> dict:
 
 
 # ----------------------------------------------------------------------------- machine
-
-
-def cpu_info() -> dict:
-    """The CPU model, its vector extensions (AVX2, AVX-512, AMX) and cores, from
-    /proc/cpuinfo: CPU timings depend on all three."""
-    model, flags = platform.processor() or "unknown", set()
-    if os.path.exists("/proc/cpuinfo"):
-        for line in open("/proc/cpuinfo"):
-            key, _, value = line.partition(":")
-            if key.strip() == "model name":
-                model = value.strip()
-            elif key.strip() == "flags":
-                flags = set(value.split())
-    names = {"avx2": "AVX2", "avx512f": "AVX-512", "amx_tile": "AMX"}
-    return dict(
-        cpu_model=model,
-        vector_extensions=[name for flag, name in names.items() if flag in flags],
-        cpu_count=os.cpu_count(),
-    )
 
 
 def versions() -> dict:

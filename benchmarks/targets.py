@@ -256,14 +256,14 @@ def memory_rows(result: dict, source: str) -> list[Row]:
     what = f"params + optimizer state per device, {result['model']}, FSDP on {devices} devices vs 1"
     measured = f"**{ratio:.2f}x** ({one / 1e6:,.0f} MB -> {many / 1e6:,.0f} MB)"
     rows = [at_least(m, what, ratio, goal, f"{{:.1f}}x (close to {devices}x)", measured, source)]
-    if "compiled_peak_bytes" in result[f"fsdp_{devices}"]:
+    if "peak_bound_bytes" in result:
         # the compiled update's arguments + temporaries per device: at most 1/N of one
         # device's plus one layer's gathered weights
-        one = result["1_device"]["compiled_peak_bytes"]
+        one = result["1_device"]["programs"]["update"]["peak"]
         for label, name in ((f"fsdp_{devices}", ""), (f"fsdp_{devices}_remat_full", ", remat")):
             if label not in result:
                 continue
-            peak, bound = result[label]["compiled_peak_bytes"], result["peak_bound_bytes"]
+            peak, bound = result[label]["programs"]["update"]["peak"], result["peak_bound_bytes"]
             rows.append(
                 Row(
                     m,

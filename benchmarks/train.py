@@ -1,16 +1,14 @@
-"""Train-step MFU and sharded memory: the jitted update of `rl.learn.train_step.make_update_fn` (forward,
+"""Train-step MFU: the jitted update of `rl.learn.train_step.make_update_fn` (forward,
 backward, clip + AdamW) on random Llama-shaped models, against a matmul peak measured in the
-same run; and per-device bytes under FSDP on 8 fake devices: params + optimizer state, and
-the compiled update's arguments, temporaries and peak (`compiled.memory_analysis()`).
+same run (per-device memory under FSDP: benchmarks/memory.py, `bench.py memory`).
 
     python benchmarks/bench.py train
     python benchmarks/bench.py train --models 25m --variants rl_plain,rl_fused --repeats 3
     python benchmarks/bench.py train --models tiny --batches tiny=16 --seq 48 \
         --variants rl_fused,rl_fused+unroll,rl_fused+dpa,rl_plain+unroll
-    python benchmarks/bench.py memory
 
-`bench_mfu(args)` and `bench_memory(args)` are registered in benchmarks/bench.py as `train`
-and `memory`, with `add_mfu_arguments` / `add_memory_arguments`.
+`bench_mfu(args)` is registered in benchmarks/bench.py as `train` (with the padded vs packed
+workload of train_spread.py), with `add_mfu_arguments`.
 
 FLOPs of one step (stated in the JSON as `flops_formula`):
 
@@ -40,7 +38,6 @@ import json
 import os
 import re
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -447,134 +444,4 @@ def bench_mfu(args) -> dict:
         load_average_before=list(load_before),
         load_average_after=list(os.getloadavg()),
     )
-    return result
-
-
-# ----------------------------------------------------------------------------- memory
-
-
-def add_memory_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default="100m", help=f"from {sorted(TRAIN_MODELS)}")
-    p.add_argument("--devices", type=int, default=8)
-
-
-def compiled_memory(compiled) -> dict:
-    """Per-device bytes of a compiled program (`memory_analysis()`): arguments, temporaries,
-    outputs, the outputs that alias (donated) arguments, and the peak they add up to
-    (arguments + temporaries + outputs - aliased); {} where the backend reports none."""
-    mem = compiled.memory_analysis()
-    if mem is None:
-        return {}
-    row = dict(
-        compiled_argument_bytes=mem.argument_size_in_bytes,
-        compiled_temp_bytes=mem.temp_size_in_bytes,
-        compiled_output_bytes=mem.output_size_in_bytes,
-        compiled_alias_bytes=mem.alias_size_in_bytes,
-    )
-    row["compiled_peak_bytes"] = (
-        mem.argument_size_in_bytes
-        + mem.temp_size_in_bytes
-        + mem.output_size_in_bytes
-        - mem.alias_size_in_bytes
-    )
-    return row
-
-
-def _memory_child(model: str) -> dict:
-    """In a process with N fake devices: per-device bytes of params + AdamW state, from the
-    shards placed on device 0, and from the compiled update's memory analysis (arguments,
-    temporaries and their peak)."""
-    import jax
-    from flax import nnx
-
-    from jaxrl_frontier.core import sharding
-    from jaxrl_frontier.rl.learn.optimizer import build_optimizer
-    from jaxrl_frontier.run import config as config_lib
-
-    n = jax.device_count()
-    tx = build_optimizer(config_lib.base_config().optimizer, 1000)
-    out = {}
-    for label, shape, devices, remat in (
-        ("1_device", (1, 1, 1), jax.devices()[:1], False),
-        (f"fsdp_{n}", (1, n, 1), jax.devices(), False),
-        (f"fsdp_{n}_remat_full", (1, n, 1), jax.devices(), "full"),
-    ):
-        cfg = model_config(model, remat=remat)
-        mesh = sharding.make_mesh(shape, devices)
-        graphdef, params = nnx.split(build_model(cfg, mesh))
-        state = make_state(params, tx, mesh)
-        dev0 = devices[0]
-
-        def on_dev0(tree, dev0=dev0):
-            return sum(
-                s.data.nbytes
-                for x in jax.tree.leaves(tree)
-                for s in x.addressable_shards
-                if s.device == dev0
-            )
-
-        row = dict(
-            mesh=dict(zip(sharding.MESH_AXES, shape)),
-            remat=remat,
-            params_bytes=on_dev0(state.params),
-            opt_state_bytes=on_dev0(state.opt_state),
-        )
-        row["total_bytes"] = row["params_bytes"] + row["opt_state_bytes"]
-        data = rl_batch(cfg.vocab_size, n, 64, prompt_len=16)
-        update = _update_fn("rl_fused", graphdef, tx, state, mesh, list(data))
-        compiled = update.lower(state, sharding.shard_batch(data, mesh)).compile()
-        row.update(compiled_memory(compiled))
-        out[label] = row
-        del state, params, graphdef, compiled
-    one, many = out["1_device"], out[f"fsdp_{n}"]
-    out["ratio_total"] = one["total_bytes"] / many["total_bytes"]
-    # one layer's weights, gathered whole on a device while the scan runs that layer
-    out["one_layer_param_bytes"] = layer_param_bytes(cfg)
-    if "compiled_argument_bytes" in one:
-        out["ratio_compiled_arguments"] = (
-            one["compiled_argument_bytes"] / many["compiled_argument_bytes"]
-        )
-        out["ratio_compiled_temps"] = one["compiled_temp_bytes"] / many["compiled_temp_bytes"]
-        out["ratio_compiled_peak"] = one["compiled_peak_bytes"] / many["compiled_peak_bytes"]
-        # the target: 1/N of one device's peak plus one layer's gathered weights
-        out["peak_bound_bytes"] = one["compiled_peak_bytes"] / n + out["one_layer_param_bytes"]
-        remat_row = out[f"fsdp_{n}_remat_full"]
-        out["ratio_compiled_peak_remat_full"] = (
-            one["compiled_peak_bytes"] / remat_row["compiled_peak_bytes"]
-        )
-    out["devices"] = n
-    out["params"] = cfg.num_params()
-    return out
-
-
-def layer_param_bytes(cfg) -> int:
-    """Bytes of one layer's parameters in `cfg.param_dtype`."""
-    import jax.numpy as jnp
-
-    per_layer = (
-        cfg.num_params()
-        - cfg.vocab_size * cfg.hidden_size * (1 if cfg.tie_word_embeddings else 2)
-        - cfg.hidden_size
-    ) // cfg.num_layers
-    return per_layer * jnp.dtype(cfg.param_dtype).itemsize
-
-
-def bench_memory(args) -> dict:
-    """Per-device params + optimizer bytes: FSDP on N fake CPU devices vs 1 device."""
-    env = dict(os.environ)
-    env["XLA_FLAGS"] = (
-        env.get("XLA_FLAGS", "") + f" --xla_force_host_platform_device_count={args.devices}"
-    ).strip()
-    env["JAX_PLATFORMS"] = "cpu"
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(common.REPO), env.get("PYTHONPATH")]))
-    code = (
-        "import json; from benchmarks import train; "
-        f"print('@@' + json.dumps(train._memory_child({args.model!r})))"
-    )
-    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
-    if proc.returncode:
-        raise RuntimeError(f"memory child failed:\n{proc.stderr[-4000:]}")
-    line = [x for x in proc.stdout.splitlines() if x.startswith("@@")][-1]
-    result = dict(model=args.model, config=TRAIN_MODELS[args.model], **json.loads(line[2:]))
-    result["xla_flags"] = env["XLA_FLAGS"]
     return result

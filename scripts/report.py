@@ -2,7 +2,7 @@
 
     python scripts/report.py [--runs runs/sweeps] [--data docs/results/data] [--out docs/results.md]
 
-Claim by claim (scripts/claims.py): the sweep files in sweeps/ that redo it,
+Claim by claim (one file each, sweeps/claim_*.py, listed by scripts/claims.py): its sweeps,
 the task, a figure of mean +- std curves over seeds, a table (mean +- std over seeds),
 steps and wall time, and a verdict from a stated rule.
 

@@ -31,6 +31,7 @@ from jaxrl_frontier.core.errors import SweepError  # noqa: E402
 from jaxrl_frontier.sweeps import populations  # noqa: E402
 from jaxrl_frontier.sweeps.collect import RESULTS_JSON, TABLE_CSV, collect  # noqa: E402
 from jaxrl_frontier.sweeps.launch import LAUNCHERS, plan  # noqa: E402
+from jaxrl_frontier.sweeps.spec import sweep_name  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -47,7 +48,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         "sweeps/claim_a.py --config=configs/grpo_arith.py:runlocal --parallel=2",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    run.add_argument("sweep", help="a sweep file (get_sweep() -> list of override dicts)")
+    run.add_argument(
+        "sweep", help="a sweep file (get_sweep() -> list of override dicts), or FILE:STAGE"
+    )
     run.add_argument("--config", default=None, help="FILE.py[:ARG] for runs without 'config'")
     run.add_argument("--root", default=None, help="default: runs/sweeps/<sweep file name>")
     run.add_argument("--launcher", default="local", choices=LAUNCHERS.names())
@@ -108,8 +111,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{os.path.join(args.root, TABLE_CSV)}, {os.path.join(args.root, RESULTS_JSON)}"
         )
         return 0
-    stem = os.path.splitext(os.path.basename(args.sweep))[0]
-    root = args.root or os.path.join(REPO, "runs", "sweeps", stem)
+    root = args.root or os.path.join(REPO, "runs", "sweeps", sweep_name(args.sweep))
     try:
         runs = populations.pack(plan(args.sweep, args.config, root), args.population,
                                 same_prompts=args.same_prompts)  # fmt: skip

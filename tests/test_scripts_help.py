@@ -17,11 +17,11 @@ FLAGS = {
     ("scripts/claims.py",): ["keys"],
     ("scripts/convert_hf.py",): ["--in", "--out", "--dtype", "--max-shard-size"],
     ("scripts/demo.py",): ["--workdir", "--sft_config", "--rl_config", "--seed", "--runlocal"],
-    ("scripts/memory_plan.py",): ["--model", "--fsdp", "--rows", "--seq", "--lora", "--out"],
     ("scripts/make_warm_starts.py",): ["--only"],
     ("scripts/mutants.py",): ["module", "tests", "--workers", "--timeout", "--kinds"],
     ("scripts/launch.py",): ["--processes", "--max_restarts", "--same_failure_limit", "--backoff"],
     ("benchmarks/bench.py",): ["sampler", "rl", "memory", "--config=FILE[:ARG]"],
+    ("benchmarks/bench.py", "memory"): ["--model", "--mesh", "--programs", "--lora", "--compare"],
 }
 
 

@@ -1,5 +1,6 @@
 """Config sweeps: sweep files (spec), launchers (launch) and the results table (collect);
-campaigns, runs cut into segments a policy chains (campaign, campaign_tree,
+the results claims' records, statistics and loader (claims: one file per claim in
+sweeps/); campaigns, runs cut into segments a policy chains (campaign, campaign_tree,
 campaign_policies).
 
 scripts/sweep.py and scripts/campaign.py are the command lines; docs/results.md the report

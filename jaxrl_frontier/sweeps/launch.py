@@ -22,7 +22,6 @@ import dataclasses
 import io
 import json
 import os
-import platform
 import resource
 import subprocess
 import sys
@@ -30,6 +29,7 @@ import tempfile
 import time
 from collections.abc import Callable
 
+from jaxrl_frontier.core.machine import machine_name
 from jaxrl_frontier.core.registry import Registry
 from jaxrl_frontier.sweeps import populations
 from jaxrl_frontier.sweeps.spec import CONFIG_KEY, group_key, load_sweep, run_name, varying_keys
@@ -128,13 +128,7 @@ def _attempt_seconds(workdir: str, key: str = "seconds") -> float:
 def machine(cpus: list[int] | None = None) -> str:
     """The CPU model and the cores a run had: `cpus` when it was pinned, else every core
     this process may use (recorded with each finished run)."""
-    model = platform.processor() or platform.machine()
-    with contextlib.suppress(OSError):
-        with open("/proc/cpuinfo") as f:
-            names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
-        model = names[0] if names else model
-    cores = len(cpus) if cpus else len(os.sched_getaffinity(0))
-    return f"{model}, {cores} core{'s' if cores > 1 else ''}"
+    return machine_name(cpus)
 
 
 def _last_json_line(text: str) -> dict:

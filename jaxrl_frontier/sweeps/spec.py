@@ -79,13 +79,24 @@ def seeds(n: int, start: int = 0) -> list[dict]:
     return [{SEED_KEY: s} for s in range(start, start + n)]
 
 
+def sweep_name(path: str) -> str:
+    """The name of a sweep (its runs' directory under runs/sweeps/): the file's stem, with
+    the stage after a colon: 'sweeps/claim_a.py' -> 'claim_a', 'sweeps/claim_e.py:sft' ->
+    'claim_e_sft'."""
+    file, _, stage = path.partition(":")
+    stem = os.path.splitext(os.path.basename(file))[0]
+    return f"{stem}_{stage}" if stage else stem
+
+
 def load_sweep(path: str) -> list[dict]:
-    """The checked list of override dicts of the sweep file at `path`.
+    """The checked list of override dicts of the sweep file at `path` (FILE, or FILE:STAGE
+    for a file of several stages run one after another: get_sweep(STAGE)).
 
     Raises SweepError naming the file and what is wrong: no get_sweep, a result that is not
     a non-empty list of dicts, a key that is not a dotted name, a value that is not a
     scalar (bool, int, float, str), or two runs with the same overrides.
     """
+    path, _, stage = path.partition(":")
     if not os.path.isfile(path):
         raise SweepError(f"sweep file {path}: no such file")
     spec = importlib.util.spec_from_file_location("sweep_file", path)
@@ -99,7 +110,7 @@ def load_sweep(path: str) -> list[dict]:
     if not callable(getattr(module, "get_sweep", None)):
         raise SweepError(f"sweep file {path}: defines no get_sweep() function")
     try:
-        runs = module.get_sweep()
+        runs = module.get_sweep(stage) if stage else module.get_sweep()
     except SweepError as e:
         raise SweepError(f"sweep file {path}: {e}") from None
     return check_sweep(runs, path)

@@ -18,7 +18,7 @@ import pytest
 from conftest import REPO, get_config, host_leaves, read_metrics, series
 from flax import nnx
 
-from benchmarks.common import cpu_info
+from jaxrl_frontier.core.machine import cpu_info
 from jaxrl_frontier.models import lora
 from jaxrl_frontier.objectives import losses
 from jaxrl_frontier.rl.learn.learner import router_terms

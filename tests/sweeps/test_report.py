@@ -3,20 +3,31 @@
 docs/results.md-style pages with a figure for a collected claim and "not run yet" (with the
 commands) for the others."""
 
+import functools
 import importlib.util
 import json
 import os
-import sys
 
 import numpy as np
 import pytest
 
+from jaxrl_frontier.sweeps import claims as stats
+from jaxrl_frontier.sweeps.claims import DOES_NOT, INCONCLUSIVE, REPRODUCES
 from jaxrl_frontier.sweeps.collect import RESULTS_JSON
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.join(REPO, "scripts"))  # the results page's claims live beside report.py
-import claims  # noqa: E402
-from claims import DOES_NOT, INCONCLUSIVE, REPRODUCES  # noqa: E402
+
+CLAIMS = stats.load_claims(os.path.join(REPO, "sweeps"))  # key -> Claim, one file each
+
+
+@functools.cache
+def claim_file(key: str):
+    """The module of sweeps/claim_<key>.py: its sweep and its analysis."""
+    path = os.path.join(REPO, "sweeps", f"claim_{key}.py")
+    spec = importlib.util.spec_from_file_location(f"claim_{key}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def make_run(config, seed, series, overrides=None, step=200, wall=10.0):
@@ -66,15 +77,15 @@ def claim_a_runs(grpo_growth, dr_growth):
 
 def test_statistics_match_numpy():
     a, b = [1.0, 2.0, 4.0], [0.5, 0.7, 0.2]
-    m, s = claims.mean_std(a)
+    m, s = stats.mean_std(a)
     assert m == pytest.approx(np.mean(a)) and s == pytest.approx(np.std(a, ddof=1))
     se = np.sqrt(np.var(a, ddof=1) / 3 + np.var(b, ddof=1) / 3)
-    assert claims.differs(a, b) == pytest.approx((np.mean(a) - np.mean(b)) / se)
+    assert stats.differs(a, b) == pytest.approx((np.mean(a) - np.mean(b)) / se)
     # Spearman's rho with a tie: Pearson correlation of the average ranks
     x, y = [0.1, 0.4, 0.4, 0.9, 0.5], [1.0, 3.0, 2.0, 5.0, 4.0]
     rx, ry = [0, 1.5, 1.5, 4, 3], [0, 2, 1, 4, 3]
-    assert claims.rank_correlation(x, y) == pytest.approx(np.corrcoef(rx, ry)[0, 1])
-    assert claims.fmt([1.0, 2.0, 3.0]) == "2.000 ± 1.000"
+    assert claim_file("e").rank_correlation(x, y) == pytest.approx(np.corrcoef(rx, ry)[0, 1])
+    assert stats.fmt([1.0, 2.0, 3.0]) == "2.000 ± 1.000"
 
 
 @pytest.mark.parametrize(
@@ -82,7 +93,7 @@ def test_statistics_match_numpy():
     [(1.5, 0.0, REPRODUCES), (1.5, 1.5, DOES_NOT), (0.0, 0.0, INCONCLUSIVE)],
 )
 def test_claim_a_verdicts(grpo_growth, dr_growth, verdict):
-    finding = claims.analyze_a(claim_a_runs(grpo_growth, dr_growth))
+    finding = claim_file("a").analyze_a(claim_a_runs(grpo_growth, dr_growth))
     assert finding.verdict == verdict, finding.reason
     assert [r["method"] for r in finding.rows] == ["GRPO", "Dr. GRPO", "DAPO", "RLOO"]
     grpo = finding.rows[0]
@@ -108,7 +119,7 @@ def test_claim_b_steps_to_target():
                 "eval/pass@1_greedy": [(0, 0.3), (40, 0.4)],
             }
             runs.append(make_run(config, seed, series, step=40))
-    finding = claims.analyze_b(runs)
+    finding = claim_file("b").analyze_b(runs)
     # target: half the mean first KL (1.01) = 0.505; OPD reaches it at step 40, IW-OPD at 20
     target_col = [c for c in finding.columns if c.startswith("steps to KL")][0]
     assert target_col == "steps to KL ≤ 0.505"
@@ -117,7 +128,7 @@ def test_claim_b_steps_to_target():
         "IW-OPD": "20.000 ± 0.000",
     }
     assert finding.verdict == REPRODUCES
-    assert claims.steps_to(runs[0], "opd/reverse_kl", 0.1) == 41.0  # never: budget + 1
+    assert claim_file("b").steps_to(runs[0], "opd/reverse_kl", 0.1) == 41.0  # never: budget + 1
     assert "logged every 10 steps" in finding.notes[-1]
 
 
@@ -148,8 +159,12 @@ def test_claim_c_d_e_rules():
                 "opd/reverse_kl": [(10, 1.0), (200, 0.5)],
             }
             runs.append(make_run("opd_arith", seed, series, o))
-    c = claims.analyze_c(runs)
-    assert [r["method"] for r in c.rows] == ["all tokens", claims.C_FIRST, claims.C_LAST]
+    c = claim_file("c").analyze_c(runs)
+    assert [r["method"] for r in c.rows] == [
+        "all tokens",
+        claim_file("c").C_FIRST,
+        claim_file("c").C_LAST,
+    ]
     assert c.verdict == REPRODUCES
     assert not any("peaks" in n for n in c.notes)  # every curve ends at its best
 
@@ -162,10 +177,12 @@ def test_claim_c_d_e_rules():
                 [100, 0.7 + 0.01 * s],
                 [200, 0.42 - 0.01 * s],
             ]
-    c = claims.analyze_c(runs)
+    c = claim_file("c").analyze_c(runs)
     assert c.verdict == REPRODUCES  # first 30% still ends at 0.41, above the last 30%'s 0.31
     (note,) = [n for n in c.notes if "peaks" in n]
-    assert note.startswith(f"{claims.C_FIRST}: greedy pass@1 peaks at 0.710 ± 0.010 (step 100")
+    assert note.startswith(
+        f"{claim_file('c').C_FIRST}: greedy pass@1 peaks at 0.710 ± 0.010 (step 100"
+    )
     assert "ends at 0.410 ± 0.010" in note
 
     runs = []
@@ -181,7 +198,7 @@ def test_claim_c_d_e_rules():
                     "grpo_arith", seed, {"eval/pass@1_greedy": pts}, {"objective.weight": weight}
                 )
             )
-    d = claims.analyze_d(runs)
+    d = claim_file("d").analyze_d(runs)
     assert {r["method"]: r["best − final pass@1"] for r in d.rows} == {
         "PPO clip": "0.200 ± 0.000",
         "DPPO": "0.000 ± 0.000",
@@ -198,7 +215,7 @@ def test_claim_c_d_e_rules():
             }
             path = f"runs/sweeps/claim_e_sft/train.steps={depth}__seed={seed}--abc"
             runs.append(make_run("grpo_arith", seed, series, {"model.path": path}))
-    e = claims.analyze_e(runs)
+    e = claim_file("e").analyze_e(runs)
     assert [r["method"] for r in e.rows] == ["SFT 300 steps", "SFT 600 steps", "SFT 1200 steps"]
     assert e.verdict == REPRODUCES and "over 9 runs" in e.reason
 
@@ -228,7 +245,7 @@ def test_report_writes_a_page_with_figures_and_not_run_claims(tmp_path):
     assert "on test CPU, 2 cores" in text
     for key in "bcdef":
         assert f"| ({key}) | not run yet | 0 | — | — |" in text
-    assert "python scripts/sweep.py run sweeps/claim_e_sft.py\n" in text
+    assert "python scripts/sweep.py run sweeps/claim_e.py:sft\n" in text
     assert "python scripts/train.py --config=configs/teacher_column_addition.py" in text
 
 
@@ -264,7 +281,7 @@ def test_a_two_stage_claim_counts_seeds_by_depth_and_its_sft_stage_time(tmp_path
     text = load_report().report(str(tmp_path), str(tmp_path / "results.md"))
     # 6 RL runs x 10 s + 6 SFT runs x 30 s = 4.0 min wall, twice that in CPU time
     assert "| (e) | does not reproduce at this scale | 6 | 4.0 min | 8.0 min |" in text, text
-    assert "`sweeps/claim_e_sft.py` first: 6 runs, 3.0 min (6.0 CPU-min)" in text
+    assert "`sweeps/claim_e.py:sft` first: 6 runs, 3.0 min (6.0 CPU-min)" in text
     assert "rises with every SFT depth (SFT 200 steps 0.020, SFT 600 steps 0.200)" in text
 
 
@@ -309,18 +326,22 @@ def claim_f_runs(schedule_final, controller_final):
     ],
 )
 def test_claim_f_verdicts(schedule, controller, verdict, words):
-    f = claims.analyze_f(claim_f_runs(schedule, controller))
-    assert [r["method"] for r in f.rows] == [claims.F_FIXED, claims.F_SCHEDULE, claims.F_CONTROLLER]
+    f = claim_file("f").analyze_f(claim_f_runs(schedule, controller))
+    assert [r["method"] for r in f.rows] == [
+        claim_file("f").F_FIXED,
+        claim_file("f").F_SCHEDULE,
+        claim_file("f").F_CONTROLLER,
+    ]
     assert f.verdict == verdict, f.reason
     for w in words:
         assert w in f.reason, f.reason
     rows = {r["method"]: r for r in f.rows}
-    assert rows[claims.F_FIXED]["final pass@1"] == "0.510 ± 0.010"
-    assert rows[claims.F_FIXED]["best pass@1"] == "0.600 ± 0.000"
-    assert rows[claims.F_FIXED]["kl_coef first → last"] == "0.050 (fixed)"
-    assert rows[claims.F_SCHEDULE]["kl_coef first → last"] == "0.050 → 0.005 ± 0.000"
-    assert rows[claims.F_SCHEDULE]["pass@1 start"] == "0.300 ± 0.000"
-    assert rows[claims.F_FIXED]["final KL to the SFT policy"] == "0.041 ± 0.001"
+    assert rows[claim_file("f").F_FIXED]["final pass@1"] == "0.510 ± 0.010"
+    assert rows[claim_file("f").F_FIXED]["best pass@1"] == "0.600 ± 0.000"
+    assert rows[claim_file("f").F_FIXED]["kl_coef first → last"] == "0.050 (fixed)"
+    assert rows[claim_file("f").F_SCHEDULE]["kl_coef first → last"] == "0.050 → 0.005 ± 0.000"
+    assert rows[claim_file("f").F_SCHEDULE]["pass@1 start"] == "0.300 ± 0.000"
+    assert rows[claim_file("f").F_FIXED]["final KL to the SFT policy"] == "0.041 ± 0.001"
 
 
 def test_trimmed_runs_give_the_same_findings():
@@ -328,8 +349,8 @@ def test_trimmed_runs_give_the_same_findings():
     one on the full records, and the curves no claim reads are gone."""
     trim = load_report().trim
     for analyze, runs in [
-        (claims.analyze_a, claim_a_runs(1.5, 0.0)),
-        (claims.analyze_f, claim_f_runs(0.6, 0.5)),
+        (claim_file("a").analyze_a, claim_a_runs(1.5, 0.0)),
+        (claim_file("f").analyze_f, claim_f_runs(0.6, 0.5)),
     ]:
         trimmed = trim(runs)
         assert analyze(trimmed) == analyze(runs)
@@ -377,9 +398,28 @@ def test_the_committed_results_page_is_what_report_writes(tmp_path):
     assert text.rstrip() + "\n" == committed
     with_data = [
         c.key
-        for c in claims.CLAIMS.values()
+        for c in CLAIMS.values()
         if os.path.exists(os.path.join(data, c.roots("")[-1] + ".json"))
     ]
     assert with_data, "no claim's trimmed runs are committed"
     for key in with_data:
         assert (tmp_path / "results" / f"claim_{key}.png").exists(), key
+
+
+def test_a_claim_file_holds_each_stage_of_its_sweep():
+    """sweeps/claim_e.py holds both stages (FILE:STAGE), each run under its own name."""
+    from jaxrl_frontier.sweeps import SweepError, load_sweep
+    from jaxrl_frontier.sweeps.spec import sweep_name
+
+    path = os.path.join(REPO, "sweeps", "claim_e.py")
+    sft, rl = load_sweep(f"{path}:sft"), load_sweep(f"{path}:rl")
+    assert sorted((r["train.steps"], r["seed"]) for r in sft) == [
+        (d, s) for d in (200, 600, 1800) for s in range(3)
+    ]
+    assert len(rl) == 9 and {r["seed"] for r in rl} == {0, 1, 2}
+    assert all(r["model.path"].startswith("runs/sweeps/claim_e_sft/train.steps=") for r in rl)
+    assert [sweep_name(s) for s in CLAIMS["e"].sweeps] == ["claim_e_sft", "claim_e_rl"]
+    assert sweep_name("sweeps/claim_a.py") == "claim_a"
+    with pytest.raises(SweepError, match="unknown stage 'x'"):
+        load_sweep(f"{path}:x")
+    assert list(CLAIMS) == list("abcdef")

@@ -149,9 +149,9 @@ def test_memory_peak_rows():
         "devices": 8,
         "ratio_total": 7.99,
         "peak_bound_bytes": 342e6,
-        "1_device": dict(total_bytes=1201e6, compiled_peak_bytes=2537e6),
-        "fsdp_8": dict(total_bytes=150e6, compiled_peak_bytes=379e6),
-        "fsdp_8_remat_full": dict(total_bytes=150e6, compiled_peak_bytes=322e6),
+        "1_device": dict(total_bytes=1201e6, programs=dict(update=dict(peak=2537e6))),
+        "fsdp_8": dict(total_bytes=150e6, programs=dict(update=dict(peak=379e6))),
+        "fsdp_8_remat_full": dict(total_bytes=150e6, programs=dict(update=dict(peak=322e6))),
     }
     rows = bench_targets.targets({"m.json": memory})
     ratio, plain, remat = rows
