@@ -91,6 +91,7 @@ def main(argv=None) -> dict:
     p.add_argument("--rounds", type=int, default=1, help="alternating solo / population rounds")
     p.add_argument("--workdir", default="/tmp/population_bench")
     p.add_argument("--out", default=str(common.REPO / "artifacts" / "population.json"))
+    p.add_argument("--sft", default="", help="an SFT start's workdir (default: trained here)")
     p.add_argument("--solo-runs", type=int, default=0, help="solo runs timed (0: --members)")
     p.add_argument("--batched", action="store_true", help="population.batched_update = True")
     p.add_argument(
@@ -104,7 +105,7 @@ def main(argv=None) -> dict:
         rl = str(common.REPO / "benchmarks" / "configs" / "grpo_arith_scratch.py")
         base = {"train.steps": args.steps}
     else:
-        sft = os.path.join(args.workdir, "sft")
+        sft = args.sft or os.path.join(args.workdir, "sft")
         if not os.path.exists(os.path.join(sft, "export")):
             _train(str(common.REPO / "configs" / "sft_arith.py"), sft, {})
         base = {"model.init": "checkpoint", "model.path": sft, "train.steps": args.steps}

@@ -246,7 +246,7 @@ def make_update_fn(
         frozen_axes = (
             None if frozen_sharding is None else {k: members.get(k) for k in frozen_sharding}
         )
-        fn = jax.vmap(update, in_axes=(0, 0, frozen_axes))
+        fn = jax.vmap(update, in_axes=(0, 0) if frozen_sharding is None else (0, 0, frozen_axes))
         state_sharding, batch_sharding_tree = stacked(state_sharding), stacked(batch_sharding_tree)
         if frozen_sharding is not None:
             frozen_sharding = {
