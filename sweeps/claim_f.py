@@ -1,13 +1,14 @@
 """Claim (f): a fixed KL coefficient vs one that moves with the run (a schedule, a controller).
 
     make demo    # the SFT start, runs/demo/sft
-    python scripts/sweep.py run sweeps/claim_f.py && python scripts/sweep.py collect \
-        runs/sweeps/claim_f && python scripts/report.py
+    python scripts/sweep.py run sweeps/claim_f.py --population 8 && \
+        python scripts/sweep.py collect runs/sweeps/claim_f && python scripts/report.py
 
 LLMZero ("LLMZero: Discovering Adaptive Training Strategies for RL Post-Training via LLM
 Agents") finds that the regularisation knobs of good runs move with the training dynamics.
 configs/grpo_arith.py from the demo's SFT policy with a KL penalty to that policy, three
-ways, the same 200 steps and evaluation (256 held-out prompts):
+ways, the same 200 steps and evaluation (256 held-out prompts), 8 seeds each, each arm's
+seeds one population job (docs/population.md):
 
     fixed        objective.kl_coef = 0.05
     schedule     schedules.objective.kl_coef = cosine(0.05, 0.005)      0.05 -> 0.005
@@ -54,7 +55,7 @@ ARMS = [
 
 
 def get_sweep():
-    return product(ARMS, seeds(3), [COMMON])
+    return product(ARMS, seeds(8), [COMMON])
 
 
 # ------------------------------------------------------------------ analysis

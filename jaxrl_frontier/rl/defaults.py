@@ -134,6 +134,9 @@ def optimizer_section() -> ml_collections.ConfigDict:
     s.weight_decay = 0.0
     s.max_grad_norm = 1.0
     s.grad_accum = 1  # microbatches per minibatch
+    # the peak lr a value of the optimizer state, not of the program: a population varies it
+    # (rl/learn/optimizer.py)
+    s.lr_in_state = False
     return s
 
 

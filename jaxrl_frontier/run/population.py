@@ -26,6 +26,7 @@ import ml_collections
 
 from jaxrl_frontier.core import distributed
 from jaxrl_frontier.rl.learn.members import MemberUpdates
+from jaxrl_frontier.rl.learn.optimizer import learning_rate, with_learning_rate
 from jaxrl_frontier.run import config as config_lib
 from jaxrl_frontier.run import pbt, population_config, sections, trainer
 from jaxrl_frontier.train.stopping import StopAgreement
@@ -181,14 +182,19 @@ class Population:
                     f"no such eval metric at step {step}"
                 )
             scores.append(float(evals[-1][self.pbt.metric]))
-        now = [{k: m.knobs.values(step)[k] for k in varied} for m in self.members]
+        now = [_values_now(m, varied, step) for m in self.members]
         rows = pbt.plan(self.pbt, step, scores, now)
         for row in rows:
             source, target = self.members[row["copied_from"]], self.members[row["member"]]
-            copied = jax.tree.map(jnp.copy, (source.state.params, source.state.opt_state))
-            target.state = target.state.replace(params=copied[0], opt_state=copied[1])
+            params, opt_state = jax.tree.map(
+                jnp.copy, (source.state.params, source.state.opt_state)
+            )
             for key, value in row["values"].items():
-                target.knobs.set_constant(key, value)
+                if key == population_config.LR:  # a value of the optimizer state
+                    opt_state = with_learning_rate(opt_state, value)
+                else:
+                    target.knobs.set_constant(key, value)
+            target.state = target.state.replace(params=params, opt_state=opt_state)
         path = os.path.join(self.workdir, LINEAGE)
         written = set()
         if os.path.exists(path):
@@ -198,6 +204,14 @@ class Population:
                 f.writelines(json.dumps(row) + "\n" for row in rows)
         moves = ", ".join(f"{r['copied_from']}->{r['member']}" for r in rows)
         self.say(f"[population] step {step}: PBT copies {moves}")
+
+
+def _values_now(member: trainer.Trainer, keys: list[str], step: int) -> dict[str, float]:
+    """A member's values of its varied float keys at `step` (the learning rate from its
+    optimizer state, the rest from its knobs)."""
+    knobs = member.knobs.values(step)
+    lr = lambda: learning_rate(member.state.opt_state)  # noqa: E731
+    return {k: lr() if k == population_config.LR else knobs[k] for k in keys}
 
 
 def train(config: ml_collections.ConfigDict, workdir: str | None = None) -> dict[str, Any]:

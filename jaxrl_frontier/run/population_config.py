@@ -8,12 +8,14 @@ traced float keys (run/population.py runs them).
     population.same_prompts = True                 every member draws the same prompts
     population.pbt.every = K                       population-based training (run/pbt.py)
 
-What may vary is what compiles nothing new: the seed, and the float keys the jitted programs
+What may vary is what compiles nothing new: the seed, the float keys the jitted programs
 take as arguments (the objective's coefficients and weight knobs, the rollout's temperature,
-top_p and min_p: `schedules.*`). Member i's config is an ordinary run's config: the launched
-one with `seed` (and with `same_prompts`, `data.seed` = the launched seed) set, and each
-varied key as a constant schedule (`schedules.<key> = v_i`), so that the solo run of a
-member's `config.json` trains what the member trains.
+top_p and min_p: `schedules.*`) and the peak learning rate, then a value of the optimizer
+state (`optimizer.lr_in_state`). Member i's config is an ordinary run's config: the launched
+one with `seed` (and with `same_prompts`, `data.seed` = the launched seed) set, each varied
+key as a constant schedule (`schedules.<key> = v_i`) and a varied `optimizer.lr` with
+`optimizer.lr_in_state`, so that the solo run of a member's `config.json` trains what the
+member trains.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from jaxrl_frontier.run.pbt import pbt_section
 from jaxrl_frontier.train.defaults import knob_section
 
 SEED = "seed"
+LR = "optimizer.lr"  # a value of the optimizer state for every member (`optimizer.lr_in_state`)
 
 
 def population_section() -> ml_collections.ConfigDict:
@@ -48,9 +51,11 @@ def population_section() -> ml_collections.ConfigDict:
 
 
 def _keys_section() -> ml_collections.ConfigDict:
-    """One unset entry per key a member may vary: the seed and every traced float key."""
+    """One unset entry per key a member may vary: the seed, every traced float key and the
+    peak learning rate."""
     s = knob_section()
     s.seed = config_dict.placeholder(object)
+    s.optimizer = ml_collections.ConfigDict({"lr": config_dict.placeholder(object)})
     return s
 
 
@@ -82,7 +87,7 @@ def allowed_keys() -> tuple[str, ...]:
     from jaxrl_frontier.run.knobs import set_entries
 
     every = {k: 0 for k in set_entries(_filled(knob_section()))}
-    return (SEED, *sorted(every))
+    return (SEED, LR, *sorted(every))
 
 
 def _filled(section: ml_collections.ConfigDict) -> dict:
@@ -191,8 +196,10 @@ def member_config(c, values: dict[str, Any]) -> ml_collections.ConfigDict:
     m.seed = int(values[SEED])
     if same_prompts and m.data.get("seed") is None:
         m.data.seed = int(c.seed)
+    if LR in values:
+        m.optimizer.lr, m.optimizer.lr_in_state = float(values[LR]), True
     for key, value in values.items():
-        if key == SEED:
+        if key in (SEED, LR):
             continue
         section, *path = key.split(".")
         node = m.schedules[section]

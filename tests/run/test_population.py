@@ -16,6 +16,7 @@ import pytest
 from conftest import RL, Killed, small_rl_config
 
 from jaxrl_frontier.core.errors import ConfigError
+from jaxrl_frontier.rl.learn.optimizer import learning_rate
 from jaxrl_frontier.run import population, population_config
 from jaxrl_frontier.run import trainer as tr
 from jaxrl_frontier.train import hooks
@@ -221,7 +222,9 @@ def test_a_grid_expands_to_its_product():
 def pbt_population(workdir):
     """4 members (kl_coef 0.02 .. 0.08) with PBT every 2 steps on a scripted eval: member i
     scores i / 10, so member 0 copies member 3 at steps 2 (and 4 is the last step: none)."""
-    c = population_config_of(size=4, objective__kl_coef=(0.02, 0.04, 0.06, 0.08))
+    c = population_config_of(
+        size=4, objective__kl_coef=(0.02, 0.04, 0.06, 0.08), optimizer__lr=(5e-3,) * 4
+    )
     c.train.eval_every = 2
     c.population.pbt.update(every=2, fraction=0.25, factors=(0.5, 2.0))
     pop = population.Population(c, str(workdir))
@@ -260,8 +263,13 @@ def test_pbt_copies_the_top_member_and_perturbs_its_values(pbt_run):
     assert (row["step"], row["member"], row["copied_from"]) == (2, 0, 3)
     assert (row["score"], row["source_score"]) == (0.0, 0.3)
     new = row["values"]["objective.kl_coef"]
-    assert row["values_before"] == {"objective.kl_coef": pytest.approx(0.02)}
+    before = {"objective.kl_coef": pytest.approx(0.02), "optimizer.lr": pytest.approx(5e-3)}
+    assert row["values_before"] == before
     assert new in (pytest.approx(0.04), pytest.approx(0.16))  # 0.08 x 0.5 or x 2.0
+    lr = row["values"]["optimizer.lr"]  # in member 0's optimizer state from step 2 on
+    assert lr in (pytest.approx(2.5e-3), pytest.approx(1e-2))
+    assert learning_rate(pop.members[0].state.opt_state) == pytest.approx(lr)
+    assert learning_rate(pop.members[3].state.opt_state) == pytest.approx(5e-3)
     kl = [r["schedule/objective.kl_coef"] for r in rows(pop.member_dir(0)) if "train/loss" in r]
     assert kl == pytest.approx([0.02, 0.02, new, new])
 
@@ -322,3 +330,32 @@ def test_the_batched_update_equals_the_members_own(two_members, tmp_path):
         for a, b in zip(jax.tree.leaves(state.params), jax.tree.leaves(ref.params), strict=True):
             np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-5)
         assert int(state.step) == STEPS
+
+
+def test_a_varied_learning_rate_lives_in_the_optimizer_state(tmp_path):
+    """optimizer.lr varies through the optimizer state (optimizer.lr_in_state): member 1
+    equals the solo run of its config bit for bit, and the plain optimizer at its lr up to
+    the rounding of lr x schedule."""
+    from jaxrl_frontier.rl.learn.optimizer import with_learning_rate
+
+    c = population_config_of(optimizer__lr=(1e-3, 5e-3))
+    c.train.steps = 2
+    pop = stubbed(population.Population(c, str(tmp_path / "pop")))
+    pop.run()
+    assert [learning_rate(m.state.opt_state) for m in pop.members] == pytest.approx([1e-3, 5e-3])
+    cfg = json.load(open(os.path.join(pop.member_dir(1), "config.json")))
+    assert cfg["optimizer"]["lr"] == 5e-3 and cfg["optimizer"]["lr_in_state"] is True
+    runs = {}
+    for in_state in (True, False):
+        solo_cfg = ml_collections.ConfigDict(cfg)
+        solo_cfg.optimizer.lr_in_state = in_state
+        solo = tr.Trainer(solo_cfg, str(tmp_path / f"solo{in_state}"))
+        solo.evaluate = lambda num_prompts=None: {"eval/pass@1_greedy": 0.0}
+        solo.run()
+        runs[in_state] = solo.state.params
+    member = jax.tree.leaves(pop.members[1].state.params)
+    for a, b, p in zip(member, jax.tree.leaves(runs[True]), jax.tree.leaves(runs[False])):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+        np.testing.assert_allclose(np.asarray(a), np.asarray(p), rtol=1e-5, atol=1e-6)
+    moved = with_learning_rate(pop.members[0].state.opt_state, 2e-3)
+    assert learning_rate(moved) == pytest.approx(2e-3)

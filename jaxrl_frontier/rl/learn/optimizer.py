@@ -1,34 +1,72 @@
 """The optimizer every update uses (`optimizer.*`): AdamW after global-norm clipping, on a
-learning-rate schedule of linear warm-up then constant, cosine or linear decay."""
+learning-rate schedule of linear warm-up then constant, cosine or linear decay.
+
+With `optimizer.lr_in_state` the peak learning rate is a value of the optimizer state (the
+schedule runs at peak 1, then `optax.scale` by the state's `lr`): the same update program
+serves any `lr`, so a population's members may vary it and population-based training may
+move it (`learning_rate`, `with_learning_rate`). Mathematically the same update; the f32
+rounding of lr x schedule differs, so a run keeps the form it started with.
+"""
 
 from __future__ import annotations
 
+import jax
+import numpy as np
 import optax
 
 
-def learning_rate_schedule(opt_cfg, total_updates: int) -> optax.Schedule:
-    """Linear warmup to `lr` over `warmup_steps`, then constant / cosine / linear decay to 0
-    at `total_updates`."""
+def learning_rate_schedule(opt_cfg, total_updates: int, peak: float | None = None):
+    """Linear warmup to `lr` (or `peak`) over `warmup_steps`, then constant / cosine / linear
+    decay to 0 at `total_updates`."""
+    lr = opt_cfg.lr if peak is None else peak
     warmup = opt_cfg.warmup_steps
     decay_steps = max(total_updates - warmup, 1)
     decay = {
-        "constant": lambda: optax.constant_schedule(opt_cfg.lr),
-        "cosine": lambda: optax.cosine_decay_schedule(opt_cfg.lr, decay_steps),
-        "linear": lambda: optax.linear_schedule(opt_cfg.lr, 0.0, decay_steps),
+        "constant": lambda: optax.constant_schedule(lr),
+        "cosine": lambda: optax.cosine_decay_schedule(lr, decay_steps),
+        "linear": lambda: optax.linear_schedule(lr, 0.0, decay_steps),
     }[opt_cfg.schedule]()
     if not warmup:
         return decay
-    return optax.join_schedules([optax.linear_schedule(0.0, opt_cfg.lr, warmup), decay], [warmup])
+    return optax.join_schedules([optax.linear_schedule(0.0, lr, warmup), decay], [warmup])
 
 
 def build_optimizer(opt_cfg, total_updates: int) -> optax.GradientTransformation:
-    return optax.chain(
-        optax.clip_by_global_norm(opt_cfg.max_grad_norm),
-        optax.adamw(
-            learning_rate_schedule(opt_cfg, total_updates),
-            b1=opt_cfg.b1,
-            b2=opt_cfg.b2,
-            eps=opt_cfg.eps,
-            weight_decay=opt_cfg.weight_decay,
-        ),
+    in_state = bool(opt_cfg.get("lr_in_state"))
+    adamw = optax.adamw(
+        learning_rate_schedule(opt_cfg, total_updates, peak=1.0 if in_state else None),
+        b1=opt_cfg.b1,
+        b2=opt_cfg.b2,
+        eps=opt_cfg.eps,
+        weight_decay=opt_cfg.weight_decay,
     )
+    parts = [optax.clip_by_global_norm(opt_cfg.max_grad_norm), adamw]
+    if in_state:  # updates x lr, lr a value of the state (module docstring)
+        parts.append(optax.inject_hyperparams(optax.scale)(step_size=opt_cfg.lr))
+    return optax.chain(*parts)
+
+
+def _injected(opt_state):
+    """The state's injected `lr` holder (`optimizer.lr_in_state`), or None."""
+    last = opt_state[-1] if isinstance(opt_state, tuple) and opt_state else None
+    hyper = getattr(last, "hyperparams", None)
+    return last if isinstance(hyper, dict) and "step_size" in hyper else None
+
+
+def learning_rate(opt_state) -> float:
+    """The peak learning rate an `optimizer.lr_in_state` optimizer state holds."""
+    holder = _injected(opt_state)
+    if holder is None:
+        raise ValueError("learning_rate: the optimizer state holds no lr (optimizer.lr_in_state)")
+    return float(jax.device_get(holder.hyperparams["step_size"]))
+
+
+def with_learning_rate(opt_state, lr: float):
+    """`opt_state` with its peak learning rate set to `lr` (placed as the old value was)."""
+    holder = _injected(opt_state)
+    if holder is None:
+        raise ValueError("with_learning_rate: the optimizer state holds no lr")
+    old = holder.hyperparams["step_size"]
+    new = jax.device_put(np.asarray(lr, old.dtype), old.sharding)
+    holder = holder._replace(hyperparams={**holder.hyperparams, "step_size": new})
+    return (*opt_state[:-1], holder)
