@@ -1,6 +1,7 @@
 """Regenerate docs/results.md and its figures (docs/results/*.png) from sweep outputs.
 
     python scripts/report.py [--runs runs/sweeps] [--data docs/results/data] [--out docs/results.md]
+    python scripts/report.py --lineage WORKDIR     # a PBT population's lineage.png
 
 Claim by claim (one file each, sweeps/claim_*.py, listed by scripts/claims.py): its sweeps,
 the task, a figure of mean +- std curves over seeds, a table (mean +- std over seeds),
@@ -289,6 +290,35 @@ def report(runs_dir: str, out: str, data_dir: str | None = None) -> str:
     return text
 
 
+def lineage(workdir: str) -> str:
+    """Draw a PBT population's lineage (`workdir/lineage.jsonl`, docs/population.md) into
+    `workdir/lineage.png`: a row per member over the steps, an arrow from the member copied
+    to the member that copied it, labelled with the values it took. Returns the PNG's path."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    with open(os.path.join(workdir, "lineage.jsonl")) as f:
+        rows = [json.loads(line) for line in f]
+    with open(os.path.join(workdir, "population.json")) as f:
+        n = len(json.load(f)["members"])
+    steps = sorted({r["step"] for r in rows}) or [0]
+    fig, ax = plt.subplots(figsize=(max(6, len(steps) * 1.2), max(3, n * 0.45)))
+    ax.hlines(range(n), 0, steps[-1], colors="0.85")
+    for r in rows:
+        ax.annotate("", xy=(r["step"], r["member"]), xytext=(r["step"], r["copied_from"]),
+                    arrowprops=dict(arrowstyle="->", color="tab:blue"))  # fmt: skip
+        text = ", ".join(f"{k.split('.')[-1]}={v:.3g}" for k, v in r["values"].items())
+        ax.text(r["step"], r["member"] + 0.15, text, fontsize=7)
+    ax.set(xlabel="step", ylabel="member", yticks=range(n), title="PBT lineage: who copied whom")
+    path = os.path.join(workdir, "lineage.png")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -302,7 +332,11 @@ def main(argv: list[str] | None = None) -> int:
         default=os.path.join(REPO, "docs", "results", "data"),
         help="the committed trimmed runs ('' for none)",
     )
+    p.add_argument("--lineage", default="", help="a PBT population's workdir: draw its lineage")
     args = p.parse_args(argv)
+    if args.lineage:
+        print(f"[report] wrote {lineage(args.lineage)}")
+        return 0
     report(args.runs, args.out, args.data or None)
     print(f"[report] wrote {args.out}")
     return 0

@@ -423,3 +423,34 @@ def test_a_claim_file_holds_each_stage_of_its_sweep():
     with pytest.raises(SweepError, match="unknown stage 'x'"):
         load_sweep(f"{path}:x")
     assert list(CLAIMS) == list("abcdef")
+
+
+def test_report_draws_a_pbt_lineage(tmp_path):
+    """`report.py --lineage WORKDIR`: one arrow per lineage row, the values as its label."""
+    rows = [
+        dict(step=2, member=0, copied_from=3, values={"objective.kl_coef": 0.04}),
+        dict(step=4, member=1, copied_from=0, values={"objective.kl_coef": 0.05}),
+    ]
+    (tmp_path / "lineage.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "population.json").write_text(
+        json.dumps({"members": [{"seed": i} for i in range(4)]})
+    )
+    import matplotlib.pyplot as plt
+
+    drawn = {}
+    save = plt.Figure.savefig
+
+    def spy(fig, path, **kw):  # the figure's arrows and labels, as drawn
+        ax = fig.axes[0]
+        drawn["arrows"] = [(a.xy, a.xyann) for a in ax.texts if hasattr(a, "xyann")]
+        drawn["labels"] = [t.get_text() for t in ax.texts if not hasattr(t, "xyann")]
+        return save(fig, path, **kw)
+
+    plt.Figure.savefig = spy
+    try:
+        assert load_report().main(["--lineage", str(tmp_path)]) == 0
+    finally:
+        plt.Figure.savefig = save
+    assert os.path.getsize(tmp_path / "lineage.png") > 0
+    assert drawn["arrows"] == [((2, 0), (2, 3)), ((4, 1), (4, 0))]
+    assert drawn["labels"] == ["kl_coef=0.04", "kl_coef=0.05"]
