@@ -42,12 +42,21 @@ class Roles:
     sampler: Sampler
     rollout_sampler: Sampler
 
-    def sharing_samplers(self, other: Roles) -> Roles:
-        """These roles with `other`'s samplers (their compiled programs; the weights are
-        arguments): a population's members sample with one set of programs."""
-        return dataclasses.replace(
-            self, sampler=other.sampler, rollout_sampler=other.rollout_sampler
-        )
+    def sharing(self, other: Roles, c: ml_collections.ConfigDict) -> Roles:
+        """These roles of config `c` with `other`'s samplers (their compiled programs; the
+        weights are arguments): a population's members sample with one set of programs. The
+        frozen weights that do not depend on the seed (the policy and the teacher from a
+        file, not `scratch`) are `other`'s too, held once: LoRA's base, the reference, the
+        teacher."""
+        frozen, teacher = c.model.init != "scratch", c.teacher.init != "scratch"
+        shared = dict(sampler=other.sampler, rollout_sampler=other.rollout_sampler)
+        if frozen and (self.base_params is None) == (other.base_params is None):
+            shared.update(base_params=other.base_params)
+            if (self.ref_params is None) == (other.ref_params is None):
+                shared.update(ref_params=other.ref_params)
+        if teacher:
+            shared.update(teacher=other.teacher, teacher_params=other.teacher_params)
+        return dataclasses.replace(self, **shared)
 
 
 def build_roles(

@@ -87,8 +87,8 @@ class Trainer:
         kl_coef = self.knobs.upper("objective.kl_coef") if moving else c.objective.kl_coef
         k_model, k_teacher, rng0 = jax.random.split(jax.random.key(c.seed), 3)
         self.roles, params = build_roles(c, self.tokenizer, kl_coef, k_model, k_teacher)
-        if shared is not None:  # the samplers' compiled programs, shared
-            self.roles = self.roles.sharing_samplers(shared.roles)
+        if shared is not None:  # the samplers' programs; the weights from files held once
+            self.roles = self.roles.sharing(shared.roles, c)
 
         self.tx = tx = build_optimizer(c.optimizer, total_updates(c))
         offload = optimizer_memory_kind(c.train.offload_optimizer, self.roles.mesh)

@@ -359,3 +359,28 @@ def test_a_varied_learning_rate_lives_in_the_optimizer_state(tmp_path):
         np.testing.assert_allclose(np.asarray(a), np.asarray(p), rtol=1e-5, atol=1e-6)
     moved = with_learning_rate(pop.members[0].state.opt_state, 2e-3)
     assert learning_rate(moved) == pytest.approx(2e-3)
+
+
+def test_a_lora_population_holds_its_base_once(tmp_path):
+    """LoRA members from one exported policy: the frozen base (and the reference, the base
+    itself) are the first member's arrays, held once; member 1 equals its solo run."""
+    start = tr.Trainer(base_config(), str(tmp_path / "start"))
+    path = start.export(str(tmp_path / "start" / "export"))
+    start.close()
+    c = population_config_of(objective__kl_coef=(0.02, 0.1))
+    c.train.steps = 2
+    c.model.update(init="checkpoint", path=path)
+    c.model.lora.update(rank=4, alpha=8.0)
+    pop = stubbed(population.Population(c, str(tmp_path / "pop")))
+    pop.run()
+    first, second = (m.roles for m in pop.members)
+    assert second.base_params is first.base_params and second.ref_params is first.ref_params
+    assert pop.members[1].step.learner.frozen["base"] is first.base_params
+    cfg = ml_collections.ConfigDict(json.load(open(os.path.join(pop.member_dir(1), "config.json"))))
+    solo = tr.Trainer(cfg, str(tmp_path / "solo"))
+    solo.evaluate = lambda num_prompts=None: {"eval/pass@1_greedy": 0.0}
+    solo.run()
+    assert rows(pop.member_dir(1)) == rows(str(tmp_path / "solo"))
+    got, want = pop.members[1].state.params, solo.state.params
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
