@@ -21,6 +21,7 @@ writes JSON with --json.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -31,7 +32,10 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from jaxrl_frontier.core import sharding  # noqa: E402
 from jaxrl_frontier.core.registry import Registry  # noqa: E402
+from jaxrl_frontier.objectives.aggregation import token_mean  # noqa: E402
+from jaxrl_frontier.objectives.logprobs import token_entropy as token_entropy_bt  # noqa: E402
 
 # name -> fn(logp [N, T], ref_logp [N, T] | None, mask [N, T]) -> scores [N] (higher: better)
 RERANKERS = Registry("reranker")
@@ -64,12 +68,11 @@ def best_of_n(correct: np.ndarray, scores: np.ndarray) -> float:
 
 
 def token_entropy(logits: jax.Array, mask: jax.Array) -> jax.Array:
-    """Mean over masked positions of H(pi(. | y_<t)) = -sum_v p_v log p_v; logits [B, T, V]
-    predicting position t + 1 from t, mask [B, T] on the predicted tokens."""
-    lp = jax.nn.log_softmax(logits[:, :-1].astype(jnp.float32), axis=-1)
-    h = -jnp.sum(jnp.exp(lp) * lp, axis=-1)
-    m = mask[:, 1:].astype(jnp.float32)
-    return jnp.sum(h * m) / jnp.maximum(jnp.sum(m), 1.0)
+    """Mean over the masked tokens of H(pi(. | y_<t)): the package's `token_entropy` (aligned
+    with the tokens) under the 'token_mean' aggregation; logits [B, T, V] (position t
+    predicting t + 1), mask [B, T] on the predicted tokens (column 0, predicted by nothing,
+    left out)."""
+    return token_mean(token_entropy_bt(logits), jnp.asarray(mask).at[:, 0].set(0))
 
 
 def evaluate_policy(
@@ -86,62 +89,42 @@ def evaluate_policy(
     entropy: bool = False,
     seed: int = 0,
 ) -> dict[str, float]:
-    """The figures of the module docstring for `policy` (an nnx Transformer)."""
+    """The figures of the module docstring for `policy` (an nnx Transformer): the run's own
+    evaluation (`train.evaluation.evaluate`: the greedy pass, then n samples a prompt at
+    temperature 1, in chunks of about eval.batch rows), each sampled chunk also scored by
+    every reranker."""
     from flax import nnx
 
-    from jaxrl_frontier.core import sharding
-    from jaxrl_frontier.data.rewards.scorer import InProcessScorer
-    from jaxrl_frontier.data.tasks import eval_examples
-    from jaxrl_frontier.models.text import encode_prompts
     from jaxrl_frontier.rl.learn.forward import make_logp_fn
-    from jaxrl_frontier.sampling import Sampler, SamplingParams
+    from jaxrl_frontier.run import sections
+    from jaxrl_frontier.sampling import Sampler
     from jaxrl_frontier.train import evaluation
 
     c = config
     rerankers = {name: RERANKERS.get(name) for name in rerank}
     if "progress" in rerankers and reference_params is None:
         raise ValueError("--rerank=progress needs --reference (the policy's starting point)")
-    examples = eval_examples(
-        task, min(num_prompts or c.eval.num_prompts, task.num_examples("eval")), seed
+    options = dataclasses.replace(
+        sections.eval_options(c),
+        num_prompts=num_prompts or c.eval.num_prompts,
+        pass_k=n,
+        seed=seed,
+        key_seed=seed,
+        sampled_batch=max(1, c.eval.batch // n),
+        sampled=True,
     )
     sampler = Sampler(policy, pad_id=tokenizer.pad_id, mesh=mesh)
     graphdef, params = nnx.split(policy)
     sampler.update_weights(params, 0)
-    eos, tn = (tokenizer.eos_id,), c.rollout.max_new_tokens
-    greedy = evaluation.solve_rate(
-        sampler,
-        tokenizer,
-        task,
-        examples,
-        SamplingParams(greedy=True, n=1, max_new_tokens=tn, eos_ids=eos),
-        jax.random.key(seed),
-        batch=c.eval.batch,
-        max_prompt_len=c.data.max_prompt_len,
-    )
-    out = {"pass@1_greedy": float(np.mean(greedy)), "prompts": float(len(examples))}
-
-    logp_fn = make_logp_fn(graphdef)
-    scorer = InProcessScorer(task)
-    col = list(task.reward_names).index("correctness")
+    logp_fn, tn = make_logp_fn(graphdef), options.max_new_tokens
     correct, scores, ents = [], {k: [] for k in rerankers}, []
-    key = jax.random.key(seed + 1)
-    sp = SamplingParams(temperature=1.0, n=n, max_new_tokens=tn, eos_ids=eos)
-    batch = max(1, c.eval.batch // n)
-    for i in range(0, len(examples), batch):
-        chunk = examples[i : i + batch]
-        tok, mask = encode_prompts(
-            tokenizer, [task.prompt(e) for e in chunk], c.data.max_prompt_len
-        )
-        key, sub = jax.random.split(key)
-        ro = sampler.generate(tok, mask, sp, sub)
-        rows = lambda x: np.asarray(sharding.all_rows(x))
-        ctok, cmask = rows(ro.completion_tokens), rows(ro.completion_mask)
-        texts = evaluation.decode(tokenizer, ctok, cmask)
-        r, _ = scorer([e for e in chunk for _ in range(n)], list(texts))
-        correct.append(r[:, col] > 0)
+
+    def on_sampled(chunk, rows):  # each chunk of the sampled pass, as evaluate rolls it
+        correct.append(rows.correct > 0)
+        ro = rows.batch
         seq = jnp.concatenate([ro.prompt_tokens, ro.completion_tokens], 1)
         am = jnp.concatenate([ro.prompt_mask, ro.completion_mask], 1)
-        m = cmask.astype(np.float32)
+        m = np.asarray(sharding.all_rows(ro.completion_mask)).astype(np.float32)
         # both scores from the same forward: the sampler's own log-probs differ by rounding,
         # which progress (a sum over the response) would rank by
         lp = np.asarray(logp_fn(params, seq, am))[:, -tn:] * m
@@ -152,11 +135,15 @@ def evaluate_policy(
             scores[name].append(fn(lp, ref, m))
         if entropy:
             ents.append(float(token_entropy(policy(seq, am), am.at[:, :-tn].set(0))))
-    correct_pn = np.concatenate(correct).reshape(len(examples), n).astype(np.float32)
-    out[f"pass@{n}"] = float(correct_pn.max(1).mean())
-    out["mean_correct_sampled"] = float(correct_pn.mean())
+
+    res = evaluation.evaluate(sampler, tokenizer, task, options, on_sampled=on_sampled)
+    prompts = min(options.num_prompts, task.num_examples("eval"))
+    out = {"pass@1_greedy": res["eval/pass@1_greedy"], "prompts": float(prompts)}
+    out[f"pass@{n}"] = res[f"eval/pass@{n}"]
+    out["mean_correct_sampled"] = res["eval/mean_correct_sampled"]
+    correct_pn = np.concatenate(correct).reshape(prompts, n).astype(np.float32)
     for name in rerankers:
-        s = np.concatenate(scores[name]).reshape(len(examples), n)
+        s = np.concatenate(scores[name]).reshape(prompts, n)
         out[f"best_of_{n}/{name}"] = best_of_n(correct_pn, s)
     if entropy:
         out["entropy"] = float(np.mean(ents))

@@ -156,6 +156,9 @@ class Sampler:
         self.ring_cache = rings and not self.scan_decode
         self.platform = (jax.devices() if mesh is None else mesh.devices.flat)[0].platform
         self._jits = {}  # (program, XLA options) -> jitted program
+        # (SamplingParams, obs_tokens, max_turns) -> the multi-turn session over this sampler
+        # that `TurnSession.shared` built (its compiled programs reused by later evaluations)
+        self.turn_sessions: dict = {}
 
     def program(self, name: str, rows: int):
         """The jitted prefill or decode for matmuls of `rows` rows (XLA options per device)."""

@@ -104,6 +104,18 @@ class TurnSession:
         self.pad_id = sampler.pad_id
         self._jits: dict = {}
 
+    @classmethod
+    def shared(cls, sampler, params: SamplingParams, *, obs_tokens: int, max_turns: int):
+        """The sampler's session for these settings: built at the first call and kept by the
+        sampler (`Sampler.turn_sessions`), so every later call (each evaluation of a run, the
+        members of a population sharing the sampler) reuses its compiled programs."""
+        key = (params, int(obs_tokens), int(max_turns))
+        if key not in sampler.turn_sessions:
+            sampler.turn_sessions[key] = cls(
+                sampler, params, obs_tokens=obs_tokens, max_turns=max_turns
+            )
+        return sampler.turn_sessions[key]
+
     # ------------------------------------------------------------------ programs
 
     def _program(self, name: str, rows: int, statics=()):

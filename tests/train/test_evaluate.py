@@ -1,5 +1,5 @@
-"""scripts/evaluate.py: the rerankers and best-of-n by hand, the entropy of known logits, and
-the script end to end on a tiny exported policy."""
+"""scripts/evaluate.py: the rerankers and best-of-n by hand, the entropy of known and random
+logits, and the script end to end on a tiny exported policy."""
 
 import importlib.util
 import json
@@ -45,6 +45,19 @@ def test_token_entropy_of_uniform_and_peaked_logits():
     assert float(ev.token_entropy(uniform, mask)) == pytest.approx(np.log(v), rel=1e-6)
     peaked = jnp.full((1, 3, v), -1e4).at[..., 0].set(0.0)
     assert float(ev.token_entropy(peaked, mask)) == pytest.approx(0.0, abs=1e-6)
+
+
+def test_token_entropy_is_the_masked_mean_of_the_packages_entropy():
+    """Random logits [2, 4, 5], position t predicting t + 1: the mean of numpy's
+    -sum p log p over the predicted tokens the mask holds (column 0, predicted by nothing,
+    left out although its mask is 1)."""
+    logits = np.random.RandomState(0).normal(size=(2, 4, 5)) * 2
+    mask = np.asarray([[1, 1, 0, 1], [0, 1, 1, 1]])
+    p = np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)
+    h = -(p * np.log(p)).sum(-1)  # [2, 4]: h[:, t] the entropy predicting token t + 1
+    want = (h[:, :-1] * mask[:, 1:]).sum() / mask[:, 1:].sum()
+    got = float(ev.token_entropy(jnp.asarray(logits, jnp.float32), jnp.asarray(mask)))
+    assert got == pytest.approx(want, rel=1e-5)
 
 
 def test_the_script_end_to_end_on_an_exported_policy(tmp_path):

@@ -37,6 +37,7 @@ class EnvTask(Task):
 
     name = "environment"
     reward_names = ENV_REWARD_NAMES
+    evaluation = "episodes"  # evaluated by playing episodes from the eval seeds
 
     def __init__(self, env, chat=None, tokenizer=None, system: str = ""):
         self.section = env

@@ -81,6 +81,9 @@ class Task:
     # a method cluster_key(example) -> hashable groups prompts for the curriculum sources
     # (rl/sources/clustering.py); None: they fall back on the prompt's shape
     cluster_key: Any = None
+    # how the held-out evaluation rolls this task's batches (`train/evaluation.py`
+    # EVAL_BATCHES): 'completions' samples, decodes and scores each prompt's completions
+    evaluation: ClassVar[str] = "completions"
 
     def num_examples(self, split: str) -> int:
         raise NotImplementedError

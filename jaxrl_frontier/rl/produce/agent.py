@@ -341,56 +341,6 @@ class AgentRolloutProducer:
         return step_credit.steps_to_tokens(jnp.asarray(values), exp.turn_index, exp.loss_mask)
 
 
-# ----------------------------------------------------------------------------- evaluation
-
-_EVAL_SESSIONS: dict = {}
-
-
-def evaluate_episodes(task: EnvTask, sampler, tokenizer, env, options, num_prompts=None) -> dict:
-    """{'eval/pass@1_greedy' (greedy success), 'eval/pass@k', 'eval/mean_correct_sampled',
-    'eval/return_greedy', 'eval/turns_greedy', 'eval/reward_failed'} on the first
-    `eval.num_prompts` held-out seeds (k = eval.pass_k episodes per seed, temperature 1).
-    env: the `env` section (with `max_prompt_len`); options: the `EvalOptions`
-    (train/evaluation.py: num_prompts, pass_k, batch)."""
-    n = min(num_prompts or options.num_prompts, task.num_examples("eval"))
-    seeds = [task.example("eval", i)["seed"] for i in range(n)]
-    stops = stop_ids(tokenizer, tuple(env.stop), task)
-
-    def run(k: int, greedy: bool, key):
-        params = SamplingParams(
-            greedy=greedy, n=k, max_new_tokens=int(env.turn_tokens), eos_ids=(), stop_ids=stops
-        )
-        sig = (id(sampler), params, int(env.obs_tokens), int(env.max_turns))
-        if sig not in _EVAL_SESSIONS:
-            _EVAL_SESSIONS[sig] = TurnSession(
-                sampler, params, obs_tokens=int(env.obs_tokens), max_turns=int(env.max_turns)
-            )
-        session = _EVAL_SESSIONS[sig]
-        out = []
-        for i in range(0, n, options.batch):
-            key, sub = jax.random.split(key)
-            out.append(
-                play(session, task, tokenizer, seeds[i : i + options.batch], sub, env=env).batch
-            )
-        return out
-
-    greedy = run(1, True, jax.random.key(0))
-    ok = np.concatenate([b.successes() for b in greedy])
-    res = {
-        "eval/pass@1_greedy": float(np.mean(ok)),
-        "eval/return_greedy": float(np.mean(np.concatenate([b.returns() for b in greedy]))),
-        "eval/turns_greedy": float(np.mean([ep.turns for b in greedy for ep in b.episodes])),
-    }
-    if options.pass_k > 1:
-        k = options.pass_k
-        sampled = np.concatenate([b.successes() for b in run(k, False, jax.random.key(1))])
-        per_seed = sampled.reshape(n, k)
-        res[f"eval/pass@{k}"] = float(per_seed.max(1).mean())
-        res["eval/mean_correct_sampled"] = float(per_seed.mean())
-    res["eval/reward_failed"] = 0.0
-    return res
-
-
 def env_producer(env, sampler, tokenizer, task, *, mesh, sampling, objective, passes):
     """The producer of an environment run (`env.name` set; env: the `env` section with
     `max_prompt_len`): `run/rl_build.py` selects it."""
