@@ -309,7 +309,7 @@ def test_learner_epochs_minibatches_microbatches_equal_plain_full_batch_steps(ag
 
 NAMES = (
     [("weight", n) for n in weights.WEIGHTS.names()]
-    # progress cannot train (run/config.py); gae needs a critic (tests/rl/test_ppo_critic.py)
+    # progress cannot train (run/config.py); gae needs a critic (tests/rl/methods/test_ppo.py)
     + [("advantage", n) for n in advantages.ADVANTAGES.names() if n not in ("progress", "gae")]
     + [("aggregation", n) for n in aggregation.AGGREGATIONS.names()]
     + [("distill", n) for n in distillation.DISTILL_LOSSES.names()]
