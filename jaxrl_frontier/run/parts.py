@@ -61,7 +61,7 @@ def parts_of(c) -> list[Part]:
     from jaxrl_frontier.rl.produce.editors import EDITORS
     from jaxrl_frontier.rl.produce.rollout import RolloutProducer
     from jaxrl_frontier.rl.sources import SOURCES
-    from jaxrl_frontier.sampling.choice import sampler_class
+    from jaxrl_frontier.sampling.factory import sampler_class
 
     r = c.rollout
     sampler = sampler_class(r, partial=True)  # the training rollouts' sampler
