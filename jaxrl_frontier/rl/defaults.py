@@ -70,7 +70,7 @@ def rollout_section() -> ml_collections.ConfigDict:
     # step t + j, lag <= k whatever the speeds, reproducible); Q > 0 = a free-running
     # producer timed by itself keeps up to Q batches queued, each by the newest weights, so
     # a slow learner leaves stale batches (lag > k), which `stale_batches` drops or
-    # resamples (not reproducible bit for bit: rl/overlap.py)
+    # resamples (not reproducible bit for bit: rl/ahead.py)
     s.free_running_queue = 0
     s.stale_batches = "drop"  # a batch past the bound: 'drop' | 'resample' (its prompts anew)
     # KV cache dtype: None (the compute dtype) | float32 | bfloat16

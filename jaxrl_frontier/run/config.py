@@ -431,7 +431,7 @@ def _check_roles(c: ml_collections.ConfigDict, num_devices: int) -> None:
 
 def check_local_rollouts(c: ml_collections.ConfigDict) -> None:
     """rollout.max_staleness > 0 on several processes: each samples its own prompts in a
-    background thread, which must talk to no other process (rl/overlap.py). The parts of a
+    background thread, which must talk to no other process (rl/ahead.py). The parts of a
     run that lack `process_local` are refused, naming their key (run/parts.py)."""
     parts.check_capabilities(c, procs=2, only=("process_local",))
 

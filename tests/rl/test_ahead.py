@@ -135,7 +135,7 @@ def test_staleness_k_keeps_k_batches_in_flight_and_resumes_exactly(tmp_path):
 def test_rollouts_ahead_schedule_and_drop_by_hand():
     """room(): at most k in flight, none taken after the last step or across a sync step;
     take(): oldest first, a batch lagging past k dropped and counted."""
-    from jaxrl_frontier.rl.overlap import RolloutsAhead
+    from jaxrl_frontier.rl.ahead import RolloutsAhead
 
     class Source:
         n = 0
