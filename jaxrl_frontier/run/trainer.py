@@ -27,7 +27,6 @@ from jaxrl_frontier.core import distributed, sharding
 from jaxrl_frontier.data.rewards.scorer import make_scorer
 from jaxrl_frontier.data.tasks import task_for
 from jaxrl_frontier.models import hf, lora
-from jaxrl_frontier.rl import diagnostics
 from jaxrl_frontier.rl.learn.optimizer import build_optimizer
 from jaxrl_frontier.rl.learn.train_step import init_train_state, optimizer_memory_kind
 from jaxrl_frontier.run import config as config_lib
@@ -37,7 +36,7 @@ from jaxrl_frontier.run.build import build_tokenizer, check_resume_schedule, tot
 from jaxrl_frontier.run.knobs import KnobPlan
 from jaxrl_frontier.run.roles import build_roles
 from jaxrl_frontier.run.steps import STEPS, Step
-from jaxrl_frontier.train import evaluation, faults
+from jaxrl_frontier.train import collapse, evaluation, faults
 from jaxrl_frontier.train import hooks as hooks_lib
 from jaxrl_frontier.train.checkpoint import Checkpointer, abstract_like
 from jaxrl_frontier.train.metrics import MetricsWriter, RolloutLogger
@@ -213,7 +212,7 @@ class Trainer:
         """Restore the newest checkpoint, start the step and the hooks: the steps to run."""
         self.restore()
         start, steps = int(self.state.step), self.launch_config.train.steps
-        last = start if diagnostics.finished(self.history) else steps
+        last = start if collapse.finished(self.history) else steps
         self.step.begin(start, last)
         for hook in self.hooks:
             hook.begin(start)
