@@ -341,7 +341,7 @@ def test_every_objective_name_runs_two_steps_and_its_gradient_is_objective_loss(
     if kind == "distill":
         teacher = nnx.merge(nnx.graphdef(trainer.roles.teacher), trainer.roles.teacher_params)
         batch["teacher_logits"] = teacher(exp.tokens, exp.attention_mask)
-    objective = trainer.step.learner._objective
+    objective = trainer.step.learner.objective
     want = jax.grad(_plain_loss(trainer.roles.graphdef, objective))(trainer.state.params, batch)
     scale = max(float(np.abs(x).max()) for x in jax.tree.leaves(want))
     assert scale > 1e-5, "a zero gradient would make the comparison vacuous"
