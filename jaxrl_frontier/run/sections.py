@@ -25,7 +25,7 @@ from jaxrl_frontier.rl.produce.editors import EditorOptions
 from jaxrl_frontier.rl.sources.base import SourceOptions
 from jaxrl_frontier.train.collapse import PeakOptions
 from jaxrl_frontier.train.evaluation import EvalOptions
-from jaxrl_frontier.train.faults import GuardOptions
+from jaxrl_frontier.train.guards import GuardOptions
 from jaxrl_frontier.train.sft import SFTOptions
 
 
