@@ -88,6 +88,6 @@ step spread_tests 150 env JAX_DEFAULT_MATMUL_PRECISION=highest "$PY" -m pytest -
 # Correctness on the GPU: the model against transformers and the sampler's tests, in f32 at
 # full matmul precision (on a GPU, XLA may run f32 matmuls in TF32 by default).
 step tests 75 env JAX_DEFAULT_MATMUL_PRECISION=highest "$PY" -m pytest -v -x -p no:cacheprovider \
-  tests/test_transformer.py tests/test_sampling.py
+  tests/models/test_transformer.py tests/sampling/test_sampler.py
 echo "== done: $failed failed step(s); JSON and logs in $OUT"
 exit $failed

@@ -16,7 +16,7 @@ SLOW_FILES_FIRST = (
     "test_sources_resume.py",
     "test_ppo.py",
     "test_notebooks.py",
-    "test_multiturn.py",
+    "test_turns.py",
     "test_perf_paths.py",
     "test_vocab_parallel.py",
     "test_supervise.py",
