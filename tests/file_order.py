@@ -3,7 +3,7 @@ process, N at a time, so a long file started last would run alone at the end).""
 
 # By their time in a full `make test` (its "slowest files"); the rest in path order.
 SLOW_FILES_FIRST = (
-    "test_stages.py",
+    "test_step_stages.py",
     "test_configs.py",
     "test_trainer.py",
     "test_ahead.py",
