@@ -84,10 +84,10 @@ step rl 90 "$PY" -m benchmarks.bench rl --no-trl --steps 5 --out "$OUT/rl_tiny_g
 step spread 400 "$PY" -m benchmarks.bench train --workload spread --steps 5 --warmup 2 \
   --out "$OUT/train_spread_gpu.json"
 step spread_tests 150 env JAX_DEFAULT_MATMUL_PRECISION=highest "$PY" -m pytest -q -x \
-  -p no:cacheprovider tests/rl/test_packing.py
+  -p no:cacheprovider tests/rl/learn/test_packing.py
 # Correctness on the GPU: the model against transformers and the sampler's tests, in f32 at
 # full matmul precision (on a GPU, XLA may run f32 matmuls in TF32 by default).
 step tests 75 env JAX_DEFAULT_MATMUL_PRECISION=highest "$PY" -m pytest -v -x -p no:cacheprovider \
-  tests/test_transformer.py tests/test_sampling.py
+  tests/models/test_transformer.py tests/sampling/test_sampler.py
 echo "== done: $failed failed step(s); JSON and logs in $OUT"
 exit $failed

@@ -85,7 +85,7 @@ HF_CASES = {
 }
 
 
-# The small model of the fast-path tests (tests/rl/test_perf_paths.py, test_shared_prompt.py).
+# The small model of the fast-path tests (tests/rl/learn/test_perf_paths.py, test_shared_prompt.py).
 SMALL_MODEL = dict(hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4, num_kv_heads=2)
 
 

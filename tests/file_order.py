@@ -3,10 +3,10 @@ process, N at a time, so a long file started last would run alone at the end).""
 
 # By their time in a full `make test` (its "slowest files"); the rest in path order.
 SLOW_FILES_FIRST = (
-    "test_stages.py",
+    "test_step_stages.py",
     "test_configs.py",
     "test_trainer.py",
-    "test_async.py",
+    "test_ahead.py",
     "test_reliability.py",
     "test_lora.py",
     "test_shared_prompt.py",
@@ -14,9 +14,9 @@ SLOW_FILES_FIRST = (
     "test_sweep.py",
     "test_multihost.py",
     "test_sources_resume.py",
-    "test_ppo_critic.py",
+    "test_ppo.py",
     "test_notebooks.py",
-    "test_multiturn.py",
+    "test_turns.py",
     "test_perf_paths.py",
     "test_vocab_parallel.py",
     "test_supervise.py",

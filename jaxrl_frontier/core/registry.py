@@ -62,6 +62,12 @@ class Registry:
 
         return decorator
 
+    def unregister(self, name: str) -> None:
+        """Remove entry `name` (absent: nothing happens): a test or a notebook that registered
+        an entry of its own takes it back, so the process-wide registry is as it found it."""
+        self._entries.pop(name, None)
+        self._parts.pop(name, None)
+
     def get(self, name: str) -> Callable[..., Any]:
         """The callable registered under `name`; an `UnknownNameError` naming the registry's
         config key and listing the known names if absent."""

@@ -1,8 +1,10 @@
-"""The config sections of the data layer: the task, the reward scorers and the environment."""
+"""The config sections of the data layer: the task, the prompt batch and its source (`data`),
+the reward scorers and the environment."""
 
 from __future__ import annotations
 
 import ml_collections
+from ml_collections import config_dict
 
 
 def task_section() -> ml_collections.ConfigDict:
@@ -21,6 +23,47 @@ def task_section() -> ml_collections.ConfigDict:
     # rollouts then also stop at the token that ends an assistant turn. False: raw text
     s.chat_template = False
     s.system_prompt = ""  # with a chat template: a system message first ('' : none)
+    return s
+
+
+def data_section() -> ml_collections.ConfigDict:
+    """`data`: the prompt batch and the prompt source (`data.source`) with each source's knobs."""
+    # P prompts per RL step (all processes together); source: a scheduling.SOURCES name
+    # truncate_prompts: cut prompts longer than max_prompt_len (keeping their end) instead of
+    # refusing the prompt file before training
+    s = ml_collections.ConfigDict(
+        dict(prompt_batch=16, max_prompt_len=16, source="uniform", truncate_prompts=False)
+    )
+    # the prompt stream's seed (None: the run's `seed`); a population with same_prompts
+    # gives every member the same one (run/population.py)
+    s.seed = config_dict.placeholder(int)
+    # the loop-level sources (rl/sources/, docs/methods.md): DAPO dynamic sampling (at most
+    # max_draws draws of prompt_batch prompts per step), ADS, ZPPO's hard-prompt replay
+    s.dynamic = dict(max_draws=4)
+    # ADS clusters: 'task' (the task's cluster key) or 'kmeans' (kmeans_k clusters of prompt
+    # features fitted on kmeans_sample train prompts; rl/sources/clustering.py)
+    s.ads = dict(
+        pool=4,
+        momentum=0.7,
+        boundary=0.17,
+        boundary_weight=4.0,
+        off_weight=0.25,
+        floor=0.01,
+        clusters="task",
+        kmeans_k=8,
+        kmeans_sample=1024,
+        kmeans_iters=25,
+    )
+    # 3SPO's state history and start-state allocation (environment runs; rl/sources/sspo.py):
+    # pool x prompt_batch candidate seeds, prompt_batch drawn by n(s0); allocate=False: uniform
+    s.sspo = dict(pool=4, allocate=True)
+    s.zppo = dict(
+        capacity=64,
+        replay_fraction=0.25,
+        max_wrong=3,
+        bcq_template="{candidates};{question}",
+        ncq_template="not {wrong};{question}",
+    )
     return s
 
 
@@ -83,6 +126,8 @@ CHOICES: dict[str, tuple] = {
 
 # This layer's numeric keys: (low, high, low inclusive, high inclusive); None = open.
 RANGES: dict[str, tuple] = {
+    "data.prompt_batch": (0, None, False, None),
+    "data.max_prompt_len": (0, None, False, None),
     "rewards.max_failure_steps": (0, None, True, None),
     "rewards.workers": (0, None, False, None),
     "rewards.cpu_seconds": (0, None, False, None),

@@ -1,7 +1,7 @@
 """Objectives: pure math, no state (docs/objectives.md): the advantage registry
 (advantages.py), the w(p) weight registry (weights.py), aggregations (aggregation.py),
 KL estimators and distillation losses (distillation.py), per-token statistics from logits
-(logprobs.py), and the loss assembled from them with its config section (losses.py):
+(logprobs.py), and the loss assembled from them (losses.py) with its config section (schema.py):
 grad L = -(1/Z) sum_{b,t} m w A grad logp.
 
     from jaxrl_frontier.objectives import ADVANTAGES, WEIGHTS, TokenStats, loss_fn
@@ -19,13 +19,11 @@ from jaxrl_frontier.objectives.advantages import (
 from jaxrl_frontier.objectives.aggregation import AGGREGATIONS
 from jaxrl_frontier.objectives.distillation import DISTILL_LOSSES, KL_ESTIMATORS, kl_reward_penalty
 from jaxrl_frontier.objectives.logprobs import chunked_token_stats, token_entropy, token_logprobs
-from jaxrl_frontier.objectives.losses import (
+from jaxrl_frontier.objectives.losses import aggregation_denominator, loss_fn, objective_loss
+from jaxrl_frontier.objectives.schema import (
     REGISTRIES,
-    aggregation_denominator,
     default_config,
     entry_defaults,
-    loss_fn,
-    objective_loss,
     validate_objective_config,
 )
 from jaxrl_frontier.objectives.stats import TokenStats

@@ -1,6 +1,6 @@
-"""The loss: the `config.objective` section (defaults, checks) and its assembly from the
-w(p) policy-gradient surrogate, KL to the reference, the entropy bonus and the OPD
-distributional losses (aggregation.py, distillation.py; per-token statistics: logprobs.py).
+"""The loss, assembled from the w(p) policy-gradient surrogate, KL to the reference, the
+entropy bonus and the OPD distributional losses (aggregation.py, distillation.py; per-token
+statistics: logprobs.py; its `config.objective` section: schema.py).
 `teacher_logits` are the teacher's raw output on the same tokens (unshifted, like the
 student's `apply_fn` output).
 
@@ -18,18 +18,15 @@ only, so gradient accumulation is exact (`loss_fn(denominator=)`).
 from __future__ import annotations
 
 import functools
-import inspect
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
 from jaxrl_frontier.core.errors import ObjectiveConfigError
-from jaxrl_frontier.core.registry import Registry
-from jaxrl_frontier.objectives.advantages import ADVANTAGES
 from jaxrl_frontier.objectives.aggregation import AGGREGATIONS, token_mean
-from jaxrl_frontier.objectives.distillation import DISTILL_LOSSES, KL_ESTIMATORS, kl_to_ref
+from jaxrl_frontier.objectives.distillation import DISTILL_LOSSES, kl_to_ref
 from jaxrl_frontier.objectives.logprobs import (
     DEFAULT_LOGPROB_CHUNK,
     chunked_token_stats,
@@ -37,206 +34,31 @@ from jaxrl_frontier.objectives.logprobs import (
     token_entropy,
     token_logprobs,
 )
+
+# The objective's section (schema.py); its names stay importable from here as well, since
+# the learner, the config and users' notebooks read them as `losses.<name>`.
+from jaxrl_frontier.objectives.schema import (  # noqa: F401
+    CHOICES,
+    DEFAULTS,
+    RANGES,
+    REGISTRIES,
+    TRACED_KEYS,
+    check_available,
+    default_config,
+    entry_defaults,
+    required_fields,
+    setting,
+    term_on,
+    traced_keys,
+    validate_objective_config,
+    value_of,
+    with_values,
+)
 from jaxrl_frontier.objectives.stats import OPTIONAL_FIELDS, TokenStats
 from jaxrl_frontier.objectives.weights import WEIGHTS
 
 Array = jax.Array
 sg = jax.lax.stop_gradient
-
-
-# ----------------------------------------------------------------------------- config
-
-# `config.objective`: every key and its default, defined here once (`config.base_config`
-# builds its objective section from `default_config()`).
-DEFAULTS: Mapping[str, Any] = {
-    "weight": "ppo_clip",
-    "weight_kwargs": {},
-    "aggregation": "token_mean",
-    "aggregation_kwargs": {},
-    "pg_coef": 1.0,
-    "kl_coef": 0.0,
-    "kl_estimator": "k3",
-    "kl_in_reward": False,
-    "entropy_coef": 0.0,
-    # a mixture-of-experts policy's router terms (models/moe.py): the load-balancing loss
-    # E sum_e f_e P_e (1 when balanced) and the router z-loss, each times its coefficient
-    "router_aux_coef": 0.0,
-    "router_z_coef": 0.0,
-    "distill": None,
-    "distill_coef": 1.0,
-    "distill_kwargs": {},
-    # Read when computing advantages (`rl.credit`), not by the loss; validated here so one
-    # check covers the section.
-    "advantage": "grpo",
-    "advantage_kwargs": {},
-    "reward_weights": {},  # reward component -> weight; {} = the correctness reward only
-}
-
-
-# The allowed values of the objective's keys with a closed set of them (run/config.py checks).
-CHOICES: dict[str, tuple] = {
-    "objective.kl_estimator": ("k1", "k2", "k3"),
-}
-
-# The objective's numeric keys: (low, high, low inclusive, high inclusive); None = open.
-RANGES: dict[str, tuple] = {
-    "objective.kl_coef": (0, None, True, None),
-    "objective.router_aux_coef": (0, None, True, None),
-    "objective.router_z_coef": (0, None, True, None),
-}
-
-
-# objective.<block> names an entry of a registry; objective.<block>_kwargs configures it.
-REGISTRIES: Mapping[str, Registry] = {
-    "weight": WEIGHTS,
-    "advantage": ADVANTAGES,
-    "aggregation": AGGREGATIONS,
-    "distill": DISTILL_LOSSES,
-}
-
-
-def default_config():
-    """A fresh `config.objective` ConfigDict with every key at its default."""
-    from ml_collections import config_dict
-
-    cfg = config_dict.ConfigDict({k: v for k, v in DEFAULTS.items() if v is not None})
-    cfg.distill = config_dict.placeholder(str)  # None, but overridable from the command line
-    return cfg
-
-
-def entry_defaults(fn: Callable) -> dict[str, Any]:
-    """The keyword defaults of a registry entry: {name: default} for each parameter of `fn`
-    that has a default. These are the config keys its `*_kwargs` block accepts."""
-    params = inspect.signature(fn).parameters.values()
-    return {
-        p.name: p.default
-        for p in params
-        if p.default is not inspect.Parameter.empty
-        and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
-    }
-
-
-def _get(cfg: Any, key: str) -> Any:
-    """cfg[key] or its default; a `*_kwargs` block as a plain dict without None values
-    (None = the entry's own default: command-line placeholders left unset)."""
-    value = cfg[key] if key in cfg else DEFAULTS[key]
-    if key.endswith("_kwargs"):
-        value = {} if value is None else value
-        value = value.to_dict() if hasattr(value, "to_dict") else value
-        return {k: v for k, v in value.items() if v is not None}
-    return value
-
-
-def _on(cfg: Any, key: str) -> bool:
-    """Whether the term of coefficient `key` is in the loss: a number when non-zero; a
-    traced value (`with_values`: a scheduled or controlled coefficient) always, since the
-    run was built for its largest value and a value that moves must not change the program."""
-    value = _get(cfg, key)
-    return isinstance(value, jax.Array) or bool(value)
-
-
-# The float keys of `config.objective` whose value may arrive traced (`with_values`), so
-# that a schedule or a controller moves it without compiling again; besides these, every
-# float knob of the weight functions (`objective.weight_kwargs.<knob>`, `traced_keys`).
-TRACED_KEYS = (
-    "pg_coef", "kl_coef", "entropy_coef", "distill_coef", "router_aux_coef", "router_z_coef"
-)  # fmt: skip
-
-
-def traced_keys() -> tuple[str, ...]:
-    """Every key of the objective that may be a traced value: TRACED_KEYS and
-    `weight_kwargs.<knob>` for each float keyword default of a registered weight."""
-    knobs = {
-        name
-        for entry in WEIGHTS.names()
-        for name, default in entry_defaults(WEIGHTS.get(entry)).items()
-        if isinstance(default, float)
-    }
-    return TRACED_KEYS + tuple(f"weight_kwargs.{k}" for k in sorted(knobs))
-
-
-def value_of(cfg: Any, key: str) -> Any:
-    """The configured value of a key of `traced_keys()`: cfg['kl_coef'], or for
-    'weight_kwargs.eps_high' the block's value, else the chosen weight's default (None when
-    the chosen weight has no such knob)."""
-    block, _, knob = key.partition(".")
-    if not knob:
-        return _get(cfg, block)
-    entry = block.removesuffix("_kwargs")
-    defaults = entry_defaults(REGISTRIES[entry].get(_get(cfg, entry)))
-    return {**defaults, **_get(cfg, block)}.get(knob)
-
-
-def with_values(cfg: Any, values: Mapping[str, Any]) -> dict[str, Any]:
-    """The objective `cfg` as a dict with the keys of `values` replaced: `values` maps a key
-    of `traced_keys()` ('kl_coef', 'weight_kwargs.eps_high') to its value this step (an f32
-    scalar, traced inside the update). Every other key keeps its configured value."""
-    out = dict(cfg.items())
-    for key, value in values.items():
-        block, _, knob = key.partition(".")
-        if knob:
-            out[block] = {**_get(out, block), knob: value}
-        else:
-            out[block] = value
-    return out
-
-
-def _check_kwargs(fn: Callable, name: str, cfg_key: str, kwargs: Mapping[str, Any]) -> None:
-    allowed = list(entry_defaults(fn))
-    for key in kwargs:
-        if key not in allowed:
-            raise ObjectiveConfigError(
-                f"config.objective.{cfg_key}: unknown key {key!r} for {name!r}; "
-                f"allowed keys: {', '.join(allowed) or '(none)'}"
-            )
-
-
-def required_fields(cfg: Any) -> dict[str, tuple[str, ...]]:
-    """Which optional inputs the configured objective needs: {'what needs it': fields}."""
-    need: dict[str, tuple[str, ...]] = {}
-    weight = _get(cfg, "weight")
-    need[f"weight {weight!r}"] = getattr(WEIGHTS.get(weight), "requires", ())
-    if _on(cfg, "kl_coef") and not _get(cfg, "kl_in_reward"):
-        need["kl_coef > 0"] = ("ref_logp",)
-    if _get(cfg, "distill"):
-        need[f"distill {_get(cfg, 'distill')!r}"] = ("teacher_logits",)
-    return need
-
-
-def validate_objective_config(cfg: Any, available: Iterable[str] | None = None) -> None:
-    """Check a `config.objective` (ConfigDict or mapping) before any tracing.
-
-    Unknown top-level keys, unknown registry names (KeyError listing the known ones), kwargs
-    an entry does not accept (naming the key and the allowed keys), and, when `available`
-    (the batch keys / TokenStats fields at hand) is given, inputs the objective needs that
-    are missing (naming the field and who needs it).
-    """
-    keys = cfg.keys() if hasattr(cfg, "keys") else cfg
-    for key in keys:
-        if key not in DEFAULTS:
-            raise ObjectiveConfigError(
-                f"config.objective: unknown key {key!r}; allowed keys: {', '.join(DEFAULTS)}"
-            )
-    for cfg_key, registry in REGISTRIES.items():
-        name = _get(cfg, cfg_key)
-        if not name:  # distill None or '' (off)
-            continue
-        fn = registry.get(name)
-        kw_key = f"{cfg_key}_kwargs"
-        _check_kwargs(fn, name, kw_key, _get(cfg, kw_key))
-    KL_ESTIMATORS.get(_get(cfg, "kl_estimator"))
-    if available is not None:
-        _check_available(cfg, set(available))
-
-
-def _check_available(cfg: Any, present: set[str]) -> None:
-    for who, fields in required_fields(cfg).items():
-        for field in fields:
-            if field not in present:
-                raise ObjectiveConfigError(
-                    f"config.objective: {who} needs {field!r}, which is missing "
-                    f"(present: {', '.join(sorted(present))})"
-                )
 
 
 def aggregation_denominator(cfg: Any, mask_bt: Array) -> Array:
@@ -246,9 +68,9 @@ def aggregation_denominator(cfg: Any, mask_bt: Array) -> Array:
     of its microbatches: the sum of the microbatch losses (and gradients) is then exactly the
     minibatch's.
     """
-    name = _get(cfg, "aggregation")
+    name = setting(cfg, "aggregation")
     entry = AGGREGATIONS.get(name)
-    return entry.denominator(mask_bt.astype(jnp.float32), **_get(cfg, "aggregation_kwargs"))
+    return entry.denominator(mask_bt.astype(jnp.float32), **setting(cfg, "aggregation_kwargs"))
 
 
 # ----------------------------------------------------------------------------- the loss
@@ -291,11 +113,11 @@ def objective_loss(
     present = {f for f in OPTIONAL_FIELDS if getattr(stats, f) is not None}
     present |= {"logits"} if logits is not None else set()
     present |= {"teacher_logits"} if teacher_logits is not None or distill_bt is not None else set()
-    _check_available(cfg, present | {"logp", "old_logp", "mask"})
+    check_available(cfg, present | {"logp", "old_logp", "mask"})
 
     m = stats.mask.astype(jnp.float32)
-    aggregate = AGGREGATIONS.get(_get(cfg, "aggregation"))
-    agg_kwargs = _get(cfg, "aggregation_kwargs")
+    aggregate = AGGREGATIONS.get(setting(cfg, "aggregation"))
+    agg_kwargs = setting(cfg, "aggregation_kwargs")
     Z = aggregate.denominator(m, **agg_kwargs) if denominator is None else denominator
 
     def agg(x_bt):  # N(x) / Z
@@ -303,12 +125,12 @@ def objective_loss(
 
     # Policy gradient: w held constant; exp(l - sg(l)) is 1 in value and grad l in gradient,
     # so the value reads -w A and the gradient is exactly -(1/Z) w A grad l.
-    weight_fn, weight_kwargs = WEIGHTS.get(_get(cfg, "weight")), _get(cfg, "weight_kwargs")
+    weight_fn, weight_kwargs = WEIGHTS.get(setting(cfg, "weight")), setting(cfg, "weight_kwargs")
     w = sg(weight_fn(stats, adv, **weight_kwargs))
     wA = jnp.where(m > 0, w * adv, 0.0)
     pg_bt = -sg(wA) * jnp.exp(stats.logp - sg(stats.logp))
     pg_loss = agg(pg_bt)
-    loss = _get(cfg, "pg_coef") * pg_loss
+    loss = setting(cfg, "pg_coef") * pg_loss
     metrics = {"pg_loss": pg_loss}
     loss = _add_kl(loss, metrics, stats, cfg, agg)
     loss = _add_entropy(loss, metrics, cfg, agg, m, logits, entropy)
@@ -324,11 +146,11 @@ def _add_kl(loss, metrics: dict, stats: TokenStats, cfg, agg):
     if stats.ref_logp is None:
         return loss
     m = stats.mask.astype(jnp.float32)
-    kl_bt = kl_to_ref(stats, _get(cfg, "kl_estimator"))
+    kl_bt = kl_to_ref(stats, setting(cfg, "kl_estimator"))
     metrics["kl_ref"] = _token_mean(kl_to_ref(stats, "k3"), m)
-    if _on(cfg, "kl_coef") and not _get(cfg, "kl_in_reward"):
+    if term_on(cfg, "kl_coef") and not setting(cfg, "kl_in_reward"):
         kl_loss = agg(kl_bt)
-        loss = loss + _get(cfg, "kl_coef") * kl_loss
+        loss = loss + setting(cfg, "kl_coef") * kl_loss
         metrics["kl_loss"] = kl_loss
     return loss
 
@@ -338,9 +160,9 @@ def _add_entropy(loss, metrics: dict, cfg, agg, m, logits, entropy):
     if logits is None and entropy is None:
         return loss
     ent_bt = token_entropy(logits) if entropy is None else entropy
-    if _on(cfg, "entropy_coef"):
+    if term_on(cfg, "entropy_coef"):
         ent = agg(ent_bt)
-        loss = loss - _get(cfg, "entropy_coef") * ent
+        loss = loss - setting(cfg, "entropy_coef") * ent
     metrics["entropy"] = _token_mean(ent_bt, m)
     return loss
 
@@ -348,7 +170,7 @@ def _add_entropy(loss, metrics: dict, cfg, agg, m, logits, entropy):
 def _add_distill(loss, metrics: dict, cfg, agg, inputs):
     """loss + distill_coef * agg(the distillation loss); inputs: (student logits, teacher
     logits, tokens, the per-token loss when computed elsewhere)."""
-    distill = _get(cfg, "distill")
+    distill = setting(cfg, "distill")
     if not distill:
         return loss
     logits, teacher_logits, tokens, distill_bt = inputs
@@ -360,11 +182,11 @@ def _add_distill(loss, metrics: dict, cfg, agg, inputs):
         if distill == "cr_opd" and tokens is None:
             raise ObjectiveConfigError("config.objective: distill 'cr_opd' needs `tokens`")
         distill_bt = DISTILL_LOSSES.get(distill)(
-            logits, teacher_logits, tokens, **_get(cfg, "distill_kwargs")
+            logits, teacher_logits, tokens, **setting(cfg, "distill_kwargs")
         )
     distill_loss = agg(distill_bt)
     metrics["distill_loss"] = distill_loss
-    return loss + _get(cfg, "distill_coef") * distill_loss
+    return loss + setting(cfg, "distill_coef") * distill_loss
 
 
 def _diagnostics(stats: TokenStats, w, adv, m, hp: dict) -> dict[str, Array]:
@@ -396,14 +218,14 @@ def _chunked_stats(params, batch, cfg, apply_hidden_fn, chunking, teacher_hidden
     hidden states in chunks of positions (`chunked_token_stats`); chunking: (logprob_chunk,
     first_scored); packed rows: computed over the slots, then unpacked. See `loss_fn`."""
     logprob_chunk, first_scored = chunking
-    tokens, distill = batch["tokens"], _get(cfg, "distill")
+    tokens, distill = batch["tokens"], setting(cfg, "distill")
     stat_tokens = tokens if packed is None else packed[0]
     hidden, w_out = apply_hidden_fn(params, stat_tokens, batch["attention_mask"])
     per_position = None
     if distill:
         per_position = functools.partial(
             DISTILL_LOSSES.get(distill).per_position,
-            **_get(cfg, "distill_kwargs"),
+            **setting(cfg, "distill_kwargs"),
         )
     logp, entropy, distill_bt = chunked_token_stats(
         hidden,
@@ -411,7 +233,7 @@ def _chunked_stats(params, batch, cfg, apply_hidden_fn, chunking, teacher_hidden
         stat_tokens,
         logprob_chunk,
         entropy=True,
-        entropy_grad=_on(cfg, "entropy_coef"),
+        entropy_grad=term_on(cfg, "entropy_coef"),
         start=first_scored if packed is None else 1,
         teacher_hidden=teacher_hidden if distill else None,
         distill=per_position,
@@ -460,7 +282,7 @@ def loss_fn(
     `teacher_hidden`) are [R, N, D], the statistics are computed over the slots and unpacked.
     """
     tokens = batch["tokens"]
-    distill = _get(cfg, "distill")
+    distill = setting(cfg, "distill")
     teacher_logits = batch.get("teacher_logits")
     distill_bt = None
     if apply_hidden_fn is not None and (not distill or teacher_hidden is not None):

@@ -34,7 +34,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxrl_frontier.objectives import advantages as adv_lib
-from jaxrl_frontier.objectives import distillation, losses
+from jaxrl_frontier.objectives import distillation, schema
 from jaxrl_frontier.objectives.advantages import zero_variance_groups
 from jaxrl_frontier.objectives.stats import TokenStats
 
@@ -49,7 +49,7 @@ __all__ = [
 
 
 def _option(objective: Mapping[str, Any], key: str) -> Any:
-    value = objective.get(key, losses.DEFAULTS[key])
+    value = objective.get(key, schema.DEFAULTS[key])
     if key.endswith("_kwargs"):  # None = the entry's default (an unset placeholder)
         return {k: v for k, v in dict(value or {}).items() if v is not None}
     return value
@@ -150,7 +150,7 @@ class _Inputs:
 def _supplied(fn, kwargs: dict, inputs: _Inputs, available: dict) -> dict:
     """kwargs plus each supplied input the entry's signature takes (`group_size` only as a
     default; the data inputs always)."""
-    takes = set(losses.entry_defaults(fn)) | _positional_names(fn)
+    takes = set(schema.entry_defaults(fn)) | _positional_names(fn)
     out = dict(kwargs)
     if "group_size" in takes:
         out.setdefault("group_size", inputs.G)

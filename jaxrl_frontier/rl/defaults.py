@@ -1,51 +1,11 @@
-"""The config sections of the RL step: prompt sources (`data`), rollouts, the critic, the
-optimizer and PACT. (`objective` is the objectives package's: `objectives.default_config`.)"""
+"""The config sections of the RL step: rollouts, the critic and PACT. (`data`, the prompt
+batch and its source, is the data layer's: data/defaults.py; `optimizer` is the learner's:
+rl/learn/defaults.py; `objective` is the objectives package's: `objectives.default_config`.)"""
 
 from __future__ import annotations
 
 import ml_collections
 from ml_collections import config_dict
-
-
-def data_section() -> ml_collections.ConfigDict:
-    """`data`: the prompt batch and the prompt source (`data.source`) with each source's knobs."""
-    # P prompts per RL step (all processes together); source: a scheduling.SOURCES name
-    # truncate_prompts: cut prompts longer than max_prompt_len (keeping their end) instead of
-    # refusing the prompt file before training
-    s = ml_collections.ConfigDict(
-        dict(prompt_batch=16, max_prompt_len=16, source="uniform", truncate_prompts=False)
-    )
-    # the prompt stream's seed (None: the run's `seed`); a population with same_prompts
-    # gives every member the same one (run/population.py)
-    s.seed = config_dict.placeholder(int)
-    # the loop-level sources (rl/sources/, docs/methods.md): DAPO dynamic sampling (at most
-    # max_draws draws of prompt_batch prompts per step), ADS, ZPPO's hard-prompt replay
-    s.dynamic = dict(max_draws=4)
-    # ADS clusters: 'task' (the task's cluster key) or 'kmeans' (kmeans_k clusters of prompt
-    # features fitted on kmeans_sample train prompts; rl/sources/clustering.py)
-    s.ads = dict(
-        pool=4,
-        momentum=0.7,
-        boundary=0.17,
-        boundary_weight=4.0,
-        off_weight=0.25,
-        floor=0.01,
-        clusters="task",
-        kmeans_k=8,
-        kmeans_sample=1024,
-        kmeans_iters=25,
-    )
-    # 3SPO's state history and start-state allocation (environment runs; rl/sources/sspo.py):
-    # pool x prompt_batch candidate seeds, prompt_batch drawn by n(s0); allocate=False: uniform
-    s.sspo = dict(pool=4, allocate=True)
-    s.zppo = dict(
-        capacity=64,
-        replay_fraction=0.25,
-        max_wrong=3,
-        bcq_template="{candidates};{question}",
-        ncq_template="not {wrong};{question}",
-    )
-    return s
 
 
 def rollout_section() -> ml_collections.ConfigDict:
@@ -70,7 +30,7 @@ def rollout_section() -> ml_collections.ConfigDict:
     # step t + j, lag <= k whatever the speeds, reproducible); Q > 0 = a free-running
     # producer timed by itself keeps up to Q batches queued, each by the newest weights, so
     # a slow learner leaves stale batches (lag > k), which `stale_batches` drops or
-    # resamples (not reproducible bit for bit: rl/overlap.py)
+    # resamples (not reproducible bit for bit: rl/ahead.py)
     s.free_running_queue = 0
     s.stale_batches = "drop"  # a batch past the bound: 'drop' | 'resample' (its prompts anew)
     # KV cache dtype: None (the compute dtype) | float32 | bfloat16
@@ -122,24 +82,6 @@ def critic_section() -> ml_collections.ConfigDict:
     return s
 
 
-def optimizer_section() -> ml_collections.ConfigDict:
-    """`optimizer`: AdamW, its schedule, clipping and gradient accumulation."""
-    s = ml_collections.ConfigDict()
-    s.lr = 1e-4
-    s.schedule = "constant"  # constant | cosine | linear
-    s.warmup_steps = 0
-    s.b1 = 0.9
-    s.b2 = 0.99
-    s.eps = 1e-8
-    s.weight_decay = 0.0
-    s.max_grad_norm = 1.0
-    s.grad_accum = 1  # microbatches per minibatch
-    # the peak lr a value of the optimizer state, not of the program: a population varies it
-    # (rl/learn/optimizer.py)
-    s.lr_in_state = False
-    return s
-
-
 def pact_section() -> ml_collections.ConfigDict:
     """`pact`: PACT's expert traces in the update (off by default)."""
     # PACT (rl/methods/pact.py): rollouts stay prompt-only; each prompt's expert trace (a
@@ -164,15 +106,12 @@ TRACED_ROLLOUT_KEYS = ("temperature", "top_p", "min_p")
 CHOICES: dict[str, tuple] = {
     "pact.schedule": ("linear", "cosine", "constant"),
     "rollout.cache_dtype": (None, "float32", "bfloat16"),
-    "optimizer.schedule": ("constant", "cosine", "linear"),
     "critic.kind": ("none", "head", "model"),
     "rollout.stale_batches": ("drop", "resample"),
 }
 
 # This layer's numeric keys: (low, high, low inclusive, high inclusive); None = open.
 RANGES: dict[str, tuple] = {
-    "data.prompt_batch": (0, None, False, None),
-    "data.max_prompt_len": (0, None, False, None),
     "rollout.group_size": (0, None, False, None),
     "rollout.max_new_tokens": (0, None, False, None),
     "rollout.temperature": (0, None, False, None),  # > 0 (greedy decoding is its own flag)
@@ -186,14 +125,6 @@ RANGES: dict[str, tuple] = {
     "rollout.free_running_queue": (0, None, True, None),
     "rollout.speculative.k": (0, None, False, None),
     "rollout.sc_vocab_chunk": (0, None, False, None),
-    "optimizer.lr": (0, None, False, None),
-    "optimizer.warmup_steps": (0, None, True, None),
-    "optimizer.b1": (0, 1, True, False),
-    "optimizer.b2": (0, 1, True, False),
-    "optimizer.eps": (0, None, True, None),
-    "optimizer.weight_decay": (0, None, True, None),
-    "optimizer.max_grad_norm": (0, None, True, None),  # 0: no clipping
-    "optimizer.grad_accum": (0, None, False, None),
     "critic.gamma": (0, 1, True, True),
     "critic.lam": (0, 1, True, True),
     "critic.value_clip": (0, None, True, None),  # 0: the unclipped value loss

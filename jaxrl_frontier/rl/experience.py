@@ -242,7 +242,7 @@ def log_rollouts(logger, step: int, exp: Experience, info: dict, mesh, prompt_of
 def batch_state(exp: Experience, info: dict) -> dict:
     """A produced batch (Experience, the producer's info) as JSON-able host state, exactly:
     each array's bits and its partition spec, the info's metrics, results and texts. For a
-    checkpoint taken with batches in flight (`rl/overlap.py`). On several processes every
+    checkpoint taken with batches in flight (`rl/ahead.py`). On several processes every
     process calls it (the arrays are gathered whole) and gets the same arrays and metrics,
     and its own prompts' results and texts (`batch_from_state` takes them back apart)."""
     if any(r.episode_states for r in info["results"]):

@@ -48,7 +48,7 @@ def build_meshes(config) -> tuple[jax.sharding.Mesh, jax.sharding.Mesh]:
     `rollout.devices > 0`, `rollout.mesh.*` over the rollout devices (else the same mesh).
     Asynchronous and partial rollouts on several processes (`rollout.max_staleness > 0`,
     `rollout.partial_budget > 0`) sample on a mesh of each process's own devices of those
-    (rl/overlap.py, sampling/partial.py), of the same shape spec."""
+    (rl/ahead.py, sampling/partial.py), of the same shape spec."""
     train, rollout = role_devices(config)
     train_mesh = sharding.make_mesh([config.mesh[a] for a in sharding.MESH_AXES], train)
     ahead = config.rollout.max_staleness or config.rollout.partial_budget

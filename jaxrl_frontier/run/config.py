@@ -39,6 +39,7 @@ from jaxrl_frontier.data import defaults as data_defaults
 from jaxrl_frontier.models import defaults as model_defaults
 from jaxrl_frontier.objectives import losses
 from jaxrl_frontier.rl import defaults as rl_defaults
+from jaxrl_frontier.rl.learn import defaults as learn_defaults
 from jaxrl_frontier.run import parts, population_config
 from jaxrl_frontier.train import defaults as train_defaults
 
@@ -88,7 +89,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.model = model_defaults.model_section()
     c.teacher = model_defaults.teacher_section()
     c.task = data_defaults.task_section()
-    c.data = rl_defaults.data_section()
+    c.data = data_defaults.data_section()
     c.distributed = core_defaults.distributed_section()
     c.rollout = rl_defaults.rollout_section()
     # every key and default of the objective is defined once, in objectives.losses.DEFAULTS
@@ -97,7 +98,7 @@ def base_config() -> ml_collections.ConfigDict:
     # resolve tells a command-line switch of objective.weight etc. from the file's choice
     c.objective.as_written = ml_collections.ConfigDict()
     c.critic = rl_defaults.critic_section()
-    c.optimizer = rl_defaults.optimizer_section()
+    c.optimizer = learn_defaults.optimizer_section()
     c.train = train_defaults.train_section()
     c.rewards = data_defaults.rewards_section()
     c.eval = train_defaults.eval_section()
@@ -123,6 +124,7 @@ CHOICES: dict[str, tuple] = {
     **model_defaults.CHOICES,
     **data_defaults.CHOICES,
     **rl_defaults.CHOICES,
+    **learn_defaults.CHOICES,
     **train_defaults.CHOICES,
     **losses.CHOICES,
 }
@@ -134,6 +136,7 @@ RANGES: dict[str, tuple] = {
     **model_defaults.RANGES,
     **data_defaults.RANGES,
     **rl_defaults.RANGES,
+    **learn_defaults.RANGES,
     **train_defaults.RANGES,
     **losses.RANGES,
 }
@@ -431,7 +434,7 @@ def _check_roles(c: ml_collections.ConfigDict, num_devices: int) -> None:
 
 def check_local_rollouts(c: ml_collections.ConfigDict) -> None:
     """rollout.max_staleness > 0 on several processes: each samples its own prompts in a
-    background thread, which must talk to no other process (rl/overlap.py). The parts of a
+    background thread, which must talk to no other process (rl/ahead.py). The parts of a
     run that lack `process_local` are refused, naming their key (run/parts.py)."""
     parts.check_capabilities(c, procs=2, only=("process_local",))
 

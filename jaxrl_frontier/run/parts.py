@@ -55,13 +55,13 @@ LOCAL_HEADLINE = (
 
 def parts_of(c) -> list[Part]:
     """The parts the config `c` composes, each from its choice (no instance built)."""
+    from jaxrl_frontier.rl.ahead import FreeRunningRollouts, RolloutsAhead
     from jaxrl_frontier.rl.methods.pact import PactProducer
-    from jaxrl_frontier.rl.overlap import FreeRunningRollouts, RolloutsAhead
     from jaxrl_frontier.rl.produce.agent import AgentRolloutProducer
     from jaxrl_frontier.rl.produce.editors import EDITORS
     from jaxrl_frontier.rl.produce.rollout import RolloutProducer
     from jaxrl_frontier.rl.sources import SOURCES
-    from jaxrl_frontier.sampling.choice import sampler_class
+    from jaxrl_frontier.sampling.factory import sampler_class
 
     r = c.rollout
     sampler = sampler_class(r, partial=True)  # the training rollouts' sampler

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import jax
 
-from jaxrl_frontier.rl import diagnostics
 from jaxrl_frontier.run import sections
+from jaxrl_frontier.train import collapse
 from jaxrl_frontier.train import hooks as hooks_lib
 from jaxrl_frontier.train.metrics import ProgressBar
 from jaxrl_frontier.train.watchdog import Watchdog
@@ -41,7 +41,7 @@ def hooks(trainer, c) -> list[hooks_lib.Hook]:
             history=trainer.history,
             writer=trainer.writer,
             paused=lambda: trainer.holding("eval"),
-            after_eval=lambda ev, step: diagnostics.after_eval(
+            after_eval=lambda ev, step: collapse.after_eval(
                 trainer.history,
                 ev,
                 step,

@@ -5,7 +5,7 @@
       -> PromptSource.observe(info["results"])
       -> Learner.update(experience)                            rl/learn/learner.py
 
-Up to `rollout.max_staleness` batches are produced ahead of the learner (rl/overlap.py);
+Up to `rollout.max_staleness` batches are produced ahead of the learner (rl/ahead.py);
 with `rollout.partial_budget` the next batch's rows begin in this step's idle decode slots
 (sampling/partial.py). At a stage boundary (run/stages.py) the learner and the producer are
 rebuilt from the staged config; the train state, the prompt stream and the knobs are kept.
@@ -20,13 +20,13 @@ import jax
 import numpy as np
 
 from jaxrl_frontier.core import distributed
+from jaxrl_frontier.rl.ahead import FreeRunningRollouts, RolloutsAhead
 from jaxrl_frontier.rl.experience import (
     Experience,
     batches_from_state,
     batches_state,
     log_rollouts,
 )
-from jaxrl_frontier.rl.overlap import FreeRunningRollouts, RolloutsAhead
 from jaxrl_frontier.rl.sources import make_source
 from jaxrl_frontier.rl.sources.utils import prompt_text
 from jaxrl_frontier.run import config as config_lib

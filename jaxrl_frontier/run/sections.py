@@ -19,13 +19,13 @@ from jaxrl_frontier.core.distributed import DistributedOptions
 from jaxrl_frontier.data.rewards.scorer import RewardOptions
 from jaxrl_frontier.data.rewards.shaping import effective_reward_weights, shaper_reward_names
 from jaxrl_frontier.data.tasks.options import TaskOptions
-from jaxrl_frontier.rl.diagnostics import PeakOptions
 from jaxrl_frontier.rl.methods.pact import PactOptions
 from jaxrl_frontier.rl.methods.ppo import CriticOptions
 from jaxrl_frontier.rl.produce.editors import EditorOptions
 from jaxrl_frontier.rl.sources.base import SourceOptions
+from jaxrl_frontier.train.collapse import PeakOptions
 from jaxrl_frontier.train.evaluation import EvalOptions
-from jaxrl_frontier.train.faults import GuardOptions
+from jaxrl_frontier.train.guards import GuardOptions
 from jaxrl_frontier.train.sft import SFTOptions
 
 

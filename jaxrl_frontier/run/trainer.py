@@ -28,7 +28,6 @@ from jaxrl_frontier.core import distributed, sharding
 from jaxrl_frontier.data.rewards.scorer import make_scorer
 from jaxrl_frontier.data.tasks import task_for
 from jaxrl_frontier.models import hf, lora
-from jaxrl_frontier.rl import diagnostics
 from jaxrl_frontier.rl.learn.optimizer import build_optimizer
 from jaxrl_frontier.rl.learn.train_step import init_train_state, optimizer_memory_kind
 from jaxrl_frontier.run import config as config_lib
@@ -38,7 +37,7 @@ from jaxrl_frontier.run.build import build_tokenizer, check_resume_schedule, tot
 from jaxrl_frontier.run.knobs import KnobPlan
 from jaxrl_frontier.run.roles import build_roles
 from jaxrl_frontier.run.steps import STEPS, Step
-from jaxrl_frontier.train import evaluation, faults
+from jaxrl_frontier.train import collapse, evaluation, resume
 from jaxrl_frontier.train import hooks as hooks_lib
 from jaxrl_frontier.train.checkpoint import Checkpointer, abstract_like
 from jaxrl_frontier.train.metrics import MetricsWriter, RolloutLogger
@@ -143,7 +142,7 @@ class Trainer:
             meta = self.step.checkpoint_meta()
             meta.update(history=self.history, config=self.launch_config.to_dict())
             meta["knobs"] = self.knobs.state()  # controllers' states, every spec
-            faults.flush_logs(self.writer, self.rollout_log)  # a checkpoint's rows first
+            resume.flush_logs(self.writer, self.rollout_log)  # a checkpoint's rows first
             self.ckpt.save(int(self.state.step), self.state, meta)
 
     @contextlib.contextmanager
@@ -153,9 +152,9 @@ class Trainer:
             yield
 
     def restore(self) -> None:
-        """Resume from the newest intact checkpoint in the workdir, if any (faults.resume)."""
+        """Resume from the newest intact checkpoint in the workdir, if any (resume.resume)."""
         logs = (self.writer, self.rollout_log)
-        restored = faults.resume(self.ckpt, abstract_like(self.state), logs, self.say)
+        restored = resume.resume(self.ckpt, abstract_like(self.state), logs, self.say)
         if restored is None:
             return
         self.state, meta = restored
@@ -212,7 +211,7 @@ class Trainer:
         """Restore the newest checkpoint, start the step and the hooks: the steps to run."""
         self.restore()
         start, steps = int(self.state.step), self.launch_config.train.steps
-        last = start if diagnostics.finished(self.history) else steps
+        last = start if collapse.finished(self.history) else steps
         self.step.begin(start, last)
         for hook in self.hooks:
             hook.begin(start)

@@ -23,7 +23,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
-from jaxrl_frontier.rl import diagnostics
+from jaxrl_frontier.train import collapse
 
 
 @dataclasses.dataclass
@@ -164,7 +164,7 @@ class Evaluate(Hook):
             self.say(f"pass@1 reached train.stop_at_pass1={self.stop_at}: done")
             end.stop = "target"
         if end.stop is None:  # the eval curve collapsed at this step
-            end.stop = diagnostics.collapse_outcome(self.history, end.done)
+            end.stop = collapse.collapse_outcome(self.history, end.done)
 
 
 def fmt(d: dict) -> str:

@@ -1,5 +1,6 @@
 import pytest
 
+from jaxrl_frontier.core.capabilities import ALL
 from jaxrl_frontier.core.registry import Registry
 
 
@@ -36,3 +37,17 @@ def test_duplicate_name_is_an_error():
     reg.register("x")(lambda: None)
     with pytest.raises(ValueError, match="duplicate name 'x'"):
         reg.register("x")(lambda: None)
+
+
+def test_unregister_takes_an_entry_back():
+    class Part:
+        capabilities = "declared"
+
+    reg = Registry("widget")
+    reg.register("x", part=Part)(lambda: 1)
+    assert reg.capabilities("x") == "declared"
+    reg.unregister("x")
+    assert "x" not in reg and len(reg) == 0
+    reg.unregister("x")  # absent: nothing happens
+    reg.register("x")(lambda: 2)  # the name is free again, its old part gone with it
+    assert reg.get("x")() == 2 and reg.capabilities("x") is ALL

@@ -18,7 +18,7 @@ import time
 import pytest
 from conftest import Killed, killed_after, override, small_rl_config
 
-from jaxrl_frontier.rl.overlap import FreeRunningRollouts
+from jaxrl_frontier.rl.ahead import FreeRunningRollouts
 from jaxrl_frontier.run import config as config_lib
 from jaxrl_frontier.run import trainer as tr
 
@@ -52,11 +52,11 @@ def test_free_running_queue_by_hand():
     ahead, source = FreeRunningRollouts(max_staleness=1, capacity=3), _Source()
     try:
         ahead.begin(source, remaining=6, maker=maker)
-        _wait_for(lambda: ahead.in_flight == 3 and not ahead._running)  # by version 0
+        _wait_for(lambda: ahead.in_flight == 3 and not ahead.producing)  # by version 0
         time.sleep(0.05)
         assert source.n == 3  # never past the capacity
         assert ahead.take(learner_version=1) == (1, {"policy_version": 0})  # lag 1: kept
-        _wait_for(lambda: source.n == 4 and not ahead._running)  # refilled, by version 0
+        _wait_for(lambda: source.n == 4 and not ahead.producing)  # refilled, by version 0
         version["now"] = 3
         ahead.publish(maker)
         # lag 3 - 0 > 1: batches 2, 3, 4 (version 0) dropped; 5, begun after the publish
@@ -64,16 +64,16 @@ def test_free_running_queue_by_hand():
         assert ahead.take(learner_version=3) == (5, {"policy_version": 3})
         assert ahead.dropped == 3 and ahead.resampled == 0
         # resample: the stale batch's own prompts, sampled by the caller with the loop held
-        _wait_for(lambda: ahead.in_flight == 3 and not ahead._running)  # 6, 7, 8: version 3
+        _wait_for(lambda: ahead.in_flight == 3 and not ahead.producing)  # 6, 7, 8: version 3
         held = []
-        resample = lambda batch: held.append(ahead._running) or (batch, {"policy_version": 9})
+        resample = lambda batch: held.append(ahead.producing) or (batch, {"policy_version": 9})
         got = ahead.take(learner_version=9, resample=resample)
         assert got == (6, {"policy_version": 9}) and held == [False]
         assert ahead.dropped == 4 and ahead.resampled == 1
         with ahead.paused():  # nothing starts while held
             drawn = source.n
             time.sleep(0.05)
-            assert source.n == drawn and not ahead._running
+            assert source.n == drawn and not ahead.producing
         assert [ahead.take(learner_version=3)[0] for _ in range(2)] == [7, 8]  # lag 0
         _wait_for(lambda: source.n == 9)  # the run's last batch queued
         time.sleep(0.05)

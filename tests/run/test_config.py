@@ -469,11 +469,16 @@ def test_rewards_scorer_choices():
     )
 
 
-def test_task_module_registers_a_user_task(tmp_path, monkeypatch):
+@pytest.fixture
+def user_task_name():
+    """The registry is process-wide: the task the test's module registers is taken back."""
     from jaxrl_frontier.data.tasks import TASKS
 
-    # the registry is process-wide: register into a copy, restored after the test
-    monkeypatch.setattr(TASKS, "_entries", dict(TASKS._entries))
+    yield "my_arith_from_test_config"
+    TASKS.unregister("my_arith_from_test_config")
+
+
+def test_task_module_registers_a_user_task(tmp_path, user_task_name):
     module = tmp_path / "my_tasks.py"
     module.write_text(
         "from jaxrl_frontier.data.tasks import TASKS\n"

@@ -14,8 +14,8 @@ import pytest
 from jaxrl_frontier.core import capabilities as caps_lib
 from jaxrl_frontier.core.capabilities import ALL, Capabilities
 from jaxrl_frontier.core.errors import ConfigError
+from jaxrl_frontier.rl.ahead import FreeRunningRollouts, RolloutsAhead
 from jaxrl_frontier.rl.methods.pact import PactProducer
-from jaxrl_frontier.rl.overlap import FreeRunningRollouts, RolloutsAhead
 from jaxrl_frontier.rl.produce.agent import AgentRolloutProducer
 from jaxrl_frontier.rl.produce.editors import EDITORS, DynamicRolloutEditing, RolloutEditor
 from jaxrl_frontier.rl.produce.rollout import RolloutProducer

@@ -7,7 +7,7 @@ import ml_collections
 import numpy as np
 import pytest
 from flax import nnx
-from test_sampling import GREEDY, PAD, TN, N, make_model, prompts
+from test_sampler import GREEDY, PAD, TN, N, make_model, prompts
 
 from jaxrl_frontier.core import sharding as shd
 from jaxrl_frontier.sampling import ContinuousSampler, Sampler, SamplingParams, make_sampler

@@ -3,7 +3,6 @@
 import io
 import json
 import math
-import os
 
 import numpy as np
 import pytest
@@ -235,30 +234,3 @@ def test_rollout_logger_truncate_after(tmp_path):
     log.close()
     rows = [json.loads(line) for line in open(tmp_path / "rollouts.jsonl")]
     assert [(r["step"], r["completion"]) for r in rows] == [(1, "c"), (1, "c"), (2, "again")]
-
-
-def test_a_failed_append_leaves_no_torn_line(tmp_path, monkeypatch):
-    from jaxrl_frontier.train import metrics
-
-    path = tmp_path / "m.jsonl"
-    path.write_text('{"step": 1}\n')
-    f = metrics._open_appending(path)
-    real_write = os.write
-    calls = []
-
-    def full_disk_write(fd, data):
-        """The first write lands 5 bytes, the next finds the disk full (ENOSPC)."""
-        calls.append(len(data))
-        if len(calls) == 1:
-            return real_write(fd, bytes(data[:5]))
-        raise OSError(28, "No space left on device")
-
-    monkeypatch.setattr(metrics.os, "write", full_disk_write)
-    with pytest.raises(OSError, match="No space"):
-        metrics._append_line(f, '{"step": 2, "loss": 1.0}')
-    monkeypatch.undo()
-    assert calls == [25, 20]
-    assert path.read_text() == '{"step": 1}\n'
-    metrics._append_line(f, '{"step": 2}')  # the handle keeps appending after the cut
-    f.close()
-    assert path.read_text() == '{"step": 1}\n{"step": 2}\n'

@@ -5,6 +5,7 @@ import importlib.util
 import io
 import json
 import math
+import os
 import struct
 import time
 
@@ -153,3 +154,28 @@ def test_wandb_offline_run_holds_the_jsonl_scalars(tmp_path, monkeypatch):
     assert (run.project, run.display_name) == ("proj", "grpo_seed3")
     recorded = {u.key: json.loads(u.value_json) for u in run.config.update}
     assert {k: recorded[k] for k in config} == config
+
+
+def test_a_failed_append_leaves_no_torn_line(tmp_path, monkeypatch):
+    path = tmp_path / "m.jsonl"
+    path.write_text('{"step": 1}\n')
+    f = writers.open_appending(path)
+    real_write = os.write
+    calls = []
+
+    def full_disk_write(fd, data):
+        """The first write lands 5 bytes, the next finds the disk full (ENOSPC)."""
+        calls.append(len(data))
+        if len(calls) == 1:
+            return real_write(fd, bytes(data[:5]))
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(writers.os, "write", full_disk_write)
+    with pytest.raises(OSError, match="No space"):
+        writers.append_line(f, '{"step": 2, "loss": 1.0}')
+    monkeypatch.undo()
+    assert calls == [25, 20]
+    assert path.read_text() == '{"step": 1}\n'
+    writers.append_line(f, '{"step": 2}')  # the handle keeps appending after the cut
+    f.close()
+    assert path.read_text() == '{"step": 1}\n{"step": 2}\n'

@@ -527,6 +527,17 @@ class Learner:
         """The policy version: completed RL steps."""
         return int(self.state.step)
 
+    @property
+    def objective(self):
+        """The objective section the update's loss reads (at a moving key's largest value)."""
+        return self._objective
+
+    @property
+    def rollout_base(self):
+        """LoRA: the frozen base placed on the rollout mesh once (None before the first
+        `rollout_params`, and without LoRA)."""
+        return self._rollout_base
+
     def rollout_params(self, copy: bool = False):
         """The policy weights for the sampler, through the one resharding function between
         the training and the rollout mesh (the identity when they are one). copy: a fresh

@@ -43,7 +43,11 @@ from jaxrl_frontier.models.text import encode_prompts
 from jaxrl_frontier.rl.experience import Experience
 from jaxrl_frontier.rl.methods import step_credit
 from jaxrl_frontier.rl.methods.critic import turn_rewards_to_tokens
-from jaxrl_frontier.rl.produce.finish import FrozenObjective, advantages_and_metrics, prompt_results
+from jaxrl_frontier.rl.produce.advantages_and_metrics import (
+    FrozenObjective,
+    advantages_and_metrics,
+    prompt_results,
+)
 from jaxrl_frontier.rl.produce.passes import run_passes
 from jaxrl_frontier.sampling import SamplingParams
 from jaxrl_frontier.sampling.turns import TurnSession

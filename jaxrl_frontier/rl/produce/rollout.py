@@ -41,8 +41,12 @@ from jaxrl_frontier.data.rewards.scorer import RewardScorer
 from jaxrl_frontier.data.tasks.base import Example
 from jaxrl_frontier.models.text import decode, encode_prompts
 from jaxrl_frontier.rl.experience import Experience, RolloutRows, ScoredRows
+from jaxrl_frontier.rl.produce.advantages_and_metrics import (
+    FrozenObjective,
+    advantages_and_metrics,
+    prompt_results,
+)
 from jaxrl_frontier.rl.produce.editors import RewardShaper, RolloutEditor
-from jaxrl_frontier.rl.produce.finish import FrozenObjective, advantages_and_metrics, prompt_results
 from jaxrl_frontier.rl.produce.passes import LogprobPass, run_passes
 from jaxrl_frontier.sampling import SamplingParams
 

@@ -75,13 +75,17 @@ class ADSSource(PromptSource):
         self.solve: dict[str, float] = {}  # str(prompt index) -> last solve rate
         self._last_boundary_share = 0.0
 
-    def _add_cluster(self, k: str) -> None:
+    def add_cluster(self, k: str) -> None:
+        """Enter cluster `k` (seen in a pool) at the mean probability of the others (1 when
+        first), then renormalise; a known cluster is left as it is."""
         if k not in self.p:
             self.p[k] = float(np.mean(list(self.p.values()))) if self.p else 1.0
             total = sum(self.p.values())
             self.p = {c: v / total for c, v in self.p.items()}
 
-    def _weight(self, example: Example) -> float:
+    def prompt_weight(self, example: Example) -> float:
+        """A prompt's draw weight inside its cluster: `boundary_weight` when its last solve
+        rate is within `boundary` of 0.5, `off_weight` when seen off it, 1 when never seen."""
         sr = self.solve.get(str(example["index"]))
         if sr is None:
             return 1.0
@@ -93,7 +97,7 @@ class ADSSource(PromptSource):
         cands = [ex for _ in range(self.pool) for ex in self.fresh.next_batch()]
         keys = [self.clusters.key(ex) for ex in cands]
         for k in keys:
-            self._add_cluster(k)
+            self.add_cluster(k)
         by = {}
         for ex, k in zip(cands, keys):
             by.setdefault(k, []).append(ex)
@@ -104,7 +108,7 @@ class ADSSource(PromptSource):
         for _ in range(self.fresh.batch_size):
             k = present[int(self.rng.choice(len(present), p=probs))]
             members = by[k]
-            w = np.asarray([self._weight(ex) for ex in members])
+            w = np.asarray([self.prompt_weight(ex) for ex in members])
             j = int(self.rng.choice(len(members), p=w / w.sum()))
             boundary += w[j] == self.boundary_weight
             chosen.append(members.pop(j) if len(members) > 1 else members[j])
@@ -117,7 +121,7 @@ class ADSSource(PromptSource):
         seen: dict[str, list[float]] = {}
         for index, correct, k in every:
             self.solve[str(index)] = correct
-            self._add_cluster(k)
+            self.add_cluster(k)
             seen.setdefault(k, []).append(correct)
         for k, v in seen.items():
             self.acc[k] = float(np.mean(v))

@@ -61,7 +61,7 @@ class DynamicSource(PromptSource):
         self.weights = None if weights is None else np.asarray(weights, np.float32)
         self.draws_total = 0
 
-    def _signal(self, draw) -> np.ndarray:
+    def signal(self, draw) -> np.ndarray:
         """bool [P]: groups whose weighted sequence rewards sum_k w_k r_k are not all equal
         (all reward components when no weights are given)."""
         r = draw.rewards if self.weights is None else draw.rewards @ self.weights[:, None]
@@ -81,12 +81,12 @@ class DynamicSource(PromptSource):
         """(ScoredRows of the first draw's prompt count, metrics); see the class docstring."""
         p = len(draw.rows.examples)
         parts = [draw]
-        found = int(self._signal(draw).sum())
+        found = int(self.signal(draw).sum())
         while len(parts) < self.max_draws and sum_over_processes(max(0, p - found)) > 0:
             parts.append(more(len(parts)))
-            found += int(self._signal(parts[-1]).sum())
+            found += int(self.signal(parts[-1]).sum())
         every = type(draw).concat(parts) if len(parts) > 1 else draw
-        signal = self._signal(every)
+        signal = self.signal(every)
         order = np.concatenate([np.flatnonzero(signal), np.flatnonzero(~signal)])[:p]
         metrics = {
             "dynamic/draws": float(len(parts)),

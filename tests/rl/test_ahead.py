@@ -135,7 +135,7 @@ def test_staleness_k_keeps_k_batches_in_flight_and_resumes_exactly(tmp_path):
 def test_rollouts_ahead_schedule_and_drop_by_hand():
     """room(): at most k in flight, none taken after the last step or across a sync step;
     take(): oldest first, a batch lagging past k dropped and counted."""
-    from jaxrl_frontier.rl.overlap import RolloutsAhead
+    from jaxrl_frontier.rl.ahead import RolloutsAhead
 
     class Source:
         n = 0
@@ -209,12 +209,10 @@ def test_lora_on_disaggregated_roles_moves_only_the_adapters(tmp_path):
     rollout_devices = set(two.roles.rollout_mesh.devices.flat)
     weights = two.roles.sampler.weights()
     assert {d for x in jax.tree.leaves(weights) for d in x.devices()} == rollout_devices
-    base_there = two.step.learner._rollout_base
+    base_there = two.step.learner.rollout_base
     assert all(
         a is b
-        for a, b in zip(
-            jax.tree.leaves(base_there), jax.tree.leaves(two.step.learner._rollout_base)
-        )
+        for a, b in zip(jax.tree.leaves(base_there), jax.tree.leaves(two.step.learner.rollout_base))
     )
     want = lora.combine(two.roles.base_params, two.state.params)
     got = two.step.learner.rollout_params()

@@ -309,7 +309,7 @@ def test_learner_epochs_minibatches_microbatches_equal_plain_full_batch_steps(ag
 
 NAMES = (
     [("weight", n) for n in weights.WEIGHTS.names()]
-    # progress cannot train (run/config.py); gae needs a critic (tests/rl/test_ppo_critic.py)
+    # progress cannot train (run/config.py); gae needs a critic (tests/rl/methods/test_ppo.py)
     + [("advantage", n) for n in advantages.ADVANTAGES.names() if n not in ("progress", "gae")]
     + [("aggregation", n) for n in aggregation.AGGREGATIONS.names()]
     + [("distill", n) for n in distillation.DISTILL_LOSSES.names()]
@@ -341,7 +341,7 @@ def test_every_objective_name_runs_two_steps_and_its_gradient_is_objective_loss(
     if kind == "distill":
         teacher = nnx.merge(nnx.graphdef(trainer.roles.teacher), trainer.roles.teacher_params)
         batch["teacher_logits"] = teacher(exp.tokens, exp.attention_mask)
-    objective = trainer.step.learner._objective
+    objective = trainer.step.learner.objective
     want = jax.grad(_plain_loss(trainer.roles.graphdef, objective))(trainer.state.params, batch)
     scale = max(float(np.abs(x).max()) for x in jax.tree.leaves(want))
     assert scale > 1e-5, "a zero gradient would make the comparison vacuous"

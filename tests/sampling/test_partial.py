@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 from conftest import override, run_killed_after, run_trainer, small_rl_config
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "sampling"))
-from test_sampling import PAD, TN, N, make_model, prompts  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the sampler tests beside it
+from test_sampler import PAD, TN, N, make_model, prompts  # noqa: E402
 
 from jaxrl_frontier.run import config as config_lib  # noqa: E402
 from jaxrl_frontier.sampling import ContinuousSampler, SamplingParams  # noqa: E402

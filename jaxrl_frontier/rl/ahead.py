@@ -181,6 +181,11 @@ class FreeRunningRollouts(RolloutsAhead):
         self._running = False
         self._closed = False
 
+    @property
+    def producing(self) -> bool:
+        """The loop is sampling a batch now (a pause waits for it to end)."""
+        return self._running
+
     def room(self, step: int, last_step: int, is_sync: Callable[[int], bool]) -> bool:
         return False  # the loop starts batches itself
 

@@ -27,7 +27,7 @@ from jaxrl_frontier.run import config as config_lib
 from jaxrl_frontier.run import sections
 from jaxrl_frontier.train.checkpoint import Checkpointer, abstract_like
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 VOCAB, ROWS, T, TP = 20, 8, 8, 4
 MODEL = dict(SMALL_MODEL, num_layers=1)  # compiling the update is most of each test
 OBJECTIVE = dict(weight="ppo_clip", aggregation="token_mean", advantage="gae")

@@ -140,7 +140,7 @@ def test_user_environment_from_a_module_file(tmp_path):
         env = env_from_config({"module": str(f), "name": "echo_test_env", "kwargs": {}})
         assert env.reset(4) == "say 4"
     finally:
-        ENVS._entries.pop("echo_test_env", None)
+        ENVS.unregister("echo_test_env")
     with pytest.raises(KeyError, match="'env.name'.*gridworld"):
         env_from_config({"name": "no_such_env"})
     import ml_collections
@@ -217,8 +217,8 @@ def test_grid_collisions_and_agents_on_goals():
     board(env, holes=[], starts=[(3, 2), (2, 0)], goals=[(3, 3), (3, 0)])
     _, r, done, info = env.step("a: right, b: down")
     assert done and info["success"] and r == 1.0
+    env.reset(0)  # the episode above ended: a new one on the next board
     board(env, holes=[], starts=[(3, 3), (2, 0)], goals=[(3, 3), (3, 0)])
-    env._live = True
     env.step("up up")  # a on its goal stays there
     assert env.positions == ((3, 3), (1, 0))
     assert gw.parse_moves("up", 2) is None

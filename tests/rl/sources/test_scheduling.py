@@ -82,7 +82,7 @@ def test_dynamic_sampling_judges_signal_on_the_weighted_reward():
     out, m = src.select(draw, None)
     assert m["dynamic/signal_groups"] == 1 and m["dynamic/filled_zero_signal"] == 1
     assert [e["index"] for e in out.rows.examples] == [10, 11]  # 11 has signal, 10 fills
-    assert DynamicSource(None, max_draws=1)._signal(draw).tolist() == [True, True]
+    assert DynamicSource(None, max_draws=1).signal(draw).tolist() == [True, True]
 
 
 def test_dynamic_builder_weighs_correctness_and_the_shaped_components():
@@ -167,7 +167,7 @@ def test_ads_leaves_a_cluster_that_has_not_run_where_it_entered():
     of 0.5 would have given it the top score)."""
     src = _ads()
     src.observe([_result(0, 0.0, "a")])  # 'a' measured: p_a = 1
-    src._add_cluster("b")  # seen in a pool, not run: p = the mean of the others, 1/2
+    src.add_cluster("b")  # seen in a pool, not run: p = the mean of the others, 1/2
     assert src.p == pytest.approx({"a": 0.5, "b": 0.5}) and "b" not in src.acc
     src.observe([_result(1, 0.0, "a")])
     # O = {a}, M = 1/2: p_a <- .7 (1/2) + .3 (1/2) s_a / s_a = 1/2; p_b untouched
@@ -178,7 +178,7 @@ def test_ads_leaves_a_cluster_that_has_not_run_where_it_entered():
 def test_ads_prefers_boundary_prompts_inside_a_cluster():
     src = _ads()
     src.observe([_result(0, 0.5), _result(1, 1.0), _result(2, 0.66), _result(3, 0.25)])
-    w = [src._weight({"index": i}) for i in (0, 1, 2, 3, 4)]
+    w = [src.prompt_weight({"index": i}) for i in (0, 1, 2, 3, 4)]
     assert w == [4.0, 0.25, 4.0, 0.25, 1.0]  # |sr - .5| <= .17: boundary; 4 never seen
 
 

@@ -1,0 +1,174 @@
+"""The map between a Hugging Face checkpoint's tensors and the `Transformer`'s parameters
+(`tensor_specs`: one `TensorSpec` per HF tensor, in HF's order), read by `hf.load` and
+`hf.save`.
+
+Layout conversion (HF Linear weights are [out, in]; ours are [in, out] split into heads):
+
+    q_proj  [H*Dh, D] -> [D, H, Dh]     k_proj, v_proj [K*Dh, D] -> [D, K, Dh]
+    o_proj  [D, H*Dh] -> [H, Dh, D]     gate/up [F, D] -> [D, F]   down [D, F] -> [F, D]
+    lm_head [V, D]    -> [D, V]         embed [V, D], norms [D], biases [H*Dh] -> [H, Dh]
+
+A layer's tensors (`model.layers.{i}...`) fill one slice of a stacked [L, ...] parameter
+(`TensorSpec.layer`); a mixture of experts' `mlp.experts.{e}...` one slice of its [L, E, ...]
+parameter (`TensorSpec.expert`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from jaxrl_frontier.models.layers import ModelConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorSpec:
+    """One HF tensor and the parameter it fills.
+
+    linear=True: HF stores [out, in]; ours is the transpose, reshaped to `shape`.
+    linear=False: same element order, only reshaped (embeddings, norms, biases).
+    layer: for a layer's tensor, its index i along the stacked parameter's leading axis
+    (`shape` is then one layer's); None for the embedding, final norm and head.
+    expert: for an expert's tensor (`mlp.experts.{e}.*`), its index e along the expert axis
+    that follows the layers axis (`shape` is then one expert's); None otherwise.
+    """
+
+    hf_name: str
+    path: tuple  # nnx state path, e.g. ("layers", "attn", "q_proj")
+    hf_shape: tuple[int, ...]
+    shape: tuple[int, ...]
+    linear: bool
+    layer: int | None = None
+    expert: int | None = None
+
+    @property
+    def index(self) -> tuple[int, ...]:
+        """The tensor's place along the parameter's leading (layers[, experts]) axes."""
+        if self.layer is None:
+            return ()
+        return (self.layer,) + (() if self.expert is None else (self.expert,))
+
+    def to_ours(self, w: np.ndarray) -> np.ndarray:
+        """HF array -> our layout (a view when possible: no copy of the tensor)."""
+        return w.T.reshape(self.shape) if self.linear else w.reshape(self.shape)
+
+    def to_hf(self, w: np.ndarray) -> np.ndarray:
+        if self.linear:
+            return w.reshape(self.hf_shape[::-1]).T
+        return w.reshape(self.hf_shape)
+
+
+def tensor_specs(cfg: ModelConfig) -> list[TensorSpec]:
+    """Every tensor of an HF checkpoint of this config, in HF's order."""
+    d, f, v = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
+    h, k, hd = cfg.num_heads, cfg.num_kv_heads, cfg.resolved_head_dim
+    specs = [TensorSpec("model.embed_tokens.weight", ("embed",), (v, d), (v, d), False)]
+    for i in range(cfg.num_layers):
+        pre, at = f"model.layers.{i}.", ("layers", "attn")
+        layer = [
+            TensorSpec(
+                pre + "input_layernorm.weight",
+                ("layers", "input_norm", "weight"),
+                (d,),
+                (d,),
+                False,
+            ),
+            TensorSpec(
+                pre + "self_attn.q_proj.weight", (*at, "q_proj"), (h * hd, d), (d, h, hd), True
+            ),
+            TensorSpec(
+                pre + "self_attn.k_proj.weight", (*at, "k_proj"), (k * hd, d), (d, k, hd), True
+            ),
+            TensorSpec(
+                pre + "self_attn.v_proj.weight", (*at, "v_proj"), (k * hd, d), (d, k, hd), True
+            ),
+            TensorSpec(
+                pre + "self_attn.o_proj.weight", (*at, "o_proj"), (d, h * hd), (h, hd, d), True
+            ),
+        ]
+        if cfg.qkv_bias:
+            layer += [
+                TensorSpec(
+                    pre + "self_attn.q_proj.bias", (*at, "q_bias"), (h * hd,), (h, hd), False
+                ),
+                TensorSpec(
+                    pre + "self_attn.k_proj.bias", (*at, "k_bias"), (k * hd,), (k, hd), False
+                ),
+                TensorSpec(
+                    pre + "self_attn.v_proj.bias", (*at, "v_bias"), (k * hd,), (k, hd), False
+                ),
+            ]
+        if cfg.qk_norm:
+            layer += [
+                TensorSpec(
+                    pre + "self_attn.q_norm.weight", (*at, "q_norm", "weight"), (hd,), (hd,), False
+                ),
+                TensorSpec(
+                    pre + "self_attn.k_norm.weight", (*at, "k_norm", "weight"), (hd,), (hd,), False
+                ),
+            ]
+        mlp = ("layers", "mlp")
+        layer += [
+            TensorSpec(pre + f"{hf_name}.weight", ("layers", ours, "weight"), (d,), (d,), False)
+            for hf_name, ours in _mlp_norms(cfg)
+        ]
+        if cfg.num_experts:
+            layer += _expert_specs(cfg, pre)
+        else:
+            layer += [
+                TensorSpec(pre + "mlp.gate_proj.weight", (*mlp, "gate_proj"), (f, d), (d, f), True),
+                TensorSpec(pre + "mlp.up_proj.weight", (*mlp, "up_proj"), (f, d), (d, f), True),
+                TensorSpec(pre + "mlp.down_proj.weight", (*mlp, "down_proj"), (d, f), (f, d), True),
+            ]
+        specs += [dataclasses.replace(spec, layer=i) for spec in layer]
+    specs.append(TensorSpec("model.norm.weight", ("final_norm", "weight"), (d,), (d,), False))
+    if not cfg.tie_word_embeddings:
+        specs.append(TensorSpec("lm_head.weight", ("lm_head",), (v, d), (d, v), True))
+    return specs
+
+
+def _mlp_norms(cfg: ModelConfig) -> list[tuple[str, str]]:
+    """(HF name, our Block attribute) of a layer's norms after the attention. Llama / Qwen:
+    post_attention_layernorm is the MLP's input norm; Gemma's post_attention_layernorm
+    normalises the attention output, pre_feedforward_layernorm is the MLP's input norm
+    and post_feedforward_layernorm normalises the MLP output (`ModelConfig.sandwich_norms`)."""
+    if not cfg.sandwich_norms:
+        return [("post_attention_layernorm", "post_attn_norm")]
+    return [
+        ("post_attention_layernorm", "attn_out_norm"),
+        ("pre_feedforward_layernorm", "post_attn_norm"),
+        ("post_feedforward_layernorm", "mlp_out_norm"),
+    ]
+
+
+def _expert_specs(cfg: ModelConfig, pre: str) -> list[TensorSpec]:
+    """An MoE layer's MLP tensors: the router `mlp.gate.weight` [E, D] and, per expert e,
+    `mlp.experts.{e}.gate_proj/up_proj/down_proj.weight` (transformers 5 fuses them in
+    memory, `gate_up_proj` [E, 2F, D], but reads and writes these names on disk); Qwen2-MoE
+    adds `mlp.shared_expert.*_proj.weight` and `mlp.shared_expert_gate.weight` [1, D]."""
+    d, e, f = cfg.hidden_size, cfg.num_experts, cfg.moe_intermediate_size
+    mlp = ("layers", "mlp")
+    specs = [TensorSpec(pre + "mlp.gate.weight", (*mlp, "router"), (e, d), (d, e), True)]
+    for j in range(e):
+        ex = f"{pre}mlp.experts.{j}."
+        specs += [
+            TensorSpec(
+                ex + "gate_proj.weight", (*mlp, "expert_gate"), (f, d), (d, f), True, None, j
+            ),
+            TensorSpec(ex + "up_proj.weight", (*mlp, "expert_up"), (f, d), (d, f), True, None, j),
+            TensorSpec(
+                ex + "down_proj.weight", (*mlp, "expert_down"), (d, f), (f, d), True, None, j
+            ),
+        ]
+    fs = cfg.shared_expert_intermediate_size
+    if fs:  # Qwen2-MoE's shared expert and its sigmoid gate
+        sh = pre + "mlp.shared_expert."
+        specs += [
+            TensorSpec(sh + "gate_proj.weight", (*mlp, "shared_gate"), (fs, d), (d, fs), True),
+            TensorSpec(sh + "up_proj.weight", (*mlp, "shared_up"), (fs, d), (d, fs), True),
+            TensorSpec(sh + "down_proj.weight", (*mlp, "shared_down"), (d, fs), (fs, d), True),
+            TensorSpec(pre + "mlp.shared_expert_gate.weight", (*mlp, "shared_expert_gate"),
+                       (1, d), (d, 1), True),
+        ]  # fmt: skip
+    return specs

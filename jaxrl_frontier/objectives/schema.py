@@ -1,0 +1,215 @@
+"""The `config.objective` section: every key and its default (`DEFAULTS`), its choices and
+ranges, the registries its names select from, and its checks (unknown keys, registry names,
+an entry's keyword arguments, the inputs the configured loss needs). The loss that reads the
+section is losses.py; `setting` and `term_on` are how it reads a key.
+
+Traced keys (`traced_keys`, `with_values`): the float coefficients and weight knobs a
+schedule or a controller moves step by step without compiling the update again.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import jax
+
+from jaxrl_frontier.core.errors import ObjectiveConfigError
+from jaxrl_frontier.core.registry import Registry
+from jaxrl_frontier.objectives.advantages import ADVANTAGES
+from jaxrl_frontier.objectives.aggregation import AGGREGATIONS
+from jaxrl_frontier.objectives.distillation import DISTILL_LOSSES, KL_ESTIMATORS
+from jaxrl_frontier.objectives.weights import WEIGHTS
+
+# `config.objective`: every key and its default, defined here once (`config.base_config`
+# builds its objective section from `default_config()`).
+DEFAULTS: Mapping[str, Any] = {
+    "weight": "ppo_clip",
+    "weight_kwargs": {},
+    "aggregation": "token_mean",
+    "aggregation_kwargs": {},
+    "pg_coef": 1.0,
+    "kl_coef": 0.0,
+    "kl_estimator": "k3",
+    "kl_in_reward": False,
+    "entropy_coef": 0.0,
+    # a mixture-of-experts policy's router terms (models/moe.py): the load-balancing loss
+    # E sum_e f_e P_e (1 when balanced) and the router z-loss, each times its coefficient
+    "router_aux_coef": 0.0,
+    "router_z_coef": 0.0,
+    "distill": None,
+    "distill_coef": 1.0,
+    "distill_kwargs": {},
+    # Read when computing advantages (`rl.credit`), not by the loss; validated here so one
+    # check covers the section.
+    "advantage": "grpo",
+    "advantage_kwargs": {},
+    "reward_weights": {},  # reward component -> weight; {} = the correctness reward only
+}
+
+
+# The allowed values of the objective's keys with a closed set of them (run/config.py checks).
+CHOICES: dict[str, tuple] = {
+    "objective.kl_estimator": ("k1", "k2", "k3"),
+}
+
+# The objective's numeric keys: (low, high, low inclusive, high inclusive); None = open.
+RANGES: dict[str, tuple] = {
+    "objective.kl_coef": (0, None, True, None),
+    "objective.router_aux_coef": (0, None, True, None),
+    "objective.router_z_coef": (0, None, True, None),
+}
+
+
+# objective.<block> names an entry of a registry; objective.<block>_kwargs configures it.
+REGISTRIES: Mapping[str, Registry] = {
+    "weight": WEIGHTS,
+    "advantage": ADVANTAGES,
+    "aggregation": AGGREGATIONS,
+    "distill": DISTILL_LOSSES,
+}
+
+
+def default_config():
+    """A fresh `config.objective` ConfigDict with every key at its default."""
+    from ml_collections import config_dict
+
+    cfg = config_dict.ConfigDict({k: v for k, v in DEFAULTS.items() if v is not None})
+    cfg.distill = config_dict.placeholder(str)  # None, but overridable from the command line
+    return cfg
+
+
+def entry_defaults(fn: Callable) -> dict[str, Any]:
+    """The keyword defaults of a registry entry: {name: default} for each parameter of `fn`
+    that has a default. These are the config keys its `*_kwargs` block accepts."""
+    params = inspect.signature(fn).parameters.values()
+    return {
+        p.name: p.default
+        for p in params
+        if p.default is not inspect.Parameter.empty
+        and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+    }
+
+
+def setting(cfg: Any, key: str) -> Any:
+    """cfg[key] or its default; a `*_kwargs` block as a plain dict without None values
+    (None = the entry's own default: command-line placeholders left unset)."""
+    value = cfg[key] if key in cfg else DEFAULTS[key]
+    if key.endswith("_kwargs"):
+        value = {} if value is None else value
+        value = value.to_dict() if hasattr(value, "to_dict") else value
+        return {k: v for k, v in value.items() if v is not None}
+    return value
+
+
+def term_on(cfg: Any, key: str) -> bool:
+    """Whether the term of coefficient `key` is in the loss: a number when non-zero; a
+    traced value (`with_values`: a scheduled or controlled coefficient) always, since the
+    run was built for its largest value and a value that moves must not change the program."""
+    value = setting(cfg, key)
+    return isinstance(value, jax.Array) or bool(value)
+
+
+# The float keys of `config.objective` whose value may arrive traced (`with_values`), so
+# that a schedule or a controller moves it without compiling again; besides these, every
+# float knob of the weight functions (`objective.weight_kwargs.<knob>`, `traced_keys`).
+TRACED_KEYS = (
+    "pg_coef", "kl_coef", "entropy_coef", "distill_coef", "router_aux_coef", "router_z_coef"
+)  # fmt: skip
+
+
+def traced_keys() -> tuple[str, ...]:
+    """Every key of the objective that may be a traced value: TRACED_KEYS and
+    `weight_kwargs.<knob>` for each float keyword default of a registered weight."""
+    knobs = {
+        name
+        for entry in WEIGHTS.names()
+        for name, default in entry_defaults(WEIGHTS.get(entry)).items()
+        if isinstance(default, float)
+    }
+    return TRACED_KEYS + tuple(f"weight_kwargs.{k}" for k in sorted(knobs))
+
+
+def value_of(cfg: Any, key: str) -> Any:
+    """The configured value of a key of `traced_keys()`: cfg['kl_coef'], or for
+    'weight_kwargs.eps_high' the block's value, else the chosen weight's default (None when
+    the chosen weight has no such knob)."""
+    block, _, knob = key.partition(".")
+    if not knob:
+        return setting(cfg, block)
+    entry = block.removesuffix("_kwargs")
+    defaults = entry_defaults(REGISTRIES[entry].get(setting(cfg, entry)))
+    return {**defaults, **setting(cfg, block)}.get(knob)
+
+
+def with_values(cfg: Any, values: Mapping[str, Any]) -> dict[str, Any]:
+    """The objective `cfg` as a dict with the keys of `values` replaced: `values` maps a key
+    of `traced_keys()` ('kl_coef', 'weight_kwargs.eps_high') to its value this step (an f32
+    scalar, traced inside the update). Every other key keeps its configured value."""
+    out = dict(cfg.items())
+    for key, value in values.items():
+        block, _, knob = key.partition(".")
+        if knob:
+            out[block] = {**setting(out, block), knob: value}
+        else:
+            out[block] = value
+    return out
+
+
+def _check_kwargs(fn: Callable, name: str, cfg_key: str, kwargs: Mapping[str, Any]) -> None:
+    allowed = list(entry_defaults(fn))
+    for key in kwargs:
+        if key not in allowed:
+            raise ObjectiveConfigError(
+                f"config.objective.{cfg_key}: unknown key {key!r} for {name!r}; "
+                f"allowed keys: {', '.join(allowed) or '(none)'}"
+            )
+
+
+def required_fields(cfg: Any) -> dict[str, tuple[str, ...]]:
+    """Which optional inputs the configured objective needs: {'what needs it': fields}."""
+    need: dict[str, tuple[str, ...]] = {}
+    weight = setting(cfg, "weight")
+    need[f"weight {weight!r}"] = getattr(WEIGHTS.get(weight), "requires", ())
+    if term_on(cfg, "kl_coef") and not setting(cfg, "kl_in_reward"):
+        need["kl_coef > 0"] = ("ref_logp",)
+    if setting(cfg, "distill"):
+        need[f"distill {setting(cfg, 'distill')!r}"] = ("teacher_logits",)
+    return need
+
+
+def validate_objective_config(cfg: Any, available: Iterable[str] | None = None) -> None:
+    """Check a `config.objective` (ConfigDict or mapping) before any tracing.
+
+    Unknown top-level keys, unknown registry names (KeyError listing the known ones), kwargs
+    an entry does not accept (naming the key and the allowed keys), and, when `available`
+    (the batch keys / TokenStats fields at hand) is given, inputs the objective needs that
+    are missing (naming the field and who needs it).
+    """
+    keys = cfg.keys() if hasattr(cfg, "keys") else cfg
+    for key in keys:
+        if key not in DEFAULTS:
+            raise ObjectiveConfigError(
+                f"config.objective: unknown key {key!r}; allowed keys: {', '.join(DEFAULTS)}"
+            )
+    for cfg_key, registry in REGISTRIES.items():
+        name = setting(cfg, cfg_key)
+        if not name:  # distill None or '' (off)
+            continue
+        fn = registry.get(name)
+        kw_key = f"{cfg_key}_kwargs"
+        _check_kwargs(fn, name, kw_key, setting(cfg, kw_key))
+    KL_ESTIMATORS.get(setting(cfg, "kl_estimator"))
+    if available is not None:
+        check_available(cfg, set(available))
+
+
+def check_available(cfg: Any, present: set[str]) -> None:
+    for who, fields in required_fields(cfg).items():
+        for field in fields:
+            if field not in present:
+                raise ObjectiveConfigError(
+                    f"config.objective: {who} needs {field!r}, which is missing "
+                    f"(present: {', '.join(sorted(present))})"
+                )
