@@ -13,6 +13,7 @@ SLOW_FILES_FIRST = (
     "test_pact.py",
     "test_sweep.py",
     "test_multihost.py",
+    "test_population.py",
     "test_sources_resume.py",
     "test_ppo.py",
     "test_notebooks.py",
