@@ -8,6 +8,12 @@
     learner.rollout_params() -> the policy weights for the sampler, through one resharding
         function (the identity when rollouts run on the training mesh).
 
+Routing replay of an MoE policy (`model.moe.routing_replay`): with 'rollout' (R3) the
+Experience carries the sampler's experts (`routing`) and every update forward replays them;
+with 'first_update' (R2) the step's rows are routed once at the step's starting weights
+(`forward.make_routing_fn`, the router's choice in the first training forward) and every
+minibatch of every epoch replays that routing (not computed when the step runs one update).
+
 Schedules and controllers (`run/knobs.py`) move objective keys during the run: their values
 ride beside the frozen weights as `frozen['knobs']` ({key: f32 []}, `Learner.set_knobs` before
 each step), arguments of the one compiled update, read by the loss through
@@ -48,6 +54,7 @@ from jaxrl_frontier.rl.learn.forward import (
     apply_logits,
     apply_packed_hidden,
     first_scored,
+    make_routing_fn,
 )
 from jaxrl_frontier.rl.learn.train_step import TrainState, make_update_fn, microbatch_grads
 from jaxrl_frontier.sampling import mlp_dropout_mask
@@ -324,6 +331,9 @@ class LearnerOptions:
     'kl_coef', 'weight_kwargs.eps_high'; set by `Learner.set_knobs`), moved by schedules
     and controllers without compiling again.  pack_tokens, microbatch_tokens: packed rows
     of that many slots, microbatches of about that many tokens (`rl.learn.packing`).
+    routing_replay: an MoE policy's routing replay, 'none', 'rollout' (R3: the Experience's
+    `routing`) or 'first_update' (R2: the step's first routing replayed by its later
+    minibatches and epochs; see the module docstring).
     """
 
     objective: dict
@@ -338,6 +348,7 @@ class LearnerOptions:
     knobs: tuple[str, ...] = ()
     pack_tokens: int = 0  # `train.pack_tokens`: > 0, the update runs on packed rows
     microbatch_tokens: int = 0  # `train.microbatch_tokens`: token-budget microbatches
+    routing_replay: str = "none"  # `model.moe.routing_replay` (`moe.ROUTING_REPLAY`)
 
 
 class Learner:
@@ -405,6 +416,7 @@ class Learner:
         self._reshard = reshard or (lambda params: params)
         self.reshard_seconds = 0.0
         self._rollout_base = None  # LoRA: the base on the rollout mesh, placed once
+        self._route = self._first_update_routing(o, graphdef, model_cfg)
 
     def _layout(self, o: LearnerOptions, mesh, model_cfg, log) -> tuple[Any, dict[str, int]]:
         """(the packed rows' spec or None, `update_layout` of a microbatch's rows): packed rows
@@ -437,6 +449,20 @@ class Learner:
                 f"over the {sharding.batch_size_multiple(mesh)} batch devices"
             )
         return pack, layout
+
+    def _first_update_routing(self, o: LearnerOptions, graphdef, model_cfg):
+        """R2's routing program (`forward.make_routing_fn`, in the update's microbatches), or
+        None: another replay mode, or one update a step (its forward is the first)."""
+        moe.check_routing_replay(o.routing_replay, model_cfg.num_experts if model_cfg else 0)
+        if o.routing_replay != "first_update" or o.epochs * o.minibatches == 1:
+            return None
+        chunks = o.minibatches * o.grad_accum
+        return make_routing_fn(graphdef, chunks=chunks, mesh=self.mesh)
+
+    def first_routing(self, batch: dict) -> jax.Array | None:
+        """R2's record of `batch`'s rows at the current weights (int16 [B, T, L, k]), or
+        None when the run does not replay the first update's routing."""
+        return None if self._route is None else self._route(self.policy_params(), batch)
 
     def built_programs(self) -> list[tuple[Callable, Callable]]:
         """The (select, update) pairs built so far, one per batch key set (`programs`)."""
@@ -539,6 +565,8 @@ class Learner:
                 self.state, experience, self.policy_params()
             )
         batch = experience.update_batch()
+        if self._route is not None:  # R2: the step's routing at its starting weights
+            batch["routing"] = self.first_routing(batch)
         select, update = self.programs(batch)
         mask = None if self.pack is None else packing.host_mask(batch["attention_mask"])
         metrics = []
