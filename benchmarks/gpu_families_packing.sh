@@ -33,7 +33,7 @@ step() {  # step NAME SECONDS COMMAND...
 }
 step spread_0.5b 300 "$PY" -m benchmarks.bench train --workload spread --spread-shape 0.5b \
   --steps 3 --warmup 1 --out "$OUT/train_spread_0.5b_h200.json"
-step moe 150 env OUT="$OUT" bash benchmarks/gpu_moe.sh
+step moe 150 env OUT="$OUT" STEPS="experts mismatch" bash benchmarks/gpu_moe.sh
 step family_tests 110 env JAX_DEFAULT_MATMUL_PRECISION=highest "$PY" -m pytest -q \
   tests/models/test_gemma.py tests/models/test_moe.py tests/rl/test_packing.py
 exit $failed
