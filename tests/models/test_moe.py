@@ -372,11 +372,12 @@ _hand_logp_jit = jax.jit(lambda graphdef, p, *a: _hand_logp(nnx.merge(graphdef, 
 
 def test_behaviour_pass_replays_the_rollout_routing_and_the_reference_does_not(model, rollout):
     """With R3 the behaviour pass scores the rollout under its recorded experts (here other
-    experts than the router's: the log-probs of `_hand_forward` with those experts); the
-    reference pass, its own router's (the plain forward's)."""
+    experts than the router's: the log-probs of `_hand_forward` with those experts), and the
+    update's forward routes to exactly them; the reference pass, its own router's (the
+    plain forward's)."""
     from types import SimpleNamespace
 
-    from jaxrl_frontier.rl.learn.forward import make_logp_fn
+    from jaxrl_frontier.rl.learn.forward import apply_hidden, make_logp_fn
     from jaxrl_frontier.rl.produce.passes import PASSES
 
     seq = rollout.sequences()
@@ -396,6 +397,14 @@ def test_behaviour_pass_replays_the_rollout_routing_and_the_reference_does_not(m
     np.testing.assert_allclose(behaviour[scored], hand[scored], atol=2e-5)
     np.testing.assert_array_equal(reference[scored], own[scored])
     assert np.abs(behaviour - own)[scored].max() > 0.1  # the replay changed the routing
+
+    # the update's forward (`rl_loss` runs `apply_hidden(router=True)`): on every recorded
+    # token exactly the replayed experts, as sets (and in order)
+    update_forward = jax.jit(apply_hidden(graphdef, router=True))
+    stats = update_forward(state, seq.tokens, seq.attention_mask, None, jnp.asarray(flipped))[2]
+    used = np.moveaxis(np.asarray(stats.experts), 0, 2)
+    on = recorded >= 0
+    np.testing.assert_array_equal(np.sort(used, -1)[on], np.sort(flipped, -1)[on])
 
 
 class _Perturb:
