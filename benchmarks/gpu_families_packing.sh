@@ -5,7 +5,7 @@
 # matmuls and the bf16 routing-replay mismatch (gpu_moe.sh), then the Gemma, MoE and packing
 # tests on the GPU. Each step has its own time limit and writes its log under $OUT.
 #
-#   bash benchmarks/gpu_families_packing.sh          # ~9 min on an H200
+#   bash benchmarks/gpu_families_packing.sh          # ~10 min on an H200
 #
 # Packages the GPU image lacks (grain, ml_collections and their needs) travel as wheels in
 # .whl/ (git-ignored), installed into /tmp/site first, as in gpu_check.sh.
@@ -33,7 +33,7 @@ step() {  # step NAME SECONDS COMMAND...
 }
 step spread_0.5b 300 "$PY" -m benchmarks.bench train --workload spread --spread-shape 0.5b \
   --steps 3 --warmup 1 --out "$OUT/train_spread_0.5b_h200.json"
-step moe 150 env OUT="$OUT" bash benchmarks/gpu_moe.sh
+step moe 220 env OUT="$OUT" STEPS="experts mismatch" bash benchmarks/gpu_moe.sh
 step family_tests 110 env JAX_DEFAULT_MATMUL_PRECISION=highest "$PY" -m pytest -q \
   tests/models/test_gemma.py tests/models/test_moe.py tests/rl/learn/test_packing.py
 exit $failed

@@ -188,7 +188,7 @@ def rl_batch(vocab: int, batch: int, seq: int, prompt_len: int, seed: int = 0) -
 def _update_fn(variant: str, graphdef, tx, state, mesh, batch_keys):
     from jaxrl_frontier.core import sharding
     from jaxrl_frontier.objectives import logprobs
-    from jaxrl_frontier.rl.learn.learner import rl_loss
+    from jaxrl_frontier.rl.learn.loss import rl_loss
     from jaxrl_frontier.rl.learn.train_step import make_update_fn
     from jaxrl_frontier.run import config as config_lib
     from jaxrl_frontier.run.build import objective_section

@@ -53,8 +53,10 @@ def model_section() -> ml_collections.ConfigDict:
     # ragged grouped matmuls on TPU, dense elsewhere). The router's training terms are
     # objective.router_aux_coef / router_z_coef. A checkpoint (model.init = hf) brings its
     # own shape; `impl` still applies. routing_replay: none | rollout (R3: the sampler
-    # records each token's experts per layer and the update routes each token there, the
-    # gates from the current router)
+    # records each token's experts per layer; the update and the policy's behaviour /
+    # mismatch passes route each token there, the gates from the current router; the
+    # reference and teacher route with their own routers) | first_update (R2: the step's
+    # rows routed once at its starting weights, replayed by every minibatch and epoch)
     s.moe = dict(
         num_experts=0,
         num_experts_per_tok=2,
@@ -91,7 +93,7 @@ CHOICES: dict[str, tuple] = {
     "model.remat": ("none", "full", "dots_saveable"),
     "model.attention": ("xla", "dot_product", "cudnn"),
     "model.moe.impl": ("auto", "ragged", "dense"),
-    "model.moe.routing_replay": ("none", "rollout"),
+    "model.moe.routing_replay": ("none", "rollout", "first_update"),  # moe.ROUTING_REPLAY
     "teacher.init": ("none", "scratch", "hf", "checkpoint"),
     "teacher.dtype": ("float32", "bfloat16"),
 }

@@ -39,6 +39,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxrl_frontier.core import sharding as shd
+from jaxrl_frontier.core.errors import ConfigError
 from jaxrl_frontier.models.layers import ModelConfig, dense, make_param
 
 # ----------------------------------------------------------------------------- routing
@@ -180,6 +181,26 @@ def expert_impl(name: str):
     if name == "auto":
         name = "ragged" if jax.default_backend() == "tpu" else "dense"
     return EXPERT_IMPLS[name]
+
+
+# `model.moe.routing_replay`: none; rollout (R3: the sampler's recorded experts, replayed by
+# the update and the policy's log-prob passes); first_update (R2: the experts of the step's
+# first training forward, at the step's starting weights, replayed by its later minibatches
+# and epochs)
+ROUTING_REPLAY = ("none", "rollout", "first_update")
+
+
+def check_routing_replay(mode: str, num_experts: int) -> None:
+    """`model.moe.routing_replay` = mode is one of `ROUTING_REPLAY`, and a mode other than
+    'none' has experts to replay (num_experts > 0); ConfigError otherwise."""
+    key = "config key 'model.moe.routing_replay'"
+    if mode not in ROUTING_REPLAY:
+        raise ConfigError(f"{key} = {mode!r}: allowed values are {ROUTING_REPLAY}")
+    if mode != "none" and not num_experts:
+        raise ConfigError(
+            f"{key} = {mode!r} replays experts: the policy has none (model.moe.num_experts = 0)"
+            "; set it to 'none'"
+        )
 
 
 EXPERT_AXES = ("expert", "embed", "mlp")  # logical axes of expert_gate / expert_up

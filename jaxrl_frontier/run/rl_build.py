@@ -19,13 +19,8 @@ from jaxrl_frontier.data.tasks import chat
 from jaxrl_frontier.objectives import losses
 from jaxrl_frontier.rl.learn import packing
 from jaxrl_frontier.rl.learn.forward import apply_hidden, make_logp_fn
-from jaxrl_frontier.rl.learn.learner import (
-    Learner,
-    LearnerOptions,
-    dropout_masks,
-    reshard_to,
-    update_layout,
-)
+from jaxrl_frontier.rl.learn.learner import Learner, LearnerOptions, reshard_to, update_layout
+from jaxrl_frontier.rl.learn.loss import dropout_masks
 from jaxrl_frontier.rl.methods import pact
 from jaxrl_frontier.rl.methods.ppo import build_critic
 from jaxrl_frontier.rl.produce import agent as agent_rollout
@@ -167,6 +162,7 @@ def _pass_context(c, parts: RunParts, graphdef, logp_fn, edited: bool, self_cond
     rate = c.rollout.dropout_rate
     masks = jax.jit(lambda keys: dropout_masks(parts.policy.cfg, rate, keys)) if rate > 0 else None
     context: dict[str, Any] = dict(policy_logp_fn=logp_fn, mlp_masks=masks)
+    context["replay_routing"] = c.model.moe.routing_replay == "rollout"  # R3 in the passes
     recompute = c.train.recompute_old_logp or edited
     names = ["behaviour"] if recompute else []
     # the train/rollout mismatch: free beside a recompute, a probe forward otherwise; not
@@ -215,6 +211,7 @@ def _learner(c, parts: RunParts, graphdef, objective, layout, teacher_pair, **kw
         knobs=plan.objective_keys if plan else (),
         pack_tokens=c.train.pack_tokens,
         microbatch_tokens=c.train.microbatch_tokens,
+        routing_replay=c.model.moe.routing_replay,
     )
     pact_term = pact.loss_transform(sections.pact_options(c), graphdef)
     rollout_mesh, mesh = parts.rollout_mesh, parts.mesh

@@ -16,7 +16,7 @@ from jaxrl_frontier.core.errors import ConfigError
 from jaxrl_frontier.models import hf, lora
 from jaxrl_frontier.models.layers import ModelConfig
 from jaxrl_frontier.models.transformer import Transformer, unstack_layers
-from jaxrl_frontier.rl.learn.learner import with_base
+from jaxrl_frontier.rl.learn.loss import with_base
 from jaxrl_frontier.rl.learn.train_step import init_train_state
 from jaxrl_frontier.run.config import validate
 from jaxrl_frontier.train.checkpoint import Checkpointer

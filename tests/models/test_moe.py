@@ -9,6 +9,7 @@ every test of the file, so its programs compile once.
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from conftest import hf_logits, left_padded_batch
 from flax import nnx
@@ -347,3 +348,142 @@ def test_qwen2_moe_shared_expert_parity_and_round_trip(tmp_path):
     ).eval()
     assert type(back).__name__ == "Qwen2MoeForCausalLM"
     assert _max_diff(hf_logits(back, tokens, mask), ref, mask) < 1e-5 * scale
+
+
+# ------------------------------------------------------------ replay in the passes and R2
+
+
+def _hand_logp(m, tokens, mask, forced):
+    """log p(tokens[t] | tokens[<t]) [B, T] (0 at t = 0) of `_hand_forward` with the
+    experts `forced` [B, T, L, k]; where forced < 0 (no record: padding), the router's own
+    (a padding token's output reaches no real token, but a NaN from experts its router
+    gives probability 0 would: 0 x NaN in the attention)."""
+    own = jnp.moveaxis(m.hidden_states(tokens, mask, router_stats=True)[2].experts, 0, 2)
+    forced = jnp.where(forced >= 0, forced, own)
+    logits = m.logits(_hand_forward(m, tokens, mask, forced))
+    logp = jax.nn.log_softmax(logits[:, :-1], -1)
+    logp = jnp.take_along_axis(logp, tokens[:, 1:, None], -1)[..., 0]
+    return jnp.pad(logp, ((0, 0), (1, 0))), own
+
+
+_hand_logp_jit = jax.jit(lambda graphdef, p, *a: _hand_logp(nnx.merge(graphdef, p), *a),
+                         static_argnums=0)  # fmt: skip
+
+
+def test_behaviour_pass_replays_the_rollout_routing_and_the_reference_does_not(model, rollout):
+    """With R3 the behaviour pass scores the rollout under its recorded experts (here other
+    experts than the router's: the log-probs of `_hand_forward` with those experts), and the
+    update's forward routes to exactly them; the reference pass, its own router's (the
+    plain forward's)."""
+    from types import SimpleNamespace
+
+    from jaxrl_frontier.rl.learn.forward import apply_hidden, make_logp_fn
+    from jaxrl_frontier.rl.produce.passes import PASSES
+
+    seq = rollout.sequences()
+    recorded = np.asarray(rollout.routing)
+    flipped = np.where(recorded >= 0, (recorded + 3) % 8, -1).astype(np.int16)
+    exp = SimpleNamespace(tokens=seq.tokens, attention_mask=seq.attention_mask,
+                          dropout_keys=None, routing=jnp.asarray(flipped))  # fmt: skip
+    graphdef, state = nnx.split(model)
+    logp_fn = make_logp_fn(graphdef, completion_len=8)
+    context = dict(policy_logp_fn=logp_fn, replay_routing=True)
+    behaviour = np.asarray(PASSES.get("behaviour")(**context).fn(state, exp))
+    reference = np.asarray(PASSES.get("reference")(**context).fn(state, exp))
+    scored = np.asarray(seq.loss_mask) > 0
+    hand = np.asarray(_hand_logp_jit(graphdef, state, seq.tokens, seq.attention_mask, flipped)[0])
+    own = np.asarray(logp_fn(state, seq.tokens, seq.attention_mask))
+    # f32 forwards summed in another order: |logp| < 10, a few ulps of the logits each
+    np.testing.assert_allclose(behaviour[scored], hand[scored], atol=2e-5)
+    np.testing.assert_array_equal(reference[scored], own[scored])
+    assert np.abs(behaviour - own)[scored].max() > 0.1  # the replay changed the routing
+
+    # the update's forward (`rl_loss` runs `apply_hidden(router=True)`): on every recorded
+    # token exactly the replayed experts, as sets (and in order)
+    update_forward = jax.jit(apply_hidden(graphdef, router=True))
+    stats = update_forward(state, seq.tokens, seq.attention_mask, None, jnp.asarray(flipped))[2]
+    used = np.moveaxis(np.asarray(stats.experts), 0, 2)
+    on = recorded >= 0
+    np.testing.assert_array_equal(np.sort(used, -1)[on], np.sort(flipped, -1)[on])
+
+
+class _Perturb:
+    """An 'optimizer' that adds `delta` (params-shaped) at every update, whatever the
+    gradient: the update u runs at theta_0 + u delta, known by hand."""
+
+    def __init__(self, delta):
+        self.init = lambda params: optax.EmptyState()
+        self.update = lambda grads, state, params=None: (delta, state)
+
+
+def test_first_update_replay_keeps_the_first_routing_across_minibatches(model):
+    """R2, 2 epochs x 2 minibatches of 2 rows: the record is the router's top-k at the
+    step's starting weights; the router weights then move by a fixed delta at every update,
+    so the later minibatches' own routing differs (routing_diff_share > 0) while their
+    loss is the hand-built one under the recorded experts."""
+    import dataclasses
+
+    from jaxrl_frontier.core.errors import ConfigError
+    from jaxrl_frontier.rl.experience import Experience
+    from jaxrl_frontier.rl.learn.learner import Learner, LearnerOptions, minibatch_order
+    from jaxrl_frontier.rl.learn.train_step import init_train_state
+
+    graphdef, params0 = nnx.split(model)
+    mesh = sharding.make_mesh((1, 1, 1), jax.devices()[:1])
+    params0 = jax.device_put(params0, sharding.state_shardings(params0, mesh))
+    noise = lambda path, x: (
+        2.0 * jax.random.normal(jax.random.key(3), x.shape)
+        if "router" in jax.tree_util.keystr(path) else jnp.zeros_like(x)
+    )  # fmt: skip
+    delta = jax.tree_util.tree_map_with_path(noise, params0)
+    tx = _Perturb(delta)
+    # the update donates its state: a copy, so the module's model keeps its weights
+    state = init_train_state(tx, jax.tree.map(jnp.copy, params0), mesh, jax.random.key(0))
+    objective = dict(weight="ppo_clip", weight_kwargs=dict(eps_low=100.0, eps_high=100.0),
+                     aggregation="token_mean", advantage="grpo")  # fmt: skip
+    options = LearnerOptions(objective=objective, rows=4, group_size=1, completion_len=6,
+                             epochs=2, minibatches=2, routing_replay="first_update")  # fmt: skip
+    learner = Learner(graphdef, tx, state, options, mesh=mesh, model_cfg=model.cfg)
+
+    tokens, mask = map(jnp.asarray, left_padded_batch(batch=4, length=12))
+    loss_mask = (mask * (jnp.arange(12) >= 6)).astype(jnp.float32)
+    adv = jnp.asarray([1.0, -0.5, 0.7, -1.2])[:, None] * loss_mask
+    z = jnp.zeros(4, jnp.int32)
+    exp = Experience(tokens=tokens, attention_mask=mask, loss_mask=loss_mask,
+                     old_logp=-5.0 * loss_mask, advantages=adv, rewards=jnp.zeros((4, 1)),
+                     prompt_index=z, group_id=jnp.arange(4), policy_version=z,
+                     turn_index=jnp.zeros((4, 12), jnp.int32))  # fmt: skip
+
+    first = np.asarray(learner.first_routing(exp.update_batch()))
+    own0 = model.hidden_states(tokens, mask, router_stats=True)[2].experts
+    np.testing.assert_array_equal(
+        first,
+        np.where(np.asarray(mask)[..., None, None] > 0, np.moveaxis(np.asarray(own0), 0, 2), -1),
+    )
+
+    keys = list(jax.random.split(jax.random.key(1), 2))  # one per epoch's permutation
+    metrics = learner.update(exp, iter(keys).__next__)
+    shares = [float(m["moe/routing_diff_share"]) for m in metrics]
+    assert shares[0] == 0.0 and min(shares[1:]) > 0.2, shares
+
+    # the 2nd minibatch of epoch 0 ran at theta_0 + delta on the rows order[2:]
+    rows = minibatch_order(keys[0], 4, 1)[2:]
+    p1 = jax.tree.map(jnp.add, params0, delta)
+    t, mk, lm, a = tokens[rows], mask[rows], loss_mask[rows], adv[rows]
+
+    def hand_loss(forced):  # ppo_clip never clipping: -sum(m r A) / sum(m), r = p / e^-5
+        logp, own = _hand_logp_jit(graphdef, p1, t, mk, forced)
+        return float(-jnp.sum(lm * jnp.exp(logp + 5.0) * a) / jnp.sum(lm)), own
+
+    replayed, own_routing = hand_loss(first[rows])
+    own = hand_loss(own_routing)[0]
+    logged = float(metrics[1]["loss"])
+    # ratios O(1) from log-probs a few f32 ulps apart: the loss within 1e-5 of its scale
+    assert abs(logged - replayed) < 1e-5 * max(1.0, abs(replayed)), (logged, replayed)
+    assert abs(logged - own) > 1e-3, (logged, own)
+
+    with pytest.raises(ConfigError, match="allowed values are.*first_update"):
+        bad = dataclasses.replace(options, routing_replay="first_epoch")
+        Learner(graphdef, tx, state, bad, mesh=mesh, model_cfg=model.cfg)
+    with pytest.raises(ConfigError, match="num_experts = 0"):
+        moe.check_routing_replay("rollout", 0)

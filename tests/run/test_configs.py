@@ -21,7 +21,7 @@ from flax import nnx
 from jaxrl_frontier.core.machine import cpu_info
 from jaxrl_frontier.models import lora
 from jaxrl_frontier.objectives import losses
-from jaxrl_frontier.rl.learn.learner import router_terms
+from jaxrl_frontier.rl.learn.loss import router_terms
 from jaxrl_frontier.run.config import resolve, validate
 from jaxrl_frontier.run.trainer import Trainer
 from jaxrl_frontier.train.checkpoint import Checkpointer

@@ -13,7 +13,8 @@ from conftest import assert_resumed_run_equal, get_config, read_metrics, series,
 
 from jaxrl_frontier.core.errors import ConfigError
 from jaxrl_frontier.objectives import losses
-from jaxrl_frontier.rl.learn.learner import rl_loss, update_layout
+from jaxrl_frontier.rl.learn.learner import update_layout
+from jaxrl_frontier.rl.learn.loss import rl_loss
 from jaxrl_frontier.rl.learn.train_step import microbatch_grads
 from jaxrl_frontier.run import config as config_lib
 from jaxrl_frontier.run import trainer as tr

@@ -22,7 +22,7 @@ from conftest import FAST, REPO, RL, get_config, host_leaves, read_metrics, seri
 
 from jaxrl_frontier.core import sharding  # noqa: E402
 from jaxrl_frontier.core.errors import ConfigError  # noqa: E402
-from jaxrl_frontier.rl.learn.learner import rl_loss  # noqa: E402
+from jaxrl_frontier.rl.learn.loss import rl_loss  # noqa: E402
 from jaxrl_frontier.rl.learn.train_step import make_update_fn  # noqa: E402
 from jaxrl_frontier.rl.produce.rollout import RolloutProducer  # noqa: E402
 from jaxrl_frontier.run import trainer as trainer_lib  # noqa: E402

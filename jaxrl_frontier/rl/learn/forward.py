@@ -13,17 +13,15 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from jaxrl_frontier.core import sharding
 from jaxrl_frontier.objectives import logprobs
 from jaxrl_frontier.rl.learn import packing
+from jaxrl_frontier.sampling.sampler import recorded_experts
 
 
 def apply_hidden(graphdef, group_size: int = 1, completion_len: int = 0, router: bool = False):
     """(params, tokens, mask, mlp_mask=None) -> (final hidden [B, T, D], output layer [D, V],
     or a `logprobs.OutputLayer` with the model's final logit soft-cap).
-
-    router=True (a mixture-of-experts policy; no shared prompt): (params, tokens, mask,
-    mlp_mask=None, routing=None) -> (hidden, output layer, the layers' `moe.RouterStats`),
-    routing int [B, T, L, k] replaying recorded experts (`Transformer.hidden_states`).
 
     router=True (a mixture-of-experts policy; no shared prompt): (params, tokens, mask,
     mlp_mask=None, routing=None) -> (hidden, output layer, the layers' `moe.RouterStats`),
@@ -62,12 +60,18 @@ def _output_layer(model):
 
 
 def _hidden_states(graphdef, group_size: int, completion_len: int):
-    """(params, tokens, mask, mlp_mask) -> (the merged model, final hidden [B, T, D])."""
+    """(params, tokens, mask, mlp_mask, routing=None) -> (the merged model, final hidden
+    [B, T, D]). routing int [B, T, L, k] (an MoE's replayed experts) runs the per-row
+    forward whatever the layout (the shared prompt's forward takes no routing)."""
     shared = group_size > 1 and completion_len > 0
 
-    def hidden_fn(params, tokens, attention_mask, mlp_mask):
+    def hidden_fn(params, tokens, attention_mask, mlp_mask, routing=None):
         model = nnx.merge(graphdef, params)
-        if shared:
+        if routing is not None:
+            hidden = model.hidden_states(
+                tokens, attention_mask, mlp_mask=mlp_mask, routing=routing
+            )[0]
+        elif shared:
             if mlp_mask is not None:
                 raise ValueError("a shared-prompt forward cannot take per-row MLP masks")
             hidden = model.hidden_states_shared_prompt(
@@ -119,10 +123,11 @@ def make_packed_logp_fn(
     *,
     completion_len: int = 0,
 ):
-    """`make_logp_fn` on packed rows: (params, tokens, mask, mlp_mask=None) -> [B, T]
-    log-probs (0 before the scored columns and on padding). The rows are packed on the host
-    (`packing.plan_packing`, one microbatch) and the packed forward is jitted once per
-    bucket of buffer rows; mlp_mask must be None (refused with packing)."""
+    """`make_logp_fn` on packed rows: (params, tokens, mask, mlp_mask=None, routing=None)
+    -> [B, T] log-probs (0 before the scored columns and on padding). The rows are packed
+    on the host (`packing.plan_packing`, one microbatch) and the packed forward is jitted
+    once per bucket of buffer rows; mlp_mask and routing must be None (refused with
+    packing)."""
     spec = dataclasses.replace(spec, microbatches=1, micro_rows=0)
     hidden_fn = apply_packed_hidden(graphdef)
     chunk = logprob_chunk or logprobs.DEFAULT_LOGPROB_CHUNK
@@ -136,9 +141,9 @@ def make_packed_logp_fn(
         dst = packing.destinations(pack["start"], attention_mask, pack["src"].size)
         return jnp.where(scored, packing.unpack(logp, dst), 0.0)
 
-    def logp_fn(params, tokens, attention_mask, mlp_mask=None):
-        if mlp_mask is not None:
-            raise ValueError("packed rows do not take per-row MLP masks")
+    def logp_fn(params, tokens, attention_mask, mlp_mask=None, routing=None):
+        if mlp_mask is not None or routing is not None:
+            raise ValueError("packed rows take neither per-row MLP masks nor replayed routing")
         maps, _ = packing.plan_packing(packing.host_mask(attention_mask), spec)
         return packed_logp(params, tokens, attention_mask, {k: v[0] for k, v in maps.items()})
 
@@ -153,8 +158,9 @@ def make_logp_fn(
     completion_len: int = 0,
     pack: packing.PackSpec | None = None,
 ):
-    """Jitted (params, tokens, mask, mlp_mask=None) -> per-token log-probs [B, T], aligned
-    with tokens.
+    """Jitted (params, tokens, mask, mlp_mask=None, routing=None) -> per-token log-probs
+    [B, T], aligned with tokens. routing int [B, T, L, k]: an MoE policy's forward routes
+    each token to those experts (routing replay; -1: the router's own choice), per row.
 
     logprob_chunk: positions per chunk of the fused output layer + log-softmax (no
     [B, T, V] logits); None: the plain path through the full logits.
@@ -164,17 +170,39 @@ def make_logp_fn(
     """
     if pack is not None:
         return make_packed_logp_fn(graphdef, pack, logprob_chunk, completion_len=completion_len)
-    logits_fn = apply_logits(graphdef, group_size, completion_len)
-    hidden_fn = apply_hidden(graphdef, group_size, completion_len)
+    hidden_fn = _hidden_states(graphdef, group_size, completion_len)
 
     @jax.jit
-    def logp_fn(params, tokens, attention_mask, mlp_mask=None):
+    def logp_fn(params, tokens, attention_mask, mlp_mask=None, routing=None):
         start = first_scored(tokens, completion_len)
+        model, hidden = hidden_fn(params, tokens, attention_mask, mlp_mask, routing)
         if logprob_chunk is None:
-            logits = logits_fn(params, tokens, attention_mask, mlp_mask)
-            logp = logprobs.token_logprobs(logits, tokens)
+            logp = logprobs.token_logprobs(model.logits(hidden), tokens)
             return jnp.where(jnp.arange(tokens.shape[1]) >= start, logp, 0.0)
-        hidden, w_out = hidden_fn(params, tokens, attention_mask, mlp_mask)
+        w_out = _output_layer(model)
         return logprobs.token_logprobs_from_hidden(hidden, w_out, tokens, logprob_chunk, start)
 
     return logp_fn
+
+
+def make_routing_fn(graphdef, *, chunks: int, mesh):
+    """Jitted (params, batch) -> int16 [B, T, L, k]: the experts an MoE policy's router
+    picks for each token of the batch's rows (`tokens`, `attention_mask` [B, T]), -1 on
+    padding: the record that `model.moe.routing_replay = 'first_update'` (R2) replays.
+
+    The rows run in `chunks` slices of B / chunks rows (`lax.map`: an update microbatch's
+    activations, not the whole batch's), each slice strided over the rows so that it
+    spreads over the batch devices as the rows do. (An MoE takes no Dropout-GRPO masks.)"""
+    hidden_fn = apply_hidden(graphdef, router=True)
+
+    def one(params, rows):
+        tokens, mask = rows
+        return recorded_experts(hidden_fn(params, tokens, mask)[2].experts, mask)
+
+    def route(params, batch):
+        split = lambda x: x.reshape(-1, chunks, *x.shape[1:]).swapaxes(0, 1)
+        rows = (split(batch["tokens"]), split(batch["attention_mask"]))
+        out = jax.lax.map(lambda r: one(params, r), rows)
+        return out.swapaxes(0, 1).reshape(-1, *out.shape[2:])
+
+    return jax.jit(route, out_shardings=sharding.batch_sharding(mesh, 4))

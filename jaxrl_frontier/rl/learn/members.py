@@ -31,8 +31,11 @@ class MemberUpdates:
 
     def __init__(self, learners: Sequence[Learner]):
         first = learners[0]
-        if first.pack is not None or first.critic is not None:
-            what = "train.pack_tokens" if first.pack is not None else "critic"
+        r2 = first.options.routing_replay == "first_update"
+        if first.pack is not None or first.critic is not None or r2:
+            what = {True: "model.moe.routing_replay = 'first_update'"}.get(r2) or (
+                "train.pack_tokens" if first.pack is not None else "critic"
+            )
             raise ConfigError(
                 f"config key 'population.batched_update': the members' update is not batched "
                 f"with {what} yet: set population.batched_update = False"

@@ -41,13 +41,18 @@ class LogprobPass:
 PASSES = Registry("log-prob pass")
 
 
-def logprob_pass(field: str, role: str, logp_fn, mlp_masks=None) -> LogprobPass:
+def logprob_pass(
+    field: str, role: str, logp_fn, mlp_masks=None, replay_routing: bool = False
+) -> LogprobPass:
     """A pass from a `forward.make_logp_fn`; mlp_masks(dropout_keys) -> [L, B, F] or None
-    runs it under the rollout's Dropout-GRPO masks (the policy's own sub-networks)."""
+    runs it under the rollout's Dropout-GRPO masks (the policy's own sub-networks);
+    replay_routing: an MoE policy's forward routes each token to the experts the rollout
+    recorded (`Experience.routing`, when present: `model.moe.routing_replay = 'rollout'`)."""
 
     def fn(params, exp: Experience):
         masks = None if mlp_masks is None else mlp_masks(exp.dropout_keys)
-        return logp_fn(params, exp.tokens, exp.attention_mask, masks)
+        routing = exp.routing if replay_routing else None
+        return logp_fn(params, exp.tokens, exp.attention_mask, masks, routing)
 
     return LogprobPass(field, role, fn)
 
@@ -81,12 +86,16 @@ def run_passes(
 
 
 @PASSES.register("behaviour")
-def behaviour_pass(*, policy_logp_fn, mlp_masks=None, measure_mismatch=False, **_):
+def behaviour_pass(
+    *, policy_logp_fn, mlp_masks=None, measure_mismatch=False, replay_routing=False, **_
+):
     """old_logp recomputed by the trainer's forward (`train.recompute_old_logp`), not the
     sampler's: removes the sampler/trainer numerics mismatch from the ratio. measure_mismatch:
     the sampler's values are kept for the mismatch metrics (not when an editor changed the
-    tokens they were sampled for)."""
-    recompute = logprob_pass("old_logp", "policy", policy_logp_fn, mlp_masks)
+    tokens they were sampled for). replay_routing (R3): an MoE policy's forward takes the
+    rollout's recorded experts, as the update's does, so old_logp and the update's log-probs
+    share the routing the tokens were sampled with."""
+    recompute = logprob_pass("old_logp", "policy", policy_logp_fn, mlp_masks, replay_routing)
     if not measure_mismatch:
         return recompute
 
@@ -97,22 +106,28 @@ def behaviour_pass(*, policy_logp_fn, mlp_masks=None, measure_mismatch=False, **
 
 
 @PASSES.register("mismatch_probe")
-def mismatch_probe_pass(*, policy_logp_fn, mlp_masks=None, **_):
+def mismatch_probe_pass(*, policy_logp_fn, mlp_masks=None, replay_routing=False, **_):
     """The trainer's log-probs of the sampled tokens beside the sampler's (which the loss
     keeps): one more policy forward a step, for the mismatch metrics only
-    (`train.measure_mismatch` without `train.recompute_old_logp`)."""
-    return logprob_pass(LEARNER_LOGP, "policy", policy_logp_fn, mlp_masks)
+    (`train.measure_mismatch` without `train.recompute_old_logp`); replay_routing as the
+    behaviour pass (the mismatch measured is then the one the replaying update sees)."""
+    return logprob_pass(LEARNER_LOGP, "policy", policy_logp_fn, mlp_masks, replay_routing)
 
 
 @PASSES.register("reference")
 def reference_pass(*, policy_logp_fn, mlp_masks=None, **_):
-    """ref_logp: the frozen starting policy (KL penalties, the progress advantage)."""
+    """ref_logp: the frozen starting policy (KL penalties, the progress advantage). An MoE
+    reference routes with its own router, never the rollout's recorded experts: those are
+    the current policy's choices, and forcing them would score the tokens under a hybrid
+    (the reference's experts picked by the policy's router), not the reference the KL
+    penalty measures against."""
     return logprob_pass("ref_logp", "reference", policy_logp_fn, mlp_masks)
 
 
 @PASSES.register("teacher")
 def teacher_pass(*, teacher_logp_fn, **_):
-    """teacher_logp: the teacher on the student's own samples (OPD)."""
+    """teacher_logp: the teacher on the student's own samples (OPD); an MoE teacher routes
+    with its own router (the recorded experts are the student's choices)."""
     return logprob_pass("teacher_logp", "teacher", teacher_logp_fn)
 
 

@@ -23,7 +23,7 @@ from jaxrl_frontier.objectives.stats import TokenStats
 from jaxrl_frontier.objectives.weights import WEIGHTS
 from jaxrl_frontier.rl.learn import packing
 from jaxrl_frontier.rl.learn.forward import make_logp_fn
-from jaxrl_frontier.rl.learn.learner import rl_loss
+from jaxrl_frontier.rl.learn.loss import rl_loss
 from jaxrl_frontier.rl.learn.train_step import init_train_state, make_update_fn
 from jaxrl_frontier.run import config as config_lib
 from jaxrl_frontier.run import trainer as tr

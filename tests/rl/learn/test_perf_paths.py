@@ -13,7 +13,7 @@ from jaxrl_frontier.models.layers import ModelConfig
 from jaxrl_frontier.models.transformer import Transformer
 from jaxrl_frontier.objectives import logprobs
 from jaxrl_frontier.rl.learn.forward import make_logp_fn
-from jaxrl_frontier.rl.learn.learner import rl_loss
+from jaxrl_frontier.rl.learn.loss import rl_loss
 from jaxrl_frontier.run import config as config_lib
 from jaxrl_frontier.run.build import objective_section
 from jaxrl_frontier.train.sft import sft_loss

@@ -16,7 +16,8 @@ from jaxrl_frontier.core import sharding
 from jaxrl_frontier.models.layers import ModelConfig
 from jaxrl_frontier.objectives import logprobs
 from jaxrl_frontier.rl.learn.forward import make_logp_fn
-from jaxrl_frontier.rl.learn.learner import minibatch_order, rl_loss, update_layout
+from jaxrl_frontier.rl.learn.learner import minibatch_order, update_layout
+from jaxrl_frontier.rl.learn.loss import rl_loss
 from jaxrl_frontier.run import config as config_lib
 from jaxrl_frontier.run import trainer as tr
 from jaxrl_frontier.run.build import objective_section

@@ -19,7 +19,8 @@ from jaxrl_frontier.core import sharding
 from jaxrl_frontier.models.layers import ModelConfig
 from jaxrl_frontier.rl.experience import Experience
 from jaxrl_frontier.rl.learn.forward import apply_hidden
-from jaxrl_frontier.rl.learn.learner import Learner, LearnerOptions, rl_loss
+from jaxrl_frontier.rl.learn.learner import Learner, LearnerOptions
+from jaxrl_frontier.rl.learn.loss import rl_loss
 from jaxrl_frontier.rl.learn.train_step import init_train_state
 from jaxrl_frontier.rl.methods import critic as critic_lib
 from jaxrl_frontier.rl.methods import ppo
