@@ -154,4 +154,5 @@ CLAIM = Claim(
     analyze_f,
     [DEMO_START],
     series=frozenset({PASS1, KL_REF, KL_COEF}),
+    population=8,  # each arm's 8 seeds one job (docs/population.md)
 )

@@ -42,6 +42,7 @@ class Claim:
     prerequisites: list[str] = dataclasses.field(default_factory=list)  # commands run first
     group_of: Callable[[dict], str] | None = None  # run -> its group (default: collect's)
     series: frozenset[str] = frozenset()  # the curves `analyze` reads (kept in the data)
+    population: int = 0  # > 0: the sweep's seeds run as populations of this size
 
     def roots(self, runs_dir: str) -> list[str]:
         return [os.path.join(runs_dir, sweep_name(s)) for s in self.sweeps]
@@ -49,7 +50,8 @@ class Claim:
     def commands(self) -> list[str]:
         out = list(self.prerequisites)
         for sweep in self.sweeps:
-            out.append(f"python scripts/sweep.py run {sweep}")
+            packed = f" --population {self.population}" if self.population else ""
+            out.append(f"python scripts/sweep.py run {sweep}{packed}")
             out.append(f"python scripts/sweep.py collect runs/sweeps/{sweep_name(sweep)}")
         return out + ["python scripts/report.py"]
 

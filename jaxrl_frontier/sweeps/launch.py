@@ -181,7 +181,7 @@ def run_one(run: Run, inprocess: bool = False, cpus: list[int] | None = None) ->
         with open(os.path.join(run.workdir, DONE_FILE), "w") as f:
             json.dump(done, f)
         if run.members:
-            populations.finish_members(run, out, done, DONE_FILE)
+            populations.finish_members(run, out, done, DONE_FILE, ATTEMPTS_FILE)
     error = "" if status == "done" else (out.strip().splitlines() or ["(no output)"])[-1]
     return dict(name=run.name, status=status, seconds=seconds, returncode=returncode, error=error)
 

@@ -8,7 +8,8 @@ seed, or whose group leaves a single run, are launched as before.
 
     ROOT/population-<first run's name>-x<n>/members/<i>/   member i: the sweep's run i
         sweep_run.json    its own name, group and overrides (what `collect` reads)
-        sweep_done.json   after the population finished: its line of the trainer's output
+        sweep_done.json   after the population finished: its line of the trainer's output,
+                          its 1/N share of the population's wall and CPU time
 
 Members draw their own prompts (`population.same_prompts = False`: each run as it would
 alone) unless `same_prompts` is asked for (common random numbers across the members).
@@ -90,13 +91,22 @@ def write_members(run, run_file: str) -> None:
             json.dump(meta, f)
 
 
-def finish_members(run, out: str, done: dict, done_file: str) -> None:
+def finish_members(run, out: str, done: dict, done_file: str, attempts_file: str) -> None:
     """Each member's sweep_done.json: its own line of the trainer's output (one JSON line
-    per member, in member order), the population's wall time and machine."""
+    per member, in member order), the machine, and its share (1/N) of the population's wall
+    and CPU seconds (the population's own in `population_wall_seconds`); its attempts file
+    one row of that share, so that `collect` sums a sweep's time once."""
     lines = [json.loads(x) for x in out.splitlines() if x.startswith("{") and '"values"' in x]
-    for i, summary in enumerate(lines[-len(run.members) :]):
+    n = len(run.members)
+    share = {k: round(done[k] / n, 2) for k in ("wall_seconds", "cpu_seconds")}
+    for i, summary in enumerate(lines[-n:]):
+        member = dict(done, **share, summary=summary, population=run.name)
+        member["population_wall_seconds"] = done["wall_seconds"]
         with open(os.path.join(member_dir(run, i), done_file), "w") as f:
-            json.dump(dict(done, summary=summary, population=run.name), f)
+            json.dump(member, f)
+        with open(os.path.join(member_dir(run, i), attempts_file), "w") as f:
+            row = dict(seconds=share["wall_seconds"], cpu_seconds=share["cpu_seconds"])
+            f.write(json.dumps(dict(row, returncode=0, population=run.name)) + "\n")
 
 
 def member_workdirs(root: str, run_file: str) -> list[str]:

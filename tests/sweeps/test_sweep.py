@@ -288,4 +288,7 @@ def test_a_sweep_packed_into_a_population_collects_as_its_runs(tmp_path):
         want = dict(member.overrides)
         assert cfg["seed"] == want["seed"] and cfg["data"]["seed"] is None
         assert cfg["schedules"]["objective"]["kl_coef"] == want["objective.kl_coef"]
+    whole = json.load(open(os.path.join(runs[0].workdir, DONE_FILE)))["wall_seconds"]
+    shares = [r["wall_seconds"] for r in out["runs"]]  # each member's 1/4 of the job's time
+    assert shares == pytest.approx([whole / 4] * 4, abs=0.01)
     assert populations.pack(solo, 3)[1] is solo[3]  # a group's rest of one runs alone
