@@ -94,6 +94,7 @@ def main(argv=None) -> dict:
     p.add_argument("--sft", default="", help="an SFT start's workdir (default: trained here)")
     p.add_argument("--solo-runs", type=int, default=0, help="solo runs timed (0: --members)")
     p.add_argument("--batched", action="store_true", help="population.batched_update = True")
+    p.add_argument("--both", action="store_true", help="time the batched update as well")
     p.add_argument(
         "--scratch", action="store_true", help="from a random policy with shaped rewards, no SFT"
     )
@@ -125,6 +126,12 @@ def main(argv=None) -> dict:
         pop_dir = os.path.join(round_dir, "population")
         batched = {"population.batched_update": True} if args.batched else {}
         pop = _train(rl, pop_dir, {**base, "population.size": args.members, **batched})
+        both = {}
+        if args.both:  # the batched update too, in the same round
+            pop_b = _train(rl, pop_dir + "_batched", {**base, "population.size": args.members,
+                                                      "population.batched_update": True})  # fmt: skip
+            both = dict(batched_population_seconds=round(pop_b, 2),
+                        batched_over_one_solo=round(pop_b / (sum(solo) / len(solo)), 3))  # fmt: skip
         equal = [
             _rows(os.path.join(pop_dir, "members", str(i)))
             == _rows(os.path.join(round_dir, f"solo{i}"))
@@ -140,6 +147,7 @@ def main(argv=None) -> dict:
                 population_over_one_solo=round(pop / (sum(solo) / len(solo)), 3),
                 members_equal_solo=equal,
                 solo_median_logged_step_seconds=steps[len(steps) // 2] if steps else None,
+                **both,
             )
         )
         print(json.dumps(result["rounds"][-1]), flush=True)
