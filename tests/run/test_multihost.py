@@ -321,7 +321,9 @@ def test_two_processes_keep_the_batches_ahead_across_a_kill(tmp_path):
     and resumed give the 1 process x 8 devices run: lags 0, 1, 2, 2, 2, 2, the same prompts,
     completions and rewards exactly, the rest to rtol 2e-4 (as above). Before the kill, a
     SIGTERM to process 1 alone after step 1 or 2 stops both there: each saves that step with
-    the 2 batches in flight and exits 0, and the relaunch goes on from it."""
+    the 2 batches in flight and exits 0, and the relaunch goes on from it. The kill is of
+    process 0 alone (the coordination service with it): process 1 exits 75 at once with one
+    line naming process 0 and the step."""
     kept = {**ASYNC, "train.eval_every": 6}
     single = tmp_path / "single"
     _run_one_process(single, 6, kept)
@@ -330,7 +332,8 @@ def test_two_processes_keep_the_batches_ahead_across_a_kill(tmp_path):
     print(f"SIGTERM leg (max_staleness 2): stopped at {stopped}, exit 0 after {took:.1f} s")
     held = json.load(open(multi / "checkpoints" / str(stopped) / "meta" / "metadata"))["ahead"]
     assert [len(b["per_process"]) for b in held] == [2, 2]
-    _run_two_processes(multi, 6, kept, kill_after_checkpoint=3)
+    waited = _kill_process_0_after_checkpoint(multi, 6, kept, 3)
+    print(f"lost process 0: process 1 exited 75 after {waited:.1f} s")
     held = json.load(open(multi / "checkpoints" / "3" / "meta" / "metadata"))["ahead"]
     assert [b["policy_version"] for b in held] == [1, 2]  # steps 4 and 5's batches
     assert [len(b["per_process"]) for b in held] == [2, 2]
@@ -412,6 +415,33 @@ def _sigterm_leg(workdir, steps: int, extra: dict, after_rows: int) -> tuple[int
     assert max(int(n) for n in os.listdir(workdir / "checkpoints") if n.isdigit()) == stopped
     assert _train_rows(workdir) == list(range(1, stopped + 1))
     return stopped, took
+
+
+def _kill_process_0_after_checkpoint(workdir, steps: int, extra: dict, step: int) -> float:
+    """Start both processes; SIGKILL process 0 once checkpoint `step` is committed. Process 1
+    must exit 75 with one line naming process 0 and the step (its coordination client would
+    abort it in C++: distributed.CoordinatorWatch). Returns the seconds it took."""
+    procs = _start_two_processes(workdir, steps, extra)
+    try:
+        committed = os.path.join(workdir, "checkpoints", str(step))
+        _wait_for(lambda: os.path.isdir(committed), procs, f"checkpoint {step}")
+        procs[0].kill()
+        killed_at = time.monotonic()
+        _, err = procs[1].communicate(timeout=120)
+        waited = time.monotonic() - killed_at
+    finally:
+        for p in procs:
+            p.kill() if p.poll() is None else None
+            p.wait()
+    assert procs[1].returncode == 75, err[-3000:]
+    assert re.fullmatch(
+        rf"lost process 0 of 2 during step [{step}{step + 1}] \(phase: \w+\): its coordination "
+        r"service is gone; process 1 exits \(resume from the last checkpoint\)",
+        err.strip().splitlines()[-1],
+    ), err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    assert waited < 10, waited  # (the heartbeat timeout is 60 s: this is no timeout)
+    return waited
 
 
 def test_sigterm_to_one_process_three_times_a_lost_process_then_resume_bitwise(
