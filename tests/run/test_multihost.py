@@ -395,8 +395,9 @@ def _sigterm_leg(workdir, steps: int, extra: dict, after_rows: int) -> tuple[int
     try:
         rows = lambda: _train_rows(workdir)  # noqa: E731
         _wait_for(lambda: len(rows()) >= max(after_rows, before + 1), procs, "train row")
+        rows_before = len(rows())
         procs[1].send_signal(signal.SIGTERM)
-        signalled = time.monotonic()
+        signalled, rows_after = time.monotonic(), len(rows())
         outs = [p.communicate(timeout=300) for p in procs]
         took = time.monotonic() - signalled
     finally:
@@ -407,10 +408,10 @@ def _sigterm_leg(workdir, steps: int, extra: dict, after_rows: int) -> tuple[int
     assert all(json.loads(out.strip().splitlines()[-1])["stopped"] for out, _ in outs)
     said = re.search(r"stopped by SIGTERM on process 1 at step (\d+); checkpoint saved", outs[0][0])
     stopped = int(said.group(1))
-    # the stop is agreed after every step, just after its row is written: the signal stops
-    # them after step k (process 1 not yet in step k's agreement) or k + 1
-    signalled_at = max(after_rows, before + 1)
-    assert signalled_at <= stopped <= signalled_at + 1, (stopped, after_rows, before)
+    # the stop is agreed after every step, just after its row is written: a signal sent when
+    # row k is on disk stops them after step k (process 1 not yet in step k's agreement)
+    # or k + 1
+    assert rows_before <= stopped <= rows_after + 1, (stopped, rows_before, rows_after)
     # both processes saved that step: orbax commits it once every process wrote its shards
     assert max(int(n) for n in os.listdir(workdir / "checkpoints") if n.isdigit()) == stopped
     assert _train_rows(workdir) == list(range(1, stopped + 1))
