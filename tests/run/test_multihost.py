@@ -4,7 +4,8 @@ checkpoint and a resume of the two-process run.
 
 Every process runs the same command (`scripts/train.py` with `distributed.*` set), owns its
 own prompts, and contributes its rows to the global arrays; process 0 writes the logs and the
-export.
+export. The same runs are stopped by SIGTERM to one process, and killed (one process, or
+both) during a step or a save, and resumed (the faults of docs/reliability.md).
 """
 
 import json
