@@ -207,3 +207,64 @@ def exit_now(code: int) -> None:
         except (OSError, ValueError):
             pass
     os._exit(code)
+
+
+def coordinator_reachable(timeout_s: float = 2.0) -> bool:
+    """Whether the coordination service's address still accepts a connection (process 0,
+    which runs it, is alive). True on one process."""
+    import socket
+
+    from jax._src import distributed as jax_distributed
+
+    address = jax_distributed.global_state.coordinator_address
+    if jax.process_count() == 1 or not address:
+        return True
+    host, port = address.rsplit(":", 1)
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
+            return True
+    except OSError:
+        return False
+
+
+class CoordinatorWatch:
+    """On a process other than 0: when process 0 dies, the coordination client's own thread
+    aborts this process at once (SIGABRT after a C++ stack trace; no Python runs). With
+    `install()`, a SIGABRT while the coordinator no longer accepts connections calls
+    `on_lost()` instead (which prints its line and leaves with `exit_now`); an abort for any
+    other reason goes on as before (default action). The handler runs Python on the aborting
+    thread, so it waits for the GIL: a main thread in a call that holds it (none in the
+    loop) delays it. `uninstall()` puts the previous handler back."""
+
+    def __init__(self, on_lost):
+        import ctypes
+        import signal
+
+        self.on_lost = on_lost
+        self._signal = ctypes.CDLL(None).signal
+        self._signal.restype, self._signal.argtypes = (
+            ctypes.c_void_p,
+            [ctypes.c_int, ctypes.c_void_p],
+        )
+        self._sigabrt = int(signal.SIGABRT)
+        handler_type = ctypes.CFUNCTYPE(None, ctypes.c_int)
+        self._handler = handler_type(self._on_abort)  # referenced while installed
+        self._address = ctypes.cast(self._handler, ctypes.c_void_p)
+        self._previous = None
+        self.installed = False
+
+    def install(self) -> None:
+        if jax.process_count() > 1 and jax.process_index() != 0 and not self.installed:
+            self._previous = self._signal(self._sigabrt, self._address)
+            self.installed = True
+
+    def uninstall(self) -> None:
+        if self.installed:
+            self._signal(self._sigabrt, self._previous)  # None: SIG_DFL
+            self.installed = False
+
+    def _on_abort(self, signum: int) -> None:
+        if not coordinator_reachable():
+            self.on_lost()  # leaves the process
+        # not a lost coordinator: back to the default action; abort() raises it again
+        self._signal(self._sigabrt, None)

@@ -17,7 +17,10 @@ coordination service's key-value store every `poll_s` and reads the others'
 process exits with `EXIT_LOST_PROCESS` (no stack trace; no atexit shutdown barrier waiting on
 the dead). A collective that failed in the loop because its peer died is handed to
 `on_error`, which waits for the verdict the same way. (The service's own liveness query,
-`get_live_nodes`, is a barrier that holds the GIL: it would stall the loop.)
+`get_live_nodes`, is a barrier that holds the GIL: it would stall the loop.) Process 0 runs
+the coordination service: when it dies, the others' coordination clients abort them at once
+in C++; `distributed.CoordinatorWatch` turns that abort into the same one line (naming
+process 0, "its coordination service is gone") and exit status, within a second.
 
 Hook-shaped: `start()`, `after_step(step)`, `close()`.
 """
@@ -82,6 +85,10 @@ class Watchdog:
         self._backstop = None  # where faulthandler writes the stacks, while armed
         self._beats = 0
         self._seen: dict[int, tuple[str | None, float]] = {}
+        self._coordinator_gone = False
+        self._coordinator: distributed.CoordinatorWatch | None = None
+        self._leaving = threading.Lock()  # one line, from the first thread that saw a loss
+        self._left = threading.Event()  # set if `exit` returned (tests)
 
     # ------------------------------------------------------------------ hook
 
@@ -95,6 +102,9 @@ class Watchdog:
             self._arm_backstop(FIRST_STEP_FACTOR)
         if self.process_count > 1:
             self._spawn(self._watch_processes, "watchdog-processes")
+        if self.process_count > 1 and self.process_index != 0:
+            self._coordinator = distributed.CoordinatorWatch(self._coordinator_lost)
+            self._coordinator.install()
 
     def after_step(self, step: int) -> None:
         """Step `step` is done (with its eval and save): the next one's clock starts."""
@@ -119,6 +129,9 @@ class Watchdog:
         for thread in self._threads:
             thread.join(timeout=2 * self.poll_s)
         self._threads = []
+        if self._coordinator is not None:
+            self._coordinator.uninstall()
+            self._coordinator = None
         if self._backstop is not None:
             faulthandler.cancel_dump_traceback_later()
             self._backstop = None
@@ -198,6 +211,7 @@ class Watchdog:
                 distributed.beat(self._beats)
                 beats = distributed.heartbeats()
             except Exception:  # the coordinator itself is gone
+                self._coordinator_gone = True
                 return [0]
             for p in range(self.process_count):
                 value = beats.get(p)
@@ -207,14 +221,29 @@ class Watchdog:
             return [p for p, (_, seen) in sorted(self._seen.items()) if now - seen > limit]
 
     def lost(self, processes: list[int]) -> None:
+        """Say which processes are lost, in one line, and exit (the first caller only: the
+        others wait for the exit)."""
+        if not self._leaving.acquire(blocking=False):
+            self._left.wait()  # the first caller is leaving the process
+            return
         names = ", ".join(str(p) for p in processes)
-        limit = f"distributed.heartbeat_timeout_s={self.heartbeat_timeout_s:g}"
+        if self._coordinator_gone and processes == [0]:
+            why = "its coordination service is gone"
+        else:
+            limit = f"distributed.heartbeat_timeout_s={self.heartbeat_timeout_s:g}"
+            why = f"it died or was silent past {limit}"
         self.say(
-            f"lost process {names} of {self.process_count} during {self._doing}: it died or "
-            f"was silent past {limit}; process {self.process_index} exits (resume from the "
-            "last checkpoint)"
+            f"lost process {names} of {self.process_count} during {self._doing}: {why}; "
+            f"process {self.process_index} exits (resume from the last checkpoint)"
         )
         self.exit(EXIT_LOST_PROCESS)
+        self._left.set()
+
+    def _coordinator_lost(self) -> None:
+        """Process 0 (the coordination service) is gone and the client is aborting us."""
+        self._coordinator_gone = True
+        self._stop.set()
+        self.lost([0])
 
     def on_error(self, wait_s: float | None = None) -> None:
         """After an exception in the loop of a multi-process run: if a process is lost (a
