@@ -46,11 +46,13 @@ def build_optimizer(opt_cfg, total_updates: int) -> optax.GradientTransformation
     return optax.chain(*parts)
 
 
+INJECTED = (optax.InjectStatefulHyperparamsState, optax.InjectHyperparamsState)
+
+
 def _injected(opt_state):
-    """The state's injected `lr` holder (`optimizer.lr_in_state`), or None."""
+    """The state's injected `lr` holder (`optimizer.lr_in_state`: the chain's last), or None."""
     last = opt_state[-1] if isinstance(opt_state, tuple) and opt_state else None
-    hyper = getattr(last, "hyperparams", None)
-    return last if isinstance(hyper, dict) and "step_size" in hyper else None
+    return last if isinstance(last, INJECTED) and "step_size" in last.hyperparams else None
 
 
 def learning_rate(opt_state) -> float:
