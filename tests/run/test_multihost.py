@@ -246,6 +246,17 @@ def _assert_same_run(want: dict, got: dict, w_want: dict, w_got: dict, rtol: flo
         np.testing.assert_allclose(w_got[name], w_want[name], rtol=rtol, atol=1e-5, err_msg=name)
 
 
+def _assert_bitwise(want_dir, got_dir) -> None:
+    """Two runs of the same 2 processes, one interrupted: every logged metric (time keys
+    aside), the rollouts and the exported weights bitwise equal."""
+    assert _metrics(got_dir) == _metrics(want_dir)
+    assert _rollouts(got_dir) == _rollouts(want_dir)
+    w_want, w_got = _weights(want_dir), _weights(got_dir)
+    assert sorted(w_want) == sorted(w_got) and w_want
+    for name in w_want:
+        np.testing.assert_array_equal(w_got[name], w_want[name], err_msg=name)
+
+
 def test_two_processes_with_rollouts_two_steps_ahead_equal_one_process(tmp_path):
     """rollout.max_staleness = 2 on 2 processes x 4 devices: each process samples its own
     prompts on its own 4 devices in a background thread (keys by global row), the weights'
@@ -291,7 +302,8 @@ def test_two_processes_with_partial_rollouts_equal_one_process(tmp_path):
     metrics and the weights to rtol 2e-4 (the samplers are different programs: f32
     rounding of the log-probs, as with rollouts ahead). The run is first stopped by SIGTERM
     to process 1 alone after step 1 or 2 (both save that step with their rows in flight and
-    exit 0), then killed after step 3's checkpoint, then resumed to the end."""
+    exit 0), then killed after step 3's checkpoint, then resumed to the end: bitwise the
+    same 2 processes' uninterrupted run."""
     single = tmp_path / "single"
     _run_one_process(single, 6, PARTIAL)
     multi = tmp_path / "multi"
@@ -304,6 +316,9 @@ def test_two_processes_with_partial_rollouts_equal_one_process(tmp_path):
     assert len(held["per_process"]) == 2  # each process's rows in flight
     assert all(len(p["examples"]) == 4 for p in held["per_process"])
     assert [o["step"] for o in _run_two_processes(multi, 6, PARTIAL)] == [6, 6]
+    whole = tmp_path / "whole"  # the same 2 processes, never stopped
+    assert [o["step"] for o in _run_two_processes(whole, 6, PARTIAL)] == [6, 6]
+    _assert_bitwise(whole, multi)
 
     want, got = _metrics(single), _metrics(multi)
     lags = [want[s]["rollout/token_lag_max"] for s in range(1, 7)]
@@ -324,7 +339,8 @@ def test_two_processes_keep_the_batches_ahead_across_a_kill(tmp_path):
     SIGTERM to process 1 alone after step 1 or 2 stops both there: each saves that step with
     the 2 batches in flight and exits 0, and the relaunch goes on from it. The kill is of
     process 0 alone (the coordination service with it): process 1 exits 75 at once with one
-    line naming process 0 and the step."""
+    line naming process 0 and the step. The end is bitwise the same 2 processes'
+    uninterrupted run."""
     kept = {**ASYNC, "train.eval_every": 6}
     single = tmp_path / "single"
     _run_one_process(single, 6, kept)
@@ -339,6 +355,9 @@ def test_two_processes_keep_the_batches_ahead_across_a_kill(tmp_path):
     assert [b["policy_version"] for b in held] == [1, 2]  # steps 4 and 5's batches
     assert [len(b["per_process"]) for b in held] == [2, 2]
     assert [o["step"] for o in _run_two_processes(multi, 6, kept)] == [6, 6]
+    whole = tmp_path / "whole"  # the same 2 processes, never stopped
+    assert [o["step"] for o in _run_two_processes(whole, 6, kept)] == [6, 6]
+    _assert_bitwise(whole, multi)
 
     want, got = _metrics(single), _metrics(multi)
     lags = [want[s]["rollout/policy_lag"] for s in range(1, 7)]
