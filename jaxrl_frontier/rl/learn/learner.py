@@ -233,20 +233,6 @@ class Learner:
             )
         return pack, layout
 
-    @property
-    def tx(self):
-        """The optimizer (optax)."""
-        return self._tx
-
-    @property
-    def loss_of(self) -> Callable:
-        """loss_of(params, batch, denominator=, frozen=) -> (loss, metrics): the update's."""
-        return self._loss_of
-
-    @property
-    def grad_accum(self) -> int:
-        return self._grad_accum
-
     def share_programs(self, other: Learner) -> None:
         """Run `other`'s compiled (select, update) programs from now on: a learner of the
         same structure (objective, shapes, optimizer; only traced values and the state
@@ -271,6 +257,35 @@ class Learner:
         """The (select, update) pairs built so far, one per batch key set (`programs`)."""
         return list(self._programs.values())
 
+    def update_program(self, keys: Sequence[str], members: dict | None = None) -> Callable:
+        """The jitted update (`train_step.make_update_fn`, or the critic's) for a batch with
+        these keys, with the minibatch's aggregation denominator; `members`: vmapped over a
+        population's stacked states (`rl.learn.members`)."""
+        batch_sh = {k: sharding.batch_sharding(self.mesh, 2) for k in keys}
+        update_sh = batch_sh
+        if self.pack is not None:  # the packing maps: small, replicated
+            repl = sharding.replicated(self.mesh)
+            update_sh = {**batch_sh, "pack": {k: repl for k in PACK_MAPS}}
+        frozen_sh = None
+        if self.frozen is not None:
+            frozen_sh = jax.tree.map(lambda x: x.sharding, self.frozen)
+        objective = self._objective
+        if self.critic is None:
+            make = functools.partial(make_update_fn, self._graphdef)
+        else:  # the critic trained alongside the policy
+            make = self.critic.make_update
+        extra = {} if members is None else {"members": members}
+        return make(
+            self._tx,
+            self._loss_of,
+            self._grad_accum,
+            jax.tree.map(lambda x: x.sharding, self.state),
+            update_sh,
+            denominator_fn=lambda b: losses.aggregation_denominator(objective, b["loss_mask"]),
+            frozen_sharding=frozen_sh,
+            **extra,
+        )
+
     def programs(self, keys: Sequence[str]) -> tuple[Callable, Callable]:
         """(select, update) jitted for a batch with these keys (built once per key set).
 
@@ -279,27 +294,7 @@ class Learner:
         keys = tuple(sorted(keys))
         if keys not in self._programs:
             batch_sh = {k: sharding.batch_sharding(self.mesh, 2) for k in keys}
-            update_sh = batch_sh
-            if self.pack is not None:  # the packing maps: small, replicated
-                repl = sharding.replicated(self.mesh)
-                update_sh = {**batch_sh, "pack": {k: repl for k in PACK_MAPS}}
-            frozen_sh = None
-            if self.frozen is not None:
-                frozen_sh = jax.tree.map(lambda x: x.sharding, self.frozen)
-            objective = self._objective
-            if self.critic is None:
-                make = functools.partial(make_update_fn, self._graphdef)
-            else:  # the critic trained alongside the policy
-                make = self.critic.make_update
-            update = make(
-                self._tx,
-                self._loss_of,
-                self._grad_accum,
-                jax.tree.map(lambda x: x.sharding, self.state),
-                update_sh,
-                denominator_fn=lambda b: losses.aggregation_denominator(objective, b["loss_mask"]),
-                frozen_sharding=frozen_sh,
-            )
+            update = self.update_program(keys)
             select = jax.jit(
                 lambda batch, idx: jax.tree.map(lambda x: x[idx], batch), out_shardings=batch_sh
             )

@@ -20,10 +20,9 @@ import jax.numpy as jnp
 
 from jaxrl_frontier.core import sharding
 from jaxrl_frontier.core.errors import ConfigError
-from jaxrl_frontier.objectives import losses
 from jaxrl_frontier.rl.experience import Experience
 from jaxrl_frontier.rl.learn.learner import Learner, minibatch_order
-from jaxrl_frontier.rl.learn.train_step import make_update_fn, stacked
+from jaxrl_frontier.rl.learn.train_step import stacked
 
 
 class MemberUpdates:
@@ -46,23 +45,7 @@ class MemberUpdates:
     def _program(self, keys: tuple[str, ...]) -> Callable:
         """The vmapped update for a batch with these keys (built once per key set)."""
         if keys not in self._programs:
-            first = self.learners[0]
-            batch_sh = {k: sharding.batch_sharding(first.mesh, 2) for k in keys}
-            frozen_sh = None
-            if first.frozen is not None:
-                frozen_sh = jax.tree.map(lambda x: x.sharding, first.frozen)
-            objective = first.options.objective
-            self._programs[keys] = make_update_fn(
-                None,
-                first.tx,
-                first.loss_of,
-                first.grad_accum,
-                jax.tree.map(lambda x: x.sharding, first.state),
-                batch_sh,
-                denominator_fn=lambda b: losses.aggregation_denominator(objective, b["loss_mask"]),
-                frozen_sharding=frozen_sh,
-                members={"knobs": 0},
-            )
+            self._programs[keys] = self.learners[0].update_program(keys, members={"knobs": 0})
         return self._programs[keys]
 
     def update(
