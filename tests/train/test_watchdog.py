@@ -20,9 +20,9 @@ def test_a_step_past_the_timeout_dumps_every_thread_and_names_the_phase(tmp_path
 
     dog = wd.Watchdog(tmp_path, hang_timeout_s=0.2, poll_s=0.02, say=said.append, exit=leave)
     dog.start()
+    started = time.monotonic()  # before step 4's clock starts: the wait is at least 0.2 s
     dog.after_step(3)  # step 4's clock: 0.2 s
     scorer = dog.marked(lambda: hung.wait(5), "scoring")
-    started = time.monotonic()
     with dog.phase("rollout"):
         scorer()  # returns once the watchdog fired
     took = time.monotonic() - started
