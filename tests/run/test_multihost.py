@@ -204,20 +204,13 @@ def _assert_equal_to_reference(want_dir, got_dir, exact: bool = False) -> None:
     assert [r["step"] for r in rows if "train/loss" in r] == steps
 
 
-def test_two_processes_with_a_resume_equal_one_process(
-    tmp_path, one_process_reference, two_processes_reference
-):
-    """A run ended at step 2 and resumed to 10: the 1 x 8 run's metrics and weights to 1e-5,
-    the uninterrupted 2 x 4 run's bitwise."""
-    single = one_process_reference
-    multi = tmp_path / "multi"
-    first = _run_two_processes(multi, 2)  # checkpoint at step 2, then stop
-    assert [o["step"] for o in first] == [2, 2]
-    second = _run_two_processes(multi, REFERENCE_STEPS)  # the same command resumes
-    assert [o["step"] for o in second] == [REFERENCE_STEPS] * 2
-    assert not os.path.exists(multi / "metrics.jsonl.1")
-    _assert_equal_to_reference(single, multi)
-    _assert_equal_to_reference(two_processes_reference, multi, exact=True)
+def test_two_processes_equal_one_process(one_process_reference, two_processes_reference):
+    """2 processes x 4 devices train as 1 process x 8: the same metrics to 1e-4 and exported
+    weights to 1e-5. (The same 2 processes stopped and resumed end bitwise equal to this
+    uninterrupted run: the SIGTERM test below; rollouts ahead and partial rollouts across a
+    resume: the two tests after this one.)"""
+    _assert_equal_to_reference(one_process_reference, two_processes_reference)
+    assert not os.path.exists(two_processes_reference / "metrics.jsonl.1")
 
 
 ASYNC = {  # rollouts 2 steps ahead; an eval and a checkpoint (neither drains) every 3 steps
@@ -255,32 +248,6 @@ def _assert_bitwise(want_dir, got_dir) -> None:
     assert sorted(w_want) == sorted(w_got) and w_want
     for name in w_want:
         np.testing.assert_array_equal(w_got[name], w_want[name], err_msg=name)
-
-
-def test_two_processes_with_rollouts_two_steps_ahead_equal_one_process(tmp_path):
-    """rollout.max_staleness = 2 on 2 processes x 4 devices: each process samples its own
-    prompts on its own 4 devices in a background thread (keys by global row), the weights'
-    all-gather and every other collective in the main loop; across a resume, the prompts,
-    completions, each row's rewards and the policy lags equal those of 1 process x 8 devices
-    exactly, the other metrics and the weights to rtol 2e-4. The samplers are different programs (4
-    local devices vs an 8-device SPMD one), so their log-probs differ by f32 rounding (2e-7
-    relative at step 1); six updates at lr 5e-3 with gradient norms up to 19 carry that to
-    at most 9e-5 (approx_kl after step 4's large update). Both runs end at step 3 (the run's
-    last step: nothing is started past it) and resume to 6, so each restarts its queue."""
-    single = tmp_path / "single"
-    _run_one_process(single, 3, ASYNC)
-    _run_one_process(single, 6, ASYNC)
-    multi = tmp_path / "multi"
-    assert [o["step"] for o in _run_two_processes(multi, 3, {**ASYNC})] == [3, 3]
-    assert [o["step"] for o in _run_two_processes(multi, 6, {**ASYNC})] == [6, 6]
-
-    want, got = _metrics(single), _metrics(multi)
-    lags = [want[s]["rollout/policy_lag"] for s in range(1, 7)]
-    assert lags == [0, 1, 2, 0, 1, 2], lags  # the queue starts anew with the resumed run
-    moved = [s for s in range(1, 7) if want[s]["train/grad_norm"] > 1e-3]
-    assert len(moved) >= 5, f"vacuous: a gradient at steps {moved} only"
-    assert _rollouts(multi) == _rollouts(single) and len(_rollouts(single)) >= 6
-    _assert_same_run(want, got, _weights(single), _weights(multi), rtol=2e-4)
 
 
 PARTIAL = {  # partial rollouts: 8 prompts (one per device), 8 slots (one per device)
@@ -335,7 +302,11 @@ def test_two_processes_keep_the_batches_ahead_across_a_kill(tmp_path):
     does not drain the queue on 2 processes either. It holds the 2 batches in flight (the
     arrays once, each process's results apart); both processes killed with SIGKILL after it
     and resumed give the 1 process x 8 devices run: lags 0, 1, 2, 2, 2, 2, the same prompts,
-    completions and rewards exactly, the rest to rtol 2e-4 (as above). Before the kill, a
+    completions and rewards exactly (each process samples its own prompts on its own 4
+    devices in a background thread, keys by global row), the rest to rtol 2e-4: the samplers
+    are different programs (4 local devices vs an 8-device SPMD one), so their log-probs
+    differ by f32 rounding (2e-7 relative at step 1), which six updates at lr 5e-3 with
+    gradient norms up to 19 carry to at most 9e-5. Before the kill, a
     SIGTERM to process 1 alone after step 1 or 2 stops both there: each saves that step with
     the 2 batches in flight and exits 0, and the relaunch goes on from it. The kill is of
     process 0 alone (the coordination service with it): process 1 exits 75 at once with one
