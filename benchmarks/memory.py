@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -71,7 +72,11 @@ PROGRAMS = ("prefill", "decode", "reference", "update")
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="100m", choices=SHAPES, help="a model shape")
     p.add_argument("--devices", type=int, default=8, help="fake CPU devices")
-    p.add_argument("--mesh", default="", help="DATAxFSDPxTENSOR (default 1x<devices>x1)")
+    p.add_argument(
+        "--mesh",
+        default="",
+        help="DATAxFSDPxTENSOR or DATAxFSDPxSEQUENCExTENSOR (default 1x<devices>x1)",
+    )
     p.add_argument("--programs", default="update", help=f"comma-separated, from {PROGRAMS}")
     p.add_argument("--rows", type=int, default=8, help="rows of a step (all devices)")
     p.add_argument("--seq", type=int, default=64, help="tokens per row")
@@ -214,7 +219,7 @@ def estimate(cfg, n_params: int, trained: int, s: dict, mesh_shape) -> dict:
     remat 'full': the saved activations are each block's input)."""
     from jaxrl_frontier.objectives.logprobs import DEFAULT_LOGPROB_CHUNK
 
-    data, fsdp, tensor = mesh_shape
+    data, fsdp, seq, tensor = mesh_shape  # seq: the sequence axis splits every row's positions
     shards, act = fsdp * tensor, 2 if s["dtype"] == "bfloat16" else 4
     rows = max(s["rows"] // (data * fsdp), 1)
     layer = n_params - cfg.vocab_size * cfg.hidden_size * (1 if cfg.tie_word_embeddings else 2)
@@ -227,7 +232,7 @@ def estimate(cfg, n_params: int, trained: int, s: dict, mesh_shape) -> dict:
         grads=4 * trained // shards,
         optimizer_update=4 * trained // shards,  # AdamW's update tree, before it is applied
         adam=8 * trained // shards,
-        saved_activations=cfg.num_layers * rows * s["seq"] * cfg.hidden_size * act,
+        saved_activations=cfg.num_layers * rows * s["seq"] // seq * cfg.hidden_size * act,
         gathered_layer=layer * act,  # one layer's weights, cast, gathered whole
         # the output layer [D, V] is split by vocabulary and never gathered: its cast share
         output_layer_share=vocab * act // shards,
@@ -251,7 +256,7 @@ def _config(config_args: list[str]):
     return common.load_config(config_args, "")
 
 
-def measure_mesh(s: dict, mesh_shape: tuple[int, int, int], remat: str) -> dict:
+def measure_mesh(s: dict, mesh_shape: tuple[int, ...], remat: str) -> dict:
     """One mesh: the state's bytes, each program's compiled memory, the update's estimate."""
     import jax
 
@@ -260,8 +265,9 @@ def measure_mesh(s: dict, mesh_shape: tuple[int, int, int], remat: str) -> dict:
     from jaxrl_frontier.rl.learn.optimizer import build_optimizer
     from jaxrl_frontier.run.build import objective_section
 
-    devices = jax.devices()[: mesh_shape[0] * mesh_shape[1] * mesh_shape[2]]
+    devices = jax.devices()[: math.prod(mesh_shape)]
     mesh = sharding.make_mesh(mesh_shape, devices)
+    mesh_shape = tuple(mesh.shape[a] for a in sharding.MESH_AXES)
     cfg = model_config(s["model"], s["dtype"], remat)
     graphdef, state, params, base = abstract_policy(cfg, mesh, s["lora"])
     config = _config(s["config_args"])

@@ -24,7 +24,9 @@ def test_update_bytes_per_device_by_hand(tmp_path):
     result = json.loads(out.read_text())
     row = result["fsdp_2"]
     assert result["benchmark"] == "memory" and result["devices"] == 2
-    assert row["params"] == PARAMS == 3_148_032 and row["mesh"] == dict(data=1, fsdp=2, tensor=1)
+    assert row["params"] == PARAMS == 3_148_032 and row["mesh"] == dict(
+        data=1, fsdp=2, sequence=1, tensor=1
+    )
     # f32 parameters: half of each split weight, every norm whole
     assert row["params_bytes"] == 4 * (PARAMS - NORMS) // 2 + 4 * NORMS
     # AdamW's two moments placed like the parameters, plus two int32 step counts

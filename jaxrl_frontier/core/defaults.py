@@ -8,8 +8,11 @@ from ml_collections import config_dict
 
 def mesh_section() -> ml_collections.ConfigDict:
     """`mesh`: the device mesh's axes (sharding.make_mesh)."""
-    # -1 takes the remaining devices; num_devices=0 uses all, N > 0 the first N (tests, roles)
-    s = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1, num_devices=0))
+    # -1 takes the remaining devices; num_devices=0 uses all, N > 0 the first N (tests, roles).
+    # sequence > 1: context parallelism in the update and the log-prob passes (each device
+    # along it holds a slice of every row's positions; it must divide the rows' length),
+    # the weights and optimizer state split over fsdp x sequence (core/sharding.py)
+    s = ml_collections.ConfigDict(dict(data=-1, fsdp=1, sequence=1, tensor=1, num_devices=0))
     return s
 
 

@@ -1,10 +1,16 @@
 """Device mesh and parameter placement from logical axis names.
 
-The mesh has axes ('data', 'fsdp', 'tensor'). Parameters carry logical axis names
-(`logical_axes` metadata on each `nnx.Param`: 'vocab', 'embed', 'heads', 'kv_heads', 'mlp',
-'expert');
-a rules table maps each logical name to a mesh axis. Batches are split over
-('data', 'fsdp'). The same code runs on 1 CPU, 8 fake CPU devices, a GPU, or a TPU slice.
+The mesh has axes ('data', 'fsdp', 'sequence', 'tensor'). Parameters carry logical axis
+names (`logical_axes` metadata on each `nnx.Param`: 'vocab', 'embed', 'heads', 'kv_heads',
+'mlp', 'expert'); a rules table maps each logical name to a mesh axis. Batches are split
+over ('data', 'fsdp'). The same code runs on 1 CPU, 8 fake CPU devices, a GPU, or a TPU slice.
+
+The `sequence` axis is context parallelism: in a forward over whole rows (the update and
+the log-prob passes) each device along it holds a slice of every row's positions
+(`activation_spec`), and attention gathers the keys and values of the whole row
+(`Transformer.constrain_rows`). Parameters are never split over it; the rows a batch is
+placed with stay whole on every device of the axis (token ids are small) and each device
+takes its slice inside the program.
 
 A dimension whose size the mesh axis does not divide is replicated instead (e.g. 2 kv heads
 on a tensor axis of 4): correct everywhere, and the choice is visible in `describe`.
@@ -20,12 +26,16 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-MESH_AXES = ("data", "fsdp", "tensor")
+MESH_AXES = ("data", "fsdp", "sequence", "tensor")
 BATCH_AXES = ("data", "fsdp")
+SEQUENCE_AXIS = "sequence"  # context parallelism: a row's positions split over this axis
+# a mesh shape given as three sizes is (data, fsdp, tensor) with no sequence axis
+_THREE_AXES = ("data", "fsdp", "tensor")
 
 # logical name -> mesh axis (or None to replicate)
 DEFAULT_RULES: tuple[tuple[str, str | None], ...] = (
     ("batch", BATCH_AXES),
+    ("length", SEQUENCE_AXIS),  # an activation's positions (context parallelism)
     ("layers", None),  # stacked layer parameters: every device holds its shard of every layer
     # the vocabulary over tensor x fsdp, claimed before `embed` (rules listed first claim
     # their mesh axes first): the [V, D] embedding and [D, V] output layer are split by
@@ -38,7 +48,10 @@ DEFAULT_RULES: tuple[tuple[str, str | None], ...] = (
     # before `embed`: each device holds E / fsdp whole experts and the tokens travel to them
     # (expert parallelism, models/moe.py), instead of every layer's experts being gathered
     ("expert", "fsdp"),
-    ("embed", "fsdp"),
+    # the hidden size over fsdp and the sequence axis: ZeRO-3 over both, so a sequence axis
+    # also divides the weights, gradients and optimizer state (each layer's weights are
+    # gathered from fsdp x sequence devices), instead of every device along it holding them
+    ("embed", ("fsdp", SEQUENCE_AXIS)),
     ("heads", "tensor"),
     ("kv_heads", "tensor"),
     ("mlp", "tensor"),
@@ -46,10 +59,17 @@ DEFAULT_RULES: tuple[tuple[str, str | None], ...] = (
 
 
 def resolve_mesh_shape(shape: Sequence[int], num_devices: int) -> tuple[int, ...]:
-    """Fill the single -1 entry of `shape` with the remaining devices; check the product."""
+    """Fill the single -1 entry of `shape` with the remaining devices; check the product.
+    `shape`: one size per `MESH_AXES` entry, or three sizes (data, fsdp, tensor) for a mesh
+    without a sequence axis. Returns the four sizes."""
     shape = tuple(int(s) for s in shape)
+    if len(shape) == len(_THREE_AXES):
+        shape = (shape[0], shape[1], 1, shape[2])
     if len(shape) != len(MESH_AXES):
-        raise ValueError(f"mesh shape {shape} must have {len(MESH_AXES)} entries {MESH_AXES}")
+        raise ValueError(
+            f"mesh shape {shape} must have {len(MESH_AXES)} entries {MESH_AXES} "
+            f"(or 3: {_THREE_AXES})"
+        )
     if shape.count(-1) > 1:
         raise ValueError(f"mesh shape {shape}: at most one entry may be -1")
     if any(s == 0 or s < -1 for s in shape):
@@ -69,8 +89,15 @@ def resolve_mesh_shape(shape: Sequence[int], num_devices: int) -> tuple[int, ...
     return filled
 
 
+def mesh_sizes(section: Mapping[str, int]) -> list[int]:
+    """The sizes of `MESH_AXES` from a config section (`mesh`, `rollout.mesh`): an axis the
+    section does not name is 1."""
+    return [int(section.get(a, 1)) for a in MESH_AXES]
+
+
 def make_mesh(shape: Sequence[int] | Mapping[str, int] = (-1, 1, 1), devices=None) -> Mesh:
-    """A Mesh with axes (data, fsdp, tensor). `shape` is a triple or a dict by axis name."""
+    """A Mesh with axes (data, fsdp, sequence, tensor). `shape`: four sizes, three (data,
+    fsdp, tensor; sequence 1), or a dict by axis name (absent axes 1)."""
     if isinstance(shape, Mapping):
         unknown = set(shape) - set(MESH_AXES)
         if unknown:
@@ -102,11 +129,20 @@ def logical_to_spec(
         name, size = dims[i]
         target = table.get(name) if name is not None else None
         axes = (target,) if isinstance(target, str) else tuple(target or ())
-        axes = tuple(a for a in axes if a not in used and mesh.shape[a] > 1)
+        axes = tuple(a for a in axes if a not in used and mesh.shape.get(a, 1) > 1)
         if axes and size % math.prod(mesh.shape[a] for a in axes) == 0:
             used.update(axes)
             spec[i] = axes[0] if len(axes) == 1 else axes
     return PartitionSpec(*spec)
+
+
+def mesh_of(x: jax.Array) -> Mesh | None:
+    """The mesh of more than one device that x (an array or a tracer) is laid out on, or
+    None (one device, no mesh, or a mesh without this module's axes)."""
+    mesh = getattr(jax.typeof(x).sharding, "mesh", None)
+    if mesh is None or not set(MESH_AXES) <= set(mesh.shape) or math.prod(mesh.shape.values()) == 1:
+        return None
+    return mesh
 
 
 def constrain_vocab(z: jax.Array, like: jax.Array) -> jax.Array:
@@ -118,15 +154,19 @@ def constrain_vocab(z: jax.Array, like: jax.Array) -> jax.Array:
     activations, the log-softmax reduces over the devices, and the [D, V] weight and its
     gradient stay split. Left to itself, XLA laid a chunk of rows-split positions out by
     its rows and gathered the whole table on every device (at Qwen2.5-0.5B in f32: 544 MB,
-    and as much again for its gradient)."""
-    mesh = getattr(jax.typeof(like).sharding, "mesh", None)
-    if mesh is None or not set(MESH_AXES) <= set(mesh.shape) or math.prod(mesh.shape.values()) == 1:
+    and as much again for its gradient). With a sequence axis, N is also split over it:
+    the rows of z are the positions of each device's own slice of the row
+    (`logprobs.chunked_token_stats`)."""
+    mesh = mesh_of(like)
+    if mesh is None:
         return z
     vocab = logical_to_spec(("vocab",), z.shape[-1:], mesh)[0]
     if vocab is None:  # an indivisible vocabulary: replicated, nothing to lay out
         return z
     used = {vocab} if isinstance(vocab, str) else set(vocab)
-    free = tuple(a for a in BATCH_AXES if a not in used and mesh.shape[a] > 1)
+    # the positions' own split over the sequence axis stays (context parallelism)
+    lead_axes = (*BATCH_AXES, SEQUENCE_AXIS)
+    free = tuple(a for a in lead_axes if a not in used and mesh.shape.get(a, 1) > 1)
     lead = None
     if free and z.ndim > 1 and z.shape[0] % math.prod(mesh.shape[a] for a in free) == 0:
         lead = free[0] if len(free) == 1 else free
@@ -164,6 +204,20 @@ def batch_sharding(mesh: Mesh, ndim: int = 2) -> NamedSharding:
     axes = tuple(a for a in BATCH_AXES if mesh.shape[a] > 1)
     lead = axes if len(axes) > 1 else (axes[0] if axes else None)
     return NamedSharding(mesh, PartitionSpec(lead, *([None] * (ndim - 1))))
+
+
+def activation_sharding(mesh: Mesh, x, positions: bool = False) -> NamedSharding:
+    """The sharding of an activation x [B, ...]: rows over the batch axes; positions=True,
+    x [B, T, ...] with T also split over the `sequence` axis (context parallelism). A dim
+    its axes do not divide stays whole (`logical_to_spec`)."""
+    axes = ("batch",) + (("length",) if positions and x.ndim > 1 else ())
+    axes += (None,) * (x.ndim - len(axes))
+    return NamedSharding(mesh, logical_to_spec(axes, x.shape, mesh))
+
+
+def sequence_size(mesh: Mesh | None) -> int:
+    """Devices along the mesh's sequence axis (1: no context parallelism, or no mesh)."""
+    return 1 if mesh is None else int(mesh.shape.get(SEQUENCE_AXIS, 1))
 
 
 def batch_size_multiple(mesh: Mesh) -> int:

@@ -47,7 +47,6 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 from flax import nnx
-from jax.sharding import NamedSharding
 
 from jaxrl_frontier.core import sharding as shd
 from jaxrl_frontier.models import moe
@@ -90,9 +89,21 @@ class Transformer(nnx.Module):
                 rngs, (cfg.hidden_size, cfg.vocab_size), ("embed", "vocab"), pd
             )
 
-    def constrain_rows(self, x: jax.Array) -> jax.Array:
+    def mesh(self):
+        """The mesh the parameters are placed on (read from the embedding's sharding), or
+        None (no mesh, one device, or inside a shard_map: a device's own rows)."""
+        mesh = getattr(jax.typeof(self.embed[...]).sharding, "mesh", None)
+        if mesh is None or not set(shd.BATCH_AXES) <= set(mesh.shape) or mesh.size == 1:
+            return None
+        if jax.sharding.AxisType.Manual in getattr(mesh, "axis_types", ()):
+            return None
+        return mesh
+
+    def constrain_rows(self, x: jax.Array, positions: bool = False) -> jax.Array:
         """x [B, ...] with its rows split over the mesh's batch axes, on the mesh the
-        parameters are placed on (read from the embedding's sharding; nothing without one).
+        parameters are placed on (nothing without one). positions=True (a forward over whole
+        rows, no cache): x [B, T, ...] also has its positions split over the mesh's
+        `sequence` axis (context parallelism; `sharding.activation_spec`).
 
         A scan's carry keeps one sharding for every layer, and XLA took it from the
         embedding lookup: the hidden size split over fsdp, like the embedding's columns. The
@@ -100,13 +111,10 @@ class Transformer(nnx.Module):
         update on 8 fsdp devices: 5 stacked [L, B, T, F] residuals at the full batch,
         240 MB per device); with the rows split, each device keeps its rows' activations.
         """
-        mesh = getattr(jax.typeof(self.embed[...]).sharding, "mesh", None)
-        if mesh is None or not set(shd.BATCH_AXES) <= set(mesh.shape) or mesh.size == 1:
+        mesh = self.mesh()
+        if mesh is None:
             return x
-        if jax.sharding.AxisType.Manual in getattr(mesh, "axis_types", ()):
-            return x  # inside a shard_map (a device's own rows): nothing to place
-        spec = shd.logical_to_spec(("batch",) + (None,) * (x.ndim - 1), x.shape, mesh)
-        return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
+        return jax.lax.with_sharding_constraint(x, shd.activation_sharding(mesh, x, positions))
 
     def scan_layers(self, body, carry, xs=None, *, remat: bool | str = False):
         """Run `body(layer, carry, x_i) -> (carry, y_i)` over the first `cfg.num_layers`
@@ -197,7 +205,12 @@ class Transformer(nnx.Module):
         if positions is None:
             positions = positions_from_mask(attention_mask)
         real = attention_mask.astype(bool)
+        if cache is None:
+            self._check_sequence_split(tokens.shape[1])
         key_valid, distance, allowed = self._visible(real, cache, segment_ids)
+        if cache is None and shd.sequence_size(self.mesh()) > 1:
+            # context parallelism: each device builds its own queries' rows of the mask
+            allowed = self.constrain_rows(allowed, positions=True)
         per_layer, layer_info = self.attention_inputs([(distance, allowed)])
         t = tokens.shape[1]
         route = self._router(attention_mask, routing, router_stats)
@@ -205,13 +218,13 @@ class Transformer(nnx.Module):
             (self.final_norm(x), cache) + ((stats,) if router_stats else ())
         )
 
-        x = self.constrain_rows(self.embed_tokens(tokens))
         if cache is None:  # a training (or scoring) forward: remat applies
+            x = self.constrain_rows(self.embed_tokens(tokens), positions=True)
 
             def block(layer, x, inputs):
                 hidden_mask, info, forced = inputs
                 inv_freq, (attn_bias,) = per_layer(info)
-                x = self.constrain_rows(x)
+                x = self.constrain_rows(x, positions=True)
                 out = layer(x, positions, inv_freq, attn_bias, None, hidden_mask, route(forced))
                 return out[0], route.stats(out)
 
@@ -219,6 +232,7 @@ class Transformer(nnx.Module):
             x, stats = self.scan_layers(block, x, xs, remat=cfg.remat)
             return with_stats(x, None, stats)
 
+        x = self.constrain_rows(self.embed_tokens(tokens))
         if isinstance(self.layers, nnx.List):  # unstacked: each layer's cache in place
             x, new_cache, stats = self._cached_layers(
                 x, positions, real, (per_layer, layer_info), cache, mlp_mask, route
@@ -242,6 +256,16 @@ class Transformer(nnx.Module):
         x, ((k, v), stats) = self.scan_layers(cached_block, x, xs)
         new_cache = cache.replace(k=tuple(k), v=tuple(v), valid=key_valid, index=cache.index + t)
         return with_stats(x, new_cache, stats)
+
+    def _check_sequence_split(self, t: int) -> None:
+        """A forward over whole rows on a mesh with a sequence axis of s devices: each
+        device takes T / s positions, so s must divide T."""
+        s = shd.sequence_size(self.mesh())
+        if t % s:
+            raise ValueError(
+                f"context parallelism: the mesh's sequence axis ({s} devices, config key "
+                f"'mesh.sequence') must divide the rows' {t} positions"
+            )
 
     @staticmethod
     def _visible(real, cache, segment_ids):

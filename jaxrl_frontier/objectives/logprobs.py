@@ -60,6 +60,11 @@ def shift_right(x_bt: Array) -> Array:
     return jnp.concatenate([pad, x_bt[:, :-1]], axis=1)
 
 
+def shift_left(x_bt: Array) -> Array:
+    """Drop the first column and append a zero one: column t + 1's value lands on column t."""
+    return jnp.concatenate([x_bt[:, 1:], jnp.zeros_like(x_bt[:, :1])], axis=1)
+
+
 def token_logprobs(logits_btv: Array, tokens_bt: Array) -> Array:
     """logp[b, t] = log p(tokens[b, t] | tokens[b, :t]) from logits[b, t - 1]; logp[:, 0] = 0.
 
@@ -136,33 +141,21 @@ def chunked_token_stats(
     -> (logp [B, T], entropy [B, T] or None, distill [B, T] or None), all aligned with the
     tokens (column t scores token t; columns before `start` are 0).
     """
-    b, t, d = hidden_btd.shape
+    t = hidden_btd.shape[1]
     if not 1 <= start < t:
         raise ValueError(f"start = {start} must be in [1, {t}) for {t} positions")
     with_distill = distill is not None
     if with_distill and teacher_hidden is None:
         raise ValueError("chunked_token_stats: distill needs teacher_hidden")
 
-    def positions(x_btx):  # positions t - 1 predict token t
-        x = x_btx[:, start - 1 : -1]
-        return x.reshape(-1, *x.shape[2:])
-
-    h = positions(hidden_btd)
-    y = tokens_bt[:, start:].reshape(-1)
-    n = h.shape[0]
-    chunk = max(1, min(chunk, n))
-    pad = -n % chunk
-
-    def chunked(x_n):
-        x_n = jnp.pad(x_n, ((0, pad),) + ((0, 0),) * (x_n.ndim - 1))
-        return x_n.reshape(-1, chunk, *x_n.shape[1:])
-
+    layout = _PositionChunks.of(hidden_btd, w_out_dv, chunk, start)
+    chunked = layout.chunked
     w, cap = output_weights(w_out_dv)
     w = w.astype(hidden_btd.dtype)
-    xs = (chunked(h), chunked(y))
+    xs = (chunked(layout.positions(hidden_btd)), chunked(layout.targets(tokens_bt)))
     if with_distill:
         h_t, w_t = (sg(x) for x in teacher_hidden)
-        xs += (chunked(positions(h_t)),)
+        xs += (chunked(layout.positions(h_t)),)
         w_t, cap_t = output_weights(w_t)
         w_t = w_t.astype(h_t.dtype)
 
@@ -185,16 +178,78 @@ def chunked_token_stats(
         return logp, ent, dist
 
     logp, ent, dist = jax.lax.map(one, xs)
-
-    def aligned(x):
-        x = x.reshape(-1)[:n].reshape(b, t - start)
-        return jnp.pad(x, ((0, 0), (start, 0)))
-
+    aligned = layout.aligned
     return (
         aligned(logp),
         aligned(ent) if entropy else None,
         aligned(dist) if with_distill else None,
     )
+
+
+class _PositionChunks:
+    """How `chunked_token_stats` cuts a batch's predicting positions into `lax.map` chunks,
+    and puts the per-chunk results back [B, T] aligned with the tokens.
+
+    Flat (`blocks` = 1): positions start - 1 .. T - 2 of every row (each predicts the next
+    token), flattened to [N] and cut into chunks of `chunk`. Blocked (`blocks` = s > 1, the
+    mesh's sequence axis: context parallelism, rows of positions split in s slices): every
+    position of every row, [B, T] seen as [B, s, T / s]; chunk j takes positions
+    [j c, (j + 1) c) of every row's every slice, so each device's chunk is its own
+    positions and no hidden state moves between devices; the results are shifted right by
+    one at the end (position t - 1 predicts token t) and the columns before `start` zeroed.
+    """
+
+    def __init__(self, shape: tuple[int, int], chunk: int, start: int, blocks: int):
+        self.b, self.t = shape
+        self.start, self.blocks = start, blocks
+        if blocks == 1:
+            self.n = self.b * (self.t - start)
+            self.chunk = max(1, min(chunk, self.n))
+        else:
+            self.n = self.t // blocks  # each slice's positions
+            self.chunk = max(1, min(chunk // (self.b * blocks), self.n))
+        self.pad = -self.n % self.chunk
+
+    @classmethod
+    def of(cls, hidden_btd: Array, w_out, chunk: int, start: int) -> _PositionChunks:
+        b, t, _ = hidden_btd.shape
+        s = sharding.sequence_size(sharding.mesh_of(output_weights(w_out)[0]))
+        return cls((b, t), chunk, start, s if s > 1 and t % s == 0 else 1)
+
+    def positions(self, x_btx: Array) -> Array:
+        """The predicting positions' values: flat [N, ...]; blocked [B, s, T / s, ...]."""
+        if self.blocks == 1:
+            x = x_btx[:, self.start - 1 : -1]
+            return x.reshape(-1, *x.shape[2:])
+        return x_btx.reshape(self.b, self.blocks, self.n, *x_btx.shape[2:])
+
+    def targets(self, tokens_bt: Array) -> Array:
+        """The token each position predicts (flat: [N]; blocked: [B, s, T / s], the last
+        position's target a 0 whose result is dropped)."""
+        if self.blocks == 1:
+            return tokens_bt[:, self.start :].reshape(-1)
+        return self.positions(shift_left(tokens_bt))
+
+    def chunked(self, x: Array) -> Array:
+        """positions' values -> [chunks, chunk rows, ...] for `lax.map`."""
+        if self.blocks == 1:
+            x = jnp.pad(x, ((0, self.pad),) + ((0, 0),) * (x.ndim - 1))
+            return x.reshape(-1, self.chunk, *x.shape[1:])
+        x = jnp.pad(x, ((0, 0), (0, 0), (0, self.pad)) + ((0, 0),) * (x.ndim - 3))
+        x = x.reshape(self.b, self.blocks, -1, self.chunk, *x.shape[3:])
+        x = jnp.moveaxis(x, 2, 0)  # [chunks, B, s, chunk, ...]
+        return x.reshape(x.shape[0], -1, *x.shape[4:])
+
+    def aligned(self, x: Array) -> Array:
+        """Per-chunk results [chunks, chunk rows] -> [B, T], column t the score of token t
+        (columns before `start` 0)."""
+        if self.blocks == 1:
+            x = x.reshape(-1)[: self.n].reshape(self.b, self.t - self.start)
+            return jnp.pad(x, ((0, 0), (self.start, 0)))
+        x = x.reshape(-1, self.b, self.blocks, self.chunk)
+        x = jnp.moveaxis(x, 0, 2).reshape(self.b, self.blocks, -1)[:, :, : self.n]
+        x = shift_right(x.reshape(self.b, self.t))
+        return jnp.where(jnp.arange(self.t) >= self.start, x, 0.0)
 
 
 def token_logprobs_from_hidden(

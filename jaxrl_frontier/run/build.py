@@ -50,16 +50,15 @@ def build_meshes(config) -> tuple[jax.sharding.Mesh, jax.sharding.Mesh]:
     `rollout.partial_budget > 0`) sample on a mesh of each process's own devices of those
     (rl/ahead.py, sampling/partial.py), of the same shape spec."""
     train, rollout = role_devices(config)
-    train_mesh = sharding.make_mesh([config.mesh[a] for a in sharding.MESH_AXES], train)
+    train_mesh = sharding.make_mesh(sharding.mesh_sizes(config.mesh), train)
     ahead = config.rollout.max_staleness or config.rollout.partial_budget
     if config.mode == "rl" and ahead and jax.process_count() > 1:
         own = [d for d in (rollout or train) if d.process_index == jax.process_index()]
         spec = config.rollout.mesh if rollout else config.mesh
-        return train_mesh, sharding.make_mesh([spec[a] for a in sharding.MESH_AXES], own)
+        return train_mesh, sharding.make_mesh(sharding.mesh_sizes(spec), own)
     if not rollout:
         return train_mesh, train_mesh
-    shape = [config.rollout.mesh[a] for a in sharding.MESH_AXES]
-    return train_mesh, sharding.make_mesh(shape, rollout)
+    return train_mesh, sharding.make_mesh(sharding.mesh_sizes(config.rollout.mesh), rollout)
 
 
 def build_tokenizer(config):

@@ -424,7 +424,7 @@ def _check_roles(c: ml_collections.ConfigDict, num_devices: int) -> None:
         )
     if n:
         try:
-            sharding.resolve_mesh_shape([c.rollout.mesh[a] for a in sharding.MESH_AXES], n)
+            sharding.resolve_mesh_shape(sharding.mesh_sizes(c.rollout.mesh), n)
         except ValueError as e:
             raise ConfigError(f"config key 'rollout.mesh': {e}") from None
     if c.rollout.max_staleness < 0:
@@ -535,7 +535,7 @@ def _check_consistency(c: ml_collections.ConfigDict, num_devices: int | None) ->
         _check_roles(c, num_devices)
         num_devices -= c.rollout.devices
         try:
-            dims = sharding.resolve_mesh_shape([c.mesh[a] for a in sharding.MESH_AXES], num_devices)
+            dims = sharding.resolve_mesh_shape(sharding.mesh_sizes(c.mesh), num_devices)
         except ValueError as e:
             raise ConfigError(f"config key 'mesh': {e}") from None
         batch_devices = dims[0] * dims[1]

@@ -7,12 +7,14 @@ sampler); this module reads the config keys that choose and size each stage.
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any
 
 import jax
 from flax import nnx
 
 from jaxrl_frontier.core import sharding
+from jaxrl_frontier.core.errors import ConfigError
 from jaxrl_frontier.data.rewards.scorer import make_scorer
 from jaxrl_frontier.data.rewards.shaping import effective_reward_weights
 from jaxrl_frontier.data.tasks import chat
@@ -32,6 +34,7 @@ from jaxrl_frontier.rl.sources.utils import prompt_text
 from jaxrl_frontier.run import sections
 from jaxrl_frontier.run.build import objective_section
 from jaxrl_frontier.sampling import SamplingParams
+from jaxrl_frontier.sampling.rollout import DEFAULT_PROMPT_BUCKETS
 
 
 def rollout_sampling(config, tokenizer) -> SamplingParams:
@@ -86,8 +89,6 @@ def checked_objective(config, parts: RunParts) -> tuple[dict, list, list, bool]:
     shaped = [n for s in shapers for n in s.reward_names]
     objective["reward_weights"] = effective_reward_weights(objective.get("reward_weights"), shaped)
     if c.train.collapse.stop and c.train.export != "best":
-        from jaxrl_frontier.core.errors import ConfigError
-
         raise ConfigError(
             "config key 'train.collapse.stop' rolls the peak forward through the export: "
             "set train.export = 'best'"
@@ -100,6 +101,36 @@ def checked_objective(config, parts: RunParts) -> tuple[dict, list, list, bool]:
     available |= {"sc_logp", "sc_kl"} if self_conditioned else set()
     losses.validate_objective_config(objective, available=available)
     return objective, editors, shapers, self_conditioned
+
+
+def check_sequence_axis(config, *, completion_len: int, mesh, experts: int) -> None:
+    """ConfigError where the mesh's sequence axis (`mesh.sequence`, context parallelism)
+    cannot split the update's rows: their length not a multiple of it (packed rows:
+    `train.pack_tokens`; padded rows: a prompt bucket of the sampler, 16 * 2^j tokens, plus
+    the completion's `completion_len`), or a mixture-of-experts policy (its expert-parallel
+    dispatch takes whole rows)."""
+    s = sharding.sequence_size(mesh)
+    if s == 1:
+        return
+    key = f"config key 'mesh.sequence' = {s}"
+    packed = config.train.pack_tokens
+    if packed and packed % s:
+        raise ConfigError(
+            f"{key} must divide the update's rows: train.pack_tokens = {packed}; make it a "
+            f"multiple of {s}"
+        )
+    buckets = math.gcd(*DEFAULT_PROMPT_BUCKETS)  # every prompt bucket is a multiple of this
+    if not packed and (buckets % s or completion_len % s):
+        raise ConfigError(
+            f"{key} must divide the update's rows: a prompt bucket ({buckets} * 2^j tokens) "
+            f"plus the completion's {completion_len} (rollout.max_new_tokens, or an "
+            f"episode's width); use a power of two <= {buckets} dividing {completion_len}"
+        )
+    if experts:
+        raise ConfigError(
+            f"{key} does not run with a mixture-of-experts policy (model.num_experts = "
+            f"{experts}: the expert-parallel dispatch takes whole rows); set mesh.sequence = 1"
+        )
 
 
 def packed_rows(config, *, row_len: int, mesh) -> packing.PackSpec | None:
@@ -138,6 +169,7 @@ def build_rl_stages(
         share_prompt=c.train.share_prompt_forward,
         dropout_rate=c.rollout.dropout_rate,
     )
+    check_sequence_axis(c, completion_len=tn, mesh=parts.mesh, experts=parts.policy.cfg.num_experts)
     pack = packed_rows(c, row_len=c.data.max_prompt_len + tn, mesh=parts.mesh)
     graphdef = nnx.graphdef(parts.policy)
     logp_fn = make_logp_fn(graphdef, **layout, pack=pack)

@@ -147,13 +147,14 @@ def test_mesh_errors():
         sharding.make_mesh((2, 2, 1))
     with pytest.raises(ValueError, match=r"at most one entry may be -1"):
         sharding.make_mesh((-1, -1, 2))
-    with pytest.raises(ValueError, match=r"must have 3 entries"):
+    with pytest.raises(ValueError, match=r"must have 4 entries .* \(or 3: "):
         sharding.make_mesh((8, 1))
     with pytest.raises(ValueError, match=r"unknown mesh axes \['model'\]"):
         sharding.make_mesh({"model": 8})
     assert dict(sharding.make_mesh({"fsdp": 2, "data": -1}).shape) == {
         "data": 4,
         "fsdp": 2,
+        "sequence": 1,
         "tensor": 1,
     }
     mesh = sharding.make_mesh((2, 2, 2))
@@ -226,7 +227,7 @@ def test_gather_to_local_mesh_moves_the_values_on_device(checkpoint, count_compi
         "host": sharding.make_mesh((2, 1, 4), pool[::-1]),
     }
     assert sharding.process_stacked_mesh(targets["stacked"], pool).shape == dict(
-        process=1, data=2, fsdp=1, tensor=4
+        process=1, data=2, fsdp=1, sequence=1, tensor=4
     )
     assert sharding.process_stacked_mesh(targets["host"], pool) is None
     for mesh in targets.values():

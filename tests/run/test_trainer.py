@@ -84,7 +84,7 @@ def test_one_rl_step_sharded_equals_single_device(tmp_path):
     )
     sharded = Trainer(sharded_cfg, str(tmp_path / "eight"))
     assert sharded.roles.mesh.devices.size == 8 and dict(sharded.roles.mesh.shape) == dict(
-        data=2, fsdp=2, tensor=2
+        data=2, fsdp=2, sequence=1, tensor=2
     )
     assert any(len(x.sharding.device_set) == 8 for x in jax.tree.leaves(sharded.state.params))
     assert any(not x.sharding.is_fully_replicated for x in jax.tree.leaves(sharded.state.params)), (

@@ -68,12 +68,15 @@ def update_layout(
     """How `rows` rows of an RL batch may run: only the last `completion_len` positions are
     scored, and with `share_prompt` each group's prompt runs once when `rows` holds whole
     groups that split evenly over the mesh's batch devices (otherwise the packed prompt and
-    completion rows would be resharded in every layer) and no row has its own dropout mask.
+    completion rows would be resharded in every layer), no row has its own dropout mask and
+    the mesh has no sequence axis (context parallelism splits the per-row forward's rows).
     Keyword arguments of `forward.make_logp_fn` and `rl_loss`."""
     groups, rem = divmod(rows, group_size)
     share = share_prompt and group_size > 1 and not rem and dropout_rate == 0.0
     share = share and not routed  # an MoE's router statistics come from the per-row forward
     share = share and groups % sharding.batch_size_multiple(mesh) == 0
+    # a sequence axis splits every row's positions; the packed prompt rows would not split
+    share = share and sharding.sequence_size(mesh) == 1
     return dict(group_size=group_size if share else 1, completion_len=completion_len)
 
 
