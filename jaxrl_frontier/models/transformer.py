@@ -205,12 +205,8 @@ class Transformer(nnx.Module):
         if positions is None:
             positions = positions_from_mask(attention_mask)
         real = attention_mask.astype(bool)
-        if cache is None:
-            self._check_sequence_split(tokens.shape[1])
         key_valid, distance, allowed = self._visible(real, cache, segment_ids)
-        if cache is None and shd.sequence_size(self.mesh()) > 1:
-            # context parallelism: each device builds its own queries' rows of the mask
-            allowed = self.constrain_rows(allowed, positions=True)
+        allowed = allowed if cache is not None else self._split_positions(allowed)
         per_layer, layer_info = self.attention_inputs([(distance, allowed)])
         t = tokens.shape[1]
         route = self._router(attention_mask, routing, router_stats)
@@ -257,15 +253,19 @@ class Transformer(nnx.Module):
         new_cache = cache.replace(k=tuple(k), v=tuple(v), valid=key_valid, index=cache.index + t)
         return with_stats(x, new_cache, stats)
 
-    def _check_sequence_split(self, t: int) -> None:
-        """A forward over whole rows on a mesh with a sequence axis of s devices: each
-        device takes T / s positions, so s must divide T."""
-        s = shd.sequence_size(self.mesh())
+    def _split_positions(self, allowed):
+        """A forward over whole rows on a mesh with a sequence axis of s devices (context
+        parallelism): each device takes T / s positions, so s must divide T, and builds its
+        own queries' rows of the mask allowed [B, T, S]."""
+        s, t = shd.sequence_size(self.mesh()), allowed.shape[1]
+        if s == 1:
+            return allowed
         if t % s:
             raise ValueError(
                 f"context parallelism: the mesh's sequence axis ({s} devices, config key "
                 f"'mesh.sequence') must divide the rows' {t} positions"
             )
+        return self.constrain_rows(allowed, positions=True)
 
     @staticmethod
     def _visible(real, cache, segment_ids):
