@@ -86,6 +86,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--remat", default="none", choices=("none", "full", "dots_saveable"))
     p.add_argument("--lora", type=int, default=0, help="LoRA rank (0: full fine-tune)")
     p.add_argument(
+        "--moe-dispatch",
+        default="gather",
+        choices=("gather", "all_to_all"),
+        help="an MoE shape's token dispatch (model.moe.dispatch)",
+    )
+    p.add_argument("--capacity-factor", type=float, default=0.0, help="all_to_all's (0: dropless)")
+    p.add_argument(
         "--compare",
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -122,8 +129,10 @@ def bench_memory(args) -> dict:
 # ----------------------------------------------------------------------------- the child
 
 
-def model_config(name: str, dtype: str, remat: str):
-    """The `ModelConfig` of a shape name (`remat` 'none' -> off)."""
+def model_config(
+    name: str, dtype: str, remat: str, dispatch: str = "gather", capacity_factor: float = 0.0
+):
+    """The `ModelConfig` of a shape name (`remat` 'none' -> off; an MoE shape's dispatch)."""
     from jaxrl_frontier.models import hf
     from jaxrl_frontier.models.layers import ModelConfig
 
@@ -134,7 +143,8 @@ def model_config(name: str, dtype: str, remat: str):
     if name in GEMMA3:
         return hf.config_from_hf({**GEMMA3_COMMON, **GEMMA3[name]}).replace(**kw)
     if name in QWEN3_MOE:
-        return ModelConfig(**QWEN3_MOE[name], rope_theta=1e6, family="qwen3_moe", **kw)
+        moe = dict(moe_dispatch=dispatch, moe_capacity_factor=capacity_factor)
+        return ModelConfig(**QWEN3_MOE[name], rope_theta=1e6, family="qwen3_moe", **kw, **moe)
     return ModelConfig(**QWEN2_5[name], qkv_bias=True, rope_theta=1e6, family="qwen2", **kw)
 
 
@@ -268,7 +278,8 @@ def measure_mesh(s: dict, mesh_shape: tuple[int, ...], remat: str) -> dict:
     devices = jax.devices()[: math.prod(mesh_shape)]
     mesh = sharding.make_mesh(mesh_shape, devices)
     mesh_shape = tuple(mesh.shape[a] for a in sharding.MESH_AXES)
-    cfg = model_config(s["model"], s["dtype"], remat)
+    moe = (s.get("moe_dispatch", "gather"), s.get("capacity_factor", 0.0))
+    cfg = model_config(s["model"], s["dtype"], remat, *moe)
     graphdef, state, params, base = abstract_policy(cfg, mesh, s["lora"])
     config = _config(s["config_args"])
     tx = build_optimizer(config.optimizer, 1000)
@@ -378,7 +389,8 @@ def fsdp_ratios(out: dict, one: dict, many: dict, label: str, s: dict) -> dict:
     1/N of one device's peak plus one layer's gathered weights (`param_dtype` bytes)."""
     import jax.numpy as jnp
 
-    cfg = model_config(s["model"], s["dtype"], s["remat"])
+    moe = (s.get("moe_dispatch", "gather"), s.get("capacity_factor", 0.0))
+    cfg = model_config(s["model"], s["dtype"], s["remat"], *moe)
     layer = (
         cfg.num_params()
         - cfg.vocab_size * cfg.hidden_size * (1 if cfg.tie_word_embeddings else 2)

@@ -56,7 +56,11 @@ def model_section() -> ml_collections.ConfigDict:
     # records each token's experts per layer; the update and the policy's behaviour /
     # mismatch passes route each token there, the gates from the current router; the
     # reference and teacher route with their own routers) | first_update (R2: the step's
-    # rows routed once at its starting weights, replayed by every minibatch and epoch)
+    # rows routed once at its starting weights, replayed by every minibatch and epoch).
+    # dispatch (experts split over devices): gather (every device gathers its expert group's
+    # tokens; dropless) | all_to_all (each assignment sent to its expert's device and back,
+    # at most ceil(capacity_factor tokens k / devices) a device pair, the rest dropped;
+    # capacity_factor 0: sized so none is)
     s.moe = dict(
         num_experts=0,
         num_experts_per_tok=2,
@@ -64,6 +68,8 @@ def model_section() -> ml_collections.ConfigDict:
         norm_topk_prob=True,
         impl="auto",
         routing_replay="none",
+        dispatch="gather",
+        capacity_factor=0.0,
     )
     # LoRA (models/lora.py, Hu et al. 2021): rank > 0 trains rank-r adapters on the `targets`
     # projections beside the frozen weights (RL): y = x W + (alpha / rank) x A B. Only the
@@ -94,6 +100,7 @@ CHOICES: dict[str, tuple] = {
     "model.attention": ("xla", "dot_product", "cudnn"),
     "model.moe.impl": ("auto", "ragged", "dense"),
     "model.moe.routing_replay": ("none", "rollout", "first_update"),  # moe.ROUTING_REPLAY
+    "model.moe.dispatch": ("gather", "all_to_all"),  # layers.MOE_DISPATCH
     "teacher.init": ("none", "scratch", "hf", "checkpoint"),
     "teacher.dtype": ("float32", "bfloat16"),
 }
@@ -116,5 +123,6 @@ RANGES: dict[str, tuple] = {
     "model.moe.num_experts": (0, None, True, None),  # 0: the dense MLP
     "model.moe.num_experts_per_tok": (0, None, False, None),
     "model.moe.intermediate_size": (0, None, False, None),
+    "model.moe.capacity_factor": (0, None, True, None),  # 0: dropless
     "model.lora.alpha": (0, None, False, None),
 }

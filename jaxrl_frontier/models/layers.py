@@ -19,6 +19,7 @@ from flax import nnx
 from jaxrl_frontier.models.kv_cache import KVCache, init_cache, write_slots  # noqa: F401
 
 MOE_IMPLS = ("auto", "ragged", "dense")  # ModelConfig.moe_impl (models/moe.py: expert_impl)
+MOE_DISPATCH = ("gather", "all_to_all")  # ModelConfig.moe_dispatch (models/moe.py)
 _NEG_INF = -1e30  # finite, so a fully masked (padding) query row gives a uniform softmax, not NaN
 
 
@@ -82,6 +83,11 @@ class ModelConfig:
     # the experts' matmuls: ragged (grouped) | dense (every expert on every token) | auto
     # (ragged on TPU, dense elsewhere: models/moe.py expert_impl)
     moe_impl: str = "auto"
+    # experts split over devices: how tokens reach them (`MOE_DISPATCH`): gather (the
+    # expert group's tokens on every device, dropless) | all_to_all (each assignment sent to
+    # its expert's device, at most C per device pair: `moe.all_to_all_capacity`)
+    moe_dispatch: str = "gather"
+    moe_capacity_factor: float = 0.0  # all_to_all: C = ceil(f tokens k / devices); 0 dropless
 
     def __post_init__(self):
         if self.num_heads % self.num_kv_heads:
@@ -123,6 +129,10 @@ class ModelConfig:
             )
         if self.moe_impl not in MOE_IMPLS:
             raise ValueError(f"moe_impl={self.moe_impl!r}; allowed: {MOE_IMPLS}")
+        if self.moe_dispatch not in MOE_DISPATCH:
+            raise ValueError(f"moe_dispatch={self.moe_dispatch!r}; allowed: {MOE_DISPATCH}")
+        if self.moe_capacity_factor < 0:
+            raise ValueError(f"moe_capacity_factor={self.moe_capacity_factor}; must be >= 0")
 
     @property
     def sliding_layers(self) -> tuple[bool, ...]:

@@ -40,7 +40,7 @@ from flax import nnx
 
 from jaxrl_frontier.core import sharding as shd
 from jaxrl_frontier.core.errors import ConfigError
-from jaxrl_frontier.models.layers import ModelConfig, dense, make_param
+from jaxrl_frontier.models.layers import MOE_DISPATCH, ModelConfig, dense, make_param  # noqa: F401
 
 # ----------------------------------------------------------------------------- routing
 
@@ -71,6 +71,10 @@ class RouterStats:
     tokens: jax.Array  # f32 []  counted tokens
     experts: jax.Array
     own: jax.Array
+    # 'all_to_all' dispatch: assignments (of every token, padding included) dropped past
+    # the capacity, and all assignments made (f32 []; 0 and N k under 'gather')
+    dropped: jax.Array = 0.0
+    assigned: jax.Array = 0.0
 
 
 def top_k_gates(logits: jax.Array, k: int, norm: bool, forced: jax.Array | None = None):
@@ -94,9 +98,10 @@ def top_k_gates(logits: jax.Array, k: int, norm: bool, forced: jax.Array | None 
     return experts.astype(jnp.int32), gates
 
 
-def router_stats(logits, experts, mask, num_experts: int, own=None) -> RouterStats:
+def router_stats(logits, experts, mask, num_experts: int, own=None, dropped=0.0) -> RouterStats:
     """The `RouterStats` of logits f32 [B, T, E] and chosen experts [B, T, k] over the
-    tokens where mask [B, T] is 1 (None: all); own: the router's own top-k (None: experts)."""
+    tokens where mask [B, T] is 1 (None: all); own: the router's own top-k (None: experts);
+    dropped: the assignments the dispatch dropped (`expert_parallel`)."""
     w = jnp.ones(logits.shape[:-1], jnp.float32) if mask is None else mask.astype(jnp.float32)
     probs = jax.nn.softmax(logits, axis=-1)
     lse = jax.nn.logsumexp(logits, axis=-1)
@@ -110,6 +115,8 @@ def router_stats(logits, experts, mask, num_experts: int, own=None) -> RouterSta
         tokens=jnp.sum(w),
         experts=experts,
         own=experts if own is None else own,
+        dropped=jnp.asarray(dropped, jnp.float32),
+        assigned=jnp.asarray(experts.size, jnp.float32),
     )
 
 
@@ -207,25 +214,35 @@ EXPERT_AXES = ("expert", "embed", "mlp")  # logical axes of expert_gate / expert
 EXPERT_DOWN_AXES = ("expert", "mlp", "embed")
 
 
-def expert_parallel(fn, x, experts, gates, wg, wu, wd):
-    """`fn(x [B, T, D], ...)` with the experts split over the mesh axis their weights are
-    split on (under `jax.shard_map`); `fn` directly where they are not split.
+def expert_parallel(fn, x, experts, gates, wg, wu, wd, dispatch="gather", capacity_factor=0.0):
+    """(`fn(x [B, T, D], ...)`, the count of assignments dropped: f32 []) with the experts
+    split over the mesh axis their weights are split on (under `jax.shard_map`); `fn`
+    directly where they are not split.
 
-    Per device: x's rows (split over the batch axes as `Transformer.constrain_rows` split
-    them) are all-gathered over the expert axis, the device's E / n experts run on the
-    assignments routed to them, and the partial outputs are reduce-scattered back to the
-    rows (psum where the rows are not split over that axis). The F dim split over `tensor`
-    (the `mlp` rule) adds a psum over `tensor`.
+    Per device, `dispatch` (`ModelConfig.moe_dispatch`, `MOE_DISPATCH`):
+    - 'gather': x's rows (split over the batch axes as `Transformer.constrain_rows` split
+      them) are all-gathered over the expert axis, the device's E / n experts run on the
+      assignments routed to them, and the partial outputs are reduce-scattered back to the
+      rows (psum where the rows are not split over that axis). Dropless; the buffers grow
+      with the expert group's tokens.
+    - 'all_to_all': each device sends each assignment of its own rows to the device holding
+      its expert, at most C a destination (`all_to_all_capacity`), runs the assignments it
+      receives and sends the outputs back (two all-to-alls; GShard, Lepikhin et al. 2020):
+      buffers of n C rows, bounded by the device's own tokens. Assignments past C are
+      dropped (the token keeps its other experts' outputs); capacity_factor 0 sizes C so
+      none can be. Rows not split over the expert axis take 'gather'.
+    The F dim split over `tensor` (the `mlp` rule) adds a psum over `tensor`.
     """
+    none = jnp.zeros((), jnp.float32)  # assignments dropped: none but by 'all_to_all'
     mesh = getattr(jax.typeof(wg).sharding, "mesh", None)
     if mesh is None or not mesh.shape or math.prod(mesh.shape.values()) == 1:
-        return _flat(fn, x, experts, gates, wg, wu, wd, 0)
+        return _flat(fn, x, experts, gates, wg, wu, wd, 0), none
     if jax.sharding.AxisType.Manual in getattr(mesh, "axis_types", ()):
-        return _flat(fn, x, experts, gates, wg, wu, wd, 0)
+        return _flat(fn, x, experts, gates, wg, wu, wd, 0), none
     w_spec = shd.logical_to_spec(EXPERT_AXES, wg.shape, mesh)
     axis = w_spec[0]
     if axis is None:  # the experts are whole on each device: XLA places the rest
-        return _flat(fn, x, experts, gates, wg, wu, wd, 0)
+        return _flat(fn, x, experts, gates, wg, wu, wd, 0), none
     d_spec = shd.logical_to_spec(EXPERT_DOWN_AXES, wd.shape, mesh)
     row_spec = shd.logical_to_spec(("batch", None, None), x.shape, mesh)
     rows = row_spec[0]
@@ -235,6 +252,15 @@ def expert_parallel(fn, x, experts, gates, wg, wu, wd):
     lead = lambda nd: jax.sharding.PartitionSpec(row_spec[0], *([None] * (nd - 1)))
 
     def local(x, experts, gates, wg, wu, wd):
+        if split_rows and dispatch == "all_to_all":
+            y, dropped = _all_to_all_experts(
+                fn, x, experts, gates, (wg, wu, wd), axis, capacity_factor
+            )
+            y = y if f_axis is None else jax.lax.psum(y, f_axis)
+            return y, jax.lax.psum(dropped, rows)  # every device's own rows' drops
+        return gather(x, experts, gates, wg, wu, wd), jnp.zeros((), jnp.float32)
+
+    def gather(x, experts, gates, wg, wu, wd):
         if split_rows:  # every token of the expert group, in the group's row order
             x, experts, gates = (
                 jax.lax.all_gather(a, axis, axis=0, tiled=True) for a in (x, experts, gates)
@@ -251,9 +277,59 @@ def expert_parallel(fn, x, experts, gates, wg, wu, wd):
         local,
         mesh=mesh,
         in_specs=(lead(3), lead(3), lead(3), w_spec, w_spec, d_spec),
-        out_specs=lead(3),
+        out_specs=(lead(3), jax.sharding.PartitionSpec()),
         check_vma=False,
     )(x, experts, gates, wg, wu, wd)
+
+
+def all_to_all_capacity(tokens: int, k: int, devices: int, local_experts: int, factor: float):
+    """C, the assignments one device sends another under 'all_to_all' dispatch: a token
+    sends at most min(k, E_l) of its k to one device, so C = tokens min(k, E_l) drops none
+    (factor 0); factor f > 0: ceil(f tokens k / devices), f = 1 the balanced share, capped
+    there."""
+    dropless = tokens * min(k, local_experts)
+    if factor <= 0:
+        return dropless
+    return max(1, min(dropless, math.ceil(factor * tokens * k / devices)))
+
+
+def _all_to_all_experts(fn, x, experts, gates, weights, axis, capacity_factor):
+    """One device's share of 'all_to_all' dispatch (inside `expert_parallel`'s shard_map):
+    x [b, T, D] its rows, experts / gates [b, T, k] (global expert ids). Returns [b, T, D].
+
+    Assignment a (token t, expert e) goes to device d = e // E_l, in slot p = its rank among
+    this device's assignments to d (token order); slots p >= C are dropped. send [n, C, D]
+    -> all_to_all -> [n, C, D] received from each device -> the local experts (`fn`, one
+    expert a row, gate 1) -> all_to_all back -> each kept assignment's output added to its
+    token with its gate (f32). Also returns the count of this device's dropped assignments."""
+    wg, wu, wd = weights
+    n = jax.lax.axis_size(axis)
+    lead, d = x.shape[:-1], x.shape[-1]
+    k, num_local = experts.shape[-1], wg.shape[0]
+    xf = x.reshape(-1, d)
+    tokens = xf.shape[0]
+    c = all_to_all_capacity(tokens, k, n, num_local, capacity_factor)
+    dest = experts.reshape(-1) // num_local  # [tokens k] the device holding each expert
+    onehot = jax.nn.one_hot(dest, n, dtype=jnp.int32)
+    slot = jnp.sum((jnp.cumsum(onehot, axis=0) - 1) * onehot, axis=-1)  # rank within dest
+    kept = slot < c
+    index = jnp.where(kept, dest * c + slot, n * c)  # dropped: past the buffer
+    owner = jnp.arange(tokens * k) // k  # the token of each assignment
+    send = jnp.zeros((n * c, d), x.dtype).at[index].set(xf[owner], mode="drop")
+    local_id = jnp.full((n * c,), num_local, jnp.int32)  # empty slots: no held expert
+    local_id = local_id.at[index].set(experts.reshape(-1) % num_local, mode="drop")
+
+    def exchange(a):  # [n C, ...] -> the same rows of every device, by source
+        a = a.reshape(n, c, *a.shape[1:])
+        return jax.lax.all_to_all(a, axis, 0, 0, tiled=True).reshape(n * c, *a.shape[2:])
+
+    received, received_id = exchange(send), exchange(local_id)
+    ones = jnp.ones((n * c, 1), x.dtype)
+    out = exchange(fn(received, received_id[:, None], ones, wg, wu, wd, 0))
+    g = jnp.where(kept, gates.reshape(-1), 0).astype(jnp.float32)
+    back = out.at[jnp.minimum(index, n * c - 1)].get().astype(jnp.float32) * g[:, None]
+    y = jnp.zeros((tokens, d), jnp.float32).at[owner].add(back)
+    return y.astype(x.dtype).reshape(*lead, d), jnp.sum(~kept).astype(jnp.float32)
 
 
 def _flat(fn, x, experts, gates, wg, wu, wd, first):
@@ -319,9 +395,10 @@ class MoE(nnx.Module):
             )
         logits, experts, gates = self.route(x, None if route is None else route.experts)
         fn = expert_impl(self.cfg.moe_impl)
-        y = expert_parallel(
+        y, dropped = expert_parallel(
             fn, x, experts, gates.astype(x.dtype),
             self.expert_gate[...], self.expert_up[...], self.expert_down[...],
+            self.cfg.moe_dispatch, self.cfg.moe_capacity_factor,
         )  # fmt: skip
         if self.cfg.shared_expert_intermediate_size:
             y = y + self.shared_expert(x)
@@ -330,7 +407,8 @@ class MoE(nnx.Module):
         own = experts
         if route.experts is not None:  # replayed: the router's own choice too, for the metrics
             own = jax.lax.top_k(logits, self.cfg.num_experts_per_tok)[1].astype(jnp.int32)
-        return y, router_stats(logits, experts, route.mask, self.cfg.num_experts, own)
+        stats = router_stats(logits, experts, route.mask, self.cfg.num_experts, own, dropped)
+        return y, stats
 
 
 # ----------------------------------------------------------------------------- losses
@@ -355,14 +433,16 @@ def router_losses(stats: RouterStats) -> dict[str, jax.Array]:
 
 def router_metrics(stats: RouterStats) -> dict[str, jax.Array]:
     """Per-step routing metrics from stacked `RouterStats`: the busiest and idlest expert's
-    load over the mean load (max over layers / min over layers), and the mean router
-    entropy per token (nats; log E is uniform)."""
+    load over the mean load (max over layers / min over layers), the mean router entropy
+    per token (nats; log E is uniform), and the share of assignments the dispatch dropped."""
     mean = jnp.maximum(jnp.mean(stats.load, -1), 1e-9)  # [L]
     tokens = jnp.maximum(stats.tokens, 1.0)
     return {
         "moe/load_max": jnp.max(jnp.max(stats.load, -1) / mean),
         "moe/load_min": jnp.min(jnp.min(stats.load, -1) / mean),
         "moe/router_entropy": jnp.mean(stats.entropy / tokens),
+        # 'all_to_all' dispatch with a capacity factor: the share of assignments dropped
+        "moe/dropped_share": jnp.sum(stats.dropped) / jnp.maximum(jnp.sum(stats.assigned), 1.0),
     }
 
 

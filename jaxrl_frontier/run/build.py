@@ -106,6 +106,8 @@ def model_config_from(config, tokenizer) -> ModelConfig:
         moe_intermediate_size=m.moe.intermediate_size if experts else 0,
         norm_topk_prob=m.moe.norm_topk_prob,
         moe_impl=m.moe.impl,
+        moe_dispatch=m.moe.dispatch,
+        moe_capacity_factor=float(m.moe.capacity_factor),
     )
 
 
@@ -147,10 +149,23 @@ def build_model(init: str, path: str, config, tokenizer, mesh, key, dtype: str) 
         return sharding.shard_model(model, mesh)
     model = hf.load(export_dir(path), mesh=mesh, dtype=dtype)
     m = config.model  # training choices, not part of the HF config
-    if (m.remat, m.attention, m.scan_unroll, m.moe.impl) != ("none", "xla", 1, "auto"):
-        model.cfg = model.cfg.replace(
-            remat=m.remat, attention=m.attention, scan_unroll=m.scan_unroll, moe_impl=m.moe.impl
-        )
+    choices = dict(
+        remat=m.remat,
+        attention=m.attention,
+        scan_unroll=m.scan_unroll,
+        moe_impl=m.moe.impl,
+        moe_dispatch=m.moe.dispatch,
+        moe_capacity_factor=float(m.moe.capacity_factor),
+    )
+    if choices != dict(
+        remat="none",
+        attention="xla",
+        scan_unroll=1,
+        moe_impl="auto",
+        moe_dispatch="gather",
+        moe_capacity_factor=0.0,
+    ):
+        model.cfg = model.cfg.replace(**choices)
     return model
 
 

@@ -6,6 +6,8 @@ One tiny random Qwen3-MoE (transformers, 8 experts, top 2, 2 layers, hidden 32) 
 every test of the file, so its programs compile once.
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -186,6 +188,95 @@ def test_expert_parallel_update_and_decode_equal_one_device(checkpoint, model):
     )
     np.testing.assert_array_equal(np.asarray(eight.completion_tokens), one.completion_tokens)
     np.testing.assert_allclose(np.asarray(eight.policy_logp), one.policy_logp, atol=1e-5)
+
+
+def _dispatch_inputs(seed=0, rows=8, t=6, d=16, e=8, k=2, f=8):
+    """x [rows, t, d], experts / gates [rows, t, k] (a softmax top-k of random logits, so
+    some experts are crowded) and the stacked expert weights, f32."""
+    keys = jax.random.split(jax.random.key(seed), 5)
+    x = jax.random.normal(keys[0], (rows, t, d))
+    logits = jax.random.normal(keys[1], (rows, t, e)) + jnp.arange(e) * 0.4  # skewed load
+    experts, gates = moe.top_k_gates(logits, k, norm=True)
+    weights = [0.3 * jax.random.normal(keys[2 + i], shape) for i, shape in
+               enumerate([(e, d, f), (e, d, f), (e, f, d)])]  # fmt: skip
+    return x, experts, gates, weights
+
+
+def _kept_by_hand(experts, devices, local, capacity):
+    """numpy [rows, t, k] bool: 'all_to_all' keeps an assignment when fewer than `capacity`
+    earlier assignments (token-major, then k) of its device's rows went to its expert's
+    device."""
+    e = np.asarray(experts)
+    kept = np.zeros(e.shape, bool)
+    for block in np.split(np.arange(e.shape[0]), devices):  # each device's own rows
+        seen = np.zeros(devices, int)
+        for idx in np.ndindex(len(block), *e.shape[1:]):
+            where = (block[idx[0]], *idx[1:])
+            dest = e[where] // local
+            kept[where] = seen[dest] < capacity
+            seen[dest] += 1
+    return kept
+
+
+@pytest.mark.parametrize("impl", ["ragged", "dense"])
+def test_all_to_all_dispatch_equals_one_device_and_drops_past_capacity(impl):
+    """'all_to_all' dispatch on 8 fsdp devices (1 expert each): dropless (capacity factor
+    0) it gives the one-device output and gradient; with factor 0.5 (C = ceil(0.5 x 6 x 2 /
+    8) = 1 assignment per device pair) it gives the one-device output with the dropped
+    assignments' gates zeroed, dropped as counted by hand."""
+    fn = moe.EXPERT_IMPLS[impl]
+    mesh = sharding.make_mesh((1, 8, 1))
+    x, experts, gates, weights = _dispatch_inputs()
+    rows = sharding.shard_batch((x, experts, gates), mesh)
+    placed = [jax.device_put(w, sharding.NamedSharding(mesh, sharding.PartitionSpec("fsdp")))
+              for w in weights]  # fmt: skip
+
+    def run(dispatch, factor, x, experts, gates, weights):
+        return moe.expert_parallel(fn, x, experts, gates, *weights, dispatch, factor)[0]
+
+    def loss(dispatch, factor):
+        def f(x, weights, experts, gates):
+            return jnp.sum(run(dispatch, factor, x, experts, gates, weights) ** 2)
+
+        return jax.jit(jax.value_and_grad(f, argnums=(0, 1)))
+
+    one = loss("gather", 0.0)(x, weights, experts, gates)
+    spread = loss("all_to_all", 0.0)(rows[0], placed, *rows[1:])
+    for a, b in zip(jax.tree.leaves(one), jax.tree.leaves(spread), strict=True):
+        np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-5, atol=1e-5)
+
+    assert moe.all_to_all_capacity(6, 2, 8, 1, 0.5) == 1
+    kept = _kept_by_hand(experts, devices=8, local=1, capacity=1)
+    assert 0 < kept.mean() < 1  # some assignments dropped, some kept
+    a2a = jax.jit(functools.partial(moe.expert_parallel, fn, dispatch="all_to_all",
+                                    capacity_factor=0.5))  # fmt: skip
+    dropped, count = a2a(*rows, *placed)
+    by_hand = run("gather", 0.0, x, experts, jnp.where(kept, gates, 0.0), weights)
+    np.testing.assert_allclose(np.asarray(dropped), np.asarray(by_hand), rtol=1e-5, atol=1e-6)
+    assert float(count) == (~kept).sum()
+
+
+def test_all_to_all_buffers_are_bounded_by_the_device_own_tokens():
+    """64 tokens a device, 8 experts over 8 devices, top 2: the gather dispatch holds the
+    group's 512 tokens on every device; all-to-all at capacity factor 1.25 holds 8 x 20
+    assignment rows. The compiled forward + gradient's temporaries per device fall by more
+    than 2x (measured: 991 KB -> 401 KB)."""
+    mesh = sharding.make_mesh((1, 8, 1))
+    x, experts, gates, weights = _dispatch_inputs(rows=8, t=64, d=64, f=32)
+    rows = sharding.shard_batch((x, experts, gates), mesh)
+    placed = [jax.device_put(w, sharding.NamedSharding(mesh, sharding.PartitionSpec("fsdp")))
+              for w in weights]  # fmt: skip
+
+    def temporaries(dispatch, factor):
+        def f(x, weights):
+            y, _ = moe.expert_parallel(moe.experts_ragged, x, *rows[1:], *weights, dispatch, factor)
+            return jnp.sum(y**2)
+
+        program = jax.jit(jax.grad(f, argnums=(0, 1))).lower(rows[0], placed).compile()
+        return program.memory_analysis().temp_size_in_bytes
+
+    gather, a2a = temporaries("gather", 0.0), temporaries("all_to_all", 1.25)
+    assert a2a * 2 < gather, (gather, a2a)
 
 
 @jax.jit
