@@ -148,7 +148,7 @@ def chunked_token_stats(
     if with_distill and teacher_hidden is None:
         raise ValueError("chunked_token_stats: distill needs teacher_hidden")
 
-    layout = _PositionChunks.of(hidden_btd, w_out_dv, chunk, start)
+    layout = PositionChunks.of(hidden_btd, w_out_dv, chunk, start)
     chunked = layout.chunked
     w, cap = output_weights(w_out_dv)
     w = w.astype(hidden_btd.dtype)
@@ -186,7 +186,7 @@ def chunked_token_stats(
     )
 
 
-class _PositionChunks:
+class PositionChunks:
     """How `chunked_token_stats` cuts a batch's predicting positions into `lax.map` chunks,
     and puts the per-chunk results back [B, T] aligned with the tokens.
 
@@ -211,7 +211,7 @@ class _PositionChunks:
         self.pad = -self.n % self.chunk
 
     @classmethod
-    def of(cls, hidden_btd: Array, w_out, chunk: int, start: int) -> _PositionChunks:
+    def of(cls, hidden_btd: Array, w_out, chunk: int, start: int) -> PositionChunks:
         b, t, _ = hidden_btd.shape
         s = sharding.sequence_size(sharding.mesh_of(output_weights(w_out)[0]))
         return cls((b, t), chunk, start, s if s > 1 and t % s == 0 else 1)

@@ -166,7 +166,7 @@ def test_update_gathers_keys_and_values_not_hidden_states(monkeypatch):
     assert (1, t, cfg.num_kv_heads, cfg.resolved_head_dim) in shapes, shapes
     assert not whole_rows(shapes), shapes
     flat = lambda cls, h, w, chunk, start: cls((h.shape[0], h.shape[1]), chunk, start, 1)  # noqa: E731
-    monkeypatch.setattr(logprobs._PositionChunks, "of", classmethod(flat))
+    monkeypatch.setattr(logprobs.PositionChunks, "of", classmethod(flat))
     assert whole_rows(gathered(_update_program(cfg, _mesh(CP), 2, t)))
 
 

@@ -144,7 +144,7 @@ def _loss(graphdef, tokens, mask, coef=0.5):
 
 def test_expert_parallel_update_and_decode_equal_one_device(checkpoint, model):
     """The update's form (grouped matmuls, 1 expert per device: the N min(k, 1) rows bound)
-    in the forward + gradient; the decode in the CPU default (dense)."""
+    in the forward + gradient; the decode in the CPU default (dense), by both dispatches."""
     mesh = sharding.make_mesh((1, 8, 1))
     graphdef, state = nnx.split(model)
     ragged_model = nnx.merge(graphdef, state)
@@ -188,6 +188,12 @@ def test_expert_parallel_update_and_decode_equal_one_device(checkpoint, model):
     )
     np.testing.assert_array_equal(np.asarray(eight.completion_tokens), one.completion_tokens)
     np.testing.assert_allclose(np.asarray(eight.policy_logp), one.policy_logp, atol=1e-5)
+    placed.cfg = placed.cfg.replace(moe_dispatch="all_to_all")  # dropless: the same decode
+    a2a = Sampler(placed, pad_id=0, mesh=mesh, prompt_buckets=(8,)).generate(
+        *prompts, params, jax.random.key(0)
+    )
+    np.testing.assert_array_equal(np.asarray(a2a.completion_tokens), one.completion_tokens)
+    np.testing.assert_allclose(np.asarray(a2a.policy_logp), one.policy_logp, atol=1e-5)
 
 
 def _dispatch_inputs(seed=0, rows=8, t=6, d=16, e=8, k=2, f=8):
