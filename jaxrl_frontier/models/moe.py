@@ -40,7 +40,7 @@ from flax import nnx
 
 from jaxrl_frontier.core import sharding as shd
 from jaxrl_frontier.core.errors import ConfigError
-from jaxrl_frontier.models.layers import MOE_DISPATCH, ModelConfig, dense, make_param  # noqa: F401
+from jaxrl_frontier.models.layers import ModelConfig, dense, make_param
 
 # ----------------------------------------------------------------------------- routing
 
@@ -219,7 +219,7 @@ def expert_parallel(fn, x, experts, gates, wg, wu, wd, dispatch="gather", capaci
     split over the mesh axis their weights are split on (under `jax.shard_map`); `fn`
     directly where they are not split.
 
-    Per device, `dispatch` (`ModelConfig.moe_dispatch`, `MOE_DISPATCH`):
+    Per device, `dispatch` (`ModelConfig.moe_dispatch`, `layers.MOE_DISPATCH`):
     - 'gather': x's rows (split over the batch axes as `Transformer.constrain_rows` split
       them) are all-gathered over the expert axis, the device's E / n experts run on the
       assignments routed to them, and the partial outputs are reduce-scattered back to the

@@ -50,6 +50,7 @@ from flax import nnx
 
 from jaxrl_frontier.core import sharding as shd
 from jaxrl_frontier.models import moe
+from jaxrl_frontier.models.attention import mask_to_bias, same_segment
 from jaxrl_frontier.models.layers import (
     REMAT_POLICIES,
     Block,
@@ -58,11 +59,9 @@ from jaxrl_frontier.models.layers import (
     init_cache,
     layer_attention_inputs,
     make_param,
-    mask_to_bias,
     positions_from_mask,
     rms_norm,
     rope_inv_freq,
-    same_segment,
     shared_prompt_block,
     write_slots,
 )
@@ -189,7 +188,7 @@ class Transformer(nnx.Module):
 
         segment_ids [B, T] int (no cache): packed rows, several sequences per row (0 on empty
         slots); a token attends only to earlier tokens of its own segment
-        (`layers.same_segment`), and `positions` (then required) restart in each segment.
+        (`attention.same_segment`), and `positions` (then required) restart in each segment.
         MoE models only: routing int [B, T, L, k] sends each token of layer l to the experts
         routing[:, :, l] (routing replay; gates from the current router); router_stats=True
         also returns the layers' `moe.RouterStats` stacked [L, ...] (their `experts`

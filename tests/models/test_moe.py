@@ -358,7 +358,8 @@ def test_routing_replay_routes_to_the_recorded_experts(model):
 
 def _hand_forward(m, tokens, mask, forced):
     """The model's forward with each layer's MLP replaced by `_hand_moe` (Python loop)."""
-    from jaxrl_frontier.models.layers import mask_to_bias, positions_from_mask, rope_inv_freq
+    from jaxrl_frontier.models.attention import mask_to_bias
+    from jaxrl_frontier.models.layers import positions_from_mask, rope_inv_freq
     from jaxrl_frontier.models.transformer import unstack_layers
 
     m = unstack_layers(m)
