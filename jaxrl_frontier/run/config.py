@@ -1,145 +1,35 @@
-"""The config schema: every key a run reads, its default, and validation.
+"""Validation of a run's config, and the config API the rest of the package calls: the
+schema's names (`base_config`, `resolve`, `CHOICES`, `RANGES`: `run/schema.py`) re-exported,
+`validate`, `at_step` (the config after the stages started by a step) and `with_overrides`.
 
-Experiment files in `configs/` start from `base_config()` (a locked `ConfigDict`: assigning a
-key it lacks, or a value of another type, fails at once in ml-collections) and override what
-they change. `resolve(config)` merges any config (a ConfigDict or a plain nested dict) over the
-schema, so unknown keys and wrong types raise `ConfigError` naming the dotted key, and settles
-the registry kwargs (below). `validate(config)` resolves, then checks choices, consistency and
-the registry names and kwargs before anything is built; every error names the key and the
-allowed values. None means unset (`config_dict.placeholder`, so a command line can set it).
-
-Free-form blocks (`task.kwargs`, `objective.reward_weights`, `objective.*_kwargs`) are
-checked against what they configure: the task's `__init__`, the task's reward names, the
-registry entry's keyword defaults (`objectives.losses.entry_defaults`).
-
-Switching a registry entry. `presets.finish` spells out each `objective.<block>_kwargs`
-(block = weight, advantage, aggregation, distill) with the chosen entry's defaults, adds an
-unset placeholder for every other knob of that registry (so
-`--config.objective.weight_kwargs.delta_low=0.1` parses), and records the choices in
-`objective.as_written`. When a command line then switches the entry
-(`--config.objective.weight=dppo`), `resolve` restarts that block from the new entry's
-defaults: keys still holding the value the file wrote for the old entry are dropped (logged),
-keys set since (a changed or a new value) are kept, and a key the new entry does not take is
-an error naming the allowed keys.
+`validate(config)` resolves, then checks choices, ranges, the consistency of the sizes with
+each other and with the devices, the registry names and their kwargs, schedules and
+controllers, and each stage, before anything is built; every error names the key and the
+allowed values. Rules between sections live here, each written once; what a run needs of its
+parts (several processes, batches in flight, ...) is declared by the parts
+(`run/parts.py`).
 """
 
 from __future__ import annotations
 
-import difflib
 import inspect
-import logging
 from collections.abc import Mapping
 from typing import Any
 
 import ml_collections
 
-from jaxrl_frontier.core import defaults as core_defaults
 from jaxrl_frontier.core.errors import ConfigError
-from jaxrl_frontier.data import defaults as data_defaults
-from jaxrl_frontier.models import defaults as model_defaults
 from jaxrl_frontier.objectives import losses
-from jaxrl_frontier.rl import defaults as rl_defaults
-from jaxrl_frontier.rl.learn import defaults as learn_defaults
-from jaxrl_frontier.run import parts, population_config
-from jaxrl_frontier.train import defaults as train_defaults
-
-log = logging.getLogger(__name__)
-
-# Subtrees whose keys are not fixed by the schema (checked against what they configure).
-FREE_FORM = (
-    "task.kwargs",
-    "task.as_written",  # the file's task and kwargs (presets.with_defaults)
-    "env.kwargs",  # the environment's keyword arguments (checked by the environment)
-    "objective.reward_weights",  # reward component -> weight, checked against the task's names
-    "objective.advantage_kwargs",
-    "objective.weight_kwargs",
-    "objective.aggregation_kwargs",
-    "objective.distill_kwargs",
-    "objective.as_written",
+from jaxrl_frontier.run import parts
+from jaxrl_frontier.run.schema import (  # noqa: F401  (re-exported: the config API)
+    CHOICES,
+    FREE_FORM,
+    RANGES,
+    base_config,
+    entry_defaults,
+    registry_entry,
+    resolve,
 )
-
-
-def registry_entry(block: str, name: str):
-    """The callable `objective.<block> = name` selects (ConfigError listing the known ones)."""
-    from jaxrl_frontier.objectives import losses
-
-    return losses.REGISTRIES[block].get(name)
-
-
-def entry_defaults(block: str, name: str | None) -> dict[str, Any]:
-    """The keyword defaults of the entry `objective.<block> = name` that are set (not None);
-    {} for no entry (distill None)."""
-    from jaxrl_frontier.objectives import losses
-
-    if not name:
-        return {}
-    defaults = losses.entry_defaults(registry_entry(block, name))
-    return {k: v for k, v in defaults.items() if v is not None}
-
-
-def base_config() -> ml_collections.ConfigDict:
-    """All keys with their defaults (a tiny char model on arithmetic, GRPO), composed from each
-    layer's sections."""
-    c = ml_collections.ConfigDict()
-    c.seed = 0
-    c.mode = "rl"  # rl | sft
-    c.workdir = ""  # set by --workdir; a run resumes when it holds a checkpoint
-    c.mesh = core_defaults.mesh_section()
-    c.tokenizer = model_defaults.tokenizer_section()
-    c.model = model_defaults.model_section()
-    c.teacher = model_defaults.teacher_section()
-    c.task = data_defaults.task_section()
-    c.data = data_defaults.data_section()
-    c.distributed = core_defaults.distributed_section()
-    c.rollout = rl_defaults.rollout_section()
-    # every key and default of the objective is defined once, in objectives.losses.DEFAULTS
-    c.objective = losses.default_config()
-    # the registry choices and kwargs as the config file wrote them (presets.finish): how
-    # resolve tells a command-line switch of objective.weight etc. from the file's choice
-    c.objective.as_written = ml_collections.ConfigDict()
-    c.critic = rl_defaults.critic_section()
-    c.optimizer = learn_defaults.optimizer_section()
-    c.train = train_defaults.train_section()
-    c.rewards = data_defaults.rewards_section()
-    c.eval = train_defaults.eval_section()
-    c.metrics = train_defaults.metrics_section()
-    c.env = data_defaults.env_section()
-    c.pact = rl_defaults.pact_section()
-    # keys that move during a run: a schedule of the step, or a feedback controller (run/knobs.py)
-    c.schedules = train_defaults.knob_section()
-    c.controllers = train_defaults.knob_section()
-    c.population = population_config.population_section()
-    # keys that fix shapes or programs, switched at chosen steps (run/stages.py): a list of
-    # dict(step=..., overrides={dotted key: value}), each stage on top of the ones before
-    c.stages = ()
-    c.lock()
-    return c
-
-
-# --------------------------------------------------------------------------- resolve
-
-# The allowed values and ranges of every key, composed from the layers that own them.
-CHOICES: dict[str, tuple] = {
-    "mode": ("rl", "sft"),
-    **model_defaults.CHOICES,
-    **data_defaults.CHOICES,
-    **rl_defaults.CHOICES,
-    **learn_defaults.CHOICES,
-    **train_defaults.CHOICES,
-    **losses.CHOICES,
-}
-# (low, high, low inclusive, high inclusive); None = open. The keys also checked for
-# consistency below (e.g. group_size >= 2 in RL) are here too.
-RANGES: dict[str, tuple] = {
-    "seed": (0, None, True, None),
-    **core_defaults.RANGES,
-    **model_defaults.RANGES,
-    **data_defaults.RANGES,
-    **rl_defaults.RANGES,
-    **learn_defaults.RANGES,
-    **train_defaults.RANGES,
-    **losses.RANGES,
-}
 
 
 def _range_text(low, high, low_in, high_in) -> str:
@@ -170,107 +60,6 @@ def _check_ranges(c: ml_collections.ConfigDict) -> None:
                 f"config key {key!r} = {v!r}; allowed: a finite number "
                 + _range_text(low, high, low_in, high_in)
             )
-
-
-def resolve(config: Mapping | ml_collections.ConfigDict) -> ml_collections.ConfigDict:
-    """`config` merged over `base_config()` (locked): a file may replace a whole section
-    (`c.mesh = dict(data=2)`) and still get the section's other keys at their defaults.
-    An unknown key or a value of the wrong type raises ConfigError naming the dotted key;
-    the objective's kwargs blocks are settled for the entries now chosen (module docstring).
-    Idempotent: resolving a resolved config changes nothing."""
-    given = config.to_dict() if isinstance(config, ml_collections.ConfigDict) else dict(config)
-    out = base_config()
-    _merge(out, given, "")
-    _settle_task_kwargs(out.task)
-    _settle_registry_kwargs(out.objective)
-    return out
-
-
-def _merge(node: ml_collections.ConfigDict, given: Mapping, prefix: str) -> None:
-    for k, v in given.items():
-        key = f"{prefix}{k}"
-        if k not in node:
-            where = f" under {prefix[:-1]!r}" if prefix else ""
-            close = difflib.get_close_matches(k, list(node.keys()), n=1)
-            hint = f"; did you mean {prefix + close[0]!r}?" if close else ""
-            raise ConfigError(
-                f"unknown config key {key!r}{hint} (known keys{where}: {', '.join(sorted(node))})"
-            )
-        if key in FREE_FORM:
-            node[k] = ml_collections.ConfigDict(dict(v or {}))
-        elif isinstance(node[k], ml_collections.ConfigDict) and isinstance(v, Mapping):
-            _merge(node[k], v, key + ".")
-        else:
-            try:
-                node[k] = v
-            except TypeError:  # ml-collections refuses to cast the value to the field's type
-                expected = node.get_type(k).__name__
-                raise ConfigError(
-                    f"config key {key!r} = {v!r} has type {type(v).__name__}; expected {expected}"
-                ) from None
-
-
-def _settle_task_kwargs(t: ml_collections.ConfigDict) -> None:
-    """`task.kwargs` without unset placeholders; after a switch away from the task recorded in
-    `task.as_written`, restarted from the new task's defaults (keys the file wrote for the old
-    task are dropped; keys set anew, e.g. on the command line, are kept)."""
-    from jaxrl_frontier.data.tasks import load_task_module
-    from jaxrl_frontier.data.tasks.base import task_defaults
-
-    written = t.as_written.to_dict()
-    given = {k: v for k, v in t.kwargs.to_dict().items() if v is not None}
-    if written.get("name") and written["name"] != t.name:
-        as_written = written.get("kwargs") or {}
-        kept = {k: v for k, v in given.items() if as_written.get(k, None) != v}
-        dropped = {k: v for k, v in given.items() if k not in kept}
-        try:
-            load_task_module(t.module)  # a user's task registers before its defaults are read
-        except (ImportError, OSError) as e:
-            raise ConfigError(f"config key 'task.module' = {t.module!r}: {e}") from None
-        given = {**task_defaults(t.name), **kept}
-        log.info(
-            "config: task.name is %r, the config file chose %r: task.kwargs start from %r's "
-            "defaults%s",
-            t.name,
-            written["name"],
-            t.name,
-            f" (dropped {dropped}, written for {written['name']!r})" if dropped else "",
-        )
-    t.kwargs = ml_collections.ConfigDict(given)
-    if written.get("name"):
-        t.as_written = ml_collections.ConfigDict({"name": t.name, "kwargs": dict(given)})
-
-
-def _settle_registry_kwargs(o: ml_collections.ConfigDict) -> None:
-    """Each `<block>_kwargs` for the entry `<block>` names now, without unset placeholders;
-    after a switch away from the entry recorded in `as_written`, restarted from the new
-    entry's defaults (keys left as the file wrote them for the old entry are dropped)."""
-    written = o.as_written.to_dict()
-    for block in losses.REGISTRIES:
-        kw_key = f"{block}_kwargs"
-        name = o[block]
-        given = {k: v for k, v in o[kw_key].to_dict().items() if v is not None}
-        if block in written and written[block] != name:
-            as_written = written.get(kw_key) or {}
-            kept = {k: v for k, v in given.items() if as_written.get(k, None) != v}
-            dropped = {k: v for k, v in given.items() if k not in kept}
-            given = {**entry_defaults(block, name), **kept}
-            log.info(
-                "config: objective.%s is %r, the config file chose %r: objective.%s start from "
-                "%r's defaults%s",
-                block,
-                name,
-                written[block],
-                kw_key,
-                name,
-                f" (dropped {dropped}, written for {written[block]!r})" if dropped else "",
-            )
-        o[kw_key] = ml_collections.ConfigDict(given)
-        written[block], written[kw_key] = name, dict(given)
-    o.as_written = ml_collections.ConfigDict(written)
-
-
-# --------------------------------------------------------------------------- validate
 
 
 def validate(config: Mapping | ml_collections.ConfigDict, num_devices: int | None = None) -> None:
@@ -364,7 +153,7 @@ def _check_task_kwargs(task_cls: type, kwargs: Mapping) -> None:
 def _check_registries(c: ml_collections.ConfigDict) -> None:
     """Registry names and their kwargs (task, reward weights, objective) before anything is built."""
     from jaxrl_frontier.data.tasks import TASKS, load_task_module
-    from jaxrl_frontier.objectives import advantages, losses
+    from jaxrl_frontier.objectives import advantages
 
     try:
         load_task_module(c.task.module)  # registers the user's tasks before the lookup

@@ -236,7 +236,7 @@ def _command_line(*overrides, config="grpo_arith.py:runlocal"):
 
 def test_switching_the_weight_restarts_its_kwargs_from_the_new_defaults(caplog):
     c = _command_line("--config.objective.weight=dppo")
-    with caplog.at_level("INFO", logger="jaxrl_frontier.run.config"):
+    with caplog.at_level("INFO", logger="jaxrl_frontier.run.schema"):
         r = resolve(c)
     assert r.objective.weight_kwargs.to_dict() == dict(
         delta_low=0.15, delta_high=0.15, ratio_cap=20.0
@@ -260,7 +260,7 @@ def test_switching_the_task_restarts_its_kwargs_from_the_new_defaults(caplog):
     from jaxrl_frontier.data.tasks.base import task_defaults
 
     c = _command_line("--config.task.name=code")
-    with caplog.at_level("INFO", logger="jaxrl_frontier.run.config"):
+    with caplog.at_level("INFO", logger="jaxrl_frontier.run.schema"):
         r = resolve(c)
     assert r.task.kwargs.to_dict() == task_defaults("code")
     assert "'max_digits'" in caplog.text and "'arithmetic'" in caplog.text
