@@ -7,10 +7,10 @@ over ('data', 'fsdp'). The same code runs on 1 CPU, 8 fake CPU devices, a GPU, o
 
 The `sequence` axis is context parallelism: in a forward over whole rows (the update and
 the log-prob passes) each device along it holds a slice of every row's positions
-(`activation_spec`), and attention gathers the keys and values of the whole row
-(`Transformer.constrain_rows`). Parameters are never split over it; the rows a batch is
-placed with stay whole on every device of the axis (token ids are small) and each device
-takes its slice inside the program.
+(`activation_sharding`, applied by `Transformer.constrain_rows`), and attention gathers the
+keys and values of the whole row. Weights are split over fsdp x sequence (the `embed`
+rule: ZeRO-3 over both). The rows a batch is placed with stay whole on every device of the
+axis (token ids are small) and each device takes its slice inside the program.
 
 A dimension whose size the mesh axis does not divide is replicated instead (e.g. 2 kv heads
 on a tensor axis of 4): correct everywhere, and the choice is visible in `describe`.
@@ -138,9 +138,12 @@ def logical_to_spec(
 
 def mesh_of(x: jax.Array) -> Mesh | None:
     """The mesh of more than one device that x (an array or a tracer) is laid out on, or
-    None (one device, no mesh, or a mesh without this module's axes)."""
+    None: one device, no mesh, a mesh without the batch axes, or inside a shard_map (a
+    device's own rows: nothing to place)."""
     mesh = getattr(jax.typeof(x).sharding, "mesh", None)
-    if mesh is None or not set(MESH_AXES) <= set(mesh.shape) or math.prod(mesh.shape.values()) == 1:
+    if mesh is None or not set(BATCH_AXES) <= set(mesh.shape) or mesh.size == 1:
+        return None
+    if jax.sharding.AxisType.Manual in getattr(mesh, "axis_types", ()):
         return None
     return mesh
 

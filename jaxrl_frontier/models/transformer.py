@@ -91,18 +91,13 @@ class Transformer(nnx.Module):
     def mesh(self):
         """The mesh the parameters are placed on (read from the embedding's sharding), or
         None (no mesh, one device, or inside a shard_map: a device's own rows)."""
-        mesh = getattr(jax.typeof(self.embed[...]).sharding, "mesh", None)
-        if mesh is None or not set(shd.BATCH_AXES) <= set(mesh.shape) or mesh.size == 1:
-            return None
-        if jax.sharding.AxisType.Manual in getattr(mesh, "axis_types", ()):
-            return None
-        return mesh
+        return shd.mesh_of(self.embed[...])
 
     def constrain_rows(self, x: jax.Array, positions: bool = False) -> jax.Array:
         """x [B, ...] with its rows split over the mesh's batch axes, on the mesh the
         parameters are placed on (nothing without one). positions=True (a forward over whole
         rows, no cache): x [B, T, ...] also has its positions split over the mesh's
-        `sequence` axis (context parallelism; `sharding.activation_spec`).
+        `sequence` axis (context parallelism; `sharding.activation_sharding`).
 
         A scan's carry keeps one sharding for every layer, and XLA took it from the
         embedding lookup: the hidden size split over fsdp, like the embedding's columns. The

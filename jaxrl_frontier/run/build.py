@@ -149,7 +149,7 @@ def build_model(init: str, path: str, config, tokenizer, mesh, key, dtype: str) 
         return sharding.shard_model(model, mesh)
     model = hf.load(export_dir(path), mesh=mesh, dtype=dtype)
     m = config.model  # training choices, not part of the HF config
-    choices = dict(
+    model.cfg = model.cfg.replace(
         remat=m.remat,
         attention=m.attention,
         scan_unroll=m.scan_unroll,
@@ -157,15 +157,6 @@ def build_model(init: str, path: str, config, tokenizer, mesh, key, dtype: str) 
         moe_dispatch=m.moe.dispatch,
         moe_capacity_factor=float(m.moe.capacity_factor),
     )
-    if choices != dict(
-        remat="none",
-        attention="xla",
-        scan_unroll=1,
-        moe_impl="auto",
-        moe_dispatch="gather",
-        moe_capacity_factor=0.0,
-    ):
-        model.cfg = model.cfg.replace(**choices)
     return model
 
 
