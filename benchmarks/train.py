@@ -1,6 +1,7 @@
-"""Train-step MFU: the jitted update of `rl.learn.train_step.make_update_fn` (forward,
-backward, clip + AdamW) on random Llama-shaped models, against a matmul peak measured in the
-same run (per-device memory under FSDP: benchmarks/memory.py, `bench.py memory`).
+"""Train-step MFU: the trainer's own jitted update (`Learner.update_program`, the program
+`Learner.update` runs; `SFTStep.update` for SFT: forward, backward, clip + AdamW) on random
+Llama-shaped models, against a matmul peak measured in the same run (per-device memory
+under FSDP: benchmarks/memory.py, `bench.py memory`).
 
     python benchmarks/bench.py train
     python benchmarks/bench.py train --models 25m --variants rl_plain,rl_fused --repeats 3
@@ -185,24 +186,37 @@ def rl_batch(vocab: int, batch: int, seq: int, prompt_len: int, seed: int = 0) -
     )
 
 
-def _update_fn(variant: str, graphdef, tx, state, mesh, batch_keys):
+def _update_fn(variant: str, graphdef, tx, state, mesh, batch_keys, cfg, rows: int):
+    """The jitted update a variant times: the trainer's own programs where it has one.
+
+    rl_fused / rl_fused_remat: `Learner.update_program`, the program `Learner.update` runs
+    (GRPO: the base config's objective, whole rows, no shared prompt); sft_fused: the
+    `SFTStep`'s update; rl_plain: the same RL loss through the full [B, T, V] logits
+    (`rl_loss(logprob_chunk=None)`), an ablation no trainer path runs."""
+    import jax
+
     from jaxrl_frontier.core import sharding
-    from jaxrl_frontier.objectives import logprobs
+    from jaxrl_frontier.rl.learn.learner import Learner, LearnerOptions
     from jaxrl_frontier.rl.learn.loss import rl_loss
     from jaxrl_frontier.rl.learn.train_step import make_update_fn
     from jaxrl_frontier.run import config as config_lib
     from jaxrl_frontier.run.build import objective_section
-    from jaxrl_frontier.train.sft import sft_loss
+    from jaxrl_frontier.train.sft import SFTStep
 
-    chunk = None if variant.endswith("plain") else logprobs.DEFAULT_LOGPROB_CHUNK
+    state_sh = jax.tree.map(lambda x: x.sharding, state)
     if variant.startswith("sft"):
-        loss_of = sft_loss(graphdef, logprob_chunk=chunk)
-    else:  # GRPO: ppo_clip weight, token_mean, the base config's objective
-        objective = objective_section(config_lib.base_config().objective)
-        loss_of = rl_loss(graphdef, objective, logprob_chunk=chunk)
-    state_sh = __import__("jax").tree.map(lambda x: x.sharding, state)
-    batch_sh = {k: sharding.batch_sharding(mesh, 2) for k in batch_keys}
-    return make_update_fn(graphdef, tx, loss_of, 1, state_sh, batch_sh)
+        step = SFTStep(graphdef, tx, state_sh, mesh, task=None, tokenizer=None, grad_accum=1,
+                       max_prompt_len=0, max_new_tokens=0)  # fmt: skip
+        return step.update
+    objective = objective_section(config_lib.base_config().objective)
+    if variant.endswith("plain"):
+        batch_sh = {k: sharding.batch_sharding(mesh, 2) for k in batch_keys}
+        loss_of = rl_loss(graphdef, objective, logprob_chunk=None)
+        return make_update_fn(graphdef, tx, loss_of, 1, state_sh, batch_sh)
+    options = LearnerOptions(objective=objective, rows=rows, group_size=1, completion_len=0,
+                             share_prompt=False)  # fmt: skip
+    learner = Learner(graphdef, tx, state, options, mesh=mesh, model_cfg=cfg, log=lambda _: None)
+    return learner.update_program(tuple(sorted(batch_keys)))
 
 
 def prepare_train_step(name: str, variant: str, batch: int, seq: int, dtype: str, run: bool = True):
@@ -227,7 +241,7 @@ def prepare_train_step(name: str, variant: str, batch: int, seq: int, dtype: str
     data = rl_batch(cfg.vocab_size, batch, seq, prompt_len=seq // 4)
     if loss.startswith("sft"):
         data = {k: data[k] for k in ("tokens", "attention_mask", "loss_mask")}
-    update = _update_fn(loss, graphdef, tx, state, mesh, list(data))
+    update = _update_fn(loss, graphdef, tx, state, mesh, list(data), cfg, batch)
     data = sharding.shard_batch(data, mesh)
 
     t0 = time.perf_counter()
