@@ -12,7 +12,7 @@ SLOW_FILES_FIRST = (
     "test_notebooks.py",
     "test_population.py",
     "test_ahead.py",
-    "test_sweep.py",
+    "test_launch.py",
     "test_lora.py",
     "test_shared_prompt.py",
     "test_pact.py",

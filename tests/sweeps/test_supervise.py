@@ -1,6 +1,6 @@
 """Restarts that need nobody (sweeps/supervise.py, scripts/launch.py): a trainer killed twice
 is restarted twice and ends with every step logged once; a job that fails the same way every
-time stops after its budget and says why; the SLURM requeue decision."""
+time stops after its budget and says why. (The SLURM requeue decision: test_launch.py.)"""
 
 import json
 import os
@@ -114,24 +114,3 @@ def test_a_trainer_killed_twice_is_restarted_twice_and_logs_every_step_once(tmp_
     assert "restart 3" not in err and err.count("failed: process 0 exit -9") == 2
     assert _train_steps(tmp_path) == list(range(1, steps + 1))
     assert json.loads(out.decode().strip().splitlines()[-1])["step"] == steps
-
-
-def test_slurm_requeue_decision(tmp_path):
-    """A preempted or timed-out SLURM task is requeued (submitit's checkpoint returns a
-    DelayedSubmission of the same task) until its budget is spent or the run is done."""
-    from jaxrl_frontier.sweeps.launch import DONE_FILE, RequeueingRunOne, Run, requeue_decision
-
-    run = Run("lr=0.1", "configs/grpo_arith.py:runlocal", (("optimizer.lr", 0.1),), str(tmp_path))
-    task = RequeueingRunOne(max_requeues=2)
-    for n in (1, 2):
-        assert requeue_decision(run, 2) == (True, f"lr=0.1: requeue {n} of 2")
-        delayed = task.checkpoint(run, True)
-        assert delayed.function is task and delayed.args == (run, True)
-    assert task.checkpoint(run, True) is None
-    assert requeue_decision(run, 2) == (
-        False,
-        "lr=0.1: requeued 2 times already (max_requeues=2); not requeued: resume it with the "
-        "same sweep command",
-    )
-    (tmp_path / DONE_FILE).write_text("{}")
-    assert requeue_decision(run, 5) == (False, "lr=0.1: finished; not requeued")

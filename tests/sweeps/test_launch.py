@@ -1,6 +1,7 @@
-"""Sweeps: sweep-file helpers and errors, run names, a 2 x 2 grid with 2 seeds of a tiny
-runlocal config run, collected and skipped on a re-run, a resumed run, and the slurm
-launcher's array job through submitit's local executor.
+"""Sweep launchers (sweeps/launch.py): a 2 x 2 grid with 2 seeds of a tiny runlocal config
+run, collected and skipped on a re-run, a resumed run, the slurm launcher's array job through
+submitit's local executor and its requeue decision, a sweep packed into a population, and
+the core pinning.
 
 Runs use grpo_arith:runlocal shrunk further (1-digit addition, 2 steps, one device, a
 4-prompt eval at the last step only) and run in this process (`inprocess=True`, through
@@ -11,25 +12,22 @@ compile after the first.
 import csv
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
-from jaxrl_frontier.core.errors import SweepError
-from jaxrl_frontier.sweeps import grid, load_sweep, product, run_name, seeds, zip_
 from jaxrl_frontier.sweeps.collect import RESULTS_JSON, TABLE_CSV, collect
 from jaxrl_frontier.sweeps.launch import (
     ATTEMPTS_FILE,
     DONE_FILE,
+    RequeueingRunOne,
+    Run,
+    cpu_slots,
     launch_local,
     launch_slurm,
     plan,
+    requeue_decision,
 )
-from jaxrl_frontier.sweeps.spec import varying_keys
-
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 TINY = {
     "mesh.num_devices": 1,
@@ -67,82 +65,6 @@ def get_sweep():
     axes = grid(**{{"optimizer.lr": [1e-3, 3e-3], "objective.advantage": ["grpo", "rloo"]}})
     return product(axes, seeds(2), [TINY])
 """
-
-
-# ============================================================================ helpers
-
-
-def test_grid_zip_product_seeds():
-    assert grid(a=[1, 2], b=["x", "y"]) == [
-        dict(a=1, b="x"),
-        dict(a=1, b="y"),
-        dict(a=2, b="x"),
-        dict(a=2, b="y"),
-    ]
-    assert grid(a=[1, 2], b=5) == [dict(a=1, b=5), dict(a=2, b=5)]
-    assert zip_(a=[1, 2], b=[3, 4]) == [dict(a=1, b=3), dict(a=2, b=4)]
-    assert seeds(3, start=1) == [dict(seed=1), dict(seed=2), dict(seed=3)]
-    assert product(zip_(a=[1, 2], b=[3, 4]), seeds(2)) == [
-        dict(a=1, b=3, seed=0),
-        dict(a=1, b=3, seed=1),
-        dict(a=2, b=4, seed=0),
-        dict(a=2, b=4, seed=1),
-    ]
-    with pytest.raises(SweepError, match="differ in length"):
-        zip_(a=[1, 2], b=[3, 4, 5])
-    with pytest.raises(SweepError, match=r"\['a'\] set by two factors"):
-        product(grid(a=[1]), grid(a=[2]))
-
-
-def test_run_names_are_stable_safe_and_distinct():
-    o = {"config": "configs/dr_grpo_arith.py:runlocal", "optimizer.lr": 0.0003, "seed": 1}
-    assert run_name(o) == "config=dr_grpo_arith-runlocal__optimizer.lr=0.0003__seed=1"
-    assert run_name(dict(reversed(list(o.items())))) == run_name(o)  # key order is irrelevant
-    assert run_name({"task.kwargs.prompt_template": "{a} / {b}="}) == (
-        "task.kwargs.prompt_template=-a-b-="
-    )
-    runs = [dict(a=1, b=2, seed=0), dict(a=1, b=3, seed=0)]
-    assert varying_keys(runs) == {"b"}
-    names = [run_name(r, varying_keys(runs)) for r in runs]
-    assert names[0].startswith("b=2--") and names[1].startswith("b=3--")
-    # a shared value hidden from the name still changes it (its hash): no stale skip
-    assert run_name(dict(a=9, b=2, seed=0), {"b"}) != names[0]
-    long = run_name({"k": "x" * 500})
-    assert len(long) <= 160 and long != run_name({"k": "x" * 499})
-
-
-@pytest.mark.parametrize(
-    "body, message",
-    [
-        ("X = 1\n", "defines no get_sweep"),
-        ("def get_sweep():\n    return []\n", "non-empty list of dicts"),
-        ("def get_sweep():\n    return [{'a': [1, 2]}]\n", r"run 0: a=\[1, 2\] is a list"),
-        ("def get_sweep():\n    return [{'a b': 1}]\n", "key 'a b' is not a config key"),
-        ("def get_sweep():\n    return [{'a': 1}, {'a': 1}]\n", "runs 0 and 1 are the same"),
-        ("import nowhere_module\n", "ModuleNotFoundError"),
-        (
-            "from jaxrl_frontier.sweeps import zip_\ndef get_sweep():\n"
-            "    return zip_(a=[1], b=[1, 2], c=[1, 2, 3])\n",
-            "differ in length",
-        ),
-    ],
-)
-def test_bad_sweep_files_name_the_file_and_the_problem(tmp_path, body, message):
-    path = write_sweep(tmp_path, body)
-    with pytest.raises(SweepError, match=message) as err:
-        load_sweep(path)
-    assert path in str(err.value)
-
-
-def test_cli_reports_a_bad_sweep_file_in_one_line(tmp_path):
-    path = write_sweep(tmp_path, "def get_sweep():\n    return [{'a': None}]\n")
-    cmd = [sys.executable, os.path.join(REPO, "scripts", "sweep.py"), "run", path]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
-    assert out.returncode == 1
-    assert out.stderr.strip() == (
-        f"sweep error: sweep file {path}: run 0: a=None is a NoneType;"
-        " values must be bool, int, float or str"
-    )
 
 
 # ============================================================================ runs
@@ -292,3 +214,44 @@ def test_a_sweep_packed_into_a_population_collects_as_its_runs(tmp_path):
     shares = [r["wall_seconds"] for r in out["runs"]]  # each member's 1/4 of the job's time
     assert shares == pytest.approx([whole / 4] * 4, abs=0.01)
     assert populations.pack(solo, 3)[1] is solo[3]  # a group's rest of one runs alone
+
+
+def test_slurm_requeue_decision(tmp_path):
+    """A preempted or timed-out SLURM task is requeued (submitit's checkpoint returns a
+    DelayedSubmission of the same task) until its budget is spent or the run is done."""
+    run = Run("lr=0.1", "configs/grpo_arith.py:runlocal", (("optimizer.lr", 0.1),), str(tmp_path))
+    task = RequeueingRunOne(max_requeues=2)
+    for n in (1, 2):
+        assert requeue_decision(run, 2) == (True, f"lr=0.1: requeue {n} of 2")
+        delayed = task.checkpoint(run, True)
+        assert delayed.function is task and delayed.args == (run, True)
+    assert task.checkpoint(run, True) is None
+    assert requeue_decision(run, 2) == (
+        False,
+        "lr=0.1: requeued 2 times already (max_requeues=2); not requeued: resume it with the "
+        "same sweep command",
+    )
+    (tmp_path / DONE_FILE).write_text("{}")
+    assert requeue_decision(run, 5) == (False, "lr=0.1: finished; not requeued")
+
+
+def test_cpu_slots_cut_the_cores_among_the_workers(monkeypatch):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {5, 0, 1, 2, 3, 4})
+    assert cpu_slots(1, 1) == [None]  # one worker: unpinned
+    assert cpu_slots(2, 1) == [[0, 1, 2], [3, 4, 5]]
+    assert cpu_slots(0, 2) == [[0, 1], [2, 3], [4, 5]]  # 0: one worker per 2 cores
+    assert cpu_slots(0, 8) == [None]  # fewer cores than one run asks: one worker
+    assert cpu_slots(4, 1) == [[0], [1], [2], [3]]
+
+
+def test_a_run_gives_the_train_script_its_flags(tmp_path):
+    run = Run("r", "configs/x.py:runlocal", (("optimizer.lr", 0.001), ("seed", 3)), str(tmp_path))
+    assert run.train_args() == [
+        "--config=configs/x.py:runlocal",
+        f"--workdir={tmp_path}",
+        "--config.optimizer.lr=0.001",
+        "--config.seed=3",
+    ]
+    assert not run.done
+    (tmp_path / DONE_FILE).write_text("{}")
+    assert run.done
