@@ -376,24 +376,6 @@ def test_bf16_cache_is_bf16_and_close(model, sampler, forward):
         Sampler(model, pad_id=PAD, cache_dtype="float16")
 
 
-def test_rollout_compiler_options_and_rejected_ones_warn_once(monkeypatch):
-    """CPU rollouts: YNNPACK for reductions, and for dots too from 64 matmul rows per device;
-    other backends: XLA's defaults. An option set XLA rejects warns once, naming XLA's reason,
-    and gives the defaults."""
-    from jaxrl_frontier.core import xla_options
-
-    ynn = "xla_cpu_experimental_ynn_fusion_type"
-    assert xla_options.rollout_compiler_options("cpu", 63) == ((ynn, "LIBRARY_FUSION_TYPE_REDUCE"),)
-    dots = "LIBRARY_FUSION_TYPE_REDUCE,LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"
-    assert xla_options.rollout_compiler_options("cpu", 64) == ((ynn, dots),)
-    assert xla_options.rollout_compiler_options("gpu", 64) == ()
-    monkeypatch.setitem(xla_options.ROLLOUT_OPTIONS, "cpu", ((0, {"xla_cpu_no_such_flag": "1"}),))
-    with pytest.warns(UserWarning, match=r"xla_cpu_no_such_flag.*INVALID_ARGUMENT") as seen:
-        assert xla_options.rollout_compiler_options("cpu", 1) == ()
-        assert xla_options.rollout_compiler_options("cpu", 8) == ()
-    assert len(seen) == 1
-
-
 def test_decode_windows_by_hand():
     """Steps s = 1 .. Tn-1 split evenly over the phases, bounds Tp + ceil(j (Tn-1) / P)
     rounded up to 8 slots, the last the whole cache Tp + Tn."""
