@@ -15,7 +15,7 @@ import re
 
 import pytest
 
-from jaxrl_frontier.core.errors import CheckpointError, UnknownNameError
+from jaxrl_frontier.core.errors import UnknownNameError
 from jaxrl_frontier.sweeps.campaign import defaults, run_campaign
 from jaxrl_frontier.sweeps.campaign_policies import POLICIES, load_function
 from jaxrl_frontier.sweeps.campaign_tree import (
@@ -24,10 +24,9 @@ from jaxrl_frontier.sweeps.campaign_tree import (
     Campaign,
     CampaignError,
     Proposal,
-    Segment,
 )
 from jaxrl_frontier.sweeps.launch import DONE_FILE, launch_local
-from jaxrl_frontier.train.checkpoint import copy_step, step_dirs
+from jaxrl_frontier.train.checkpoint import step_dirs
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 METRIC = "eval/pass@1_greedy"
@@ -292,34 +291,6 @@ def test_every_segment_gets_the_horizon_fixed_when_the_campaign_started(tmp_path
         str(tmp_path / "b"), "configs/x.py", {}, keys(rounds=1, budget=10, horizon=7), launch, len
     )
     assert [o["train.horizon"] for o in seen] == [7]
-
-
-def test_resolve_falls_back_to_the_start_and_the_config(tmp_path):
-    c = Campaign(str(tmp_path), {"campaign": {"metric": METRIC}})
-    c.segments = [
-        Segment("s0", None, 0, 6, checkpoints=[3, 6]),
-        # its copied start (step 3) rotated out by train.keep_checkpoints
-        Segment("s1", "s0", 1, 4, start_from="s0", start_step=3, checkpoints=[5, 7]),
-    ]
-    assert c.resolve("s1", 6) == ("s1", 5)
-    assert c.resolve("s1", 4) == ("s0", 3)  # its start, in its parent
-    assert c.resolve("s0", 2) == (None, 0)  # the config's start
-    with pytest.raises(CampaignError, match="segment s1: no checkpoint at or before step 2"):
-        c.resolve("s1", 2)
-
-
-def test_copy_step_names_missing_steps_and_is_a_noop_once_seeded(tmp_path):
-    src, dst = tmp_path / "a", tmp_path / "b"
-    (src / "2" / "meta").mkdir(parents=True)
-    (src / "2" / "meta" / "metadata").write_text(json.dumps({"history": {}, "config": {}}))
-    with pytest.raises(CheckpointError, match=r"no checkpoint step 5 in .*a \(its steps: \[2\]\)"):
-        copy_step(str(src), 5, str(dst))
-    (tmp_path / "b.seeding" / "2").mkdir(parents=True)  # a stage left by a kill
-    assert copy_step(str(src), 2, str(dst), edit_meta=lambda m: {**m, "x": 1})
-    assert json.loads((dst / "2" / "meta" / "metadata").read_text())["x"] == 1
-    assert "x" not in json.loads((src / "2" / "meta" / "metadata").read_text())
-    assert not (tmp_path / "b.seeding").exists() and step_dirs(str(dst)) == [2]
-    assert not copy_step(str(src), 2, str(dst))  # seeded: the run resumes from its own
 
 
 # ============================================================================ resume

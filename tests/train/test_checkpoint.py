@@ -1,4 +1,7 @@
-"""Checkpointer: (state pytree, JSON metadata) round trips, retention, sharded restore."""
+"""Checkpointer: (state pytree, JSON metadata) round trips, retention, sharded restore; copying
+one step directory into another run (copy_step, what a campaign seeds a segment with)."""
+
+import json
 
 import jax
 import jax.numpy as jnp
@@ -6,7 +9,8 @@ import numpy as np
 import pytest
 
 from jaxrl_frontier.core import sharding
-from jaxrl_frontier.train.checkpoint import Checkpointer, abstract_like
+from jaxrl_frontier.core.errors import CheckpointError
+from jaxrl_frontier.train.checkpoint import Checkpointer, abstract_like, copy_step, step_dirs
 
 
 def _state(seed: int):
@@ -105,3 +109,17 @@ def test_restore_latest_skips_a_damaged_step_and_names_the_file(tmp_path):
     assert ck.all_steps() == [1, 2]  # moved aside: the resumed run can save step 3 again
     assert [p.name.split("-")[0] for p in (tmp_path / "ckpt.damaged").iterdir()] == ["3"]
     assert Checkpointer(str(tmp_path / "empty")).restore_latest(abstract_like(_state(0))) is None
+
+
+def test_copy_step_names_missing_steps_and_is_a_noop_once_seeded(tmp_path):
+    src, dst = tmp_path / "a", tmp_path / "b"
+    (src / "2" / "meta").mkdir(parents=True)
+    (src / "2" / "meta" / "metadata").write_text(json.dumps({"history": {}, "config": {}}))
+    with pytest.raises(CheckpointError, match=r"no checkpoint step 5 in .*a \(its steps: \[2\]\)"):
+        copy_step(str(src), 5, str(dst))
+    (tmp_path / "b.seeding" / "2").mkdir(parents=True)  # a stage left by a kill
+    assert copy_step(str(src), 2, str(dst), edit_meta=lambda m: {**m, "x": 1})
+    assert json.loads((dst / "2" / "meta" / "metadata").read_text())["x"] == 1
+    assert "x" not in json.loads((src / "2" / "meta" / "metadata").read_text())
+    assert not (tmp_path / "b.seeding").exists() and step_dirs(str(dst)) == [2]
+    assert not copy_step(str(src), 2, str(dst))  # seeded: the run resumes from its own
