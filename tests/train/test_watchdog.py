@@ -1,14 +1,12 @@
-"""The watchdog (train/watchdog.py) and the stop agreement (train/stopping.py) in one process:
-a hang's stacks file and line, the phase markers, a lost process's line; a signal's stop.
-The same pieces on real runs: tests/train/test_reliability.py (a hang), tests/run/
-test_multihost.py (SIGTERM to one of two processes, a lost process)."""
+"""The watchdog (train/watchdog.py) in one process: a hang's stacks file and line, the phase
+markers, a lost process's line. (The stop agreement: test_stopping.py.) The same pieces on
+real runs: tests/train/test_reliability.py (a hang), tests/run/test_multihost.py (a lost
+process)."""
 
-import signal
 import threading
 import time
 
 from jaxrl_frontier.train import watchdog as wd
-from jaxrl_frontier.train.stopping import StopAgreement
 
 
 def test_a_step_past_the_timeout_dumps_every_thread_and_names_the_phase(tmp_path):
@@ -81,20 +79,3 @@ def test_a_lost_process_is_one_line_naming_it_and_the_step(tmp_path, monkeypatch
         "lost process 2 of 3 during step 8 (phase: save): it died or was silent past "
         "distributed.heartbeat_timeout_s=0.3; process 0 exits (resume from the last checkpoint)"
     ]
-
-
-def test_a_signal_is_a_stop_after_the_step_and_agree_false_keeps_it_local():
-    stop = StopAgreement()
-    try:
-        assert not stop.agreed(1)
-        signal.raise_signal(signal.SIGTERM)
-        assert stop.requested and stop.agreed(2)
-        assert (stop.signal_name, stop.stopped_at) == ("SIGTERM", 2)
-    finally:
-        stop.close()
-    stop = StopAgreement(agree=False)
-    try:
-        signal.raise_signal(signal.SIGINT)
-        assert stop.after_step(5) and stop.signal_name == "SIGINT"
-    finally:
-        stop.close()
