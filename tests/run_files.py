@@ -1,6 +1,10 @@
-"""Run the test suite as one pytest process per test file, N at a time: `make test`.
+"""Run the test suite as pytest processes, N at a time: `make test`.
 
-    python tests/run_files.py [--workers 2] [--timeout 1500] [--keep-going] [PATH ...]
+    python tests/run_files.py [--workers 2] [--group 6] [--timeout 1500] [--keep-going] [PATH ...]
+
+A long file (`file_order.SLOW_FILES_FIRST`) runs in a process of its own; the other files run
+`--group` to a process (files of one conftest root, no two of the same name), since starting
+a process that imports jax and the package costs about 3 s, more than many short files take.
 
 Why not pytest-xdist: the suite is compile-bound, and each long-lived xdist worker grew to
 several GB and, in about one full run in three, died in XLA:CPU's executable
@@ -18,6 +22,7 @@ that no long file starts last.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import queue
 import re
@@ -55,10 +60,49 @@ def test_files(paths: list[str]) -> list[str]:
     return sorted(found, key=lambda f: rank.get(os.path.basename(f), len(rank)))
 
 
-def run_file(path: str, env: dict, timeout: float) -> tuple[int, str, float]:
-    """(return code, output, seconds) of `pytest -q path` in a fresh process; -9 on timeout."""
+def conftest_root(path: str) -> str:
+    """The nearest folder above `path` holding a conftest.py (tests import it by name, so
+    files under two roots cannot share a process)."""
+    d = os.path.dirname(os.path.abspath(path))
+    while d != os.path.dirname(d) and not os.path.exists(os.path.join(d, "conftest.py")):
+        d = os.path.dirname(d)
+    return d
+
+
+def group_files(files: list[str], size: int) -> list[list[str]]:
+    """The processes to run, in order: each long file (SLOW_FILES_FIRST) alone, then the
+    others in path order, up to `size` to a process, each group of one conftest root and
+    with no two files of the same name (pytest's rootdir imports would clash)."""
+    slow = set(SLOW_FILES_FIRST)
+    groups = [[f] for f in files if os.path.basename(f) in slow]
+    for f in (f for f in files if os.path.basename(f) not in slow):
+        last = groups[-1] if groups and os.path.basename(groups[-1][0]) not in slow else None
+        if (
+            last is None
+            or len(last) >= size
+            or conftest_root(last[0]) != conftest_root(f)
+            or os.path.basename(f) in {os.path.basename(g) for g in last}
+        ):
+            groups.append([f])
+        else:
+            last.append(f)
+    return groups
+
+
+def run_file(paths: list[str], env: dict, timeout: float) -> tuple[int, str, float]:
+    """(return code, output, seconds) of `pytest -q paths` in a fresh process; -9 on timeout."""
     t0 = time.monotonic()
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", path]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "-p",
+        "file_times",
+        *paths,
+    ]
     proc = subprocess.Popen(
         cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
@@ -67,7 +111,7 @@ def run_file(path: str, env: dict, timeout: float) -> tuple[int, str, float]:
     except subprocess.TimeoutExpired:
         proc.kill()
         out, _ = proc.communicate()
-        out += f"\n[run_files] {path}: killed after {timeout:.0f} s\n"
+        out += f"\n[run_files] {' '.join(paths)}: killed after {timeout:.0f} s\n"
     return proc.returncode, out, time.monotonic() - t0
 
 
@@ -85,20 +129,22 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("paths", nargs="*", default=[HERE])
     p.add_argument("--workers", type=int, default=2, help="files run at once")
-    p.add_argument("--timeout", type=float, default=1500, help="seconds per file")
+    p.add_argument("--group", type=int, default=6, help="short files to a process (1: each alone)")
+    p.add_argument("--timeout", type=float, default=1500, help="seconds per process")
     p.add_argument(
         "--keep-going", action="store_true", help="run every file, whatever fails (default: stop)"
     )
     args = p.parse_args(argv)
 
     files = test_files(args.paths)
-    work: queue.Queue[str] = queue.Queue()
-    for f in files:
-        work.put(f)
+    work: queue.Queue[list[str]] = queue.Queue()
+    for group in group_files(files, args.group):
+        work.put(group)
     results: dict[str, tuple[int, str, float, bool]] = {}  # file -> code, summary, s, rerun
     failed = threading.Event()
     lock = threading.Lock()
     caches = [tempfile.mkdtemp(prefix=f"jaxrl_test_jax_cache_w{i}_") for i in range(args.workers)]
+    times_path = os.path.join(caches[0], "file_times.jsonl")  # tests/file_times.py writes it
     t0 = time.monotonic()
 
     def say(msg: str) -> None:
@@ -106,20 +152,22 @@ def main(argv: list[str] | None = None) -> int:
             print(msg, flush=True)
 
     def worker(i: int) -> None:
-        env = dict(os.environ, JAX_COMPILATION_CACHE_DIR=caches[i])
+        path = os.pathsep.join(filter(None, [HERE, os.environ.get("PYTHONPATH")]))
+        env = dict(os.environ, JAX_COMPILATION_CACHE_DIR=caches[i], JAXRL_FILE_TIMES=times_path,
+                   PYTHONPATH=path)  # fmt: skip
         env.pop("PYTEST_XDIST_WORKER", None)
         while args.keep_going or not failed.is_set():
             try:
-                path = work.get_nowait()
+                paths = work.get_nowait()
             except queue.Empty:
                 return
-            rel = os.path.relpath(path, REPO)
-            code, out, seconds = run_file(path, env, args.timeout)
+            rel = " ".join(os.path.relpath(path, REPO) for path in paths)
+            code, out, seconds = run_file(paths, env, args.timeout)
             rerun = False
             if died(code):
                 say(f"[w{i}] {rel}: its pytest process died (return code {code}); the last "
                     f"lines:\n{out[-3000:]}\n[w{i}] {rel}: running it once more")  # fmt: skip
-                code, out, seconds2 = run_file(path, env, args.timeout)
+                code, out, seconds2 = run_file(paths, env, args.timeout)
                 seconds, rerun = seconds + seconds2, True
             line = f"[w{i}] {rel}: {summary_of(out)} ({seconds:.0f} s{', rerun' if rerun else ''})"
             if code not in (0, 5):  # 5: no tests collected
@@ -135,6 +183,11 @@ def main(argv: list[str] | None = None) -> int:
         t.start()
     for t in threads:
         t.join()
+    file_seconds: dict[str, float] = {}
+    if os.path.exists(times_path):
+        for line in open(times_path):
+            row = json.loads(line)
+            file_seconds[row["file"]] = file_seconds.get(row["file"], 0.0) + row["seconds"]
     for c in caches:
         shutil.rmtree(c, ignore_errors=True)
 
@@ -142,17 +195,21 @@ def main(argv: list[str] | None = None) -> int:
     for _, summary, _, _ in results.values():
         for n, word in re.findall(r"(\d+) (\w+)", summary):
             counts[word] = counts.get(word, 0) + int(n)
-    print("\nslowest files:")
+    print("\nslowest processes:")
     for rel, (_, _, s, _) in sorted(results.items(), key=lambda kv: -kv[1][2])[:15]:
+        print(f"  {s:7.1f} s  {rel}")
+    print("\nslowest files (their tests' seconds, without the process start):")
+    for rel, s in sorted(file_seconds.items(), key=lambda kv: -kv[1])[:25]:
         print(f"  {s:7.1f} s  {rel}")
     reruns = [rel for rel, r in results.items() if r[3]]
     if reruns:
         print(f"run again after their process died: {', '.join(reruns)}")
     total = ", ".join(f"{n} {w}" for w, n in sorted(counts.items()))
-    missing = len(files) - len(results)
+    missing = len(files) - sum(len(rel.split()) for rel in results)
     ok = not failed.is_set() and not missing
     print(
-        f"{'PASSED' if ok else 'FAILED'}: {len(results)} of {len(files)} files, {total}, "
+        f"{'PASSED' if ok else 'FAILED'}: {len(files) - missing} of {len(files)} files "
+        f"({len(results)} processes), {total}, "
         f"in {time.monotonic() - t0:.0f} s"
     )
     return 0 if ok else 1
