@@ -60,24 +60,6 @@ def test_every_code_problem_is_solved_by_its_reference_and_not_by_a_wrong_answer
     assert wrong[:, 0].sum() == 0
 
 
-def test_a_bad_code_problems_file_names_the_line(tmp_path):
-    path = tmp_path / "p.jsonl"
-    path.write_text('{"prompt": "def f(a):", "entry": "f", "solution": " a"}\n')
-    with pytest.raises(ValueError, match=r"p.jsonl:1: missing fields \['tests'\]"):
-        make_task("code_problems", path=str(path))
-
-
-def test_the_expected_values_never_enter_the_sandbox():
-    forged = dict(
-        EXAMPLE, tests=[[args, 10**6 + i] for i, (args, _) in enumerate(EXAMPLE["tests"])]
-    )
-    assert TASK.program(forged, " a+b") == TASK.program(EXAMPLE, " a+b")  # inputs only
-    result = type("R", (), dict(status="ok", output=""))()
-    fake = "".join(f'@@jaxrl-result {{"value": {e}}}\n' for _, e in EXAMPLE["tests"])
-    result.output = fake  # printing the right lines means computing them: solving the task
-    assert TASK.score(EXAMPLE, "", result)["correctness"] == 1.0  # (the protocol, as data)
-
-
 def _hostile(secret_path: str, port: int, trainer_pid: int) -> dict[str, str]:
     """Completions of `return` that return a+b only if their attack worked, else -1: f's body
     calls a module-level `attack`, defined after it by the completion, run at each test."""
