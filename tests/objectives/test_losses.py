@@ -1,7 +1,6 @@
-"""Losses: alignment of log-probs/entropy, aggregations, KL estimators, distillation losses
-(against NumPy), CR-OPD's routed gradient, the assembled objective, and config errors."""
-
-import math
+"""objectives/losses.py: the assembled objective is the sum of its parts (the KL in the
+reward or in the loss), `loss_fn` runs the forward, microbatches with the full denominator sum
+to the full batch, the chunked teacher path equals the full logits one, config errors."""
 
 import jax
 import jax.numpy as jnp
@@ -12,11 +11,9 @@ from jaxrl_frontier.core.errors import ObjectiveConfigError
 from jaxrl_frontier.objectives import (
     AGGREGATIONS,
     DISTILL_LOSSES,
-    KL_ESTIMATORS,
     WEIGHTS,
     TokenStats,
     default_config,
-    kl_reward_penalty,
     loss_fn,
     losses,
     objective_loss,
@@ -29,207 +26,12 @@ B, T, V = 3, 6, 7
 MASK = np.array([[0, 0, 1, 1, 1, 1], [0, 0, 0, 1, 1, 0], [0, 0, 1, 1, 1, 1]], np.float32)
 
 
-def np_log_softmax(z):
-    z = np.asarray(z, np.float64)
-    z = z - z.max(-1, keepdims=True)
-    return z - np.log(np.exp(z).sum(-1, keepdims=True))
-
-
 def data(seed=0):
     rng = np.random.default_rng(seed)
     logits = rng.normal(0, 1.5, (B, T, V)).astype(np.float32)
     teacher = rng.normal(0, 1.5, (B, T, V)).astype(np.float32)
     tokens = rng.integers(0, V, (B, T)).astype(np.int32)
     return logits, teacher, tokens
-
-
-# ----------------------------------------------------------------------------- alignment
-
-
-def test_token_logprobs_and_entropy_alignment():
-    logits, _, tokens = data()
-    logp = np.asarray(token_logprobs(jnp.asarray(logits), jnp.asarray(tokens)))
-    ent = np.asarray(token_entropy(jnp.asarray(logits)))
-    for b in range(B):
-        assert logp[b, 0] == 0.0 and ent[b, 0] == 0.0
-        for t in range(1, T):
-            l = np_log_softmax(logits[b, t - 1])  # logits at t - 1 predict token t
-            np.testing.assert_allclose(logp[b, t], l[tokens[b, t]], rtol=1e-5)
-            np.testing.assert_allclose(ent[b, t], -(np.exp(l) * l).sum(), rtol=1e-5)
-
-
-# ----------------------------------------------------------------------------- aggregations
-
-
-def test_aggregations_match_numpy():
-    x = np.random.default_rng(1).normal(size=(B, T)).astype(np.float32)
-    mask = MASK.copy()
-    mask[1] = 0.0  # an empty row is not counted as a sequence
-    rows = [b for b in range(B) if mask[b].sum() > 0]
-    expected = {
-        "token_mean": (mask * x).sum() / mask.sum(),
-        "seq_mean_token_mean": np.mean([(mask[b] * x[b]).sum() / mask[b].sum() for b in rows]),
-        "seq_mean_token_sum": np.mean([(mask[b] * x[b]).sum() for b in rows]),
-        "seq_mean_token_sum_norm": np.mean([(mask[b] * x[b]).sum() for b in rows]) / 8,
-    }
-    assert set(expected) == set(AGGREGATIONS.names())
-    for name, value in expected.items():
-        kw = {"max_completion_len": 8} if name.endswith("norm") else {}
-        got = AGGREGATIONS.get(name)(jnp.asarray(x), jnp.asarray(mask), **kw)
-        np.testing.assert_allclose(got, value, rtol=1e-5, err_msg=name)
-    # C defaults to the row width
-    got = AGGREGATIONS.get("seq_mean_token_sum_norm")(jnp.asarray(x), jnp.asarray(mask))
-    np.testing.assert_allclose(got, expected["seq_mean_token_sum"] / T, rtol=1e-5)
-
-
-# ----------------------------------------------------------------------------- KL to reference
-
-
-def test_kl_estimators():
-    d = np.array([-30.0, -1.0, -0.1, 0.0, 0.5, 2.0, 30.0], np.float32)
-    k = {n: np.asarray(KL_ESTIMATORS.get(n)(jnp.asarray(d))) for n in ("k1", "k2", "k3")}
-    np.testing.assert_allclose(k["k1"], d)
-    np.testing.assert_allclose(k["k2"], d**2 / 2)
-    ref = [min(max(math.exp(min(max(-v, -20), 20)) + v - 1, -10), 10) for v in d]
-    np.testing.assert_allclose(k["k3"], ref, rtol=1e-5, atol=1e-6)
-    assert k["k3"][0] == 10.0 and np.all(k["k3"] >= 0)
-
-
-def test_kl_in_reward_penalty():
-    old = jnp.log(jnp.array([[0.5, 0.5, 0.2]]))
-    ref = jnp.log(jnp.array([[0.5, 0.25, 0.4]]))
-    stats = TokenStats(logp=old, old_logp=old, mask=jnp.array([[0.0, 1.0, 1.0]]), ref_logp=ref)
-    pen = kl_reward_penalty(stats, beta=0.1)
-    np.testing.assert_allclose(pen, [[0.0, -0.1 * math.log(2), -0.1 * math.log(0.5)]], rtol=1e-5)
-
-
-def test_kl_in_reward_keeps_the_kl_out_of_the_loss():
-    """With kl_in_reward the KL to the reference is paid once, through the rewards: the loss
-    then has no KL term (the same loss as kl_coef = 0), while the KL is still reported."""
-    logits, _, tokens = data(7)
-    stats = stats_for(logits, tokens)
-    base = {"weight": "ppo_clip", "aggregation": "token_mean"}
-    in_reward, _ = objective_loss(stats, ADV, {**base, "kl_coef": 0.1, "kl_in_reward": True})
-    no_kl, _ = objective_loss(stats, ADV, {**base, "kl_coef": 0.0})
-    in_loss, metrics = objective_loss(stats, ADV, {**base, "kl_coef": 0.1})
-    np.testing.assert_allclose(in_reward, no_kl, rtol=1e-6)
-    assert abs(float(in_loss) - float(no_kl)) > 1e-4 and float(metrics["kl_ref"]) > 0
-
-
-# ----------------------------------------------------------------------------- distillation
-
-
-def np_lumped(l, idx):
-    top = l[idx]
-    return np.concatenate([top, [np.log(max(1 - np.exp(top).sum(), 1e-20))]])
-
-
-def np_kl(la, lb):
-    pa = np.exp(la)
-    return float((pa * (la - lb)).sum())
-
-
-def np_distill(name, z_s, z_t, y, beta=0.5, top_k=None):
-    ls, lt = np_log_softmax(z_s), np_log_softmax(z_t)
-    if top_k is not None:
-        idx = np.argsort(-lt)[:top_k]
-        ls, lt = np_lumped(ls, idx), np_lumped(lt, idx)
-    if name == "forward_kl" or (name == "jsd" and beta == 0.0):
-        return np_kl(lt, ls)
-    if name == "reverse_kl" or (name == "jsd" and beta == 1.0):
-        return np_kl(ls, lt)
-    if name == "jsd":
-        m = beta * np.exp(lt) + (1 - beta) * np.exp(ls)
-        return beta * np_kl(lt, np.log(m)) + (1 - beta) * np_kl(ls, np.log(m))
-    raise AssertionError(name)
-
-
-@pytest.mark.parametrize(
-    "name,kw",
-    [
-        ("forward_kl", {}),
-        ("reverse_kl", {}),
-        ("jsd", {"beta": 0.5}),
-        ("jsd", {"beta": 0.1}),
-        ("jsd", {"beta": 0.0}),
-        ("jsd", {"beta": 1.0}),
-        ("forward_kl", {"top_k": 3}),
-        ("reverse_kl", {"top_k": 3}),
-        ("jsd", {"beta": 0.3, "top_k": 2}),
-    ],
-)
-def test_distill_losses_match_numpy(name, kw):
-    logits, teacher, tokens = data(2)
-    got = np.asarray(
-        DISTILL_LOSSES.get(name)(
-            jnp.asarray(logits), jnp.asarray(teacher), jnp.asarray(tokens), **kw
-        )
-    )
-    assert np.all(got[:, 0] == 0.0)
-    for b in range(B):
-        for t in range(1, T):
-            ref = np_distill(name, logits[b, t - 1], teacher[b, t - 1], tokens[b, t], **kw)
-            np.testing.assert_allclose(got[b, t], ref, rtol=1e-4, atol=1e-6)
-
-
-def test_distill_losses_vanish_when_student_equals_teacher():
-    logits, _, tokens = data(3)
-    for name in DISTILL_LOSSES.names():
-        got = DISTILL_LOSSES.get(name)(
-            jnp.asarray(logits), jnp.asarray(logits), jnp.asarray(tokens)
-        )
-        np.testing.assert_allclose(got, 0.0, atol=1e-5, err_msg=name)
-
-
-def np_cr_opd(z_s, z_t, y, eta=1.0, top_k=None):
-    """Returns (loss, target q, logit gradient Delta (e_y - rho))."""
-    ps, pt = np.exp(np_log_softmax(z_s)), np.exp(np_log_softmax(z_t))
-    delta = eta * max(ps[y] - pt[y], 0.0)
-    score = np.sqrt(pt * ps)
-    score[y] = 0.0
-    if top_k is not None:
-        support = np.zeros(len(ps), bool)
-        support[np.argsort(-pt)[:top_k]] = True
-        score = score * support
-    rho = score / score.sum() if score.sum() > 0 else np.zeros_like(score)
-    e_y = np.eye(len(ps))[y]
-    q = ps - delta * e_y + delta * rho
-    nz = q > 0
-    loss = float((q[nz] * (np.log(q[nz]) - np.log(ps[nz]))).sum())
-    return loss, q, delta * (e_y - rho)
-
-
-@pytest.mark.parametrize("kw", [{}, {"eta": 0.5}, {"top_k": 3}])
-def test_cr_opd_value_and_routed_gradient(kw):
-    logits, teacher, tokens = data(4)
-    fn = DISTILL_LOSSES.get("cr_opd")
-    got = np.asarray(fn(jnp.asarray(logits), jnp.asarray(teacher), jnp.asarray(tokens), **kw))
-    # the gradient of the summed loss w.r.t. the logits at t - 1 is Delta (e_y - rho)
-    grad = np.asarray(
-        jax.grad(lambda z: jnp.sum(fn(z, jnp.asarray(teacher), jnp.asarray(tokens), **kw)))(
-            jnp.asarray(logits)
-        )
-    )
-    n_routed = n_still = 0
-    for b in range(B):
-        for t in range(1, T):
-            loss, q, g = np_cr_opd(logits[b, t - 1], teacher[b, t - 1], tokens[b, t], **kw)
-            np.testing.assert_allclose(got[b, t], loss, rtol=1e-4, atol=1e-6)
-            np.testing.assert_allclose(grad[b, t - 1], g, rtol=1e-4, atol=1e-6)
-            np.testing.assert_allclose(q.sum(), 1.0, rtol=1e-9)
-            y = tokens[b, t]
-            p_s, p_t = (
-                np.exp(np_log_softmax(logits[b, t - 1])),
-                np.exp(np_log_softmax(teacher[b, t - 1])),
-            )
-            if p_t[y] >= p_s[y]:  # positively scored: no routing, no gradient
-                assert np.all(grad[b, t - 1] == 0.0)
-                n_still += 1
-            else:  # the sampled token is pushed down, its mass goes to the alternatives
-                assert grad[b, t - 1, y] > 0 and np.all(np.delete(grad[b, t - 1], y) <= 1e-7)
-                n_routed += 1
-    assert n_routed > 0 and n_still > 0
-    np.testing.assert_allclose(grad[:, -1], 0.0)
 
 
 # ----------------------------------------------------------------------------- the objective
@@ -288,6 +90,19 @@ def test_objective_is_the_sum_of_its_parts():
     )
     for key in ("loss", "kl_ref", "entropy", "weight_mean", "ratio_mean", "adv_mean"):
         assert np.isfinite(float(metrics[key])), key
+
+
+def test_kl_in_reward_keeps_the_kl_out_of_the_loss():
+    """With kl_in_reward the KL to the reference is paid once, through the rewards: the loss
+    then has no KL term (the same loss as kl_coef = 0), while the KL is still reported."""
+    logits, _, tokens = data(7)
+    stats = stats_for(logits, tokens)
+    base = {"weight": "ppo_clip", "aggregation": "token_mean"}
+    in_reward, _ = objective_loss(stats, ADV, {**base, "kl_coef": 0.1, "kl_in_reward": True})
+    no_kl, _ = objective_loss(stats, ADV, {**base, "kl_coef": 0.0})
+    in_loss, metrics = objective_loss(stats, ADV, {**base, "kl_coef": 0.1})
+    np.testing.assert_allclose(in_reward, no_kl, rtol=1e-6)
+    assert abs(float(in_loss) - float(no_kl)) > 1e-4 and float(metrics["kl_ref"]) > 0
 
 
 def test_kl_loss_gradient_is_k3_derivative():

@@ -1,7 +1,11 @@
-"""Each term is needed: every aggregation, distillation loss and KL estimator at its default
-parameters against a NumPy transcription of its docstring formula, on inputs where leaving
-out any one of its distinguishing terms (the *_TERMS tables) changes the result by far more
-than the tolerance, so an entry without the term fails here."""
+"""objectives/distillation.py: the KL-to-reference estimators and helpers and the
+distillation losses. Each term is needed: every distillation loss and KL estimator at its
+default parameters against a NumPy transcription of its docstring formula, on inputs where
+leaving out any one of its distinguishing terms (the *_TERMS tables) changes the result by far
+more than the tolerance, so an entry without the term fails here. Then the estimators and the
+losses with other parameters (top-k, beta, eta) against NumPy, and CR-OPD's routed gradient."""
+
+import math
 
 import jax
 import jax.numpy as jnp
@@ -9,7 +13,6 @@ import numpy as np
 import pytest
 
 from jaxrl_frontier.objectives import (
-    AGGREGATIONS,
     DISTILL_LOSSES,
     KL_ESTIMATORS,
     TokenStats,
@@ -39,58 +42,7 @@ def check_term(fn_ref_pairs, ref, term, tol):
     assert max(gaps) > MARGIN * tol, f"no case on which {term!r} changes the result: {gaps}"
 
 
-# ----------------------------------------------------------------------------- aggregations
-
 B, T = 4, 5
-# completion lengths 4, 2, 0 (an empty row), 1; "single": one valid token (where the floors
-# max(Z, 1) meet Z = 1); "empty": no valid token at all
-AGG_MASKS = {
-    "ragged": np.array(
-        [[0, 1, 1, 1, 1], [0, 1, 1, 0, 0], [0, 0, 0, 0, 0], [0, 1, 0, 0, 0]], np.float32
-    ),
-    "single": np.zeros((B, T), np.float32),
-    "empty": np.zeros((B, T), np.float32),
-}
-AGG_MASKS["single"][1, 2] = 1.0
-# positive, so no sum cancels: each aggregate is within 20 * eps_f32 = 2.4e-6 of its value
-AGG_X = np.random.default_rng(0).uniform(0.5, 1.5, (B, T)).astype(np.float32)
-AGG_TOL = 1e-5
-
-
-def ref_aggregate(name, x, m, off=()):
-    """N / Z from the docstring (C = T by default); `off` names terms to leave out."""
-    x, m = np.asarray(x, np.float64), np.asarray(m, np.float64)
-    mx = x if "mask" in off else m * x
-    n_b = m.sum(1)
-    rows = B if "valid_rows" in off else (n_b > 0).sum()
-    if name == "token_mean":
-        N, Z = mx.sum(), (m.size if "valid_tokens" in off else m.sum())
-    elif name == "seq_mean_token_mean":
-        row_len = T if "row_length" in off else n_b if "row_guard" in off else np.maximum(n_b, 1)
-        N, Z = (mx.sum(1) / row_len).sum(), rows
-    elif name == "seq_mean_token_sum":
-        N, Z = mx.sum(), rows
-    elif name == "seq_mean_token_sum_norm":
-        N, Z = mx.sum(), rows * (1 if "C" in off else T)
-    else:
-        raise AssertionError(name)
-    return N / (Z if "z_guard" in off else max(Z, 1))
-
-
-AGG_TERMS = {
-    "token_mean": ("mask", "valid_tokens", "z_guard"),
-    "seq_mean_token_mean": ("mask", "row_length", "row_guard", "valid_rows", "z_guard"),
-    "seq_mean_token_sum": ("mask", "valid_rows", "z_guard"),
-    "seq_mean_token_sum_norm": ("mask", "valid_rows", "C", "z_guard"),
-}
-
-
-@pytest.mark.parametrize("name,term", [(n, t) for n, ts in AGG_TERMS.items() for t in ts])
-def test_aggregation_needs_each_term_at_its_defaults(name, term):
-    assert set(AGG_TERMS) == set(AGGREGATIONS.names())
-    fn = AGGREGATIONS.get(name)
-    pairs = [(fn(jnp.asarray(AGG_X), jnp.asarray(m)), (name, AGG_X, m)) for m in AGG_MASKS.values()]
-    check_term(pairs, ref_aggregate, term, AGG_TOL)
 
 
 # ----------------------------------------------------------------------------- distillation
@@ -172,7 +124,7 @@ def ref_distill(name, zs, zt, tokens, off=()):
 
 
 # Not listed: jsd's roles of student and teacher (beta = 0.5 makes it symmetric: swapping
-# them is the same function; test_losses checks beta = 0.1), cr_opd's hinge max(., 0) (the
+# them is the same function; test_distill_losses_match_numpy checks beta = 0.1), cr_opd's hinge max(., 0) (the
 # final where(Delta > 0) already gives 0 wherever it would bind) and its clip of q to [0, 1]
 # (q >= 0 exactly for eta <= 1).
 DISTILL_TERMS = {
@@ -224,7 +176,7 @@ KL_TERMS = {"k2": ("half",), "k3": ("linear", "minus_one", "inner_clamp", "outer
 
 @pytest.mark.parametrize("name,term", [(n, t) for n, ts in KL_TERMS.items() for t in ts])
 def test_kl_estimator_needs_each_term(name, term):
-    assert set(KL_TERMS) | {"k1"} == set(KL_ESTIMATORS.names())  # k1 = d: test_losses
+    assert set(KL_TERMS) | {"k1"} == set(KL_ESTIMATORS.names())  # k1 = d: test_kl_estimators
     d = D if name == "k3" else D[np.isfinite(D)]  # k3 is clipped: finite for every d
     # elementwise: exp and a few adds, relative to the largest value
     check_term([(KL_ESTIMATORS.get(name)(jnp.asarray(d)), (name, d))], ref_k, term, 1e-6)
@@ -290,3 +242,147 @@ def test_kl_helper_needs_each_term_at_its_defaults(name, term):
     stats = kl_stats()
     got = kl_to_ref(stats) if name == "kl_to_ref" else kl_reward_penalty(stats, beta=0.1)
     check_term([(got, (name, stats))], ref_kl_helper, term, 1e-6)
+
+
+# ----------------------------------------------------------------------------- against NumPy
+
+NB, NT, NV = 3, 6, 7
+
+
+def numpy_case(seed=0):
+    rng = np.random.default_rng(seed)
+    logits = rng.normal(0, 1.5, (NB, NT, NV)).astype(np.float32)
+    teacher = rng.normal(0, 1.5, (NB, NT, NV)).astype(np.float32)
+    tokens = rng.integers(0, NV, (NB, NT)).astype(np.int32)
+    return logits, teacher, tokens
+
+
+def test_kl_estimators():
+    d = np.array([-30.0, -1.0, -0.1, 0.0, 0.5, 2.0, 30.0], np.float32)
+    k = {n: np.asarray(KL_ESTIMATORS.get(n)(jnp.asarray(d))) for n in ("k1", "k2", "k3")}
+    np.testing.assert_allclose(k["k1"], d)
+    np.testing.assert_allclose(k["k2"], d**2 / 2)
+    ref = [min(max(math.exp(min(max(-v, -20), 20)) + v - 1, -10), 10) for v in d]
+    np.testing.assert_allclose(k["k3"], ref, rtol=1e-5, atol=1e-6)
+    assert k["k3"][0] == 10.0 and np.all(k["k3"] >= 0)
+
+
+def test_kl_in_reward_penalty():
+    old = jnp.log(jnp.array([[0.5, 0.5, 0.2]]))
+    ref = jnp.log(jnp.array([[0.5, 0.25, 0.4]]))
+    stats = TokenStats(logp=old, old_logp=old, mask=jnp.array([[0.0, 1.0, 1.0]]), ref_logp=ref)
+    pen = kl_reward_penalty(stats, beta=0.1)
+    np.testing.assert_allclose(pen, [[0.0, -0.1 * math.log(2), -0.1 * math.log(0.5)]], rtol=1e-5)
+
+
+def np_lumped(l, idx):
+    top = l[idx]
+    return np.concatenate([top, [np.log(max(1 - np.exp(top).sum(), 1e-20))]])
+
+
+def np_kl_dense(la, lb):
+    pa = np.exp(la)
+    return float((pa * (la - lb)).sum())
+
+
+def np_distill(name, z_s, z_t, y, beta=0.5, top_k=None):
+    ls, lt = np_log_softmax(z_s), np_log_softmax(z_t)
+    if top_k is not None:
+        idx = np.argsort(-lt)[:top_k]
+        ls, lt = np_lumped(ls, idx), np_lumped(lt, idx)
+    if name == "forward_kl" or (name == "jsd" and beta == 0.0):
+        return np_kl_dense(lt, ls)
+    if name == "reverse_kl" or (name == "jsd" and beta == 1.0):
+        return np_kl_dense(ls, lt)
+    if name == "jsd":
+        m = beta * np.exp(lt) + (1 - beta) * np.exp(ls)
+        return beta * np_kl_dense(lt, np.log(m)) + (1 - beta) * np_kl_dense(ls, np.log(m))
+    raise AssertionError(name)
+
+
+@pytest.mark.parametrize(
+    "name,kw",
+    [
+        ("forward_kl", {}),
+        ("reverse_kl", {}),
+        ("jsd", {"beta": 0.5}),
+        ("jsd", {"beta": 0.1}),
+        ("jsd", {"beta": 0.0}),
+        ("jsd", {"beta": 1.0}),
+        ("forward_kl", {"top_k": 3}),
+        ("reverse_kl", {"top_k": 3}),
+        ("jsd", {"beta": 0.3, "top_k": 2}),
+    ],
+)
+def test_distill_losses_match_numpy(name, kw):
+    logits, teacher, tokens = numpy_case(2)
+    got = np.asarray(
+        DISTILL_LOSSES.get(name)(
+            jnp.asarray(logits), jnp.asarray(teacher), jnp.asarray(tokens), **kw
+        )
+    )
+    assert np.all(got[:, 0] == 0.0)
+    for b in range(NB):
+        for t in range(1, NT):
+            ref = np_distill(name, logits[b, t - 1], teacher[b, t - 1], tokens[b, t], **kw)
+            np.testing.assert_allclose(got[b, t], ref, rtol=1e-4, atol=1e-6)
+
+
+def test_distill_losses_vanish_when_student_equals_teacher():
+    logits, _, tokens = numpy_case(3)
+    for name in DISTILL_LOSSES.names():
+        got = DISTILL_LOSSES.get(name)(
+            jnp.asarray(logits), jnp.asarray(logits), jnp.asarray(tokens)
+        )
+        np.testing.assert_allclose(got, 0.0, atol=1e-5, err_msg=name)
+
+
+def np_cr_opd(z_s, z_t, y, eta=1.0, top_k=None):
+    """Returns (loss, target q, logit gradient Delta (e_y - rho))."""
+    ps, pt = np.exp(np_log_softmax(z_s)), np.exp(np_log_softmax(z_t))
+    delta = eta * max(ps[y] - pt[y], 0.0)
+    score = np.sqrt(pt * ps)
+    score[y] = 0.0
+    if top_k is not None:
+        support = np.zeros(len(ps), bool)
+        support[np.argsort(-pt)[:top_k]] = True
+        score = score * support
+    rho = score / score.sum() if score.sum() > 0 else np.zeros_like(score)
+    e_y = np.eye(len(ps))[y]
+    q = ps - delta * e_y + delta * rho
+    nz = q > 0
+    loss = float((q[nz] * (np.log(q[nz]) - np.log(ps[nz]))).sum())
+    return loss, q, delta * (e_y - rho)
+
+
+@pytest.mark.parametrize("kw", [{}, {"eta": 0.5}, {"top_k": 3}])
+def test_cr_opd_value_and_routed_gradient(kw):
+    logits, teacher, tokens = numpy_case(4)
+    fn = DISTILL_LOSSES.get("cr_opd")
+    got = np.asarray(fn(jnp.asarray(logits), jnp.asarray(teacher), jnp.asarray(tokens), **kw))
+    # the gradient of the summed loss w.r.t. the logits at t - 1 is Delta (e_y - rho)
+    grad = np.asarray(
+        jax.grad(lambda z: jnp.sum(fn(z, jnp.asarray(teacher), jnp.asarray(tokens), **kw)))(
+            jnp.asarray(logits)
+        )
+    )
+    n_routed = n_still = 0
+    for b in range(NB):
+        for t in range(1, NT):
+            loss, q, g = np_cr_opd(logits[b, t - 1], teacher[b, t - 1], tokens[b, t], **kw)
+            np.testing.assert_allclose(got[b, t], loss, rtol=1e-4, atol=1e-6)
+            np.testing.assert_allclose(grad[b, t - 1], g, rtol=1e-4, atol=1e-6)
+            np.testing.assert_allclose(q.sum(), 1.0, rtol=1e-9)
+            y = tokens[b, t]
+            p_s, p_t = (
+                np.exp(np_log_softmax(logits[b, t - 1])),
+                np.exp(np_log_softmax(teacher[b, t - 1])),
+            )
+            if p_t[y] >= p_s[y]:  # positively scored: no routing, no gradient
+                assert np.all(grad[b, t - 1] == 0.0)
+                n_still += 1
+            else:  # the sampled token is pushed down, its mass goes to the alternatives
+                assert grad[b, t - 1, y] > 0 and np.all(np.delete(grad[b, t - 1], y) <= 1e-7)
+                n_routed += 1
+    assert n_routed > 0 and n_still > 0
+    np.testing.assert_allclose(grad[:, -1], 0.0)
