@@ -42,7 +42,9 @@ def model_section() -> ml_collections.ConfigDict:
     s.remat = "none"
     # the attention of a forward over many tokens (prefill, update, scoring; a decode step's
     # one query has its own): xla (einsums) | dot_product (jax.nn.dot_product_attention, XLA)
-    # | cudnn (its fused cuDNN kernel: a GPU and model.dtype bfloat16)
+    # | cudnn (its fused cuDNN kernel: a GPU and model.dtype bfloat16) | ring (ring attention
+    # over mesh.sequence: K/V blocks passed around the axis, [T/s, T/s] scores at a time;
+    # xla without a sequence axis; docs/scaling.md "Long rows")
     s.attention = "xla"
     # layers per iteration of the scanned forward: 1 loops over them (least compile time), 0
     # unrolls them all (faster updates for models of a few layers; longer compiles)
@@ -97,7 +99,7 @@ CHOICES: dict[str, tuple] = {
     "model.dtype": ("float32", "bfloat16"),
     "model.family": ("", "gemma2", "gemma3_text"),
     "model.remat": ("none", "full", "dots_saveable"),
-    "model.attention": ("xla", "dot_product", "cudnn"),
+    "model.attention": ("xla", "dot_product", "cudnn", "ring"),
     "model.moe.impl": ("auto", "ragged", "dense"),
     "model.moe.routing_replay": ("none", "rollout", "first_update"),  # moe.ROUTING_REPLAY
     "model.moe.dispatch": ("gather", "all_to_all"),  # layers.MOE_DISPATCH

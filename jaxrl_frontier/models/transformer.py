@@ -50,7 +50,7 @@ from flax import nnx
 
 from jaxrl_frontier.core import sharding as shd
 from jaxrl_frontier.models import moe
-from jaxrl_frontier.models.attention import mask_to_bias, same_segment
+from jaxrl_frontier.models.attention import RowMask, mask_to_bias, same_segment
 from jaxrl_frontier.models.layers import (
     REMAT_POLICIES,
     Block,
@@ -199,9 +199,8 @@ class Transformer(nnx.Module):
         if positions is None:
             positions = positions_from_mask(attention_mask)
         real = attention_mask.astype(bool)
-        key_valid, distance, allowed = self._visible(real, cache, segment_ids)
-        allowed = allowed if cache is not None else self._split_positions(allowed)
-        per_layer, layer_info = self.attention_inputs([(distance, allowed)])
+        key_valid, mask = self._row_mask(real, cache, segment_ids)
+        per_layer, layer_info = self.attention_inputs([mask])
         t = tokens.shape[1]
         route = self._router(attention_mask, routing, router_stats)
         with_stats = lambda x, cache, stats: (  # noqa: E731
@@ -247,11 +246,22 @@ class Transformer(nnx.Module):
         new_cache = cache.replace(k=tuple(k), v=tuple(v), valid=key_valid, index=cache.index + t)
         return with_stats(x, new_cache, stats)
 
+    def _row_mask(self, real, cache, segment_ids):
+        """(key_valid [B, S], the mask as `attention_inputs` takes it: (distance, allowed))
+        of `hidden_states`. A forward over whole rows with `model.attention = 'ring'` gets
+        the mask by its parts (`attention.RowMask`, allowed; distance None): the ring
+        builds each block's mask itself, and no [B, T, S] mask is made."""
+        if cache is None and self.cfg.attention == "ring":
+            return real, (None, self._split_positions(RowMask(real, segment_ids)))
+        key_valid, distance, allowed = self._visible(real, cache, segment_ids)
+        allowed = allowed if cache is not None else self._split_positions(allowed)
+        return key_valid, (distance, allowed)
+
     def _split_positions(self, allowed):
         """A forward over whole rows on a mesh with a sequence axis of s devices (context
         parallelism): each device takes T / s positions, so s must divide T, and builds its
-        own queries' rows of the mask allowed [B, T, S]."""
-        s, t = shd.sequence_size(self.mesh()), allowed.shape[1]
+        own queries' rows of the mask allowed [B, T, S] (or of a `RowMask`'s [B, T] parts)."""
+        s, t = shd.sequence_size(self.mesh()), jax.tree.leaves(allowed)[0].shape[1]
         if s == 1:
             return allowed
         if t % s:
@@ -259,7 +269,7 @@ class Transformer(nnx.Module):
                 f"context parallelism: the mesh's sequence axis ({s} devices, config key "
                 f"'mesh.sequence') must divide the rows' {t} positions"
             )
-        return self.constrain_rows(allowed, positions=True)
+        return jax.tree.map(lambda a: self.constrain_rows(a, positions=True), allowed)
 
     @staticmethod
     def _visible(real, cache, segment_ids):
@@ -339,21 +349,29 @@ class Transformer(nnx.Module):
 
     def attention_inputs(self, masks):
         """masks: [(distance, allowed)], per attention of a layer: slot distance query -
-        key and the allowed bool mask (causal and valid), [B, T, S] or broadcastable.
-        -> (per_layer(info) -> (inv_freq [Dh/2], [attn bias [B, 1, 1, T, S]] per mask),
-        info: the per-layer inputs stacked [L, ...] to scan over, or None).
+        key and the allowed bool mask (causal and valid), [B, T, S] or broadcastable, or
+        (None, an `attention.RowMask`: the mask by its parts, for 'ring').
+        -> (per_layer(info) -> (inv_freq [Dh/2], [attn bias [B, 1, 1, T, S] or the
+        RowMask] per mask), info: the per-layer inputs stacked [L, ...] to scan over, or
+        None).
 
         Models whose layers all attend alike (every family but Gemma) get one shared
         (inv_freq, biases), built once outside the scan; otherwise each layer's window
         limits its keys to distance < window, inside the scanned body."""
         cfg = self.cfg
+
+        def bias(dist, allowed, window=None):
+            if isinstance(allowed, RowMask):
+                return allowed if window is None else allowed.with_window(window)
+            return mask_to_bias(allowed if window is None else allowed & (dist < window))
+
         if not cfg.per_layer_attention:
-            shared = rope_inv_freq(cfg), [mask_to_bias(allowed) for _, allowed in masks]
+            shared = rope_inv_freq(cfg), [bias(*mask) for mask in masks]
             return (lambda _: shared), None
 
         def per_layer(info):
             inv_freq, window = info
-            return inv_freq, [mask_to_bias(a & (dist < window)) for dist, a in masks]
+            return inv_freq, [bias(*mask, window) for mask in masks]
 
         return per_layer, layer_attention_inputs(cfg)
 

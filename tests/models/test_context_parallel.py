@@ -7,11 +7,14 @@ of every row's positions in the update and the log-prob passes.
 - the compiled update gathers the keys and values of a whole row, never its hidden states
   (the log-prob chunks take each device's own positions; a layout that flattens the rows
   instead gathers them, and the check fails);
-- a 16k-token row: the compiled update's temporaries per device fall about 4x;
+- a 16k-token row: the compiled update's temporaries per device fall about 4x; with ring
+  attention (`model.attention = 'ring'`) no buffer spans a device's queries x the row, and
+  they fall 2.6x below the all-gather path's;
 - the trainer runs a sequence-split mesh end to end and gives the run without one;
 - rows the axis does not divide, and MoE policies, are config errors naming the key.
 """
 
+import functools
 import re
 
 import jax
@@ -170,16 +173,43 @@ def test_update_gathers_keys_and_values_not_hidden_states(monkeypatch):
     assert whole_rows(gathered(_update_program(cfg, _mesh(CP), 2, t)))
 
 
+@functools.cache
+def _long_row_update(attention: str, shape, t: int = 16384):
+    """(temporary bytes per device, HLO text) of the compiled update over two rows of t
+    tokens with `model.attention = attention` on the mesh `shape` (shared by the tests)."""
+    cfg = ModelConfig(vocab_size=V, **SMALL_MODEL, remat="full", attention=attention)
+    program = _update_program(cfg, _mesh(shape), 2, t)
+    return program.memory_analysis().temp_size_in_bytes, program.as_text()
+
+
 def test_sixteen_thousand_token_row_needs_a_quarter_of_the_temporaries():
     """Two rows of 16,384 tokens on fsdp 2 against fsdp 2 x sequence 4 (compiled, not run):
     the attention scores [T / s, T], the activations and the logits chunks all fall by the
     sequence axis (measured 13.4 GB -> 3.3 GB a device)."""
-    cfg = ModelConfig(vocab_size=V, **SMALL_MODEL, remat="full")
-    t = 16384
-    plain = _update_program(cfg, _mesh((1, 2, 1, 1)), 2, t).memory_analysis()
-    split = _update_program(cfg, _mesh(CP), 2, t).memory_analysis()
-    ratio = plain.temp_size_in_bytes / split.temp_size_in_bytes
-    assert 3.5 < ratio <= 4.2, (plain.temp_size_in_bytes, split.temp_size_in_bytes)
+    plain, _ = _long_row_update("xla", (1, 2, 1, 1))
+    split, _ = _long_row_update("xla", CP)
+    assert 3.5 < plain / split <= 4.2, (plain, split)
+
+
+F32_SHAPES = re.compile(r"f32\[([0-9,]+)\]")
+
+
+def test_ring_attention_holds_a_block_of_scores_not_a_row():
+    """The same 16k update with `model.attention = 'ring'` (fsdp 2 x sequence 4): no f32
+    buffer spans [T / s, T] (the all-gather path's scores and bias do), and the temporaries
+    per device fall below the all-gather path's (measured 3.3 GB -> 1.3 GB: the [T / s,
+    T / s] block's scores, probabilities and their gradients remain)."""
+    t, n = 16384, 16384 // 4
+    gather_bytes, gather_text = _long_row_update("xla", CP)
+    ring_bytes, ring_text = _long_row_update("ring", CP)
+
+    def row_wide(text):  # f32 buffers with a T / s and a T dim: a device's queries x the row
+        return {s for s in F32_SHAPES.findall(text) if {n, t} <= set(map(int, s.split(",")))}
+
+    assert row_wide(gather_text)
+    assert not row_wide(ring_text), row_wide(ring_text)
+    assert "collective-permute" in ring_text
+    assert gather_bytes / ring_bytes > 2.2, (gather_bytes, ring_bytes)
 
 
 def _config(**overrides):
@@ -193,12 +223,17 @@ def _config(**overrides):
 
 def test_trainer_on_a_sequence_axis_is_the_run_without_one(tmp_path):
     """fsdp 2 x sequence 4 (8 devices) against fsdp 2: the same rollouts, rewards and
-    losses, step by step (sampling reads the same weights, split another way)."""
+    losses, step by step (sampling reads the same weights, split another way). The rollouts
+    run on the same devices with the sequence axis folded into fsdp (rows over all 8)."""
     _, _, plain = run_trainer(_config(**{"mesh.fsdp": 2, "mesh.num_devices": 2}), tmp_path / "a")
     trainer, summary, split = run_trainer(
         _config(**{"mesh.fsdp": 2, "mesh.sequence": 4}), tmp_path / "b"
     )
     assert dict(trainer.roles.mesh.shape) == dict(data=1, fsdp=2, sequence=4, tensor=1)
+    assert dict(trainer.roles.rollout_mesh.shape) == dict(data=1, fsdp=8, sequence=1, tensor=1)
+    assert trainer.roles.rollout_mesh.devices.ravel().tolist() == (
+        trainer.roles.mesh.devices.ravel().tolist()
+    )
     assert summary["step"] == 2 and len(split) == len(plain) == 2
     for a, b in zip(plain, split, strict=True):
         assert b["reward/total"] == a["reward/total"]
