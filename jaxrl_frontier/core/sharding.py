@@ -223,6 +223,19 @@ def sequence_size(mesh: Mesh | None) -> int:
     return 1 if mesh is None else int(mesh.shape.get(SEQUENCE_AXIS, 1))
 
 
+def fold_sequence(mesh: Mesh) -> Mesh:
+    """`mesh` with its sequence axis folded into fsdp: the same devices in the same order,
+    shape (data, fsdp * sequence, 1, tensor). A weight split over ('fsdp', 'sequence') (the
+    `embed` rule) is split over 'fsdp' here on the same devices, and rows split over the
+    batch axes take every device: the sampler's mesh, which has no use for a split of
+    positions (a decode step has one)."""
+    s = sequence_size(mesh)
+    if s == 1:
+        return mesh
+    d, f, _, t = (mesh.shape[a] for a in MESH_AXES)
+    return Mesh(mesh.devices.reshape(d, f * s, 1, t), MESH_AXES)
+
+
 def batch_size_multiple(mesh: Mesh) -> int:
     """Global batch sizes must be multiples of this (devices along the batch axes)."""
     return math.prod(mesh.shape[a] for a in BATCH_AXES)

@@ -45,20 +45,24 @@ def role_devices(config) -> tuple[list, list]:
 
 def build_meshes(config) -> tuple[jax.sharding.Mesh, jax.sharding.Mesh]:
     """(train mesh, rollout mesh): `mesh.*` over the training devices and, when
-    `rollout.devices > 0`, `rollout.mesh.*` over the rollout devices (else the same mesh).
-    Asynchronous and partial rollouts on several processes (`rollout.max_staleness > 0`,
-    `rollout.partial_budget > 0`) sample on a mesh of each process's own devices of those
-    (rl/ahead.py, sampling/partial.py), of the same shape spec."""
+    `rollout.devices > 0`, `rollout.mesh.*` over the rollout devices (else the training
+    devices). Asynchronous and partial rollouts on several processes (`rollout.max_staleness
+    > 0`, `rollout.partial_budget > 0`) sample on a mesh of each process's own devices of
+    those (rl/ahead.py, sampling/partial.py), of the same shape spec. A rollout mesh has no
+    sequence axis (`sharding.fold_sequence`: it joins fsdp), so rows split over every device
+    rather than repeating along it."""
     train, rollout = role_devices(config)
     train_mesh = sharding.make_mesh(sharding.mesh_sizes(config.mesh), train)
+    spec = config.rollout.mesh if rollout else config.mesh
     ahead = config.rollout.max_staleness or config.rollout.partial_budget
     if config.mode == "rl" and ahead and jax.process_count() > 1:
         own = [d for d in (rollout or train) if d.process_index == jax.process_index()]
-        spec = config.rollout.mesh if rollout else config.mesh
-        return train_mesh, sharding.make_mesh(sharding.mesh_sizes(spec), own)
-    if not rollout:
-        return train_mesh, train_mesh
-    return train_mesh, sharding.make_mesh(sharding.mesh_sizes(config.rollout.mesh), rollout)
+        rollout_mesh = sharding.make_mesh(sharding.mesh_sizes(spec), own)
+    elif rollout:
+        rollout_mesh = sharding.make_mesh(sharding.mesh_sizes(spec), rollout)
+    else:
+        rollout_mesh = train_mesh
+    return train_mesh, sharding.fold_sequence(rollout_mesh)
 
 
 def build_tokenizer(config):

@@ -239,3 +239,22 @@ def test_gather_to_local_mesh_moves_the_values_on_device(checkpoint, count_compi
     with count_compiles() as seen:  # the next step's gather: compiled once, reused
         sharding.gather_to_local_mesh(state, targets["stacked"])
     assert seen == []
+
+
+def test_fold_sequence_keeps_the_devices_and_their_weight_split():
+    """The rollouts' mesh (`fold_sequence`): data 1 x fsdp 2 x sequence 4 -> fsdp 8 on the
+    same devices in the same order, so a weight split over ('fsdp', 'sequence') lands on the
+    same device with the same slice, and 8 rows split one a device instead of repeating."""
+    mesh = sharding.make_mesh((1, 2, 4, 1))
+    folded = sharding.fold_sequence(mesh)
+    assert dict(folded.shape) == dict(data=1, fsdp=8, sequence=1, tensor=1)
+    assert folded.devices.ravel().tolist() == mesh.devices.ravel().tolist()
+    assert sharding.fold_sequence(folded) is folded
+    w = np.arange(16.0 * 3).reshape(16, 3)
+    on_train = jax.device_put(w, jax.sharding.NamedSharding(mesh, P(("fsdp", "sequence"))))
+    on_folded = jax.device_put(w, jax.sharding.NamedSharding(folded, P("fsdp")))
+    for a, b in zip(on_train.addressable_shards, on_folded.addressable_shards, strict=True):
+        assert a.device == b.device
+        np.testing.assert_array_equal(a.data, b.data)
+    rows = sharding.shard_batch({"tokens": np.arange(8)[:, None]}, folded)["tokens"]
+    assert sorted(int(s.data[0, 0]) for s in rows.addressable_shards) == list(range(8))
