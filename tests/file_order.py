@@ -5,7 +5,7 @@ process, N at a time, so a long file started last would run alone at the end).""
 SLOW_FILES_FIRST = (
     "test_multihost.py",
     "test_configs.py",
-    "test_step_stages.py",
+    "test_rl_step.py",
     "test_reliability.py",
     "test_trainer.py",
     "test_knobs.py",

@@ -1,15 +1,20 @@
 """The train/rollout log-prob mismatch: the metric by hand, the passes that measure it, and
 its size on the tiny model in f32 (the sampler's cached decode against the trainer's full
-forward, the same weights)."""
+forward, the same weights); the self-conditioned pass against a direct forward after the
+group's solution."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import small_rl_config
+from conftest import SMALL_MODEL, random_model, small_rl_config
+from flax import nnx
 
+from jaxrl_frontier.models.layers import ModelConfig
+from jaxrl_frontier.objectives import logprobs
 from jaxrl_frontier.rl.diagnostics import logp_mismatch
 from jaxrl_frontier.rl.experience import Experience
+from jaxrl_frontier.rl.learn.forward import make_logp_fn
 from jaxrl_frontier.rl.produce.passes import PASSES, run_passes
 from jaxrl_frontier.run import trainer as tr
 
@@ -76,3 +81,47 @@ def test_tiny_model_mismatch_in_f32(tmp_path, recompute):
     assert 0.0 < got["rollout/logp_mismatch_max"] <= bound, (got, bound)
     assert got["rollout/logp_mismatch_mean"] <= got["rollout/logp_mismatch_max"]
     assert abs(got["rollout/logp_mismatch_k3"]) < got["rollout/logp_mismatch_max"] ** 2
+
+
+def test_self_conditioned_pass_equals_a_direct_forward_after_the_groups_solution():
+    """sc_logp of each row = log-probs of its completion after [prompt, the group's first
+    verified solution], computed here on a compact (gap-free) sequence; a group with no
+    solution keeps the behaviour log-probs."""
+    model = random_model(ModelConfig(vocab_size=20, **SMALL_MODEL))
+    graphdef, params = nnx.split(model)
+    tp, tn = 4, 3
+    prompt = [[0, 9, 8, 7], [0, 0, 6, 5]]  # left-padded (0 = pad)
+    comps = [[11, 12, 2], [13, 2, 0], [14, 15, 16], [17, 2, 0]]
+    cmask = [[1, 1, 1], [1, 1, 0], [1, 1, 1], [1, 1, 0]]
+    tokens = np.asarray([prompt[i // 2] + comps[i] for i in range(4)], np.int32)
+    pmask = [[0, 1, 1, 1], [0, 0, 1, 1]]
+    mask = np.asarray([pmask[i // 2] + cmask[i] for i in range(4)], np.int32)
+    loss_mask = jnp.asarray(np.pad(np.asarray(cmask, np.float32), ((0, 0), (tp, 0))))
+    behaviour = -0.25 * (1 + jnp.arange(4 * (tp + tn), dtype=jnp.float32)).reshape(4, -1)
+    exp = _experience(behaviour * loss_mask, loss_mask).replace(
+        tokens=jnp.asarray(tokens),
+        attention_mask=jnp.asarray(mask),
+        rewards=jnp.asarray([[0.0], [1.0], [0.0], [0.0]]),  # group 0: row 1 solved it
+    )
+    sc_pass = PASSES.get("self_conditioned")(
+        scored_logp_fn=make_logp_fn(graphdef, None, completion_len=tn),
+        group_size=2,
+        completion_len=tn,
+        correct_column=0,
+    )
+    got = np.asarray(sc_pass.fn(params, exp))
+
+    def direct(context, completion):
+        seq = jnp.asarray([context + completion], jnp.int32)
+        logp = logprobs.token_logprobs(model(seq, jnp.ones_like(seq)), seq)
+        return np.asarray(logp)[0, -tn:]
+
+    solution = [13, 2]  # row 1's completion up to and with its stop token
+    for i in range(2):
+        context = [t for t, m in zip(prompt[0], pmask[0]) if m] + solution
+        valid = np.asarray(cmask[i], bool)
+        np.testing.assert_allclose(got[i, tp:][valid], direct(context, comps[i])[valid], atol=1e-5)
+        plain = direct([t for t, m in zip(prompt[0], pmask[0]) if m], comps[i])
+        assert np.abs(got[i, tp:][valid] - plain[valid]).max() > 1e-3  # the context matters
+    np.testing.assert_array_equal(got[2:, tp:], np.asarray(exp.old_logp)[2:, tp:])
+    assert np.abs(got[:, :tp]).max() == 0.0
