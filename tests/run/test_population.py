@@ -1,7 +1,8 @@
 """A population (run/population.py): every member equals the solo run of its own config
 (bitwise: the members run the same compiled programs), prompts shared with `same_prompts`,
 one compile for all members, a resume after a kill, a stop signal that stops every member
-after the same step, and the keys a population refuses."""
+after the same step, PBT's copies through a run. (The keys a population refuses:
+test_population_config.py; PBT's plan: test_pbt.py.)"""
 
 from __future__ import annotations
 
@@ -15,9 +16,8 @@ import numpy as np
 import pytest
 from conftest import RL, Killed, small_rl_config
 
-from jaxrl_frontier.core.errors import ConfigError
 from jaxrl_frontier.rl.learn.optimizer import learning_rate
-from jaxrl_frontier.run import population, population_config
+from jaxrl_frontier.run import population
 from jaxrl_frontier.run import trainer as tr
 from jaxrl_frontier.train import hooks
 
@@ -175,50 +175,6 @@ def test_a_signal_stops_every_member_after_the_same_step(tmp_path):
         assert sorted(os.listdir(os.path.join(pop.member_dir(i), "checkpoints")))[-1] == "2"
 
 
-@pytest.mark.parametrize(
-    "change, words",
-    [
-        (lambda c: c.population.vary.objective.update(kl_coef=(0.1, 0.2, 0.3)), "has 3 values"),
-        (lambda c: c.population.vary.objective.update(kl_coef=(0.0, 0.2)), "must be > 0"),
-        (lambda c: c.rollout.update(max_staleness=2), "rollout.max_staleness"),
-        (lambda c: c.schedules.objective.update(kl_coef="cosine(0.1, 0.01)"), "scheduled"),
-        (lambda c: c.population.grid.rollout.update(temperature=(0.7, 1.0, 1.3)), "expands to 3"),
-    ],
-)
-def test_refusals_name_the_key(change, words):
-    c = population_config_of(objective__kl_coef=(0.1, 0.2))
-    if "scheduled" in words:
-        c.population.vary.objective.kl_coef = None
-        c.population.vary.objective.kl_coef = (0.1, 0.2)
-    change(c)
-    with pytest.raises(ConfigError, match=words):
-        population_config.member_values(c)
-
-
-def test_a_structural_key_is_refused_with_the_way_out():
-    c = base_config()
-    c.population.size = 2
-    c.population.vary.unlock()
-    c.population.vary.model = dict(hidden_size=(32, 64))
-    with pytest.raises(ConfigError, match="model.hidden_size.*stages or separate runs"):
-        population_config.member_values(c)
-
-
-def test_a_grid_expands_to_its_product():
-    c = base_config()
-    c.population.grid.seed = (3, 4)
-    c.population.grid.rollout.temperature = (0.7, 1.0)
-    got = population_config.member_values(c)
-    assert got == [
-        {"seed": 3, "rollout.temperature": 0.7},
-        {"seed": 3, "rollout.temperature": 1.0},
-        {"seed": 4, "rollout.temperature": 0.7},
-        {"seed": 4, "rollout.temperature": 1.0},
-    ]
-    member = population_config.member_config(c, got[3])
-    assert member.seed == 4 and member.schedules.rollout.temperature == 1.0
-
-
 def pbt_population(workdir):
     """4 members (kl_coef 0.02 .. 0.08) with PBT every 2 steps on a scripted eval: member i
     scores i / 10, so member 0 copies member 3 at steps 2 (and 4 is the last step: none)."""
@@ -295,18 +251,6 @@ def test_a_killed_pbt_population_resumes_bitwise(pbt_run, tmp_path):
         state, want = resumed.members[i].state, full.members[i].state
         for a, b in zip(jax.tree.leaves(state), jax.tree.leaves(want), strict=True):
             np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-
-
-def test_pbt_plan_ranks_and_draws_reproducibly():
-    from jaxrl_frontier.run import pbt
-
-    options = pbt.PBTOptions(every=2, metric="m", fraction=0.5, factors=(0.5, 2.0), seed=7)
-    scores, values = [0.3, 0.1, 0.9, 0.5], [{"k": 1.0}, {"k": 2.0}, {"k": 3.0}, {"k": 4.0}]
-    got = pbt.plan(options, 4, scores, values)
-    assert [(r["member"], r["copied_from"] in (2, 3)) for r in got] == [(0, True), (1, True)]
-    for r in got:
-        assert r["values"]["k"] / values[r["copied_from"]]["k"] in (0.5, 2.0)
-    assert got == pbt.plan(options, 4, scores, values)  # the same draws on a resume
 
 
 def test_the_batched_update_equals_the_members_own(two_members, tmp_path):

@@ -1,0 +1,70 @@
+"""A population's config (run/population_config.py): the keys it refuses, naming them and the
+way out, and a grid's expansion into the members' values and configs."""
+
+import pytest
+from conftest import RL, small_rl_config
+
+from jaxrl_frontier.core.errors import ConfigError
+from jaxrl_frontier.run import population_config
+
+
+def base_config():
+    c = small_rl_config()
+    for key, value in RL.items():
+        section, name = key.split(".")
+        c[section][name] = value
+    c.objective.kl_coef = 0.05
+    return c
+
+
+def population_config_of(size=2, **vary):
+    c = base_config()
+    c.population.size = size
+    for key, values in vary.items():
+        section, name = key.split("__")
+        c.population.vary[section][name] = values
+    return c
+
+
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        (lambda c: c.population.vary.objective.update(kl_coef=(0.1, 0.2, 0.3)), "has 3 values"),
+        (lambda c: c.population.vary.objective.update(kl_coef=(0.0, 0.2)), "must be > 0"),
+        (lambda c: c.rollout.update(max_staleness=2), "rollout.max_staleness"),
+        (lambda c: c.schedules.objective.update(kl_coef="cosine(0.1, 0.01)"), "scheduled"),
+        (lambda c: c.population.grid.rollout.update(temperature=(0.7, 1.0, 1.3)), "expands to 3"),
+    ],
+)
+def test_refusals_name_the_key(change, words):
+    c = population_config_of(objective__kl_coef=(0.1, 0.2))
+    if "scheduled" in words:
+        c.population.vary.objective.kl_coef = None
+        c.population.vary.objective.kl_coef = (0.1, 0.2)
+    change(c)
+    with pytest.raises(ConfigError, match=words):
+        population_config.member_values(c)
+
+
+def test_a_structural_key_is_refused_with_the_way_out():
+    c = base_config()
+    c.population.size = 2
+    c.population.vary.unlock()
+    c.population.vary.model = dict(hidden_size=(32, 64))
+    with pytest.raises(ConfigError, match="model.hidden_size.*stages or separate runs"):
+        population_config.member_values(c)
+
+
+def test_a_grid_expands_to_its_product():
+    c = base_config()
+    c.population.grid.seed = (3, 4)
+    c.population.grid.rollout.temperature = (0.7, 1.0)
+    got = population_config.member_values(c)
+    assert got == [
+        {"seed": 3, "rollout.temperature": 0.7},
+        {"seed": 3, "rollout.temperature": 1.0},
+        {"seed": 4, "rollout.temperature": 0.7},
+        {"seed": 4, "rollout.temperature": 1.0},
+    ]
+    member = population_config.member_config(c, got[3])
+    assert member.seed == 4 and member.schedules.rollout.temperature == 1.0
