@@ -5,7 +5,7 @@ weights around 0 as Gemma's (1 + w) norms store them), with sliding-window layer
 window (4) is shorter than the sequences, a query pre-attention scalar other than the head
 dim, soft-capping (Gemma 2), and two RoPE bases with linear scaling on the global layers
 (Gemma 3). Checked: logits on a left-padded batch, greedy continuations from our sampler,
-save -> transformers load, and the config mapping both ways.
+and save -> transformers load (the config mapping: tests/models/test_architectures.py).
 """
 
 import json
@@ -157,55 +157,6 @@ def test_greedy_continuation_matches_transformers(case, gemma):
     np.testing.assert_array_equal(completion, ref.argmax(-1))
     top2 = np.sort(ref, -1)[..., -2:]
     assert (top2[..., 1] - top2[..., 0]).min() > 1e-4  # no near-tie decided by rounding
-
-
-def test_config_mapping_and_errors():
-    import transformers
-
-    for case, (cls_name, extra) in sorted(CASES.items()):
-        hf_cfg = getattr(transformers, cls_name)(**BASE, **extra).to_dict()
-        hf_cfg["architectures"] = [{"gemma2": "Gemma2ForCausalLM"}.get(case, "Gemma3ForCausalLM")]
-        cfg = hf.config_from_hf(hf_cfg)
-        assert hf.config_from_hf(hf.config_to_hf(cfg)) == cfg, case
-        assert cfg.tie_word_embeddings and cfg.norm_plus_one and cfg.sandwich_norms
-    assert cfg.layer_types == tuple(LOCAL_GLOBAL) and cfg.qk_norm
-    assert (cfg.rope_theta, cfg.rope_local_theta) == (1e6, 1e4)
-    assert cfg.rope_scaling == (("factor", 2.0), ("rope_type", "linear"))
-
-    # transformers-4 style Gemma 3 (google/gemma-3-1b-it's keys): pattern and local base
-    v4 = {
-        "architectures": ["Gemma3ForCausalLM"],
-        **{k: v for k, v in BASE.items()},
-        "num_hidden_layers": 7,
-        "rope_theta": 1000000,
-        "rope_local_base_freq": 10000,
-        "rope_scaling": None,
-        "sliding_window_pattern": 6,
-        "hidden_activation": "gelu_pytorch_tanh",
-        "attn_logit_softcapping": None,
-        "final_logit_softcapping": None,
-    }
-    cfg = hf.config_from_hf(v4)
-    assert cfg.sliding_layers == (True,) * 5 + (False, True)
-    # fewer layers (a speculative shallow draft) keep the first layers' types; more repeat
-    assert cfg.replace(num_layers=2).sliding_layers == (True, True)
-    assert cfg.replace(num_layers=9).sliding_layers == (True,) * 5 + (False, True, True, True)
-    assert (cfg.rope_theta, cfg.rope_local_theta, cfg.rope_scaling) == (1e6, 1e4, None)
-    # Gemma 2 without layer_types alternates, layer 0 sliding
-    g2 = {**v4, "architectures": ["Gemma2ForCausalLM"], "num_hidden_layers": 4}
-    assert hf.config_from_hf(g2).sliding_layers == (True, False, True, False)
-
-    bad = {
-        "hidden_activation": ("gelu_new", "hidden_activation='gelu_new'"),
-        "attention_bias": (True, "attention_bias=True"),
-        "use_bidirectional_attention": (True, "use_bidirectional_attention"),
-        "attn_logit_softcapping": (50.0, "attn_logit_softcapping"),
-        "rope_scaling": ({"rope_type": "yarn", "factor": 2.0}, "'yarn'"),
-        "layer_types": (["full_attention"] * 6 + ["chunked_attention"], "chunked_attention"),
-    }
-    for key, (value, message) in bad.items():
-        with pytest.raises(ValueError, match=message):
-            hf.config_from_hf({**v4, key: value})
 
 
 def test_sliding_window_ring_cache_decode(gemma):

@@ -3,8 +3,6 @@
 (Parity with transformers is in test_hf.py; sharded forwards in test_sharding.py.)
 """
 
-import re
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -12,7 +10,7 @@ import pytest
 from conftest import left_padded_batch, random_model
 from flax import nnx
 
-from jaxrl_frontier.models.layers import ModelConfig, dense, init_cache, positions_from_mask
+from jaxrl_frontier.models.layers import ModelConfig, init_cache, positions_from_mask
 from jaxrl_frontier.models.transformer import Transformer, with_compute_weights
 
 BASE = dict(
@@ -133,55 +131,3 @@ def test_with_compute_weights_same_outputs(name):
     np.testing.assert_array_equal(decode_two(model), decode_two(cast))
     f32 = random_model(CONFIGS[name])
     assert with_compute_weights(f32) is f32  # nothing to cast: the same model
-
-
-def test_config_errors():
-    with pytest.raises(ValueError, match=r"num_heads=4 must be a multiple of num_kv_heads=3"):
-        ModelConfig(**{**BASE, "num_kv_heads": 3})
-    with pytest.raises(ValueError, match=r"dtype='float16'"):
-        ModelConfig(**BASE, dtype="float16")
-    with pytest.raises(ValueError, match=r"rope_scaling type 'yarn' is not supported"):
-        random_model(CONFIGS["llama"].replace(rope_scaling=(("rope_type", "yarn"),)))(
-            jnp.zeros((1, 2), jnp.int32)
-        )
-
-
-@pytest.mark.parametrize("contract", [1, 2])
-def test_dense_equals_einsum_values_and_gradients(contract):
-    """`dense` (flattened 2-D matmul) == the N-D contraction, forward and backward."""
-    rng = np.random.default_rng(0)
-    x = jnp.asarray(rng.standard_normal((3, 5, 4, 6)), jnp.float32)  # [B, T, H, Dh]
-    w_shape = (6, 7) if contract == 1 else (4, 6, 7)
-    w = jnp.asarray(rng.standard_normal(w_shape), jnp.float32)
-
-    def loss(dense_fn, x, w):
-        return jnp.sum(jnp.sin(dense_fn(x, w)))
-
-    flat = lambda x, w: dense(x, w, contract)
-    nd = lambda x, w: jnp.tensordot(x, w, contract)
-    assert flat(x, w).shape == nd(x, w).shape == x.shape[: 4 - contract] + (7,)
-    np.testing.assert_allclose(flat(x, w), nd(x, w), rtol=1e-5, atol=1e-5)
-    g_flat = jax.grad(lambda x, w: loss(flat, x, w), argnums=(0, 1))(x, w)
-    g_nd = jax.grad(lambda x, w: loss(nd, x, w), argnums=(0, 1))(x, w)
-    for a, b in zip(g_flat, g_nd):
-        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5)
-    with pytest.raises(ValueError, match="does not end in w's input dims"):
-        dense(x, jnp.zeros((5, 7)))
-
-
-@pytest.mark.skipif(jax.default_backend() != "cpu", reason="an XLA:CPU layout property")
-def test_mlp_weight_gradients_need_no_transposed_copies():
-    """The reason for `dense`: XLA:CPU copies a transposed [B, T, F] cotangent before each
-    weight-gradient dot of a 3-D matmul; flattened, the compiled backward has no copy."""
-    from jaxrl_frontier.models.layers import MLP
-
-    mlp = MLP(ModelConfig(**BASE), rngs=nnx.Rngs(0))  # one layer's MLP (unstacked)
-    graphdef, state = nnx.split(mlp)
-    x = jnp.ones((4, 8, BASE["hidden_size"]), jnp.float32)
-
-    def loss(state, x):
-        return jnp.sum(nnx.merge(graphdef, state)(x) ** 2)
-
-    hlo = jax.jit(jax.grad(loss)).lower(state, x).compile().as_text()
-    copies = re.findall(r"= \S+ (?:copy|transpose)\(", hlo)  # instructions, not metadata
-    assert not copies, copies
