@@ -7,7 +7,6 @@ every forward runs jitted.
 """
 
 import dataclasses
-import math
 
 import jax
 import jax.numpy as jnp
@@ -271,64 +270,10 @@ def test_dropout_masks_fixed_per_row(model, forward):
     )
 
 
-# ----------------------------------------------------------------------------- sample_logits
-
-
-def truncated_probs_np(logits, temperature, top_k, top_p, min_p):
-    """Reference: softmax(logits / T) restricted to the top-k, then top-p, then min-p set."""
-    z = logits / temperature
-    order = np.argsort(-z)
-    keep = np.ones_like(z, bool)
-    if top_k:
-        keep[order[top_k:]] = False
-    p = np.where(keep, np.exp(z - z.max()), 0.0)
-    p /= p.sum()
-    if top_p < 1:
-        mass = 0.0
-        for i in order:
-            if keep[i] and mass >= top_p:
-                keep[i] = False
-            mass += p[i]
-    p = np.where(keep, p, 0.0)
-    keep &= p >= min_p * p.max()
-    p = np.where(keep, p, 0.0)
-    return p / p.sum()
-
-
-def chi2_upper(df: int, z: float = 4.265) -> float:
-    """Wilson-Hilferty approximation of the chi-square upper quantile (z=4.265: p=1e-5)."""
-    a = 2.0 / (9.0 * df)
-    return df * (1.0 - a + z * math.sqrt(a)) ** 3
+# ----------------------------------------------------------------------------- sample_logits (its distribution: tests/sampling/test_ops.py)
 
 
 LOGITS = np.array([2.0, 1.5, 1.2, 0.9, 0.4, 0.0, -0.3, -0.8, -1.5, -3.0], np.float32)
-
-
-@pytest.mark.parametrize(
-    "temperature, top_k, top_p, min_p",
-    [
-        (1.0, 0, 1.0, 0.0),
-        (0.6, 5, 1.0, 0.0),
-        (1.4, 0, 0.8, 0.0),
-        (1.0, 0, 1.0, 0.15),
-        (0.8, 6, 0.9, 0.05),
-    ],
-)
-def test_sample_logits_distribution(temperature, top_k, top_p, min_p):
-    num = 50_000
-    params = SamplingParams(
-        max_new_tokens=1, temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p
-    )
-    logits = jnp.broadcast_to(jnp.asarray(LOGITS), (num, LOGITS.size))
-    tokens, logp = sample_logits(logits, jax.random.key(11), params)
-    tokens, logp = np.asarray(tokens), np.asarray(logp)
-    expected = truncated_probs_np(LOGITS.astype(np.float64), temperature, top_k, top_p, min_p)
-    counts = np.bincount(tokens, minlength=LOGITS.size)
-    kept = expected > 0
-    assert counts[~kept].sum() == 0, "a truncated token was sampled"
-    stat = np.sum((counts[kept] - num * expected[kept]) ** 2 / (num * expected[kept]))
-    assert stat < chi2_upper(int(kept.sum()) - 1), (stat, counts, num * expected)
-    np.testing.assert_allclose(logp, np.log(expected[tokens]), atol=1e-5)
 
 
 def test_greedy_sample_logits_and_errors(sampler):
