@@ -1,4 +1,6 @@
-"""Config validation: every error names the offending key (and the allowed values)."""
+"""Config validation (`validate`): every error names the offending key (and the allowed
+values). (The schema's merge, its did-you-mean errors and the kwargs restarted by a
+switch of entry: test_schema.py.)"""
 
 import importlib.util
 import os
@@ -9,8 +11,8 @@ import ml_collections
 import pytest
 
 from jaxrl_frontier.core.errors import ConfigError
-from jaxrl_frontier.run import build, presets
-from jaxrl_frontier.run.config import base_config, entry_defaults, resolve, validate
+from jaxrl_frontier.run import build
+from jaxrl_frontier.run.config import base_config, validate
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -37,37 +39,6 @@ def test_base_and_grpo_configs_are_valid():
     for c in (base_config(), _grpo(), _grpo(None)):
         c.rollout.top_p = 1.5
         assert "'rollout.top_p' = 1.5" in _error(c)
-
-
-def test_unknown_nested_key_is_named_with_its_siblings():
-    c = _grpo()
-    with pytest.raises(AttributeError, match='"lrr".*locked.*Did you mean "lr"'):
-        c.optimizer.lrr = 1.0  # the config is locked: a typo fails where it is written
-    c = _grpo().to_dict()  # a plain dict (another source) through validate
-    c["optimizer"]["lrr"] = 1.0
-    msg = _error(c)
-    assert "'optimizer.lrr'" in msg
-    for sibling in ("lr", "b1", "warmup_steps"):
-        assert sibling in msg
-
-
-def test_unknown_top_level_key():
-    c = _grpo()
-    with pytest.raises(AttributeError, match='"trainn".*Did you mean "train"'):
-        c.trainn = ml_collections.ConfigDict(dict(steps=3))
-    c = _grpo().to_dict()
-    c["trainn"] = dict(steps=3)
-    assert "'trainn'" in _error(c)
-
-
-def test_wrong_type_names_key_and_types():
-    c = _grpo().to_dict()
-    c["eval"]["num_prompts"] = "4"
-    msg = _error(ml_collections.ConfigDict(c))
-    assert "'eval.num_prompts'" in msg and "str" in msg and "int" in msg
-    c = _grpo().to_dict()
-    c["train"]["recompute_old_logp"] = 1  # an int where a bool is expected
-    assert "'train.recompute_old_logp'" in _error(ml_collections.ConfigDict(c))
 
 
 def test_bad_choice_lists_allowed_values():
@@ -187,15 +158,6 @@ def test_paths_required_for_non_scratch_init():
     assert "'teacher.path'" in _error(c)
 
 
-def test_resolve_keeps_section_defaults():
-    c = _grpo().to_dict()
-    c["mesh"] = dict(data=2)
-    r = resolve(c)
-    assert (r.mesh.data, r.mesh.fsdp, r.mesh.tensor, r.mesh.num_devices) == (2, 1, 1, 0)
-    validate(r, num_devices=2)
-    assert "'mesh'" in _error(r, num_devices=8)  # 2 fixed devices of 8, none taking the rest
-
-
 def test_cli_unknown_key_exits_nonzero_naming_it(tmp_path):
     proc = subprocess.run(
         [
@@ -232,85 +194,6 @@ def _command_line(*overrides, config="grpo_arith.py:runlocal"):
     )
     fv(argv)
     return fv.config
-
-
-def test_switching_the_weight_restarts_its_kwargs_from_the_new_defaults(caplog):
-    c = _command_line("--config.objective.weight=dppo")
-    with caplog.at_level("INFO", logger="jaxrl_frontier.run.schema"):
-        r = resolve(c)
-    assert r.objective.weight_kwargs.to_dict() == dict(
-        delta_low=0.15, delta_high=0.15, ratio_cap=20.0
-    )
-    assert "eps_high" in caplog.text and "'ppo_clip'" in caplog.text  # what was dropped
-    validate(c, num_devices=8)
-    assert resolve(r).to_dict() == r.to_dict()  # idempotent
-    # a kwarg set for the new entry applies
-    c = _command_line(
-        "--config.objective.weight=dppo", "--config.objective.weight_kwargs.delta_low=0.1"
-    )
-    assert resolve(c).objective.weight_kwargs.to_dict() == dict(
-        delta_low=0.1, delta_high=0.15, ratio_cap=20.0
-    )
-
-
-def test_switching_the_task_restarts_its_kwargs_from_the_new_defaults(caplog):
-    """--config.task.name on a file written for another task: its kwargs start from the new
-    task's defaults (the arithmetic ones are dropped, named in the log), and a knob of the new
-    task set on the command line applies."""
-    from jaxrl_frontier.data.tasks.base import task_defaults
-
-    c = _command_line("--config.task.name=code")
-    with caplog.at_level("INFO", logger="jaxrl_frontier.run.schema"):
-        r = resolve(c)
-    assert r.task.kwargs.to_dict() == task_defaults("code")
-    assert "'max_digits'" in caplog.text and "'arithmetic'" in caplog.text
-    validate(c, num_devices=8)
-    assert resolve(r).to_dict() == r.to_dict()  # idempotent
-    c = _command_line("--config.task.name=code", "--config.task.kwargs.num_tests=6")
-    assert resolve(c).task.kwargs.to_dict() == {**task_defaults("code"), "num_tests": 6}
-    # the file's own task: its kwargs as written, the other tasks' unset knobs dropped
-    assert resolve(_command_line()).task.kwargs.to_dict() == dict(
-        task_defaults("arithmetic"), **presets.RUNLOCAL_ARITH_TASK
-    )
-
-
-def test_shared_kwarg_names_take_the_new_entry_default_unless_set():
-    # ppo_clip and cispo both take eps_low / eps_high: the file's 0.2 was written for ppo_clip
-    r = resolve(_command_line("--config.objective.weight=cispo"))
-    assert r.objective.weight_kwargs.to_dict() == dict(eps_low=1.0, eps_high=0.28)
-    c = _command_line(
-        "--config.objective.weight=cispo", "--config.objective.weight_kwargs.eps_high=0.3"
-    )
-    assert resolve(c).objective.weight_kwargs.to_dict() == dict(eps_low=1.0, eps_high=0.3)
-    # DAPO's eps_high = 0.28 is not carried over to gspo's (4e-4)
-    r = resolve(_command_line("--config.objective.weight=gspo", config="dapo_arith.py"))
-    assert r.objective.weight_kwargs.to_dict() == dict(eps_low=3e-4, eps_high=4e-4)
-
-
-def test_a_sweep_over_weights_is_a_list_of_names():
-    from jaxrl_frontier.objectives import WEIGHTS
-
-    for name in WEIGHTS.names():
-        c = _command_line(f"--config.objective.weight={name}")
-        validate(c, num_devices=8)
-        assert resolve(c).objective.weight_kwargs.to_dict() == {
-            k: v for k, v in entry_defaults("weight", name).items()
-        }, name
-
-
-def test_switching_advantage_and_aggregation():
-    r = resolve(_command_line("--config.objective.advantage=rloo"))
-    assert r.objective.advantage_kwargs.to_dict() == {}  # grpo's scale / eps dropped
-    c = _command_line(
-        "--config.objective.aggregation=seq_mean_token_sum_norm",
-        "--config.objective.aggregation_kwargs.max_completion_len=6",
-    )
-    assert resolve(c).objective.aggregation_kwargs.to_dict() == dict(max_completion_len=6)
-    validate(c, num_devices=8)
-    c = _command_line(
-        "--config.objective.distill=jsd", "--config.objective.distill_kwargs.beta=0.2"
-    )
-    assert resolve(c).objective.distill_kwargs.to_dict() == dict(beta=0.2)
 
 
 def test_kwarg_typos_are_still_errors():
@@ -355,44 +238,6 @@ def test_tis_against_recomputed_behaviour_log_probs_is_refused(key, value):
     assert "'objective.weight' = 'tis'" in msg and repr(key) in msg
     c[section][name] = False if key.startswith("train") else ()
     validate(c, num_devices=8)  # the sampler's own log-probs: accepted
-
-
-def test_objective_defaults_are_defined_once():
-    from jaxrl_frontier.objectives import losses
-
-    o = base_config().objective
-    for key, default in losses.DEFAULTS.items():
-        value = o[key].to_dict() if hasattr(o[key], "to_dict") else o[key]
-        assert value == default, key
-    assert o.distill_coef == 1.0
-    with open(os.path.join(REPO, "docs", "objectives.md")) as f:
-        row = next(line for line in f if line.startswith("| `distill`, `distill_coef`"))
-    assert "`None`, `1.0`, `{}`" in row  # what the docs state
-
-
-def test_unset_is_none_and_settable_from_the_command_line():
-    c = base_config()
-    assert c.rollout.cache_dtype is None and c.objective.distill is None
-    assert c.distributed.to_dict() == dict(
-        coordinator_address=None,
-        num_processes=None,
-        process_id=None,
-        heartbeat_timeout_s=60,
-        initialization_timeout_s=300,
-        shutdown_timeout_s=300,
-        agree_stop=True,
-    )
-    c = _command_line(
-        "--config.rollout.cache_dtype=bfloat16",
-        "--config.distributed.num_processes=2",
-        "--config.distributed.process_id=1",
-        "--config.distributed.coordinator_address=localhost:1234",
-    )
-    assert c.rollout.cache_dtype == "bfloat16" and c.distributed.num_processes == 2
-    validate(c, num_devices=8)
-    c.rollout.cache_dtype = "float16"
-    msg = _error(c)
-    assert "'rollout.cache_dtype'" in msg and "None" in msg and "'bfloat16'" in msg
 
 
 def test_advantage_kwargs_supplied_from_the_batch_are_refused():

@@ -1,0 +1,160 @@
+"""The builders from a config (run/build.py) whose results need no model: the devices and
+meshes of the roles, the tokenizer a config picks, the model config a `model` section
+spells, the objective section, the schedule's horizon and the resume check on it."""
+
+import jax
+import pytest
+
+from jaxrl_frontier.core.errors import ConfigError
+from jaxrl_frontier.models.tokenizer import CharTokenizer
+from jaxrl_frontier.run import build
+from jaxrl_frontier.run.config import base_config, resolve
+
+
+def _config(**sections):
+    """base_config() resolved, with {section: {key: value}} set."""
+    c = resolve(base_config())
+    for section, values in sections.items():
+        c[section].update(values)
+    return c
+
+
+def _shape(mesh) -> dict[str, int]:
+    return dict(mesh.shape)
+
+
+def test_role_devices_split_the_last_rollout_devices_off():
+    devices = jax.devices()  # 8 fake CPU devices, one process
+    assert build.role_devices(_config()) == (devices, [])
+    assert build.role_devices(_config(mesh=dict(num_devices=4))) == (devices[:4], [])
+    train, rollout = build.role_devices(_config(rollout=dict(devices=2)))
+    assert (train, rollout) == (devices[:6], devices[6:])
+    # the first 4 devices only, then the last 3 of them to rollouts
+    train, rollout = build.role_devices(_config(mesh=dict(num_devices=4), rollout=dict(devices=3)))
+    assert (train, rollout) == (devices[:1], devices[1:4])
+
+
+def test_one_mesh_serves_both_roles_without_rollout_devices():
+    c = _config(mesh=dict(data=2, fsdp=-1, tensor=2))
+    train, rollout = build.build_meshes(c)
+    assert _shape(train) == dict(data=2, fsdp=2, sequence=1, tensor=2)
+    assert rollout is train
+    assert build.build_mesh(c).devices.tolist() == train.devices.tolist()
+
+
+def test_a_sequence_axis_is_folded_into_fsdp_on_the_rollout_mesh():
+    """mesh.sequence = 2 over 8 devices: the update's mesh (2, 2, 2, 1); the rollouts' has
+    no sequence axis, its fsdp axis 2 x 2 = 4 over the same devices in the same order."""
+    c = _config(mesh=dict(data=2, fsdp=2, sequence=2))
+    train, rollout = build.build_meshes(c)
+    assert _shape(train) == dict(data=2, fsdp=2, sequence=2, tensor=1)
+    assert _shape(rollout) == dict(data=2, fsdp=4, sequence=1, tensor=1)
+    assert rollout.devices.reshape(-1).tolist() == train.devices.reshape(-1).tolist()
+    # fsdp index f * 2 + s of the rollout mesh is the training mesh's (f, s)
+    assert rollout.devices[1, 3, 0, 0] == train.devices[1, 1, 1, 0]
+
+
+def test_rollout_devices_get_a_mesh_of_their_own():
+    c = _config(mesh=dict(data=-1), rollout=dict(devices=4, mesh=dict(data=1, fsdp=2, tensor=2)))
+    train, rollout = build.build_meshes(c)
+    devices = jax.devices()
+    assert _shape(train) == dict(data=4, fsdp=1, sequence=1, tensor=1)
+    assert train.devices.reshape(-1).tolist() == devices[:4]
+    assert _shape(rollout) == dict(data=1, fsdp=2, sequence=1, tensor=2)
+    assert rollout.devices.reshape(-1).tolist() == devices[4:]
+
+
+def test_the_tokenizer_comes_from_its_path_the_models_export_or_the_characters(tmp_path):
+    assert isinstance(build.build_tokenizer(_config()), CharTokenizer)
+    assert build.build_tokenizer(_config()).vocab_size == CharTokenizer().vocab_size
+    saved = tmp_path / "tok"
+    CharTokenizer("abc").save(str(saved))
+    small = CharTokenizer("abc").vocab_size
+    assert small < CharTokenizer().vocab_size
+    got = build.build_tokenizer(_config(tokenizer=dict(path=str(saved))))
+    assert got.vocab_size == small and got.encode("cab") == CharTokenizer("abc").encode("cab")
+    # a workdir of ours: the tokenizer of its export/
+    workdir = tmp_path / "run"
+    CharTokenizer("xy").save(str(workdir / "export"))
+    got = build.build_tokenizer(_config(model=dict(path=str(workdir))))
+    assert got.vocab_size == CharTokenizer("xy").vocab_size
+    # a path with no saved tokenizer: the characters
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    got = build.build_tokenizer(_config(tokenizer=dict(path=str(empty))))
+    assert got.vocab_size == CharTokenizer().vocab_size
+
+
+def test_export_dir_is_a_workdirs_export_or_the_path_itself(tmp_path):
+    assert build.export_dir("") == ""
+    assert build.export_dir(str(tmp_path)) == str(tmp_path)
+    (tmp_path / "export").mkdir()
+    assert build.export_dir(str(tmp_path)) == str(tmp_path / "export")
+    assert build.export_dir(str(tmp_path / "nope")) == str(tmp_path / "nope")
+
+
+@pytest.mark.parametrize(
+    "model, family",
+    [
+        (dict(), "llama"),
+        (dict(qkv_bias=True), "qwen2"),
+        (dict(qk_norm=True), "qwen3"),
+        (dict(moe=dict(num_experts=4, num_experts_per_tok=2, intermediate_size=16)), "qwen3_moe"),
+    ],
+)
+def test_the_model_section_spells_the_model_config(model, family):
+    c = _config(model=dict(hidden_size=32, intermediate_size=64, num_heads=4, num_kv_heads=2))
+    for key, value in model.items():
+        if isinstance(value, dict):
+            c.model[key].update(value)
+        else:
+            c.model[key] = value
+    tok = CharTokenizer()
+    cfg = build.model_config_from(c, tok)
+    assert cfg.family == family
+    assert (cfg.hidden_size, cfg.intermediate_size, cfg.num_heads, cfg.num_kv_heads) == (
+        32, 64, 4, 2,
+    )  # fmt: skip
+    assert cfg.vocab_size == tok.vocab_size  # model.vocab_size 0: the tokenizer's
+    experts = c.model.moe.num_experts
+    assert (cfg.num_experts, cfg.num_experts_per_tok, cfg.moe_intermediate_size) == (
+        (4, 2, 16) if experts else (0, 0, 0)
+    )
+    c.model.vocab_size = 512  # a padded vocabulary
+    assert build.model_config_from(c, tok).vocab_size == 512
+
+
+def test_the_objective_section_is_the_losses_keys_with_an_unset_distill_none():
+    from jaxrl_frontier.objectives import losses
+
+    c = _config()
+    section = build.objective_section(c.objective)
+    assert set(section) == set(losses.DEFAULTS)  # no `as_written`, no reward weights' extras
+    assert section["distill"] is None and section["kl_coef"] == c.objective.kl_coef
+    c.objective.distill = ""
+    assert build.objective_section(c.objective)["distill"] is None
+    c.objective.distill = "jsd"
+    assert build.objective_section(c.objective)["distill"] == "jsd"
+
+
+def test_total_updates_is_the_schedules_horizon():
+    rl = _config(train=dict(steps=10, epochs=2, minibatches=3))
+    assert build.total_updates(rl) == 10 * 2 * 3
+    sft = _config(train=dict(steps=10, epochs=2, minibatches=3))
+    sft.mode = "sft"
+    assert build.total_updates(sft) == 10
+
+
+def test_a_resume_with_another_schedule_names_the_keys():
+    saved = _config(train=dict(steps=10)).to_dict()
+    build.check_resume_schedule(saved, _config(train=dict(steps=10)))  # the same: accepted
+    build.check_resume_schedule({}, _config(optimizer=dict(lr=1.0)))  # nothing saved
+    with pytest.raises(ConfigError, match=r"optimizer\.lr, optimizer\.warmup_steps changed"):
+        build.check_resume_schedule(saved, _config(optimizer=dict(lr=1.0, warmup_steps=3)))
+    # a constant schedule has no horizon: more steps are fine; a decay's horizon moves
+    assert saved["optimizer"]["schedule"] == "constant"
+    build.check_resume_schedule(saved, _config(train=dict(steps=20)))
+    cosine = _config(train=dict(steps=10), optimizer=dict(schedule="cosine"))
+    longer = _config(train=dict(steps=20), optimizer=dict(schedule="cosine"))
+    with pytest.raises(ConfigError, match=r"\(10 -> 20 optimizer steps, the decay's horizon\)"):
+        build.check_resume_schedule(cosine.to_dict(), longer)
