@@ -6,10 +6,10 @@ import jax
 import ml_collections
 import numpy as np
 import pytest
-from flax import nnx
-from test_sampler import GREEDY, PAD, TN, N, make_model, prompts
+from tiny_sampler import GREEDY, PAD, TN, N, make_model, prompts
+from tiny_sampler import first_devices_mesh as _mesh
+from tiny_sampler import placed as _placed
 
-from jaxrl_frontier.core import sharding as shd
 from jaxrl_frontier.sampling import ContinuousSampler, Sampler, SamplingParams, make_sampler
 
 STOPS = SamplingParams(
@@ -88,15 +88,6 @@ def test_config_picks_it_and_errors_name_the_key(model):
         ContinuousSampler(_placed(model, rows_mesh), slots=3, pad_id=PAD, mesh=rows_mesh)
     with pytest.raises(ValueError, match="tensor axis must be 1"):
         ContinuousSampler(_placed(model, heads_mesh), slots=4, pad_id=PAD, mesh=heads_mesh)
-
-
-def _mesh(shape):
-    return shd.make_mesh(shape, devices=jax.devices()[: int(np.prod(shape))])
-
-
-def _placed(model, mesh):
-    state = nnx.state(model)
-    return nnx.merge(nnx.graphdef(model), jax.device_put(state, shd.state_shardings(state, mesh)))
 
 
 @pytest.mark.parametrize("shape,slots", [((2, 1, 1), 2), ((2, 2, 1), 8)])

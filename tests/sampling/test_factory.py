@@ -3,7 +3,7 @@
 combination it refuses named by its keys. Nothing is compiled: samplers trace on first use."""
 
 import pytest
-from test_sampler import PAD, make_model
+from tiny_sampler import PAD, make_model
 
 from jaxrl_frontier.sampling import (
     ContinuousSampler,

@@ -20,7 +20,7 @@ import pytest
 from conftest import override, run_killed_after, run_trainer, small_rl_config
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the sampler tests beside it
-from test_sampler import PAD, TN, N, make_model, prompts  # noqa: E402
+from tiny_sampler import PAD, TN, N, make_model, prompts  # noqa: E402
 
 from jaxrl_frontier.run import config as config_lib  # noqa: E402
 from jaxrl_frontier.sampling import ContinuousSampler, SamplingParams  # noqa: E402
@@ -109,7 +109,8 @@ def test_on_a_mesh_each_device_continues_its_rows(model, shape, slots):
     """Rows split over data x fsdp: each device begins and continues its own share of the
     rows. Three calls give the one-device calls' tokens, lengths and finish reasons (how many
     tokens a row got one version back depends on its device's loop, the tokens do not)."""
-    from test_continuous import _mesh, _placed
+    from tiny_sampler import first_devices_mesh as _mesh
+    from tiny_sampler import placed as _placed
 
     lengths = ([4, 14, 1, 9], [6, 9, 3, 2], [12, 2, 7, 5])
     batches = [prompts(batch, seed=s) for s, batch in enumerate(lengths)]

@@ -13,11 +13,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from tiny_sampler import CFG, GREEDY, PAD, TN, N, make_model, prompts
 
 from jaxrl_frontier.core import sharding as shd
-from jaxrl_frontier.models.layers import ModelConfig
-from jaxrl_frontier.models.random_init import random_model
-from jaxrl_frontier.models.transformer import Transformer
 from jaxrl_frontier.sampling import (
     FinishReason,
     Knobs,
@@ -28,39 +26,6 @@ from jaxrl_frontier.sampling import (
     truncate_logits,
 )
 from jaxrl_frontier.sampling.sampler import decode_windows
-
-CFG = ModelConfig(
-    vocab_size=128,
-    hidden_size=64,
-    intermediate_size=128,
-    num_layers=2,
-    num_heads=4,
-    num_kv_heads=2,
-)
-PAD = 0
-TN = 12  # max_new_tokens everywhere: one compiled decode length
-N = 2  # group size everywhere
-
-
-def make_model(seed: int = 0) -> Transformer:
-    """The tiny model with numpy-drawn weights (no per-shape PRNG compiles: test time).
-
-    Norm weights around 1 so they matter; the output layer is sharp enough (logit std ~1,
-    top-2 gaps >> float error) that argmax comparisons are not decided by rounding, while
-    sampling stays genuinely random.
-    """
-    return random_model(CFG, seed=seed, std=0.02, head_std=0.16, legacy_rng=True)
-
-
-def prompts(lengths, width=14, seed=0):
-    """Left-padded host prompts [P, width] of the given lengths (tokens 1..V-1, no pad)."""
-    rng = np.random.RandomState(seed)
-    tokens = np.zeros((len(lengths), width), np.int32)
-    mask = np.zeros((len(lengths), width), np.int32)
-    for i, n in enumerate(lengths):
-        tokens[i, width - n :] = rng.randint(1, CFG.vocab_size, size=n)
-        mask[i, width - n :] = 1
-    return tokens, mask
 
 
 @pytest.fixture(scope="module")
@@ -102,9 +67,6 @@ def greedy_reference(forward, tokens, mask, tn):
         buf_mask[:, tp + i] = 1
         logps[:, i] = np.take_along_axis(log_softmax_np(logits), buf[:, tp + i, None], -1)[:, 0]
     return buf[:, tp:], logps
-
-
-GREEDY = SamplingParams(max_new_tokens=TN, n=N, greedy=True)
 
 
 def test_greedy_equals_uncached_argmax(sampler, forward):
