@@ -38,6 +38,11 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
 
 import importlib.util  # noqa: E402
 import json  # noqa: E402
+import sys  # noqa: E402
+
+# pytest imports this file by path (--import-mode=importlib, pyproject.toml) under its own
+# name; the tests import its helpers as `conftest`: one module for both, not two copies
+sys.modules.setdefault("conftest", sys.modules[__name__])
 
 import ml_collections  # noqa: E402
 import pytest  # noqa: E402  (after the flags on purpose: nothing above may import jax)
