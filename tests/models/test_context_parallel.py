@@ -11,7 +11,8 @@ of every row's positions in the update and the log-prob passes.
   attention (`model.attention = 'ring'`) no buffer spans a device's queries x the row, and
   they fall 2.6x below the all-gather path's;
 - the trainer runs a sequence-split mesh end to end and gives the run without one;
-- rows the axis does not divide, and MoE policies, are config errors naming the key.
+- rows the axis does not divide, and MoE policies, are config errors naming the key
+  (tests/run/test_rl_build.py).
 """
 
 import functools
@@ -25,14 +26,12 @@ from conftest import SMALL_MODEL, override, random_model, run_trainer, small_rl_
 from flax import nnx
 
 from jaxrl_frontier.core import sharding
-from jaxrl_frontier.core.errors import ConfigError
 from jaxrl_frontier.models.layers import ModelConfig
 from jaxrl_frontier.objectives import logprobs
 from jaxrl_frontier.rl.learn import packing
 from jaxrl_frontier.rl.learn.forward import apply_hidden
 from jaxrl_frontier.rl.learn.loss import rl_loss
 from jaxrl_frontier.run import config as config_lib
-from jaxrl_frontier.run import rl_build
 from jaxrl_frontier.run.build import objective_section
 
 V, TP, TN = 64, 4, 12  # vocabulary; prompt and completion positions (T = 16: 4 per device)
@@ -239,22 +238,3 @@ def test_trainer_on_a_sequence_axis_is_the_run_without_one(tmp_path):
         assert b["reward/total"] == a["reward/total"]
         for key in ("train/loss", "train/grad_norm"):
             np.testing.assert_allclose(b[key], a[key], rtol=1e-4, atol=1e-6, err_msg=key)
-
-
-def test_rows_the_axis_does_not_divide_are_a_config_error():
-    c = _config(**{"mesh.sequence": 4})
-    mesh = _mesh(CP)
-    check = lambda tn, experts=0: rl_build.check_sequence_axis(  # noqa: E731
-        c, completion_len=tn, mesh=mesh, experts=experts
-    )
-    check(4)  # rows of 16 * 2^j + 4 tokens: fine
-    with pytest.raises(ConfigError, match=r"'mesh.sequence' = 4 must divide .* completion's 3"):
-        check(3)
-    c.train.pack_tokens = 18
-    with pytest.raises(ConfigError, match=r"train.pack_tokens = 18; make it a multiple of 4"):
-        check(4)
-    c.train.pack_tokens = 20
-    check(3)  # packed rows are 20 tokens whatever the completion
-    c.train.pack_tokens = 0
-    with pytest.raises(ConfigError, match=r"mixture-of-experts"):
-        check(4, experts=4)
