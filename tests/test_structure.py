@@ -1,8 +1,9 @@
 """The package stays layered (docs/design.md, "Layers"): measured from its own imports, lazy
 imports inside functions included (TYPE_CHECKING blocks left out), there is no import cycle,
 no module imports an underscore name from another, no file is over 600 lines, at most 8
-modules sit in the package root, and no function takes more than 12 parameters. The layer
-order itself is the import-linter contract in pyproject.toml (`make lint`)."""
+modules sit in the package root, no function takes more than 12 parameters, and every
+module has its test file (tests/<path>/test_<module>.py). The layer order itself is the
+import-linter contract in pyproject.toml (`make lint`)."""
 
 import ast
 import os
@@ -188,3 +189,27 @@ def test_shape_problems_are_seen(tmp_path):
     found = shape_problems({"jaxrl_frontier.run.trainer": str(probe)})
     assert len(found) == 6, found  # long, hasattr, getattr, isinstance, 250 lines, the mode
     assert not any("isinstance(part, dict)" in f for f in found)
+
+
+# Modules without logic of their own, so without a test file: records and constants only
+# (every config section's `defaults.py` is checked through the schema, tests/run/test_schema.py).
+NO_LOGIC = {
+    "jaxrl_frontier/objectives/stats.py": "the TokenStats record and the tuple of its fields",
+}
+
+
+def test_every_module_has_its_test_file():
+    """Tests mirror the package: jaxrl_frontier/<path>/<module>.py is tested in
+    tests/<path>/test_<module>.py (packages' __init__ and the sections' defaults aside)."""
+    missing, stale = [], [p for p in NO_LOGIC if not os.path.exists(os.path.join(REPO, p))]
+    for path in modules().values():
+        rel = os.path.relpath(path, REPO)
+        base = os.path.basename(path)
+        if base in ("__init__.py", "defaults.py") or rel in NO_LOGIC:
+            continue
+        folder = os.path.dirname(os.path.relpath(path, PKG))
+        want = os.path.join("tests", folder, f"test_{base}")
+        if not os.path.exists(os.path.join(REPO, want)):
+            missing.append(f"{rel} -> {want}")
+    assert not missing, f"modules without their test file: {missing}"
+    assert not stale, f"NO_LOGIC names modules that are gone: {stale}"
