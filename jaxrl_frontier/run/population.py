@@ -10,8 +10,9 @@ over the first member's compiled programs (`Trainer(shared=)`: the samplers, the
 update, the producer's passes), so the population compiles once. The members step in turn,
 in lockstep: step s of every member, then step s + 1. Each member checkpoints in its own
 directory at the same steps and resumes from its own newest checkpoint; a member resumed
-behind the others (a kill during a save) catches up first. A stop signal stops every member
-after the same step (`OnceAStep`).
+behind the others (a kill during a save) catches up first, or, with population-based
+training, the members ahead roll back to the step all of them saved. A stop signal stops
+every member after the same step (`OnceAStep`).
 """
 
 from __future__ import annotations
@@ -112,7 +113,8 @@ class Population:
             for member in self.members:
                 member.stop_request = once
                 member.watchdog.start()
-            steps = [member.begin() for member in self.members]
+            at = self._resume_at()
+            steps = [member.begin(at) for member in self.members]
             first = min(r.start for r in steps)
             self._check_pbt_resume(steps)
             if self.pbt.due(first, self.steps):  # a checkpoint of a PBT step: before its copies
@@ -159,13 +161,24 @@ class Population:
     def steps(self) -> int:
         return int(self.members[0].launch_config.train.steps)
 
+    def _resume_at(self) -> int | None:
+        """With PBT, the step every member resumes from: the oldest of their newest
+        checkpoints (a kill while the members saved a step in turn leaves some a step
+        behind; PBT compares and copies members at one step, so those ahead roll back,
+        their later checkpoints set aside, and run those steps again, as they ran them).
+        None without PBT: each member resumes from its own newest and catches up."""
+        if not self.pbt.every:
+            return None
+        return min(max(m.ckpt.all_steps(), default=0) for m in self.members)
+
     def _check_pbt_resume(self, steps: list[range]) -> None:
-        if self.pbt.every and len({r.start for r in steps}) > 1:
+        if self.pbt.every and len({r.start for r in steps}) > 1:  # a damaged checkpoint
             starts = {i: r.start for i, r in enumerate(steps)}
             raise config_lib.ConfigError(
-                f"population.pbt: the members resumed from different steps {starts} (a save "
-                "was cut short); PBT needs them at one step: remove the newer checkpoints "
-                "(members/<i>/checkpoints/<step>) down to the oldest common step"
+                f"population.pbt: the members resumed from different steps {starts} (a "
+                "damaged checkpoint was skipped); PBT needs them at one step: remove the "
+                "newer checkpoints (members/<i>/checkpoints/<step>) down to the oldest common "
+                "step"
             )
 
     def exploit(self, step: int) -> None:

@@ -151,10 +151,11 @@ class Trainer:
         with self.step.paused(), self.watchdog.phase(phase):
             yield
 
-    def restore(self) -> None:
-        """Resume from the newest intact checkpoint in the workdir, if any (resume.resume)."""
+    def restore(self, at_most: int | None = None) -> None:
+        """Resume from the newest intact checkpoint in the workdir, if any (resume.resume);
+        at_most: from none later than that step (later ones set aside)."""
         logs = (self.writer, self.rollout_log)
-        restored = resume.resume(self.ckpt, abstract_like(self.state), logs, self.say)
+        restored = resume.resume(self.ckpt, abstract_like(self.state), logs, self.say, at_most)
         if restored is None:
             return
         self.state, meta = restored
@@ -207,9 +208,10 @@ class Trainer:
             self.stop_request.restore()
             self.close()
 
-    def begin(self) -> range:
-        """Restore the newest checkpoint, start the step and the hooks: the steps to run."""
-        self.restore()
+    def begin(self, at_most: int | None = None) -> range:
+        """Restore the newest checkpoint (no later than `at_most`), start the step and the
+        hooks: the steps to run."""
+        self.restore(at_most)
         start, steps = int(self.state.step), self.launch_config.train.steps
         last = start if collapse.finished(self.history) else steps
         self.step.begin(start, last)

@@ -126,7 +126,7 @@ class Checkpointer:
             if damaged:
                 # the resumed run saves these steps again: move the damaged ones aside (kept
                 # for inspection) so the new saves do not collide with them
-                moved = self._quarantine(damaged)
+                moved = self._move_aside(damaged, "damaged")
                 warn(f"damaged checkpoints {damaged} moved to {moved}")
             return state, meta, step
         if problems:
@@ -135,12 +135,22 @@ class Checkpointer:
             )
         return None
 
-    def _quarantine(self, steps: list[int]) -> str:
-        """Move step directories to `<directory>.damaged/<step>-<time>`; process 0 moves
+    def set_aside_after(self, step: int) -> list[int]:
+        """Move the steps after `step` to `<directory>.set_aside/<step>-<time>` (kept, not
+        deleted), so that a run resumed from `step` saves its later steps again: e.g. a
+        population's members rolled back to the newest step they all saved. The steps
+        moved, oldest first."""
+        later = sorted(s for s in self.all_steps() if s > step)
+        if later:
+            self._move_aside(later, "set_aside")
+        return later
+
+    def _move_aside(self, steps: list[int], why: str) -> str:
+        """Move step directories to `<directory>.<why>/<step>-<time>`; process 0 moves
         (a shared filesystem), every process reloads its step list."""
         import time
 
-        target = Path(self.directory + ".damaged")
+        target = Path(f"{self.directory}.{why}")
         if jax.process_index() == 0:
             target.mkdir(exist_ok=True)
             stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -152,7 +162,7 @@ class Checkpointer:
         if jax.process_count() > 1:
             from jax.experimental import multihost_utils
 
-            multihost_utils.sync_global_devices("jaxrl_frontier checkpoint quarantine")
+            multihost_utils.sync_global_devices(f"jaxrl_frontier checkpoint {why}")
         self._manager.reload()
         return str(target)
 

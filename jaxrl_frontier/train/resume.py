@@ -15,13 +15,21 @@ def flush_logs(*loggers) -> None:
             logger.flush(sync=True)
 
 
-def resume(ckpt, abstract_state, loggers: Sequence, say: Callable[[str], None]):
+def resume(
+    ckpt, abstract_state, loggers: Sequence, say: Callable[[str], None], at_most: int | None = None
+):
     """(state, meta) of the newest intact checkpoint, or None for a fresh run (whose logs
     are emptied: rows left by a run killed before its first checkpoint are written again).
 
     Damaged steps are skipped with a warning naming the step and the file; the JSONL logs
     lose the rows written after the restored step (the resumed run writes them again), so
-    each step's row appears exactly once."""
+    each step's row appears exactly once. at_most: the steps after it are set aside first
+    (`Checkpointer.set_aside_after`) and the run resumes from one no later."""
+    if at_most is not None:
+        later = ckpt.set_aside_after(at_most)
+        if later:
+            say(f"checkpoints {later} set aside in {ckpt.directory}.set_aside: resuming at "
+                f"step {at_most} or before")  # fmt: skip
     restored = ckpt.restore_latest(abstract_state, warn=lambda m: say(f"warning: {m}"))
     if restored is None:
         # no checkpoint: a run killed before its first one starts over, and so do its logs

@@ -230,21 +230,31 @@ def test_pbt_copies_the_top_member_and_perturbs_its_values(pbt_run):
     assert kl == pytest.approx([0.02, 0.02, new, new])
 
 
-def test_a_killed_pbt_population_resumes_bitwise(pbt_run, tmp_path):
+@pytest.mark.parametrize("member,step", [(3, 2), (1, 4)])
+def test_a_killed_pbt_population_resumes_bitwise(pbt_run, tmp_path, member, step):
+    """Killed after `member` saved `step`: (3, 2) every member holds step 2, saved before
+    its copies; (1, 4) members 0 and 1 hold step 4 and 2 and 3 only step 2, so 0 and 1 roll
+    back to step 2 (their step 4 set aside) and the copies of step 2 are made again."""
     full, _ = pbt_run
     pop = pbt_population(tmp_path)
 
-    class KillAfter(hooks.Hook):  # the last member's checkpoint of step 2, before the copies
+    class KillAfter(hooks.Hook):
         def after_step(self, end):
-            if end.done == 2:
-                pop.members[3].ckpt.wait()
+            if end.done == step:
+                pop.members[member].ckpt.wait()
                 raise Killed
 
-    pop.members[3].hooks.append(KillAfter())
+    pop.members[member].hooks.append(KillAfter())
     with pytest.raises(Killed):
         pop.run()
+    newest = [max(m.ckpt.all_steps()) for m in pop.members]
+    assert newest == ([2, 2, 2, 2] if step == 2 else [4, 4, 2, 2])
     resumed = pbt_population(tmp_path)
     resumed.run()
+    if step == 4:
+        for i in (0, 1):
+            aside = os.listdir(resumed.member_dir(i) + "/checkpoints.set_aside")
+            assert [name.split("-")[0] for name in aside] == ["4"]
     assert rows(resumed.workdir, "lineage.jsonl") == rows(full.workdir, "lineage.jsonl")
     for i in range(4):
         assert rows(resumed.member_dir(i)) == rows(full.member_dir(i))

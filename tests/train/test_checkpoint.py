@@ -64,6 +64,23 @@ def test_max_to_keep_and_restore_older_step(tmp_path):
     again.close()
 
 
+def test_set_aside_after_keeps_the_later_steps_and_saves_them_again(tmp_path):
+    """A run rolled back to step 2 (a population's members resumed at one step): steps 3
+    and 4 move to ckpt.set_aside, the newest restorable is 2, and step 3 saves again."""
+    ck = Checkpointer(str(tmp_path / "ckpt"), max_to_keep=4, async_save=False)
+    for step in (1, 2, 3, 4):
+        ck.save(step, _state(step), dict(step=step))
+    assert ck.set_aside_after(2) == [3, 4]
+    assert ck.all_steps() == [1, 2] and ck.set_aside_after(2) == []
+    aside = sorted(p.name.split("-")[0] for p in (tmp_path / "ckpt.set_aside").iterdir())
+    assert aside == ["3", "4"]
+    state, meta, step = ck.restore_latest(abstract_like(_state(0)))
+    assert step == 2 and meta == dict(step=2) and int(state["step"]) == 2
+    ck.save(3, _state(30), dict(step=3))
+    assert ck.all_steps() == [1, 2, 3]
+    ck.close()
+
+
 def test_restore_missing_raises(tmp_path):
     ck = Checkpointer(str(tmp_path / "empty"))
     with pytest.raises(FileNotFoundError, match="no checkpoint"):
