@@ -93,6 +93,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--capacity-factor", type=float, default=0.0, help="all_to_all's (0: dropless)")
     p.add_argument(
+        "--attention",
+        default="xla",
+        help="model.attention ('ring': ring attention over the mesh's sequence axis)",
+    )
+    p.add_argument(
         "--compare",
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -130,13 +135,19 @@ def bench_memory(args) -> dict:
 
 
 def model_config(
-    name: str, dtype: str, remat: str, dispatch: str = "gather", capacity_factor: float = 0.0
+    name: str,
+    dtype: str,
+    remat: str,
+    dispatch: str = "gather",
+    capacity_factor: float = 0.0,
+    attention: str = "xla",
 ):
-    """The `ModelConfig` of a shape name (`remat` 'none' -> off; an MoE shape's dispatch)."""
+    """The `ModelConfig` of a shape name (`remat` 'none' -> off; an MoE shape's dispatch;
+    `attention`: model.attention)."""
     from jaxrl_frontier.models import hf
     from jaxrl_frontier.models.layers import ModelConfig
 
-    kw = dict(dtype=dtype, remat=False if remat == "none" else remat)
+    kw = dict(dtype=dtype, remat=False if remat == "none" else remat, attention=attention)
     if name in LLAMA:
         return ModelConfig(**LLAMA[name], tie_word_embeddings=True, family="llama",
                            max_position_embeddings=4096, **kw)  # fmt: skip
@@ -279,7 +290,7 @@ def measure_mesh(s: dict, mesh_shape: tuple[int, ...], remat: str) -> dict:
     mesh = sharding.make_mesh(mesh_shape, devices)
     mesh_shape = tuple(mesh.shape[a] for a in sharding.MESH_AXES)
     moe = (s.get("moe_dispatch", "gather"), s.get("capacity_factor", 0.0))
-    cfg = model_config(s["model"], s["dtype"], remat, *moe)
+    cfg = model_config(s["model"], s["dtype"], remat, *moe, s.get("attention", "xla"))
     graphdef, state, params, base = abstract_policy(cfg, mesh, s["lora"])
     config = _config(s["config_args"])
     tx = build_optimizer(config.optimizer, 1000)
