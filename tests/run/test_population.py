@@ -22,6 +22,9 @@ from jaxrl_frontier.run import trainer as tr
 from jaxrl_frontier.train import hooks
 
 STEPS = 4
+# batched sampling: a vmapped matmul may reduce in another order; seen <= 9.5e-7 (2 f32 ulp at
+# |logp| ~ 4.4), the bound leaves 10x room
+LOGP_ATOL = 1e-5
 
 
 def base_config():
@@ -58,6 +61,21 @@ def stubbed(pop):
     return pop
 
 
+def recording(pop):
+    """Each member's batches as its step collects them (host copies), [member][step]."""
+    seen = [[] for _ in pop.members]
+    for i, member in enumerate(pop.members):
+
+        def spy(collect=member.step.collect, i=i):
+            got = collect()
+            fields = ("tokens", "rewards", "old_logp", "loss_mask")
+            seen[i].append({k: np.asarray(getattr(got["exp"], k)) for k in fields})
+            return got
+
+        member.step.collect = spy
+    return seen
+
+
 @pytest.fixture(scope="module")
 def two_members(tmp_path_factory):
     """A population of 2 (seeds 0, 1; kl_coef 0.02, 0.1), run whole, with the compiles of
@@ -82,6 +100,7 @@ def two_members(tmp_path_factory):
 
     for i, member in enumerate(pop.members):
         member.hooks.insert(0, CountFirstStep(i))
+    pop.seen = recording(pop)
     jax.monitoring.register_event_duration_secs_listener(listener)
     try:
         summary = pop.run()
@@ -274,6 +293,44 @@ def test_the_batched_update_equals_the_members_own(two_members, tmp_path):
         for a, b in zip(jax.tree.leaves(state.params), jax.tree.leaves(ref.params), strict=True):
             np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-5)
         assert int(state.step) == STEPS
+
+
+def test_batched_sampling_equals_each_members_own_rollouts(two_members, tmp_path):
+    """Both members' rollouts of a step in one vmapped sampler program
+    (population.batched_sampling), compiled once, against each member's own sampler call:
+    the same tokens and rewards, behaviour log-probs and metrics up to the order of f32
+    reductions."""
+    _, full, _, _ = two_members
+    c = population_config_of(objective__kl_coef=(0.02, 0.1))
+    c.population.batched_sampling = True
+    pop = stubbed(population.Population(c, str(tmp_path)))
+    seen, names = recording(pop), []
+    listener = lambda event, duration, **kw: (  # noqa: E731
+        names.append(kw.get("fun_name", "")) if "backend_compile" in event else None
+    )
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        pop.run()
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+    generate = [n for n in names if "members_generate" in n]
+    assert pop.sampling.compiles == 1 and len(generate) == 1, names
+    assert not [n for n in names if "prefill" in n or "decode" in n], names  # no plain sampler
+    for i in range(2):
+        assert len(seen[i]) == len(full.seen[i]) == STEPS
+        for got, want in zip(seen[i], full.seen[i]):
+            for k in ("tokens", "rewards", "loss_mask"):
+                np.testing.assert_array_equal(got[k], want[k])
+            np.testing.assert_allclose(got["old_logp"], want["old_logp"], rtol=0, atol=LOGP_ATOL)
+        got, want = rows(pop.member_dir(i)), rows(full.member_dir(i))
+        assert [r["step"] for r in got] == [r["step"] for r in want]
+        for a, b in zip(got, want):
+            assert a.keys() == b.keys()
+            for k in a:
+                assert a[k] == pytest.approx(b[k], rel=1e-4, abs=1e-5), (i, a["step"], k)
+        assert rows(pop.member_dir(i), "rollouts.jsonl") == rows(
+            full.member_dir(i), "rollouts.jsonl"
+        )
 
 
 def test_a_varied_learning_rate_lives_in_the_optimizer_state(tmp_path):
