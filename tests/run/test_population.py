@@ -19,6 +19,7 @@ from conftest import RL, Killed, small_rl_config
 from jaxrl_frontier.rl.learn.optimizer import learning_rate
 from jaxrl_frontier.run import population
 from jaxrl_frontier.run import trainer as tr
+from jaxrl_frontier.sampling.members import MemberSampler
 from jaxrl_frontier.train import hooks
 
 STEPS = 4
@@ -364,7 +365,8 @@ def test_a_varied_learning_rate_lives_in_the_optimizer_state(tmp_path):
 
 def test_a_lora_population_holds_its_base_once(tmp_path):
     """LoRA members from one exported policy: the frozen base (and the reference, the base
-    itself) are the first member's arrays, held once; member 1 equals its solo run."""
+    itself) are the first member's arrays, held once; member 1 equals its solo run; batched
+    sampling passes the base once and gives each member its own rows."""
     start = tr.Trainer(base_config(), str(tmp_path / "start"))
     path = start.export(str(tmp_path / "start" / "export"))
     start.close()
@@ -385,3 +387,17 @@ def test_a_lora_population_holds_its_base_once(tmp_path):
     got, want = pop.members[1].state.params, solo.state.params
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    # batched sampling over these members: the base passed once (in_axes None), each
+    # member's rows those of its own base + adapters through the plain sampler
+    sampler = pop.members[0].step.producer.sampler
+    members = MemberSampler(sampler)
+    reqs = [m.step.member_request() for m in pop.members]
+    members.prepare(reqs)
+    n_base = len(jax.tree.leaves(first.base_params))
+    assert members.shared_leaves == n_base > 0
+    for r in reqs:
+        got = members.generate(r.prompt_tokens, r.prompt_mask, r.params, r.key)
+        sampler.update_weights(r.weights, r.version)
+        want = sampler.generate(r.prompt_tokens, r.prompt_mask, r.params, r.key)
+        np.testing.assert_array_equal(got.completion_tokens, want.completion_tokens)
+        np.testing.assert_allclose(got.policy_logp, want.policy_logp, rtol=0, atol=LOGP_ATOL)
