@@ -10,8 +10,8 @@ as the same array (LoRA's frozen base: `in_axes` None, held once); prompts, keys
 knobs and versions are stacked too. Each member's rows are those the plain `Sampler.generate`
 draws from its weights, prompts and key (the same `_prefill` and `_decode`, vmapped), up to
 the order of f32 reductions in the batched matmuls. The producer then asks for its rows as
-always (`generate`), and this sampler hands back the prepared ones, in member order; any
-other call (an extra draw of dynamic sampling) runs the plain sampler. Members whose prompts
+always (`generate`), and this sampler hands back the one prepared for its key; a call with
+another key (an extra draw of dynamic sampling) runs the plain sampler. Members whose prompts
 pad to other bucket shapes or whose `Plan`s differ run in separate groups.
 """
 
@@ -55,7 +55,7 @@ class MemberSampler:
             )
         self.sampler = sampler
         self._jits: dict = {}
-        self._ready: list[tuple[bytes, np.ndarray, Any]] = []  # (key, prompts, rollout)
+        self._ready: dict[bytes, tuple[np.ndarray, Any]] = {}  # key -> (prompts, rollout)
         self.compiles = 0  # programs built (one per member group shape and Plan)
         self.shared_leaves = 0  # the last prepare's weights leaves held once (in_axes None)
 
@@ -73,9 +73,9 @@ class MemberSampler:
         for (_, plan), members in groups.items():
             rollouts = self._run([requests[i] for i in members], [padded[i] for i in members], plan)
             out.update(zip(members, rollouts))
-        self._ready = [
-            (_key_bytes(r.key), np.asarray(r.prompt_tokens), out[i]) for i, r in enumerate(requests)
-        ]
+        self._ready = {
+            _key_bytes(r.key): (np.asarray(r.prompt_tokens), out[i]) for i, r in enumerate(requests)
+        }
 
     def _run(self, requests: list[MemberRequest], padded: list, plan: Plan) -> list:
         """One vmapped prefill + decode of these members (one prompt bucket, one Plan)."""
@@ -163,18 +163,18 @@ class MemberSampler:
     def generate(
         self, prompt_tokens, prompt_mask, params, key, *, policy_version=None, first_row=0
     ):
-        """The next prepared rollout (it must be of these prompts and key), or with none
-        prepared the plain sampler's."""
-        if not self._ready:
+        """The rollout prepared for this key (each handed out once; it must be of these
+        prompts), or for a key none was prepared for (an extra draw of dynamic sampling) the
+        plain sampler's."""
+        ready = self._ready.pop(_key_bytes(key), None)
+        if ready is None:
             return self.sampler.generate(
                 prompt_tokens, prompt_mask, params, key, policy_version=policy_version,
                 first_row=first_row,
             )  # fmt: skip
-        want_key, want_tokens, rollout = self._ready.pop(0)
-        if want_key != _key_bytes(key) or not np.array_equal(want_tokens, prompt_tokens):
-            raise RuntimeError(
-                "MemberSampler: a rollout asked for other prompts or key than prepared"
-            )
+        want_tokens, rollout = ready
+        if not np.array_equal(want_tokens, prompt_tokens):
+            raise RuntimeError("MemberSampler: a rollout asked for other prompts than prepared")
         return rollout
 
 

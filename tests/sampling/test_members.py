@@ -1,6 +1,7 @@
 """The members' rollouts in one vmapped program (sampling/members.py): each member's rows
 equal the plain sampler's from its weights, prompts, key and temperature, with leaves the
-members share (a LoRA base) passed once; a rollout asked for other prompts is refused."""
+members share (a LoRA base) passed once; a rollout asked for other prompts is refused, one
+asked for another key is the plain sampler's."""
 
 import dataclasses
 
@@ -43,7 +44,13 @@ def test_each_member_gets_the_plain_samplers_rows():
         np.testing.assert_array_equal(g.completion_mask, want.completion_mask)
         np.testing.assert_allclose(g.policy_logp, want.policy_logp, rtol=0, atol=1e-5)
     assert not np.array_equal(got[0].completion_tokens, got[1].completion_tokens)
-    members.prepare(reqs)  # the same program again; asked out of order: refused
-    with pytest.raises(RuntimeError, match="other prompts or key"):
-        members.generate(reqs[1].prompt_tokens, reqs[1].prompt_mask, reqs[1].params, reqs[1].key)
+    members.prepare(reqs)  # the same program again, in any order; other prompts: refused
+    r0, r1 = reqs
+    got1 = members.generate(r1.prompt_tokens, r1.prompt_mask, r1.params, r1.key)
+    np.testing.assert_array_equal(got1.completion_tokens, got[1].completion_tokens)
+    with pytest.raises(RuntimeError, match="other prompts"):
+        members.generate(r1.prompt_tokens, r1.prompt_mask, r0.params, r0.key)
     assert members.compiles == 1
+    # a key none was prepared for (an extra draw): the plain sampler's rows
+    extra = members.generate(r1.prompt_tokens, r1.prompt_mask, r1.params, jax.random.key(99))
+    assert extra.completion_tokens.shape == got[1].completion_tokens.shape
