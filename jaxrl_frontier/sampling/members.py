@@ -8,7 +8,7 @@
 The members' weights are stacked on a leading [N] axis, except the leaves every member holds
 as the same array (LoRA's frozen base: `in_axes` None, held once); prompts, keys, sampling
 knobs and versions are stacked too. Each member's rows are those the plain `Sampler.generate`
-draws from its weights, prompts and key (the same `_prefill` and `_decode`, vmapped), up to
+draws from its weights, prompts and key (the same `prefill_body` and `decode_body`, vmapped), up to
 the order of f32 reductions in the batched matmuls. The producer then asks for its rows as
 always (`generate`), and this sampler hands back the one prepared for its key; a call with
 another key (an extra draw of dynamic sampling) runs the plain sampler. Members whose prompts
@@ -117,11 +117,11 @@ class MemberSampler:
             return jax.lax.with_sharding_constraint(x, NamedSharding(s.mesh, spec))
 
         def member_generate(state, tokens, mask, key, knobs, version):
-            cache, logits0, prompt_len = s._prefill(
+            cache, logits0, prompt_len = s.prefill_body(
                 state, tokens, mask, key, knobs, n=plan.n, use_dropout=plan.use_dropout,
                 slots=slots,
             )  # fmt: skip
-            rollout, _ = s._decode(
+            rollout, _ = s.decode_body(
                 state, cache, logits0, prompt_len, (tokens, mask), key, knobs, version, plan=plan
             )
             return rollout
