@@ -30,6 +30,7 @@ from jaxrl_frontier.rl.learn.members import MemberUpdates
 from jaxrl_frontier.rl.learn.optimizer import learning_rate, with_learning_rate
 from jaxrl_frontier.run import config as config_lib
 from jaxrl_frontier.run import pbt, population_config, sections, trainer
+from jaxrl_frontier.sampling.members import MemberSampler
 from jaxrl_frontier.train.stopping import StopAgreement
 from jaxrl_frontier.train.workdir_lock import take_for_job
 
@@ -86,6 +87,11 @@ class Population:
         self.updates = None  # population.batched_update: one update of every member
         if c.population.batched_update:
             self.updates = MemberUpdates([m.step.learner for m in self.members])
+        self.sampling = None  # population.batched_sampling: one rollout program of every member
+        if c.population.batched_sampling:
+            first = self.members[0].step  # its producer and sampler are every member's
+            self.sampling = MemberSampler(first.producer.sampler)
+            first.producer.sampler = self.sampling
         self.pbt = pbt.PBTOptions.from_config(c)
         if self.pbt.every:  # a resume takes each member's moved values from its checkpoint
             for member in self.members:
@@ -144,9 +150,13 @@ class Population:
         )
 
     def _batched(self, step: int) -> dict[int, Any]:
-        """With `population.batched_update`: every member's batch collected, one vmapped
+        """With `population.batched_sampling`: every member's rows of this step sampled by
+        one program first (sampling/members.py), each member's rollout then taking its own.
+        With `population.batched_update`: every member's batch collected, one vmapped
         update of them all (rl/learn/members.py); {member: its step's finish} for
         `Trainer.advance`. {} otherwise (each member steps whole, in turn)."""
+        if self.sampling is not None:
+            self.sampling.prepare([m.step.member_request() for m in self.members])
         if self.updates is None:
             return {}
         got = [m.step.collect() for m in self.members]

@@ -46,6 +46,10 @@ def population_section() -> ml_collections.ConfigDict:
     # one vmapped update over the members' stacked states (rl/learn/members.py) in place of
     # an update per member: equal up to the order of float reductions
     s.batched_update = False
+    # one vmapped rollout program over the members' stacked weights (sampling/members.py)
+    # in place of a sampler call per member: the plain sampler only, equal up to the order
+    # of float reductions
+    s.batched_sampling = False
     s.pbt = pbt_section()  # population-based training (run/pbt.py)
     return s
 
@@ -185,6 +189,25 @@ def _check_runs(c, members: list[dict[str, Any]]) -> None:
     for key, (refused, why) in refusals.items():
         if refused:
             raise ConfigError(f"config key {key!r} in a population: {why}")
+    if c.population.get("batched_sampling"):
+        _check_batched_sampling(c)
+
+
+def _check_batched_sampling(c) -> None:
+    """`population.batched_sampling` vmaps the plain sampler's prefill and decode: the
+    samplers of their own loops and records are refused, naming the key."""
+    spec = c.rollout.get("speculative") or {}
+    refusals = {
+        "rollout.continuous_slots": bool(c.rollout.get("continuous_slots")),
+        "rollout.speculative.draft": spec.get("draft") is not None,
+        "model.moe.routing_replay": c.model.moe.routing_replay == "rollout",
+    }
+    for key, refused in refusals.items():
+        if refused:
+            raise ConfigError(
+                f"config key 'population.batched_sampling' batches the plain sampler only: "
+                f"unset {key!r} or set population.batched_sampling = False"
+            )
 
 
 def member_config(c, values: dict[str, Any]) -> ml_collections.ConfigDict:

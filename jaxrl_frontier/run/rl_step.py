@@ -14,6 +14,7 @@ rebuilt from the staged config; the train state, the prompt stream and the knobs
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from typing import Any
 
 import jax
@@ -36,6 +37,7 @@ from jaxrl_frontier.run import stages as stages_lib
 from jaxrl_frontier.run.knobs import KnobPlan
 from jaxrl_frontier.run.rl_build import RunParts, build_rl_stages, checked_objective
 from jaxrl_frontier.run.steps import STEPS, run_guard
+from jaxrl_frontier.sampling.members import MemberRequest
 from jaxrl_frontier.train import hooks as hooks_lib
 from jaxrl_frontier.train.metrics import rl_step_scalars
 
@@ -70,6 +72,8 @@ class RLStep:
         self.ahead = FreeRunningRollouts(k, queue) if k and queue else RolloutsAhead(k)
         # partial rollouts: the next batch (examples, key), begun by this step's decode
         self.next_batch: tuple[list, jax.Array] | None = None
+        # a population's batched sampling: this step's (examples, key), drawn ahead of collect
+        self.drawn_batch: tuple[list, jax.Array] | None = None
 
     def _run_programs_of(self, other: RLStep) -> None:
         """Run the compiled programs of `other`, an RL step of the same structure (a
@@ -109,13 +113,29 @@ class RLStep:
         out = self.ahead.take(self.learner.version, resample)  # produced during the last update
         if out is None and c.rollout.partial_budget:
             out = self._partial_rollout(done, boundaries)
-        exp, info = out or self.rollout(self.source.next_batch(), self.sample_key())
+        exp, info = out or self.rollout(*self._this_batch())
         self.source.observe(info["results"])
         self._start_ahead(done, boundaries)
         objective_knobs = KnobPlan.split(self.knobs.values(done - 1))[0]
         if objective_knobs:  # this step's values, arguments of the update
             self.learner.set_knobs(objective_knobs)
         return dict(done=done, exp=exp, info=info, objective_knobs=objective_knobs)
+
+    def _this_batch(self) -> tuple[list, jax.Array]:
+        """This step's prompts and key: drawn by `member_request`, else now."""
+        batch, self.drawn_batch = self.drawn_batch, None
+        return batch or (self.source.next_batch(), self.sample_key())
+
+    def member_request(self) -> MemberRequest:
+        """A population's batched sampling (sampling/members.py): this step's prompts and key
+        drawn now (as `collect` draws them, kept for it) and what this member's rows are
+        sampled from: its prompts, sampling values, key, rollout weights and version."""
+        examples, key = self.drawn_batch = (self.source.next_batch(), self.sample_key())
+        v = self.learner.version
+        sampling = KnobPlan.split(self.knobs.values(v))[1]
+        params = dataclasses.replace(self.producer.sampling, **sampling)
+        tokens, mask = self.producer.encode(examples)
+        return MemberRequest(tokens, mask, params, key, self.learner.rollout_params(), v)
 
     def finish(self, got: dict[str, Any], step_metrics: list[dict]):
         """After the update (`step_metrics`): the stop rules, the rollout log, the

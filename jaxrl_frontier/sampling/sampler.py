@@ -169,19 +169,19 @@ class Sampler:
             # (nor with rings: the sliding layers' buffers change shape)
             one_cache = self.decode_phases == 1 and not self.ring_cache
             donate = ("cache",) if name == "decode" and one_cache else ()
-            fn = getattr(self, f"_{name}")
+            fn = getattr(self, f"{name}_body")
             self._jits[name, options] = jax.jit(
                 fn, static_argnames=statics, donate_argnames=donate, compiler_options=dict(options)
             )
         return self._jits[name, options]
 
     def prefill(self, state, tokens, mask, key, knobs, *, n: int, use_dropout: bool, slots: int):
-        """The prefill program (`_prefill`) for these prompts [P, Tp]."""
+        """The prefill program (`prefill_body`) for these prompts [P, Tp]."""
         run = self.program("prefill", tokens.size * (n if use_dropout else 1))
         return run(state, tokens, mask, key, knobs, n=n, use_dropout=use_dropout, slots=slots)
 
     def decode(self, state, cache, *args, plan: Plan):
-        """The decode program (`_decode`) for this prefilled cache (its buffers donated)."""
+        """The decode program (`decode_body`) for this prefilled cache (its buffers donated)."""
         return self.program("decode", cache.valid.shape[0])(state, cache, *args, plan=plan)
 
     def update_weights(self, model_or_state, version: int | None = None) -> None:
@@ -231,7 +231,9 @@ class Sampler:
         mask = ops.mlp_dropout_mask(keys, knobs.dropout_rate, *shape, cfg.compute_dtype)
         return self.constrain(mask, (None, "batch", "mlp")), keys
 
-    def _prefill(self, state, tokens, mask, key, knobs, *, n: int, use_dropout: bool, slots: int):
+    def prefill_body(
+        self, state, tokens, mask, key, knobs, *, n: int, use_dropout: bool, slots: int
+    ):
         """Prompts [P, Tp] -> (cache [P*n, Tp + slots], last logits [P*n, V], lengths [P*n]).
         A prompt runs once for its n rows, except under per-row dropout masks (the rows then
         differ from the first layer on)."""
@@ -279,7 +281,7 @@ class Sampler:
         weights, token = jax.lax.optimization_barrier((weights, token))
         return nnx.merge(graphdef, weights), token
 
-    def _decode(
+    def decode_body(
         self, state, cache, logits0, prompt_len, prompts, key, knobs, version, routing=None, *, plan
     ):
         """Sample Tn tokens per row from the prefilled cache -> (`Rollout`, the final cache);

@@ -19,9 +19,13 @@ from conftest import RL, Killed, small_rl_config
 from jaxrl_frontier.rl.learn.optimizer import learning_rate
 from jaxrl_frontier.run import population
 from jaxrl_frontier.run import trainer as tr
+from jaxrl_frontier.sampling.members import MemberSampler
 from jaxrl_frontier.train import hooks
 
 STEPS = 4
+# batched sampling: a vmapped matmul may reduce in another order; seen <= 9.5e-7 (2 f32 ulp at
+# |logp| ~ 4.4), the bound leaves 10x room
+LOGP_ATOL = 1e-5
 
 
 def base_config():
@@ -58,6 +62,21 @@ def stubbed(pop):
     return pop
 
 
+def recording(pop):
+    """Each member's batches as its step collects them (host copies), [member][step]."""
+    seen = [[] for _ in pop.members]
+    for i, member in enumerate(pop.members):
+
+        def spy(collect=member.step.collect, i=i):
+            got = collect()
+            fields = ("tokens", "rewards", "old_logp", "loss_mask")
+            seen[i].append({k: np.asarray(getattr(got["exp"], k)) for k in fields})
+            return got
+
+        member.step.collect = spy
+    return seen
+
+
 @pytest.fixture(scope="module")
 def two_members(tmp_path_factory):
     """A population of 2 (seeds 0, 1; kl_coef 0.02, 0.1), run whole, with the compiles of
@@ -82,6 +101,7 @@ def two_members(tmp_path_factory):
 
     for i, member in enumerate(pop.members):
         member.hooks.insert(0, CountFirstStep(i))
+    pop.seen = recording(pop)
     jax.monitoring.register_event_duration_secs_listener(listener)
     try:
         summary = pop.run()
@@ -286,6 +306,44 @@ def test_the_batched_update_equals_the_members_own(two_members, tmp_path):
         assert int(state.step) == STEPS
 
 
+def test_batched_sampling_equals_each_members_own_rollouts(two_members, tmp_path):
+    """Both members' rollouts of a step in one vmapped sampler program
+    (population.batched_sampling), compiled once, against each member's own sampler call:
+    the same tokens and rewards, behaviour log-probs and metrics up to the order of f32
+    reductions."""
+    _, full, _, _ = two_members
+    c = population_config_of(objective__kl_coef=(0.02, 0.1))
+    c.population.batched_sampling = True
+    pop = stubbed(population.Population(c, str(tmp_path)))
+    seen, names = recording(pop), []
+    listener = lambda event, duration, **kw: (  # noqa: E731
+        names.append(kw.get("fun_name", "")) if "backend_compile" in event else None
+    )
+    jax.monitoring.register_event_duration_secs_listener(listener)
+    try:
+        pop.run()
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listener)
+    generate = [n for n in names if "members_generate" in n]
+    assert pop.sampling.compiles == 1 and len(generate) == 1, names
+    assert not [n for n in names if "prefill" in n or "decode" in n], names  # no plain sampler
+    for i in range(2):
+        assert len(seen[i]) == len(full.seen[i]) == STEPS
+        for got, want in zip(seen[i], full.seen[i]):
+            for k in ("tokens", "rewards", "loss_mask"):
+                np.testing.assert_array_equal(got[k], want[k])
+            np.testing.assert_allclose(got["old_logp"], want["old_logp"], rtol=0, atol=LOGP_ATOL)
+        got, want = rows(pop.member_dir(i)), rows(full.member_dir(i))
+        assert [r["step"] for r in got] == [r["step"] for r in want]
+        for a, b in zip(got, want):
+            assert a.keys() == b.keys()
+            for k in a:
+                assert a[k] == pytest.approx(b[k], rel=1e-4, abs=1e-5), (i, a["step"], k)
+        assert rows(pop.member_dir(i), "rollouts.jsonl") == rows(
+            full.member_dir(i), "rollouts.jsonl"
+        )
+
+
 def test_a_varied_learning_rate_lives_in_the_optimizer_state(tmp_path):
     """optimizer.lr varies through the optimizer state (optimizer.lr_in_state): member 1
     equals the solo run of its config bit for bit, and the plain optimizer at its lr up to
@@ -317,7 +375,8 @@ def test_a_varied_learning_rate_lives_in_the_optimizer_state(tmp_path):
 
 def test_a_lora_population_holds_its_base_once(tmp_path):
     """LoRA members from one exported policy: the frozen base (and the reference, the base
-    itself) are the first member's arrays, held once; member 1 equals its solo run."""
+    itself) are the first member's arrays, held once; member 1 equals its solo run; batched
+    sampling passes the base once and gives each member its own rows."""
     start = tr.Trainer(base_config(), str(tmp_path / "start"))
     path = start.export(str(tmp_path / "start" / "export"))
     start.close()
@@ -338,3 +397,17 @@ def test_a_lora_population_holds_its_base_once(tmp_path):
     got, want = pop.members[1].state.params, solo.state.params
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    # batched sampling over these members: the base passed once (in_axes None), each
+    # member's rows those of its own base + adapters through the plain sampler
+    sampler = pop.members[0].step.producer.sampler
+    members = MemberSampler(sampler)
+    reqs = [m.step.member_request() for m in pop.members]
+    members.prepare(reqs)
+    n_base = len(jax.tree.leaves(first.base_params))
+    assert members.shared_leaves == n_base > 0
+    for r in reqs:
+        got = members.generate(r.prompt_tokens, r.prompt_mask, r.params, r.key)
+        sampler.update_weights(r.weights, r.version)
+        want = sampler.generate(r.prompt_tokens, r.prompt_mask, r.params, r.key)
+        np.testing.assert_array_equal(got.completion_tokens, want.completion_tokens)
+        np.testing.assert_allclose(got.policy_logp, want.policy_logp, rtol=0, atol=LOGP_ATOL)

@@ -46,6 +46,23 @@ def test_refusals_name_the_key(change, words):
         population_config.member_values(c)
 
 
+@pytest.mark.parametrize(
+    "change, key",
+    [
+        (lambda c: c.rollout.update(continuous_slots=4), "rollout.continuous_slots"),
+        (lambda c: c.rollout.speculative.update(draft=1), "rollout.speculative.draft"),
+    ],
+)
+def test_batched_sampling_refuses_the_other_samplers(change, key):
+    c = population_config_of(objective__kl_coef=(0.1, 0.2))
+    c.population.batched_sampling = True
+    change(c)
+    with pytest.raises(ConfigError, match=f"population.batched_sampling.*'{key}'"):
+        population_config.member_values(c)
+    c.population.batched_sampling = False  # the plain population samples with them
+    assert len(population_config.member_values(c)) == 2
+
+
 def test_a_structural_key_is_refused_with_the_way_out():
     c = base_config()
     c.population.size = 2

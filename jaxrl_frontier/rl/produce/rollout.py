@@ -157,10 +157,11 @@ class RolloutProducer:
     def begin_next(self, examples: Sequence[Example], key) -> None:
         """Partial rollouts (`rollout.partial_budget`): the batch the next `draw` starts
         ahead in its idle slots, to be drawn itself by the `draw` after it with this key."""
-        tok, mask = self._encode(examples)
+        tok, mask = self.encode(examples)
         self.sampler.begin_next(tok, mask, key)
 
-    def _encode(self, examples: Sequence[Example]) -> tuple[np.ndarray, np.ndarray]:
+    def encode(self, examples: Sequence[Example]) -> tuple[np.ndarray, np.ndarray]:
+        """This process's prompts of `examples` as host tokens and mask [P, T]."""
         texts = [self.prompt_of(e) for e in examples]
         return encode_prompts(self.tokenizer, texts, self.max_prompt_len)
 
@@ -242,7 +243,7 @@ class RolloutProducer:
 
     def _draw(self, examples: Sequence[Example], key, params: SamplingParams) -> ScoredRows:
         """Sample, decode, edit and score one batch of this process's prompts."""
-        tok, mask = self._encode(examples)
+        tok, mask = self.encode(examples)
         if self.local:  # this process's prompts on its own devices, keys by global row
             first_row = jax.process_index() * len(examples) * params.n
             rollout = self.sampler.generate(tok, mask, params, key, first_row=first_row)
