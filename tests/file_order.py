@@ -1,25 +1,27 @@
-"""The order the test files start in: the longest first (tests/run_files.py runs a file per
-process, N at a time, so a long file started last would run alone at the end)."""
+"""How long each test file takes, for the order files start in (tests/run_files.py runs N
+processes at a time, so a long file started last would run alone at the end).
 
-# By their time in a full `make test` (its "slowest files"); the rest in path order.
-SLOW_FILES_FIRST = (
-    "test_multihost.py",
-    "test_configs.py",
-    "test_rl_step.py",
-    "test_reliability.py",
-    "test_trainer.py",
-    "test_knobs.py",
-    "test_notebooks.py",
-    "test_population.py",
-    "test_ahead.py",
-    "test_launch.py",
-    "test_lora.py",
-    "test_shared_prompt.py",
-    "test_pact.py",
-    "test_sources_resume.py",
-    "test_ppo.py",
-    "test_turns.py",
-    "test_perf_paths.py",
-    "test_vocab_parallel.py",
-    "test_supervise.py",
+`FILE_SECONDS`: each file's tests' seconds in a full run (repo-relative path -> seconds), as
+`python tests/run_files.py --record-times` wrote them to tests/file_seconds.json; a file
+not in it counts as `UNKNOWN_SECONDS`. `SLOW_FILES_FIRST`: the file names, longest first.
+"""
+
+import json
+import os
+
+_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "file_seconds.json")
+UNKNOWN_SECONDS = 5.0
+
+FILE_SECONDS: dict[str, float] = {}
+if os.path.exists(_PATH):
+    with open(_PATH) as f:
+        FILE_SECONDS = json.load(f)
+
+SLOW_FILES_FIRST = tuple(
+    os.path.basename(p) for p in sorted(FILE_SECONDS, key=lambda p: -FILE_SECONDS[p])
 )
+
+
+def seconds(path: str) -> float:
+    """A file's expected seconds (`path` repo-relative, as in FILE_SECONDS)."""
+    return FILE_SECONDS.get(path, UNKNOWN_SECONDS)

@@ -1,22 +1,26 @@
 """Run the test suite as pytest processes, N at a time: `make test`.
 
-    python tests/run_files.py [--workers 2] [--group 6] [--timeout 1500] [--keep-going] [PATH ...]
+    python tests/run_files.py [--workers 2] [--group 8] [--alone 40] [--timeout 1500]
+                              [--keep-going] [--record-times] [PATH ...]
 
-A long file (`file_order.SLOW_FILES_FIRST`) runs in a process of its own; the other files run
-`--group` to a process (files of one conftest root, no two of the same name), since starting
-a process that imports jax and the package costs about 3 s, more than many short files take.
+Scheduling, from each file's seconds in an earlier full run (tests/file_seconds.json, through
+`file_order.seconds`): a file expected to take `--alone` seconds or more runs in a process of
+its own; the shorter ones share processes, first-fit by decreasing time, up to `--alone`
+seconds and `--group` files a process (files of one conftest root, no two of the same name),
+since starting a process that imports jax and the package costs about 3 s, more than many
+short files take. Processes start longest first, so that no long one starts last.
+`--record-times` rewrites tests/file_seconds.json from a passing run's own figures.
 
 Why not pytest-xdist: the suite is compile-bound, and each long-lived xdist worker grew to
 several GB and, in about one full run in three, died in XLA:CPU's executable
 (de)serialization inside JAX's persistent compilation cache (a segfault whose place depended
 on what the worker had run before); xdist's `loadfile` scheduling then waited forever for
-the dead worker's files (pytest-xdist issue 1323, fixed after 3.8.0). Here each file runs in
-a fresh process, so no state crosses files; a worker slot's files share one persistent
-compilation cache directory (files run one after another there, so an entry is written by
-one process at a time), which keeps the compile reuse across files. A file whose process
-dies from a signal is run once more in a fresh process and reported as such; any other
-failure fails the run at once. Longest files first (`file_order.SLOW_FILES_FIRST`), so
-that no long file starts last.
+the dead worker's files (pytest-xdist issue 1323, fixed after 3.8.0). Here each process is
+fresh and short-lived, so no state crosses processes but the persistent compilation cache:
+one directory for every process, whose reads and writes JAX serialises with a file lock
+(it takes one whenever `jax_compilation_cache_max_size` is set), so a program compiled in
+one worker is read by the other. A process that dies from a signal is run once more and
+reported as such; any other failure fails the run at once.
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
-from file_order import SLOW_FILES_FIRST  # noqa: E402
+from file_order import seconds  # noqa: E402
 
 SUMMARY = re.compile(
     r"^=*\s*(\d+ (?:passed|failed|skipped|error|errors|deselected|xfailed|warnings?)\b.*?) in [0-9.]+s",
@@ -47,7 +51,7 @@ SUMMARY = re.compile(
 
 
 def test_files(paths: list[str]) -> list[str]:
-    """The test files under `paths`, longest first (SLOW_FILES_FIRST), then in path order."""
+    """The test files under `paths`, in path order."""
     found = []
     for path in paths:
         if os.path.isfile(path):
@@ -56,8 +60,7 @@ def test_files(paths: list[str]) -> list[str]:
         for root, dirs, files in os.walk(path):
             dirs[:] = sorted(d for d in dirs if not d.startswith((".", "__")))
             found += [os.path.join(root, f) for f in sorted(files) if re.match(r"test_.*\.py$", f)]
-    rank = {name: i for i, name in enumerate(SLOW_FILES_FIRST)}
-    return sorted(found, key=lambda f: rank.get(os.path.basename(f), len(rank)))
+    return found
 
 
 def conftest_root(path: str) -> str:
@@ -69,24 +72,25 @@ def conftest_root(path: str) -> str:
     return d
 
 
-def group_files(files: list[str], size: int) -> list[list[str]]:
-    """The processes to run, in order: each long file (SLOW_FILES_FIRST) alone, then the
-    others in path order, up to `size` to a process, each group of one conftest root and
-    with no two files of the same name (pytest's rootdir imports would clash)."""
-    slow = set(SLOW_FILES_FIRST)
-    groups = [[f] for f in files if os.path.basename(f) in slow]
-    for f in (f for f in files if os.path.basename(f) not in slow):
-        last = groups[-1] if groups and os.path.basename(groups[-1][0]) not in slow else None
-        if (
-            last is None
-            or len(last) >= size
-            or conftest_root(last[0]) != conftest_root(f)
-            or os.path.basename(f) in {os.path.basename(g) for g in last}
-        ):
-            groups.append([f])
+def group_files(files: list[str], size: int, alone: float) -> list[list[str]]:
+    """The processes to run, longest first (module docstring)."""
+    rel = {f: os.path.relpath(os.path.abspath(f), REPO) for f in files}
+    est = {f: seconds(rel[f]) for f in files}
+    groups = [[f] for f in files if est[f] >= alone]
+    bins: list[list[str]] = []
+    for f in sorted((f for f in files if est[f] < alone), key=lambda f: (-est[f], rel[f])):
+        for b in bins:
+            if (
+                len(b) < size
+                and sum(est[g] for g in b) + est[f] <= alone
+                and conftest_root(b[0]) == conftest_root(f)
+                and os.path.basename(f) not in {os.path.basename(g) for g in b}
+            ):
+                b.append(f)
+                break
         else:
-            last.append(f)
-    return groups
+            bins.append([f])
+    return sorted(groups + bins, key=lambda g: -sum(est[f] for f in g))
 
 
 def run_file(paths: list[str], env: dict, timeout: float) -> tuple[int, str, float]:
@@ -129,7 +133,15 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("paths", nargs="*", default=[HERE])
     p.add_argument("--workers", type=int, default=2, help="files run at once")
-    p.add_argument("--group", type=int, default=6, help="short files to a process (1: each alone)")
+    p.add_argument("--group", type=int, default=8, help="short files to a process (1: each alone)")
+    p.add_argument(
+        "--alone", type=float, default=40.0, help="expected seconds from which a file runs alone"
+    )
+    p.add_argument(
+        "--record-times",
+        action="store_true",
+        help="write each file's seconds to tests/file_seconds.json after a passing run",
+    )
     p.add_argument("--timeout", type=float, default=1500, help="seconds per process")
     p.add_argument(
         "--keep-going", action="store_true", help="run every file, whatever fails (default: stop)"
@@ -138,13 +150,13 @@ def main(argv: list[str] | None = None) -> int:
 
     files = test_files(args.paths)
     work: queue.Queue[list[str]] = queue.Queue()
-    for group in group_files(files, args.group):
+    for group in group_files(files, args.group, args.alone):
         work.put(group)
     results: dict[str, tuple[int, str, float, bool]] = {}  # file -> code, summary, s, rerun
     failed = threading.Event()
     lock = threading.Lock()
-    caches = [tempfile.mkdtemp(prefix=f"jaxrl_test_jax_cache_w{i}_") for i in range(args.workers)]
-    times_path = os.path.join(caches[0], "file_times.jsonl")  # tests/file_times.py writes it
+    cache = tempfile.mkdtemp(prefix="jaxrl_test_jax_cache_")
+    times_path = os.path.join(cache, "file_times.jsonl")  # tests/file_times.py writes it
     t0 = time.monotonic()
 
     def say(msg: str) -> None:
@@ -153,8 +165,8 @@ def main(argv: list[str] | None = None) -> int:
 
     def worker(i: int) -> None:
         path = os.pathsep.join(filter(None, [HERE, os.environ.get("PYTHONPATH")]))
-        env = dict(os.environ, JAX_COMPILATION_CACHE_DIR=caches[i], JAXRL_FILE_TIMES=times_path,
-                   PYTHONPATH=path)  # fmt: skip
+        env = dict(os.environ, JAX_COMPILATION_CACHE_DIR=cache, JAXRL_FILE_TIMES=times_path,
+                   PYTHONPATH=path, JAX_COMPILATION_CACHE_MAX_SIZE=str(2**40))  # fmt: skip
         env.pop("PYTEST_XDIST_WORKER", None)
         while args.keep_going or not failed.is_set():
             try:
@@ -188,8 +200,7 @@ def main(argv: list[str] | None = None) -> int:
         for line in open(times_path):
             row = json.loads(line)
             file_seconds[row["file"]] = file_seconds.get(row["file"], 0.0) + row["seconds"]
-    for c in caches:
-        shutil.rmtree(c, ignore_errors=True)
+    shutil.rmtree(cache, ignore_errors=True)
 
     counts: dict[str, int] = {}
     for _, summary, _, _ in results.values():
@@ -212,6 +223,11 @@ def main(argv: list[str] | None = None) -> int:
         f"({len(results)} processes), {total}, "
         f"in {time.monotonic() - t0:.0f} s"
     )
+    if ok and args.record_times:
+        with open(os.path.join(HERE, "file_seconds.json"), "w") as f:
+            rows = sorted(file_seconds.items(), key=lambda kv: (-kv[1], kv[0]))
+            json.dump({rel: round(s, 1) for rel, s in rows}, f, indent=0)
+            f.write("\n")
     return 0 if ok else 1
 
 
