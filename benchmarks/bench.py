@@ -99,6 +99,11 @@ SCRIPTS: dict[str, tuple[str, str, dict]] = {
         {"XLA_FLAGS": "--xla_force_host_platform_device_count=8"},
     ),
     "moe-replay": ("moe_replay_mismatch", "replayed vs recomputed MoE routing", {}),
+    "multi-lora": (
+        "multi_lora",
+        "a LoRA population's adapter forms: grouped, gathered, ragged",
+        {},
+    ),
     "targets": ("targets", "the targets table from benchmark JSON files (--doc FILE)", {}),
 }
 NO_FLAGS = ("moe_parallel",)  # modules without an argument parser

@@ -7,6 +7,8 @@ traced float keys (run/population.py runs them).
                                                    (the seed outermost, the rest in order)
     population.same_prompts = True                 every member draws the same prompts
     population.pbt.every = K                       population-based training (run/pbt.py)
+    population.lora = True                         N LoRA adapters on one frozen base: the
+                                                   batched update and sampling below
 
 What may vary is what compiles nothing new: the seed, the float keys the jitted programs
 take as arguments (the objective's coefficients and weight knobs, the rollout's temperature,
@@ -50,6 +52,9 @@ def population_section() -> ml_collections.ConfigDict:
     # in place of a sampler call per member: the plain sampler only, equal up to the order
     # of float reductions
     s.batched_sampling = False
+    # the multi-LoRA population: N adapter sets on one frozen base loaded from a file (held
+    # once), every member's rows in one forward (batched_update and batched_sampling on)
+    s.lora = False
     s.pbt = pbt_section()  # population-based training (run/pbt.py)
     return s
 
@@ -189,11 +194,35 @@ def _check_runs(c, members: list[dict[str, Any]]) -> None:
     for key, (refused, why) in refusals.items():
         if refused:
             raise ConfigError(f"config key {key!r} in a population: {why}")
-    if c.population.get("batched_sampling"):
-        _check_batched_sampling(c)
+    if c.population.get("lora"):
+        _check_lora(c)
+    if c.population.get("lora"):
+        _check_batched_sampling(c, "population.lora")
+    elif c.population.get("batched_sampling"):
+        _check_batched_sampling(c, "population.batched_sampling")
 
 
-def _check_batched_sampling(c) -> None:
+def _check_lora(c) -> None:
+    """`population.lora` trains adapters on one base read from a file: LoRA on, a policy
+    that is not `scratch` (a random init depends on each member's seed, so there would be
+    no one base to share). It turns `batched_update` and `batched_sampling` on."""
+    refusals = {
+        "model.lora.rank": (
+            not c.model.lora.rank,
+            f"{c.model.lora.rank}: set a rank > 0 (the members train LoRA adapters)",
+        ),
+        "model.init": (
+            c.model.init == "scratch",
+            "'scratch': the members' base is one set of weights read from a file "
+            "(model.init = 'checkpoint' or 'hf', with model.path)",
+        ),
+    }
+    for key, (refused, why) in refusals.items():
+        if refused:
+            raise ConfigError(f"config key {key!r} = {why} (population.lora = True)")
+
+
+def _check_batched_sampling(c, why: str) -> None:
     """`population.batched_sampling` vmaps the plain sampler's prefill and decode: the
     samplers of their own loops and records are refused, naming the key."""
     spec = c.rollout.get("speculative") or {}
@@ -205,8 +234,8 @@ def _check_batched_sampling(c) -> None:
     for key, refused in refusals.items():
         if refused:
             raise ConfigError(
-                f"config key 'population.batched_sampling' batches the plain sampler only: "
-                f"unset {key!r} or set population.batched_sampling = False"
+                f"config key {why!r} batches the plain sampler only: "
+                f"unset {key!r} or set {why} = False"
             )
 
 

@@ -63,6 +63,32 @@ def test_batched_sampling_refuses_the_other_samplers(change, key):
     assert len(population_config.member_values(c)) == 2
 
 
+def loaded_lora(c):
+    c.model.update(init="checkpoint", path="/runs/sft")
+    c.model.lora.update(rank=4)
+    return c
+
+
+@pytest.mark.parametrize(
+    "change, key",
+    [
+        (lambda c: c.model.update(init="checkpoint", path="/runs/sft"), "model.lora.rank"),
+        (lambda c: c.model.lora.update(rank=4), "model.init"),
+        (lambda c: loaded_lora(c).rollout.update(continuous_slots=4), "rollout.continuous_slots"),
+    ],
+)
+def test_a_lora_population_needs_adapters_on_a_loaded_base(change, key):
+    """population.lora: adapters (model.lora.rank) on one base read from a file, sampled by
+    the batched plain sampler; each missing part refused naming its key."""
+    c = population_config_of(objective__kl_coef=(0.1, 0.2))
+    c.population.lora = True
+    change(c)
+    with pytest.raises(ConfigError, match=f"'{key}'"):
+        population_config.member_values(c)
+    loaded_lora(c).rollout.update(continuous_slots=0)
+    assert len(population_config.member_values(c)) == 2
+
+
 def test_a_structural_key_is_refused_with_the_way_out():
     c = base_config()
     c.population.size = 2

@@ -48,6 +48,34 @@ class MemberUpdates:
             self._programs[keys] = self.learners[0].update_program(keys, members={"knobs": 0})
         return self._programs[keys]
 
+    def _stacked_state(self):
+        """The members' train states and frozen inputs (their knobs stacked; the rest, a
+        LoRA base or a teacher, every member's one array, passed once)."""
+        learners, first = self.learners, self.learners[0]
+        state = _stack(
+            [lr.state for lr in learners], jax.tree.map(lambda x: x.sharding, first.state)
+        )
+        frozen = None
+        if first.frozen is not None:
+            frozen = dict(first.frozen)
+            if "knobs" in frozen:
+                knobs = [lr.frozen["knobs"] for lr in learners]
+                frozen["knobs"] = _stack(knobs, jax.tree.map(lambda x: x.sharding, knobs[0]))
+        return state, frozen
+
+    def lowered(self, experiences: Sequence[Experience]) -> jax.stages.Lowered:
+        """The vmapped update of every member's first minibatch, lowered (not run): its
+        `.compile().memory_analysis()` shows what the program holds per device."""
+        first = self.learners[0]
+        batches = [e.update_batch() for e in experiences]
+        keys = tuple(sorted(batches[0]))
+        select, order = first.programs(keys)[0], jnp.arange(first.minibatch_rows)
+        batch_sh = {k: sharding.batch_sharding(first.mesh, 2) for k in keys}
+        mb = _stack([select(b, order) for b in batches], batch_sh)
+        state, frozen = self._stacked_state()
+        args = (state, mb) if frozen is None else (state, mb, frozen)
+        return self._program(keys).lower(*args)
+
     def update(
         self, experiences: Sequence[Experience], next_keys: Sequence[Callable[[], jax.Array]]
     ) -> list[list[dict]]:
@@ -64,14 +92,7 @@ class MemberUpdates:
             [minibatch_order(k(), first.rows, first.update_groups) for k in next_keys]
             for _ in range(first.epochs)
         ]
-        state_sh = jax.tree.map(lambda x: x.sharding, first.state)
-        state = _stack([lr.state for lr in learners], state_sh)
-        frozen = None
-        if first.frozen is not None:
-            frozen = dict(first.frozen)
-            if "knobs" in frozen:
-                knobs = [lr.frozen["knobs"] for lr in learners]
-                frozen["knobs"] = _stack(knobs, jax.tree.map(lambda x: x.sharding, knobs[0]))
+        state, frozen = self._stacked_state()
         batch_sh = {k: sharding.batch_sharding(first.mesh, 2) for k in keys}
         metrics: list[list[dict]] = [[] for _ in learners]
         rows = first.minibatch_rows
