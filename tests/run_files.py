@@ -1,6 +1,6 @@
 """Run the test suite as pytest processes, N at a time: `make test`.
 
-    python tests/run_files.py [--workers 2] [--group 8] [--alone 40] [--timeout 1500]
+    python tests/run_files.py [--workers 2] [--group 12] [--alone 60] [--timeout 1500]
                               [--keep-going] [--record-times] [PATH ...]
 
 Scheduling, from each file's seconds in an earlier full run (tests/file_seconds.json, through
@@ -134,9 +134,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("paths", nargs="*", default=[HERE])
     p.add_argument("--workers", type=int, default=2, help="files run at once")
-    p.add_argument("--group", type=int, default=8, help="short files to a process (1: each alone)")
+    p.add_argument("--group", type=int, default=12, help="short files to a process (1: each alone)")
     p.add_argument(
-        "--alone", type=float, default=40.0, help="expected seconds from which a file runs alone"
+        "--alone", type=float, default=60.0, help="expected seconds from which a file runs alone"
     )
     p.add_argument(
         "--record-times",
