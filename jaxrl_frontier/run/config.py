@@ -323,8 +323,16 @@ def _check_consistency(c: ml_collections.ConfigDict, num_devices: int | None) ->
         num_devices = c.mesh.num_devices or num_devices
         _check_roles(c, num_devices)
         num_devices -= c.rollout.devices
+        population = c.mesh.population  # members' blocks of devices: the mesh is one block's
+        if population < 1 or num_devices % population:
+            raise ConfigError(
+                f"config key 'mesh.population' = {population}: must be >= 1 and divide the "
+                f"{num_devices} training devices"
+            )
         try:
-            dims = sharding.resolve_mesh_shape(sharding.mesh_sizes(c.mesh), num_devices)
+            dims = sharding.resolve_mesh_shape(
+                sharding.mesh_sizes(c.mesh), num_devices // population
+            )
         except ValueError as e:
             raise ConfigError(f"config key 'mesh': {e}") from None
         batch_devices = dims[0] * dims[1]

@@ -191,6 +191,25 @@ def _check_runs(c, members: list[dict[str, Any]]) -> None:
             raise ConfigError(f"config key {key!r} in a population: {why}")
     if c.population.get("batched_sampling"):
         _check_batched_sampling(c)
+    _check_member_mesh(c, len(members))
+
+
+def _check_member_mesh(c, size: int) -> None:
+    """`mesh.population = P > 1` splits the members' one vmapped update over P blocks of
+    devices: only `population.batched_update` runs one, and each block takes N / P members."""
+    p = int(c.mesh.get("population", 1))
+    if p == 1:
+        return
+    if not c.population.batched_update:
+        raise ConfigError(
+            f"config key 'mesh.population' = {p} splits the members' batched update over "
+            "devices: set population.batched_update = True, or mesh.population = 1"
+        )
+    if size % p:
+        raise ConfigError(
+            f"config key 'mesh.population' = {p} must divide the population's {size} members "
+            "(population.size)"
+        )
 
 
 def _check_batched_sampling(c) -> None:

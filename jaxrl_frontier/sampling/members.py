@@ -109,11 +109,15 @@ class MemberSampler:
             return self._jits[sig]
         s = self.sampler
         slots = s.first_cache_size(shape[1], plan) - shape[1]
+        # the member axis on the mesh's population axis where it divides the group's members
+        # (each block of devices samples its own members), else replicated
+        axis = shd.population_axis(s.mesh)
+        axis = axis if axis and members % s.mesh.shape[axis] == 0 else None
 
-        def place(x, j: int, stacked: bool):  # a stacked leaf: the member axis replicated
+        def place(x, j: int, stacked: bool):  # a stacked leaf: the member axis on `axis`
             if specs is None:
                 return x
-            spec = PartitionSpec(None, *specs[j]) if stacked else specs[j]
+            spec = PartitionSpec(axis, *specs[j]) if stacked else specs[j]
             return jax.lax.with_sharding_constraint(x, NamedSharding(s.mesh, spec))
 
         def member_generate(state, tokens, mask, key, knobs, version):
@@ -139,7 +143,9 @@ class MemberSampler:
             state = jax.tree.unflatten(treedef, leaves)
             tok, msk = stack(prompts)
             vmapped = jax.vmap(
-                member_generate, in_axes=(jax.tree.unflatten(treedef, list(axes)), 0, 0, 0, 0, 0)
+                member_generate,
+                in_axes=(jax.tree.unflatten(treedef, list(axes)), 0, 0, 0, 0, 0),
+                spmd_axis_name=axis,  # the sampler's row constraints within each block
             )
             out = vmapped(
                 state,
