@@ -229,6 +229,17 @@ def _check_batched_sampling(c) -> None:
             )
 
 
+def check_solo_mesh(c) -> None:
+    """A run with no population: `mesh.population` 1 (an axis of no members would only run
+    every program P times over)."""
+    p = int(c.mesh.get("population", 1))
+    if p != 1:
+        raise ConfigError(
+            f"config key 'mesh.population' = {p} splits a population's members over devices; "
+            "this config sets no population (population.size): set mesh.population = 1"
+        )
+
+
 def member_config(c, values: dict[str, Any]) -> ml_collections.ConfigDict:
     """Member config: the launched config `c` with the member's `values` (module docstring),
     as an ordinary run's config (no population section set)."""

@@ -247,10 +247,4 @@ class Trainer:
 
 def train(config: ml_collections.ConfigDict, workdir: str | None = None) -> dict[str, Any]:
     """Build a Trainer and run it (resuming from workdir if it holds a checkpoint)."""
-    population = config_lib.resolve(config).mesh.population
-    if population != 1:  # a member axis with no members: every program would repeat on it
-        raise config_lib.ConfigError(
-            f"config key 'mesh.population' = {population} splits a population's members over "
-            "devices; this config sets no population (population.size): set mesh.population = 1"
-        )
     return Trainer(config, workdir).run()

@@ -12,7 +12,11 @@ draws from its weights, prompts and key (the same `prefill_body` and `decode_bod
 the order of f32 reductions in the batched matmuls. The producer then asks for its rows as
 always (`generate`), and this sampler hands back the one prepared for its key; a call with
 another key (an extra draw of dynamic sampling) runs the plain sampler. Members whose prompts
-pad to other bucket shapes or whose `Plan`s differ run in separate groups.
+pad to other bucket shapes or whose `Plan`s differ run in separate groups. On a sampler mesh
+with a population axis (`mesh.population`, core/sharding.py) a group's stacked member axis is
+placed on it and the vmap names it (`spmd_axis_name`), so each block of devices samples its
+own members with the sampler's layout inside; a group whose size the axis does not divide
+runs with the member axis replicated.
 """
 
 from __future__ import annotations

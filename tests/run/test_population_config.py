@@ -92,7 +92,7 @@ def test_a_population_mesh_axis_is_refused_where_no_batched_update_splits_member
     a size it does not divide, in a run with no population, or where it does not divide the
     devices, a one-line ConfigError names the key, its value and the way out."""
     from jaxrl_frontier.run import config as config_lib
-    from jaxrl_frontier.run import trainer
+    from jaxrl_frontier.run import population
 
     c = population_config_of(objective__kl_coef=(0.1, 0.2))
     c.mesh.population = 2
@@ -110,7 +110,7 @@ def test_a_population_mesh_axis_is_refused_where_no_batched_update_splits_member
     solo = base_config()
     solo.mesh.population = 2
     with pytest.raises(ConfigError, match=r"'mesh.population' = 2 .* sets no population"):
-        trainer.train(solo, str(tmp_path))
+        population.train(solo, str(tmp_path))
     solo.mesh.population = 3
     with pytest.raises(ConfigError, match=r"'mesh.population' = 3: must be >= 1 and divide"):
         config_lib.validate(solo, num_devices=8)
