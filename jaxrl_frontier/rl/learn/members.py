@@ -45,6 +45,12 @@ class MemberUpdates:
                 f"config key 'population.batched_update': the members' update is not batched "
                 f"with {what} yet: set population.batched_update = False"
             )
+        axis = sharding.population_axis(first.mesh)
+        if axis and len(learners) % first.mesh.shape[axis]:  # blocks of whole members
+            raise ConfigError(
+                f"config key 'mesh.population' = {first.mesh.shape[axis]} must divide the "
+                f"population's {len(learners)} members (population.size)"
+            )
         self.learners = list(learners)
         self._programs: dict[tuple[str, ...], Callable] = {}
 

@@ -151,6 +151,8 @@ def test_a_population_mesh_places_the_member_axis_on_it():
         return run
 
     learners[0].update_program = spy
+    with pytest.raises(ConfigError, match=r"'mesh.population' = 4 must divide the population's 3"):
+        MemberUpdates(learners[:3])
     MemberUpdates(learners).update([_experience(i + 1) for i in range(4)], [_stream(0)] * 4)
     params, x, knob = seen[0]
     assert params.sharding.spec == jax.sharding.PartitionSpec("population")
