@@ -13,6 +13,10 @@ def mesh_section() -> ml_collections.ConfigDict:
     # along it holds a slice of every row's positions; it must divide the rows' length),
     # the weights and optimizer state split over fsdp x sequence (core/sharding.py)
     s = ml_collections.ConfigDict(dict(data=-1, fsdp=1, sequence=1, tensor=1, num_devices=0))
+    # P > 1: a population's members split over an outer `population` axis of P blocks of
+    # devices, the axes above inside each block (their -1 takes the rest of a block); only
+    # with population.batched_update, P dividing population.size (docs/population.md)
+    s.population = 1
     return s
 
 
@@ -39,6 +43,7 @@ def distributed_section() -> ml_collections.ConfigDict:
 
 # This layer's numeric keys: (low, high, low inclusive, high inclusive); None = open.
 RANGES: dict[str, tuple] = {
+    "mesh.population": (1, None, True, None),
     "distributed.heartbeat_timeout_s": (0, None, False, None),
     "distributed.initialization_timeout_s": (0, None, False, None),
     "distributed.shutdown_timeout_s": (0, None, False, None),

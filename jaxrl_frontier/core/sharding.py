@@ -14,6 +14,14 @@ axis (token ids are small) and each device takes its slice inside the program.
 
 A dimension whose size the mesh axis does not divide is replicated instead (e.g. 2 kv heads
 on a tensor axis of 4): correct everywhere, and the choice is visible in `describe`.
+
+A population's members (run/population.py) may be split over one more, outermost axis,
+'population' (`make_mesh(population=P)`, `mesh.population`): the mesh is then (population,
+data, fsdp, sequence, tensor), P blocks of devices each of the (data, fsdp, sequence, tensor)
+shape. Only the members' stacked programs name it (`jax.vmap(spmd_axis_name=)` over a
+leading [N] member axis placed on it: rl/learn/members.py, sampling/members.py); every other
+spec leaves it out and so is replicated over it. A mesh of P = 1 has no such axis: it is the
+four-axis mesh it always was.
 """
 
 from __future__ import annotations
@@ -29,6 +37,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 MESH_AXES = ("data", "fsdp", "sequence", "tensor")
 BATCH_AXES = ("data", "fsdp")
 SEQUENCE_AXIS = "sequence"  # context parallelism: a row's positions split over this axis
+# a population's members, split over the outermost axis (the module docstring); absent when 1
+POPULATION_AXIS = "population"
 # a mesh shape given as three sizes is (data, fsdp, tensor) with no sequence axis
 _THREE_AXES = ("data", "fsdp", "tensor")
 
@@ -95,17 +105,36 @@ def mesh_sizes(section: Mapping[str, int]) -> list[int]:
     return [int(section.get(a, 1)) for a in MESH_AXES]
 
 
-def make_mesh(shape: Sequence[int] | Mapping[str, int] = (-1, 1, 1), devices=None) -> Mesh:
+def make_mesh(
+    shape: Sequence[int] | Mapping[str, int] = (-1, 1, 1), devices=None, population: int = 1
+) -> Mesh:
     """A Mesh with axes (data, fsdp, sequence, tensor). `shape`: four sizes, three (data,
-    fsdp, tensor; sequence 1), or a dict by axis name (absent axes 1)."""
+    fsdp, tensor; sequence 1), or a dict by axis name (absent axes 1; it may hold
+    'population'). population P > 1: an outer 'population' axis of P blocks of the devices,
+    each of `shape` over 1 / P of them (its -1 takes the rest of a block)."""
     if isinstance(shape, Mapping):
-        unknown = set(shape) - set(MESH_AXES)
+        unknown = set(shape) - {*MESH_AXES, POPULATION_AXIS}
         if unknown:
-            raise ValueError(f"unknown mesh axes {sorted(unknown)}; allowed: {MESH_AXES}")
+            allowed = (POPULATION_AXIS, *MESH_AXES)
+            raise ValueError(f"unknown mesh axes {sorted(unknown)}; allowed: {allowed}")
+        population = int(shape.get(POPULATION_AXIS, population))
         shape = [shape.get(a, 1) for a in MESH_AXES]
     devices = list(jax.devices() if devices is None else devices)
-    dims = resolve_mesh_shape(shape, len(devices))
-    return Mesh(np.asarray(devices).reshape(dims), MESH_AXES)
+    if population < 1 or len(devices) % population:
+        raise ValueError(
+            f"mesh population axis {population} must be >= 1 and divide the {len(devices)} devices"
+        )
+    dims = resolve_mesh_shape(shape, len(devices) // population)
+    if population == 1:  # no population axis: the mesh every run without one has
+        return Mesh(np.asarray(devices).reshape(dims), MESH_AXES)
+    return Mesh(np.asarray(devices).reshape(population, *dims), (POPULATION_AXIS, *MESH_AXES))
+
+
+def population_axis(mesh: Mesh | None) -> str | None:
+    """The mesh's population axis name (`POPULATION_AXIS`), or None: no mesh, or a mesh
+    without one (population 1), over which a member axis stays replicated."""
+    names = () if mesh is None else mesh.axis_names
+    return POPULATION_AXIS if POPULATION_AXIS in names else None
 
 
 def logical_to_spec(
@@ -225,15 +254,18 @@ def sequence_size(mesh: Mesh | None) -> int:
 
 def fold_sequence(mesh: Mesh) -> Mesh:
     """`mesh` with its sequence axis folded into fsdp: the same devices in the same order,
-    shape (data, fsdp * sequence, 1, tensor). A weight split over ('fsdp', 'sequence') (the
-    `embed` rule) is split over 'fsdp' here on the same devices, and rows split over the
-    batch axes take every device: the sampler's mesh, which has no use for a split of
-    positions (a decode step has one)."""
+    shape (data, fsdp * sequence, 1, tensor) (a population axis kept in front). A weight
+    split over ('fsdp', 'sequence') (the `embed` rule) is split over 'fsdp' here on the same
+    devices, and rows split over the batch axes take every device of a member's block: the
+    sampler's mesh, which has no use for a split of positions (a decode step has one)."""
     s = sequence_size(mesh)
     if s == 1:
         return mesh
-    d, f, _, t = (mesh.shape[a] for a in MESH_AXES)
-    return Mesh(mesh.devices.reshape(d, f * s, 1, t), MESH_AXES)
+    names = tuple(mesh.axis_names)
+    # fsdp and sequence are neighbours, so merging them keeps every device's place
+    dims = [mesh.shape[a] * (s if a == "fsdp" else 1) for a in names]
+    dims[names.index(SEQUENCE_AXIS)] = 1
+    return Mesh(mesh.devices.reshape(dims), names)
 
 
 def batch_size_multiple(mesh: Mesh) -> int:

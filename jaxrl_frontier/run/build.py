@@ -50,9 +50,12 @@ def build_meshes(config) -> tuple[jax.sharding.Mesh, jax.sharding.Mesh]:
     > 0`, `rollout.partial_budget > 0`) sample on a mesh of each process's own devices of
     those (rl/ahead.py, sampling/partial.py), of the same shape spec. A rollout mesh has no
     sequence axis (`sharding.fold_sequence`: it joins fsdp), so rows split over every device
-    rather than repeating along it."""
+    rather than repeating along it. `mesh.population = P > 1` (a population's members,
+    docs/population.md) puts an outer 'population' axis on the train mesh, and so on the
+    rollout mesh where that is the train mesh."""
     train, rollout = role_devices(config)
-    train_mesh = sharding.make_mesh(sharding.mesh_sizes(config.mesh), train)
+    population = int(config.mesh.get("population", 1))  # a population's member axis
+    train_mesh = sharding.make_mesh(sharding.mesh_sizes(config.mesh), train, population)
     spec = config.rollout.mesh if rollout else config.mesh
     ahead = config.rollout.max_staleness or config.rollout.partial_budget
     if config.mode == "rl" and ahead and jax.process_count() > 1:

@@ -267,6 +267,37 @@ def _check_lora(c: ml_collections.ConfigDict) -> None:
         raise ConfigError(str(e)) from None
 
 
+def _check_devices(c: ml_collections.ConfigDict, num_devices: int, micro: int) -> None:
+    """`mesh.*`, `mesh.population` and the rollout roles against the `num_devices` at hand;
+    `micro`: a microbatch's rollouts, which the mesh's batch axes must divide."""
+    from jaxrl_frontier.core import sharding
+
+    if c.mesh.num_devices > num_devices:
+        raise ConfigError(
+            f"config key 'mesh.num_devices' = {c.mesh.num_devices} but only {num_devices} "
+            "devices are available"
+        )
+    num_devices = c.mesh.num_devices or num_devices
+    _check_roles(c, num_devices)
+    num_devices -= c.rollout.devices
+    population = c.mesh.population  # members' blocks of devices: the mesh is one block's
+    if population < 1 or num_devices % population:
+        raise ConfigError(
+            f"config key 'mesh.population' = {population}: must be >= 1 and divide the "
+            f"{num_devices} training devices"
+        )
+    try:
+        dims = sharding.resolve_mesh_shape(sharding.mesh_sizes(c.mesh), num_devices // population)
+    except ValueError as e:
+        raise ConfigError(f"config key 'mesh': {e}") from None
+    batch_devices = dims[0] * dims[1]
+    if micro % batch_devices:
+        raise ConfigError(
+            f"microbatch of {micro} rollouts is not divisible by the {batch_devices} devices "
+            f"on the mesh's batch axes (mesh.data x mesh.fsdp)"
+        )
+
+
 def _check_consistency(c: ml_collections.ConfigDict, num_devices: int | None) -> None:
     _positive(c, "rollout.group_size", "rollout.max_new_tokens", "data.prompt_batch", "train.steps")
     _positive(c, "train.epochs", "train.minibatches", "optimizer.grad_accum")
@@ -313,27 +344,7 @@ def _check_consistency(c: ml_collections.ConfigDict, num_devices: int | None) ->
             f"train.minibatches x optimizer.grad_accum = {per_update}"
         )
     if num_devices is not None:
-        from jaxrl_frontier.core import sharding
-
-        if c.mesh.num_devices > num_devices:
-            raise ConfigError(
-                f"config key 'mesh.num_devices' = {c.mesh.num_devices} but only {num_devices} "
-                "devices are available"
-            )
-        num_devices = c.mesh.num_devices or num_devices
-        _check_roles(c, num_devices)
-        num_devices -= c.rollout.devices
-        try:
-            dims = sharding.resolve_mesh_shape(sharding.mesh_sizes(c.mesh), num_devices)
-        except ValueError as e:
-            raise ConfigError(f"config key 'mesh': {e}") from None
-        batch_devices = dims[0] * dims[1]
-        micro = rows // per_update
-        if micro % batch_devices:
-            raise ConfigError(
-                f"microbatch of {micro} rollouts is not divisible by the {batch_devices} devices "
-                f"on the mesh's batch axes (mesh.data x mesh.fsdp)"
-            )
+        _check_devices(c, num_devices, rows // per_update)
     if c.model.lora.rank:
         _check_lora(c)
     if c.model.init != "scratch" and not c.model.path:

@@ -240,6 +240,8 @@ def _values_now(member: trainer.Trainer, keys: list[str], step: int) -> dict[str
 
 def train(config: ml_collections.ConfigDict, workdir: str | None = None) -> dict[str, Any]:
     """Train `config`: a population when its `population` section sets one, else one run."""
-    if population_config.member_values(config_lib.resolve(config)):
+    c = config_lib.resolve(config)
+    if population_config.member_values(c):
         return Population(config, workdir).run()
+    population_config.check_solo_mesh(c)  # no member axis without members
     return trainer.train(config, workdir)

@@ -196,10 +196,28 @@ def _check_runs(c, members: list[dict[str, Any]]) -> None:
             raise ConfigError(f"config key {key!r} in a population: {why}")
     if c.population.get("lora"):
         _check_lora(c)
-    if c.population.get("lora"):
         _check_batched_sampling(c, "population.lora")
     elif c.population.get("batched_sampling"):
         _check_batched_sampling(c, "population.batched_sampling")
+    _check_member_mesh(c, len(members))
+
+
+def _check_member_mesh(c, size: int) -> None:
+    """`mesh.population = P > 1` splits the members' one vmapped update over P blocks of
+    devices: only `population.batched_update` runs one, and each block takes N / P members."""
+    p = int(c.mesh.get("population", 1))
+    if p == 1:
+        return
+    if not (c.population.batched_update or c.population.get("lora")):
+        raise ConfigError(
+            f"config key 'mesh.population' = {p} splits the members' batched update over "
+            "devices: set population.batched_update = True, or mesh.population = 1"
+        )
+    if size % p:
+        raise ConfigError(
+            f"config key 'mesh.population' = {p} must divide the population's {size} members "
+            "(population.size)"
+        )
 
 
 def _check_lora(c) -> None:
@@ -237,6 +255,17 @@ def _check_batched_sampling(c, why: str) -> None:
                 f"config key {why!r} batches the plain sampler only: "
                 f"unset {key!r} or set {why} = False"
             )
+
+
+def check_solo_mesh(c) -> None:
+    """A run with no population: `mesh.population` 1 (an axis of no members would only run
+    every program P times over)."""
+    p = int(c.mesh.get("population", 1))
+    if p != 1:
+        raise ConfigError(
+            f"config key 'mesh.population' = {p} splits a population's members over devices; "
+            "this config sets no population (population.size): set mesh.population = 1"
+        )
 
 
 def member_config(c, values: dict[str, Any]) -> ml_collections.ConfigDict:

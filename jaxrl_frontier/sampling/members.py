@@ -12,7 +12,11 @@ draws from its weights, prompts and key (the same `prefill_body` and `decode_bod
 the order of f32 reductions in the batched matmuls. The producer then asks for its rows as
 always (`generate`), and this sampler hands back the one prepared for its key; a call with
 another key (an extra draw of dynamic sampling) runs the plain sampler. Members whose prompts
-pad to other bucket shapes or whose `Plan`s differ run in separate groups.
+pad to other bucket shapes or whose `Plan`s differ run in separate groups. On a sampler mesh
+with a population axis (`mesh.population`, core/sharding.py) a group's stacked member axis is
+placed on it and the vmap names it (`spmd_axis_name`), so each block of devices samples its
+own members with the sampler's layout inside; a group whose size the axis does not divide
+runs with the member axis replicated.
 """
 
 from __future__ import annotations
@@ -109,11 +113,15 @@ class MemberSampler:
             return self._jits[sig]
         s = self.sampler
         slots = s.first_cache_size(shape[1], plan) - shape[1]
+        # the member axis on the mesh's population axis where it divides the group's members
+        # (each block of devices samples its own members), else replicated
+        axis = shd.population_axis(s.mesh)
+        axis = axis if axis and members % s.mesh.shape[axis] == 0 else None
 
-        def place(x, j: int, stacked: bool):  # a stacked leaf: the member axis replicated
+        def place(x, j: int, stacked: bool):  # a stacked leaf: the member axis on `axis`
             if specs is None:
                 return x
-            spec = PartitionSpec(None, *specs[j]) if stacked else specs[j]
+            spec = PartitionSpec(axis, *specs[j]) if stacked else specs[j]
             return jax.lax.with_sharding_constraint(x, NamedSharding(s.mesh, spec))
 
         def member_generate(state, tokens, mask, key, knobs, version):
@@ -139,7 +147,9 @@ class MemberSampler:
             state = jax.tree.unflatten(treedef, leaves)
             tok, msk = stack(prompts)
             vmapped = jax.vmap(
-                member_generate, in_axes=(jax.tree.unflatten(treedef, list(axes)), 0, 0, 0, 0, 0)
+                member_generate,
+                in_axes=(jax.tree.unflatten(treedef, list(axes)), 0, 0, 0, 0, 0),
+                spmd_axis_name=axis,  # the sampler's row constraints within each block
             )
             out = vmapped(
                 state,

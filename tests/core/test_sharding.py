@@ -162,6 +162,29 @@ def test_mesh_errors():
         sharding.shard_batch(np.zeros((6, 3)), mesh)
 
 
+def test_a_population_axis_is_an_outer_block_of_the_mesh():
+    """mesh population P > 1: an outermost 'population' axis of P blocks of consecutive
+    devices, each of the given shape (its -1 takes the rest of a block); P = 1 leaves the
+    four-axis mesh as it was. Logical rules never name it, so every spec replicates over it;
+    the sampler's fold of the sequence axis keeps it."""
+    plain = sharding.make_mesh((2, 2, 2))
+    assert plain.axis_names == sharding.MESH_AXES and sharding.population_axis(plain) is None
+    mesh = sharding.make_mesh((-1, 2, 1), population=2)
+    assert dict(mesh.shape) == dict(population=2, data=2, fsdp=2, sequence=1, tensor=1)
+    assert sharding.population_axis(mesh) == "population"
+    assert list(mesh.devices[1].flat) == jax.devices()[4:]  # member block 1: devices 4..7
+    assert sharding.make_mesh({"population": 4, "fsdp": 2}).shape["population"] == 4
+    rows = sharding.logical_to_spec(("batch", None), (8, 32), mesh)
+    assert rows == jax.sharding.PartitionSpec(("data", "fsdp"), None)
+    assert sharding.logical_to_spec(("embed", "mlp"), (32, 64), mesh)[0] == "fsdp"
+    assert sharding.batch_size_multiple(mesh) == 4  # a member's rows: its block's batch axes
+    folded = sharding.fold_sequence(sharding.make_mesh((1, 2, 2, 1), population=2))
+    assert dict(folded.shape) == dict(population=2, data=1, fsdp=4, sequence=1, tensor=1)
+    assert list(folded.devices.flat) == jax.devices()
+    with pytest.raises(ValueError, match=r"population axis 3 must be >= 1 and divide the 8"):
+        sharding.make_mesh((-1, 1, 1), population=3)
+
+
 def test_fsdp_gradient_keeps_no_full_weight_copy_per_device():
     """Stacked layers scanned under FSDP: the compiled gradient step on 8 fsdp devices holds
     each layer's gathered weights only while that layer runs, so its per-device temporaries

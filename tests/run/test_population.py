@@ -343,6 +343,35 @@ def test_batched_sampling_equals_each_members_own_rollouts(two_members, tmp_path
         )
 
 
+def test_members_split_over_a_population_mesh_axis_equal_the_members_own(two_members, tmp_path):
+    """mesh.population = 2 on 2 devices: each member's batched update (and batched rollout)
+    on its own device, the rest of its step on both, replicated. The same rows, rewards and
+    metrics as each member's own run on one device, up to the order of f32 reductions (the
+    bounds of the batched tests above)."""
+    _, full, _, _ = two_members
+    c = population_config_of(objective__kl_coef=(0.02, 0.1))
+    c.mesh.update(num_devices=2, population=2)
+    c.population.update(batched_update=True, batched_sampling=True)
+    pop = stubbed(population.Population(c, str(tmp_path)))
+    seen = recording(pop)
+    pop.run()
+    assert dict(pop.members[0].step.learner.mesh.shape)["population"] == 2
+    for i in range(2):
+        for got, want in zip(seen[i], full.seen[i], strict=True):
+            for k in ("tokens", "rewards", "loss_mask"):
+                np.testing.assert_array_equal(got[k], want[k])
+            np.testing.assert_allclose(got["old_logp"], want["old_logp"], rtol=0, atol=LOGP_ATOL)
+        got, want = rows(pop.member_dir(i)), rows(full.member_dir(i))
+        assert [r["step"] for r in got] == [r["step"] for r in want]
+        for a, b in zip(got, want):
+            assert a.keys() == b.keys()
+            for k in a:
+                assert a[k] == pytest.approx(b[k], rel=1e-4, abs=1e-5), (i, a["step"], k)
+        state, ref = pop.members[i].state, full.members[i].state
+        for a, b in zip(jax.tree.leaves(state.params), jax.tree.leaves(ref.params), strict=True):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-5)
+
+
 def test_a_varied_learning_rate_lives_in_the_optimizer_state(tmp_path):
     """optimizer.lr varies through the optimizer state (optimizer.lr_in_state): member 1
     equals the solo run of its config bit for bit, and the plain optimizer at its lr up to

@@ -111,3 +111,35 @@ def test_a_grid_expands_to_its_product():
     ]
     member = population_config.member_config(c, got[3])
     assert member.seed == 4 and member.schedules.rollout.temperature == 1.0
+
+
+def test_a_population_mesh_axis_is_refused_where_no_batched_update_splits_members(tmp_path):
+    """mesh.population > 1 splits the members' batched update: without batched_update, with
+    a size it does not divide, in a run with no population, or where it does not divide the
+    devices, a one-line ConfigError names the key, its value and the way out."""
+    from jaxrl_frontier.run import config as config_lib
+    from jaxrl_frontier.run import population
+
+    c = population_config_of(objective__kl_coef=(0.1, 0.2))
+    c.mesh.population = 2
+    with pytest.raises(ConfigError) as e:
+        population_config.member_values(c)
+    assert str(e.value) == (
+        "config key 'mesh.population' = 2 splits the members' batched update over devices: "
+        "set population.batched_update = True, or mesh.population = 1"
+    )
+    c.population.batched_update = True
+    assert len(population_config.member_values(c)) == 2  # accepted
+    c.mesh.population = 4
+    with pytest.raises(ConfigError, match=r"'mesh.population' = 4 must divide the population's 2"):
+        population_config.member_values(c)
+    solo = base_config()
+    solo.mesh.population = 2
+    with pytest.raises(ConfigError, match=r"'mesh.population' = 2 .* sets no population"):
+        population.train(solo, str(tmp_path))
+    solo.mesh.population = 3
+    with pytest.raises(ConfigError, match=r"'mesh.population' = 3: must be >= 1 and divide"):
+        config_lib.validate(solo, num_devices=8)
+    solo.mesh.population = 0
+    with pytest.raises(ConfigError, match=r"'mesh.population' = 0; allowed"):
+        config_lib.validate(solo, num_devices=8)

@@ -9,6 +9,12 @@ knob values (`frozen['knobs']`, stacked) and, after the update, its own state: t
 is member i's `Learner.update` up to the order of floating-point reductions (a vmapped matmul
 may sum in another order). The learners share one structure (a population's members:
 run/population.py); packed rows and a learned critic are not batched (refused).
+
+On a mesh with a population axis (`mesh.population = P`, core/sharding.py) the stacked
+state, minibatch and knobs [N, ...] are placed with their member axis on it (`stacked`):
+each block of devices updates N / P members, with their rows and weights split inside it as
+a member's own. Each member's own state stays replicated over that axis (what its other
+programs read), so the stacking and unstacking are reshards onto and off it.
 """
 
 from __future__ import annotations
@@ -37,7 +43,13 @@ class MemberUpdates:
             )
             raise ConfigError(
                 f"config key 'population.batched_update': the members' update is not batched "
-                f"with {what} yet: set population.batched_update = False"
+                f"with {what} yet: set population.batched_update (and population.lora) = False"
+            )
+        axis = sharding.population_axis(first.mesh)
+        if axis and len(learners) % first.mesh.shape[axis]:  # blocks of whole members
+            raise ConfigError(
+                f"config key 'mesh.population' = {first.mesh.shape[axis]} must divide the "
+                f"population's {len(learners)} members (population.size)"
             )
         self.learners = list(learners)
         self._programs: dict[tuple[str, ...], Callable] = {}
@@ -114,6 +126,6 @@ class MemberUpdates:
 
 
 def _stack(trees: list, shardings):
-    """The trees stacked on a new leading axis, placed by `shardings` (a member's) with a
-    replicated member axis."""
+    """The trees stacked on a new leading axis [N, ...], placed by `shardings` (a member's)
+    with the member axis on the mesh's population axis (replicated without one: `stacked`)."""
     return jax.device_put(jax.tree.map(lambda *xs: jnp.stack(xs), *trees), stacked(shardings))

@@ -212,7 +212,9 @@ def make_update_fn(
     members: a population's members updated at once (`rl.learn.members`): the state, the
     batch and the metrics gain a leading [N] axis, and so do the entries of `frozen` this
     dict maps to 0 (the knobs; None: shared, a teacher's weights); `update` is vmapped over
-    it and every sharding gets a replicated leading axis.
+    it and every sharding gets a leading axis (`stacked`): on the mesh's population axis,
+    with `vmap(spmd_axis_name=)` so the constraints inside (rows over data / fsdp, weights
+    over fsdp / tensor) hold within each member's block of devices; replicated without one.
     """
     del graphdef  # the loss closes over it
     # an optimizer state offloaded to host memory (`init_opt_state`) comes to the device for
@@ -246,7 +248,11 @@ def make_update_fn(
         frozen_axes = (
             None if frozen_sharding is None else {k: members.get(k) for k in frozen_sharding}
         )
-        fn = jax.vmap(update, in_axes=(0, 0) if frozen_sharding is None else (0, 0, frozen_axes))
+        fn = jax.vmap(
+            update,
+            in_axes=(0, 0) if frozen_sharding is None else (0, 0, frozen_axes),
+            spmd_axis_name=member_axis(state_sharding),
+        )
         state_sharding, batch_sharding_tree = stacked(state_sharding), stacked(batch_sharding_tree)
         if frozen_sharding is not None:
             frozen_sharding = {
@@ -262,8 +268,20 @@ def make_update_fn(
 
 
 def stacked(shardings):
-    """Each NamedSharding of the tree with a leading replicated axis (a population's member
-    axis: `make_update_fn(members=)`); other leaves as they are."""
+    """Each NamedSharding of the tree with a leading member axis (a population's:
+    `make_update_fn(members=)`), placed on its mesh's population axis (`sharding.
+    population_axis`: each block of devices computes its N / P members), or replicated on a
+    mesh without one; other leaves as they are."""
     is_named = lambda s: isinstance(s, jax.sharding.NamedSharding)  # noqa: E731
-    lead = lambda s: jax.sharding.NamedSharding(s.mesh, jax.sharding.PartitionSpec(None, *s.spec))  # noqa: E731
+
+    def lead(s):
+        spec = jax.sharding.PartitionSpec(sharding.population_axis(s.mesh), *s.spec)
+        return jax.sharding.NamedSharding(s.mesh, spec)
+
     return jax.tree.map(lambda s: lead(s) if is_named(s) else s, shardings)
+
+
+def member_axis(shardings) -> str | None:
+    """The population axis of the mesh the tree's first NamedSharding is on (None: none)."""
+    named = [s for s in jax.tree.leaves(shardings) if isinstance(s, jax.sharding.NamedSharding)]
+    return sharding.population_axis(named[0].mesh) if named else None
