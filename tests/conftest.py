@@ -385,3 +385,32 @@ def host_leaves(tree) -> list:
     import numpy as np
 
     return [np.asarray(x) for x in jax.tree.leaves(tree)]
+
+
+def random_experience(rows=16, t=8, tp=5, seed=0, vocab=20):
+    """An Experience of `rows` rows of `t` tokens (a `tp`-token prompt shared by each group
+    of 4, completions of unequal lengths) with random behaviour log-probs and advantages."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    from jaxrl_frontier.rl.experience import Experience
+
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(1, t - tp + 1, rows)  # unequal token counts per row
+    mask = (np.arange(t)[None] >= tp) & (np.arange(t)[None] < tp + lengths[:, None])
+    mask = mask.astype(np.float32)
+    z = lambda dtype=np.float32: np.zeros((rows, t), dtype)
+    tokens = rng.integers(4, vocab, (rows, t))
+    tokens[:, :tp] = np.repeat(tokens[::4, :tp], 4, 0)  # groups of 4 share their prompt
+    return Experience(
+        tokens=jnp.asarray(tokens, jnp.int32),
+        attention_mask=jnp.asarray(np.arange(t)[None] < tp + lengths[:, None], jnp.int32),
+        loss_mask=jnp.asarray(mask),
+        old_logp=jnp.asarray(-rng.exponential(2.0, (rows, t)) * mask),
+        advantages=jnp.asarray(rng.normal(size=(rows, 1)) * mask),
+        rewards=jnp.zeros((rows, 1)),
+        prompt_index=jnp.zeros(rows, jnp.int32),
+        group_id=jnp.arange(rows) // 4,
+        policy_version=jnp.zeros(rows, jnp.int32),
+        turn_index=jnp.asarray(z(np.int32)),
+    )

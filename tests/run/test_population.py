@@ -76,6 +76,27 @@ def recording(pop):
     return seen
 
 
+def assert_close_rows(got_dir, want_dir, tag=None):
+    """The logged steps equal, every metric to 1e-4 relative (vmapped or split matmuls sum
+    f32 in another order: the batched tests' bound)."""
+    got, want = rows(got_dir), rows(want_dir)
+    assert [r["step"] for r in got] == [r["step"] for r in want]
+    for a, b in zip(got, want):
+        assert a.keys() == b.keys()
+        for k in a:
+            assert a[k] == pytest.approx(b[k], rel=1e-4, abs=1e-5), (tag, a["step"], k)
+
+
+def assert_same_batches(got, want):
+    """Recorded batches (`recording`): tokens, rewards and masks equal, behaviour log-probs
+    to LOGP_ATOL."""
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        for k in ("tokens", "rewards", "loss_mask"):
+            np.testing.assert_array_equal(g[k], w[k])
+        np.testing.assert_allclose(g["old_logp"], w["old_logp"], rtol=0, atol=LOGP_ATOL)
+
+
 @pytest.fixture(scope="module")
 def two_members(tmp_path_factory):
     """A population of 2 (seeds 0, 1; kl_coef 0.02, 0.1), run whole, with the compiles of
@@ -293,12 +314,7 @@ def test_the_batched_update_equals_the_members_own(two_members, tmp_path):
     pop = stubbed(population.Population(c, str(tmp_path)))
     pop.run()
     for i in range(2):
-        got, want = rows(pop.member_dir(i)), rows(full.member_dir(i))
-        assert [r["step"] for r in got] == [r["step"] for r in want]
-        for a, b in zip(got, want):
-            assert a.keys() == b.keys()
-            for k in a:
-                assert a[k] == pytest.approx(b[k], rel=1e-4, abs=1e-5), (i, a["step"], k)
+        assert_close_rows(pop.member_dir(i), full.member_dir(i), i)
         state, ref = pop.members[i].state, full.members[i].state
         for a, b in zip(jax.tree.leaves(state.params), jax.tree.leaves(ref.params), strict=True):
             np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-5)
@@ -327,17 +343,9 @@ def test_batched_sampling_equals_each_members_own_rollouts(two_members, tmp_path
     assert pop.sampling.compiles == 1 and len(generate) == 1, names
     assert not [n for n in names if "prefill" in n or "decode" in n], names  # no plain sampler
     for i in range(2):
-        assert len(seen[i]) == len(full.seen[i]) == STEPS
-        for got, want in zip(seen[i], full.seen[i]):
-            for k in ("tokens", "rewards", "loss_mask"):
-                np.testing.assert_array_equal(got[k], want[k])
-            np.testing.assert_allclose(got["old_logp"], want["old_logp"], rtol=0, atol=LOGP_ATOL)
-        got, want = rows(pop.member_dir(i)), rows(full.member_dir(i))
-        assert [r["step"] for r in got] == [r["step"] for r in want]
-        for a, b in zip(got, want):
-            assert a.keys() == b.keys()
-            for k in a:
-                assert a[k] == pytest.approx(b[k], rel=1e-4, abs=1e-5), (i, a["step"], k)
+        assert len(seen[i]) == STEPS
+        assert_same_batches(seen[i], full.seen[i])
+        assert_close_rows(pop.member_dir(i), full.member_dir(i), i)
         assert rows(pop.member_dir(i), "rollouts.jsonl") == rows(
             full.member_dir(i), "rollouts.jsonl"
         )
@@ -357,16 +365,8 @@ def test_members_split_over_a_population_mesh_axis_equal_the_members_own(two_mem
     pop.run()
     assert dict(pop.members[0].step.learner.mesh.shape)["population"] == 2
     for i in range(2):
-        for got, want in zip(seen[i], full.seen[i], strict=True):
-            for k in ("tokens", "rewards", "loss_mask"):
-                np.testing.assert_array_equal(got[k], want[k])
-            np.testing.assert_allclose(got["old_logp"], want["old_logp"], rtol=0, atol=LOGP_ATOL)
-        got, want = rows(pop.member_dir(i)), rows(full.member_dir(i))
-        assert [r["step"] for r in got] == [r["step"] for r in want]
-        for a, b in zip(got, want):
-            assert a.keys() == b.keys()
-            for k in a:
-                assert a[k] == pytest.approx(b[k], rel=1e-4, abs=1e-5), (i, a["step"], k)
+        assert_same_batches(seen[i], full.seen[i])
+        assert_close_rows(pop.member_dir(i), full.member_dir(i), i)
         state, ref = pop.members[i].state, full.members[i].state
         for a, b in zip(jax.tree.leaves(state.params), jax.tree.leaves(ref.params), strict=True):
             np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-5)
@@ -447,12 +447,7 @@ def test_a_lora_population_holds_its_base_once(tmp_path):
     solo = tr.Trainer(cfg, str(tmp_path / "solo"))
     solo.evaluate = lambda num_prompts=None: {"eval/pass@1_greedy": 0.0}
     solo.run()
-    got, want = rows(pop.member_dir(1)), rows(str(tmp_path / "solo"))
-    assert [r["step"] for r in got] == [r["step"] for r in want]
-    for a, b in zip(got, want):
-        assert a.keys() == b.keys()
-        for k in a:
-            assert a[k] == pytest.approx(b[k], rel=1e-4, abs=1e-5), (a["step"], k)
+    assert_close_rows(pop.member_dir(1), str(tmp_path / "solo"))
     got, want = pop.members[1].state.params, solo.state.params
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-5)

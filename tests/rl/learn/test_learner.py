@@ -7,13 +7,12 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from conftest import SMALL_MODEL, random_model
+from conftest import SMALL_MODEL, random_experience, random_model
 from flax import nnx
 
 from jaxrl_frontier.core import sharding
 from jaxrl_frontier.models.layers import ModelConfig
 from jaxrl_frontier.objectives import TokenStats, logprobs, losses
-from jaxrl_frontier.rl.experience import Experience
 from jaxrl_frontier.rl.learn.learner import Learner, LearnerOptions, minibatch_order
 from jaxrl_frontier.rl.learn.train_step import init_train_state
 
@@ -42,26 +41,7 @@ def _plain_loss(graphdef, objective):
     return loss
 
 
-def _experience(rows=16, t=8, tp=5, seed=0, vocab=20) -> Experience:
-    rng = np.random.default_rng(seed)
-    lengths = rng.integers(1, t - tp + 1, rows)  # unequal token counts per row
-    mask = (np.arange(t)[None] >= tp) & (np.arange(t)[None] < tp + lengths[:, None])
-    mask = mask.astype(np.float32)
-    z = lambda dtype=np.float32: np.zeros((rows, t), dtype)
-    tokens = rng.integers(4, vocab, (rows, t))
-    tokens[:, :tp] = np.repeat(tokens[::4, :tp], 4, 0)  # groups of 4 share their prompt
-    return Experience(
-        tokens=jnp.asarray(tokens, jnp.int32),
-        attention_mask=jnp.asarray(np.arange(t)[None] < tp + lengths[:, None], jnp.int32),
-        loss_mask=jnp.asarray(mask),
-        old_logp=jnp.asarray(-rng.exponential(2.0, (rows, t)) * mask),
-        advantages=jnp.asarray(rng.normal(size=(rows, 1)) * mask),
-        rewards=jnp.zeros((rows, 1)),
-        prompt_index=jnp.zeros(rows, jnp.int32),
-        group_id=jnp.arange(rows) // 4,
-        policy_version=jnp.zeros(rows, jnp.int32),
-        turn_index=jnp.asarray(z(np.int32)),
-    )
+_experience = random_experience  # conftest.py
 
 
 @pytest.mark.parametrize("aggregation", ["token_mean", "seq_mean_token_mean"])

@@ -13,13 +13,12 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from conftest import SMALL_MODEL, random_model
+from conftest import SMALL_MODEL, random_experience, random_model
 from flax import nnx
 
 from jaxrl_frontier.core import sharding
 from jaxrl_frontier.core.errors import ConfigError
 from jaxrl_frontier.models.layers import ModelConfig
-from jaxrl_frontier.rl.experience import Experience
 from jaxrl_frontier.rl.learn.learner import Learner, LearnerOptions, minibatch_order
 from jaxrl_frontier.rl.learn.members import MemberUpdates
 from jaxrl_frontier.rl.learn.train_step import TrainState, init_train_state, stacked
@@ -163,28 +162,6 @@ def test_a_population_mesh_places_the_member_axis_on_it():
         assert float(lr.state.params) == 1000.0 * i + 15.0 * (i + 1)
 
 
-def _rl_experience(seed, rows=16, t=8, tp=5) -> Experience:
-    """Rows of unequal lengths (groups of 4 sharing a prompt) with random advantages."""
-    rng = np.random.default_rng(seed)
-    lengths = rng.integers(1, t - tp + 1, rows)
-    live = np.arange(t)[None] < tp + lengths[:, None]
-    mask = (live & (np.arange(t)[None] >= tp)).astype(np.float32)
-    tokens = rng.integers(4, 20, (rows, t))
-    tokens[:, :tp] = np.repeat(tokens[::4, :tp], 4, 0)
-    return Experience(
-        tokens=jnp.asarray(tokens, jnp.int32),
-        attention_mask=jnp.asarray(live, jnp.int32),
-        loss_mask=jnp.asarray(mask),
-        old_logp=jnp.asarray(-rng.exponential(2.0, (rows, t)) * mask),
-        advantages=jnp.asarray(rng.normal(size=(rows, 1)) * mask),
-        rewards=jnp.zeros((rows, 1)),
-        prompt_index=jnp.zeros(rows, jnp.int32),
-        group_id=jnp.arange(rows) // 4,
-        policy_version=jnp.zeros(rows, jnp.int32),
-        turn_index=jnp.zeros((rows, t), jnp.int32),
-    )
-
-
 def _members_update(mesh, n=4):
     """n real learners (their own random weights, rows and key streams) updated at once on
     `mesh`: (each member's params, each member's metrics) on the host."""
@@ -199,7 +176,7 @@ def _members_update(mesh, n=4):
         state = init_train_state(tx, params, mesh, jax.random.key(i))
         learners.append(Learner(graphdef, tx, state, options, mesh=mesh, log=lambda m: None))
     metrics = MemberUpdates(learners).update(
-        [_rl_experience(i) for i in range(n)], [_stream(10 * i) for i in range(n)]
+        [random_experience(seed=i) for i in range(n)], [_stream(10 * i) for i in range(n)]
     )
     params = [jax.device_get(lr.state.params) for lr in learners]
     return params, jax.device_get(metrics), learners
