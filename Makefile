@@ -9,14 +9,11 @@ $(BIN)/python:
 	$(BIN)/pip install -q --upgrade pip
 
 .PHONY: install install-test demo test lint format
-# --no-compile: no .pyc for every file of every wheel at install (torch and transformers hold
-# thousands); Python writes them for the modules it imports, on first import. On a 2-core
-# machine the test install takes about 40 s instead of 70.
 install: $(BIN)/python
-	$(BIN)/pip install -q --no-compile -e .
+	$(BIN)/pip install -q -e .
 
 install-test: $(BIN)/python
-	$(BIN)/pip install -q --no-compile -e '.[test]'
+	$(BIN)/pip install -q -e '.[test]'
 
 demo: install
 	$(BIN)/python scripts/demo.py
