@@ -84,12 +84,12 @@ class Population:
                 label=f"[member {i}] ",
             )
             self.members.append(member)
-        lora = bool(c.population.lora)  # the multi-LoRA population: both programs batched
+        batched_update, batched_sampling = population_config.batched(c)
         self.updates = None  # population.batched_update: one update of every member
-        if c.population.batched_update or lora:
+        if batched_update:
             self.updates = MemberUpdates([m.step.learner for m in self.members])
         self.sampling = None  # population.batched_sampling: one rollout program of every member
-        if c.population.batched_sampling or lora:
+        if batched_sampling:
             first = self.members[0].step  # its producer and sampler are every member's
             self.sampling = MemberSampler(first.producer.sampler)
             first.producer.sampler = self.sampling

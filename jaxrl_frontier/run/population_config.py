@@ -202,13 +202,21 @@ def _check_runs(c, members: list[dict[str, Any]]) -> None:
     _check_member_mesh(c, len(members))
 
 
+def batched(c) -> tuple[bool, bool]:
+    """(one update of every member, one rollout program of every member): the
+    `batched_update` and `batched_sampling` keys, both on with `population.lora`."""
+    p = c.population
+    lora = bool(p.get("lora"))
+    return bool(p.batched_update) or lora, bool(p.batched_sampling) or lora
+
+
 def _check_member_mesh(c, size: int) -> None:
     """`mesh.population = P > 1` splits the members' one vmapped update over P blocks of
     devices: only `population.batched_update` runs one, and each block takes N / P members."""
     p = int(c.mesh.get("population", 1))
     if p == 1:
         return
-    if not (c.population.batched_update or c.population.get("lora")):
+    if not batched(c)[0]:
         raise ConfigError(
             f"config key 'mesh.population' = {p} splits the members' batched update over "
             "devices: set population.batched_update = True, or mesh.population = 1"

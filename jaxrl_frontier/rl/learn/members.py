@@ -75,15 +75,24 @@ class MemberUpdates:
                 frozen["knobs"] = _stack(knobs, jax.tree.map(lambda x: x.sharding, knobs[0]))
         return state, frozen
 
+    def _batches(self, experiences: Sequence[Experience]) -> tuple[list[dict], tuple[str, ...]]:
+        """Each member's update batch and the batch's keys (one program per key set)."""
+        batches = [e.update_batch() for e in experiences]
+        return batches, tuple(sorted(batches[0]))
+
+    def _minibatch(self, batches: list[dict], keys: tuple[str, ...], rows: list) -> dict:
+        """Member i's rows `rows[i]` of its batch, stacked [N, ...] on the member axis."""
+        first = self.learners[0]
+        select = first.programs(keys)[0]
+        batch_sh = {k: sharding.batch_sharding(first.mesh, 2) for k in keys}
+        return _stack([select(b, r) for b, r in zip(batches, rows, strict=True)], batch_sh)
+
     def lowered(self, experiences: Sequence[Experience]) -> jax.stages.Lowered:
         """The vmapped update of every member's first minibatch, lowered (not run): its
         `.compile().memory_analysis()` shows what the program holds per device."""
-        first = self.learners[0]
-        batches = [e.update_batch() for e in experiences]
-        keys = tuple(sorted(batches[0]))
-        select, order = first.programs(keys)[0], jnp.arange(first.minibatch_rows)
-        batch_sh = {k: sharding.batch_sharding(first.mesh, 2) for k in keys}
-        mb = _stack([select(b, order) for b in batches], batch_sh)
+        batches, keys = self._batches(experiences)
+        order = jnp.arange(self.learners[0].minibatch_rows)
+        mb = self._minibatch(batches, keys, [order] * len(batches))
         state, frozen = self._stacked_state()
         args = (state, mb) if frozen is None else (state, mb, frozen)
         return self._program(keys).lower(*args)
@@ -94,9 +103,7 @@ class MemberUpdates:
         """Epochs x minibatches of one update of every member (each its own Experience and
         key stream); each member's metrics, as `Learner.update` returns them."""
         learners, first = self.learners, self.learners[0]
-        batches = [e.update_batch() for e in experiences]
-        keys = tuple(sorted(batches[0]))
-        select = first.programs(keys)[0]
+        batches, keys = self._batches(experiences)
         update = self._program(keys)
         # every epoch's order first: each key drawn moves the member's RNG in its state, which
         # is stacked next (the update never reads the RNG, so the draws' order is the same)
@@ -105,13 +112,11 @@ class MemberUpdates:
             for _ in range(first.epochs)
         ]
         state, frozen = self._stacked_state()
-        batch_sh = {k: sharding.batch_sharding(first.mesh, 2) for k in keys}
         metrics: list[list[dict]] = [[] for _ in learners]
         rows = first.minibatch_rows
         for epoch in orders:
             for j in range(first.minibatches):
-                mbs = [select(b, o[j * rows : (j + 1) * rows]) for b, o in zip(batches, epoch)]
-                mb = _stack(mbs, batch_sh)
+                mb = self._minibatch(batches, keys, [o[j * rows : (j + 1) * rows] for o in epoch])
                 if frozen is None:
                     state, m = update(state, mb)
                 else:
