@@ -32,8 +32,14 @@ FLAGS = {
 }
 
 
+# tests/fixtures/one_cache_key/sitecustomize.py: the two processes of a leg share the
+# persistent-cache entries (else process 1 recompiles every program at every leg)
+ONE_CACHE_KEY = os.path.join(REPO, "tests", "fixtures", "one_cache_key")
+
+
 def _env(devices: int) -> dict:
     env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [ONE_CACHE_KEY, env.get("PYTHONPATH")]))
     flags = [f for f in env.get("XLA_FLAGS", "").split() if "device_count" not in f]
     env["XLA_FLAGS"] = " ".join([*flags, f"--xla_force_host_platform_device_count={devices}"])
     return env
