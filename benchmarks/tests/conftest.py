@@ -11,7 +11,7 @@ import os
 
 _FLAGS = (
     "--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0 "
-    "--xla_llvm_disable_expensive_passes=true"
+    "--xla_llvm_disable_expensive_passes=true --xla_cpu_use_fusion_emitters=false"
 )
 if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + _FLAGS).strip()

@@ -47,13 +47,20 @@ def logged_numbers(rows: list[dict]) -> list[dict]:
     return [{k: v for k, v in r.items() if not TIMED.search(k)} for r in rows]
 
 
+def xla_flags() -> list[str]:
+    """The XLA flags the programs compile under (tests/conftest.py's): another emitter or
+    optimisation level rounds differently."""
+    return sorted(f for f in os.environ.get("XLA_FLAGS", "").split() if "device_count" not in f)
+
+
 def check_record(name: str, rows: list[dict]) -> None:
-    """Bitwise against the record on the CPU it was made on (same model, vector extensions and
-    jax); elsewhere to rtol 1e-4: another vector width reorders the f32 reductions (each off by
-    at most ~n * 6e-8 for a reduction of length n <= 512 here, 3e-5), over two steps."""
+    """Bitwise against the record on the CPU it was made on (same model, vector extensions,
+    jax and XLA flags); elsewhere to rtol 1e-4: another vector width reorders the f32
+    reductions (each off by at most ~n * 6e-8 for a reduction of length n <= 512 here, 3e-5),
+    over two steps."""
     path = os.path.join(RECORDS, f"{name}.json")
     got = logged_numbers(rows)
-    machine = dict(cpu_info(), jax=importlib.metadata.version("jax"))
+    machine = dict(cpu_info(), jax=importlib.metadata.version("jax"), xla_flags=xla_flags())
     machine.pop("cpu_count")
     if os.environ.get("JAXRL_RECORD_RUNLOCAL"):
         os.makedirs(RECORDS, exist_ok=True)
