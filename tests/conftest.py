@@ -20,7 +20,8 @@ if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "")
 # (compiles 2.6x cheaper here). Float results are not bitwise those of the default
 # emitters (another exp/log/tanh approximation, another reduction order): tests compare
 # runs under these same flags, and numbers recorded here (tests/fixtures/runlocal_metrics)
-# are recorded under them.
+# are recorded under them. (A jaxlib without one of these flags stops at its first
+# use naming it: "Unknown flag in XLA_FLAGS".)
 _FAST_COMPILE = (
     "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true "
     "--xla_cpu_use_fusion_emitters=false"
