@@ -31,6 +31,7 @@ import ml_collections
 from ml_collections import config_dict
 
 from jaxrl_frontier.core.errors import ConfigError
+from jaxrl_frontier.rl.learn.members import check_member_blocks
 from jaxrl_frontier.run.pbt import pbt_section
 from jaxrl_frontier.train.defaults import knob_section
 
@@ -221,11 +222,7 @@ def _check_member_mesh(c, size: int) -> None:
             f"config key 'mesh.population' = {p} splits the members' batched update over "
             "devices: set population.batched_update = True, or mesh.population = 1"
         )
-    if size % p:
-        raise ConfigError(
-            f"config key 'mesh.population' = {p} must divide the population's {size} members "
-            "(population.size)"
-        )
+    check_member_blocks(p, size)
 
 
 def _check_lora(c) -> None:

@@ -31,6 +31,15 @@ from jaxrl_frontier.rl.learn.learner import Learner, minibatch_order
 from jaxrl_frontier.rl.learn.train_step import stacked
 
 
+def check_member_blocks(blocks: int, members: int) -> None:
+    """A population axis of `blocks` blocks of devices holds whole members: N / P each."""
+    if members % blocks:
+        raise ConfigError(
+            f"config key 'mesh.population' = {blocks} must divide the population's {members} "
+            "members (population.size)"
+        )
+
+
 class MemberUpdates:
     """The vmapped update of `learners` (module docstring)."""
 
@@ -46,11 +55,8 @@ class MemberUpdates:
                 f"with {what} yet: set population.batched_update (and population.lora) = False"
             )
         axis = sharding.population_axis(first.mesh)
-        if axis and len(learners) % first.mesh.shape[axis]:  # blocks of whole members
-            raise ConfigError(
-                f"config key 'mesh.population' = {first.mesh.shape[axis]} must divide the "
-                f"population's {len(learners)} members (population.size)"
-            )
+        if axis:
+            check_member_blocks(first.mesh.shape[axis], len(learners))
         self.learners = list(learners)
         self._programs: dict[tuple[str, ...], Callable] = {}
 
