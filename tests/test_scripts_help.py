@@ -16,6 +16,8 @@ FLAGS = {
     ("scripts/report.py",): ["--runs", "--out", "--data"],
     ("scripts/claims.py",): ["keys"],
     ("scripts/convert_hf.py",): ["--in", "--out", "--dtype", "--max-shard-size"],
+    ("scripts/convert_gguf.py",): ["file", "out_dir", "--tokenizer", "--chat_template", "--eos"],
+    ("scripts/fetch_model.py",): ["names", "--list", "--force", "smollm2-135m-instruct"],
     ("scripts/demo.py",): ["--workdir", "--sft_config", "--rl_config", "--seed", "--runlocal"],
     ("scripts/make_warm_starts.py",): ["--only"],
     ("scripts/mutants.py",): ["module", "tests", "--workers", "--timeout", "--kinds"],

@@ -46,6 +46,7 @@ from safetensors.numpy import save_file
 
 from jaxrl_frontier.core.errors import ModelFileError
 from jaxrl_frontier.core.sharding import DEFAULT_RULES, state_shardings
+from jaxrl_frontier.models import gguf_file
 from jaxrl_frontier.models.architectures import (
     ARCHITECTURES,
     Architecture,
@@ -216,7 +217,8 @@ def load(
 
     Args:
       path: directory with config.json and model.safetensors (or sharded files plus
-        model.safetensors.index.json).
+        model.safetensors.index.json), or a `.gguf` file (models/gguf_file.py: its blocks
+        dequantized to `param_dtype`).
       mesh: place parameters sharded by their logical axes on this mesh; None puts them
         on the default device.
       dtype: compute dtype ("float32" or "bfloat16"); default float32.
@@ -227,15 +229,22 @@ def load(
       the model; `model(tokens [B, T], attention_mask [B, T])` -> logits [B, T, V].
     """
     path = os.fspath(path)
-    arch, cfg = _read_model_config(path)
+    if gguf_file.is_gguf(path):  # dequantized tensor by tensor, in HF's names and layout
+        ckpt = gguf_file.read(path)
+        cfg = architecture_for(ckpt.hf_config).config_from_hf(ckpt.hf_config)
+        weight_map = dict.fromkeys(ckpt.tensor_names, os.path.basename(path))
+        reader = contextlib.nullcontext(ckpt.tensor)
+    else:
+        arch, cfg = _read_model_config(path)
+        weight_map, stored = _weight_map(path), None
+        if getattr(arch, "multimodal", False):  # its language model's tensors only
+            weight_map, stored = _language_model_tensors(weight_map)
+        reader = _tensor_reader(path, weight_map, stored)
     cfg = cfg.replace(
         dtype=jnp.dtype(dtype or "float32").name,
         param_dtype=jnp.dtype(param_dtype or "float32").name,
     )
     specs = tensor_specs(cfg)
-    weight_map, stored = _weight_map(path), None
-    if getattr(arch, "multimodal", False):  # its language model's tensors only
-        weight_map, stored = _language_model_tensors(weight_map)
     _check_tensor_names(path, specs, weight_map, cfg)
 
     # Abstract model: shapes and logical axes, no memory.
@@ -250,7 +259,7 @@ def load(
     default = SingleDeviceSharding(jax.devices()[0])
     pd = jnp.dtype(cfg.param_dtype)  # jnp: np.dtype does not know "bfloat16"
 
-    with _tensor_reader(path, weight_map, stored) as read:
+    with reader as read:
         for param_path, group in by_path.items():  # one parameter's tensors at a time
             hosts = []
             for spec in group:

@@ -14,7 +14,7 @@ from flax import nnx
 
 from jaxrl_frontier.core import sharding
 from jaxrl_frontier.core.errors import ConfigError
-from jaxrl_frontier.models import hf, lora
+from jaxrl_frontier.models import hf, lora, pretrained
 from jaxrl_frontier.models.architectures import architecture_for
 from jaxrl_frontier.models.layers import ModelConfig
 from jaxrl_frontier.models.tokenizer import CharTokenizer, load_tokenizer
@@ -70,7 +70,7 @@ def build_meshes(config) -> tuple[jax.sharding.Mesh, jax.sharding.Mesh]:
 
 def build_tokenizer(config):
     if config.tokenizer.kind == "hf":
-        return load_tokenizer(config.tokenizer.path)
+        return load_tokenizer(pretrained.local_path(config.tokenizer.path))
     for path in (config.tokenizer.path, export_dir(config.model.path)):
         if path and os.path.exists(os.path.join(path, "jaxrl_tokenizer.json")):
             return load_tokenizer(path)
@@ -78,7 +78,10 @@ def build_tokenizer(config):
 
 
 def export_dir(path: str) -> str:
-    """A workdir of ours holds its HF-format export in `export/`; any other path is itself."""
+    """A workdir of ours holds its HF-format export in `export/`; a pretrained model's name
+    or a GGUF file is its converted directory (`models.pretrained.local_path`); any other
+    path is itself."""
+    path = pretrained.local_path(path)
     if path and os.path.isdir(os.path.join(path, "export")):
         return os.path.join(path, "export")
     return path

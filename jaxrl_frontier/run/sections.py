@@ -19,6 +19,7 @@ from jaxrl_frontier.core.distributed import DistributedOptions
 from jaxrl_frontier.data.rewards.scorer import RewardOptions
 from jaxrl_frontier.data.rewards.shaping import effective_reward_weights, shaper_reward_names
 from jaxrl_frontier.data.tasks.options import TaskOptions
+from jaxrl_frontier.models import pretrained
 from jaxrl_frontier.rl.methods.pact import PactOptions
 from jaxrl_frontier.rl.methods.ppo import CriticOptions
 from jaxrl_frontier.rl.produce.editors import EditorOptions
@@ -48,7 +49,7 @@ def task_options(c) -> TaskOptions:
         chat_template=bool(c.task.chat_template),
         system_prompt=c.task.system_prompt or "",
         tokenizer_kind=c.tokenizer.kind,
-        tokenizer_path=c.tokenizer.path or "",
+        tokenizer_path=pretrained.local_path(c.tokenizer.path or ""),
         max_prompt_len=int(c.data.max_prompt_len),
         truncate_prompts=bool(c.data.truncate_prompts),
         env=env_section(c),

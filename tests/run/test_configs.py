@@ -94,6 +94,17 @@ def test_every_config_is_documented():
     assert [n for n in CONFIGS if n not in text] == []
 
 
+@pytest.fixture(scope="module", autouse=True)
+def pretrained_checkpoints():
+    """The named checkpoints the configs train (models/pretrained.py), fetched once."""
+    from jaxrl_frontier.models import pretrained
+
+    text = "".join(open(os.path.join(REPO, "configs", f"{n}.py")).read() for n in CONFIGS)
+    for name in pretrained.PRETRAINED:
+        if f'"{name}"' in text:
+            pretrained.fetch(name, say=lambda _: None)
+
+
 @pytest.mark.parametrize("name", CONFIGS)
 def test_full_config_validates(name):
     spec = importlib.util.spec_from_file_location(name, os.path.join(REPO, "configs", f"{name}.py"))

@@ -5,7 +5,16 @@ Importing this package registers every task below.
 """
 
 from jaxrl_frontier.core.registry import import_user_module
-from jaxrl_frontier.data.tasks import arithmetic, chat, code, column_addition, countdown, jsonl_math  # noqa: F401
+from jaxrl_frontier.data.tasks import (  # noqa: F401
+    arithmetic,
+    chat,
+    code,
+    column_addition,
+    countdown,
+    humaneval,
+    jsonl_math,
+    reasoning_gym_tasks,
+)
 from jaxrl_frontier.data.tasks.base import (
     REWARD_NAMES,
     SPLITS,
