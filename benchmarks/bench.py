@@ -104,6 +104,11 @@ SCRIPTS: dict[str, tuple[str, str, dict]] = {
         "a LoRA population's adapter forms: grouped, gathered, ragged",
         {},
     ),
+    "vocab-bytes": (
+        "vocab_bytes",
+        "the log-prob path's compiled bytes at a 262k vocabulary, chunked vs whole",
+        {},
+    ),
     "targets": ("targets", "the targets table from benchmark JSON files (--doc FILE)", {}),
 }
 NO_FLAGS = ("moe_parallel",)  # modules without an argument parser
