@@ -95,6 +95,7 @@ def evaluate_policy(
     every reranker."""
     from flax import nnx
 
+    from jaxrl_frontier.data.rewards.scorer import make_scorer
     from jaxrl_frontier.rl.learn.forward import make_logp_fn
     from jaxrl_frontier.run import sections
     from jaxrl_frontier.sampling import Sampler
@@ -136,7 +137,12 @@ def evaluate_policy(
         if entropy:
             ents.append(float(token_entropy(policy(seq, am), am.at[:, :-tn].set(0))))
 
-    res = evaluation.evaluate(sampler, tokenizer, task, options, on_sampled=on_sampled)
+    # the run's scorer: model-written code (rewards.scorer 'auto' for a sandboxed task) runs
+    # only in the sandbox
+    scorer = make_scorer(sections.reward_options(c), task)
+    res = evaluation.evaluate(
+        sampler, tokenizer, task, options, on_sampled=on_sampled, scorer=scorer
+    )
     prompts = min(options.num_prompts, task.num_examples("eval"))
     out = {"pass@1_greedy": res["eval/pass@1_greedy"], "prompts": float(prompts)}
     out[f"pass@{n}"] = res[f"eval/pass@{n}"]
@@ -160,8 +166,9 @@ def main(argv=None) -> dict[str, float]:
     from ml_collections import config_flags
 
     from jaxrl_frontier.core.errors import ConfigError
-    from jaxrl_frontier.data.tasks import make_task
+    from jaxrl_frontier.data.tasks import task_for
     from jaxrl_frontier.run import config as config_lib
+    from jaxrl_frontier.run import sections
     from jaxrl_frontier.run.build import build_mesh, build_model, build_tokenizer
     from jaxrl_frontier.run.cli import flag_error, flags_help, wants_help
 
@@ -204,7 +211,8 @@ def main(argv=None) -> dict[str, float]:
     if c is None or not f.policy:
         raise SystemExit("usage: evaluate.py --config=FILE --policy=DIR [--reference=DIR] ...")
     mesh, tokenizer = build_mesh(c), build_tokenizer(c)
-    task = make_task(c.task.name, **c.task.kwargs.to_dict())
+    # the run's task: its chat template and prompt-length check (task.chat_template)
+    task = task_for(sections.task_options(c), tokenizer)
     load = lambda path: build_model(
         "hf", path, c, tokenizer, mesh, jax.random.key(0), c.model.dtype
     )

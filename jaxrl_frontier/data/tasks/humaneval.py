@@ -258,7 +258,9 @@ class HumanEvalTask(Task):
         return self.rows[split]
 
     def num_examples(self, split: str) -> int:
-        return len(self._rows(split))
+        """The split's problems; 0 for the train split at eval_fraction 1 (whose examples
+        are an error saying why)."""
+        return len(self.rows[check_split(split)])
 
     def example(self, split: str, index: int) -> Example:
         return {**self._rows(split)[int(index)], "index": int(index)}

@@ -41,6 +41,7 @@ def test_the_164_problems_and_their_splits(tmp_path):
         "index",
     }
     assert FIRST["entry_point"] == "has_close_elements" and FIRST["index"] == 0
+    assert TASK.num_examples("train") == 0
     with pytest.raises(ValueError, match="no train split at eval_fraction=1.0: HumanEval is an"):
         TASK.example("train", 0)
     bad = tmp_path / "h.jsonl"
