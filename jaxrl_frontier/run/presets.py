@@ -301,6 +301,52 @@ def with_defaults(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     return c
 
 
+# reasoning-gym's basic_arithmetic, two terms, the answer asked in <answer> tags; the last
+# number written is scored when there are none (small instruct models write no tags at first)
+REAL_ARITHMETIC_TASK = dict(
+    datasets="basic_arithmetic",
+    answer_format="tags",
+    fallback="last_number",
+    max_completion_chars=512,
+)
+
+
+def pretrained_rl(model: str, max_digits: int, arg: str | None) -> ml_collections.ConfigDict:
+    """GRPO on a pretrained checkpoint fetched by name (`models.pretrained`) on reasoning-gym
+    arithmetic of two terms of 1 to `max_digits` digits, in the model's chat template; its
+    `runlocal` is the same model at short lengths (2 steps of 16-token completions)."""
+    c = arithmetic("rl")
+    c.mesh.update(data=-1, fsdp=1, tensor=1)
+    c.tokenizer.update(kind="hf", path=model)
+    c.model.update(init="hf", path=model, dtype="float32")
+    c.task.update(name="reasoning_gym", chat_template=True)
+    digits = dict(min_terms=2, max_terms=2, min_digits=1, max_digits=max_digits)
+    c.task.kwargs = dict(REAL_ARITHMETIC_TASK, dataset_kwargs=dict(basic_arithmetic=digits))
+    c.data.update(prompt_batch=4, max_prompt_len=128)
+    c.rollout.update(group_size=8, max_new_tokens=96, temperature=1.0)
+    c.objective.update(advantage="grpo", weight="ppo_clip", kl_coef=0.0)
+    c.objective.weight_kwargs = dict(eps_low=0.2, eps_high=0.28)
+    c.objective.reward_weights = dict(correctness=1.0, format=0.5)
+    c.optimizer.update(warmup_steps=5, max_grad_norm=1.0)
+    c.train.update(minibatches=1, log_every=1, checkpoint_every=10)
+    c.eval.update(batch=128, pass_k=1)
+    return c
+
+
+def finish_pretrained(c: ml_collections.ConfigDict, arg: str | None) -> ml_collections.ConfigDict:
+    """`finish`, then, for `runlocal`, the real model again (the shrink swaps in a tiny one)
+    at short lengths: 2 steps, 16-token completions, a 4-prompt eval."""
+    shape = dict(hidden_size=c.model.hidden_size, intermediate_size=c.model.intermediate_size)
+    init, path = c.model.init, c.model.path
+    c = finish(c, arg)
+    if arg == "runlocal":
+        c.model.update(init=init, path=path, **shape)
+        c.rollout.max_new_tokens = 16
+        c.train.update(steps=2, log_every=1, eval_every=2, checkpoint_every=2, rollout_log_every=1)
+        c.eval.update(num_prompts=4, batch=4, pass_k=1)
+    return c
+
+
 def finish(c: ml_collections.ConfigDict, arg: str | None) -> ml_collections.ConfigDict:
     """End of every get_config: the runlocal variant, then every knob spelled out."""
     if arg not in (None, "", "runlocal"):
