@@ -5,7 +5,8 @@ r"""Evaluate any policy (a workdir's export or a Hugging Face dir) on a task spl
     python scripts/evaluate.py --config=configs/sft_arith.py --policy=runs/sft_arith --entropy
 
 Reports greedy pass@1, sampled pass@n and the mean solve rate (temperature 1), and best-of-n
-accuracy under each reranker (one sample per prompt picked by the highest score):
+accuracy under each reranker (one sample per prompt picked by the highest score); --n=0 runs the
+greedy pass alone (e.g. HumanEval greedy pass@1):
 
     progress     sum_t [log pi_policy(y_t | .) - log pi_ref(y_t | .)] over the response: the
                  progress advantage ("Neglected Free Lunch from Post-training: Progress
@@ -102,17 +103,19 @@ def evaluate_policy(
     from jaxrl_frontier.train import evaluation
 
     c = config
-    rerankers = {name: RERANKERS.get(name) for name in rerank}
+    if n < 0:
+        raise ValueError(f"--n = {n} must be >= 0 (0: the greedy pass alone)")
+    rerankers = {name: RERANKERS.get(name) for name in (rerank if n else ())}
     if "progress" in rerankers and reference_params is None:
         raise ValueError("--rerank=progress needs --reference (the policy's starting point)")
     options = dataclasses.replace(
         sections.eval_options(c),
         num_prompts=num_prompts or c.eval.num_prompts,
-        pass_k=n,
+        pass_k=max(n, 1),
         seed=seed,
         key_seed=seed,
-        sampled_batch=max(1, c.eval.batch // n),
-        sampled=True,
+        sampled_batch=max(1, c.eval.batch // max(n, 1)),
+        sampled=n > 0,
     )
     sampler = Sampler(policy, pad_id=tokenizer.pad_id, mesh=mesh)
     graphdef, params = nnx.split(policy)
@@ -145,6 +148,8 @@ def evaluate_policy(
     )
     prompts = min(options.num_prompts, task.num_examples("eval"))
     out = {"pass@1_greedy": res["eval/pass@1_greedy"], "prompts": float(prompts)}
+    if not n:
+        return out
     out[f"pass@{n}"] = res[f"eval/pass@{n}"]
     out["mean_correct_sampled"] = res["eval/mean_correct_sampled"]
     correct_pn = np.concatenate(correct).reshape(prompts, n).astype(np.float32)
@@ -170,9 +175,13 @@ def main(argv=None) -> dict[str, float]:
     from jaxrl_frontier.run import config as config_lib
     from jaxrl_frontier.run import sections
     from jaxrl_frontier.run.build import build_mesh, build_model, build_tokenizer
-    from jaxrl_frontier.run.cli import flag_error, flags_help, wants_help
+    from jaxrl_frontier.run.cli import flag_error, flags_help, import_flag_modules, wants_help
 
     argv = list(sys.argv if argv is None else argv)
+    try:
+        import_flag_modules(argv)  # a user's registry entries, before the config file loads
+    except ConfigError as e:
+        raise SystemExit(f"config error: {e}") from None
     f = flags.FlagValues()
     config_flags.DEFINE_config_file(
         "config",
@@ -186,7 +195,9 @@ def main(argv=None) -> dict[str, float]:
         "policy", None, "A workdir (its export/) or an HF directory.", flag_values=f
     )
     flags.DEFINE_string("reference", None, "The reference for --rerank=progress.", flag_values=f)
-    flags.DEFINE_integer("n", 8, "Samples per prompt (pass@n, best-of-n).", flag_values=f)
+    flags.DEFINE_integer(
+        "n", 8, "Samples per prompt (pass@n, best-of-n); 0: greedy pass@1 alone.", flag_values=f
+    )
     flags.DEFINE_string(
         "rerank",
         "confidence,none",

@@ -87,3 +87,8 @@ def test_the_script_end_to_end_on_an_exported_policy(tmp_path):
     assert res["best_of_4/progress"] == res["best_of_4/none"]
     v = build_lib.model_config_from(c, tok).vocab_size
     assert 0 < res["entropy"] <= np.log(v) + 1e-4
+    # --n=0: the greedy pass alone, the same figure (greedy decoding at the same prompts)
+    greedy = ev.main(
+        ["evaluate.py", f"--config={cfg}", f"--policy={path}", "--n=0", "--num_prompts=8"]
+    )
+    assert greedy == {"pass@1_greedy": res["pass@1_greedy"], "prompts": 8.0}
