@@ -45,7 +45,7 @@ def bench_agents(args) -> dict:
     import numpy as np
 
     from benchmarks import common
-    from jaxrl_frontier.models.layers import ModelConfig
+    from jaxrl_frontier.models.model_config import ModelConfig
     from jaxrl_frontier.models.random_init import random_model
     from jaxrl_frontier.sampling import Sampler, SamplingParams
     from jaxrl_frontier.sampling.turns import TurnSession

@@ -1,9 +1,12 @@
 """Speed benchmarks: `python benchmarks/bench.py <name> [--config=FILE[:ARG]] [options]`.
 
-Each benchmark is registered under a name with `benchmark(name, add_arguments)(run)`; `run`
-gets the parsed options (and `args.config_args`, the `--config=` / `--config.KEY=VALUE`
-arguments, read as training reads them) and returns a JSON-able dict, written to `--out`
-(default artifacts/<name>.json) and printed. Speed is measured here, never asserted in tests.
+Every benchmark is one entry of `BENCHMARKS` (name -> `Benchmark`). Most run in this process,
+registered with `benchmark(name, add_arguments)(run)`: `run` gets the parsed options (and
+`args.config_args`, the `--config=` / `--config.KEY=VALUE` arguments, read as training reads
+them) and returns a JSON-able dict, written to `--out` (default artifacts/<name>.json) and
+printed. The others, registered with `script(name, module, what)`, are modules with command
+lines of their own, run as `python -m benchmarks.<module>`. Speed is measured here, never
+asserted in tests.
 
     python benchmarks/bench.py sampler --config=benchmarks/configs/random_qwen2.py:tiny
     python benchmarks/bench.py rl --config=benchmarks/configs/grpo_random_qwen2.py
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import dataclasses
 import os
 import sys
 from collections.abc import Callable
@@ -51,19 +55,45 @@ from benchmarks import (  # noqa: E402  (after the re-run as a module above)
     train_spread,
 )
 
-BENCHMARKS: dict[str, tuple[Callable, Callable]] = {}  # name -> (add_arguments, run)
+
+@dataclasses.dataclass(frozen=True)
+class Benchmark:
+    """One `bench.py <name>`: either `run(args) -> dict` in this process, its flags added by
+    `add_arguments`, its result written as JSON; or, with `run` None, `python -m
+    benchmarks.<module>` with a command line of its own (`env` added where unset)."""
+
+    module: str
+    what: str
+    run: Callable | None = None
+    add_arguments: Callable[[argparse.ArgumentParser], None] | None = None
+    env: dict = dataclasses.field(default_factory=dict)
+    has_flags: bool = True  # False: the module reads no flags (--help prints its docstring)
+
+
+BENCHMARKS: dict[str, Benchmark] = {}  # name -> its Benchmark, both kinds in one table
+
+
+def register(name: str, entry: Benchmark) -> Benchmark:
+    if name in BENCHMARKS:
+        raise ValueError(f"benchmark {name!r} is registered twice")
+    BENCHMARKS[name] = entry
+    return entry
 
 
 def benchmark(name: str, add_arguments: Callable[[argparse.ArgumentParser], None]):
     """Register `run(args) -> dict` as `bench.py <name>`; `add_arguments` adds its flags."""
 
-    def register(run):
-        if name in BENCHMARKS:
-            raise ValueError(f"benchmark {name!r} is registered twice")
-        BENCHMARKS[name] = (add_arguments, run)
+    def add(run):
+        what = (run.__doc__ or "").strip().splitlines()[0]
+        register(name, Benchmark(run.__module__.split(".")[-1], what, run, add_arguments))
         return run
 
-    return register
+    return add
+
+
+def script(name: str, module: str, what: str, env: dict | None = None, has_flags=True):
+    """Register `benchmarks/<module>.py`, run with its own command line, as `bench.py <name>`."""
+    register(name, Benchmark(module, what, env=env or {}, has_flags=has_flags))
 
 
 benchmark("sampler", sampler.add_arguments)(sampler.bench_sampler)
@@ -75,65 +105,48 @@ benchmark("profile", decode_profile.add_arguments)(decode_profile.bench_profile)
 benchmark("async", async_rl.add_arguments)(async_rl.bench_async)
 benchmark("agents", agents.add_arguments)(agents.bench_agents)
 benchmark("continuous", continuous.add_arguments)(continuous.bench_continuous)
+script(
+    "before-after", "decode_before_after", "decode speed of two checkouts' Sampler, side by side"
+)
+script("population", "population", "a population of N seeds vs N solo runs, wall time")
+script("stop-agreement", "stop_agreement", "the per-step cost of the stop agreement on 2 processes")
+script("moe-experts", "moe_experts", "an MoE layer's ragged vs dense experts, ms per call")
+script(
+    "moe-parallel",
+    "moe_parallel",
+    "expert parallelism vs XLA's partitioner vs plain FSDP, 8 fake devices",
+    env={"XLA_FLAGS": "--xla_force_host_platform_device_count=8"},
+    has_flags=False,
+)
+script("moe-replay", "moe_replay_mismatch", "replayed vs recomputed MoE routing")
+script("multi-lora", "multi_lora", "a LoRA population's adapter forms: grouped, gathered, ragged")
+script(
+    "vocab-bytes",
+    "vocab_bytes",
+    "the log-prob path's compiled bytes at a 262k vocabulary, chunked vs whole",
+)
+script("targets", "targets", "the targets table from benchmark JSON files (--doc FILE)")
 
 
-# Benchmarks with command lines of their own, run as `python -m benchmarks.<module> ARGS`:
-# name -> (module, what it measures, extra environment). `bench.py <name> --help` shows
-# the module's flags (or, for one without flags, its docstring).
-SCRIPTS: dict[str, tuple[str, str, dict]] = {
-    "before-after": (
-        "decode_before_after",
-        "decode speed of two checkouts' Sampler, side by side",
-        {},
-    ),
-    "population": ("population", "a population of N seeds vs N solo runs, wall time", {}),
-    "stop-agreement": (
-        "stop_agreement",
-        "the per-step cost of the stop agreement on 2 processes",
-        {},
-    ),
-    "moe-experts": ("moe_experts", "an MoE layer's ragged vs dense experts, ms per call", {}),
-    "moe-parallel": (
-        "moe_parallel",
-        "expert parallelism vs XLA's partitioner vs plain FSDP, 8 fake devices",
-        {"XLA_FLAGS": "--xla_force_host_platform_device_count=8"},
-    ),
-    "moe-replay": ("moe_replay_mismatch", "replayed vs recomputed MoE routing", {}),
-    "multi-lora": (
-        "multi_lora",
-        "a LoRA population's adapter forms: grouped, gathered, ragged",
-        {},
-    ),
-    "vocab-bytes": (
-        "vocab_bytes",
-        "the log-prob path's compiled bytes at a 262k vocabulary, chunked vs whole",
-        {},
-    ),
-    "targets": ("targets", "the targets table from benchmark JSON files (--doc FILE)", {}),
-}
-NO_FLAGS = ("moe_parallel",)  # modules without an argument parser
-
-
-def run_script(name: str, args: list[str]) -> None:
+def run_script(entry: Benchmark, args: list[str]) -> None:
     """Replace this process with `python -m benchmarks.<module> args` (its environment
     added where unset)."""
-    module, _, env = SCRIPTS[name]
-    if module in NO_FLAGS and {"-h", "--help"} & set(args):
-        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{module}.py")
+    if not entry.has_flags and {"-h", "--help"} & set(args):
+        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{entry.module}.py")
         with open(path) as f:
             print(ast.get_docstring(ast.parse(f.read())))
         raise SystemExit(0)
-    for key, value in env.items():  # a flag the caller set already is kept as set
+    for key, value in entry.env.items():  # a flag the caller set already is kept as set
         current = os.environ.get(key, "")
         if value.split("=")[0] not in current:
             os.environ[key] = (current + " " + value).strip()
-    os.execv(sys.executable, [sys.executable, "-m", f"benchmarks.{module}", *args])
+    os.execv(sys.executable, [sys.executable, "-m", f"benchmarks.{entry.module}", *args])
 
 
 def main(argv=None) -> dict:
     argv = sys.argv[1:] if argv is None else argv
-    if argv and argv[0] in SCRIPTS:
-        run_script(argv[0], argv[1:])
+    if argv and argv[0] in BENCHMARKS and BENCHMARKS[argv[0]].run is None:
+        run_script(BENCHMARKS[argv[0]], argv[1:])
     config_args, argv = common.split_config_args(argv)
     parser = argparse.ArgumentParser(
         description=__doc__,
@@ -142,21 +155,21 @@ def main(argv=None) -> dict:
         "training (each benchmark's docstring names its default)",
     )
     sub = parser.add_subparsers(dest="name", required=True, metavar="name")
-    for name, (add_arguments, run) in BENCHMARKS.items():
+    for name, entry in BENCHMARKS.items():
+        if entry.run is None:
+            sub.add_parser(name, help=f"{entry.what} (benchmarks/{entry.module}.py, its own flags)")
+            continue
         p = sub.add_parser(
             name,
-            help=(run.__doc__ or "").strip().splitlines()[0],
-            description=sys.modules[run.__module__].__doc__,  # its examples and what it measures
+            help=entry.what,
+            description=sys.modules[entry.run.__module__].__doc__,  # its examples, what it measures
             formatter_class=argparse.RawDescriptionHelpFormatter,
         )
         p.add_argument("--out", default=None, help="JSON path (default artifacts/<name>.json)")
-        add_arguments(p)
-    for name, (module, what, _) in SCRIPTS.items():
-        sub.add_parser(name, help=f"{what} (benchmarks/{module}.py, its own flags)")
+        entry.add_arguments(p)
     args = parser.parse_args(argv)
     args.config_args = config_args
-    _, run = BENCHMARKS[args.name]
-    result = dict(benchmark=args.name, **run(args))
+    result = dict(benchmark=args.name, **BENCHMARKS[args.name].run(args))
     return common.write_json(result, args.out or f"artifacts/{args.name}.json")
 
 

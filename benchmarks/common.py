@@ -196,6 +196,26 @@ class CompileCounter:
 # ----------------------------------------------------------------------------- output
 
 
+def compiled_memory(compiled) -> dict | None:
+    """Per-device bytes of a compiled program (`compiled.memory_analysis()`): arguments,
+    temporaries, outputs, aliased (outputs written over donated arguments) and the peak they
+    add up to; None where the backend reports none. Every benchmark's memory figure."""
+    m = compiled.memory_analysis()
+    if m is None:
+        return None
+    row = dict(
+        arguments=m.argument_size_in_bytes,
+        temporaries=m.temp_size_in_bytes,
+        outputs=m.output_size_in_bytes,
+        aliased=m.alias_size_in_bytes,
+    )
+    row["peak"] = row["arguments"] + row["temporaries"] + row["outputs"] - row["aliased"]
+    return row
+
+
+MIB = 2**20
+
+
 def write_json(result: dict, path: str | Path, *, echo: bool = True) -> dict:
     """Write `result` to `path` (parents created) and, with `echo`, print it."""
     path = Path(path)

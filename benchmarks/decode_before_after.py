@@ -42,7 +42,7 @@ def worker(args) -> dict:
     import jax
     import numpy as np
 
-    from jaxrl_frontier.models.layers import ModelConfig
+    from jaxrl_frontier.models.model_config import ModelConfig
     from jaxrl_frontier.models.random_init import random_model
     from jaxrl_frontier.sampling import Sampler, SamplingParams
 

@@ -145,7 +145,7 @@ def model_config(
     """The `ModelConfig` of a shape name (`remat` 'none' -> off; an MoE shape's dispatch;
     `attention`: model.attention)."""
     from jaxrl_frontier.models import hf
-    from jaxrl_frontier.models.layers import ModelConfig
+    from jaxrl_frontier.models.model_config import ModelConfig
 
     kw = dict(dtype=dtype, remat=False if remat == "none" else remat, attention=attention)
     if name in LLAMA:
@@ -220,19 +220,6 @@ def bytes_per_device(tree) -> int:
     return sum(
         math.prod(x.sharding.shard_shape(x.shape)) * x.dtype.itemsize for x in jax.tree.leaves(tree)
     )
-
-
-def compiled_memory(compiled) -> dict:
-    """Per-device bytes of a compiled program and the peak they add up to."""
-    m = compiled.memory_analysis()
-    row = dict(
-        arguments=m.argument_size_in_bytes,
-        temporaries=m.temp_size_in_bytes,
-        outputs=m.output_size_in_bytes,
-        aliased=m.alias_size_in_bytes,
-    )
-    row["peak"] = row["arguments"] + row["temporaries"] + row["outputs"] - row["aliased"]
-    return row
 
 
 def estimate(cfg, n_params: int, trained: int, s: dict, mesh_shape) -> dict:
@@ -372,7 +359,7 @@ def run_program(name, s, cfg, mesh, graphdef, state, learner, layout) -> dict:
             decode = sampler.program("decode", sampled * g)
             lowered = decode.lower(state, cache, logits0, prompt_len, (prompts, prompts), key,
                                    knobs, jnp.int32(0), plan=Plan.of(sp))  # fmt: skip
-    row = compiled_memory(lowered.compile())
+    row = common.compiled_memory(lowered.compile())
     row["compile_s"] = round(time.perf_counter() - t0, 1)
     print(name, json.dumps(row), file=sys.stderr, flush=True)
     return row

@@ -18,9 +18,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from benchmarks import common
 from jaxrl_frontier.core import sharding
 from jaxrl_frontier.models import moe
-from jaxrl_frontier.models.layers import ModelConfig
+from jaxrl_frontier.models.model_config import ModelConfig
 from jaxrl_frontier.models.transformer import Transformer
 
 CFG = ModelConfig(
@@ -53,7 +54,7 @@ def measure(name, rules, patch, impl):
         moe.expert_parallel = lambda fn, x, e, g, *w: moe._flat(fn, x, e, g, *w, 0)
     try:
         step = step_fn(graphdef)
-        mem = step.lower(state, tokens).compile().memory_analysis()
+        mem = common.compiled_memory(step.lower(state, tokens).compile())
         jax.block_until_ready(step(state, tokens))
         t0 = time.perf_counter()
         for _ in range(3):
@@ -63,8 +64,8 @@ def measure(name, rules, patch, impl):
     finally:
         moe.expert_parallel = original
     print(
-        f"{impl:6s} {name}: arguments {mem.argument_size_in_bytes / 2**20:.2f} MiB, temporaries "
-        f"{mem.temp_size_in_bytes / 2**20:.2f} MiB per device, {ms:.0f} ms per step, "
+        f"{impl:6s} {name}: arguments {mem['arguments'] / common.MIB:.2f} MiB, temporaries "
+        f"{mem['temporaries'] / common.MIB:.2f} MiB per device, {ms:.0f} ms per step, "
         f"loss {float(out[0]):.6f}"
     )
 

@@ -35,7 +35,7 @@ from flax import nnx
 
 from benchmarks.common import machine_info, write_json
 from jaxrl_frontier.models import moe
-from jaxrl_frontier.models.layers import ModelConfig
+from jaxrl_frontier.models.model_config import ModelConfig
 from jaxrl_frontier.models.transformer import Transformer
 from jaxrl_frontier.objectives.logprobs import token_logprobs
 from jaxrl_frontier.sampling import Sampler, SamplingParams

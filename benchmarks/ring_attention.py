@@ -33,6 +33,7 @@ if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "")
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks import common  # noqa: E402
 from benchmarks.common import ints, machine_info, standalone_main  # noqa: E402
 
 IMPLS = ("xla", "ring")  # 'xla' on a sequence-split mesh is the all-gather path
@@ -135,12 +136,12 @@ def run(args) -> dict:
             row = dict(mesh=dict(zip(sharding.MESH_AXES, shape)), length=t)
             programs = {impl: _program(impl, mesh, args, t) for impl in IMPLS}
             for impl, (compiled, _) in programs.items():
-                mem = compiled.memory_analysis()
-                forward = _program(impl, mesh, args, t, grad=False)[0].memory_analysis()
+                mem = common.compiled_memory(compiled)
+                forward = common.compiled_memory(_program(impl, mesh, args, t, grad=False)[0])
                 row[impl] = dict(
-                    temp_mib=mem.temp_size_in_bytes / 2**20,
-                    forward_temp_mib=forward.temp_size_in_bytes / 2**20,
-                    argument_mib=mem.argument_size_in_bytes / 2**20,
+                    temp_mib=mem["temporaries"] / common.MIB,
+                    forward_temp_mib=forward["temporaries"] / common.MIB,
+                    argument_mib=mem["arguments"] / common.MIB,
                     row_wide_f32_buffer=_row_wide(compiled.as_text(), t // s, t),
                 )
             for key in ("temp_mib", "forward_temp_mib"):

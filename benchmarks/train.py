@@ -109,7 +109,7 @@ median_time, matmul_peak = common.median_time, common.matmul_peak
 
 
 def model_config(name: str, dtype: str = "float32", remat: bool | str = False, **options):
-    from jaxrl_frontier.models.layers import ModelConfig
+    from jaxrl_frontier.models.model_config import ModelConfig
 
     return ModelConfig(
         **TRAIN_MODELS[name],
@@ -252,10 +252,10 @@ def prepare_train_step(name: str, variant: str, batch: int, seq: int, dtype: str
         info["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
         return None, info, cfg
     info["compile_s"] = time.perf_counter() - t0
-    mem = compiled.memory_analysis()
+    mem = common.compiled_memory(compiled)
     if mem is not None:
-        info["temp_mib"] = mem.temp_size_in_bytes / 2**20
-        info["argument_mib"] = mem.argument_size_in_bytes / 2**20
+        info["temp_mib"] = mem["temporaries"] / common.MIB
+        info["argument_mib"] = mem["arguments"] / common.MIB
     if not run:
         return None, info, cfg
     box = [state]

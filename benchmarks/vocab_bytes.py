@@ -72,10 +72,9 @@ def measure(rows: int, seq: int, prompt_len: int, group_size: int) -> dict:
             ("logp", logp.lower(state, tokens, tokens)),
             ("grad", grad.lower(state, batch)),
         ):
-            m = lowered.compile().memory_analysis()
-            out[f"{program}/{name}/temp_bytes"] = int(m.temp_size_in_bytes)
-            print(f"{program:5s} {name:12s} temporaries {m.temp_size_in_bytes / 2**30:7.3f} GiB",
-                  file=sys.stderr, flush=True)  # fmt: skip
+            temp = common.compiled_memory(lowered.compile())["temporaries"]
+            out[f"{program}/{name}/temp_bytes"] = int(temp)
+            print(f"{program:5s} {name:12s} temporaries {temp / 2**30:7.3f} GiB", file=sys.stderr)
     return out
 
 

@@ -179,7 +179,7 @@ def test_shape_problems_are_seen(tmp_path):
     probe = tmp_path / "trainer.py"
     long_body = "\n".join(f"    x{i} = {i}" for i in range(81))
     probe.write_text(
-        "from jaxrl_frontier.rl.produce.rollout import RolloutProducer\n"
+        "from jaxrl_frontier.rl.produce.producer import RolloutProducer\n"
         f"def long():\n{long_body}\n"
         "def probe(part, c):\n"
         "    if hasattr(part, 'metrics') or getattr(part, 'x', None):\n"

@@ -19,7 +19,7 @@ A population's members (run/population.py) may be split over one more, outermost
 'population' (`make_mesh(population=P)`, `mesh.population`): the mesh is then (population,
 data, fsdp, sequence, tensor), P blocks of devices each of the (data, fsdp, sequence, tensor)
 shape. Only the members' stacked programs name it (`jax.vmap(spmd_axis_name=)` over a
-leading [N] member axis placed on it: rl/learn/members.py, sampling/members.py); every other
+leading [N] member axis placed on it: rl/learn/member_updates.py, sampling/member_sampler.py); every other
 spec leaves it out and so is replicated over it. A mesh of P = 1 has no such axis: it is the
 four-axis mesh it always was.
 """

@@ -11,7 +11,7 @@ from typing import Any
 
 from jaxrl_frontier.core.registry import Registry
 from jaxrl_frontier.models import moe
-from jaxrl_frontier.models.layers import ModelConfig
+from jaxrl_frontier.models.model_config import ModelConfig
 
 ARCHITECTURES = Registry("Hugging Face architecture")
 

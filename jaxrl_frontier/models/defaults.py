@@ -102,7 +102,7 @@ CHOICES: dict[str, tuple] = {
     "model.attention": ("xla", "dot_product", "cudnn", "ring"),
     "model.moe.impl": ("auto", "ragged", "dense"),
     "model.moe.routing_replay": ("none", "rollout", "first_update"),  # moe.ROUTING_REPLAY
-    "model.moe.dispatch": ("gather", "all_to_all"),  # layers.MOE_DISPATCH
+    "model.moe.dispatch": ("gather", "all_to_all"),  # model_config.MOE_DISPATCH
     "teacher.init": ("none", "scratch", "hf", "checkpoint"),
     "teacher.dtype": ("float32", "bfloat16"),
 }

@@ -54,7 +54,7 @@ from jaxrl_frontier.models.architectures import (
     config_from_hf,
     config_to_hf,
 )
-from jaxrl_frontier.models.layers import ModelConfig
+from jaxrl_frontier.models.model_config import ModelConfig
 from jaxrl_frontier.models.tensor_map import TensorSpec, tensor_specs
 from jaxrl_frontier.models.transformer import Transformer
 

@@ -6,14 +6,11 @@ layers may hold rings of W slots instead (models/sliding_cache.py)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import flax.struct
 import jax
 import jax.numpy as jnp
 
-if TYPE_CHECKING:
-    from jaxrl_frontier.models.layers import ModelConfig
+from jaxrl_frontier.models.model_config import ModelConfig
 
 
 @flax.struct.dataclass

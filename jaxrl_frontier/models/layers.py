@@ -1,4 +1,4 @@
-"""The decoder's parts (transformer.py assembles them): `ModelConfig`, the KV cache, RoPE,
+"""The decoder's parts (transformer.py assembles them, `ModelConfig` sets them): RoPE,
 the projections (`dense`, `project`: LoRA adapters run inside them), RMSNorm, the
 grouped-query attention layer (its projections; the attention itself, with its one
 selection point, is `models/attention.py`), the gated MLP (SwiGLU, or GeGLU by
@@ -8,178 +8,16 @@ attention and MLP when `ModelConfig.sandwich_norms`).
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
-from typing import Any
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxrl_frontier.models.attention import ATTENTION_IMPLS, attention
-from jaxrl_frontier.models.kv_cache import KVCache, init_cache, write_slots  # noqa: F401
-
-MOE_IMPLS = ("auto", "ragged", "dense")  # ModelConfig.moe_impl (models/moe.py: expert_impl)
-MOE_DISPATCH = ("gather", "all_to_all")  # ModelConfig.moe_dispatch (models/moe.py)
-
-
-@dataclasses.dataclass(frozen=True)
-class ModelConfig:
-    """Architecture hyperparameters (names follow Hugging Face's config.json)."""
-
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int | None = None  # None -> hidden_size // num_heads
-    rope_theta: float = 10000.0
-    # None, or a sorted tuple of (key, value) items of HF's rope_scaling dict (hashable).
-    rope_scaling: tuple[tuple[str, Any], ...] | None = None
-    rms_norm_eps: float = 1e-6
-    tie_word_embeddings: bool = False
-    qkv_bias: bool = False  # Qwen2
-    qk_norm: bool = False  # Qwen3
-    max_position_embeddings: int = 4096
-    dtype: str = "float32"  # compute dtype: float32 | bfloat16
-    param_dtype: str = "float32"
-    family: str = "llama"  # llama | qwen2 | qwen3 (the HF architecture written back on save)
-    # recompute each block in the backward pass (jax.checkpoint of the scanned body): False /
-    # 'none', True / 'full' (keep only each block's input), 'dots_saveable' (keep the matmul
-    # outputs too)
-    remat: bool | str = False
-    attention: str = "xla"  # the attention implementation (`ATTENTION_IMPLS`)
-    # layers per iteration of the scanned forward (`jax.lax.scan`'s unroll): 1 is a loop over
-    # the layers (least compile time); 0 unrolls them all (no loop: its per-layer slicing of
-    # the saved activations and their zero-filled [L, ...] buffers are gone)
-    scan_unroll: int = 1
-    # ---- Gemma 2 / 3 (docs/models.md); the defaults are the Llama / Qwen behaviour
-    hidden_act: str = "silu"  # the MLP's gate activation (`ACTIVATIONS`)
-    norm_plus_one: bool = False  # RMSNorm scales by (1 + w) (w stored around 0)
-    embed_scale: bool = False  # embeddings times sqrt(hidden_size), in the compute dtype
-    # scores scaled by query_pre_attn_scalar ** -0.5 instead of head_dim ** -0.5
-    query_pre_attn_scalar: float | None = None
-    # RMSNorms on the attention output and the MLP output (HF post_attention_layernorm and
-    # post_feedforward_layernorm), the MLP's input norm being HF pre_feedforward_layernorm
-    sandwich_norms: bool = False
-    attn_logit_softcap: float | None = None  # scores -> c * tanh(scores / c) (Gemma 2)
-    final_logit_softcap: float | None = None  # logits -> c * tanh(logits / c) (Gemma 2)
-    # per layer "full_attention" | "sliding_attention" (None: all full); a sliding layer's
-    # query sees the keys of the last `sliding_window` slots, itself included
-    layer_types: tuple[str, ...] | None = None
-    sliding_window: int | None = None
-    rope_local_theta: float | None = None  # sliding layers' RoPE base, unscaled (None: rope_theta)
-    # mixture of experts (Qwen3-MoE; models/moe.py): num_experts > 0 replaces every layer's
-    # MLP by a router over that many SwiGLU experts of moe_intermediate_size, each token
-    # going to num_experts_per_tok of them; 0 keeps the dense MLP
-    num_experts: int = 0
-    num_experts_per_tok: int = 0
-    moe_intermediate_size: int = 0
-    norm_topk_prob: bool = False  # renormalise the k gates to sum to 1
-    # Qwen2-MoE: a shared SwiGLU expert of this width every token goes through, its output
-    # scaled by sigmoid(x w_g); 0: none (Qwen3-MoE)
-    shared_expert_intermediate_size: int = 0
-    # the experts' matmuls: ragged (grouped) | dense (every expert on every token) | auto
-    # (ragged on TPU, dense elsewhere: models/moe.py expert_impl)
-    moe_impl: str = "auto"
-    # experts split over devices: how tokens reach them (`MOE_DISPATCH`): gather (the
-    # expert group's tokens on every device, dropless) | all_to_all (each assignment sent to
-    # its expert's device, at most C per device pair: `moe.all_to_all_capacity`)
-    moe_dispatch: str = "gather"
-    moe_capacity_factor: float = 0.0  # all_to_all: C = ceil(f tokens k / devices); 0 dropless
-
-    def __post_init__(self):
-        if self.num_heads % self.num_kv_heads:
-            raise ValueError(
-                f"num_heads={self.num_heads} must be a multiple of num_kv_heads={self.num_kv_heads}"
-            )
-        if self.dtype not in ("float32", "bfloat16"):
-            raise ValueError(f"dtype={self.dtype!r}; allowed: 'float32', 'bfloat16'")
-        if self.attention not in ATTENTION_IMPLS:
-            raise ValueError(f"attention={self.attention!r}; allowed: {ATTENTION_IMPLS}")
-        if self.scan_unroll < 0:
-            raise ValueError(f"scan_unroll={self.scan_unroll}; must be >= 0 (0: every layer)")
-        if self.remat not in REMAT_POLICIES:
-            raise ValueError(f"remat={self.remat!r}; allowed: {tuple(REMAT_POLICIES)}")
-        if self.hidden_act not in ACTIVATIONS:
-            raise ValueError(f"hidden_act={self.hidden_act!r}; allowed: {tuple(ACTIVATIONS)}")
-        if self.layer_types is not None:
-            bad = sorted(set(self.layer_types) - set(LAYER_TYPES))
-            if bad or not self.layer_types:
-                raise ValueError(f"layer_types={self.layer_types}: each one of {LAYER_TYPES}")
-            # a config replaced to fewer layers (a shallow draft: the first layers) keeps
-            # their types; to more (a separate critic), the pattern repeats
-            types = tuple(
-                self.layer_types[i % len(self.layer_types)] for i in range(self.num_layers)
-            )
-            object.__setattr__(self, "layer_types", types)
-            if "sliding_attention" in self.layer_types and not (self.sliding_window or 0) > 0:
-                raise ValueError(
-                    f"sliding_window={self.sliding_window}; layer_types has sliding layers, "
-                    "which need a window > 0"
-                )
-        if self.num_experts and not (
-            0 < self.num_experts_per_tok <= self.num_experts and self.moe_intermediate_size > 0
-        ):
-            raise ValueError(
-                f"num_experts={self.num_experts} needs 0 < num_experts_per_tok "
-                f"({self.num_experts_per_tok}) <= num_experts and moe_intermediate_size "
-                f"({self.moe_intermediate_size}) > 0"
-            )
-        if self.moe_impl not in MOE_IMPLS:
-            raise ValueError(f"moe_impl={self.moe_impl!r}; allowed: {MOE_IMPLS}")
-        if self.moe_dispatch not in MOE_DISPATCH:
-            raise ValueError(f"moe_dispatch={self.moe_dispatch!r}; allowed: {MOE_DISPATCH}")
-        if self.moe_capacity_factor < 0:
-            raise ValueError(f"moe_capacity_factor={self.moe_capacity_factor}; must be >= 0")
-
-    @property
-    def sliding_layers(self) -> tuple[bool, ...]:
-        """Per layer: True for a sliding-window layer."""
-        types = self.layer_types or ("full_attention",) * self.num_layers
-        return tuple(t == "sliding_attention" for t in types)
-
-    @property
-    def per_layer_attention(self) -> bool:
-        """Layers differ in window or RoPE base (then `layer_attention_inputs` is scanned)."""
-        return any(self.sliding_layers)
-
-    @property
-    def resolved_head_dim(self) -> int:
-        return self.head_dim or self.hidden_size // self.num_heads
-
-    @property
-    def compute_dtype(self):
-        return jnp.dtype(self.dtype)
-
-    def replace(self, **kwargs) -> ModelConfig:
-        return dataclasses.replace(self, **kwargs)
-
-    def num_params(self) -> int:
-        d, f, v, hd = (
-            self.hidden_size,
-            self.intermediate_size,
-            self.vocab_size,
-            self.resolved_head_dim,
-        )
-        attn = d * hd * (self.num_heads * 2 + self.num_kv_heads * 2)
-        if self.qkv_bias:
-            attn += hd * (self.num_heads + 2 * self.num_kv_heads)
-        if self.qk_norm:
-            attn += 2 * hd
-        mlp = 3 * d * f
-        if self.num_experts:  # the router and the experts instead
-            mlp = d * self.num_experts * (1 + 3 * self.moe_intermediate_size)
-            mlp += (
-                d
-                * (1 + 3 * self.shared_expert_intermediate_size)
-                * bool(self.shared_expert_intermediate_size)
-            )
-        layer = attn + mlp + (4 if self.sandwich_norms else 2) * d
-        emb = v * d * (1 if self.tie_word_embeddings else 2)
-        return self.num_layers * layer + emb + d
+from jaxrl_frontier.models.attention import attention
+from jaxrl_frontier.models.kv_cache import write_slots
+from jaxrl_frontier.models.model_config import ACTIVATIONS, ModelConfig
 
 
 def positions_from_mask(attention_mask: jax.Array) -> jax.Array:
@@ -230,7 +68,6 @@ def layer_attention_inputs(cfg: ModelConfig) -> tuple[jax.Array, jax.Array]:
 
 
 NO_WINDOW = 2**30  # a full-attention layer's window in `layer_attention_inputs`
-LAYER_TYPES = ("full_attention", "sliding_attention")  # HF `layer_types` values
 
 
 def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: jax.Array) -> jax.Array:
@@ -382,14 +219,6 @@ class Attention(nnx.Module):
         return options
 
 
-# ModelConfig.hidden_act (HF `hidden_act` / `hidden_activation`) -> the MLP's gate activation
-ACTIVATIONS = {
-    "silu": jax.nn.silu,
-    "gelu_pytorch_tanh": functools.partial(jax.nn.gelu, approximate=True),  # Gemma's GeGLU
-    "gelu": functools.partial(jax.nn.gelu, approximate=False),
-}
-
-
 class MLP(nnx.Module):
     def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs, stack=()):
         d, f, pd = cfg.hidden_size, cfg.intermediate_size, jnp.dtype(cfg.param_dtype)
@@ -446,16 +275,6 @@ class Block(nnx.Module):
             return x + self.out_norm("mlp_out_norm", self.mlp(self.post_attn_norm(x), hidden_mask))
         y, stats = self.mlp(self.post_attn_norm(x), hidden_mask, route)
         return x + self.out_norm("mlp_out_norm", y), stats
-
-
-# ModelConfig.remat -> the jax.checkpoint policy of the scanned body (None: no remat)
-REMAT_POLICIES = {
-    False: None,
-    "none": None,
-    True: jax.checkpoint_policies.nothing_saveable,
-    "full": jax.checkpoint_policies.nothing_saveable,
-    "dots_saveable": jax.checkpoint_policies.dots_saveable,
-}
 
 
 def shared_prompt_block(layer: Block, x, positions, inv_freq, bias_p, bias_c, *, n, tp):

@@ -40,7 +40,8 @@ from flax import nnx
 
 from jaxrl_frontier.core import sharding as shd
 from jaxrl_frontier.core.errors import ConfigError
-from jaxrl_frontier.models.layers import ModelConfig, dense, make_param
+from jaxrl_frontier.models.layers import dense, make_param
+from jaxrl_frontier.models.model_config import ModelConfig
 
 # ----------------------------------------------------------------------------- routing
 
@@ -219,7 +220,7 @@ def expert_parallel(fn, x, experts, gates, wg, wu, wd, dispatch="gather", capaci
     split over the mesh axis their weights are split on (under `jax.shard_map`); `fn`
     directly where they are not split.
 
-    Per device, `dispatch` (`ModelConfig.moe_dispatch`, `layers.MOE_DISPATCH`):
+    Per device, `dispatch` (`ModelConfig.moe_dispatch`, `model_config.MOE_DISPATCH`):
     - 'gather': x's rows (split over the batch axes as `Transformer.constrain_rows` split
       them) are all-gathered over the expert axis, the device's E / n experts run on the
       assignments routed to them, and the partial outputs are reduce-scattered back to the

@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxrl_frontier.models.kv_cache import KVCache
-from jaxrl_frontier.models.layers import ModelConfig
+from jaxrl_frontier.models.model_config import ModelConfig
 
 
 def ring_slots(index, window: int) -> jax.Array:

@@ -19,7 +19,7 @@ import dataclasses
 
 import numpy as np
 
-from jaxrl_frontier.models.layers import ModelConfig
+from jaxrl_frontier.models.model_config import ModelConfig
 
 
 @dataclasses.dataclass(frozen=True)

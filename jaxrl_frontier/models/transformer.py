@@ -51,20 +51,17 @@ from flax import nnx
 from jaxrl_frontier.core import sharding as shd
 from jaxrl_frontier.models import moe
 from jaxrl_frontier.models.attention import RowMask, mask_to_bias, same_segment
+from jaxrl_frontier.models.kv_cache import KVCache, init_cache, write_slots
 from jaxrl_frontier.models.layers import (
-    REMAT_POLICIES,
     Block,
-    KVCache,
-    ModelConfig,
-    init_cache,
     layer_attention_inputs,
     make_param,
     positions_from_mask,
     rms_norm,
     rope_inv_freq,
     shared_prompt_block,
-    write_slots,
 )
+from jaxrl_frontier.models.model_config import REMAT_POLICIES, ModelConfig
 
 # ----------------------------------------------------------------------------- model
 

@@ -16,7 +16,7 @@ from jaxrl_frontier.core import sharding
 from jaxrl_frontier.core.errors import ConfigError
 from jaxrl_frontier.models import hf, lora, pretrained
 from jaxrl_frontier.models.architectures import architecture_for
-from jaxrl_frontier.models.layers import ModelConfig
+from jaxrl_frontier.models.model_config import ModelConfig
 from jaxrl_frontier.models.tokenizer import CharTokenizer, load_tokenizer
 from jaxrl_frontier.models.transformer import Transformer
 

@@ -59,7 +59,7 @@ def parts_of(c) -> list[Part]:
     from jaxrl_frontier.rl.methods.pact import PactProducer
     from jaxrl_frontier.rl.produce.agent import AgentRolloutProducer
     from jaxrl_frontier.rl.produce.editors import EDITORS
-    from jaxrl_frontier.rl.produce.rollout import RolloutProducer
+    from jaxrl_frontier.rl.produce.producer import RolloutProducer
     from jaxrl_frontier.rl.sources import SOURCES
     from jaxrl_frontier.sampling.factory import sampler_class
 

@@ -26,11 +26,11 @@ import jax.numpy as jnp
 import ml_collections
 
 from jaxrl_frontier.core import distributed
-from jaxrl_frontier.rl.learn.members import MemberUpdates
+from jaxrl_frontier.rl.learn.member_updates import MemberUpdates
 from jaxrl_frontier.rl.learn.optimizer import learning_rate, with_learning_rate
 from jaxrl_frontier.run import config as config_lib
 from jaxrl_frontier.run import pbt, population_config, sections, trainer
-from jaxrl_frontier.sampling.members import MemberSampler
+from jaxrl_frontier.sampling.member_sampler import MemberSampler
 from jaxrl_frontier.train.stopping import StopAgreement
 from jaxrl_frontier.train.workdir_lock import take_for_job
 
@@ -152,9 +152,9 @@ class Population:
 
     def _batched(self, step: int) -> dict[int, Any]:
         """With `population.batched_sampling`: every member's rows of this step sampled by
-        one program first (sampling/members.py), each member's rollout then taking its own.
+        one program first (sampling/member_sampler.py), each member's rollout then taking its own.
         With `population.batched_update`: every member's batch collected, one vmapped
-        update of them all (rl/learn/members.py); {member: its step's finish} for
+        update of them all (rl/learn/member_updates.py); {member: its step's finish} for
         `Trainer.advance`. {} otherwise (each member steps whole, in turn)."""
         if self.sampling is not None:
             self.sampling.prepare([m.step.member_request() for m in self.members])

@@ -31,7 +31,7 @@ import ml_collections
 from ml_collections import config_dict
 
 from jaxrl_frontier.core.errors import ConfigError
-from jaxrl_frontier.rl.learn.members import check_member_blocks
+from jaxrl_frontier.rl.learn.member_updates import check_member_blocks
 from jaxrl_frontier.run.pbt import pbt_section
 from jaxrl_frontier.train.defaults import knob_section
 
@@ -46,10 +46,10 @@ def population_section() -> ml_collections.ConfigDict:
     s.vary = _keys_section()
     s.grid = _keys_section()
     s.same_prompts = True
-    # one vmapped update over the members' stacked states (rl/learn/members.py) in place of
+    # one vmapped update over the members' stacked states (rl/learn/member_updates.py) in place of
     # an update per member: equal up to the order of float reductions
     s.batched_update = False
-    # one vmapped rollout program over the members' stacked weights (sampling/members.py)
+    # one vmapped rollout program over the members' stacked weights (sampling/member_sampler.py)
     # in place of a sampler call per member: the plain sampler only, equal up to the order
     # of float reductions
     s.batched_sampling = False

@@ -28,13 +28,13 @@ from jaxrl_frontier.rl.methods.ppo import build_critic
 from jaxrl_frontier.rl.produce import agent as agent_rollout
 from jaxrl_frontier.rl.produce.editors import build_editors
 from jaxrl_frontier.rl.produce.passes import PASSES
-from jaxrl_frontier.rl.produce.rollout import RolloutProducer
+from jaxrl_frontier.rl.produce.producer import RolloutProducer
 from jaxrl_frontier.rl.sources.teacher_answers import TeacherAnswers
 from jaxrl_frontier.rl.sources.utils import prompt_text
 from jaxrl_frontier.run import sections
 from jaxrl_frontier.run.build import objective_section
 from jaxrl_frontier.sampling import SamplingParams
-from jaxrl_frontier.sampling.rollout import DEFAULT_PROMPT_BUCKETS
+from jaxrl_frontier.sampling.records import DEFAULT_PROMPT_BUCKETS
 
 
 def rollout_sampling(config, tokenizer) -> SamplingParams:

@@ -1,7 +1,7 @@
 """The RL step: the stages of one step wired, and what they hold across steps.
 
     PromptSource.next_batch()                                  rl/sources/
-      -> RolloutProducer.produce(examples, weights, key)       rl/produce/rollout.py   -> Experience
+      -> RolloutProducer.produce(examples, weights, key)       rl/produce/producer.py   -> Experience
       -> PromptSource.observe(info["results"])
       -> Learner.update(experience)                            rl/learn/learner.py
 
@@ -37,7 +37,7 @@ from jaxrl_frontier.run import stages as stages_lib
 from jaxrl_frontier.run.knobs import KnobPlan
 from jaxrl_frontier.run.rl_build import RunParts, build_rl_stages, checked_objective
 from jaxrl_frontier.run.steps import STEPS, run_guard
-from jaxrl_frontier.sampling.members import MemberRequest
+from jaxrl_frontier.sampling.member_sampler import MemberRequest
 from jaxrl_frontier.train import hooks as hooks_lib
 from jaxrl_frontier.train.metrics import rl_step_scalars
 
@@ -127,7 +127,7 @@ class RLStep:
         return batch or (self.source.next_batch(), self.sample_key())
 
     def member_request(self) -> MemberRequest:
-        """A population's batched sampling (sampling/members.py): this step's prompts and key
+        """A population's batched sampling (sampling/member_sampler.py): this step's prompts and key
         drawn now (as `collect` draws them, kept for it) and what this member's rows are
         sampled from: its prompts, sampling values, key, rollout weights and version."""
         examples, key = self.drawn_batch = (self.source.next_batch(), self.sample_key())
@@ -207,7 +207,7 @@ class RLStep:
     @property
     def local_rollouts(self) -> bool:
         """Each process samples its own rows on its own devices (asynchronous rollouts on
-        several processes: rl/produce/rollout.py), so a rollout ahead runs `draw` alone in
+        several processes: rl/produce/producer.py), so a rollout ahead runs `draw` alone in
         the background and its `finish` (collectives) in the main loop."""
         return self.producer.local
 

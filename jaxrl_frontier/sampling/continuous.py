@@ -36,7 +36,7 @@ from jaxrl_frontier.core import sharding as shd
 from jaxrl_frontier.core.xla_options import rollout_compiler_options
 from jaxrl_frontier.models.kv_cache import KVCache
 from jaxrl_frontier.sampling import ops
-from jaxrl_frontier.sampling import rollout as ro
+from jaxrl_frontier.sampling import records as ro
 from jaxrl_frontier.sampling.params import Knobs, Plan, SamplingParams
 from jaxrl_frontier.sampling.sampler import Sampler, as_key
 

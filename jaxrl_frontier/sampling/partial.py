@@ -34,7 +34,7 @@ from jaxrl_frontier.core import sharding as shd
 from jaxrl_frontier.core.capabilities import ALL
 from jaxrl_frontier.core.serialize import array_from_text, array_to_text
 from jaxrl_frontier.sampling import ops
-from jaxrl_frontier.sampling import rollout as ro
+from jaxrl_frontier.sampling import records as ro
 from jaxrl_frontier.sampling.continuous import ContinuousSampler, RowPlan, uniforms
 from jaxrl_frontier.sampling.params import Knobs, Plan, SamplingParams
 from jaxrl_frontier.sampling.sampler import as_key

@@ -33,7 +33,7 @@ from jaxrl_frontier.models.kv_cache import KVCache
 from jaxrl_frontier.models.sliding_cache import to_ring
 from jaxrl_frontier.models.transformer import Transformer
 from jaxrl_frontier.sampling import ops
-from jaxrl_frontier.sampling import rollout as ro
+from jaxrl_frontier.sampling import records as ro
 from jaxrl_frontier.sampling.params import Knobs, Plan, SamplingParams
 
 CACHE_DTYPES = (None, "float32", "bfloat16")

@@ -32,7 +32,7 @@ from jaxrl_frontier.core.xla_options import rollout_compiler_options
 from jaxrl_frontier.models.transformer import Transformer
 from jaxrl_frontier.sampling import ops
 from jaxrl_frontier.sampling.params import Knobs, Plan, SamplingParams
-from jaxrl_frontier.sampling.rollout import DEFAULT_PROMPT_BUCKETS, Rollout, make_rollout
+from jaxrl_frontier.sampling.records import DEFAULT_PROMPT_BUCKETS, Rollout, make_rollout
 from jaxrl_frontier.sampling.sampler import DecodeState, Sampler, as_key, forward_rows
 
 

@@ -13,7 +13,7 @@ from jax.sharding import PartitionSpec as P
 
 from jaxrl_frontier.core import sharding
 from jaxrl_frontier.models import hf
-from jaxrl_frontier.models.layers import ModelConfig
+from jaxrl_frontier.models.model_config import ModelConfig
 
 pytestmark = pytest.mark.skipif(
     jax.device_count() < 8,

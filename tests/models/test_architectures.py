@@ -6,7 +6,7 @@ import pytest
 from conftest import HF_CASES, TINY
 
 from jaxrl_frontier.models.architectures import config_from_hf, config_to_hf
-from jaxrl_frontier.models.layers import ModelConfig
+from jaxrl_frontier.models.model_config import ModelConfig
 
 TINY_QWEN3 = dict(
     vocab_size=128,

@@ -26,7 +26,7 @@ from conftest import SMALL_MODEL, override, random_model, run_trainer, small_rl_
 from flax import nnx
 
 from jaxrl_frontier.core import sharding
-from jaxrl_frontier.models.layers import ModelConfig
+from jaxrl_frontier.models.model_config import ModelConfig
 from jaxrl_frontier.objectives import logprobs
 from jaxrl_frontier.rl.learn import packing
 from jaxrl_frontier.rl.learn.forward import apply_hidden

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_frontier.models.kv_cache import init_cache, write_slots
-from jaxrl_frontier.models.layers import ModelConfig
+from jaxrl_frontier.models.model_config import ModelConfig
 
 
 def test_write_slots_at_one_index_and_at_each_rows_own():

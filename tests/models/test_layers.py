@@ -11,13 +11,8 @@ import pytest
 from conftest import random_model
 from flax import nnx
 
-from jaxrl_frontier.models.layers import (
-    ModelConfig,
-    apply_rope,
-    dense,
-    positions_from_mask,
-    rope_inv_freq,
-)
+from jaxrl_frontier.models.layers import apply_rope, dense, positions_from_mask, rope_inv_freq
+from jaxrl_frontier.models.model_config import ModelConfig
 
 BASE = dict(
     vocab_size=128,

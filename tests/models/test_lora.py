@@ -14,7 +14,7 @@ from flax import nnx
 from jaxrl_frontier.core import sharding
 from jaxrl_frontier.core.errors import ConfigError
 from jaxrl_frontier.models import hf, lora
-from jaxrl_frontier.models.layers import ModelConfig
+from jaxrl_frontier.models.model_config import ModelConfig
 from jaxrl_frontier.models.transformer import Transformer, unstack_layers
 from jaxrl_frontier.rl.learn.loss import with_base
 from jaxrl_frontier.rl.learn.train_step import init_train_state

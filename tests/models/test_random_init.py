@@ -5,7 +5,7 @@ head's own std."""
 import numpy as np
 from flax import nnx
 
-from jaxrl_frontier.models.layers import ModelConfig
+from jaxrl_frontier.models.model_config import ModelConfig
 from jaxrl_frontier.models.random_init import random_model
 
 CFG = ModelConfig(16, 8, 16, num_layers=2, num_heads=2, num_kv_heads=1)

@@ -25,7 +25,7 @@ from flax import nnx
 
 from jaxrl_frontier.core import sharding
 from jaxrl_frontier.models import attention as attn
-from jaxrl_frontier.models.layers import ModelConfig
+from jaxrl_frontier.models.model_config import ModelConfig
 
 B, T, H, K, DH = 2, 16, 4, 2, 8  # 4 positions a device at sequence 4; 2 query heads a kv head
 FSDP_SEQ, SEQ, SEQ_TENSOR = (1, 2, 4, 1), (1, 1, 4, 1), (1, 1, 4, 2)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from jaxrl_frontier.models.kv_cache import init_cache
-from jaxrl_frontier.models.layers import ModelConfig
+from jaxrl_frontier.models.model_config import ModelConfig
 from jaxrl_frontier.models.sliding_cache import cache_bytes, ring_slots, to_ring
 
 CFG = ModelConfig(

@@ -4,7 +4,7 @@ Qwen3's q/k norms, a tied head, experts). Checkpoints against transformers: test
 
 import numpy as np
 
-from jaxrl_frontier.models.layers import ModelConfig
+from jaxrl_frontier.models.model_config import ModelConfig
 from jaxrl_frontier.models.tensor_map import tensor_specs
 
 # D = 4, H = 2 heads of Dh = 2, K = 1 kv head, F = 6, V = 5, L = 2

@@ -10,7 +10,9 @@ import pytest
 from conftest import left_padded_batch, random_model
 from flax import nnx
 
-from jaxrl_frontier.models.layers import ModelConfig, init_cache, positions_from_mask
+from jaxrl_frontier.models.kv_cache import init_cache
+from jaxrl_frontier.models.layers import positions_from_mask
+from jaxrl_frontier.models.model_config import ModelConfig
 from jaxrl_frontier.models.transformer import Transformer, with_compute_weights
 
 BASE = dict(

@@ -11,7 +11,7 @@ from flax import nnx
 from jax.sharding import PartitionSpec as P
 
 from jaxrl_frontier.core import sharding
-from jaxrl_frontier.models.layers import ModelConfig
+from jaxrl_frontier.models.model_config import ModelConfig
 from jaxrl_frontier.models.transformer import Transformer
 from jaxrl_frontier.objectives import logprobs
 from jaxrl_frontier.rl.learn.forward import apply_hidden, make_logp_fn

@@ -18,7 +18,7 @@ from jaxrl_frontier.rl.ahead import FreeRunningRollouts, RolloutsAhead
 from jaxrl_frontier.rl.methods.pact import PactProducer
 from jaxrl_frontier.rl.produce.agent import AgentRolloutProducer
 from jaxrl_frontier.rl.produce.editors import EDITORS, DynamicRolloutEditing, RolloutEditor
-from jaxrl_frontier.rl.produce.rollout import RolloutProducer
+from jaxrl_frontier.rl.produce.producer import RolloutProducer
 from jaxrl_frontier.rl.sources import SOURCES, PromptSource, UniformSource
 from jaxrl_frontier.rl.sources.dynamic import DynamicSource
 from jaxrl_frontier.run import config as config_lib

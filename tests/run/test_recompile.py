@@ -13,7 +13,7 @@ from conftest import small_rl_config
 from flax import nnx
 
 from jaxrl_frontier.core import sharding
-from jaxrl_frontier.models.layers import ModelConfig
+from jaxrl_frontier.models.model_config import ModelConfig
 from jaxrl_frontier.models.transformer import Transformer
 from jaxrl_frontier.rl.learn.train_step import make_update_fn
 from jaxrl_frontier.run import trainer as tr

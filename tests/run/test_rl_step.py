@@ -2,7 +2,7 @@
 a custom PromptSource and RolloutEditor plug into the loop, and every weight, advantage,
 aggregation and distillation name runs two steps with the step's learner gradient equal to
 `objective_loss` on the same batch. (Each stage alone: tests/rl/sources/test_base.py,
-tests/rl/produce/test_rollout.py, tests/rl/learn/test_learner.py.)
+tests/rl/produce/test_producer.py, tests/rl/learn/test_learner.py.)
 """
 
 import json

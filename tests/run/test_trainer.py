@@ -24,7 +24,7 @@ from jaxrl_frontier.core import sharding  # noqa: E402
 from jaxrl_frontier.core.errors import ConfigError  # noqa: E402
 from jaxrl_frontier.rl.learn.loss import rl_loss  # noqa: E402
 from jaxrl_frontier.rl.learn.train_step import make_update_fn  # noqa: E402
-from jaxrl_frontier.rl.produce.rollout import RolloutProducer  # noqa: E402
+from jaxrl_frontier.rl.produce.producer import RolloutProducer  # noqa: E402
 from jaxrl_frontier.run import trainer as trainer_lib  # noqa: E402
 from jaxrl_frontier.run.build import objective_section  # noqa: E402
 from jaxrl_frontier.run.trainer import Trainer  # noqa: E402

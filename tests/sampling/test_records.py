@@ -1,11 +1,11 @@
-"""sampling/rollout.py: prompts left-padded into the smallest bucket (batch padding repeats
+"""sampling/records.py: prompts left-padded into the smallest bucket (batch padding repeats
 prompt 0, errors name the broken contract), and a rollout's rows, names and full sequences."""
 
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxrl_frontier.sampling.rollout import bucket, left_pad_prompts, make_rollout
+from jaxrl_frontier.sampling.records import bucket, left_pad_prompts, make_rollout
 
 PAD = 9
 

@@ -17,7 +17,7 @@ import pytest
 from flax import nnx
 
 from jaxrl_frontier.core import sharding as shd
-from jaxrl_frontier.models.layers import ModelConfig
+from jaxrl_frontier.models.model_config import ModelConfig
 from jaxrl_frontier.models.random_init import random_model
 from jaxrl_frontier.models.transformer import Transformer
 from jaxrl_frontier.sampling import (

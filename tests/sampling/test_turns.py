@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from jaxrl_frontier.models.layers import ModelConfig
+from jaxrl_frontier.models.model_config import ModelConfig
 from jaxrl_frontier.models.random_init import random_model
 from jaxrl_frontier.sampling import Sampler, SamplingParams
 from jaxrl_frontier.sampling.turns import TurnSession, observe

@@ -103,7 +103,7 @@ def test_episode_evaluation_plays_the_seeds_with_the_samplers_shared_sessions():
     episode succeeds in 3 turns with return 2.5. The sampled pass's episodes are those of
     `play` on a fresh session with the chunk's key; a second evaluation reuses the two
     sessions (greedy, sampled) the sampler keeps and gives the same figures."""
-    from jaxrl_frontier.models.layers import ModelConfig
+    from jaxrl_frontier.models.model_config import ModelConfig
     from jaxrl_frontier.models.random_init import random_model
     from jaxrl_frontier.models.tokenizer import CharTokenizer
     from jaxrl_frontier.rl.produce.agent import play

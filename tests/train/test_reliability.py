@@ -445,7 +445,7 @@ def tiny_hf(tmp_path_factory):
     from flax import nnx
 
     from jaxrl_frontier.models import hf
-    from jaxrl_frontier.models.layers import ModelConfig
+    from jaxrl_frontier.models.model_config import ModelConfig
     from jaxrl_frontier.models.transformer import Transformer
 
     path = tmp_path_factory.mktemp("hf")

@@ -263,7 +263,7 @@ class Learner:
     def update_program(self, keys: Sequence[str], members: dict | None = None) -> Callable:
         """The jitted update (`train_step.make_update_fn`, or the critic's) for a batch with
         these keys, with the minibatch's aggregation denominator; `members`: vmapped over a
-        population's stacked states (`rl.learn.members`)."""
+        population's stacked states (`rl.learn.member_updates`)."""
         batch_sh = {k: sharding.batch_sharding(self.mesh, 2) for k in keys}
         update_sh = batch_sh
         if self.pack is not None:  # the packing maps: small, replicated

@@ -36,7 +36,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxrl_frontier.core.registry import Registry
-from jaxrl_frontier.models.layers import ModelConfig
+from jaxrl_frontier.models.model_config import ModelConfig
 from jaxrl_frontier.models.transformer import Transformer
 
 Array = jax.Array

@@ -1,6 +1,6 @@
 """Rollout editors and reward shapers: what happens to completions between sampling and credit.
 
-    RolloutEditor   edit(rows) -> rows           before scoring (rl/produce/rollout.py `RolloutRows`)
+    RolloutEditor   edit(rows) -> rows           before scoring (rl/produce/producer.py `RolloutRows`)
     RewardShaper    (rows, rewards) -> rewards   after scoring: appends reward components
 
 Editors are chosen by `rollout.editors` (names in `EDITORS`), built with the run's task,

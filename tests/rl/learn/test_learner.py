@@ -11,7 +11,7 @@ from conftest import SMALL_MODEL, random_experience, random_model
 from flax import nnx
 
 from jaxrl_frontier.core import sharding
-from jaxrl_frontier.models.layers import ModelConfig
+from jaxrl_frontier.models.model_config import ModelConfig
 from jaxrl_frontier.objectives import TokenStats, logprobs, losses
 from jaxrl_frontier.rl.learn.learner import Learner, LearnerOptions, minibatch_order
 from jaxrl_frontier.rl.learn.train_step import init_train_state

@@ -1,4 +1,4 @@
-"""A population's members in one update (rl/learn/members.py), on stand-in learners whose
+"""A population's members in one update (rl/learn/member_updates.py), on stand-in learners whose
 "update" adds up the minibatch it is given: each member's rows, knobs and state stacked on
 a leading member axis, each member's own minibatch order from its own key stream, each
 member's metrics and state taken back (its step advanced); and the layouts not batched.
@@ -18,9 +18,9 @@ from flax import nnx
 
 from jaxrl_frontier.core import sharding
 from jaxrl_frontier.core.errors import ConfigError
-from jaxrl_frontier.models.layers import ModelConfig
+from jaxrl_frontier.models.model_config import ModelConfig
 from jaxrl_frontier.rl.learn.learner import Learner, LearnerOptions, minibatch_order
-from jaxrl_frontier.rl.learn.members import MemberUpdates
+from jaxrl_frontier.rl.learn.member_updates import MemberUpdates
 from jaxrl_frontier.rl.learn.train_step import TrainState, init_train_state, stacked
 
 ROWS, GROUPS = 4, 2  # 2 groups of 2 rows; minibatches of one group each

@@ -14,7 +14,8 @@ from flax import nnx
 from jaxrl_frontier.core import sharding
 from jaxrl_frontier.core.errors import ConfigError
 from jaxrl_frontier.models import transformer
-from jaxrl_frontier.models.layers import ModelConfig, positions_from_mask
+from jaxrl_frontier.models.layers import positions_from_mask
+from jaxrl_frontier.models.model_config import ModelConfig
 from jaxrl_frontier.objectives import losses
 from jaxrl_frontier.objectives.aggregation import AGGREGATIONS
 from jaxrl_frontier.objectives.distillation import DISTILL_LOSSES, KL_ESTIMATORS

@@ -9,7 +9,7 @@ import pytest
 from conftest import SMALL_MODEL, assert_same_loss_and_grads
 from flax import nnx
 
-from jaxrl_frontier.models.layers import ModelConfig
+from jaxrl_frontier.models.model_config import ModelConfig
 from jaxrl_frontier.models.transformer import Transformer
 from jaxrl_frontier.objectives import logprobs
 from jaxrl_frontier.rl.learn.forward import make_logp_fn

@@ -13,7 +13,7 @@ from conftest import SMALL_MODEL, assert_same_loss_and_grads, random_model, smal
 from flax import nnx
 
 from jaxrl_frontier.core import sharding
-from jaxrl_frontier.models.layers import ModelConfig
+from jaxrl_frontier.models.model_config import ModelConfig
 from jaxrl_frontier.objectives import logprobs
 from jaxrl_frontier.rl.learn.forward import make_logp_fn
 from jaxrl_frontier.rl.learn.learner import minibatch_order, update_layout

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from jaxrl_frontier.models.layers import ModelConfig
+from jaxrl_frontier.models.model_config import ModelConfig
 from jaxrl_frontier.rl.methods import critic
 
 

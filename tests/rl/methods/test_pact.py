@@ -12,7 +12,7 @@ from conftest import random_model
 from flax import nnx
 
 from jaxrl_frontier.data.envs.calculator import CalculatorEnv
-from jaxrl_frontier.models.layers import ModelConfig
+from jaxrl_frontier.models.model_config import ModelConfig
 from jaxrl_frontier.models.tokenizer import CharTokenizer
 from jaxrl_frontier.objectives import logprobs
 from jaxrl_frontier.rl.learn.forward import make_logp_fn

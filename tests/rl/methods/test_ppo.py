@@ -16,7 +16,7 @@ from conftest import SMALL_MODEL, random_model
 from flax import nnx
 
 from jaxrl_frontier.core import sharding
-from jaxrl_frontier.models.layers import ModelConfig
+from jaxrl_frontier.models.model_config import ModelConfig
 from jaxrl_frontier.rl.experience import Experience
 from jaxrl_frontier.rl.learn.forward import apply_hidden
 from jaxrl_frontier.rl.learn.learner import Learner, LearnerOptions

@@ -9,7 +9,7 @@ import pytest
 from conftest import SMALL_MODEL, random_model
 from flax import nnx
 
-from jaxrl_frontier.models.layers import ModelConfig
+from jaxrl_frontier.models.model_config import ModelConfig
 from jaxrl_frontier.objectives import TokenStats, losses, weights
 from jaxrl_frontier.rl.experience import Experience
 from jaxrl_frontier.rl.learn.forward import apply_hidden, make_logp_fn

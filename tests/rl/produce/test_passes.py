@@ -10,7 +10,7 @@ import pytest
 from conftest import SMALL_MODEL, random_model, small_rl_config
 from flax import nnx
 
-from jaxrl_frontier.models.layers import ModelConfig
+from jaxrl_frontier.models.model_config import ModelConfig
 from jaxrl_frontier.objectives import logprobs
 from jaxrl_frontier.rl.diagnostics import logp_mismatch
 from jaxrl_frontier.rl.experience import Experience

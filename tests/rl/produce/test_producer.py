@@ -1,4 +1,4 @@
-"""The rollout producer (rl/produce/rollout.py) with a scripted sampler and a fixed scorer: the
+"""The rollout producer (rl/produce/producer.py) with a scripted sampler and a fixed scorer: the
 Experience's tokens, masks, behaviour log-probs, advantages, groups and versions, the
 per-prompt results and the rollout metrics, all by hand."""
 
@@ -9,7 +9,7 @@ import numpy as np
 from jaxrl_frontier.core import sharding
 from jaxrl_frontier.data.tasks import make_task
 from jaxrl_frontier.models.tokenizer import CharTokenizer
-from jaxrl_frontier.rl.produce.rollout import RolloutProducer
+from jaxrl_frontier.rl.produce.producer import RolloutProducer
 from jaxrl_frontier.sampling import Rollout, SamplingParams
 
 TASK = make_task("arithmetic", max_digits=1, ops="+", prompt_template="{a}{op}{b}=")

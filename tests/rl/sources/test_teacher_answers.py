@@ -5,7 +5,7 @@ import numpy as np
 from conftest import SMALL_MODEL, random_model
 
 from jaxrl_frontier.data.tasks import make_task
-from jaxrl_frontier.models.layers import ModelConfig
+from jaxrl_frontier.models.model_config import ModelConfig
 from jaxrl_frontier.models.tokenizer import CharTokenizer
 
 
