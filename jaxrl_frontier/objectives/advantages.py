@@ -37,11 +37,20 @@ ADVANTAGES = Registry("advantage estimator", key="objective.advantage")
 SUPPLIED_KWARGS = ("reward_weights", "lengths", "seq_adv", "token_reward")
 
 
-def _register(
+def register_advantage(
     name: str, level: str, requires: tuple[str, ...] = (), components: bool = False
 ) -> Callable:
-    """`components=True`: a group entry that reads the reward vector [P, G, K] with
+    """Register an advantage estimator under `name` (config key `objective.advantage`).
+
+    level: 'group', `fn(rewards [P, G], **hparams) -> adv [P, G]`, or 'token',
+    `fn(stats: TokenStats, **hparams) -> adv [B, T]` (masked). Keyword arguments with
+    defaults are the entry's config keys (`objective.advantage_kwargs`); an argument named as
+    one of `SUPPLIED_KWARGS` (or `group_size`) is given from the batch. `requires`: the
+    optional `TokenStats` fields it reads (e.g. 'teacher_logp'), checked at validation.
+    `components=True`: a group entry that reads the reward vector [P, G, K] with
     `reward_weights` (the others read the combined sequence reward [P, G])."""
+    if level not in ("group", "token"):
+        raise ValueError(f"advantage {name!r}: level={level!r}; allowed: 'group', 'token'")
 
     def decorator(fn):
         fn.level = level
@@ -155,7 +164,7 @@ def sequence_to_tokens(adv: Array, mask_bt: Array) -> Array:
 # ----------------------------------------------------------------------------- group baselines
 
 
-@_register("grpo", "group")
+@register_advantage("grpo", "group")
 def grpo(
     rewards: Array,
     scale: str = "group",
@@ -184,7 +193,7 @@ def grpo(
     return A
 
 
-@_register("dr_grpo", "group")
+@register_advantage("dr_grpo", "group")
 def dr_grpo(rewards: Array, reward_weights: Sequence[float] | None = None) -> Array:
     """Dr. GRPO: the group-mean baseline without the std division.
 
@@ -195,7 +204,7 @@ def dr_grpo(rewards: Array, reward_weights: Sequence[float] | None = None) -> Ar
     return jax.vmap(centre)(R)
 
 
-@_register("rloo", "group")
+@register_advantage("rloo", "group")
 def rloo(rewards: Array, reward_weights: Sequence[float] | None = None) -> Array:
     """RLOO: leave-one-out baseline.
 
@@ -212,7 +221,7 @@ def rloo(rewards: Array, reward_weights: Sequence[float] | None = None) -> Array
     return jax.vmap(per_group)(R)
 
 
-@_register("reinforce", "group")
+@register_advantage("reinforce", "group")
 def reinforce(rewards: Array, reward_weights: Sequence[float] | None = None) -> Array:
     """REINFORCE with a batch-mean baseline.
 
@@ -223,7 +232,7 @@ def reinforce(rewards: Array, reward_weights: Sequence[float] | None = None) -> 
     return R - jnp.mean(R)
 
 
-@_register("gae", "group")
+@register_advantage("gae", "group")
 def gae(rewards: Array, reward_weights: Sequence[float] | None = None) -> Array:
     """GAE from a learned critic (PPO): needs `critic.kind` 'head' or 'model' (rl/methods/ppo.py).
 
@@ -236,7 +245,7 @@ def gae(rewards: Array, reward_weights: Sequence[float] | None = None) -> Array:
     return combine_rewards(rewards, reward_weights)
 
 
-@_register("reinforce_pp", "group")
+@register_advantage("reinforce_pp", "group")
 def reinforce_pp(
     rewards: Array,
     reward_weights: Sequence[float] | None = None,
@@ -269,7 +278,7 @@ def _decoupled_components(rewards: Array) -> Array:
     return jax.vmap(per_group)(r)
 
 
-@_register("gdpo", "group", components=True)
+@register_advantage("gdpo", "group", components=True)
 def gdpo(rewards: Array, reward_weights: Sequence[float] | None = None) -> Array:
     """GDPO: decouple the reward components' group normalisation, then whiten the batch.
 
@@ -287,7 +296,7 @@ def gdpo(rewards: Array, reward_weights: Sequence[float] | None = None) -> Array
     )
 
 
-@_register("gd2po", "group", components=True)
+@register_advantage("gd2po", "group", components=True)
 def gd2po(
     rewards: Array,
     reward_weights: Sequence[float] | None = None,
@@ -395,7 +404,7 @@ def _returns(a_bt, mask_bt, estimator, gamma, lam, group_size):
     )
 
 
-@_register("opd", "token", requires=("teacher_logp",))
+@register_advantage("opd", "token", requires=("teacher_logp",))
 def opd(
     stats: TokenStats,
     estimator: str = "immediate",
@@ -426,7 +435,7 @@ def opd(
     return _returns(a_bt, stats.mask, estimator, gamma, lam, group_size)
 
 
-@_register("opd_hybrid", "token", requires=("teacher_logp",))
+@register_advantage("opd_hybrid", "token", requires=("teacher_logp",))
 def opd_hybrid(
     stats: TokenStats,
     seq_adv: Array,
@@ -449,7 +458,7 @@ def opd_hybrid(
     return stats.mask * (task + coef * a)
 
 
-@_register("progress", "token", requires=("ref_logp",))
+@register_advantage("progress", "token", requires=("ref_logp",))
 def progress(stats: TokenStats, beta: float = 1.0, token_reward: Array | None = None) -> Array:
     """Progress advantage: a_t = beta * (l_policy(y_t) - l_ref(y_t)), [B, T], masked.
 

@@ -89,6 +89,19 @@ def _wrap(text: str, width: int = 96) -> str:
     return "\n".join(textwrap.wrap(text, width, subsequent_indent="      "))
 
 
+def import_flag_modules(argv: list[str]) -> None:
+    """Import the modules of a `--config.modules=...` flag before the config file is loaded:
+    the file's kwargs blocks then hold the user's entries' knobs, so `--config.objective.
+    advantage_kwargs.KEY=VALUE` can set them (ml-collections adds no key the file lacks)."""
+    from jaxrl_frontier.run.schema import import_modules
+
+    for i, arg in enumerate(argv):
+        if arg.startswith("--config.modules="):
+            import_modules(arg.split("=", 1)[1])
+        elif arg == "--config.modules" and i + 1 < len(argv):
+            import_modules(argv[i + 1])
+
+
 def parse(argv: list[str]) -> tuple[ml_collections.ConfigDict | None, str | None]:
     """The config (`--config=FILE[:ARG]`, then each `--config.KEY=VALUE`) and `--workdir` of
     `argv` (argv[0]: the program). Bad input is a `ConfigError` of one line naming the flag,
@@ -96,6 +109,7 @@ def parse(argv: list[str]) -> tuple[ml_collections.ConfigDict | None, str | None
     from absl import flags
     from ml_collections import config_flags
 
+    import_flag_modules(argv)
     fv = flags.FlagValues()
     try:
         config_flags.DEFINE_config_file(

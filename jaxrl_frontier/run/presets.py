@@ -277,7 +277,9 @@ def with_defaults(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     from jaxrl_frontier.data.tasks.base import task_defaults
     from jaxrl_frontier.objectives import losses
     from jaxrl_frontier.run.config import entry_defaults
+    from jaxrl_frontier.run.schema import import_modules
 
+    import_modules(c.modules)  # the user's entries and their knobs are spelled out too
     task_kwargs = {**task_defaults(c.task.name), **c.task.kwargs.to_dict()}
     c.task.as_written = ml_collections.ConfigDict({"name": c.task.name, "kwargs": task_kwargs})
     spelled = ml_collections.ConfigDict(task_kwargs)

@@ -36,6 +36,7 @@ import ml_collections
 
 from jaxrl_frontier.core import defaults as core_defaults
 from jaxrl_frontier.core.errors import ConfigError
+from jaxrl_frontier.core.registry import import_user_module
 from jaxrl_frontier.data import defaults as data_defaults
 from jaxrl_frontier.models import defaults as model_defaults
 from jaxrl_frontier.objectives import losses
@@ -84,6 +85,10 @@ def base_config() -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
     c.seed = 0
     c.mode = "rl"  # rl | sft
+    # the user's own modules, comma-separated (dotted names on sys.path, or .py files),
+    # imported before the config is resolved: the entries they register (`register_advantage`,
+    # `register_weight`, `TASKS.register`, ...) can then be named anywhere in the config
+    c.modules = ""
     c.workdir = ""  # set by --workdir; a run resumes when it holds a checkpoint
     c.mesh = core_defaults.mesh_section()
     c.tokenizer = model_defaults.tokenizer_section()
@@ -152,9 +157,23 @@ def resolve(config: Mapping | ml_collections.ConfigDict) -> ml_collections.Confi
     given = config.to_dict() if isinstance(config, ml_collections.ConfigDict) else dict(config)
     out = base_config()
     _merge(out, given, "")
+    import_modules(out.modules)
     _settle_task_kwargs(out.task)
     _settle_registry_kwargs(out.objective)
     return out
+
+
+def import_modules(modules: str) -> None:
+    """Import each of the config's `modules` (comma-separated) so their registry entries exist
+    before any name is looked up; one that cannot be imported is a `ConfigError` naming it."""
+    for module in filter(None, (m.strip() for m in modules.split(","))):
+        try:
+            import_user_module(module, key="modules")
+        except (ImportError, OSError) as e:
+            said = str(e).startswith("config key")  # import_user_module's own errors name it
+            raise ConfigError(
+                str(e) if said else f"config key 'modules' = {module!r}: {e}"
+            ) from None
 
 
 def _merge(node: ml_collections.ConfigDict, given: Mapping, prefix: str) -> None:
