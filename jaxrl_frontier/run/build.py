@@ -19,6 +19,8 @@ from jaxrl_frontier.models.architectures import architecture_for
 from jaxrl_frontier.models.model_config import ModelConfig
 from jaxrl_frontier.models.tokenizer import CharTokenizer, load_tokenizer
 from jaxrl_frontier.models.transformer import Transformer
+from jaxrl_frontier.rl.learn.optimizer import build_optimizer
+from jaxrl_frontier.rl.learn.train_step import init_train_state, optimizer_memory_kind
 
 
 def build_mesh(config) -> jax.sharding.Mesh:
@@ -196,6 +198,16 @@ def build_teacher(config, tokenizer, mesh, key, policy_cfg) -> Transformer | Non
             "teacher and student must share a tokenizer"
         )
     return teacher
+
+
+def build_train_state(c, mesh, params, key) -> tuple:
+    """(tx, state, its shardings): the optimizer of config `c` over its total updates and the
+    train state of `params` placed on `mesh` (the optimizer state in host memory with
+    `train.offload_optimizer`)."""
+    tx = build_optimizer(c.optimizer, total_updates(c))
+    offload = optimizer_memory_kind(c.train.offload_optimizer, mesh)
+    state = init_train_state(tx, params, mesh, key, memory_kind=offload)
+    return tx, state, jax.tree.map(lambda x: x.sharding, state)
 
 
 def total_updates(config) -> int:

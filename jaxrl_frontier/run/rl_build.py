@@ -215,10 +215,11 @@ def _pass_context(c, parts: RunParts, graphdef, logp_fn, edited: bool, self_cond
     return names, context
 
 
-def _learner(c, parts: RunParts, graphdef, objective, layout, teacher_pair, **kw) -> Learner:
-    """The Learner of config `c` (with PPO's critic and PACT's loss term when configured);
-    kw: tx, state, completion_len, log."""
-    state, plan = kw["state"], parts.knobs
+def _learner(
+    c, parts: RunParts, graphdef, objective, layout, teacher_pair, *, tx, state, completion_len, log
+) -> Learner:
+    """The Learner of config `c` (with PPO's critic and PACT's loss term when configured)."""
+    plan = parts.knobs
     # PPO's learned critic (critic.kind; None: none), trained and checkpointed with the policy
     critic = build_critic(
         sections.critic_options(c),
@@ -234,7 +235,7 @@ def _learner(c, parts: RunParts, graphdef, objective, layout, teacher_pair, **kw
         objective=objective,
         rows=c.data.prompt_batch * c.rollout.group_size,
         group_size=c.rollout.group_size,
-        completion_len=kw["completion_len"],
+        completion_len=completion_len,
         epochs=c.train.epochs,
         minibatches=c.train.minibatches,
         grad_accum=c.optimizer.grad_accum,
@@ -249,7 +250,7 @@ def _learner(c, parts: RunParts, graphdef, objective, layout, teacher_pair, **kw
     rollout_mesh, mesh = parts.rollout_mesh, parts.mesh
     return Learner(
         graphdef,
-        kw["tx"],
+        tx,
         state,
         options,
         mesh=mesh,
@@ -259,7 +260,7 @@ def _learner(c, parts: RunParts, graphdef, objective, layout, teacher_pair, **kw
         base=parts.base,
         critic=critic,
         loss_transforms=[pact_term] if pact_term is not None else [],
-        log=kw["log"],
+        log=log,
     )
 
 

@@ -36,7 +36,7 @@ from jaxrl_frontier.run import sections
 from jaxrl_frontier.run import stages as stages_lib
 from jaxrl_frontier.run.knobs import KnobPlan
 from jaxrl_frontier.run.rl_build import RunParts, build_rl_stages, checked_objective
-from jaxrl_frontier.run.steps import STEPS, run_guard
+from jaxrl_frontier.run.steps import STEPS, StepContext, run_guard
 from jaxrl_frontier.sampling.member_sampler import MemberRequest
 from jaxrl_frontier.train import hooks as hooks_lib
 from jaxrl_frontier.train.metrics import rl_step_scalars
@@ -49,7 +49,7 @@ class RLStep:
     shown = {"reward": "reward/total", "loss": "train/loss"}
 
     def __init__(
-        self, config, launch_config, stages, roles, parts: RunParts, *, tx, state, source, **common
+        self, config, launch_config, stages, roles, parts: RunParts, ctx: StepContext, source
     ):
         self.config, self.launch_config, self.stages, self.stage_index = (
             config,
@@ -57,15 +57,16 @@ class RLStep:
             stages,
             0,
         )
-        self.roles, self.parts, self.tx = roles, parts, tx
-        self.source, self.knobs, self.guard = source, common["knobs"], run_guard(config, common)
-        self.rollout_log, self.say = common["rollout_log"], common["say"]
-        self.watchdog = common["watchdog"]  # the phase a hang is reported in
+        self.roles, self.parts, self.tx = roles, parts, ctx.tx
+        self.source, self.knobs = source, ctx.knobs
+        self.guard = run_guard(config, say=ctx.say, scorer=ctx.scorer)
+        self.rollout_log, self.say = ctx.rollout_log, ctx.say
+        self.watchdog = ctx.watchdog  # the phase a hang is reported in
         self.learner, self.producer, self.logp_fn = build_rl_stages(
-            config, parts, tx=tx, state=state, log=self.say
+            config, parts, tx=ctx.tx, state=ctx.state, log=self.say
         )
-        if common.get("shared") is not None:  # a population's member: one set of programs
-            self._run_programs_of(common["shared"])
+        if ctx.shared is not None:  # a population's member: one set of programs
+            self._run_programs_of(ctx.shared)
         self.evaluates_at_start = config.eval.at_start
         self._check_stages()
         k, queue = config.rollout.max_staleness, config.rollout.free_running_queue
@@ -374,29 +375,27 @@ class RLStep:
 
 
 @STEPS.register("rl")
-def rl_step(c, roles, *, state, state_sharding, tx, **common) -> RLStep:
+def rl_step(c, roles, ctx: StepContext) -> RLStep:
     """The RL step of config `c` (the launched one: its stages listed, none applied), over
     the roles built for it."""
     parts = RunParts(
         mesh=roles.mesh,
         tokenizer=roles.tokenizer,
-        task=common["task"],
+        task=ctx.task,
         policy=roles.policy,
         sampler=roles.rollout_sampler,
         reference=roles.ref_params is not None,
         teacher=roles.teacher,
-        scorer=common["scorer"],
+        scorer=ctx.scorer,
         rollout_mesh=roles.rollout_mesh,
         base=roles.base_params,
-        knobs=common["knobs"],
+        knobs=ctx.knobs,
     )
     source = make_source(
-        common["task"],
+        ctx.task,
         sections.source_options(c),
         batch_size=c.data.prompt_batch,
         process_index=jax.process_index(),
         process_count=jax.process_count(),
     )
-    return RLStep(
-        c, c, stages_lib.parse(c), roles, parts, tx=tx, state=state, source=source, **common
-    )
+    return RLStep(c, c, stages_lib.parse(c), roles, parts, ctx, source)

@@ -20,7 +20,7 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from jaxrl_frontier.core import sharding
-from jaxrl_frontier.models import lora
+from jaxrl_frontier.models import hf, lora
 from jaxrl_frontier.rl.learn.learner import reshard_to
 from jaxrl_frontier.run.build import attach_lora, build_meshes, build_model, build_teacher
 from jaxrl_frontier.sampling import Sampler, make_sampler
@@ -57,6 +57,21 @@ class Roles:
         if teacher:
             shared.update(teacher=other.teacher, teacher_params=other.teacher_params)
         return dataclasses.replace(self, **shared)
+
+    def full_params(self, params):
+        """The policy's whole weights from the train state's `params` (LoRA: the frozen base
+        with the adapters)."""
+        return params if self.base_params is None else lora.combine(self.base_params, params)
+
+    def export(self, params, path: str, *, write: bool) -> None:
+        """The policy with `params` in Hugging Face format, and the tokenizer, in `path`
+        (LoRA adapters merged: W + (alpha / r) A B). Every process joins the host copy;
+        those with `write` write."""
+        nnx.update(self.policy, sharding.host_copy(params))
+        if write:
+            merged = self.policy if self.base_params is None else lora.merged(self.policy)
+            hf.save(merged, path)
+            self.tokenizer.save(path)
 
 
 def build_roles(

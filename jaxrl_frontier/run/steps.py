@@ -2,12 +2,13 @@
 
 A step owns the train state and what produces its batches; the loop (run/trainer.py) calls
 it once per step and hands the rest to hooks (train/hooks.py). `STEPS` maps the config key
-`mode` to the step's builder.
+`mode` to the step's builder, `builder(config, roles, StepContext) -> Step`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -20,6 +21,23 @@ from jaxrl_frontier.train.guards import RunGuard
 from jaxrl_frontier.train.sft import SFTStep
 
 STEPS = Registry("training step", key="mode")
+
+
+@dataclasses.dataclass(frozen=True)
+class StepContext:
+    """What a step's builder gets from the trainer besides the config and the roles: the
+    train state it starts from and the run's services."""
+
+    state: Any  # the train state (params, optimizer state, step, RNG), placed on the mesh
+    state_sharding: Any  # its shardings, a pytree like `state`
+    tx: Any  # the optax optimizer the state's optimizer state belongs to
+    task: Any  # the run's Task
+    scorer: Any  # the run's RewardScorer (None: the step builds the config's)
+    knobs: Any  # the moving keys' plan (run/knobs.py; None: none move)
+    say: Callable[[str], None]  # one console line (the main process prints it)
+    watchdog: Any  # `watchdog.phase(name)`: the phase a hang is reported in
+    rollout_log: Any = None  # the RolloutLogger on the main process, else None
+    shared: Any = None  # a population member's programs, shared with the first member's
 
 
 class Step(Protocol):
@@ -62,14 +80,20 @@ class SFTRunStep:
     shown = {"nll": "train/nll"}
     evaluates_at_start = False
 
-    def __init__(self, config, update: SFTStep, state, source, describe: Callable[[], str], **kw):
+    def __init__(
+        self,
+        config,
+        update: SFTStep,
+        state,
+        source,
+        describe: Callable[[], str],
+        *,
+        guard: RunGuard,
+        say: Callable[[str], None],
+        watchdog,
+    ):
         self.config, self.update, self.state, self.source = config, update, state, source
-        self.describe, self.guard, self.say, self.watchdog = (
-            describe,
-            kw["guard"],
-            kw["say"],
-            kw["watchdog"],
-        )
+        self.describe, self.guard, self.say, self.watchdog = describe, guard, say, watchdog
 
     def __call__(self) -> Callable[[float], dict[str, float]]:
         examples = self.source.next_batch()
@@ -100,11 +124,11 @@ class SFTRunStep:
 
 
 @STEPS.register("sft")
-def sft_step(c, roles, *, state, state_sharding, tx, **common):
+def sft_step(c, roles, ctx: StepContext) -> SFTRunStep:
     """The SFT step of config `c`: `SFTStep` over the `SFTOptions` section record, the prompt
     source over its `SourceOptions` (a batch of train.sft_batch demonstrations)."""
     source = make_source(
-        common["task"],
+        ctx.task,
         sections.source_options(c),
         batch_size=c.train.sft_batch,
         process_index=jax.process_index(),
@@ -113,24 +137,23 @@ def sft_step(c, roles, *, state, state_sharding, tx, **common):
     update = SFTStep.from_options(
         sections.sft_options(c),
         roles.graphdef,
-        tx,
-        state_sharding,
+        ctx.tx,
+        ctx.state_sharding,
         roles.mesh,
-        common["task"],
+        ctx.task,
         roles.tokenizer,
     )
     describe = lambda: (  # noqa: E731
         f"{roles.policy.cfg.num_params() / 1e6:.2f}M params, "
         f"{c.train.steps} steps of {c.train.sft_batch} demonstrations"
     )
+    guard = run_guard(c, say=ctx.say, scorer=ctx.scorer)
     return SFTRunStep(
-        c, update, state, source, describe,
-        guard=run_guard(c, common), say=common["say"], watchdog=common["watchdog"],
-    )  # fmt: skip
+        c, update, ctx.state, source, describe, guard=guard, say=ctx.say, watchdog=ctx.watchdog
+    )
 
 
-def run_guard(c, common) -> RunGuard:
+def run_guard(c, *, say: Callable[[str], None], scorer) -> RunGuard:
     """The stop rules of a run's updates and rewards (`train.max_skipped_updates`,
     `rewards.max_failure_steps`), naming the scorer's first failure."""
-    options = sections.guard_options(c)
-    return RunGuard.from_options(options, say=common["say"], scorer=common["scorer"])
+    return RunGuard.from_options(sections.guard_options(c), say=say, scorer=scorer)

@@ -22,21 +22,17 @@ from typing import Any
 
 import jax
 import ml_collections
-from flax import nnx
 
-from jaxrl_frontier.core import distributed, sharding
+from jaxrl_frontier.core import distributed
 from jaxrl_frontier.data.rewards.scorer import make_scorer
 from jaxrl_frontier.data.tasks import task_for
-from jaxrl_frontier.models import hf, lora
-from jaxrl_frontier.rl.learn.optimizer import build_optimizer
-from jaxrl_frontier.rl.learn.train_step import init_train_state, optimizer_memory_kind
 from jaxrl_frontier.run import config as config_lib
 from jaxrl_frontier.run import periodic, rl_step, sections  # noqa: F401  (rl_step: "rl")
 from jaxrl_frontier.run import stages as stages_lib
-from jaxrl_frontier.run.build import build_tokenizer, check_resume_schedule, total_updates
+from jaxrl_frontier.run.build import build_tokenizer, build_train_state, check_resume_schedule
 from jaxrl_frontier.run.knobs import KnobPlan
 from jaxrl_frontier.run.roles import build_roles
-from jaxrl_frontier.run.steps import STEPS, Step
+from jaxrl_frontier.run.steps import STEPS, Step, StepContext
 from jaxrl_frontier.train import collapse, evaluation, resume
 from jaxrl_frontier.train import hooks as hooks_lib
 from jaxrl_frontier.train.checkpoint import Checkpointer, abstract_like
@@ -89,21 +85,26 @@ class Trainer:
         if shared is not None:  # the samplers' programs; the weights from files held once
             self.roles = self.roles.sharing(shared.roles, c)
 
-        self.tx = tx = build_optimizer(c.optimizer, total_updates(c))
-        offload = optimizer_memory_kind(c.train.offload_optimizer, self.roles.mesh)
-        state = init_train_state(tx, params, self.roles.mesh, rng0, memory_kind=offload)
-        self.state_sharding = jax.tree.map(lambda x: x.sharding, state)
+        self.tx, state, self.state_sharding = build_train_state(c, self.roles.mesh, params, rng0)
         self.ckpt = Checkpointer(
             os.path.join(self.workdir, "checkpoints"), max_to_keep=c.train.keep_checkpoints
         )
         self.writer = MetricsWriter(self.workdir, c.metrics.to_dict(), run_config=c.to_dict())
         self.rollout_log = RolloutLogger(self.workdir) if self.is_main else None
         self.history: dict[str, Any] = {"eval": []}
-        self.step: Step = STEPS.get(c.mode)(
-            c, self.roles, state=state, state_sharding=self.state_sharding, tx=tx,
-            task=self.task, scorer=self.scoring, knobs=self.knobs, rollout_log=self.rollout_log,
-            say=self.say, watchdog=self.watchdog, shared=shared and shared.step,
-        )  # fmt: skip
+        context = StepContext(
+            state=state,
+            state_sharding=self.state_sharding,
+            tx=self.tx,
+            task=self.task,
+            scorer=self.scoring,
+            knobs=self.knobs,
+            say=self.say,
+            watchdog=self.watchdog,
+            rollout_log=self.rollout_log,
+            shared=shared and shared.step,
+        )
+        self.step: Step = STEPS.get(c.mode)(c, self.roles, context)
         self.stop_request: StopAgreement | None = None
         self.hooks: list[hooks_lib.Hook] = periodic.hooks(self, c)
         if self.is_main:
@@ -172,17 +173,12 @@ class Trainer:
         """Write the current policy in Hugging Face format (+ tokenizer) to workdir/export;
         LoRA adapters merged into the weights (W + (alpha / r) A B)."""
         path = path or os.path.join(self.workdir, "export")
-        policy, base = self.roles.policy, self.roles.base_params
-        nnx.update(policy, sharding.host_copy(self.state.params))  # every process joins
-        if self.is_main:
-            hf.save(policy if base is None else lora.merged(policy), path)
-            self.tokenizer.save(path)
+        self.roles.export(self.state.params, path, write=self.is_main)  # every process joins
         return path
 
     def evaluate(self, num_prompts: int | None = None) -> dict[str, float]:
         """Held-out greedy pass@1 and sampled pass@k (k = eval.pass_k) of the current policy."""
-        params, base = self.state.params, self.roles.base_params  # LoRA: base + adapters
-        params = params if base is None else lora.combine(base, params)
+        params = self.roles.full_params(self.state.params)  # LoRA: base + adapters
         self.roles.sampler.update_weights(params, int(self.state.step))
         sampler, options = self.roles.sampler, sections.eval_options(self.config)
         return evaluation.evaluate(

@@ -45,15 +45,15 @@ def _step(skip=lambda batch: False, max_skipped=2):
         return new, {"nll": 1.0 / (total + 1), "update_skipped": skipped}
 
     dog = types.SimpleNamespace(phase=lambda name: contextlib.nullcontext())
-    common = dict(say=said.append, scorer=None, watchdog=dog)
     step = steps.SFTRunStep(
         c,
         update,
         types.SimpleNamespace(step=0, total=0),
         Source(),
         lambda: "2 steps",
-        guard=steps.run_guard(c, common),
-        **common,
+        guard=steps.run_guard(c, say=said.append, scorer=None),
+        say=said.append,
+        watchdog=dog,
     )
     return step, said, seen
 

@@ -9,8 +9,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-
 from conftest import FAST, REPO, get_config, read_metrics
+
 from jaxrl_frontier.core.errors import ConfigError, UnknownNameError
 from jaxrl_frontier.objectives import ADVANTAGES, WEIGHTS, TokenStats, objective_loss
 from jaxrl_frontier.rl import credit
