@@ -36,7 +36,7 @@ Nothing is lost across a checkpoint. No batch is started that a sync step (a sta
 the run's end) would leave in flight (`RolloutsAhead.room`). An evaluation is no sync step: it
 waits for the batches being produced (`paused`) and leaves them queued, so evals do not
 reset the lag. A checkpoint does not
-drain the queue where the trainer can save it (`Trainer.keeps_in_flight`: the plain
+drain the queue where the trainer can save it (`BatchSupply.keeps_in_flight`: the plain
 producer, on one process or several): `finished` waits for the batch being produced and
 returns every batch in flight, which the checkpoint holds and `restore` queues again. Elsewhere checkpoints are sync
 steps too, and a stop signal with batches in flight saves the prompt source's state from
