@@ -82,14 +82,20 @@ class Registry:
                 f"Known {self.kind}s: {', '.join(self.names())}.{hint}"
             ) from None
 
+    def part(self, name: str) -> type | None:
+        """The class entry `name` builds, as registered (`part=`), else the registry's
+        `default_part` (None: not declared): its class-level declarations are read without
+        building it. An `UnknownNameError` for an unknown name."""
+        self.get(name)
+        return self._parts.get(name, self.default_part)
+
     def capabilities(self, name: str):
         """The `Capabilities` the class of entry `name` declares (registered without `part`:
         the registry's `default_part`'s, or every feature); an `UnknownNameError` for an
         unknown name."""
         from jaxrl_frontier.core.capabilities import ALL
 
-        self.get(name)
-        part = self._parts.get(name, self.default_part)
+        part = self.part(name)
         return ALL if part is None else part.capabilities
 
     def names(self) -> list[str]:

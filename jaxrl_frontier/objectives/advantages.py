@@ -38,7 +38,13 @@ SUPPLIED_KWARGS = ("reward_weights", "lengths", "seq_adv", "token_reward")
 
 
 def register_advantage(
-    name: str, level: str, requires: tuple[str, ...] = (), components: bool = False
+    name: str,
+    level: str,
+    requires: tuple[str, ...] = (),
+    components: bool = False,
+    *,
+    critic: bool = False,
+    test_time_only: str = "",
 ) -> Callable:
     """Register an advantage estimator under `name` (config key `objective.advantage`).
 
@@ -48,7 +54,11 @@ def register_advantage(
     one of `SUPPLIED_KWARGS` (or `group_size`) is given from the batch. `requires`: the
     optional `TokenStats` fields it reads (e.g. 'teacher_logp'), checked at validation.
     `components=True`: a group entry that reads the reward vector [P, G, K] with
-    `reward_weights` (the others read the combined sequence reward [P, G])."""
+    `reward_weights` (the others read the combined sequence reward [P, G]). `critic=True`:
+    the learner replaces it with estimates from a learned critic's values (a run needs
+    `critic.kind` 'head' or 'model' with it, and no critic without). `test_time_only`: why
+    the entry cannot train a policy (a config choosing it for mode='rl' is refused with it).
+    """
     if level not in ("group", "token"):
         raise ValueError(f"advantage {name!r}: level={level!r}; allowed: 'group', 'token'")
 
@@ -56,6 +66,7 @@ def register_advantage(
         fn.level = level
         fn.requires = tuple(requires)
         fn.components = components
+        fn.critic, fn.test_time_only = critic, test_time_only
         return ADVANTAGES.register(name)(fn)
 
     return decorator
@@ -232,7 +243,7 @@ def reinforce(rewards: Array, reward_weights: Sequence[float] | None = None) -> 
     return R - jnp.mean(R)
 
 
-@register_advantage("gae", "group")
+@register_advantage("gae", "group", critic=True)
 def gae(rewards: Array, reward_weights: Sequence[float] | None = None) -> Array:
     """GAE from a learned critic (PPO): needs `critic.kind` 'head' or 'model' (rl/methods/ppo.py).
 
@@ -458,7 +469,14 @@ def opd_hybrid(
     return stats.mask * (task + coef * a)
 
 
-@register_advantage("progress", "token", requires=("ref_logp",))
+@register_advantage(
+    "progress",
+    "token",
+    requires=("ref_logp",),
+    test_time_only="its a_t = beta * (l_policy - l_ref) is 0 at step 0, where the reference is "
+    "the initial policy, so the gradient is 0 and the policy never moves from it. Progress is "
+    "a test-time score (advantages.step_scores); choose another advantage for mode='rl'",
+)
 def progress(stats: TokenStats, beta: float = 1.0, token_reward: Array | None = None) -> Array:
     """Progress advantage: a_t = beta * (l_policy(y_t) - l_ref(y_t)), [B, T], masked.
 

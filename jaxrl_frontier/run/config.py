@@ -20,6 +20,8 @@ import ml_collections
 
 from jaxrl_frontier.core.errors import ConfigError
 from jaxrl_frontier.objectives import losses
+from jaxrl_frontier.objectives.advantages import ADVANTAGES
+from jaxrl_frontier.rl.produce.editors import EDITORS
 from jaxrl_frontier.run import parts
 from jaxrl_frontier.run.schema import (  # noqa: F401  (re-exported: the config API)
     CHOICES,
@@ -311,7 +313,8 @@ def _check_consistency(c: ml_collections.ConfigDict, num_devices: int | None) ->
         )
     recomputed = {
         "train.recompute_old_logp": c.train.recompute_old_logp,
-        "rollout.editors": "dre" in c.rollout.editors,  # DRE changes tokens: recomputed
+        # an editor that changes tokens (DRE) has their behaviour log-probs recomputed
+        "rollout.editors": any(EDITORS.part(e).changes_tokens for e in c.rollout.editors),
     }
     if c.mode == "rl" and c.objective.weight == "tis" and any(recomputed.values()):
         key = next(k for k, v in recomputed.items() if v)
@@ -321,19 +324,20 @@ def _check_consistency(c: ml_collections.ConfigDict, num_devices: int | None) ->
             "replaces the sampler's log-probs with the trainer's (every ratio would be 1): "
             "turn that off, or choose another weight"
         )
-    if c.mode == "rl" and c.objective.advantage == "progress":
+    advantage = ADVANTAGES.get(c.objective.advantage)
+    if c.mode == "rl" and advantage.test_time_only:
         raise ConfigError(
-            "config key 'objective.advantage' = 'progress' cannot train a policy: its "
-            "a_t = beta * (l_policy - l_ref) is 0 at step 0, where the reference is the initial "
-            "policy, so the gradient is 0 and the policy never moves from it. Progress is a "
-            "test-time score (advantages.step_scores); choose another advantage for mode='rl'"
+            f"config key 'objective.advantage' = {c.objective.advantage!r} cannot train a "
+            f"policy: {advantage.test_time_only}"
         )
-    if c.mode == "rl" and (c.objective.advantage == "gae") != (c.critic.kind != "none"):
+    if c.mode == "rl" and advantage.critic != (c.critic.kind != "none"):
+        critics = [repr(n) for n in ADVANTAGES.names() if ADVANTAGES.get(n).critic]
+        reads = "reads" if len(critics) == 1 else "read"
         raise ConfigError(
             f"config key 'critic.kind' = {c.critic.kind!r} with objective.advantage = "
-            f"{c.objective.advantage!r}: GAE reads a learned critic's values, so "
-            "objective.advantage = 'gae' goes with critic.kind 'head' or 'model', and the "
-            "other advantages with critic.kind = 'none'"
+            f"{c.objective.advantage!r}: {', '.join(critics)} {reads} a learned critic's "
+            f"values, so objective.advantage = {' or '.join(critics)} goes with critic.kind "
+            "'head' or 'model', and the other advantages with critic.kind = 'none'"
         )
     rows = c.data.prompt_batch * c.rollout.group_size
     per_update = c.train.minibatches * c.optimizer.grad_accum

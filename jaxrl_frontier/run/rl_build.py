@@ -29,6 +29,7 @@ from jaxrl_frontier.rl.produce import agent as agent_rollout
 from jaxrl_frontier.rl.produce.editors import build_editors
 from jaxrl_frontier.rl.produce.passes import PASSES
 from jaxrl_frontier.rl.produce.producer import RolloutProducer
+from jaxrl_frontier.rl.sources import SOURCES
 from jaxrl_frontier.rl.sources.teacher_answers import TeacherAnswers
 from jaxrl_frontier.rl.sources.utils import prompt_text
 from jaxrl_frontier.run import sections
@@ -270,7 +271,7 @@ def _producer(c, parts: RunParts, objective, passes, editors, shapers):
     mesh, tokenizer, task = parts.mesh, parts.tokenizer, parts.task
     scorer = parts.scorer or make_scorer(sections.reward_options(c), task)
     teacher_answers = None
-    if parts.teacher is not None and c.data.source == "zppo":  # BCQ references
+    if parts.teacher is not None and SOURCES.part(c.data.source).wants_teacher_answers:
         teacher_answers = TeacherAnswers(
             parts.teacher,
             tokenizer,

@@ -1,6 +1,7 @@
 import pytest
 
 from jaxrl_frontier.core.capabilities import ALL
+from jaxrl_frontier.core.errors import UnknownNameError
 from jaxrl_frontier.core.registry import Registry
 
 
@@ -51,3 +52,21 @@ def test_unregister_takes_an_entry_back():
     reg.unregister("x")  # absent: nothing happens
     reg.register("x")(lambda: 2)  # the name is free again, its old part gone with it
     assert reg.get("x")() == 2 and reg.capabilities("x") is ALL
+
+
+def test_part_is_the_declared_class_or_the_default():
+    class Base:
+        changes_tokens = False
+
+    class Editor(Base):
+        changes_tokens = True
+
+    reg = Registry("editor", key="rollout.editors", default_part=Base)
+    reg.register("dre", part=Editor)(lambda: None)
+    reg.register("plain")(lambda: None)
+    assert reg.part("dre") is Editor and reg.part("plain") is Base
+    bare = Registry("widget")
+    bare.register("w")(len)
+    assert bare.part("w") is None
+    with pytest.raises(UnknownNameError, match="config key 'rollout.editors'"):
+        reg.part("drE")

@@ -26,6 +26,16 @@ def minus_best(rewards, margin: float = 0.0):
     """A_i = r_i - max_j r_j + margin, per group."""
     return rewards - jnp.max(rewards, axis=1, keepdims=True) + margin
 
+@register_advantage("user_scored", "token", requires=("ref_logp",), test_time_only="a score")
+def scored(stats, beta: float = 1.0):
+    """a_t = beta (l_old - l_ref): declared test-time only."""
+    return beta * (stats.old_logp - stats.ref_logp) * stats.mask
+
+@register_advantage("user_valued", "group", critic=True)
+def valued(rewards):
+    """A = R, replaced by the learner from a critic's values: declared to need a critic."""
+    return rewards
+
 @register_weight("user_scaled_pg")
 def scaled_pg(stats, adv, scale: float = 0.5):
     """w = scale: the plain policy gradient, scaled."""
@@ -39,7 +49,8 @@ def user_module(tmp_path):
     path.write_text(USER_MODULE)
     yield str(path)
     # the registries and sys.modules as they were: another test may register the same names
-    ADVANTAGES.unregister("user_minus_best")
+    for name in ("user_minus_best", "user_scored", "user_valued"):
+        ADVANTAGES.unregister(name)
     WEIGHTS.unregister("user_scaled_pg")
     for name in [n for n in sys.modules if n.startswith("jaxrl_user_") and "my_objectives" in n]:
         del sys.modules[name]
@@ -124,3 +135,17 @@ def test_the_command_line_sets_the_user_entries_knobs(user_module):
     c, _ = cli.parse(argv)
     c = config_lib.resolve(c)
     assert c.objective.advantage_kwargs.to_dict() == {"margin": 0.1}
+
+
+def test_what_an_advantage_declares_it_needs_is_checked(user_module):
+    """A test-time-only entry is refused for training with its own reason; an entry that
+    reads a critic's values needs critic.kind, and a critic needs such an entry."""
+    with pytest.raises(ConfigError, match="'user_scored' cannot train a policy: a score"):
+        config_lib.validate(user_config(user_module, advantage="user_scored"))
+    c = user_config(user_module, advantage="user_valued")
+    with pytest.raises(ConfigError, match="'critic.kind' = 'none'.*'user_valued' reads? "):
+        config_lib.validate(c)
+    c = user_config(user_module, advantage="user_minus_best")
+    c.critic.kind = "head"
+    with pytest.raises(ConfigError, match="'gae' or 'user_valued' goes with critic.kind"):
+        config_lib.validate(c)

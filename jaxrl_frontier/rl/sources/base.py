@@ -62,6 +62,9 @@ class PromptSource:
     state_scores: StateScores | None = None
     # whether `resize` can change the prompt batch mid-run (a stage of the run, run/stages.py)
     resizable: bool = False
+    # whether it reads the run's verified teacher answers (`use_teacher`): the run then builds
+    # them when it has a teacher (ZPPO's BCQ references)
+    wants_teacher_answers: bool = False
 
     def resize(self, batch_size: int) -> None:
         """Draw batches of `batch_size` prompts from the next prompt on (`resizable` only)."""

@@ -39,6 +39,8 @@ class ZPPOSource(PromptSource):
     teacher's, run total).
     """
 
+    wants_teacher_answers = True  # its BCQ references
+
     def __init__(
         self,
         task: Task,
