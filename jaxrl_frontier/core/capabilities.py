@@ -19,6 +19,8 @@ FEATURES = {
     "keeps_rows_in_flight": "batches produced ahead saved whole with a checkpoint",
     "multi_process": "several processes",
     "stages": "config.stages switching keys at chosen steps",
+    "environment": "episodes of a multi-turn environment (env.name)",
+    "population": "members trained side by side in one process (population.*)",
 }
 
 

@@ -58,7 +58,10 @@ from jaxrl_frontier.core.capabilities import Capabilities
 class RolloutsAhead:
     """Up to `max_staleness` Experiences produced ahead of the learner, oldest first."""
 
-    capabilities = Capabilities.all_but(partial_rows="batches produced ahead whole")
+    capabilities = Capabilities.all_but(
+        partial_rows="batches produced ahead whole",
+        population="members step in turn, without rollouts produced ahead: set it to 0",
+    )
 
     free_running = False  # batches started on the fixed schedule (`room`, `start`)
 
@@ -165,6 +168,7 @@ class FreeRunningRollouts(RolloutsAhead):
         partial_rows="batches produced ahead whole",
         multi_process="their collectives would follow its timing",
         stages="a boundary needs the queue empty",
+        population="members step in turn, without rollouts produced ahead: set it to 0",
     )
 
     free_running = True

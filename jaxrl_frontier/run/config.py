@@ -231,8 +231,8 @@ def check_local_rollouts(c: ml_collections.ConfigDict) -> None:
 
 
 def check_env_run(c: ml_collections.ConfigDict) -> tuple[str, ...]:
-    """An environment run (`env.name` set): its section (`check_env_config`), the keys that do
-    not go with episodes, and 3SPO's source; returns the run's reward names."""
+    """An environment run (`env.name` set): its section (`check_env_config`), the parts that
+    do not serve episodes, and 3SPO's source; returns the run's reward names."""
     from jaxrl_frontier.data.envs.task import check_env_config
 
     names = check_env_config(c.env)
@@ -241,15 +241,8 @@ def check_env_run(c: ml_collections.ConfigDict) -> tuple[str, ...]:
             "config key 'env.credit' = '3spo' reads the state history that data.source='sspo' "
             f"keeps (and checkpoints); data.source is {c.data.source!r}"
         )
-    refused = {
-        "rollout.dropout_rate": c.rollout.dropout_rate > 0,
-        "rollout.speculative.draft": c.rollout.speculative.draft is not None,
-        "rollout.editors": bool(c.rollout.editors),
-        "data.source": c.data.source not in ("uniform", "sspo"),
-    }
-    for key, bad in refused.items():
-        if bad:
-            raise ConfigError(f"config key {key!r} is not supported with an environment (env.name)")
+    # the parts that lack episodes, as they declare it (run/parts.py)
+    parts.check_capabilities(c, procs=1, only=("environment",))
     if c.mode == "sft" and not c.env.demonstrations:
         raise ConfigError("config key 'env.demonstrations' is empty: mode='sft' needs them")
     return names

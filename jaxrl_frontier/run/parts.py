@@ -62,10 +62,14 @@ def parts_of(c) -> list[Part]:
     from jaxrl_frontier.rl.produce.producer import RolloutProducer
     from jaxrl_frontier.rl.sources import SOURCES
     from jaxrl_frontier.sampling.factory import sampler_class
+    from jaxrl_frontier.sampling.speculative import SpeculativeSampler
 
     r = c.rollout
     sampler = sampler_class(r, partial=True)  # the training rollouts' sampler
-    parts = [Part(f"rollout.continuous_slots = {r.continuous_slots}", sampler.capabilities)]
+    key = f"rollout.continuous_slots = {r.continuous_slots}"
+    if sampler is SpeculativeSampler:
+        key = f"rollout.speculative.draft = {r.speculative.draft!r}"
+    parts = [Part(key, sampler.capabilities)]
     if r.max_staleness and r.free_running_queue:
         key = f"rollout.free_running_queue = {r.free_running_queue}"
         parts.append(Part(key, FreeRunningRollouts.capabilities))
@@ -110,6 +114,38 @@ def _free_running(c, procs: int) -> Need | None:
     return Need("free_running", f"'rollout.free_running_queue' = {r.free_running_queue}", rows)
 
 
+def _environment(c, procs: int) -> Need | None:
+    """An environment run: the parts that serve episodes, and Dropout-GRPO's per-row masks
+    (no part: the rows of the sampled completions) refused."""
+    if not c.env.name:
+        return None
+    rows = ()
+    if c.rollout.dropout_rate > 0:
+        rows = (f"rollout.dropout_rate = {c.rollout.dropout_rate} (per-row MLP masks of one turn)",)
+    return Need("environment", f"'env.name' = {c.env.name!r}", rows)
+
+
+def _population(c, procs: int) -> Need | None:
+    """A population (`population.size`, `vary` or `grid` set): its members step in turn in
+    one process over shared programs; RL runs only."""
+    from jaxrl_frontier.run.knobs import set_entries
+
+    p = c.get("population")
+    if p is None or not (p.size or set_entries(p.vary) or set_entries(p.grid)):
+        return None
+    rows = []
+    if c.mode != "rl":
+        rows.append(f"mode = {c.mode!r} (a population trains RL runs (mode = 'rl'))")
+    if tuple(c.stages):
+        rows.append("stages (stages rebuild each member's programs)")
+    if (c.distributed.num_processes or 1) > 1:
+        rows.append(
+            f"distributed.num_processes = {c.distributed.num_processes} (a population runs on "
+            "one process)"
+        )
+    return Need("population", "population", tuple(rows), "config keys in a population: ")
+
+
 def _process_local(c, procs: int) -> Need | None:
     if not (c.rollout.max_staleness and procs > 1):
         return None
@@ -127,6 +163,8 @@ MODES: list[Mode] = [
         lambda c, procs: Need("multi_process", f"{procs} processes") if procs > 1 else None,
     ),
     Mode("stages", lambda c, procs: Need("stages", "stages") if tuple(c.stages) else None),
+    Mode("environment", _environment),
+    Mode("population", _population),
 ]
 
 

@@ -32,6 +32,7 @@ from ml_collections import config_dict
 
 from jaxrl_frontier.core.errors import ConfigError
 from jaxrl_frontier.rl.learn.member_updates import check_member_blocks
+from jaxrl_frontier.run import parts
 from jaxrl_frontier.run.pbt import pbt_section
 from jaxrl_frontier.train.defaults import knob_section
 
@@ -175,26 +176,8 @@ def _check_runs(c, members: list[dict[str, Any]]) -> None:
             "config key 'population.vary.objective.kl_coef': every member's value must be > 0 "
             "(the members share the loaded reference model; compare against a small value)"
         )
-    refusals = {
-        "mode": (c.mode != "rl", "a population trains RL runs (mode = 'rl')"),
-        "rollout.max_staleness": (
-            bool(c.rollout.max_staleness),
-            "members step in turn, without rollouts produced ahead: set it to 0",
-        ),
-        "rollout.partial_budget": (
-            bool(c.rollout.partial_budget),
-            "partial rollouts hold rows in the shared sampler: set it to 0",
-        ),
-        "stages": (bool(c.get("stages")), "stages rebuild each member's programs"),
-        "env.name": (bool(c.env.name), "environment runs are not run as a population yet"),
-        "distributed.num_processes": (
-            (c.distributed.num_processes or 1) > 1,
-            "a population runs on one process",
-        ),
-    }
-    for key, (refused, why) in refusals.items():
-        if refused:
-            raise ConfigError(f"config key {key!r} in a population: {why}")
+    # what the members' parts lack of a population, as they declare it (run/parts.py)
+    parts.check_capabilities(c, procs=1, only=("population",))
     if c.population.get("lora"):
         _check_lora(c)
         _check_batched_sampling(c, "population.lora")

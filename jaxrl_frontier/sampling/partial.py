@@ -31,7 +31,7 @@ import numpy as np
 from flax import nnx
 
 from jaxrl_frontier.core import sharding as shd
-from jaxrl_frontier.core.capabilities import ALL
+from jaxrl_frontier.core.capabilities import Capabilities
 from jaxrl_frontier.core.serialize import array_from_text, array_to_text
 from jaxrl_frontier.sampling import ops
 from jaxrl_frontier.sampling import records as ro
@@ -96,7 +96,10 @@ class PartialSampler(ContinuousSampler):
     """A `ContinuousSampler` whose calls overlap batches (module docstring). budget: the most
     tokens a row of the next batch samples during the current batch's call (>= 1)."""
 
-    capabilities = ALL  # it holds the next batch's rows between calls
+    capabilities = Capabilities.all_but(  # it holds the next batch's rows between calls
+        population="partial rollouts hold rows in the shared sampler: set "
+        "rollout.partial_budget to 0"
+    )
 
     def __init__(self, model, *, slots: int, budget: int, pad_id: int, mesh=None, **kw):
         if budget < 1:

@@ -28,6 +28,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 
+from jaxrl_frontier.core.capabilities import Capabilities
 from jaxrl_frontier.core.xla_options import rollout_compiler_options
 from jaxrl_frontier.models.transformer import Transformer
 from jaxrl_frontier.sampling import ops
@@ -70,6 +71,11 @@ class SpeculativeSampler(Sampler):
     `shallow_draft(policy, N)`, following `update_weights`) propose `k` tokens per policy
     forward; mesh: None or one device. `stats`: the last rollout's acceptance_rate,
     tokens_per_policy_forward, rounds, policy_forwards, draft_tokens_proposed / _accepted."""
+
+    capabilities = Capabilities.all_but(
+        partial_rows="the rows start in its idle slots",
+        environment="an environment's turns are sampled by the plain sampler",
+    )
 
     def __init__(
         self,

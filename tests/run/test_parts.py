@@ -132,3 +132,45 @@ def test_declarations_are_frozen_data():
     assert not DynamicSource.capabilities.supports("partial_rows")
     assert DynamicSource.capabilities.why_not("process_local") == "its draws agree across hosts"
     assert UniformSource.capabilities.why_not("partial_rows") == ""
+
+
+def test_an_environment_run_refuses_the_parts_that_lack_episodes():
+    """One error naming each part that declares it serves no episodes (a speculative
+    sampler, an editor, a task-prompt source) and Dropout-GRPO's masks; the plain run and
+    3SPO's source pass."""
+    c = _config(dropout_rate=0.1, editors=("dre",))
+    c.rollout.speculative.draft = 1
+    c.env.name, c.data.source = "gridworld", "dynamic"
+    with pytest.raises(ConfigError) as e:
+        parts.check_capabilities(c, procs=1, only=("environment",))
+    assert str(e.value) == (
+        "config key 'env.name' = 'gridworld' does not go with: rollout.dropout_rate = 0.1 "
+        "(per-row MLP masks of one turn); rollout.speculative.draft = 1 (an environment's turns "
+        "are sampled by the plain sampler); data.source = 'dynamic' (it draws task prompts, "
+        "not an environment's episodes); rollout.editors with 'dre' (it edits single-turn "
+        "completions)"
+    )
+    c = _config()
+    c.env.name = "gridworld"
+    for source in ("uniform", "sspo"):
+        c.data.source = source
+        parts.check_capabilities(c, procs=1, only=("environment",))
+
+
+def test_a_population_refuses_the_parts_that_lack_it():
+    c = _config(max_staleness=1)
+    c.population.size, c.env.name, c.mode = 2, "gridworld", "sft"
+    with pytest.raises(ConfigError) as e:
+        parts.check_capabilities(c, procs=1, only=("population",))
+    msg = str(e.value)
+    assert msg.startswith("config keys in a population: mode = 'sft' (a population trains RL")
+    for words in (
+        "rollout.max_staleness > 0 (members step in turn, without rollouts produced ahead",
+        "env.name = 'gridworld' (environment runs are not run as a population yet)",
+    ):
+        assert words in msg, msg
+    c = _config(continuous_slots=2, partial_budget=1)
+    c.population.size = 2
+    with pytest.raises(ConfigError, match="partial rollouts hold rows in the shared sampler"):
+        parts.check_capabilities(c, procs=1, only=("population",))
+    parts.check_capabilities(_config(continuous_slots=2), procs=1)  # no population: no need

@@ -203,6 +203,7 @@ class AgentRolloutProducer:
         free_running=_EPISODES,
         keeps_rows_in_flight=_EPISODES,
         multi_process="environment rollouts run in one process",
+        population="environment runs are not run as a population yet",
     )
 
     def __init__(

@@ -47,7 +47,9 @@ class RolloutEditor:
 
     reward_names: tuple[str, ...] = ()
     changes_tokens: bool = False
-    capabilities: Capabilities = Capabilities.all_but(partial_rows="they rewrite tokens")
+    capabilities: Capabilities = Capabilities.all_but(
+        partial_rows="they rewrite tokens", environment="it edits single-turn completions"
+    )
 
     def edit(self, rows: RolloutRows) -> RolloutRows:
         raise NotImplementedError
@@ -171,7 +173,9 @@ class DynamicRolloutEditing(RolloutEditor):
     reward_names = ("dre",)
     changes_tokens = True  # the builder recomputes the behaviour log-probs
     capabilities = Capabilities.all_but(
-        partial_rows="they rewrite tokens", process_local="its counts are summed across hosts"
+        partial_rows="they rewrite tokens",
+        process_local="its counts are summed across hosts",
+        environment="it edits single-turn completions",
     )
 
     def __init__(self, task, tokenizer, *, bonus: float = 0.1):

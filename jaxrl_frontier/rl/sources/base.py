@@ -53,7 +53,8 @@ class PromptSource:
     # what the runs it serves may need of it (core/capabilities.py); a source may schedule
     # by how its prompts went, so by default not beside a free-running producer
     capabilities: Capabilities = Capabilities.all_but(
-        free_running="it reads the results as it draws"
+        free_running="it reads the results as it draws",
+        environment="it draws task prompts, not an environment's episodes",
     )
 
     # ---- optional capabilities

@@ -50,6 +50,7 @@ class DynamicSource(PromptSource):
         process_local="its draws agree across hosts",
         free_running="it reads the results as it draws",
         keeps_rows_in_flight="it draws more prompts within a step",
+        environment="it draws task prompts, not an environment's episodes",
     )
 
     resizable = True  # its uniform stream's batches
