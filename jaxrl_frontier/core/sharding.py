@@ -15,13 +15,13 @@ axis (token ids are small) and each device takes its slice inside the program.
 A dimension whose size the mesh axis does not divide is replicated instead (e.g. 2 kv heads
 on a tensor axis of 4): correct everywhere, and the choice is visible in `describe`.
 
-A population's members (run/population.py) may be split over one more, outermost axis,
+A population's members (run/population/driver.py) may be split over one more, outermost axis,
 'population' (`make_mesh(population=P)`, `mesh.population`): the mesh is then (population,
 data, fsdp, sequence, tensor), P blocks of devices each of the (data, fsdp, sequence, tensor)
 shape. Only the members' stacked programs name it (`jax.vmap(spmd_axis_name=)` over a
-leading [N] member axis placed on it: rl/learn/member_updates.py, sampling/member_sampler.py); every other
-spec leaves it out and so is replicated over it. A mesh of P = 1 has no such axis: it is the
-four-axis mesh it always was.
+leading [N] member axis placed on it: run/population/batched_update.py and
+batched_sampling.py); every other spec leaves it out and so is replicated over it. A mesh of
+P = 1 has no such axis: it is the four-axis mesh it always was.
 """
 
 from __future__ import annotations

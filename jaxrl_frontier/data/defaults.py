@@ -35,7 +35,7 @@ def data_section() -> ml_collections.ConfigDict:
         dict(prompt_batch=16, max_prompt_len=16, source="uniform", truncate_prompts=False)
     )
     # the prompt stream's seed (None: the run's `seed`); a population with same_prompts
-    # gives every member the same one (run/population.py)
+    # gives every member the same one (run/population/driver.py)
     s.seed = config_dict.placeholder(int)
     # the loop-level sources (rl/sources/, docs/methods.md): DAPO dynamic sampling (at most
     # max_draws draws of prompt_batch prompts per step), ADS, ZPPO's hard-prompt replay

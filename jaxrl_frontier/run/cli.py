@@ -165,7 +165,7 @@ def train_main(argv: list[str] | None = None) -> None:
         TrainingFault,
         WorkdirLocked,
     )
-    from jaxrl_frontier.run import population
+    from jaxrl_frontier.run.population import driver as population
 
     try:
         summary = _train_then_finish(population, config, workdir)

@@ -192,7 +192,7 @@ class KnobPlan:
 
     def set_constant(self, key: str, value: float) -> None:
         """Give the constant schedule of `key` the value `value` from now on (a population
-        member's varied key, moved by population-based training: run/population.py)."""
+        member's varied key, moved by population-based training: run/population/driver.py)."""
         old = self.schedules.get(key)
         if old is None or old.kind != "constant":
             raise ValueError(f"set_constant: {key!r} has no constant schedule")

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -36,9 +37,9 @@ from jaxrl_frontier.run import parts as parts_lib
 from jaxrl_frontier.run import sections
 from jaxrl_frontier.run import stages as stages_lib
 from jaxrl_frontier.run.knobs import KnobPlan
+from jaxrl_frontier.run.population.batched_sampling import MemberRequest
 from jaxrl_frontier.run.rl_build import RunParts, build_rl_stages, checked_objective
 from jaxrl_frontier.run.steps import STEPS, StepContext, run_guard
-from jaxrl_frontier.sampling.member_sampler import MemberRequest
 from jaxrl_frontier.train import hooks as hooks_lib
 from jaxrl_frontier.train.metrics import rl_step_scalars
 
@@ -72,6 +73,8 @@ class RLStep:
         self._check_stages()
         # this step's batch: ahead, partial, drawn for the members, or now (rl/batch_supply.py)
         self.supply = BatchSupply(self._supply_options(config), self, roles.rollout_sampler)
+        # a population's batched update: this step's collected batch and its update's metrics
+        self.updated: tuple[dict[str, Any], list[dict]] | None = None
 
     def _run_programs_of(self, other: RLStep) -> None:
         """Run the compiled programs of `other`, an RL step of the same structure (a
@@ -92,7 +95,11 @@ class RLStep:
     # ------------------------------------------------------------------ the step
 
     def __call__(self):
-        """One step: `collect`, the learner's update, `finish`."""
+        """One step: `collect`, the learner's update, `finish` (a population's member whose
+        batch was collected and updated with the others': `finish` alone)."""
+        if self.updated is not None:
+            (got, step_metrics), self.updated = self.updated, None
+            return self.finish(got, step_metrics)
         got = self.collect()
         with self.watchdog.phase("update"):
             step_metrics = self.learner.update(got["exp"], self.next_key)
@@ -112,7 +119,7 @@ class RLStep:
         return dict(done=done, exp=exp, info=info, objective_knobs=objective_knobs)
 
     def member_request(self) -> MemberRequest:
-        """A population's batched sampling (sampling/member_sampler.py): this step's prompts and key
+        """A population's batched sampling (run/population/batched_sampling.py): this step's prompts and key
         drawn now (as `collect` draws them, kept for it) and what this member's rows are
         sampled from: its prompts, sampling values, key, rollout weights and version."""
         examples, key = self.supply.draw()
@@ -121,6 +128,12 @@ class RLStep:
         params = dataclasses.replace(self.producer.sampling, **sampling)
         tokens, mask = self.producer.encode(examples)
         return MemberRequest(tokens, mask, params, key, self.learner.rollout_params(), v)
+
+    def sample_through(self, batched: Callable[[Any], Any]) -> Any:
+        """A population's batched sampling: this step's producer samples through
+        `batched(its sampler)` (one program of every member's rows), which is returned."""
+        self.producer.sampler = sampler = batched(self.producer.sampler)
+        return sampler
 
     def finish(self, got: dict[str, Any], step_metrics: list[dict]):
         """After the update (`step_metrics`): the stop rules, the rollout log, the

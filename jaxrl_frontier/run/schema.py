@@ -42,7 +42,7 @@ from jaxrl_frontier.models import defaults as model_defaults
 from jaxrl_frontier.objectives import losses
 from jaxrl_frontier.rl import defaults as rl_defaults
 from jaxrl_frontier.rl.learn import defaults as learn_defaults
-from jaxrl_frontier.run import population_config
+from jaxrl_frontier.run.population import section as population_config
 from jaxrl_frontier.train import defaults as train_defaults
 
 log = logging.getLogger(__name__)

@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -53,7 +52,7 @@ class Trainer:
         label: str = "",
     ):
         """shared: a trainer of the same structure whose compiled programs this one runs (a
-        population's first member, run/population.py); label: the console lines' prefix."""
+        population's first member, run/population/driver.py); label: the console lines' prefix."""
         self.label, self.shared = label, shared
         config = config_lib.resolve(config)
         if workdir:
@@ -215,10 +214,10 @@ class Trainer:
             hook.begin(start)
         return range(start, last)
 
-    def advance(self, step: int, run: Callable | None = None) -> str | None:
-        """Step `step` + 1 (by `run()` if given: a batched member), its hooks; why it stops."""
+    def advance(self, step: int) -> str | None:
+        """Step `step` + 1 and its hooks; why the run stops (None: it goes on)."""
         t0 = time.perf_counter()
-        scalars = (run or self.step)()
+        scalars = self.step()
         dt = time.perf_counter() - t0
         end = hooks_lib.StepEnd(step + 1, self.launch_config.train.steps, lambda: scalars(dt))
         for hook in self.hooks:

@@ -3,7 +3,7 @@
 Runs of one config file whose overrides differ only in the seed and in traced float keys
 (`run.population_config.allowed_keys`: the objective's coefficients, the rollout's
 temperature ...) share every compiled program, so up to N of them run as one population
-job (run/population.py): `population.vary.<key> = (each member's value)`. Runs that set no
+job (run/population/driver.py): `population.vary.<key> = (each member's value)`. Runs that set no
 seed, or whose group leaves a single run, are launched as before.
 
     ROOT/population-<first run's name>-x<n>/members/<i>/   member i: the sweep's run i
@@ -27,7 +27,7 @@ MEMBERS_DIR = "members"
 
 
 def allowed_keys() -> set[str]:
-    from jaxrl_frontier.run.population_config import allowed_keys as keys
+    from jaxrl_frontier.run.population.section import allowed_keys as keys
 
     return set(keys())
 

@@ -239,7 +239,7 @@ class Learner:
     def share_programs(self, other: Learner) -> None:
         """Run `other`'s compiled (select, update) programs from now on: a learner of the
         same structure (objective, shapes, optimizer; only traced values and the state
-        differ), so that a population's members compile once (run/population.py)."""
+        differ), so that a population's members compile once (run/population/driver.py)."""
         self._programs = other._programs
 
     def _first_update_routing(self, o: LearnerOptions, graphdef, model_cfg):
@@ -263,7 +263,7 @@ class Learner:
     def update_program(self, keys: Sequence[str], members: dict | None = None) -> Callable:
         """The jitted update (`train_step.make_update_fn`, or the critic's) for a batch with
         these keys, with the minibatch's aggregation denominator; `members`: vmapped over a
-        population's stacked states (`rl.learn.member_updates`)."""
+        population's stacked states (`run.population.batched_update`)."""
         batch_sh = {k: sharding.batch_sharding(self.mesh, 2) for k in keys}
         update_sh = batch_sh
         if self.pack is not None:  # the packing maps: small, replicated

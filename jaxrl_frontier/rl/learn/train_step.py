@@ -209,8 +209,8 @@ def make_update_fn(
     `knobs` of the objective), passed through to `loss_of(..., frozen=)`.
     A non-finite loss or gradient skips the update (params and optimizer state unchanged)
     and counts it in `state.skipped`, so one bad batch does not end a long run.
-    members: a population's members updated at once (`rl.learn.member_updates`): the state, the
-    batch and the metrics gain a leading [N] axis, and so do the entries of `frozen` this
+    members: a population's members updated at once (`run.population.batched_update`): the
+    state, the batch and the metrics gain a leading [N] axis, and so do the entries of `frozen` this
     dict maps to 0 (the knobs; None: shared, a teacher's weights); `update` is vmapped over
     it and every sharding gets a leading axis (`stacked`): on the mesh's population axis,
     with `vmap(spmd_axis_name=)` so the constraints inside (rows over data / fsdp, weights

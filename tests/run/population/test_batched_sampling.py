@@ -1,4 +1,4 @@
-"""The members' rollouts in one vmapped program (sampling/member_sampler.py): each member's rows
+"""The members' rollouts in one vmapped program (run/population/batched_sampling.py): each member's rows
 equal the plain sampler's from its weights, prompts, key and temperature, with leaves the
 members share (a LoRA base) passed once; a rollout asked for other prompts is refused, one
 asked for another key is the plain sampler's."""
@@ -11,8 +11,8 @@ import pytest
 from flax import nnx
 from tiny_sampler import PAD, TN, make_model, prompts
 
+from jaxrl_frontier.run.population.batched_sampling import MemberRequest, MemberSampler
 from jaxrl_frontier.sampling import Sampler, SamplingParams
-from jaxrl_frontier.sampling.member_sampler import MemberRequest, MemberSampler
 
 
 def test_each_member_gets_the_plain_samplers_rows():

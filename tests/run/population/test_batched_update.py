@@ -1,10 +1,10 @@
-"""A population's members in one update (rl/learn/member_updates.py), on stand-in learners whose
+"""A population's members in one update (run/population/batched_update.py), on stand-in learners whose
 "update" adds up the minibatch it is given: each member's rows, knobs and state stacked on
 a leading member axis, each member's own minibatch order from its own key stream, each
 member's metrics and state taken back (its step advanced); and the layouts not batched.
 On a mesh with a population axis: the member axis placed on it, and real learners' update
 there equal to the same on one device.
-(The vmapped update against each member's own through a run: tests/run/test_population.py.)"""
+(The vmapped update against each member's own through a run: tests/run/population/test_driver.py.)"""
 
 import types
 
@@ -20,8 +20,8 @@ from jaxrl_frontier.core import sharding
 from jaxrl_frontier.core.errors import ConfigError
 from jaxrl_frontier.models.model_config import ModelConfig
 from jaxrl_frontier.rl.learn.learner import Learner, LearnerOptions, minibatch_order
-from jaxrl_frontier.rl.learn.member_updates import MemberUpdates
 from jaxrl_frontier.rl.learn.train_step import TrainState, init_train_state, stacked
+from jaxrl_frontier.run.population.batched_update import MemberUpdates
 
 ROWS, GROUPS = 4, 2  # 2 groups of 2 rows; minibatches of one group each
 X = np.array([[1.0], [2.0], [4.0], [8.0]], np.float32)  # a minibatch's sum names its rows

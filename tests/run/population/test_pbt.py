@@ -1,4 +1,4 @@
-"""Population-based training's rules (run/pbt.py) by hand: the plan ranks the members and
+"""Population-based training's rules (run/population/pbt.py) by hand: the plan ranks the members and
 draws the copies reproducibly, the options' checks name their keys, and when a PBT step is
 due. (PBT through a population run: test_population.py.)"""
 
@@ -6,7 +6,7 @@ import ml_collections
 import pytest
 
 from jaxrl_frontier.core.errors import ConfigError
-from jaxrl_frontier.run import pbt
+from jaxrl_frontier.run.population import pbt
 
 
 def test_pbt_plan_ranks_and_draws_reproducibly():

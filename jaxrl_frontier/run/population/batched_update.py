@@ -8,7 +8,7 @@ Each member keeps its own minibatch order (its own RNG stream, `Learner.update`'
 knob values (`frozen['knobs']`, stacked) and, after the update, its own state: the result
 is member i's `Learner.update` up to the order of floating-point reductions (a vmapped matmul
 may sum in another order). The learners share one structure (a population's members:
-run/population.py); packed rows and a learned critic are not batched (refused).
+run/population/driver.py); packed rows and a learned critic are not batched (refused).
 
 On a mesh with a population axis (`mesh.population = P`, core/sharding.py) the stacked
 state, minibatch and knobs [N, ...] are placed with their member axis on it (`stacked`):

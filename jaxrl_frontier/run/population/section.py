@@ -1,12 +1,12 @@
 """The `population` section: N runs of one config in one job, differing in their seed and in
-traced float keys (run/population.py runs them).
+traced float keys (run/population/driver.py runs them).
 
     population.size = N            members; alone, member i runs `seed + i`
     population.vary.<key> = (v_0, ..., v_{N-1})    member i's value of <key>
     population.grid.<key> = (a, b, ...)            the product of the grid's keys' values
                                                    (the seed outermost, the rest in order)
     population.same_prompts = True                 every member draws the same prompts
-    population.pbt.every = K                       population-based training (run/pbt.py)
+    population.pbt.every = K                       population-based training (run/population/pbt.py)
     population.lora = True                         N LoRA adapters on one frozen base: the
                                                    batched update and sampling below
 
@@ -31,9 +31,9 @@ import ml_collections
 from ml_collections import config_dict
 
 from jaxrl_frontier.core.errors import ConfigError
-from jaxrl_frontier.rl.learn.member_updates import check_member_blocks
 from jaxrl_frontier.run import parts
-from jaxrl_frontier.run.pbt import pbt_section
+from jaxrl_frontier.run.population.batched_update import check_member_blocks
+from jaxrl_frontier.run.population.pbt import pbt_section
 from jaxrl_frontier.train.defaults import knob_section
 
 SEED = "seed"
@@ -47,17 +47,17 @@ def population_section() -> ml_collections.ConfigDict:
     s.vary = _keys_section()
     s.grid = _keys_section()
     s.same_prompts = True
-    # one vmapped update over the members' stacked states (rl/learn/member_updates.py) in place of
+    # one vmapped update over the members' stacked states (batched_update.py) in place of
     # an update per member: equal up to the order of float reductions
     s.batched_update = False
-    # one vmapped rollout program over the members' stacked weights (sampling/member_sampler.py)
+    # one vmapped rollout program over the members' stacked weights (batched_sampling.py)
     # in place of a sampler call per member: the plain sampler only, equal up to the order
     # of float reductions
     s.batched_sampling = False
     # the multi-LoRA population: N adapter sets on one frozen base loaded from a file (held
     # once), every member's rows in one forward (batched_update and batched_sampling on)
     s.lora = False
-    s.pbt = pbt_section()  # population-based training (run/pbt.py)
+    s.pbt = pbt_section()  # population-based training (run/population/pbt.py)
     return s
 
 

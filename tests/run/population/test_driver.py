@@ -1,4 +1,4 @@
-"""A population (run/population.py): every member equals the solo run of its own config
+"""A population (run/population/driver.py): every member equals the solo run of its own config
 (bitwise: the members run the same compiled programs), prompts shared with `same_prompts`,
 one compile for all members, a resume after a kill, a stop signal that stops every member
 after the same step, PBT's copies through a run. (The keys a population refuses:
@@ -17,8 +17,8 @@ import pytest
 from conftest import RL, Killed, small_rl_config
 
 from jaxrl_frontier.rl.learn.optimizer import learning_rate
-from jaxrl_frontier.run import population
 from jaxrl_frontier.run import trainer as tr
+from jaxrl_frontier.run.population import driver as population
 from jaxrl_frontier.train import hooks
 
 STEPS = 4

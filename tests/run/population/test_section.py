@@ -1,11 +1,11 @@
-"""A population's config (run/population_config.py): the keys it refuses, naming them and the
+"""A population's config (run/population/section.py): the keys it refuses, naming them and the
 way out, and a grid's expansion into the members' values and configs."""
 
 import pytest
 from conftest import RL, small_rl_config
 
 from jaxrl_frontier.core.errors import ConfigError
-from jaxrl_frontier.run import population_config
+from jaxrl_frontier.run.population import section as population_config
 
 
 def base_config():
@@ -118,7 +118,7 @@ def test_a_population_mesh_axis_is_refused_where_no_batched_update_splits_member
     a size it does not divide, in a run with no population, or where it does not divide the
     devices, a one-line ConfigError names the key, its value and the way out."""
     from jaxrl_frontier.run import config as config_lib
-    from jaxrl_frontier.run import population
+    from jaxrl_frontier.run.population import driver as population
 
     c = population_config_of(objective__kl_coef=(0.1, 0.2))
     c.mesh.population = 2

@@ -1,7 +1,7 @@
-"""A population: N runs of one config in one job (`population.*`, run/population_config.py).
+"""A population's driver: N runs of one config in one job (`population.*`, section.py).
 
     workdir/population.json           each member's varied values
-    workdir/lineage.jsonl             population-based training's copies (run/pbt.py)
+    workdir/lineage.jsonl             population-based training's copies (pbt.py)
     workdir/members/<i>/              an ordinary run directory: config.json, metrics.jsonl,
                                       TensorBoard, rollouts.jsonl, checkpoints/, export/
 
@@ -19,22 +19,49 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
 import jax
 import jax.numpy as jnp
 import ml_collections
 
 from jaxrl_frontier.core import distributed
-from jaxrl_frontier.rl.learn.member_updates import MemberUpdates
 from jaxrl_frontier.rl.learn.optimizer import learning_rate, with_learning_rate
 from jaxrl_frontier.run import config as config_lib
-from jaxrl_frontier.run import pbt, population_config, sections, trainer
-from jaxrl_frontier.sampling.member_sampler import MemberSampler
+from jaxrl_frontier.run import sections, trainer
+from jaxrl_frontier.run.population import pbt
+from jaxrl_frontier.run.population import section as population_config
+from jaxrl_frontier.run.population.batched_sampling import MemberRequest, MemberSampler
+from jaxrl_frontier.run.population.batched_update import MemberUpdates
 from jaxrl_frontier.train.stopping import StopAgreement
 from jaxrl_frontier.train.workdir_lock import take_for_job
 
 LINEAGE = "lineage.jsonl"  # population-based training's copies, a row each
+
+
+class MemberStep(Protocol):
+    """What a population asks of a member's step (`RLStep`, run/rl_step.py), and all it asks:
+    the batched sampling's request and sampler, the batched update's collect, learner,
+    key and finish."""
+
+    learner: Any  # its Learner: its state and programs join the members' one update
+    updated: tuple[dict[str, Any], list[dict]] | None  # set: the next call runs `finish` only
+
+    def member_request(self) -> MemberRequest:
+        """This step's prompts and key drawn, and what its rows are sampled from."""
+
+    def sample_through(self, batched: Callable[[Any], Any]) -> Any:
+        """Its producer samples through `batched(its sampler)`, which is returned."""
+
+    def collect(self) -> dict[str, Any]:
+        """This step's batch and the values its update reads."""
+
+    def next_key(self) -> jax.Array:
+        """The next key of its RNG stream (its update's)."""
+
+    def finish(self, got: dict[str, Any], step_metrics: list[dict]):
+        """After the update: the step's scalars."""
 
 
 class OnceAStep:
@@ -87,12 +114,10 @@ class Population:
         batched_update, batched_sampling = population_config.batched(c)
         self.updates = None  # population.batched_update: one update of every member
         if batched_update:
-            self.updates = MemberUpdates([m.step.learner for m in self.members])
+            self.updates = MemberUpdates([step.learner for step in self.steps_of_members])
         self.sampling = None  # population.batched_sampling: one rollout program of every member
-        if batched_sampling:
-            first = self.members[0].step  # its producer and sampler are every member's
-            self.sampling = MemberSampler(first.producer.sampler)
-            first.producer.sampler = self.sampling
+        if batched_sampling:  # the first member's producer and sampler are every member's
+            self.sampling = self.steps_of_members[0].sample_through(MemberSampler)
         self.pbt = pbt.PBTOptions.from_config(c)
         if self.pbt.every:  # a resume takes each member's moved values from its checkpoint
             for member in self.members:
@@ -101,6 +126,10 @@ class Population:
             f"{i}: " + ", ".join(f"{k}={v}" for k, v in m.items())
             for i, m in enumerate(self.values)
         ))  # fmt: skip
+
+    @property
+    def steps_of_members(self) -> list[MemberStep]:
+        return [member.step for member in self.members]
 
     def member_dir(self, i: int) -> str:
         return os.path.join(self.workdir, "members", str(i))
@@ -130,9 +159,10 @@ class Population:
                 active = [
                     i for i in range(len(self.members)) if stops[i] is None and step in steps[i]
                 ]
-                runs = self._batched(step) if len(active) == len(self.members) else {}
+                if len(active) == len(self.members):
+                    self._batched()
                 for i in active:
-                    stops[i] = self.members[i].advance(step, runs.get(i))
+                    stops[i] = self.members[i].advance(step)
                 if "signal" in stops:
                     break
                 if self.pbt.due(step + 1, self.steps) and not any(stops):
@@ -150,23 +180,22 @@ class Population:
             members=[dict(values=v, **s) for v, s in zip(self.values, summaries)],
         )
 
-    def _batched(self, step: int) -> dict[int, Any]:
+    def _batched(self) -> None:
         """With `population.batched_sampling`: every member's rows of this step sampled by
-        one program first (sampling/member_sampler.py), each member's rollout then taking its own.
-        With `population.batched_update`: every member's batch collected, one vmapped
-        update of them all (rl/learn/member_updates.py); {member: its step's finish} for
-        `Trainer.advance`. {} otherwise (each member steps whole, in turn)."""
+        one program first (batched_sampling.py), each member's rollout then taking its own.
+        With `population.batched_update`: every member's batch collected and one vmapped
+        update of them all (batched_update.py), each member's step then finishing with its
+        own (`MemberStep.updated`). Otherwise each member steps whole, in turn."""
+        steps = self.steps_of_members
         if self.sampling is not None:
-            self.sampling.prepare([m.step.member_request() for m in self.members])
+            self.sampling.prepare([step.member_request() for step in steps])
         if self.updates is None:
-            return {}
-        got = [m.step.collect() for m in self.members]
-        exps, keys = [g["exp"] for g in got], [m.step.next_key for m in self.members]
-        metrics = self.updates.update(exps, keys)
-        return {
-            i: (lambda m=m, g=g, x=x: m.step.finish(g, x))
-            for i, (m, g, x) in enumerate(zip(self.members, got, metrics))
-        }
+            return
+        got = [step.collect() for step in steps]
+        keys = [step.next_key for step in steps]
+        metrics = self.updates.update([g["exp"] for g in got], keys)
+        for step, g, x in zip(steps, got, metrics):
+            step.updated = (g, x)
 
     @property
     def steps(self) -> int:
@@ -193,7 +222,7 @@ class Population:
             )
 
     def exploit(self, step: int) -> None:
-        """PBT at step `step` (run/pbt.py): the bottom members take a top member's params and
+        """PBT at step `step` (pbt.py): the bottom members take a top member's params and
         optimizer state and its perturbed values; a row per copy in lineage.jsonl (written
         once: a resumed population redoes the same copies)."""
         varied = [k for k in self.values[0] if k != population_config.SEED]
