@@ -35,6 +35,7 @@ from typing import Any
 import ml_collections
 
 from jaxrl_frontier.core import defaults as core_defaults
+from jaxrl_frontier.core import records
 from jaxrl_frontier.core.errors import ConfigError
 from jaxrl_frontier.core.registry import import_user_module
 from jaxrl_frontier.data import defaults as data_defaults
@@ -44,6 +45,7 @@ from jaxrl_frontier.rl import defaults as rl_defaults
 from jaxrl_frontier.rl.learn import defaults as learn_defaults
 from jaxrl_frontier.run.population import section as population_config
 from jaxrl_frontier.train import defaults as train_defaults
+from jaxrl_frontier.train.evaluation import EvalSection
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +109,8 @@ def base_config() -> ml_collections.ConfigDict:
     c.optimizer = learn_defaults.optimizer_section()
     c.train = train_defaults.train_section()
     c.rewards = data_defaults.rewards_section()
-    c.eval = train_defaults.eval_section()
+    for name, record in RECORD_SECTIONS.items():  # the sections their records declare
+        c[name] = section(record)
     c.metrics = train_defaults.metrics_section()
     c.env = data_defaults.env_section()
     c.pact = rl_defaults.pact_section()
@@ -122,6 +125,11 @@ def base_config() -> ml_collections.ConfigDict:
     return c
 
 
+# The sections declared by a record beside their code (core/records.py): keys, defaults,
+# docs, ranges and choices written once, there. The other sections are ConfigDicts built
+# by each layer's defaults.py.
+RECORD_SECTIONS: dict[str, type] = {"eval": EvalSection}
+
 # --------------------------------------------------------------------------- resolve
 
 # The allowed values and ranges of every key, composed from the layers that own them.
@@ -133,6 +141,7 @@ CHOICES: dict[str, tuple] = {
     **learn_defaults.CHOICES,
     **train_defaults.CHOICES,
     **losses.CHOICES,
+    **{k: v for n, r in RECORD_SECTIONS.items() for k, v in records.choices(n, r).items()},
 }
 # (low, high, low inclusive, high inclusive); None = open. The keys also checked for
 # consistency below (e.g. group_size >= 2 in RL) are here too.
@@ -144,8 +153,14 @@ RANGES: dict[str, tuple] = {
     **rl_defaults.RANGES,
     **learn_defaults.RANGES,
     **train_defaults.RANGES,
+    **{k: v for n, r in RECORD_SECTIONS.items() for k, v in records.ranges(n, r).items()},
     **losses.RANGES,
 }
+
+
+def section(record: type) -> ml_collections.ConfigDict:
+    """The config section a record declares (core/records.py): its keys at their defaults."""
+    return ml_collections.ConfigDict(records.defaults(record))
 
 
 def resolve(config: Mapping | ml_collections.ConfigDict) -> ml_collections.ConfigDict:

@@ -113,11 +113,8 @@ def critic_options(c) -> CriticOptions:
 
 
 def eval_options(c) -> EvalOptions:
-    e = c.eval
     return EvalOptions(
-        num_prompts=e.num_prompts,
-        pass_k=e.pass_k,
-        batch=e.batch,
+        **c.eval.to_dict(),  # the `eval` section is EvalOptions' own (EvalSection)
         seed=c.seed,
         max_new_tokens=c.rollout.max_new_tokens,
         max_prompt_len=c.data.max_prompt_len,

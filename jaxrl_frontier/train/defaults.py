@@ -69,23 +69,6 @@ def train_section() -> ml_collections.ConfigDict:
     return s
 
 
-def eval_section() -> ml_collections.ConfigDict:
-    """`eval`: held-out greedy pass@1 and sampled pass@k."""
-    s = ml_collections.ConfigDict(dict(num_prompts=256, pass_k=4, batch=128))
-
-    # Multi-turn environments (envs/, rl/produce/agent.py, docs/agents.md): a non-empty name
-    # trains on episodes of that environment (the examples are its seeds, the prompt its
-    # first observation) instead of task prompts. module: imported first (a user's
-    # environment). Per episode: max_turns turns of at most turn_tokens sampled tokens, each
-    # ending at EOS or a `stop` string (one token each); observations of at most obs_tokens
-    # tokens, formatted by observation_template; max_tokens: the episode's token budget (0:
-    # none). credit: 'episode' (objective.advantage on episode returns), 'gigpo' (anchor-state
-    # step groups: gamma, step_weight, scale) or '3spo' (state scores: sspo.*, on GiGPO; needs
-    # data.source='sspo', which keeps the history).
-    s.at_start = True  # RL: evaluate the starting policy at step 0 (off: faster tests)
-    return s
-
-
 def metrics_section() -> ml_collections.ConfigDict:
     """`metrics`: where the logged scalars go (train/writers.py). writers: 'tensorboard'
     (event files), 'jsonl' (metrics.jsonl), 'console' (a line per log step on stdout), 'wandb'
@@ -140,8 +123,5 @@ RANGES: dict[str, tuple] = {
     "train.pack_tokens": (0, None, True, None),
     "train.microbatch_tokens": (0, None, True, None),
     "train.hang_timeout_s": (0, None, True, None),
-    "eval.num_prompts": (0, None, False, None),
-    "eval.pass_k": (0, None, False, None),
-    "eval.batch": (0, None, False, None),
     "metrics.flush_secs": (0, None, False, None),
 }

@@ -25,7 +25,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from jaxrl_frontier.core import sharding
+from jaxrl_frontier.core import records, sharding
 from jaxrl_frontier.core.registry import Registry
 from jaxrl_frontier.data.rewards.scorer import InProcessScorer
 from jaxrl_frontier.data.tasks import TaskOptions, chat, eval_examples
@@ -36,21 +36,34 @@ from jaxrl_frontier.sampling.turns import TurnSession
 
 
 @dataclasses.dataclass(frozen=True)
-class EvalOptions:
-    """What the held-out evaluation reads: `eval.num_prompts`, `eval.pass_k`, `eval.batch`,
-    the run's seed (which prompts), the completion budget (`rollout.max_new_tokens`), the
-    prompt length (`data.max_prompt_len`), the task's `TaskOptions` (`prompts`: the stop
-    tokens of its chat template) and, in an environment run, the `env` section (`environment`,
-    with `max_prompt_len`).
+class EvalSection:
+    """The `eval` config section, declared once (core/records.py): its keys, their defaults,
+    docs and ranges."""
+
+    num_prompts: int = records.key(
+        256, "held-out prompts evaluated (the eval split's first)", low=1
+    )
+    pass_k: int = records.key(4, "samples a prompt in the sampled pass (pass@k; 1: none)", low=1)
+    batch: int = records.key(128, "prompts a greedy batch (rows of the sampled pass)", low=1)
+    at_start: bool = records.key(True, "RL: evaluate the starting policy at step 0")
+
+    def __post_init__(self):
+        records.check(self, "eval")
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalOptions(EvalSection):
+    """What the held-out evaluation reads: the `eval` section (`EvalSection`), the run's seed
+    (which prompts), the completion budget (`rollout.max_new_tokens`), the prompt length
+    (`data.max_prompt_len`), the task's `TaskOptions` (`prompts`: the stop tokens of its chat
+    template) and, in an environment run, the `env` section (`environment`, with
+    `max_prompt_len`).
 
     Not config keys (their defaults are the trainer's evaluation; scripts/evaluate.py sets
     them): key_seed, the greedy pass's PRNG key (the sampled pass's is key_seed + 1);
     sampled_batch, prompts per chunk of the sampled pass (0: `batch`); sampled, whether the
     sampled pass runs (None: when pass_k > 1)."""
 
-    num_prompts: int = 256
-    pass_k: int = 4
-    batch: int = 128
     seed: int = 0
     max_new_tokens: int = 8
     max_prompt_len: int = 16
@@ -61,9 +74,7 @@ class EvalOptions:
     sampled: bool | None = None
 
     def __post_init__(self):
-        for key in ("num_prompts", "pass_k", "batch"):
-            if getattr(self, key) < 1:
-                raise ValueError(f"config key 'eval.{key}' = {getattr(self, key)} must be >= 1")
+        super().__post_init__()
         if self.sampled_batch < 0:
             raise ValueError(f"EvalOptions.sampled_batch = {self.sampled_batch} must be >= 0")
 
