@@ -41,10 +41,14 @@ class EvalSection:
     docs and ranges."""
 
     num_prompts: int = records.key(
-        256, "held-out prompts evaluated (the eval split's first)", low=1
+        256, "held-out prompts evaluated (the eval split's first)", low=0, low_open=True
     )
-    pass_k: int = records.key(4, "samples a prompt in the sampled pass (pass@k; 1: none)", low=1)
-    batch: int = records.key(128, "prompts a greedy batch (rows of the sampled pass)", low=1)
+    pass_k: int = records.key(
+        4, "samples a prompt in the sampled pass (pass@k; 1: none)", low=0, low_open=True
+    )
+    batch: int = records.key(
+        128, "prompts a greedy batch (rows of the sampled pass)", low=0, low_open=True
+    )
     at_start: bool = records.key(True, "RL: evaluate the starting policy at step 0")
 
     def __post_init__(self):
