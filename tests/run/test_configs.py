@@ -237,8 +237,12 @@ def test_runlocal_trains_two_steps(name, tmp_path, monkeypatch):
             assert series(rows, "train/grad_norm")[2] > 0.0 and moved > 0.0
         # the logged loss is the objectives package's on the same batch and weights; the
         # two paths differ in reduction order only (chunked vs full log-softmax, a shared
-        # prompt forward): a few f32 roundings of terms of size ~1
-        want = objective_recompute(tr, seen)
+        # prompt forward): a few f32 roundings of terms of size ~1. Not for a pretrained
+        # checkpoint's config: its first update's loss is its PPO term at ratio 1, minus
+        # the mean of group-centred advantages, 0 up to rounding (both runs log ~1e-8), so
+        # the check would hold whatever the loss path did, at the cost of a [B, T, V]
+        # forward at the checkpoint's vocabulary (34 s at Gemma 3's 262k)
+        want = None if c.model.init == "hf" else objective_recompute(tr, seen)
         if want is not None:
             assert seen["loss"] == pytest.approx(want, rel=1e-4, abs=1e-5), (seen["loss"], want)
         if c.data.source == "dynamic":  # DAPO: the update holds no zero-variance group
