@@ -207,6 +207,16 @@ def small_rl_config(mode: str = "rl", num_devices: int = 1):
     return c
 
 
+def with_population(c, size: int = 2, **vary):
+    """`c` with a population of `size` members, each `section__key=(values, ...)` varied
+    (e.g. `objective__kl_coef=(0.02, 0.1)`)."""
+    c.population.size = size
+    for key, values in vary.items():
+        section, name = key.split("__")
+        c.population.vary[section][name] = values
+    return c
+
+
 def build_hf_model(case: str, seed: int = 0):
     """A random tiny transformers model (eval mode, f32, eager attention) for `case`.
 

@@ -14,7 +14,7 @@ import jax
 import ml_collections
 import numpy as np
 import pytest
-from conftest import RL, Killed, small_rl_config
+from conftest import RL, Killed, small_rl_config, with_population
 
 from jaxrl_frontier.rl.learn.optimizer import learning_rate
 from jaxrl_frontier.run import trainer as tr
@@ -40,12 +40,7 @@ def base_config():
 
 
 def population_config_of(size=2, **vary):
-    c = base_config()
-    c.population.size = size
-    for key, values in vary.items():
-        section, name = key.split("__")
-        c.population.vary[section][name] = values
-    return c
+    return with_population(base_config(), size, **vary)
 
 
 def rows(workdir, name="metrics.jsonl"):

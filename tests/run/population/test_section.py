@@ -2,7 +2,7 @@
 way out, and a grid's expansion into the members' values and configs."""
 
 import pytest
-from conftest import RL, small_rl_config
+from conftest import RL, small_rl_config, with_population
 
 from jaxrl_frontier.core.errors import ConfigError
 from jaxrl_frontier.run.population import section as population_config
@@ -18,12 +18,7 @@ def base_config():
 
 
 def population_config_of(size=2, **vary):
-    c = base_config()
-    c.population.size = size
-    for key, values in vary.items():
-        section, name = key.split("__")
-        c.population.vary[section][name] = values
-    return c
+    return with_population(base_config(), size, **vary)
 
 
 @pytest.mark.parametrize(
