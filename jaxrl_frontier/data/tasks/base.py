@@ -24,9 +24,13 @@ drawn instance hashes into `split` (rejection sampling). Because the hash ignore
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import inspect
+import json
 import random
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, ClassVar
 
 from jaxrl_frontier.core.registry import Registry
@@ -37,6 +41,29 @@ REWARD_NAMES: tuple[str, ...] = ("correctness", "format", "length")
 SPLITS: tuple[str, ...] = ("train", "eval")
 
 Example = dict[str, Any]
+
+
+def read_jsonl(path: str | Path, task: str) -> Iterator[tuple[int, str, dict]]:
+    """(line number, 'path:line', the line's object) for each non-blank line of a JSONL file (gzip if it
+    ends in .gz), for the reader of task `task` to check its fields. A missing file is a
+    FileNotFoundError naming the task; a line that is not JSON, or not a JSON object, a
+    ValueError naming `path:line`."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{task}: no such file {path}")
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            where = f"{path}:{lineno}"
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{where}: invalid JSON ({e.msg} at column {e.colno})") from None
+            if not isinstance(obj, dict):
+                raise ValueError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+            yield lineno, where, obj
 
 
 def check_split(split: str) -> str:

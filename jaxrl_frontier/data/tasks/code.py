@@ -32,6 +32,7 @@ from jaxrl_frontier.data.tasks.base import (
     Task,
     check_split,
     hash_unit,
+    read_jsonl,
     reward_vector,
 )
 
@@ -223,18 +224,8 @@ class CodeProblems(Task):
 def read_code_problems(path: str | Path) -> list[Example]:
     """The rows of a code-problems JSONL file, checked: a bad line is a ValueError naming
     `path:line` and what is wrong."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"code_problems: no such file {path}")
     rows = []
-    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        where = f"{path}:{lineno}"
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{where}: invalid JSON ({e.msg} at column {e.colno})") from None
+    for _, where, row in read_jsonl(path, "code_problems"):
         missing = [k for k in ("prompt", "entry", "tests", "solution") if k not in row]
         if missing:
             raise ValueError(

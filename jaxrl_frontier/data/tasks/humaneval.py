@@ -59,11 +59,9 @@ file order).
 
 from __future__ import annotations
 
-import gzip
 import hashlib
 import hmac
 import importlib.util
-import json
 import os
 import re
 from pathlib import Path
@@ -74,6 +72,7 @@ from jaxrl_frontier.data.tasks.base import (
     Task,
     check_split,
     hash_unit,
+    read_jsonl,
     reward_vector,
 )
 
@@ -159,27 +158,15 @@ def read_problems(path: str | Path) -> list[Example]:
     """The problems of a HumanEval JSONL file (gzip if it ends in .gz), in file order, each
     {task_id, problem (the file's `prompt`), entry_point, canonical_solution, test}; a line
     that is not JSON or lacks the HumanEval fields is a ValueError naming `path:line`."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"humaneval: no such file {path}")
-    opener = gzip.open if path.suffix == ".gz" else open
     rows = []
-    with opener(path, "rt", encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{where}: invalid JSON ({e.msg} at column {e.colno})") from None
-            missing = [k for k in FIELDS if not isinstance(row.get(k), str)]
-            if missing:
-                raise ValueError(
-                    f"{where}: missing or non-string fields {missing} (need {', '.join(FIELDS)})"
-                )
-            # the problem's prompt is kept as `problem`: `prompt` is the pipeline's field
-            rows.append({("problem" if k == "prompt" else k): row[k] for k in FIELDS})
+    for _, where, row in read_jsonl(path, "humaneval"):
+        missing = [k for k in FIELDS if not isinstance(row.get(k), str)]
+        if missing:
+            raise ValueError(
+                f"{where}: missing or non-string fields {missing} (need {', '.join(FIELDS)})"
+            )
+        # the problem's prompt is kept as `problem`: `prompt` is the pipeline's field
+        rows.append({("problem" if k == "prompt" else k): row[k] for k in FIELDS})
     return rows
 
 

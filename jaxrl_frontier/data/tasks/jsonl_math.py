@@ -15,7 +15,6 @@ its question falls below `eval_fraction` (so the split survives reordering the f
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from jaxrl_frontier.data.tasks.base import (
@@ -24,6 +23,7 @@ from jaxrl_frontier.data.tasks.base import (
     Task,
     check_split,
     hash_unit,
+    read_jsonl,
     reward_vector,
 )
 from jaxrl_frontier.data.tasks.math_answer import extract_answer, normalize_answer
@@ -38,42 +38,27 @@ def read_jsonl_rows(path: str | Path, prompt_field: str, answer_field: str) -> l
     Blank lines are skipped. Raises ValueError naming `path:line` for invalid JSON, a non-object
     line, a missing or non-string field, or an answer field with no extractable answer.
     """
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"jsonl_math: no such file {path}")
     rows = []
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{where}: invalid JSON ({e.msg} at column {e.colno})") from None
-            if not isinstance(obj, dict):
-                raise ValueError(f"{where}: expected a JSON object, got {type(obj).__name__}")
-            for field in (prompt_field, answer_field):
-                if field not in obj:
-                    raise ValueError(
-                        f"{where}: missing field {field!r} (fields present: {', '.join(obj)}); "
-                        f"set prompt_field / answer_field to match the file"
-                    )
-            question, solution = obj[prompt_field], obj[answer_field]
-            if isinstance(solution, int | float) and not isinstance(solution, bool):
-                solution = str(solution)
-            for field, value in ((prompt_field, question), (answer_field, solution)):
-                if not isinstance(value, str):
-                    raise ValueError(
-                        f"{where}: field {field!r} must be a string, got {type(value).__name__}"
-                    )
-            marked = extract_answer(solution)
-            answer = normalize_answer(marked if marked is not None else solution)
-            if not answer:
-                raise ValueError(f"{where}: field {answer_field!r} holds no answer: {solution!r}")
-            rows.append(
-                {"question": question, "answer": answer, "solution": solution, "line": lineno}
-            )
+    for line, where, obj in read_jsonl(path, "jsonl_math"):
+        for field in (prompt_field, answer_field):
+            if field not in obj:
+                raise ValueError(
+                    f"{where}: missing field {field!r} (fields present: {', '.join(obj)}); "
+                    f"set prompt_field / answer_field to match the file"
+                )
+        question, solution = obj[prompt_field], obj[answer_field]
+        if isinstance(solution, int | float) and not isinstance(solution, bool):
+            solution = str(solution)
+        for field, value in ((prompt_field, question), (answer_field, solution)):
+            if not isinstance(value, str):
+                raise ValueError(
+                    f"{where}: field {field!r} must be a string, got {type(value).__name__}"
+                )
+        marked = extract_answer(solution)
+        answer = normalize_answer(marked if marked is not None else solution)
+        if not answer:
+            raise ValueError(f"{where}: field {answer_field!r} holds no answer: {solution!r}")
+        rows.append({"question": question, "answer": answer, "solution": solution, "line": line})
     return rows
 
 

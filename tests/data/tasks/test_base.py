@@ -1,6 +1,8 @@
 """data/tasks/base.py: the task registry, the split hash and the length score, and
 SyntheticTask's seeded, disjoint splits and argument checks."""
 
+import gzip
+
 import pytest
 
 from jaxrl_frontier.core.errors import ConfigError
@@ -9,6 +11,7 @@ from jaxrl_frontier.data.tasks.base import (
     check_split,
     hash_unit,
     length_score,
+    read_jsonl,
     reward_vector,
     task_defaults,
     task_parameters,
@@ -107,3 +110,21 @@ def test_task_defaults_take_the_subclass_default_and_leave_out_none():
         )  # fmt: skip
     finally:
         TASKS.unregister("coin_test_task")
+
+
+def test_read_jsonl_yields_objects_and_names_the_bad_line(tmp_path):
+    text = '{"a": 1}\n\n{"a": 2}\n'
+    plain, packed = tmp_path / "rows.jsonl", tmp_path / "rows.jsonl.gz"
+    plain.write_text(text)
+    packed.write_bytes(gzip.compress(text.encode()))
+    for path in (plain, packed):
+        assert list(read_jsonl(path, "toy")) == [
+            (1, f"{path}:1", {"a": 1}),
+            (3, f"{path}:3", {"a": 2}),  # blank line 2 skipped, numbering kept
+        ]
+    for bad, message in (("{oops\n", "invalid JSON"), ("[1, 2]\n", "expected a JSON object")):
+        plain.write_text('{"a": 1}\n' + bad)
+        with pytest.raises(ValueError, match=f"rows.jsonl:2: {message}"):
+            list(read_jsonl(plain, "toy"))
+    with pytest.raises(FileNotFoundError, match="toy: no such file"):
+        list(read_jsonl(tmp_path / "absent.jsonl", "toy"))
