@@ -270,7 +270,7 @@ def measure_mesh(s: dict, mesh_shape: tuple[int, ...], remat: str) -> dict:
 
     from jaxrl_frontier.core import sharding
     from jaxrl_frontier.rl.learn.learner import Learner, LearnerOptions, update_layout
-    from jaxrl_frontier.rl.learn.optimizer import build_optimizer
+    from jaxrl_frontier.rl.learn.optimizer import OptimizerSection, build_optimizer
     from jaxrl_frontier.run.build import objective_section
 
     devices = jax.devices()[: math.prod(mesh_shape)]
@@ -280,7 +280,7 @@ def measure_mesh(s: dict, mesh_shape: tuple[int, ...], remat: str) -> dict:
     cfg = model_config(s["model"], s["dtype"], remat, *moe, s.get("attention", "xla"))
     graphdef, state, params, base = abstract_policy(cfg, mesh, s["lora"])
     config = _config(s["config_args"])
-    tx = build_optimizer(config.optimizer, 1000)
+    tx = build_optimizer(OptimizerSection(**config.optimizer.to_dict()), 1000)
     train_state = abstract_train_state(tx, params, mesh)
     n_params = sum(x.size for x in jax.tree.leaves(state))
     trained = sum(x.size for x in jax.tree.leaves(params))

@@ -228,15 +228,14 @@ def prepare_train_step(name: str, variant: str, batch: int, seq: int, dtype: str
     from flax import nnx
 
     from jaxrl_frontier.core import sharding
-    from jaxrl_frontier.rl.learn.optimizer import build_optimizer
-    from jaxrl_frontier.run import config as config_lib
+    from jaxrl_frontier.rl.learn.optimizer import OptimizerSection, build_optimizer
 
     mesh = sharding.make_mesh((1, 1, 1), jax.devices()[:1])
     loss, options = split_variant(variant)
     cfg = model_config(name, dtype, remat=loss.endswith("remat"), **options)
     model = build_model(cfg, mesh)
     graphdef, params = nnx.split(model)
-    tx = build_optimizer(config_lib.base_config().optimizer, 1000)
+    tx = build_optimizer(OptimizerSection(), 1000)
     state = make_state(params, tx, mesh)
     data = rl_batch(cfg.vocab_size, batch, seq, prompt_len=seq // 4)
     if loss.startswith("sft"):

@@ -29,6 +29,9 @@ from typing import Any
 import jax
 import numpy as np
 
+from jaxrl_frontier.core import records
+from jaxrl_frontier.core.records import key
+
 log = logging.getLogger(__name__)
 
 
@@ -42,16 +45,32 @@ def _cluster_detected() -> bool:
 
 @dataclasses.dataclass(frozen=True)
 class DistributedOptions:
-    """The `distributed` section: how the processes find each other (None: unset), and the
-    coordination service's timeouts (seconds: a lost process is declared after
-    heartbeat_timeout_s; start-up and shut-down wait at most their own)."""
+    """The `distributed` section (docs/distributed.md): how the processes of a multi-host run
+    find each other; unset = JAX's own TPU-pod / SLURM detection, or one process; set all
+    three for any other launcher (several processes on localhost). The coordination
+    service's timeouts (jax.distributed.initialize): a process silent for
+    heartbeat_timeout_s is lost (the survivors exit with one line naming it and the step,
+    train/watchdog.py); start-up and shut-down wait at most their own. agree_stop: a stop
+    request (SIGTERM, SIGINT) on any process stops every process after the same step (one
+    all-gather of a flag per step, train/stopping.py); False: each process alone (only to
+    measure the agreement's cost: a lone stop breaks a multi-process run)."""
 
-    coordinator_address: str | None = None
-    num_processes: int | None = None
-    process_id: int | None = None
-    heartbeat_timeout_s: float = 60.0
-    initialization_timeout_s: float = 300.0
-    shutdown_timeout_s: float = 300.0
+    coordinator_address: str | None = key(None, "host:port of process 0's coordinator")
+    num_processes: int | None = key(None, "processes in the run")
+    process_id: int | None = key(None, "this process's index")
+    heartbeat_timeout_s: int = key(
+        60, "seconds of silence before a process is lost", low=0, low_open=True
+    )
+    initialization_timeout_s: int = key(
+        300, "seconds processes wait for each other at start-up", low=0, low_open=True
+    )
+    shutdown_timeout_s: int = key(
+        300, "seconds processes wait for each other at exit", low=0, low_open=True
+    )
+    agree_stop: bool = key(True, "a stop on any process stops every process after the same step")
+
+    def __post_init__(self):
+        records.check(self, "distributed")
 
 
 def initialize(options: DistributedOptions) -> bool:

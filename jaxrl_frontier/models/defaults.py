@@ -1,130 +1,139 @@
-"""The config sections of the models: tokenizer, policy model and teacher."""
+"""The config sections of the models: `tokenizer`, the policy's `model` and the `teacher`."""
 
 from __future__ import annotations
 
-import ml_collections
+import dataclasses
+
+from jaxrl_frontier.core import records
+from jaxrl_frontier.core.records import key, section
+from jaxrl_frontier.models.model_config import MOE_DISPATCH, MOE_IMPLS
+from jaxrl_frontier.models.moe import ROUTING_REPLAY
 
 
-def tokenizer_section() -> ml_collections.ConfigDict:
+@dataclasses.dataclass(frozen=True)
+class TokenizerSection:
     """`tokenizer`: the character tokenizer or a local tokenizer.json."""
-    # kind: char | hf (path: a directory with tokenizer.json)
-    s = ml_collections.ConfigDict(dict(kind="char", path=""))
-    return s
 
-
-def model_section() -> ml_collections.ConfigDict:
-    """`model`: the policy's shape, initialisation, dtype, remat and LoRA adapters."""
-    s = ml_collections.ConfigDict()
-    s.init = "scratch"  # scratch | hf (path = HF dir) | checkpoint (path = workdir)
-    s.path = ""
-    s.vocab_size = 0  # 0: the tokenizer's
-    s.hidden_size = 128
-    s.intermediate_size = 384
-    s.num_layers = 2
-    s.num_heads = 4
-    s.num_kv_heads = 2
-    s.head_dim = 0  # 0: hidden_size // num_heads
-    s.rope_theta = 10000.0
-    s.tie_word_embeddings = True
-    s.qkv_bias = False
-    s.qk_norm = False
-    s.max_position_embeddings = 512
-    s.dtype = "float32"  # compute dtype: float32 | bfloat16
-    # the architecture of a scratch model: "" (llama, qwen2 with qkv_bias, qwen3 with
-    # qk_norm) | gemma2 | gemma3_text (Gemma's norms, GeGLU, embedding scale, soft-caps /
-    # qk-norm, sliding-window layers: docs/models.md); a model read from a checkpoint keeps
-    # the checkpoint's
-    s.family = ""
-    s.sliding_window = 4096  # gemma: a sliding layer's keys (its last this many tokens)
-    s.sliding_window_pattern = 0  # gemma: every this-th layer is global (0: 2 / 6, HF's)
-    # recompute in the backward pass (memory for FLOPs), per scanned block: none | full (keep
-    # only each block's input) | dots_saveable (keep the matmul outputs, recompute the rest)
-    s.remat = "none"
-    # the attention of a forward over many tokens (prefill, update, scoring; a decode step's
-    # one query has its own): xla (einsums) | dot_product (jax.nn.dot_product_attention, XLA)
-    # | cudnn (its fused cuDNN kernel: a GPU and model.dtype bfloat16) | ring (ring attention
-    # over mesh.sequence: K/V blocks passed around the axis, [T/s, T/s] scores at a time;
-    # xla without a sequence axis; docs/scaling.md "Long rows")
-    s.attention = "xla"
-    # layers per iteration of the scanned forward: 1 loops over them (least compile time), 0
-    # unrolls them all (faster updates for models of a few layers; longer compiles)
-    s.scan_unroll = 1
-    # mixture of experts (models/moe.py, Qwen3-MoE): num_experts > 0 replaces each layer's MLP
-    # by a softmax top-k router over that many SwiGLU experts of `intermediate_size` (split
-    # over the mesh's fsdp axis: expert parallelism); `impl`: the experts' matmuls (auto:
-    # ragged grouped matmuls on TPU, dense elsewhere). The router's training terms are
-    # objective.router_aux_coef / router_z_coef. A checkpoint (model.init = hf) brings its
-    # own shape; `impl` still applies. routing_replay: none | rollout (R3: the sampler
-    # records each token's experts per layer; the update and the policy's behaviour /
-    # mismatch passes route each token there, the gates from the current router; the
-    # reference and teacher route with their own routers) | first_update (R2: the step's
-    # rows routed once at its starting weights, replayed by every minibatch and epoch).
-    # dispatch (experts split over devices): gather (every device gathers its expert group's
-    # tokens; dropless) | all_to_all (each assignment sent to its expert's device and back,
-    # at most ceil(capacity_factor tokens k / devices) a device pair, the rest dropped;
-    # capacity_factor 0: sized so none is)
-    s.moe = dict(
-        num_experts=0,
-        num_experts_per_tok=2,
-        intermediate_size=64,
-        norm_topk_prob=True,
-        impl="auto",
-        routing_replay="none",
-        dispatch="gather",
-        capacity_factor=0.0,
+    kind: str = key(
+        "char", "char | hf (path: a directory with tokenizer.json)", choices=("char", "hf")
     )
-    # LoRA (models/lora.py, Hu et al. 2021): rank > 0 trains rank-r adapters on the `targets`
-    # projections beside the frozen weights (RL): y = x W + (alpha / rank) x A B. Only the
-    # adapters and their optimizer state are trained and checkpointed; the reference policy
-    # is the frozen base; the export merges them into the weights.
-    s.lora = dict(
-        rank=0,
-        alpha=16.0,
-        targets=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
+    path: str = key("", "the tokenizer's directory, or a pretrained checkpoint's name")
+
+    def __post_init__(self):
+        records.check(self, "tokenizer")
+
+
+@dataclasses.dataclass(frozen=True)
+class MoeSection:
+    """`model.moe`: mixture of experts (models/moe.py, Qwen3-MoE). num_experts > 0 replaces
+    each layer's MLP by a softmax top-k router over that many SwiGLU experts of
+    `intermediate_size` (split over the mesh's fsdp axis: expert parallelism); `impl`: the
+    experts' matmuls (auto: ragged grouped matmuls on TPU, dense elsewhere). The router's
+    training terms are objective.router_aux_coef / router_z_coef. A checkpoint (model.init =
+    hf) brings its own shape; `impl` still applies. routing_replay: none | rollout (R3: the
+    sampler records each token's experts per layer; the update and the policy's behaviour /
+    mismatch passes route each token there, the gates from the current router; the reference
+    and teacher route with their own routers) | first_update (R2: the step's rows routed once
+    at its starting weights, replayed by every minibatch and epoch). dispatch (experts split
+    over devices): gather (every device gathers its expert group's tokens; dropless) |
+    all_to_all (each assignment sent to its expert's device and back, at most
+    ceil(capacity_factor tokens k / devices) a device pair, the rest dropped; capacity_factor
+    0: sized so none is)."""
+
+    num_experts: int = key(0, "experts a layer (0: the dense MLP)", low=0)
+    num_experts_per_tok: int = key(2, "experts a token is routed to (k)", low=0, low_open=True)
+    intermediate_size: int = key(64, "an expert's MLP width", low=0, low_open=True)
+    norm_topk_prob: bool = key(True, "renormalise the top-k gates to sum to 1")
+    impl: str = key("auto", "the experts' matmuls", choices=MOE_IMPLS)
+    routing_replay: str = key(
+        "none",
+        "replay the rollout's or first update's routing",
+        choices=ROUTING_REPLAY,
     )
-    return s
+    dispatch: str = key("gather", "how tokens reach their experts", choices=MOE_DISPATCH)
+    capacity_factor: float = key(0.0, "all_to_all's capacity (0: dropless)", low=0)
 
 
-def teacher_section() -> ml_collections.ConfigDict:
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+@dataclasses.dataclass(frozen=True)
+class LoraSection:
+    """`model.lora`: LoRA (models/lora.py, Hu et al. 2021). rank > 0 trains rank-r adapters on
+    the `targets` projections beside the frozen weights (RL): y = x W + (alpha / rank) x A B.
+    Only the adapters and their optimizer state are trained and checkpointed; the reference
+    policy is the frozen base; the export merges them into the weights."""
+
+    rank: int = key(0, "the adapters' rank (0: no adapters)", low=0)
+    alpha: float = key(16.0, "the adapters' scale numerator", low=0, low_open=True)
+    targets: tuple = key(LORA_TARGETS, "the projections that get adapters")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSection:
+    """`model`: the policy's shape, initialisation, dtype, remat and LoRA adapters.
+
+    family: the architecture of a scratch model: "" (llama, qwen2 with qkv_bias, qwen3 with
+    qk_norm) | gemma2 | gemma3_text (Gemma's norms, GeGLU, embedding scale, soft-caps /
+    qk-norm, sliding-window layers: docs/models.md); a model read from a checkpoint keeps the
+    checkpoint's. remat: recompute in the backward pass (memory for FLOPs), per scanned
+    block: none | full (keep only each block's input) | dots_saveable (keep the matmul
+    outputs, recompute the rest). attention, of a forward over many tokens (prefill, update,
+    scoring; a decode step's one query has its own): xla (einsums) | dot_product
+    (jax.nn.dot_product_attention, XLA) | cudnn (its fused cuDNN kernel: a GPU and
+    model.dtype bfloat16) | ring (ring attention over mesh.sequence: K/V blocks passed
+    around the axis, [T/s, T/s] scores at a time; xla without a sequence axis; docs/scaling.md
+    "Long rows"). scan_unroll: layers per iteration of the scanned forward: 1 loops over them
+    (least compile time), 0 unrolls them all (faster updates for models of a few layers;
+    longer compiles)."""
+
+    init: str = key(
+        "scratch",
+        "scratch | hf (path: a checkpoint directory or name) | checkpoint (path: a workdir)",
+        choices=("scratch", "hf", "checkpoint"),
+    )
+    path: str = key("", "the checkpoint the weights are read from")
+    vocab_size: int = key(0, "0: the tokenizer's", low=0)
+    hidden_size: int = key(128, "the residual width", low=0, low_open=True)
+    intermediate_size: int = key(384, "the MLP width", low=0, low_open=True)
+    num_layers: int = key(2, "transformer blocks", low=0, low_open=True)
+    num_heads: int = key(4, "query heads", low=0, low_open=True)
+    num_kv_heads: int = key(2, "key/value heads", low=0, low_open=True)
+    head_dim: int = key(0, "0: hidden_size // num_heads", low=0)
+    rope_theta: float = key(10000.0, "RoPE's base", low=0, low_open=True)
+    tie_word_embeddings: bool = key(True, "the LM head is the embedding")
+    qkv_bias: bool = key(False, "biases on q, k, v (qwen2)")
+    qk_norm: bool = key(False, "RMSNorm on q and k per head (qwen3)")
+    max_position_embeddings: int = key(512, "the longest row", low=0, low_open=True)
+    dtype: str = key("float32", "the compute dtype", choices=("float32", "bfloat16"))
+    family: str = key("", "a scratch model's architecture", choices=("", "gemma2", "gemma3_text"))
+    sliding_window: int = key(4096, "gemma: a sliding layer's last keys", low=0, low_open=True)
+    sliding_window_pattern: int = key(
+        0, "gemma: every this-th layer is global (0: the family's)", low=0
+    )
+    remat: str = key(
+        "none", "recompute in the backward pass", choices=("none", "full", "dots_saveable")
+    )
+    attention: str = key(
+        "xla", "a long forward's attention", choices=("xla", "dot_product", "cudnn", "ring")
+    )
+    scan_unroll: int = key(1, "layers per scan iteration (0: every layer)", low=0)
+    moe: MoeSection = section(MoeSection, "mixture of experts")
+    lora: LoraSection = section(LoraSection, "LoRA adapters")
+
+    def __post_init__(self):
+        records.check(self, "model")
+
+
+@dataclasses.dataclass(frozen=True)
+class TeacherSection:
     """`teacher`: the OPD teacher model (none by default)."""
-    # init: none | scratch | hf | checkpoint
-    s = ml_collections.ConfigDict(dict(init="none", path="", dtype="float32"))
-    return s
 
+    init: str = key(
+        "none", "where its weights come from", choices=("none", "scratch", "hf", "checkpoint")
+    )
+    path: str = key("", "its checkpoint")
+    dtype: str = key("float32", "its compute dtype", choices=("float32", "bfloat16"))
 
-# The allowed values of this layer's keys with a closed set of them (run/config.py checks).
-CHOICES: dict[str, tuple] = {
-    "tokenizer.kind": ("char", "hf"),
-    "model.init": ("scratch", "hf", "checkpoint"),
-    "model.dtype": ("float32", "bfloat16"),
-    "model.family": ("", "gemma2", "gemma3_text"),
-    "model.remat": ("none", "full", "dots_saveable"),
-    "model.attention": ("xla", "dot_product", "cudnn", "ring"),
-    "model.moe.impl": ("auto", "ragged", "dense"),
-    "model.moe.routing_replay": ("none", "rollout", "first_update"),  # moe.ROUTING_REPLAY
-    "model.moe.dispatch": ("gather", "all_to_all"),  # model_config.MOE_DISPATCH
-    "teacher.init": ("none", "scratch", "hf", "checkpoint"),
-    "teacher.dtype": ("float32", "bfloat16"),
-}
-
-# This layer's numeric keys: (low, high, low inclusive, high inclusive); None = open.
-RANGES: dict[str, tuple] = {
-    "model.hidden_size": (0, None, False, None),
-    "model.intermediate_size": (0, None, False, None),
-    "model.num_layers": (0, None, False, None),
-    "model.num_heads": (0, None, False, None),
-    "model.num_kv_heads": (0, None, False, None),
-    "model.head_dim": (0, None, True, None),
-    "model.vocab_size": (0, None, True, None),
-    "model.rope_theta": (0, None, False, None),
-    "model.max_position_embeddings": (0, None, False, None),
-    "model.scan_unroll": (0, None, True, None),  # 0: every layer
-    "model.sliding_window": (0, None, False, None),
-    "model.sliding_window_pattern": (0, None, True, None),  # 0: the family's
-    "model.lora.rank": (0, None, True, None),  # 0: no adapters
-    "model.moe.num_experts": (0, None, True, None),  # 0: the dense MLP
-    "model.moe.num_experts_per_tok": (0, None, False, None),
-    "model.moe.intermediate_size": (0, None, False, None),
-    "model.moe.capacity_factor": (0, None, True, None),  # 0: dropless
-    "model.lora.alpha": (0, None, False, None),
-}
+    def __post_init__(self):
+        records.check(self, "teacher")

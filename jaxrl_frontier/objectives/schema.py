@@ -9,12 +9,14 @@ schedule or a controller moves step by step without compiling the update again.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import jax
 
+from jaxrl_frontier.core import records
 from jaxrl_frontier.core.errors import ObjectiveConfigError
 from jaxrl_frontier.core.registry import Registry
 from jaxrl_frontier.objectives.advantages import ADVANTAGES
@@ -22,44 +24,39 @@ from jaxrl_frontier.objectives.aggregation import AGGREGATIONS
 from jaxrl_frontier.objectives.distillation import DISTILL_LOSSES, KL_ESTIMATORS
 from jaxrl_frontier.objectives.weights import WEIGHTS
 
-# `config.objective`: every key and its default, defined here once (`config.base_config`
-# builds its objective section from `default_config()`).
-DEFAULTS: Mapping[str, Any] = {
-    "weight": "ppo_clip",
-    "weight_kwargs": {},
-    "aggregation": "token_mean",
-    "aggregation_kwargs": {},
-    "pg_coef": 1.0,
-    "kl_coef": 0.0,
-    "kl_estimator": "k3",
-    "kl_in_reward": False,
-    "entropy_coef": 0.0,
-    # a mixture-of-experts policy's router terms (models/moe.py): the load-balancing loss
-    # E sum_e f_e P_e (1 when balanced) and the router z-loss, each times its coefficient
-    "router_aux_coef": 0.0,
-    "router_z_coef": 0.0,
-    "distill": None,
-    "distill_coef": 1.0,
-    "distill_kwargs": {},
-    # Read when computing advantages (`rl.credit`), not by the loss; validated here so one
-    # check covers the section.
-    "advantage": "grpo",
-    "advantage_kwargs": {},
-    "reward_weights": {},  # reward component -> weight; {} = the correctness reward only
-}
+
+@dataclasses.dataclass(frozen=True)
+class ObjectiveSection:
+    """`objective`: the loss's registry entries (weight, aggregation, distill, and the
+    advantage `rl.credit` reads, validated here so one check covers the section), their
+    keyword arguments (checked against the chosen entry's keyword defaults), and the
+    coefficients of its terms. router_aux_coef / router_z_coef: a mixture-of-experts
+    policy's router terms (models/moe.py): the load-balancing loss E sum_e f_e P_e (1 when
+    balanced) and the router z-loss, each times its coefficient."""
+
+    weight: str = records.key("ppo_clip", "the w(p) weight function (a WEIGHTS name)")
+    weight_kwargs: dict = records.key({}, "the weight's keyword arguments")
+    aggregation: str = records.key("token_mean", "how token terms become the loss (AGGREGATIONS)")
+    aggregation_kwargs: dict = records.key({}, "the aggregation's keyword arguments")
+    pg_coef: float = records.key(1.0, "the policy-gradient term's weight")
+    kl_coef: float = records.key(0.0, "the KL-to-reference term's weight", low=0)
+    kl_estimator: str = records.key("k3", "the KL estimator", choices=("k1", "k2", "k3"))
+    kl_in_reward: bool = records.key(False, "the KL as a reward penalty, not a loss term")
+    entropy_coef: float = records.key(0.0, "the entropy bonus's weight")
+    router_aux_coef: float = records.key(0.0, "MoE: the load-balancing loss's weight", low=0)
+    router_z_coef: float = records.key(0.0, "MoE: the router z-loss's weight", low=0)
+    distill: str | None = records.key(None, "the distillation loss (DISTILL_LOSSES; None: off)")
+    distill_coef: float = records.key(1.0, "the distillation term's weight")
+    distill_kwargs: dict = records.key({}, "the distillation loss's keyword arguments")
+    advantage: str = records.key("grpo", "the advantage estimator (an ADVANTAGES name)")
+    advantage_kwargs: dict = records.key({}, "the advantage's keyword arguments")
+    reward_weights: dict = records.key({}, "reward component -> weight ({}: correctness only)")
 
 
-# The allowed values of the objective's keys with a closed set of them (run/config.py checks).
-CHOICES: dict[str, tuple] = {
-    "objective.kl_estimator": ("k1", "k2", "k3"),
-}
-
-# The objective's numeric keys: (low, high, low inclusive, high inclusive); None = open.
-RANGES: dict[str, tuple] = {
-    "objective.kl_coef": (0, None, True, None),
-    "objective.router_aux_coef": (0, None, True, None),
-    "objective.router_z_coef": (0, None, True, None),
-}
+# `config.objective`: every key and its default, as `ObjectiveSection` declares them.
+DEFAULTS: Mapping[str, Any] = records.defaults(ObjectiveSection)
+CHOICES: dict[str, tuple] = records.choices("objective", ObjectiveSection)
+RANGES: dict[str, tuple] = records.ranges("objective", ObjectiveSection)
 
 
 # objective.<block> names an entry of a registry; objective.<block>_kwargs configures it.
@@ -72,8 +69,9 @@ REGISTRIES: Mapping[str, Registry] = {
 
 
 def default_config():
-    """A fresh `config.objective` ConfigDict with every key at its default."""
-    from ml_collections import config_dict
+    """A fresh `config.objective` as a ConfigDict with every key at its default (for
+    notebooks and tests that build an objective by hand; a run's comes from its config)."""
+    from ml_collections import config_dict  # the user's format, not read by the loss
 
     cfg = config_dict.ConfigDict({k: v for k, v in DEFAULTS.items() if v is not None})
     cfg.distill = config_dict.placeholder(str)  # None, but overridable from the command line

@@ -21,6 +21,7 @@ from jaxrl_frontier.models.tokenizer import CharTokenizer, load_tokenizer
 from jaxrl_frontier.models.transformer import Transformer
 from jaxrl_frontier.rl.learn.optimizer import build_optimizer
 from jaxrl_frontier.rl.learn.train_step import init_train_state, optimizer_memory_kind
+from jaxrl_frontier.run import sections
 
 
 def build_mesh(config) -> jax.sharding.Mesh:
@@ -204,7 +205,7 @@ def build_train_state(c, mesh, params, key) -> tuple:
     """(tx, state, its shardings): the optimizer of config `c` over its total updates and the
     train state of `params` placed on `mesh` (the optimizer state in host memory with
     `train.offload_optimizer`)."""
-    tx = build_optimizer(c.optimizer, total_updates(c))
+    tx = build_optimizer(sections.optimizer_section(c), total_updates(c))
     offload = optimizer_memory_kind(c.train.offload_optimizer, mesh)
     state = init_train_state(tx, params, mesh, key, memory_kind=offload)
     return tx, state, jax.tree.map(lambda x: x.sharding, state)

@@ -25,14 +25,33 @@ from typing import Any
 
 import ml_collections
 import numpy as np
+from ml_collections import config_dict
 
 from jaxrl_frontier.core.errors import ConfigError
 from jaxrl_frontier.objectives import losses
-from jaxrl_frontier.rl.defaults import TRACED_ROLLOUT_KEYS
+from jaxrl_frontier.sampling.rollout_section import TRACED_ROLLOUT_KEYS
 from jaxrl_frontier.train.controllers import Controller
 from jaxrl_frontier.train.schedules import Schedule
 
 SECTIONS = ("schedules", "controllers")
+
+
+def knob_section() -> ml_collections.ConfigDict:
+    """`schedules` and `controllers` (each its own copy): one unset entry per key a run may
+    move as it trains, generated from what the programs take as traced values: the
+    objective's coefficients and float weight knobs (`losses.traced_keys`), the rollout's
+    temperature, top_p and min_p. An entry is a spec: a string ('cosine(0.05, 0.005)',
+    'adaptive_kl(target=0.02)') or a dict with 'kind' (train/schedules.py,
+    train/controllers.py)."""
+    unset = lambda keys: ml_collections.ConfigDict(
+        {k: config_dict.placeholder(object) for k in keys}
+    )
+    s = ml_collections.ConfigDict()
+    keys = losses.traced_keys()
+    s.objective = unset([k for k in keys if "." not in k])
+    s.objective.weight_kwargs = unset([k.split(".", 1)[1] for k in keys if "." in k])
+    s.rollout = unset(TRACED_ROLLOUT_KEYS)
+    return s
 
 
 def set_entries(section) -> dict[str, Any]:

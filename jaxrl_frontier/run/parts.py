@@ -61,11 +61,13 @@ def parts_of(c) -> list[Part]:
     from jaxrl_frontier.rl.produce.editors import EDITORS
     from jaxrl_frontier.rl.produce.producer import RolloutProducer
     from jaxrl_frontier.rl.sources import SOURCES
+    from jaxrl_frontier.run import sections
     from jaxrl_frontier.sampling.factory import sampler_class
     from jaxrl_frontier.sampling.speculative import SpeculativeSampler
 
     r = c.rollout
-    sampler = sampler_class(r, partial=True)  # the training rollouts' sampler
+    # the training rollouts' sampler
+    sampler = sampler_class(sections.rollout_section(c), partial=True)
     key = f"rollout.continuous_slots = {r.continuous_slots}"
     if sampler is SpeculativeSampler:
         key = f"rollout.speculative.draft = {r.speculative.draft!r}"

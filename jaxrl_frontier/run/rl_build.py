@@ -287,10 +287,10 @@ def _producer(c, parts: RunParts, objective, passes, editors, shapers):
     sampling = rollout_sampling(c, tokenizer)
     if c.env.name:  # episodes of an environment (rl/produce/agent.py)
         producer = agent_rollout.env_producer(
-            sections.env_section(c), parts.sampler, tokenizer, task, mesh=mesh,
+            sections.env_options(c), parts.sampler, tokenizer, task, mesh=mesh,
             sampling=sampling, objective=objective, passes=passes,
         )  # fmt: skip
-        return wrap(producer, sections.env_section(c), task)
+        return wrap(producer, sections.env_options(c), task)
     producer = RolloutProducer(
         parts.sampler,
         tokenizer,

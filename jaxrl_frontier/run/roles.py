@@ -22,6 +22,7 @@ from jax.sharding import Mesh
 from jaxrl_frontier.core import sharding
 from jaxrl_frontier.models import hf, lora
 from jaxrl_frontier.rl.learn.learner import reshard_to
+from jaxrl_frontier.run import sections
 from jaxrl_frontier.run.build import attach_lora, build_meshes, build_model, build_teacher
 from jaxrl_frontier.sampling import Sampler, make_sampler
 
@@ -117,11 +118,11 @@ def _sampler(c, policy, graphdef, train_mesh, mesh, tokenizer, partial: bool) ->
     """The sampler `rollout.*` asks for, over the policy placed on `mesh`."""
     if mesh is not train_mesh:
         policy = nnx.merge(graphdef, reshard_to(mesh)(nnx.state(policy)))
-    rollout = c.rollout
+    rollout = sections.rollout_section(c)
     if jax.process_count() > 1 and sharding.is_process_local(mesh):
         # a process's share of the continuous slots, with its share of the rows
-        rollout = rollout.to_dict()
-        rollout["continuous_slots"] //= jax.process_count()
+        slots = rollout.continuous_slots // jax.process_count()
+        rollout = dataclasses.replace(rollout, continuous_slots=slots)
     return make_sampler(  # rollout.speculative: a SpeculativeSampler
         policy,
         rollout,

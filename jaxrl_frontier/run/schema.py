@@ -33,32 +33,73 @@ from collections.abc import Mapping
 from typing import Any
 
 import ml_collections
+from ml_collections import config_dict
 
-from jaxrl_frontier.core import defaults as core_defaults
 from jaxrl_frontier.core import records
+from jaxrl_frontier.core.defaults import MeshSection
+from jaxrl_frontier.core.distributed import DistributedOptions
 from jaxrl_frontier.core.errors import ConfigError
 from jaxrl_frontier.core.registry import import_user_module
-from jaxrl_frontier.data import defaults as data_defaults
-from jaxrl_frontier.models import defaults as model_defaults
+from jaxrl_frontier.data.defaults import DataSection, EnvSection, TaskSection
+from jaxrl_frontier.data.rewards.scorer import RewardOptions
+from jaxrl_frontier.models.defaults import ModelSection, TeacherSection, TokenizerSection
 from jaxrl_frontier.objectives import losses
-from jaxrl_frontier.rl import defaults as rl_defaults
-from jaxrl_frontier.rl.learn import defaults as learn_defaults
+from jaxrl_frontier.objectives.schema import ObjectiveSection
+from jaxrl_frontier.rl.learn.optimizer import OptimizerSection
+from jaxrl_frontier.rl.methods.pact import PactOptions
+from jaxrl_frontier.rl.methods.ppo import CriticSection
+from jaxrl_frontier.run import knobs
 from jaxrl_frontier.run.population import section as population_config
-from jaxrl_frontier.train import defaults as train_defaults
+from jaxrl_frontier.sampling.rollout_section import RolloutSection
+from jaxrl_frontier.train.defaults import TrainSection
 from jaxrl_frontier.train.evaluation import EvalSection
+from jaxrl_frontier.train.writers import MetricsOptions
 
 log = logging.getLogger(__name__)
 
-# Subtrees whose keys are not fixed by the schema (checked against what they configure).
+# Every section a layer declares, as the record beside its code (core/records.py): keys,
+# defaults, docs, ranges and choices written once, there. In the config's order.
+RECORD_SECTIONS: dict[str, type] = {
+    "mesh": MeshSection,
+    "tokenizer": TokenizerSection,
+    "model": ModelSection,
+    "teacher": TeacherSection,
+    "task": TaskSection,
+    "data": DataSection,
+    "distributed": DistributedOptions,
+    "rollout": RolloutSection,
+    "objective": ObjectiveSection,
+    "critic": CriticSection,
+    "optimizer": OptimizerSection,
+    "train": TrainSection,
+    "rewards": RewardOptions,
+    "eval": EvalSection,
+    "metrics": MetricsOptions,
+    "env": EnvSection,
+    "pact": PactOptions,
+}
+
+# The config's own keys (the composition root's): key -> (default, doc).
+RUN_KEYS: dict[str, tuple[Any, str]] = {
+    "seed": (0, "the run's seed (every stream folds it in)"),
+    "mode": ("rl", "rl | sft"),
+    # imported before the config is resolved: the entries they register
+    # (`register_advantage`, `register_weight`, `TASKS.register`, ...) can then be named
+    "modules": ("", "the user's modules, comma-separated (dotted names or .py files)"),
+    "workdir": ("", "set by --workdir; a run resumes when it holds a checkpoint"),
+}
+
+# Subtrees whose keys are not fixed by the schema (checked against what they configure): the
+# records' free-form blocks (task.kwargs, env.kwargs, objective.<block>_kwargs,
+# objective.reward_weights, task.as_written) and the objective's choices as the file wrote
+# them (presets.finish).
 FREE_FORM = (
-    "task.kwargs",
-    "task.as_written",  # the file's task and kwargs (presets.with_defaults)
-    "env.kwargs",  # the environment's keyword arguments (checked by the environment)
-    "objective.reward_weights",  # reward component -> weight, checked against the task's names
-    "objective.advantage_kwargs",
-    "objective.weight_kwargs",
-    "objective.aggregation_kwargs",
-    "objective.distill_kwargs",
+    *(
+        k
+        for name, record in RECORD_SECTIONS.items()
+        for k, f in records.flat_keys(name, record).items()
+        if records.is_free(f)
+    ),
     "objective.as_written",
 )
 
@@ -82,41 +123,19 @@ def entry_defaults(block: str, name: str | None) -> dict[str, Any]:
 
 
 def base_config() -> ml_collections.ConfigDict:
-    """All keys with their defaults (a tiny char model on arithmetic, GRPO), composed from each
-    layer's sections."""
-    c = ml_collections.ConfigDict()
-    c.seed = 0
-    c.mode = "rl"  # rl | sft
-    # the user's own modules, comma-separated (dotted names on sys.path, or .py files),
-    # imported before the config is resolved: the entries they register (`register_advantage`,
-    # `register_weight`, `TASKS.register`, ...) can then be named anywhere in the config
-    c.modules = ""
-    c.workdir = ""  # set by --workdir; a run resumes when it holds a checkpoint
-    c.mesh = core_defaults.mesh_section()
-    c.tokenizer = model_defaults.tokenizer_section()
-    c.model = model_defaults.model_section()
-    c.teacher = model_defaults.teacher_section()
-    c.task = data_defaults.task_section()
-    c.data = data_defaults.data_section()
-    c.distributed = core_defaults.distributed_section()
-    c.rollout = rl_defaults.rollout_section()
-    # every key and default of the objective is defined once, in objectives.losses.DEFAULTS
-    c.objective = losses.default_config()
+    """All keys with their defaults (a tiny char model on arithmetic, GRPO), generated from
+    the records each layer declares (`RECORD_SECTIONS`), the run's own keys (`RUN_KEYS`) and
+    the sections generated from the registries (schedules, controllers, the population's
+    varied keys)."""
+    c = ml_collections.ConfigDict({k: v for k, (v, _) in RUN_KEYS.items()})
+    for name, record in RECORD_SECTIONS.items():
+        c[name] = section(record)
     # the registry choices and kwargs as the config file wrote them (presets.finish): how
     # resolve tells a command-line switch of objective.weight etc. from the file's choice
     c.objective.as_written = ml_collections.ConfigDict()
-    c.critic = rl_defaults.critic_section()
-    c.optimizer = learn_defaults.optimizer_section()
-    c.train = train_defaults.train_section()
-    c.rewards = data_defaults.rewards_section()
-    for name, record in RECORD_SECTIONS.items():  # the sections their records declare
-        c[name] = section(record)
-    c.metrics = train_defaults.metrics_section()
-    c.env = data_defaults.env_section()
-    c.pact = rl_defaults.pact_section()
     # keys that move during a run: a schedule of the step, or a feedback controller (run/knobs.py)
-    c.schedules = train_defaults.knob_section()
-    c.controllers = train_defaults.knob_section()
+    c.schedules = knobs.knob_section()
+    c.controllers = knobs.knob_section()
     c.population = population_config.population_section()
     # keys that fix shapes or programs, switched at chosen steps (run/stages.py): a list of
     # dict(step=..., overrides={dotted key: value}), each stage on top of the ones before
@@ -125,42 +144,36 @@ def base_config() -> ml_collections.ConfigDict:
     return c
 
 
-# The sections declared by a record beside their code (core/records.py): keys, defaults,
-# docs, ranges and choices written once, there. The other sections are ConfigDicts built
-# by each layer's defaults.py.
-RECORD_SECTIONS: dict[str, type] = {"eval": EvalSection}
-
 # --------------------------------------------------------------------------- resolve
 
-# The allowed values and ranges of every key, composed from the layers that own them.
+# The allowed values and ranges of every key, from the records that declare them.
 CHOICES: dict[str, tuple] = {
     "mode": ("rl", "sft"),
-    **model_defaults.CHOICES,
-    **data_defaults.CHOICES,
-    **rl_defaults.CHOICES,
-    **learn_defaults.CHOICES,
-    **train_defaults.CHOICES,
-    **losses.CHOICES,
     **{k: v for n, r in RECORD_SECTIONS.items() for k, v in records.choices(n, r).items()},
 }
 # (low, high, low inclusive, high inclusive); None = open. The keys also checked for
 # consistency below (e.g. group_size >= 2 in RL) are here too.
 RANGES: dict[str, tuple] = {
     "seed": (0, None, True, None),
-    **core_defaults.RANGES,
-    **model_defaults.RANGES,
-    **data_defaults.RANGES,
-    **rl_defaults.RANGES,
-    **learn_defaults.RANGES,
-    **train_defaults.RANGES,
     **{k: v for n, r in RECORD_SECTIONS.items() for k, v in records.ranges(n, r).items()},
-    **losses.RANGES,
 }
 
 
 def section(record: type) -> ml_collections.ConfigDict:
-    """The config section a record declares (core/records.py): its keys at their defaults."""
-    return ml_collections.ConfigDict(records.defaults(record))
+    """The config section a record declares (core/records.py): its keys at their defaults;
+    an unset key (None) a placeholder of its type, so the command line can set it."""
+    s = ml_collections.ConfigDict()
+    for f in records.keys_of(record):
+        default = records.default_of(f)
+        if records.subsection(f):
+            s[f.name] = section(records.subsection(f))
+        elif records.is_free(f):
+            s[f.name] = ml_collections.ConfigDict(default)
+        elif default is None:
+            s[f.name] = config_dict.placeholder(records.unset_type(record, f.name))
+        else:
+            s[f.name] = default
+    return s
 
 
 def resolve(config: Mapping | ml_collections.ConfigDict) -> ml_collections.ConfigDict:

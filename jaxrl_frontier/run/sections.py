@@ -1,11 +1,12 @@
-"""Each layer's typed options, built from the config's sections: the only place below the
+"""Each layer's typed records, built once from the resolved config: the only place below the
 trainer where a whole config is read (docs/design.md, "Sections").
 
-A builder below `run/` takes its record (`task_for(task_options(c), tokenizer)`,
-`make_source(task, source_options(c), ...)`), never the whole config; each record is frozen
-and checks its own values where it is built. What spans sections is settled here, once: the
-effective reward weights a dynamic source filters on, the environment section an
-environment run's parts read, the critic's optimizer.
+A section a layer declares (`schema.RECORD_SECTIONS`) is built as its record by
+`record(c, name)`; a builder below `run/` takes its record (`task_for(task_options(c),
+tokenizer)`, `make_source(task, source_options(c), ...)`), never the whole config or a
+ConfigDict. What spans sections is settled here, once: the effective reward weights a
+dynamic source filters on, the environment an environment run's parts read (with the prompt
+budget), the critic's optimizer.
 """
 
 from __future__ import annotations
@@ -13,36 +14,57 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-import ml_collections
-
+from jaxrl_frontier.core import records
 from jaxrl_frontier.core.distributed import DistributedOptions
+from jaxrl_frontier.data.defaults import EnvOptions
 from jaxrl_frontier.data.rewards.scorer import RewardOptions
 from jaxrl_frontier.data.rewards.shaping import effective_reward_weights, shaper_reward_names
 from jaxrl_frontier.data.tasks.options import TaskOptions
 from jaxrl_frontier.models import pretrained
+from jaxrl_frontier.rl.learn.optimizer import OptimizerSection
 from jaxrl_frontier.rl.methods.pact import PactOptions
 from jaxrl_frontier.rl.methods.ppo import CriticOptions
 from jaxrl_frontier.rl.produce.editors import EditorOptions
 from jaxrl_frontier.rl.sources.base import SourceOptions
+from jaxrl_frontier.run.schema import RECORD_SECTIONS
+from jaxrl_frontier.sampling.rollout_section import RolloutSection
 from jaxrl_frontier.train.collapse import PeakOptions
+from jaxrl_frontier.train.defaults import TrainSection
 from jaxrl_frontier.train.evaluation import EvalOptions
 from jaxrl_frontier.train.guards import GuardOptions
 from jaxrl_frontier.train.sft import SFTOptions
 
 
-def env_section(c) -> ml_collections.ConfigDict | None:
-    """The `env` section with `max_prompt_len` (data.max_prompt_len) added, which the
-    environment's task, producer and evaluation read; None unless `env.name` is set."""
+def record(c, name: str, **extra) -> Any:
+    """Section `name` of the resolved config `c` as the record its layer declares
+    (`schema.RECORD_SECTIONS`), checked as it is built; `extra`: the record's fields that
+    are not config keys."""
+    return records.build(RECORD_SECTIONS[name], c[name], name, **extra)
+
+
+def rollout_section(c) -> RolloutSection:
+    return record(c, "rollout")
+
+
+def optimizer_section(c) -> OptimizerSection:
+    return record(c, "optimizer")
+
+
+def train_section(c) -> TrainSection:
+    return record(c, "train")
+
+
+def env_options(c) -> EnvOptions | None:
+    """The `env` section with `max_prompt_len` (data.max_prompt_len), which the environment's
+    task, producer and evaluation read; None unless `env.name` is set."""
     if not c.env.name:
         return None
-    env = ml_collections.ConfigDict(c.env.to_dict())
-    env.max_prompt_len = int(c.data.max_prompt_len)
-    return env
+    return records.build(EnvOptions, c.env, "env", max_prompt_len=int(c.data.max_prompt_len))
 
 
 def task_options(c) -> TaskOptions:
     """`task.*`, where the chat template is read (`tokenizer.*`), `data.max_prompt_len`,
-    `data.truncate_prompts` and the environment (`env_section`)."""
+    `data.truncate_prompts` and the environment (`env_options`)."""
     return TaskOptions(
         name=c.task.name,
         kwargs=c.task.kwargs.to_dict(),
@@ -52,12 +74,12 @@ def task_options(c) -> TaskOptions:
         tokenizer_path=pretrained.local_path(c.tokenizer.path or ""),
         max_prompt_len=int(c.data.max_prompt_len),
         truncate_prompts=bool(c.data.truncate_prompts),
-        env=env_section(c),
+        env=env_options(c),
     )
 
 
 def reward_options(c) -> RewardOptions:
-    return RewardOptions.from_section(c.rewards)
+    return record(c, "rewards")
 
 
 def shaped_rewards(c) -> list[str]:
@@ -69,17 +91,17 @@ def source_options(c) -> SourceOptions:
     """`data.source` and its block, the seed, and the reward weights the advantages use."""
     shaped = shaped_rewards(c)
     weights = effective_reward_weights(c.objective.reward_weights.to_dict(), shaped)
-    d = c.data
+    d = record(c, "data")
     return SourceOptions(
         name=d.source,
-        seed=c.seed if d.get("seed") is None else d.seed,
+        seed=c.seed if d.seed is None else d.seed,
         dynamic=d.dynamic,
         ads=d.ads,
         sspo=d.sspo,
         zppo=d.zppo,
         reward_weights=weights,
         shaped=tuple(shaped),
-        environment=env_section(c),
+        environment=env_options(c),
     )
 
 
@@ -96,37 +118,35 @@ def editor_options(c) -> EditorOptions:
 
 def pact_options(c) -> PactOptions | None:
     """PACT's options, None when `pact.enabled` is off."""
-    return PactOptions.from_section(c.get("pact"))
+    options = record(c, "pact")
+    return options if options.enabled else None
 
 
 def critic_options(c) -> CriticOptions:
     """`critic.*`, the seed, and the critic's optimizer: `optimizer.*` at `critic.lr`."""
-    cc = c.critic
-    optimizer = c.optimizer.to_dict()
-    optimizer["lr"] = cc.lr if cc.lr is not None else c.optimizer.lr
-    names = ("kind", "gamma", "lam", "value_clip", "value_coef", "whiten", "stop_gradient")
-    return CriticOptions(
-        **{k: cc[k] for k in (*names, "hidden_size", "num_layers")},
-        seed=c.seed,
-        optimizer=optimizer,
-    )
+    optimizer = optimizer_section(c)
+    if c.critic.lr is not None:
+        optimizer = dataclasses.replace(optimizer, lr=c.critic.lr)
+    return records.build(CriticOptions, c.critic, "critic", seed=c.seed, optimizer=optimizer)
 
 
 def eval_options(c) -> EvalOptions:
-    return EvalOptions(
-        **c.eval.to_dict(),  # the `eval` section is EvalOptions' own (EvalSection)
+    return records.build(
+        EvalOptions,
+        c.eval,
+        "eval",
         seed=c.seed,
         max_new_tokens=c.rollout.max_new_tokens,
         max_prompt_len=c.data.max_prompt_len,
         prompts=task_options(c),
-        environment=env_section(c),
+        environment=env_options(c),
     )
 
 
 def peak_options(c) -> PeakOptions:
     """`train.export` and `train.collapse.*`: the loop's decisions after an eval."""
-    t = c.train
-    return PeakOptions(export=t.export, **t.collapse.to_dict())
+    t = train_section(c)
+    return PeakOptions(export=t.export, collapse=t.collapse)
 
 
 def guard_options(c) -> GuardOptions:
@@ -146,9 +166,7 @@ def sft_options(c) -> SFTOptions:
 
 def distributed_options(c) -> DistributedOptions:
     """`distributed.*` (a config without the section: every key unset)."""
-    d = c.get("distributed") or {}
-    fields = [f.name for f in dataclasses.fields(DistributedOptions)]
-    return DistributedOptions(**{k: d[k] for k in fields if d.get(k) is not None})
+    return records.build(DistributedOptions, c.get("distributed") or {}, "distributed")
 
 
 BUILDERS = {
@@ -163,6 +181,9 @@ BUILDERS = {
     "guard": guard_options,
     "sft": sft_options,
     "distributed": distributed_options,
+    "rollout": rollout_section,
+    "optimizer": optimizer_section,
+    "train": train_section,
 }
 
 

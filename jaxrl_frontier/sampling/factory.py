@@ -3,29 +3,39 @@ entry point to `Sampler`, `SpeculativeSampler`, `ContinuousSampler` and `Partial
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from jax.sharding import Mesh
 
+from jaxrl_frontier.core import records
 from jaxrl_frontier.models.transformer import Transformer
 from jaxrl_frontier.sampling.continuous import ContinuousSampler
 from jaxrl_frontier.sampling.partial import PartialSampler
+from jaxrl_frontier.sampling.rollout_section import RolloutSection
 from jaxrl_frontier.sampling.sampler import Sampler
 from jaxrl_frontier.sampling.speculative import SpeculativeSampler
 
 
-def sampler_class(rollout, *, partial: bool = False) -> type[Sampler]:
+def rollout_record(rollout: RolloutSection | Mapping) -> RolloutSection:
+    """The `rollout` section as its record (a mapping, e.g. a notebook's dict of the keys it
+    sets, is built into one: the keys not given at their defaults)."""
+    if isinstance(rollout, RolloutSection):
+        return rollout
+    return records.build(RolloutSection, rollout, "rollout")
+
+
+def sampler_class(rollout: RolloutSection | Mapping, *, partial: bool = False) -> type[Sampler]:
     """The class `make_sampler` builds for the `rollout` section (no instance): what run/
     reads a sampler's declared `capabilities` from."""
-    slots = int(rollout.get("continuous_slots") or 0)
-    if slots:
-        budget = int(rollout.get("partial_budget") or 0)
-        return PartialSampler if budget and partial else ContinuousSampler
-    spec = rollout.get("speculative") or {}
-    return Sampler if spec.get("draft") is None else SpeculativeSampler
+    r = rollout_record(rollout)
+    if r.continuous_slots:
+        return PartialSampler if r.partial_budget and partial else ContinuousSampler
+    return Sampler if r.speculative.draft is None else SpeculativeSampler
 
 
 def make_sampler(
     model: Transformer,
-    rollout,
+    rollout: RolloutSection | Mapping,
     *,
     pad_id: int,
     mesh: Mesh | None = None,
@@ -37,31 +47,30 @@ def make_sampler(
     `ContinuousSampler` (continuous batching), or with `partial` and `partial_budget` > 0 a
     `PartialSampler` (the training rollouts' partial rollouts); else a `Sampler`.
     record_routing: an MoE policy's rollouts carry their experts (`Sampler`'s only)."""
-    spec = rollout.get("speculative") or {}
+    r = rollout_record(rollout)
+    draft, slots, budget = r.speculative.draft, r.continuous_slots, r.partial_budget
     if record_routing and not model.cfg.num_experts:
         raise ValueError(
             "config key 'model.moe.routing_replay' = 'rollout' needs a mixture-of-experts "
             "policy (model.moe.num_experts > 0, or a Qwen3-MoE checkpoint); set it to 'none'"
         )
-    if record_routing and (rollout.get("continuous_slots") or spec.get("draft") is not None):
+    if record_routing and (slots or draft is not None):
         raise ValueError(
             "config key 'model.moe.routing_replay' = 'rollout' records the experts in the "
             "plain sampler only: set rollout.continuous_slots = 0 and rollout.speculative.draft "
             "= None, or model.moe.routing_replay = 'none'"
         )
-    kw = dict(pad_id=pad_id, mesh=mesh, cache_dtype=rollout.get("cache_dtype") or None)
-    slots = int(rollout.get("continuous_slots") or 0)
-    if slots and spec.get("draft") is not None:
+    kw = dict(pad_id=pad_id, mesh=mesh, cache_dtype=r.cache_dtype or None)
+    if slots and draft is not None:
         raise ValueError(
             "config keys 'rollout.continuous_slots' and 'rollout.speculative.draft' are "
             "exclusive: set one of them"
         )
-    if slots and rollout.get("dropout_rate"):
+    if slots and r.dropout_rate:
         raise ValueError(
             "config key 'rollout.continuous_slots' > 0 takes no Dropout-GRPO masks "
             "('rollout.dropout_rate' > 0: each row's prompt cache differs)"
         )
-    budget = int(rollout.get("partial_budget") or 0)
     if budget and not slots:
         raise ValueError(
             f"config key 'rollout.partial_budget' = {budget} starts the next batch's rows in "
@@ -71,7 +80,6 @@ def make_sampler(
         return PartialSampler(model, slots=slots, budget=budget, **kw)
     if slots:
         return ContinuousSampler(model, slots=slots, **kw)
-    if spec.get("draft") is None:
-        phases = int(rollout.get("decode_phases") or 1)
-        return Sampler(model, decode_phases=phases, record_routing=record_routing, **kw)
-    return SpeculativeSampler(model, int(spec["draft"]), k=int(spec.get("k", 4)), **kw)
+    if draft is None:
+        return Sampler(model, decode_phases=r.decode_phases, record_routing=record_routing, **kw)
+    return SpeculativeSampler(model, draft, k=r.speculative.k, **kw)

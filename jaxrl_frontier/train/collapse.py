@@ -13,6 +13,8 @@ from typing import Any
 
 import numpy as np
 
+from jaxrl_frontier.core.records import key
+
 
 @dataclasses.dataclass(frozen=True)
 class CollapseDetector:
@@ -48,16 +50,24 @@ class CollapseDetector:
 
 
 @dataclasses.dataclass(frozen=True)
-class PeakOptions:
-    """What the loop does after an eval (`train.export`, `train.collapse.*`): export the best
-    policy ('best') or the last ('last'), and stop on a rise and collapse of `metric`."""
+class CollapseSection:
+    """`train.collapse`: the rise-and-collapse early stop (rl/diagnostics.py) on the eval
+    curve of `metric`, and the metric whose best eval `train.export = 'best'` exports."""
 
-    export: str = "last"
-    stop: bool = False
-    metric: str = "eval/pass@1_greedy"
-    rise: float = 0.05
-    drop: float = 0.05
-    patience: int = 2
+    stop: bool = key(False, "stop the run on a rise and collapse")
+    metric: str = key("eval/pass@1_greedy", "the eval metric watched")
+    rise: float = key(0.05, "a rise: the peak at least this above the first eval")
+    drop: float = key(0.05, "a collapse: the last evals at least this below the peak")
+    patience: int = key(2, "the last evals that must lie below the peak")
+
+
+@dataclasses.dataclass(frozen=True)
+class PeakOptions:
+    """What the loop does after an eval (`train.export`, `train.collapse`): export the best
+    policy ('best') or the last ('last'), and stop on a rise and collapse."""
+
+    export: str
+    collapse: CollapseSection
 
 
 def after_eval(
@@ -72,10 +82,10 @@ def after_eval(
     the run stops (`collapse_outcome`), its export is the peak (rolled forward to the next
     campaign), whose budget is peak_step + 3.
     """
-    t = options
+    t, export_best = options.collapse, options.export == "best"
     key = t.metric
     if key not in ev:
-        if t.export == "best" or t.stop:
+        if export_best or t.stop:
             raise KeyError(
                 f"config key 'train.collapse.metric' = {key!r} is not an eval metric; the "
                 f"eval's: {', '.join(sorted(ev))}"
@@ -85,7 +95,7 @@ def after_eval(
     best = history.get("best")
     if best is None or value > best["value"]:
         history["best"] = dict(step=int(step), value=value)
-        if t.export == "best":
+        if export_best:
             export()
     if t.stop and "collapse" not in history:
         det = CollapseDetector(t.rise, t.drop, t.patience)

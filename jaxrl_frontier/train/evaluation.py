@@ -27,6 +27,7 @@ import numpy as np
 
 from jaxrl_frontier.core import records, sharding
 from jaxrl_frontier.core.registry import Registry
+from jaxrl_frontier.data.defaults import EnvOptions
 from jaxrl_frontier.data.rewards.scorer import InProcessScorer
 from jaxrl_frontier.data.tasks import TaskOptions, chat, eval_examples
 from jaxrl_frontier.models.text import decode, encode_prompts
@@ -72,7 +73,7 @@ class EvalOptions(EvalSection):
     max_new_tokens: int = 8
     max_prompt_len: int = 16
     prompts: TaskOptions = dataclasses.field(default_factory=TaskOptions)
-    environment: Any = None
+    environment: EnvOptions | None = None
     key_seed: int = 0
     sampled_batch: int = 0
     sampled: bool | None = None

@@ -24,8 +24,8 @@ class GuardOptions:
     """The stop rules' limits: `train.max_skipped_updates` updates skipped in a row and
     `rewards.max_failure_steps` steps of failing rewards in a row (0: never)."""
 
-    max_skipped_updates: int = 10
-    max_failure_steps: int = 3
+    max_skipped_updates: int
+    max_failure_steps: int
 
 
 class RunGuard:

@@ -42,7 +42,9 @@ from typing import Any, TextIO
 
 import numpy as np
 
+from jaxrl_frontier.core import records
 from jaxrl_frontier.core.errors import ConfigError
+from jaxrl_frontier.core.records import key, section
 from jaxrl_frontier.core.registry import Registry
 
 METRICS_FILE = "metrics.jsonl"
@@ -51,6 +53,9 @@ WRITERS = Registry("metrics writer", key="metrics.writers")
 
 
 # --------------------------------------------------------------------------- options
+
+
+WANDB_MODES = ("", "online", "offline", "disabled")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,11 +68,11 @@ class WandbOptions:
     network; `wandb sync DIR/wandb/offline-run-*` uploads later). dir: where W&B writes its
     files ('': the run directory, under `wandb/`)."""
 
-    project: str = "jaxrl_frontier"
-    name: str = ""
-    entity: str = ""
-    mode: str = ""
-    dir: str = ""
+    project: str = key("jaxrl_frontier", "the W&B project")
+    name: str = key("", "the run's name ('': the run directory's name)")
+    entity: str = key("", "the team or user ('': the API key's default)")
+    mode: str = key("", "'' | online | offline | disabled", choices=WANDB_MODES)
+    dir: str = key("", "where W&B writes ('': the run directory)")
 
     def resolved_mode(self, env: Mapping[str, str] = os.environ) -> str:
         """The mode W&B runs in: the key's value, else $WANDB_MODE, else online iff an API key
@@ -77,17 +82,14 @@ class WandbOptions:
         return env.get("WANDB_MODE") or ("online" if env.get("WANDB_API_KEY") else "offline")
 
 
-WANDB_MODES = ("", "online", "offline", "disabled")
-
-
 @dataclasses.dataclass(frozen=True)
 class MetricsOptions:
     """`metrics`: which writers a run's scalars go to (`WRITERS` names) and their options.
     flush_secs: TensorBoard's event files are flushed at least this often."""
 
-    writers: tuple[str, ...] = ("tensorboard", "jsonl")
-    flush_secs: float = 30.0
-    wandb: WandbOptions = WandbOptions()
+    writers: tuple[str, ...] = key(("tensorboard", "jsonl"), "WRITERS names")
+    flush_secs: float = key(30.0, "TensorBoard's flush interval", low=0, low_open=True)
+    wandb: WandbOptions = section(WandbOptions, "the Weights & Biases run")
 
     def __post_init__(self) -> None:
         names = (self.writers,) if isinstance(self.writers, str) else tuple(self.writers)
@@ -102,15 +104,14 @@ class MetricsOptions:
                 f"config key 'metrics.wandb.mode' = {self.wandb.mode!r}; allowed: "
                 + ", ".join(map(repr, WANDB_MODES))
             )
+        records.check(self, "metrics")
         if "wandb" in names:  # checked on every process, so all of them fail alike
             _require_wandb()
 
     @classmethod
     def from_section(cls, section: Mapping[str, Any]) -> MetricsOptions:
-        """The record of a `metrics` section given as a plain mapping (`c.metrics.to_dict()`)."""
-        section = dict(section)
-        wandb = WandbOptions(**dict(section.pop("wandb", None) or {}))
-        return cls(**section, wandb=wandb)
+        """The record of a `metrics` section given as a mapping (keys not given: defaults)."""
+        return records.build(cls, section, "metrics")
 
 
 # --------------------------------------------------------------------------- scalars, files

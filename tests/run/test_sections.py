@@ -219,15 +219,15 @@ def test_records_carry_what_spans_sections():
     # empty objective.reward_weights: correctness and every shaped component at weight 1
     assert source.shaped == ("dre", "overlong") and source.seed == 7
     assert dict(source.reward_weights) == {"correctness": 1.0, "dre": 1.0, "overlong": 1.0}
-    assert sections.critic_options(c).optimizer["lr"] == 3e-4  # critic.lr None: optimizer.lr
+    assert sections.critic_options(c).optimizer.lr == 3e-4  # critic.lr None: optimizer.lr
     c.critic.lr = 1e-3
-    assert sections.critic_options(c).optimizer["lr"] == 1e-3
+    assert sections.critic_options(c).optimizer.lr == 1e-3
     peak = sections.peak_options(c)
-    assert (peak.export, peak.metric, peak.patience) == ("last", "eval/pass@4", 2)
+    assert (peak.export, peak.collapse.metric, peak.collapse.patience) == ("last", "eval/pass@4", 2)
     ev = sections.eval_options(c)
     assert (ev.seed, ev.max_new_tokens, ev.prompts.max_prompt_len) == (7, 6, 16)
     c.env.name = "gridworld"
-    assert sections.env_section(c).max_prompt_len == 16  # data.max_prompt_len joins it
+    assert sections.env_options(c).max_prompt_len == 16  # data.max_prompt_len joins it
     c.rewards.scorer = "sandboxd"
     with pytest.raises(config_lib.ConfigError, match="rewards.scorer.*did you mean 'sandboxed'"):
         sections.reward_options(c)

@@ -143,14 +143,14 @@ def scripted_producer(char_setup, rewards, **env):
     from jaxrl_frontier.data.envs.task import EnvTask
     from jaxrl_frontier.rl.produce.agent import AgentRolloutProducer
     from jaxrl_frontier.run.config import base_config
-    from jaxrl_frontier.run.sections import env_section
+    from jaxrl_frontier.run.sections import env_options
 
     tok, m, sampler = char_setup
     c = base_config()
     c.data.max_prompt_len = 16
     c.env.update(name="scripted", max_turns=4, turn_tokens=3, obs_tokens=6, **env)
     c.env.kwargs = {"rewards": list(rewards)}
-    section = env_section(c)
+    section = env_options(c)
     producer = AgentRolloutProducer(
         sampler, tok, EnvTask(section), env=section, objective={"advantage": "grpo"},
         mesh=sharding.make_mesh((1, 1, 1), jax.devices()[:1]),

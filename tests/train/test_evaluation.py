@@ -108,7 +108,7 @@ def test_episode_evaluation_plays_the_seeds_with_the_samplers_shared_sessions():
     from jaxrl_frontier.models.tokenizer import CharTokenizer
     from jaxrl_frontier.rl.produce.agent import play
     from jaxrl_frontier.run.config import base_config
-    from jaxrl_frontier.run.sections import env_section
+    from jaxrl_frontier.run.sections import env_options
     from jaxrl_frontier.sampling import Sampler
     from jaxrl_frontier.sampling.turns import TurnSession
 
@@ -122,7 +122,7 @@ def test_episode_evaluation_plays_the_seeds_with_the_samplers_shared_sessions():
     c.data.max_prompt_len = 24  # "start <a 10-digit seed>" and BOS
     c.env.update(name="scripted", max_turns=4, turn_tokens=3, obs_tokens=6)
     c.env.kwargs = {"rewards": [0.5, 0.0, 2.0]}
-    env = env_section(c)
+    env = env_options(c)
     task = EnvTask(env)
     options = ev.EvalOptions(num_prompts=3, pass_k=2, batch=3, environment=env)  # one chunk
     played = []

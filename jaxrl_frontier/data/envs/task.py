@@ -129,8 +129,8 @@ def check_env_config(env) -> tuple[str, ...]:
     if e.credit not in CREDITS:
         raise ConfigError(f"config key 'env.credit' = {e.credit!r}; allowed: {', '.join(CREDITS)}")
     for key in ("max_turns", "turn_tokens", "obs_tokens"):
-        if e[key] < 1:
-            raise ConfigError(f"config key 'env.{key}' = {e[key]} must be >= 1")
+        if getattr(e, key) < 1:
+            raise ConfigError(f"config key 'env.{key}' = {getattr(e, key)} must be >= 1")
     if e.max_tokens < 0:
         raise ConfigError(f"config key 'env.max_tokens' = {e.max_tokens} must be >= 0 (0: none)")
     return ENV_REWARD_NAMES

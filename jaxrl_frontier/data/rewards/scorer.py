@@ -23,6 +23,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from jaxrl_frontier.core import records
+from jaxrl_frontier.core.records import key
 from jaxrl_frontier.data.tasks.base import Example, Task
 from jaxrl_frontier.data.tasks.pipeline import unbatch
 
@@ -152,15 +154,20 @@ SCORERS = ("auto", "in_process", "sandboxed")
 
 @dataclasses.dataclass(frozen=True)
 class RewardOptions:
-    """The `rewards` section as `make_scorer` reads it: the scorer (`SCORERS`) and the
-    sandbox's workers and per-completion limits."""
+    """`rewards`: how completions are scored: in process or sandboxed (each completion run
+    as a program in a locked-down subprocess: data/rewards/sandbox.py), the sandbox's
+    workers and per-completion limits, and when failing rewards stop a run (a reward that
+    fails on every completion for max_failure_steps steps in a row; train/guards.py)."""
 
-    scorer: str = "auto"
-    workers: int = 4
-    cpu_seconds: float = 2.0
-    wall_seconds: float = 5.0
-    memory_mb: int = 512
-    max_output_bytes: int = 65536
+    scorer: str = key("auto", "auto (the task's choice) | in_process | sandboxed", choices=SCORERS)
+    max_failure_steps: int = key(
+        3, "steps in a row a reward may fail everywhere (0: never stop)", low=0
+    )
+    workers: int = key(4, "completions run in parallel", low=0, low_open=True)
+    cpu_seconds: float = key(2.0, "a completion's CPU time", low=0, low_open=True)
+    wall_seconds: float = key(5.0, "a completion's wall time", low=0, low_open=True)
+    memory_mb: int = key(512, "a completion's memory", low=0, low_open=True)
+    max_output_bytes: int = key(65536, "a completion's output kept", low=0, low_open=True)
 
     def __post_init__(self):
         if self.scorer not in SCORERS:
@@ -173,10 +180,7 @@ class RewardOptions:
                 f"config key 'rewards.scorer' = {self.scorer!r}; allowed: {', '.join(SCORERS)}"
                 + (f" (did you mean {close[0]!r}?)" if close else "")
             )
-
-    @classmethod
-    def from_section(cls, section) -> RewardOptions:
-        return cls(**{f.name: section[f.name] for f in dataclasses.fields(cls)})
+        records.check(self, "rewards")
 
 
 def make_scorer(options: RewardOptions, task: Task) -> RewardScorer:

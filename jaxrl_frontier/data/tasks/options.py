@@ -7,6 +7,8 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+from jaxrl_frontier.data.defaults import EnvOptions
+
 
 @dataclasses.dataclass(frozen=True)
 class TaskOptions:
@@ -26,7 +28,7 @@ class TaskOptions:
     tokenizer_path: str = ""
     max_prompt_len: int = 16
     truncate_prompts: bool = False
-    env: Any = None
+    env: EnvOptions | None = None
 
     def __post_init__(self):
         if self.max_prompt_len < 1:

@@ -10,12 +10,40 @@ rounding of lr x schedule differs, so a run keeps the form it started with.
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import numpy as np
 import optax
 
+from jaxrl_frontier.core import records
+from jaxrl_frontier.core.records import key
 
-def learning_rate_schedule(opt_cfg, total_updates: int, peak: float | None = None):
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerSection:
+    """`optimizer`: AdamW, its schedule, clipping, and gradient accumulation (read by the
+    learner). lr_in_state: the peak lr a value of the optimizer state, not of the program,
+    so a population may vary it (module docstring)."""
+
+    lr: float = key(1e-4, "the peak learning rate", low=0, low_open=True)
+    schedule: str = key("constant", "after the warm-up", choices=("constant", "cosine", "linear"))
+    warmup_steps: int = key(0, "updates of linear warm-up from 0", low=0)
+    b1: float = key(0.9, "Adam's first-moment decay", low=0, high=1, high_open=True)
+    b2: float = key(0.99, "Adam's second-moment decay", low=0, high=1, high_open=True)
+    eps: float = key(1e-8, "Adam's epsilon", low=0)
+    weight_decay: float = key(0.0, "AdamW's decoupled weight decay", low=0)
+    max_grad_norm: float = key(1.0, "global-norm clipping (0: none)", low=0)
+    grad_accum: int = key(1, "microbatches per minibatch", low=0, low_open=True)
+    lr_in_state: bool = key(False, "the peak lr a value of the optimizer state")
+
+    def __post_init__(self):
+        records.check(self, "optimizer")
+
+
+def learning_rate_schedule(
+    opt_cfg: OptimizerSection, total_updates: int, peak: float | None = None
+):
     """Linear warmup to `lr` (or `peak`) over `warmup_steps`, then constant / cosine / linear
     decay to 0 at `total_updates`."""
     lr = opt_cfg.lr if peak is None else peak
@@ -31,8 +59,10 @@ def learning_rate_schedule(opt_cfg, total_updates: int, peak: float | None = Non
     return optax.join_schedules([optax.linear_schedule(0.0, lr, warmup), decay], [warmup])
 
 
-def build_optimizer(opt_cfg, total_updates: int) -> optax.GradientTransformation:
-    in_state = bool(opt_cfg.get("lr_in_state"))
+def build_optimizer(opt_cfg: OptimizerSection, total_updates: int) -> optax.GradientTransformation:
+    """Clipping, then AdamW on `learning_rate_schedule` (its peak in the state with
+    `lr_in_state`)."""
+    in_state = opt_cfg.lr_in_state
     adamw = optax.adamw(
         learning_rate_schedule(opt_cfg, total_updates, peak=1.0 if in_state else None),
         b1=opt_cfg.b1,

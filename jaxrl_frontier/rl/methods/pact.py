@@ -29,13 +29,15 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxrl_frontier.core import records
 from jaxrl_frontier.core.capabilities import Capabilities
+from jaxrl_frontier.core.records import key, section
 from jaxrl_frontier.core.registry import Registry
 
 sg = jax.lax.stop_gradient
@@ -249,37 +251,39 @@ def _shift_right(x_bt, columns: int):
 
 
 @dataclasses.dataclass(frozen=True)
-class PactOptions:
-    """The `pact` section (PACT on; `run/sections.py` builds None when it is off): the trace
-    source (`TRACE_SOURCES`), its context, the coefficients and their annealing, the
-    component weights and the context and trace lengths."""
+class PactWeights:
+    """`pact.weights`: the SFT targets' weight of each trace component (`COMPONENTS`)."""
 
-    source: str = "calculator"
-    context: str = "expert solution: {trace}\n"
-    trace_coef: float = 0.5
-    sft_coef: float = 0.2
-    anneal_steps: int = 200
-    schedule: str = "linear"
-    weights: Mapping[str, float] = dataclasses.field(default_factory=dict)
-    context_len: int = 96
-    trace_len: int = 64
+    reasoning: float = key(0.5, "the trace's reasoning text")
+    tool_call: float = key(1.0, "the trace's tool calls")
+    answer: float = key(1.0, "the trace's answer")
+
+
+@dataclasses.dataclass(frozen=True)
+class PactOptions:
+    """The `pact` section (module docstring): rollouts stay prompt-only; each prompt's expert
+    trace (a `TRACE_SOURCES` name) enters the update as a context after the prompt, scoring
+    the rollout (trace_coef x the trace-conditioned surrogate), and as SFT targets (component
+    `weights`; sft_coef annealed to 0 over anneal_steps by `schedule`)."""
+
+    enabled: bool = key(False, "PACT's expert traces in the update")
+    source: str = key("calculator", "the trace source (a TRACE_SOURCES name)")
+    context: str = key("expert solution: {trace}\n", "how the trace is written after the prompt")
+    trace_coef: float = key(0.5, "the trace-conditioned surrogate's weight")
+    sft_coef: float = key(0.2, "the SFT targets' starting weight")
+    anneal_steps: int = key(200, "steps sft_coef anneals to 0 over")
+    schedule: str = key("linear", "sft_coef's annealing", choices=("linear", "cosine", "constant"))
+    weights: PactWeights = section(PactWeights, "the SFT targets' component weights")
+    context_len: int = key(96, "the context's tokens, at most")
+    trace_len: int = key(64, "the trace's tokens, at most")
 
     def __post_init__(self):
-        unknown = set(self.weights) - set(COMPONENTS)
-        if unknown:
-            raise ValueError(
-                f"config key 'pact.weights': unknown components {sorted(unknown)}; "
-                f"allowed: {list(COMPONENTS)}"
-            )
+        records.check(self, "pact")
 
-    @classmethod
-    def from_section(cls, section) -> PactOptions | None:
-        """The options of a `pact` section, or None when PACT is off (`pact.enabled`)."""
-        if section is None or not section.get("enabled", False):
-            return None
-        fields = {f.name: section[f.name] for f in dataclasses.fields(cls)}
-        fields["weights"] = {k: float(v) for k, v in dict(section["weights"]).items()}
-        return cls(**fields)
+    @property
+    def component_weights(self) -> dict[str, float]:
+        """{component: weight}, in `COMPONENTS` order."""
+        return {c: float(getattr(self.weights, c)) for c in COMPONENTS}
 
 
 # ------------------------------------------------------------------ trace sources
@@ -334,7 +338,7 @@ class PactProducer:
         self.producer, self.tokenizer, self.mesh = producer, tokenizer, mesh
         self.trace = TRACE_SOURCES.get(p.source)
         self.cfg, self.obs_text, self.env = p, obs_text, env
-        self.weights = dict(p.weights)
+        self.weights = p.component_weights
         stops = tuple(stops) if env is not None else ()
         self.stop_id = int(tokenizer.encode(stops[0])[0]) if stops else int(tokenizer.eos_id)
 

@@ -35,21 +35,21 @@ for it too. The update's `grad_norm` is over both parts.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
 from typing import Any
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import optax
 from flax import nnx
 
-from jaxrl_frontier.core import sharding
+from jaxrl_frontier.core import records, sharding
+from jaxrl_frontier.core.records import key
 from jaxrl_frontier.objectives import distillation
 from jaxrl_frontier.objectives.stats import TokenStats
 from jaxrl_frontier.rl.credit import reward_weight_vector
 from jaxrl_frontier.rl.experience import Experience
 from jaxrl_frontier.rl.learn.forward import apply_hidden
+from jaxrl_frontier.rl.learn.optimizer import OptimizerSection, build_optimizer
 from jaxrl_frontier.rl.learn.train_step import TrainState, init_opt_state, make_update_fn
 from jaxrl_frontier.rl.methods import critic as critic_lib
 
@@ -293,31 +293,46 @@ class Critic:
 
 
 @dataclasses.dataclass(frozen=True)
-class CriticOptions:
-    """The `critic` section as PPO's critic is built from it (`critic.kind`: 'none' for no
-    critic), with the run's seed (the critic's own stream) and its optimizer: the `optimizer`
-    section's settings at `critic.lr` (None: optimizer.lr), a plain dict."""
+class CriticSection:
+    """`critic`: PPO's learned critic (none by default; rl/methods/critic.py). kind: none |
+    head (a value head on the policy's final hidden states) | model (a small separate
+    transformer); it goes with objective.advantage = 'gae': per-token GAE on its values over
+    the policy tokens, a clipped value loss (value_clip; 0: unclipped) weighted by
+    value_coef, its own Adam (lr; None: optimizer.lr). whiten: advantages scaled to zero
+    mean, unit variance over the batch's policy tokens. stop_gradient: the head's value loss
+    leaves the policy's trunk alone. hidden_size / num_layers: the separate model's size."""
 
-    kind: str = "none"
-    gamma: float = 1.0
-    lam: float = 0.95
-    value_clip: float = 0.2
-    value_coef: float = 0.5
-    whiten: bool = True
-    stop_gradient: bool = False
-    hidden_size: int = 64
-    num_layers: int = 2
+    kind: str = key("none", "none | head | model", choices=("none", "head", "model"))
+    gamma: float = key(1.0, "GAE's discount", low=0, high=1)
+    lam: float = key(0.95, "GAE's lambda", low=0, high=1)
+    value_clip: float = key(0.2, "the value loss's clip (0: unclipped)", low=0)
+    value_coef: float = key(0.5, "the value loss's weight", low=0, low_open=True)
+    lr: float | None = key(None, "the critic's Adam lr (None: optimizer.lr)")
+    whiten: bool = key(True, "advantages to zero mean, unit variance")
+    stop_gradient: bool = key(False, "the head's value loss leaves the trunk alone")
+    hidden_size: int = key(64, "the separate model's width", low=0, low_open=True)
+    num_layers: int = key(2, "the separate model's layers", low=0, low_open=True)
+
+    def __post_init__(self):
+        records.check(self, "critic")
+
+
+@dataclasses.dataclass(frozen=True)
+class CriticOptions(CriticSection):
+    """The `critic` section as PPO's critic is built from it, with the run's seed (the
+    critic's own stream) and its optimizer: the `optimizer` section with `lr` at `critic.lr`
+    (None: optimizer.lr)."""
+
     seed: int = 0
-    optimizer: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    optimizer: OptimizerSection = dataclasses.field(default_factory=OptimizerSection)
 
 
 def critic_optimizer(options: CriticOptions) -> optax.GradientTransformation:
-    """The critic's Adam: the policy's optimizer settings at `critic.lr` (None: optimizer.lr),
-    constant, no weight decay."""
-    from jaxrl_frontier.rl.learn.optimizer import build_optimizer
-
-    opt = ml_collections.ConfigDict(dict(options.optimizer))
-    opt.update(schedule="constant", warmup_steps=0, weight_decay=0.0)
+    """The critic's Adam: its optimizer settings (the policy's at `critic.lr`), constant, no
+    weight decay."""
+    opt = dataclasses.replace(
+        options.optimizer, schedule="constant", warmup_steps=0, weight_decay=0.0
+    )
     return build_optimizer(opt, 1)
 
 

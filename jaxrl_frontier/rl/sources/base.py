@@ -26,6 +26,13 @@ import numpy as np
 
 from jaxrl_frontier.core.capabilities import ALL, Capabilities
 from jaxrl_frontier.core.registry import Registry
+from jaxrl_frontier.data.defaults import (
+    AdsSection,
+    DataSspoSection,
+    DynamicSection,
+    EnvOptions,
+    ZppoSection,
+)
 from jaxrl_frontier.data.tasks.base import Example, Task, check_split
 from jaxrl_frontier.data.tasks.pipeline import READ_OPTIONS, LoadExample
 from jaxrl_frontier.rl.experience import PromptResult, ScoredRows
@@ -105,13 +112,13 @@ class SourceOptions:
 
     name: str = "uniform"
     seed: int = 0
-    dynamic: Any = None
-    ads: Any = None
-    sspo: Any = None
-    zppo: Any = None
+    dynamic: DynamicSection = dataclasses.field(default_factory=DynamicSection)
+    ads: AdsSection = dataclasses.field(default_factory=AdsSection)
+    sspo: DataSspoSection = dataclasses.field(default_factory=DataSspoSection)
+    zppo: ZppoSection = dataclasses.field(default_factory=ZppoSection)
     reward_weights: Mapping[str, float] = dataclasses.field(default_factory=dict)
     shaped: tuple[str, ...] = ()
-    environment: Any = None
+    environment: EnvOptions | None = None
 
 
 class LocalSlice:

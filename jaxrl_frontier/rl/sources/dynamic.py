@@ -122,4 +122,4 @@ def dynamic(
     w = dict(options.reward_weights)
     names = list(task.reward_names) + list(options.shaped)
     vector = [w.get(n, 0.0) for n in names] if w else [float(n == "correctness") for n in names]
-    return DynamicSource(fresh, max_draws=options.dynamic["max_draws"], weights=vector)
+    return DynamicSource(fresh, max_draws=options.dynamic.max_draws, weights=vector)

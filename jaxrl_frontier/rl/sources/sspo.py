@@ -25,6 +25,7 @@ with uniform seeds.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Hashable, Sequence
 from typing import Any
 
@@ -139,7 +140,7 @@ def sspo(
         raise ConfigError("config key 'data.source' = 'sspo' needs an environment (env.name)")
     if process_count > 1:
         raise ConfigError("config key 'data.source' = 'sspo' runs in one process")
-    pool = int(options.sspo["pool"])
+    pool = options.sspo.pool
     if pool < 1:
         raise ConfigError(f"config key 'data.sspo.pool' = {pool} must be >= 1")
 
@@ -152,8 +153,8 @@ def sspo(
         UniformSource(task, batch_size=batch_size, seed=options.seed),
         batch_size=batch_size,
         start_state=start_state,
-        scores=StateScores(**dict(options.environment["sspo"])),
+        scores=StateScores(**dataclasses.asdict(options.environment.sspo)),
         seed=options.seed,
         pool=pool,
-        allocate=bool(options.sspo["allocate"]),
+        allocate=options.sspo.allocate,
     )

@@ -32,9 +32,9 @@ from ml_collections import config_dict
 
 from jaxrl_frontier.core.errors import ConfigError
 from jaxrl_frontier.run import parts
+from jaxrl_frontier.run.knobs import knob_section
 from jaxrl_frontier.run.population.batched_update import check_member_blocks
 from jaxrl_frontier.run.population.pbt import pbt_section
-from jaxrl_frontier.train.defaults import knob_section
 
 SEED = "seed"
 LR = "optimizer.lr"  # a value of the optimizer state for every member (`optimizer.lr_in_state`)

@@ -8,14 +8,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxrl_frontier.rl.learn.defaults import optimizer_section
-from jaxrl_frontier.rl.learn.optimizer import build_optimizer, learning_rate_schedule
+from jaxrl_frontier.rl.learn.optimizer import (
+    OptimizerSection,
+    build_optimizer,
+    learning_rate_schedule,
+)
 
 
 def _opt(**kw):
-    c = optimizer_section()
-    c.update(kw)
-    return c
+    return OptimizerSection(**kw)
 
 
 @pytest.mark.parametrize(
