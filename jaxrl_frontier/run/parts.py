@@ -15,6 +15,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import Any
 
+from jaxrl_frontier.core import records
 from jaxrl_frontier.core.capabilities import Capabilities
 from jaxrl_frontier.core.errors import ConfigError
 
@@ -61,13 +62,13 @@ def parts_of(c) -> list[Part]:
     from jaxrl_frontier.rl.produce.editors import EDITORS
     from jaxrl_frontier.rl.produce.producer import RolloutProducer
     from jaxrl_frontier.rl.sources import SOURCES
-    from jaxrl_frontier.run import sections
     from jaxrl_frontier.sampling.factory import sampler_class
+    from jaxrl_frontier.sampling.rollout_section import RolloutSection
     from jaxrl_frontier.sampling.speculative import SpeculativeSampler
 
     r = c.rollout
     # the training rollouts' sampler
-    sampler = sampler_class(sections.rollout_section(c), partial=True)
+    sampler = sampler_class(records.build(RolloutSection, r, "rollout"), partial=True)
     key = f"rollout.continuous_slots = {r.continuous_slots}"
     if sampler is SpeculativeSampler:
         key = f"rollout.speculative.draft = {r.speculative.draft!r}"
