@@ -12,7 +12,7 @@ history. `data.source = 'sspo'` keeps that history (checkpointed with the run) a
 each batch's boards by 3SPO's allocation n(s0) = ceil(G_max S(s0)) of their start states.
 """
 
-from jaxrl_frontier.run import presets
+from jaxrl_frontier.run.config import presets
 
 
 def get_config(arg=None):

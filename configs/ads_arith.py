@@ -11,7 +11,7 @@ s_k = acc_k (1 - acc_k) + 0.01), and inside a cluster prompts last seen within 0
 are preferred. Logged: ads/p/<cluster>, ads/acc/<cluster>, ads/boundary_share.
 """
 
-from jaxrl_frontier.run import presets
+from jaxrl_frontier.run.config import presets
 
 
 def get_config(arg=None):

@@ -9,7 +9,7 @@ The number of zero-variance groups per batch is logged (rollout/zero_variance_gr
 replaces them with groups that carry signal.
 """
 
-from jaxrl_frontier.run import presets
+from jaxrl_frontier.run.config import presets
 
 
 def get_config(arg=None):

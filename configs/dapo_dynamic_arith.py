@@ -12,7 +12,7 @@ DAPO ("DAPO: An Open-Source LLM Reinforcement Learning System at Scale"): clip-h
   masks cut-off completions out of the loss instead.
 """
 
-from jaxrl_frontier.run import presets
+from jaxrl_frontier.run.config import presets
 
 
 def get_config(arg=None):

@@ -6,7 +6,7 @@ Dr. GRPO (Liu et al., 2025): A = r - mean_g; the loss divides by a constant C (t
 completion length) instead of each sequence's own length, removing GRPO's length bias.
 """
 
-from jaxrl_frontier.run import presets
+from jaxrl_frontier.run.config import presets
 
 
 def get_config(arg=None):

@@ -10,7 +10,7 @@ preferred in its group by the 'dre' reward component (rollout.dre_bonus). Logged
 dre/edited, dre/tokens_after_answer_before / _after.
 """
 
-from jaxrl_frontier.run import presets
+from jaxrl_frontier.run.config import presets
 
 
 def get_config(arg=None):

@@ -11,7 +11,7 @@ conflict whenever a wrong answer is shorter than a right one. Logged: reward/cor
 reward/length (per-component curves), diag/conflict_share (the rows hard masking drops).
 """
 
-from jaxrl_frontier.run import presets
+from jaxrl_frontier.run.config import presets
 
 
 def get_config(arg=None):

@@ -15,7 +15,7 @@ one global; the char tokenizer) on the repo's sample JSONL: it runs the architec
 through the trainer, it does not learn (a random policy earns no reward).
 """
 
-from jaxrl_frontier.run import presets
+from jaxrl_frontier.run.config import presets
 
 
 def get_config(arg=None):

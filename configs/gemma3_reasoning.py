@@ -13,7 +13,7 @@ terms, the answer asked in <answer>...</answer> tags, the last number scored whe
 none, and a format reward. `runlocal`: 2 steps of 4 prompts x 4 completions of 16 tokens.
 """
 
-from jaxrl_frontier.run import presets
+from jaxrl_frontier.run.config import presets
 
 
 def get_config(arg=None):

@@ -10,7 +10,7 @@ A_S(t), where A_S compares the discounted returns (`env.gamma`) of the turns tak
 same anchor state across the group's episodes, normalised by `env.scale`.
 """
 
-from jaxrl_frontier.run import presets
+from jaxrl_frontier.run.config import presets
 
 
 def get_config(arg=None):

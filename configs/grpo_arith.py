@@ -7,7 +7,7 @@ GRPO (Shao et al., 2024): A = (r - mean_g) / (std_g + eps), PPO-clipped ratio we
 token-mean aggregation.
 """
 
-from jaxrl_frontier.run import presets
+from jaxrl_frontier.run.config import presets
 
 
 def get_config(arg=None):

@@ -10,7 +10,7 @@ state, and the export merges them into the weights (Hugging Face format). LoRA's
 learning rate is about 10x the full fine-tune's.
 """
 
-from jaxrl_frontier.run import presets
+from jaxrl_frontier.run.config import presets
 
 
 def get_config(arg=None):

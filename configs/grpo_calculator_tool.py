@@ -18,8 +18,7 @@ of the four commonest answers: right on about a quarter, so its groups disagree 
 two-step run trains.
 """
 
-from jaxrl_frontier.run import presets
-from jaxrl_frontier.run.config import base_config
+from jaxrl_frontier.run.config import base_config, presets
 
 SYNTAX = dict(
     call_open="{calc ",

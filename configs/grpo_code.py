@@ -13,7 +13,7 @@ crashes or escapes scores 0. Rewards: correctness (every test passes), format (f
 value for every test), length. Starts from the SFT warm start (configs/sft_code.py).
 """
 
-from jaxrl_frontier.run import presets
+from jaxrl_frontier.run.config import presets
 
 
 def get_config(arg=None):

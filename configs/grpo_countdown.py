@@ -7,7 +7,7 @@ Rewards: correctness (safe parser: each number at most once, exact value), forma
 (a warm start: configs/sft_arith.py with --config.task.name=countdown).
 """
 
-from jaxrl_frontier.run import presets
+from jaxrl_frontier.run.config import presets
 
 
 def get_config(arg=None):

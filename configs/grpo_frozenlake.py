@@ -11,7 +11,7 @@ the returns (Shao et al., 2024), PPO-clipped ratio, token-mean over the action t
 the success rate starts near the random policy's (`gridworld.random_policy_success`).
 """
 
-from jaxrl_frontier.run import presets
+from jaxrl_frontier.run.config import presets
 
 
 def get_config(arg=None):

@@ -15,7 +15,7 @@ update-time top-k differs from the rollout's. On a mesh the experts are split ov
 axis (expert parallelism).
 """
 
-from jaxrl_frontier.run import presets
+from jaxrl_frontier.run.config import presets
 
 
 def get_config(arg=None):

@@ -17,7 +17,7 @@ above 0; the controller's state is checkpointed. Any other key of `schedules.*` 
 `controllers.*` is set the same way, e.g. `--config.schedules.rollout.temperature='linear(1.0, 0.7)'`.
 """
 
-from jaxrl_frontier.run import presets
+from jaxrl_frontier.run.config import presets
 
 
 def get_config(arg=None):

@@ -18,7 +18,7 @@ resumes in its stage. The runlocal variant starts the stages at steps 1, 2, ... 
 2-step run crosses the first boundary.
 """
 
-from jaxrl_frontier.run import presets
+from jaxrl_frontier.run.config import presets
 
 
 def get_config(arg=None):

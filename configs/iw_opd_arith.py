@@ -6,7 +6,7 @@ IW-OPD (2026): w_t = 1 + gamma * (1 - P_t / S), P_t the accumulated |teacher - s
 discrepancy before t and S its row total: early tokens up-weighted, drifted ones down.
 """
 
-from jaxrl_frontier.run import presets
+from jaxrl_frontier.run.config import presets
 
 
 def get_config(arg=None):

@@ -9,7 +9,7 @@ student's own samples (the sampled-token reverse KL), used as a token-level adva
 with the policy-gradient weight w = 1 on fresh on-policy samples.
 """
 
-from jaxrl_frontier.run import presets
+from jaxrl_frontier.run.config import presets
 
 
 def get_config(arg=None):

@@ -13,7 +13,7 @@ are five times longer; IW-OPD is `--config.objective.weight=iw_opd`, OPD on a wi
 positions `--config.objective.weight=position_window` (sweeps/claim_b.py, claim_c.py).
 """
 
-from jaxrl_frontier.run import presets
+from jaxrl_frontier.run.config import presets
 
 
 def get_config(arg=None):

@@ -11,7 +11,7 @@ Distillation of Language Models: Learning from Self-Generated Mistakes, GKD). Th
 logits are formed inside the update from its hidden states, a chunk of positions at a time.
 """
 
-from jaxrl_frontier.run import presets
+from jaxrl_frontier.run.config import presets
 
 
 def get_config(arg=None):

@@ -15,7 +15,7 @@ to 0 over 150 steps; the calculator's results are observations (weight 0).
 import importlib.util
 import os
 
-from jaxrl_frontier.run import presets
+from jaxrl_frontier.run.config import presets
 
 
 def _grpo_calculator_tool():

@@ -10,7 +10,7 @@ batch), the PPO-clipped ratio weight, and the clipped value loss trained with th
 (rl/methods/ppo.py). Two epochs of two minibatches per rollout batch.
 """
 
-from jaxrl_frontier.run import presets
+from jaxrl_frontier.run.config import presets
 
 
 def get_config(arg=None):

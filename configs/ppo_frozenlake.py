@@ -11,7 +11,7 @@ token (rl/methods/ppo.py; observations are context: no advantage, no value loss)
 ratio, the clipped value loss trained with the policy (its own Adam, lr 1e-3).
 """
 
-from jaxrl_frontier.run import presets
+from jaxrl_frontier.run.config import presets
 
 
 def get_config(arg=None):

@@ -11,7 +11,7 @@ fsdp and heads over tensor; `runlocal` swaps in a tiny model (data/warm_starts/m
 SFT on the repo's sample JSONL) and that sample.
 """
 
-from jaxrl_frontier.run import presets
+from jaxrl_frontier.run.config import presets
 
 
 def get_config(arg=None):

@@ -13,7 +13,7 @@ SFT start reads the [prompt | solution | completion] context off its training di
 mostly scale the step size. Rows of prompts with no verified solution keep w = 1.
 """
 
-from jaxrl_frontier.run import presets
+from jaxrl_frontier.run.config import presets
 
 
 def get_config(arg=None):

@@ -8,7 +8,7 @@ largest for the RL stage that follows (configs/grpo_arith.py). The run ends by e
 the policy in Hugging Face format to <workdir>/export. The recipe: presets.sft_start.
 """
 
-from jaxrl_frontier.run import presets
+from jaxrl_frontier.run.config import presets
 
 
 def get_config(arg=None):

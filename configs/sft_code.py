@@ -9,7 +9,7 @@ held-out greedy pass@1 runs each completion against its tests in the sandbox
 (data/rewards/sandbox.py), never in the trainer's process.
 """
 
-from jaxrl_frontier.run import presets
+from jaxrl_frontier.run.config import presets
 
 
 def get_config(arg=None):

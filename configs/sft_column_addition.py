@@ -11,7 +11,7 @@ EPYC CPU (the student behind docs/results.md's claims (b) and (c)): greedy pass@
 held-out prompts reaches 44.5% at step 240, where it stops (about 1.6 min wall).
 """
 
-from jaxrl_frontier.run import presets
+from jaxrl_frontier.run.config import presets
 
 
 def get_config(arg=None):

@@ -10,7 +10,7 @@ random policy's, the floor configs/grpo_frozenlake.py and configs/3spo_frozenlak
 from. Ends by exporting the policy to <workdir>/export.
 """
 
-from jaxrl_frontier.run import presets
+from jaxrl_frontier.run.config import presets
 
 
 def get_config(arg=None):

@@ -17,7 +17,7 @@ on 512 unseen problems 12.2% -> 25.4% in 40 steps (docs/models.md).
 `runlocal`: the same model and task, 2 steps of 2 prompts x 4 completions of 16 tokens.
 """
 
-from jaxrl_frontier.run import presets
+from jaxrl_frontier.run.config import presets
 
 
 def get_config(arg=None):

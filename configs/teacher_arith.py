@@ -17,7 +17,7 @@ distilling: its last eval line (`[sft] step N: eval/pass@1_greedy=...`) must be 
 the student's.
 """
 
-from jaxrl_frontier.run import presets
+from jaxrl_frontier.run.config import presets
 
 
 def get_config(arg=None):

@@ -14,7 +14,7 @@ behind docs/results.md's claims (b) and (c)): 94.1% greedy pass@1 at step 250, w
 stops; 6 min 48 s wall, against the student's 44.5% start.
 """
 
-from jaxrl_frontier.run import presets
+from jaxrl_frontier.run.config import presets
 
 
 def get_config(arg=None):

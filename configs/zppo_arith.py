@@ -13,7 +13,7 @@ the task's own. Logged: zppo/buffer_size, zppo/graduations, zppo/evictions, zppo
 (and zppo/teacher_references with a teacher).
 """
 
-from jaxrl_frontier.run import presets
+from jaxrl_frontier.run.config import presets
 
 
 def get_config(arg=None):

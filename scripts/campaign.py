@@ -28,7 +28,7 @@ from absl import flags  # noqa: E402
 from ml_collections import config_flags  # noqa: E402
 
 from jaxrl_frontier.core.errors import ConfigError, SweepError  # noqa: E402
-from jaxrl_frontier.run.cli import flags_help, key_problem, wants_help  # noqa: E402
+from jaxrl_frontier.run.config.flags import flags_help, key_problem, wants_help  # noqa: E402
 from jaxrl_frontier.sweeps.campaign import defaults, run_campaign  # noqa: E402
 from jaxrl_frontier.sweeps.campaign_tree import Campaign, summary_table  # noqa: E402
 from jaxrl_frontier.sweeps.launch import LAUNCHERS, REPO, abs_config  # noqa: E402

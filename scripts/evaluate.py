@@ -98,7 +98,7 @@ def evaluate_policy(
 
     from jaxrl_frontier.data.rewards.scorer import make_scorer
     from jaxrl_frontier.rl.learn.forward import make_logp_fn
-    from jaxrl_frontier.run import sections
+    from jaxrl_frontier.run.config import sections
     from jaxrl_frontier.sampling import Sampler
     from jaxrl_frontier.train import evaluation
 
@@ -173,9 +173,14 @@ def main(argv=None) -> dict[str, float]:
     from jaxrl_frontier.core.errors import ConfigError
     from jaxrl_frontier.data.tasks import task_for
     from jaxrl_frontier.run import config as config_lib
-    from jaxrl_frontier.run import sections
     from jaxrl_frontier.run.build import build_mesh, build_model, build_tokenizer
-    from jaxrl_frontier.run.cli import flag_error, flags_help, import_flag_modules, wants_help
+    from jaxrl_frontier.run.config import sections
+    from jaxrl_frontier.run.config.flags import (
+        flag_error,
+        flags_help,
+        import_flag_modules,
+        wants_help,
+    )
 
     argv = list(sys.argv if argv is None else argv)
     try:

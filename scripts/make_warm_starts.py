@@ -22,7 +22,8 @@ import tempfile
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from jaxrl_frontier.run import presets, trainer  # noqa: E402
+from jaxrl_frontier.run import trainer  # noqa: E402
+from jaxrl_frontier.run.config import presets  # noqa: E402
 
 
 def arith1():

@@ -192,7 +192,7 @@ def test_shape_problems_are_seen(tmp_path):
 
 
 # Modules without logic of their own, so without a test file: records and constants only
-# (every config section's `defaults.py` is checked through the schema, tests/run/test_schema.py).
+# (every config section's `defaults.py` is checked through the schema, tests/run/config/test_schema.py).
 NO_LOGIC = {
     "jaxrl_frontier/objectives/stats.py": "the TokenStats record and the tuple of its fields",
 }

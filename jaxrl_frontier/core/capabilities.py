@@ -1,7 +1,7 @@
 """What a part of a run supports, declared as data on its class (`capabilities = ...`).
 
 A producer, a prompt source, a rollout editor, a sampler and the loop's rollouts-ahead
-scheduler each state the run features they cannot serve and why; `run/parts.py` composes a
+scheduler each state the run features they cannot serve and why; `run/config/parts.py` composes a
 run's parts from its config (registry lookups, no instances) and raises one `ConfigError`
 naming each key whose part lacks what the run needs. A new mode is one declaration per part.
 """

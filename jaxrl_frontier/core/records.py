@@ -8,7 +8,7 @@ Each field is a config key: its type, its default, a one-line doc and its checks
 a closed set of choices). A default of None is an unset key of the field's type (the
 command line may set it); a dict default is a free-form block whose keys are checked by
 what it configures (a task's keyword arguments); `section(Record, doc)` nests a record's
-keys under the field's name (`model.moe.*`). `run/schema.py` builds the `ConfigDict` from
+keys under the field's name (`model.moe.*`). `run/config/schema.py` builds the `ConfigDict` from
 the records (`defaults`, `unset_type`) and the config's range and choice tables from their
 fields (`ranges`, `choices`); a record checks its own values when it is built (`check`), with
 the same messages, and `build` makes a record from a resolved section, so a key is written in

@@ -21,7 +21,7 @@ from jaxrl_frontier.models.tokenizer import CharTokenizer, load_tokenizer
 from jaxrl_frontier.models.transformer import Transformer
 from jaxrl_frontier.rl.learn.optimizer import build_optimizer
 from jaxrl_frontier.rl.learn.train_step import init_train_state, optimizer_memory_kind
-from jaxrl_frontier.run import sections
+from jaxrl_frontier.run.config import sections
 
 
 def build_mesh(config) -> jax.sharding.Mesh:
@@ -213,8 +213,8 @@ def build_train_state(c, mesh, params, key) -> tuple:
 
 def total_updates(config) -> int:
     """Optimizer steps of the whole run (the schedule's horizon): in RL, train.epochs x
-    train.minibatches a step, as each stage sets them (run/stages.py)."""
-    from jaxrl_frontier.run import stages
+    train.minibatches a step, as each stage sets them (run/config/stages.py)."""
+    from jaxrl_frontier.run.config import stages
 
     c = config
     return stages.updates_over(c, stages.parse(c)) if c.mode == "rl" else c.train.steps

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import jax
 
-from jaxrl_frontier.run import sections
+from jaxrl_frontier.run.config import sections
 from jaxrl_frontier.train import collapse
 from jaxrl_frontier.train import hooks as hooks_lib
 from jaxrl_frontier.train.metrics import ProgressBar

@@ -32,8 +32,8 @@ from jaxrl_frontier.rl.produce.producer import RolloutProducer
 from jaxrl_frontier.rl.sources import SOURCES
 from jaxrl_frontier.rl.sources.teacher_answers import TeacherAnswers
 from jaxrl_frontier.rl.sources.utils import prompt_text
-from jaxrl_frontier.run import sections
 from jaxrl_frontier.run.build import objective_section
+from jaxrl_frontier.run.config import sections
 from jaxrl_frontier.sampling import SamplingParams
 from jaxrl_frontier.sampling.records import DEFAULT_PROMPT_BUCKETS
 

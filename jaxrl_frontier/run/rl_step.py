@@ -10,7 +10,7 @@ The step reads collect -> update -> finish. Its batch comes from the `BatchSuppl
 (rl/batch_supply.py): produced ahead of the learner (`rollout.max_staleness`, rl/ahead.py),
 begun in the last step's idle decode slots (`rollout.partial_budget`, sampling/partial.py),
 drawn for a population's batched sampling, or produced now, each by a `Production` of the
-weights, version and sampling values of its step. At a stage boundary (run/stages.py) the
+weights, version and sampling values of its step. At a stage boundary (run/config/stages.py) the
 learner and the producer are rebuilt from the staged config; the train state, the prompt
 stream and the knobs are kept.
 """
@@ -33,9 +33,9 @@ from jaxrl_frontier.rl.produce.production import Production
 from jaxrl_frontier.rl.sources import make_source
 from jaxrl_frontier.rl.sources.utils import prompt_text
 from jaxrl_frontier.run import config as config_lib
-from jaxrl_frontier.run import parts as parts_lib
-from jaxrl_frontier.run import sections
-from jaxrl_frontier.run import stages as stages_lib
+from jaxrl_frontier.run.config import parts as parts_lib
+from jaxrl_frontier.run.config import sections
+from jaxrl_frontier.run.config import stages as stages_lib
 from jaxrl_frontier.run.knobs import KnobPlan
 from jaxrl_frontier.run.population.batched_sampling import MemberRequest
 from jaxrl_frontier.run.rl_build import RunParts, build_rl_stages, checked_objective
@@ -264,7 +264,7 @@ class RLStep:
                 )
 
     def enter_stage(self, done: int) -> None:
-        """Run the stage of step `done` + 1 on (run/stages.py), unless it is the current one:
+        """Run the stage of step `done` + 1 on (run/config/stages.py), unless it is the current one:
         the learner and the producer rebuilt from its config, the prompt batch resized; the
         train state (a critic's too), the prompt stream, the knobs and the logs kept. A
         boundary is a sync point, so no rollout sampled ahead is in flight across it."""

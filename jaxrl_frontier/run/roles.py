@@ -22,8 +22,8 @@ from jax.sharding import Mesh
 from jaxrl_frontier.core import sharding
 from jaxrl_frontier.models import hf, lora
 from jaxrl_frontier.rl.learn.learner import reshard_to
-from jaxrl_frontier.run import sections
 from jaxrl_frontier.run.build import attach_lora, build_meshes, build_model, build_teacher
+from jaxrl_frontier.run.config import sections
 from jaxrl_frontier.sampling import Sampler, make_sampler
 
 

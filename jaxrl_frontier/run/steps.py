@@ -16,7 +16,7 @@ import jax
 
 from jaxrl_frontier.core.registry import Registry
 from jaxrl_frontier.rl.sources import make_source
-from jaxrl_frontier.run import sections
+from jaxrl_frontier.run.config import sections
 from jaxrl_frontier.train.guards import RunGuard
 from jaxrl_frontier.train.sft import SFTStep
 

@@ -26,9 +26,10 @@ from jaxrl_frontier.core import distributed
 from jaxrl_frontier.data.rewards.scorer import make_scorer
 from jaxrl_frontier.data.tasks import task_for
 from jaxrl_frontier.run import config as config_lib
-from jaxrl_frontier.run import periodic, rl_step, sections  # noqa: F401  (rl_step: "rl")
-from jaxrl_frontier.run import stages as stages_lib
+from jaxrl_frontier.run import periodic, rl_step  # noqa: F401  (rl_step: "rl")
 from jaxrl_frontier.run.build import build_tokenizer, build_train_state, check_resume_schedule
+from jaxrl_frontier.run.config import sections
+from jaxrl_frontier.run.config import stages as stages_lib
 from jaxrl_frontier.run.knobs import KnobPlan
 from jaxrl_frontier.run.roles import build_roles
 from jaxrl_frontier.run.steps import STEPS, Step, StepContext
@@ -114,7 +115,7 @@ class Trainer:
 
     @property
     def config(self) -> ml_collections.ConfigDict:
-        """The config of the stage the run is in (run/stages.py)."""
+        """The config of the stage the run is in (run/config/stages.py)."""
         return self.step.config
 
     @property

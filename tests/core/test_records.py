@@ -1,7 +1,7 @@
 """core/records.py: a section record's keys, defaults, docs, ranges and choices read from its
 declaration (nested sections, free-form blocks and unset keys included), its own check with
 the config's wording, `build` from a resolved section, and the config generated from the
-records (`run/schema.py` RECORD_SECTIONS): each key of `base_config()` declared in exactly
+records (`run/config/schema.py` RECORD_SECTIONS): each key of `base_config()` declared in exactly
 one place, and no module below `run/` importing ml-collections."""
 
 import ast
@@ -84,7 +84,7 @@ def test_build_makes_the_record_of_a_section():
 
 def _flat(node, prefix=""):
     """{dotted key: value} of a ConfigDict, a free-form block or a generated section as one."""
-    from jaxrl_frontier.run.schema import FREE_FORM
+    from jaxrl_frontier.run.config.schema import FREE_FORM
 
     out = {}
     for k in node.keys():
@@ -97,7 +97,13 @@ def _flat(node, prefix=""):
 
 
 def test_every_config_key_has_one_declaration():
-    from jaxrl_frontier.run.schema import CHOICES, RANGES, RECORD_SECTIONS, RUN_KEYS, base_config
+    from jaxrl_frontier.run.config.schema import (
+        CHOICES,
+        RANGES,
+        RECORD_SECTIONS,
+        RUN_KEYS,
+        base_config,
+    )
 
     declared = {}  # dotted key -> (the record that declares it, its field)
     for name, record in RECORD_SECTIONS.items():

@@ -9,7 +9,8 @@ from jaxrl_frontier.core import sharding
 from jaxrl_frontier.core.errors import ConfigError
 from jaxrl_frontier.data.tasks import task_for
 from jaxrl_frontier.models.tokenizer import CharTokenizer
-from jaxrl_frontier.run import rl_build, sections
+from jaxrl_frontier.run import rl_build
+from jaxrl_frontier.run.config import sections
 
 
 def _parts(c, **kw) -> rl_build.RunParts:

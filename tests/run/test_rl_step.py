@@ -113,7 +113,7 @@ def _plain_loss(graphdef, objective):
 
 NAMES = (
     [("weight", n) for n in weights.WEIGHTS.names()]
-    # progress cannot train (run/config.py); gae needs a critic (tests/rl/methods/test_ppo.py)
+    # progress cannot train (run/config/validate.py); gae needs a critic (tests/rl/methods/test_ppo.py)
     + [("advantage", n) for n in advantages.ADVANTAGES.names() if n not in ("progress", "gae")]
     + [("aggregation", n) for n in aggregation.AGGREGATIONS.names()]
     + [("distill", n) for n in distillation.DISTILL_LOSSES.names()]

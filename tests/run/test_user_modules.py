@@ -127,7 +127,7 @@ def test_a_run_trains_with_the_user_entries(user_module, tmp_path):
 def test_the_command_line_sets_the_user_entries_knobs(user_module):
     """--config.modules is imported before the config file loads, so the file's kwargs blocks
     hold the user's knobs and a flag can set one (ml-collections adds no key a file lacks)."""
-    from jaxrl_frontier.run import cli
+    from jaxrl_frontier.run.config import flags as cli
 
     argv = ["train.py", f"--config={REPO}/configs/grpo_arith.py", "--workdir=unused",
             f"--config.modules={user_module}", "--config.objective.advantage=user_minus_best",

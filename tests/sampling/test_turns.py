@@ -143,7 +143,7 @@ def scripted_producer(char_setup, rewards, **env):
     from jaxrl_frontier.data.envs.task import EnvTask
     from jaxrl_frontier.rl.produce.agent import AgentRolloutProducer
     from jaxrl_frontier.run.config import base_config
-    from jaxrl_frontier.run.sections import env_options
+    from jaxrl_frontier.run.config.sections import env_options
 
     tok, m, sampler = char_setup
     c = base_config()

@@ -5,7 +5,7 @@ tests/rl/test_diagnostics.py, beside the run whose compiled programs it shares).
 import ml_collections
 import pytest
 
-from jaxrl_frontier.run import sections
+from jaxrl_frontier.run.config import sections
 from jaxrl_frontier.train import collapse as cl
 
 STEPS = [0, 10, 20, 30, 40, 50]

@@ -108,7 +108,7 @@ def test_episode_evaluation_plays_the_seeds_with_the_samplers_shared_sessions():
     from jaxrl_frontier.models.tokenizer import CharTokenizer
     from jaxrl_frontier.rl.produce.agent import play
     from jaxrl_frontier.run.config import base_config
-    from jaxrl_frontier.run.sections import env_options
+    from jaxrl_frontier.run.config.sections import env_options
     from jaxrl_frontier.sampling import Sampler
     from jaxrl_frontier.sampling.turns import TurnSession
 

@@ -1,6 +1,6 @@
 """The SFT warm start's batch (train/sft.py): demonstrations in the rollout layout by hand,
 the too-long demonstration's error, and the loss normaliser. (The loss against the plain
-logits path: tests/rl/learn/test_perf_paths.py; SFT runs: tests/run/test_stages.py.)"""
+logits path: tests/rl/learn/test_perf_paths.py; SFT runs: tests/run/config/test_stages.py.)"""
 
 import numpy as np
 import pytest

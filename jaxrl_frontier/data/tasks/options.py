@@ -1,5 +1,5 @@
 """`TaskOptions`: what the task's builders read (`task_for`, `chat.template_for`, `chat.stop_ids`),
-built by `run/sections.py` from the `task`, `tokenizer`, `data` and `env` sections."""
+built by `run/config/sections.py` from the `task`, `tokenizer`, `data` and `env` sections."""
 
 from __future__ import annotations
 

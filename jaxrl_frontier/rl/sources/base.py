@@ -68,7 +68,7 @@ class PromptSource:
 
     # 3SPO: the visited-state scores the environment producer's step credit reads
     state_scores: StateScores | None = None
-    # whether `resize` can change the prompt batch mid-run (a stage of the run, run/stages.py)
+    # whether `resize` can change the prompt batch mid-run (a stage of the run, run/config/stages.py)
     resizable: bool = False
     # whether it reads the run's verified teacher answers (`use_teacher`): the run then builds
     # them when it has a teacher (ZPPO's BCQ references)
@@ -104,7 +104,7 @@ SOURCES = Registry("prompt source", key="data.source", default_part=PromptSource
 
 @dataclasses.dataclass(frozen=True)
 class SourceOptions:
-    """What a prompt source's builder reads, built by `run/sections.py`: `data.source`, the
+    """What a prompt source's builder reads, built by `run/config/sections.py`: `data.source`, the
     run's seed, each source's own block (`data.dynamic`, `data.ads`, `data.sspo`,
     `data.zppo`), the reward weights the advantages use (`objective.reward_weights`, with
     the rollout shapers' components `shaped`) and, in an environment run, the `env` section

@@ -29,7 +29,8 @@ import ml_collections
 from jaxrl_frontier.core import distributed
 from jaxrl_frontier.rl.learn.optimizer import learning_rate, with_learning_rate
 from jaxrl_frontier.run import config as config_lib
-from jaxrl_frontier.run import sections, trainer
+from jaxrl_frontier.run import trainer
+from jaxrl_frontier.run.config import sections
 from jaxrl_frontier.run.population import pbt
 from jaxrl_frontier.run.population import section as population_config
 from jaxrl_frontier.run.population.batched_sampling import MemberRequest, MemberSampler

@@ -31,7 +31,7 @@ import ml_collections
 from ml_collections import config_dict
 
 from jaxrl_frontier.core.errors import ConfigError
-from jaxrl_frontier.run import parts
+from jaxrl_frontier.run.config import parts
 from jaxrl_frontier.run.knobs import knob_section
 from jaxrl_frontier.run.population.batched_update import check_member_blocks
 from jaxrl_frontier.run.population.pbt import pbt_section
@@ -176,7 +176,7 @@ def _check_runs(c, members: list[dict[str, Any]]) -> None:
             "config key 'population.vary.objective.kl_coef': every member's value must be > 0 "
             "(the members share the loaded reference model; compare against a small value)"
         )
-    # what the members' parts lack of a population, as they declare it (run/parts.py)
+    # what the members' parts lack of a population, as they declare it (run/config/parts.py)
     parts.check_capabilities(c, procs=1, only=("population",))
     if c.population.get("lora"):
         _check_lora(c)

@@ -9,7 +9,7 @@ import pytest
 
 from jaxrl_frontier.data.tasks.chat import ChatTemplate, ChatTemplateError, read_template
 from jaxrl_frontier.models.tokenizer import HFTokenizer
-from jaxrl_frontier.run import sections
+from jaxrl_frontier.run.config import sections
 
 # The Qwen2.5-Instruct template (tools, tool calls, tool responses, default system prompt).
 QWEN25_TEMPLATE = (

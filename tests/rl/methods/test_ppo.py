@@ -25,7 +25,7 @@ from jaxrl_frontier.rl.learn.train_step import init_train_state
 from jaxrl_frontier.rl.methods import critic as critic_lib
 from jaxrl_frontier.rl.methods import ppo
 from jaxrl_frontier.run import config as config_lib
-from jaxrl_frontier.run import sections
+from jaxrl_frontier.run.config import sections
 from jaxrl_frontier.train.checkpoint import Checkpointer, abstract_like
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))

@@ -21,8 +21,8 @@ from jaxrl_frontier.rl.produce.editors import (
     overlong_penalty,
 )
 from jaxrl_frontier.run import config as config_lib
-from jaxrl_frontier.run import sections
 from jaxrl_frontier.run import trainer as tr
+from jaxrl_frontier.run.config import sections
 from jaxrl_frontier.sampling import Rollout
 
 TASK = make_task("arithmetic", max_digits=1, ops="+", prompt_template="{a}{op}{b}=")

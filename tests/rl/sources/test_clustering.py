@@ -13,7 +13,7 @@ from jaxrl_frontier.data.tasks import make_task
 from jaxrl_frontier.rl.experience import PromptResult
 from jaxrl_frontier.rl.sources import make_source
 from jaxrl_frontier.rl.sources.clustering import KMeansClusters, kmeans, prompt_features
-from jaxrl_frontier.run import sections
+from jaxrl_frontier.run.config import sections
 
 TASK = make_task("arithmetic", max_digits=2, ops="+-", prompt_template="{a}{op}{b}=", train_size=64)
 

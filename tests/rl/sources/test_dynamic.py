@@ -81,7 +81,7 @@ def test_dynamic_sampling_judges_signal_on_the_weighted_reward():
 def test_dynamic_builder_weighs_correctness_and_the_shaped_components():
     from jaxrl_frontier.rl.sources import make_source
     from jaxrl_frontier.run import config as config_lib
-    from jaxrl_frontier.run import sections
+    from jaxrl_frontier.run.config import sections
 
     c = config_lib.base_config()
     c.data.source = "dynamic"

@@ -15,7 +15,7 @@ from jaxrl_frontier.rl.sources import make_source
 from jaxrl_frontier.rl.sources.base import UniformSource
 from jaxrl_frontier.rl.sources.sspo import SSPOSource
 from jaxrl_frontier.run import config as config_lib
-from jaxrl_frontier.run import presets, sections
+from jaxrl_frontier.run.config import presets, sections
 
 
 class Stream:

@@ -1,18 +1,18 @@
-"""The config schema (run/schema.py): the locked defaults (`base_config`), `resolve`'s merge
+"""The config schema (run/config/schema.py): the locked defaults (`base_config`), `resolve`'s merge
 of a config over them (unknown keys with the nearest name, wrong types, whole sections), the
 registry and task kwargs restarted when a command line switches the entry, the unset
 placeholders. (The checks `validate` runs after resolving: test_config.py.)"""
 
 import importlib.util
 import os
+import pathlib
 
 import ml_collections
 import pytest
 
 from jaxrl_frontier.core.errors import ConfigError
-from jaxrl_frontier.run import presets
-from jaxrl_frontier.run.config import validate
-from jaxrl_frontier.run.schema import (
+from jaxrl_frontier.run.config import presets, validate
+from jaxrl_frontier.run.config.schema import (
     FREE_FORM,
     base_config,
     entry_defaults,
@@ -20,7 +20,7 @@ from jaxrl_frontier.run.schema import (
     resolve,
 )
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REPO = str(pathlib.Path(__file__).resolve().parents[3])  # tests/run/config/ -> the repository
 
 
 def _grpo(arg="runlocal") -> ml_collections.ConfigDict:
@@ -132,7 +132,7 @@ def test_resolve_keeps_section_defaults():
 
 def test_switching_the_weight_restarts_its_kwargs_from_the_new_defaults(caplog):
     c = _command_line("--config.objective.weight=dppo")
-    with caplog.at_level("INFO", logger="jaxrl_frontier.run.schema"):
+    with caplog.at_level("INFO", logger="jaxrl_frontier.run.config.schema"):
         r = resolve(c)
     assert r.objective.weight_kwargs.to_dict() == dict(
         delta_low=0.15, delta_high=0.15, ratio_cap=20.0
@@ -156,7 +156,7 @@ def test_switching_the_task_restarts_its_kwargs_from_the_new_defaults(caplog):
     from jaxrl_frontier.data.tasks.base import task_defaults
 
     c = _command_line("--config.task.name=code")
-    with caplog.at_level("INFO", logger="jaxrl_frontier.run.schema"):
+    with caplog.at_level("INFO", logger="jaxrl_frontier.run.config.schema"):
         r = resolve(c)
     assert r.task.kwargs.to_dict() == task_defaults("code")
     assert "'max_digits'" in caplog.text and "'arithmetic'" in caplog.text

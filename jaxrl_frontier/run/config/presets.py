@@ -30,7 +30,7 @@ CALCULATOR_WARM_ANSWERS = (6, 4, 1, 2)
 # Tiny SFT policies (scripts/make_warm_starts.py) the runlocal RL variants start from, so their
 # groups disagree and a two-step run trains: task family -> directory under the repository.
 WARM_STARTS_DIR = os.path.join("data", "warm_starts")
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 
 def arithmetic(mode: str, runlocal: bool = False) -> ml_collections.ConfigDict:
@@ -272,12 +272,12 @@ def with_defaults(c: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     any of them from the command line (`--config.objective.weight_kwargs.eps_high=0.28`, or
     `--config.objective.weight=dppo --config.objective.weight_kwargs.delta_low=0.1`);
     ml_collections cannot add a key that the file did not define. `config.resolve` drops the
-    unset ones and, after a switch of entry, the old entry's (run/config.py's docstring).
+    unset ones and, after a switch of entry, the old entry's (run/config/validate.py's docstring).
     """
     from jaxrl_frontier.data.tasks.base import task_defaults
     from jaxrl_frontier.objectives import losses
     from jaxrl_frontier.run.config import entry_defaults
-    from jaxrl_frontier.run.schema import import_modules
+    from jaxrl_frontier.run.config.schema import import_modules
 
     import_modules(c.modules)  # the user's entries and their knobs are spelled out too
     task_kwargs = {**task_defaults(c.task.name), **c.task.kwargs.to_dict()}

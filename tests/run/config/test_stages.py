@@ -1,4 +1,4 @@
-"""Stages (run/stages.py, `config.stages`): a 4-step run switching at step 2 to a larger group
+"""Stages (run/config/stages.py, `config.stages`): a 4-step run switching at step 2 to a larger group
 and completion budget trains steps 3-4 on the new shapes, compiles them at step 3 only, and
 a run cut right after the boundary resumes bitwise; rollouts sampled ahead stop at the
 boundary; the prompt stream continues across a new prompt batch; the learning-rate horizon
@@ -12,9 +12,9 @@ from jaxrl_frontier.data.tasks import task_for
 from jaxrl_frontier.models.tokenizer import CharTokenizer
 from jaxrl_frontier.rl.sources.base import UniformSource
 from jaxrl_frontier.run import config as config_lib
-from jaxrl_frontier.run import sections
 from jaxrl_frontier.run import trainer as tr
 from jaxrl_frontier.run.build import total_updates
+from jaxrl_frontier.run.config import sections
 from jaxrl_frontier.train import hooks
 
 GROW = {"rollout.group_size": 8, "rollout.max_new_tokens": 5}

@@ -26,7 +26,7 @@ from jaxrl_frontier.rl.methods.pact import PactOptions
 from jaxrl_frontier.rl.methods.ppo import CriticOptions
 from jaxrl_frontier.rl.produce.editors import EditorOptions
 from jaxrl_frontier.rl.sources.base import SourceOptions
-from jaxrl_frontier.run.schema import RECORD_SECTIONS
+from jaxrl_frontier.run.config.schema import RECORD_SECTIONS
 from jaxrl_frontier.sampling.rollout_section import RolloutSection
 from jaxrl_frontier.train.collapse import PeakOptions
 from jaxrl_frontier.train.defaults import TrainSection

@@ -1,4 +1,4 @@
-"""Below `run/`, no function takes a whole config (docs/design.md, "Sections"): `run/sections.py`
+"""Below `run/`, no function takes a whole config (docs/design.md, "Sections"): `run/config/sections.py`
 builds each layer's typed record from its section, and the builders take the record.
 
 The check reads the package's source (no import needed): a function below `run/` fails when it
@@ -15,14 +15,15 @@ and a call in `run/` fails when it hands a function from below `run/` the whole 
 
 import ast
 import os
+import pathlib
 import textwrap
 
 import pytest
 
 from jaxrl_frontier.run import config as config_lib
-from jaxrl_frontier.run import sections
+from jaxrl_frontier.run.config import sections
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REPO = str(pathlib.Path(__file__).resolve().parents[3])  # tests/run/config/ -> the repository
 PKG = os.path.join(REPO, "jaxrl_frontier")
 ABOVE = ("run", "sweeps")  # the layers that may hold a whole config
 

@@ -1,5 +1,5 @@
 """Validation of a run's config, and the config API the rest of the package calls: the
-schema's names (`base_config`, `resolve`, `CHOICES`, `RANGES`: `run/schema.py`) re-exported,
+schema's names (`base_config`, `resolve`, `CHOICES`, `RANGES`: `run/config/schema.py`) re-exported,
 `validate`, `at_step` (the config after the stages started by a step) and `with_overrides`.
 
 `validate(config)` resolves, then checks choices, ranges, the consistency of the sizes with
@@ -7,7 +7,7 @@ each other and with the devices, the registry names and their kwargs, schedules 
 controllers, and each stage, before anything is built; every error names the key and the
 allowed values. Rules between sections live here, each written once; what a run needs of its
 parts (several processes, batches in flight, ...) is declared by the parts
-(`run/parts.py`).
+(`run/config/parts.py`).
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from jaxrl_frontier.core.errors import ConfigError
 from jaxrl_frontier.objectives import losses
 from jaxrl_frontier.objectives.advantages import ADVANTAGES
 from jaxrl_frontier.rl.produce.editors import EDITORS
-from jaxrl_frontier.run import parts
-from jaxrl_frontier.run.schema import (  # noqa: F401  (re-exported: the config API)
+from jaxrl_frontier.run.config import parts
+from jaxrl_frontier.run.config.schema import (  # noqa: F401  (re-exported: the config API)
     CHOICES,
     FREE_FORM,
     RANGES,
@@ -88,8 +88,8 @@ def validate(config: Mapping | ml_collections.ConfigDict, num_devices: int | Non
 
 def at_step(config: ml_collections.ConfigDict, done: int) -> ml_collections.ConfigDict:
     """The run's config after `done` RL steps: the overrides of every stage started by then
-    (step <= done, run/stages.py) over `config`; `config` itself before the first."""
-    from jaxrl_frontier.run import stages
+    (step <= done, run/config/stages.py) over `config`; `config` itself before the first."""
+    from jaxrl_frontier.run.config import stages
 
     plan = stages.parse(config)
     index = stages.index_at(plan, done)
@@ -118,7 +118,7 @@ def with_overrides(config, overrides: Mapping[str, Any]) -> ml_collections.Confi
 
 def _check_stages(c: ml_collections.ConfigDict, num_devices: int | None) -> None:
     """Each stage's config is a valid run (its errors prefixed with the stage)."""
-    from jaxrl_frontier.run import stages
+    from jaxrl_frontier.run.config import stages
 
     for i, stage in enumerate(stages.parse(c)):
         try:
@@ -163,7 +163,7 @@ def _check_registries(c: ml_collections.ConfigDict) -> None:
         raise ConfigError(f"config key 'task.module' = {c.task.module!r}: {e}") from None
     task_cls = TASKS.get(c.task.name)
     _check_task_kwargs(task_cls, c.task.kwargs.to_dict())
-    from jaxrl_frontier.run.sections import shaped_rewards
+    from jaxrl_frontier.run.config.sections import shaped_rewards
 
     names = list(task_cls.reward_names) + shaped_rewards(c)  # + rollout shapers' rewards
     if c.env.name:  # an environment run: the episode's rewards (empty weights: the return)
@@ -220,13 +220,13 @@ def _check_roles(c: ml_collections.ConfigDict, num_devices: int) -> None:
             raise ConfigError(f"config key 'rollout.mesh': {e}") from None
     if c.rollout.max_staleness < 0:
         raise ConfigError("config key 'rollout.max_staleness' must be >= 0")
-    parts.check_capabilities(c, procs)  # what the run needs of its parts (run/parts.py)
+    parts.check_capabilities(c, procs)  # what the run needs of its parts (run/config/parts.py)
 
 
 def check_local_rollouts(c: ml_collections.ConfigDict) -> None:
     """rollout.max_staleness > 0 on several processes: each samples its own prompts in a
     background thread, which must talk to no other process (rl/ahead.py). The parts of a
-    run that lack `process_local` are refused, naming their key (run/parts.py)."""
+    run that lack `process_local` are refused, naming their key (run/config/parts.py)."""
     parts.check_capabilities(c, procs=2, only=("process_local",))
 
 
@@ -241,7 +241,7 @@ def check_env_run(c: ml_collections.ConfigDict) -> tuple[str, ...]:
             "config key 'env.credit' = '3spo' reads the state history that data.source='sspo' "
             f"keeps (and checkpoints); data.source is {c.data.source!r}"
         )
-    # the parts that lack episodes, as they declare it (run/parts.py)
+    # the parts that lack episodes, as they declare it (run/config/parts.py)
     parts.check_capabilities(c, procs=1, only=("environment",))
     if c.mode == "sft" and not c.env.demonstrations:
         raise ConfigError("config key 'env.demonstrations' is empty: mode='sft' needs them")

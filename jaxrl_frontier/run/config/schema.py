@@ -1,6 +1,6 @@
 """The config schema: every key a run reads and its default (`base_config()`), the allowed
 values and ranges composed from the layers that own them (`CHOICES`, `RANGES`), and
-`resolve`, which merges any config over the schema. `run/config.py` validates a resolved
+`resolve`, which merges any config over the schema. `run/config/validate.py` validates a resolved
 config and re-exports these names (`config.base_config()`, `config.resolve`).
 
 Experiment files in `configs/` start from `base_config()` (a locked `ConfigDict`: assigning a
@@ -137,7 +137,7 @@ def base_config() -> ml_collections.ConfigDict:
     c.schedules = knobs.knob_section()
     c.controllers = knobs.knob_section()
     c.population = population_config.population_section()
-    # keys that fix shapes or programs, switched at chosen steps (run/stages.py): a list of
+    # keys that fix shapes or programs, switched at chosen steps (run/config/stages.py): a list of
     # dict(step=..., overrides={dotted key: value}), each stage on top of the ones before
     c.stages = ()
     c.lock()

@@ -4,6 +4,7 @@ switch of entry: test_schema.py.)"""
 
 import importlib.util
 import os
+import pathlib
 import subprocess
 import sys
 
@@ -14,7 +15,7 @@ from jaxrl_frontier.core.errors import ConfigError
 from jaxrl_frontier.run import build
 from jaxrl_frontier.run.config import base_config, validate
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REPO = str(pathlib.Path(__file__).resolve().parents[3])  # tests/run/config/ -> the repository
 
 
 def _grpo(arg="runlocal") -> ml_collections.ConfigDict:

@@ -1,4 +1,4 @@
-"""A run's parts declare what they support (core/capabilities.py); run/parts.py checks a run's
+"""A run's parts declare what they support (core/capabilities.py); run/config/parts.py checks a run's
 needs against them once, naming each key whose part falls short.
 
 - each part's class is found from the config alone (registry lookups, nothing built);
@@ -22,7 +22,7 @@ from jaxrl_frontier.rl.produce.producer import RolloutProducer
 from jaxrl_frontier.rl.sources import SOURCES, PromptSource, UniformSource
 from jaxrl_frontier.rl.sources.dynamic import DynamicSource
 from jaxrl_frontier.run import config as config_lib
-from jaxrl_frontier.run import parts
+from jaxrl_frontier.run.config import parts
 from jaxrl_frontier.sampling.partial import PartialSampler
 from jaxrl_frontier.sampling.sampler import Sampler
 

@@ -1,4 +1,4 @@
-"""The experiment files' starting points (run/presets.py): a preset's values, the `runlocal`
+"""The experiment files' starting points (run/config/presets.py): a preset's values, the `runlocal`
 shrink (and the warm start it starts from), the end of every get_config (`finish`): every
 knob of the chosen entries at its default, every other knob of its registry an unset
 placeholder, the choices recorded as written."""
@@ -8,8 +8,7 @@ import os
 import pytest
 
 from jaxrl_frontier.data.tasks.base import task_defaults
-from jaxrl_frontier.run import presets
-from jaxrl_frontier.run.config import base_config
+from jaxrl_frontier.run.config import base_config, presets
 
 
 def test_arithmetic_is_3_digit_addition_with_a_2_layer_char_model():
