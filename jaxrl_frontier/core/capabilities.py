@@ -21,7 +21,18 @@ FEATURES = {
     "stages": "config.stages switching keys at chosen steps",
     "environment": "episodes of a multi-turn environment (env.name)",
     "population": "members trained side by side in one process (population.*)",
+    "packed_rows": "the update's rows packed without their padding (train.pack_tokens)",
+    # asked of the sampler alone, where it is built (sampling/factory.py)
+    "dropout_masks": "Dropout-GRPO's per-row MLP masks (rollout.dropout_rate)",
+    "speculative_draft": "a draft's tokens verified by the policy (rollout.speculative.draft)",
+    "routing_record": "each token's experts recorded as it is sampled (routing replay)",
 }
+
+
+def refusal(subject: str, rows) -> str:
+    """The one-line refusal of the key `subject` ("'data.source' = 'dynamic'") by each row
+    ("key (why)") in its way."""
+    return f"config key {subject} does not go with: " + "; ".join(rows)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -136,16 +136,10 @@ def check_sequence_axis(config, *, completion_len: int, mesh, experts: int) -> N
 
 def packed_rows(config, *, row_len: int, mesh) -> packing.PackSpec | None:
     """The log-prob passes' `PackSpec` (`train.pack_tokens`; None: padded rows), after the
-    config errors for what packed rows do not run with."""
+    config error for buffer rows shorter than a row (what packed rows do not run with is
+    refused with the config: run/config/parts.py)."""
     c = config
-    packing.check_packing(
-        c.train.pack_tokens,
-        row_len=row_len,
-        share_prompt=c.train.share_prompt_forward,
-        dropout_rate=c.rollout.dropout_rate,
-        critic=c.get("critic") is not None and c.critic.kind != "none",
-        pact=sections.pact_options(c) is not None,
-    )
+    packing.check_packing(c.train.pack_tokens, row_len=row_len)
     return packing.pack_spec(c.train.pack_tokens, multiple=sharding.batch_size_multiple(mesh))
 
 

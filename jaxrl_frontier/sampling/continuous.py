@@ -33,6 +33,7 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 from jaxrl_frontier.core import sharding as shd
+from jaxrl_frontier.core.capabilities import Capabilities
 from jaxrl_frontier.core.xla_options import rollout_compiler_options
 from jaxrl_frontier.models.kv_cache import KVCache
 from jaxrl_frontier.sampling import ops
@@ -62,11 +63,22 @@ class SlotState:
     busy: jax.Array
 
 
+# What a decode of rows in slots cannot serve (ContinuousSampler, PartialSampler).
+SLOTS_LACK = dict(
+    partial_rows="the rows start in its idle slots",
+    dropout_masks="each row's prompt cache differs",
+    speculative_draft="the keys are exclusive: set one of them",
+    routing_record="the experts are recorded by the plain sampler only",
+)
+
+
 class ContinuousSampler(Sampler):
     """A `Sampler` whose decode runs `slots` rows at a time and refills a slot as soon as its
     row stops (module docstring). slots: the decode's batch (capped at the batch's rows);
     the other arguments as `Sampler`'s (a mesh: rows over data x fsdp, tensor 1; slots a
     multiple of those devices, `slots / devices` per device's loop)."""
+
+    capabilities = Capabilities.all_but(**SLOTS_LACK)
 
     def __init__(self, model, *, slots: int, pad_id: int, mesh=None, **kw):
         if mesh is not None and mesh.shape.get("tensor", 1) > 1:

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from jax.sharding import Mesh
 
 from jaxrl_frontier.core import records
+from jaxrl_frontier.core.capabilities import refusal
 from jaxrl_frontier.models.transformer import Transformer
 from jaxrl_frontier.sampling.continuous import ContinuousSampler
 from jaxrl_frontier.sampling.partial import PartialSampler
@@ -33,6 +34,28 @@ def sampler_class(rollout: RolloutSection | Mapping, *, partial: bool = False) -
     return Sampler if r.speculative.draft is None else SpeculativeSampler
 
 
+def sampler_key(rollout: RolloutSection, cls: type[Sampler]) -> str:
+    """The key that chose the sampler `cls`, as a refusal names it."""
+    if cls is SpeculativeSampler:
+        return f"rollout.speculative.draft = {rollout.speculative.draft!r}"
+    return f"rollout.continuous_slots = {rollout.continuous_slots}"
+
+
+def asked_of_sampler(r: RolloutSection, *, partial: bool, record_routing: bool) -> dict[str, str]:
+    """{feature: the key that asks for it} of what the rollouts ask of the sampler itself
+    (`core.capabilities.FEATURES`), each refused by a sampler class that lacks it."""
+    # the eval sampler of a run with partial rollouts (not `partial`) carries nothing over
+    partial_rows = r.partial_budget and (partial or not r.continuous_slots)
+    asked = {
+        "partial_rows": partial_rows and f"'rollout.partial_budget' = {r.partial_budget}",
+        "dropout_masks": r.dropout_rate and f"'rollout.dropout_rate' = {r.dropout_rate}",
+        "speculative_draft": r.speculative.draft is not None
+        and f"'rollout.speculative.draft' = {r.speculative.draft}",
+        "routing_record": record_routing and "'model.moe.routing_replay' = 'rollout'",
+    }
+    return {feature: key for feature, key in asked.items() if key}
+
+
 def make_sampler(
     model: Transformer,
     rollout: RolloutSection | Mapping,
@@ -46,40 +69,25 @@ def make_sampler(
     `SpeculativeSampler` (draft: the policy's first layers); with `continuous_slots` > 0, a
     `ContinuousSampler` (continuous batching), or with `partial` and `partial_budget` > 0 a
     `PartialSampler` (the training rollouts' partial rollouts); else a `Sampler`.
-    record_routing: an MoE policy's rollouts carry their experts (`Sampler`'s only)."""
+    record_routing: an MoE policy's rollouts carry their experts (`Sampler`'s only). What
+    the chosen class lacks of what the rollouts ask (`asked_of_sampler`) is a ValueError
+    naming the keys, from the class's declared `capabilities`."""
     r = rollout_record(rollout)
-    draft, slots, budget = r.speculative.draft, r.continuous_slots, r.partial_budget
     if record_routing and not model.cfg.num_experts:
         raise ValueError(
             "config key 'model.moe.routing_replay' = 'rollout' needs a mixture-of-experts "
             "policy (model.moe.num_experts > 0, or a Qwen3-MoE checkpoint); set it to 'none'"
         )
-    if record_routing and (slots or draft is not None):
-        raise ValueError(
-            "config key 'model.moe.routing_replay' = 'rollout' records the experts in the "
-            "plain sampler only: set rollout.continuous_slots = 0 and rollout.speculative.draft "
-            "= None, or model.moe.routing_replay = 'none'"
-        )
+    cls = sampler_class(r, partial=partial)
+    caps = cls.capabilities
+    for feature, key in asked_of_sampler(r, partial=partial, record_routing=record_routing).items():
+        if not caps.supports(feature):
+            raise ValueError(refusal(key, [f"{sampler_key(r, cls)} ({caps.why_not(feature)})"]))
     kw = dict(pad_id=pad_id, mesh=mesh, cache_dtype=r.cache_dtype or None)
-    if slots and draft is not None:
-        raise ValueError(
-            "config keys 'rollout.continuous_slots' and 'rollout.speculative.draft' are "
-            "exclusive: set one of them"
-        )
-    if slots and r.dropout_rate:
-        raise ValueError(
-            "config key 'rollout.continuous_slots' > 0 takes no Dropout-GRPO masks "
-            "('rollout.dropout_rate' > 0: each row's prompt cache differs)"
-        )
-    if budget and not slots:
-        raise ValueError(
-            f"config key 'rollout.partial_budget' = {budget} starts the next batch's rows in "
-            "the slots of continuous batching: set 'rollout.continuous_slots' > 0"
-        )
-    if slots and budget and partial:
-        return PartialSampler(model, slots=slots, budget=budget, **kw)
-    if slots:
-        return ContinuousSampler(model, slots=slots, **kw)
-    if draft is None:
+    if cls is PartialSampler:
+        return PartialSampler(model, slots=r.continuous_slots, budget=r.partial_budget, **kw)
+    if cls is ContinuousSampler:
+        return ContinuousSampler(model, slots=r.continuous_slots, **kw)
+    if cls is Sampler:
         return Sampler(model, decode_phases=r.decode_phases, record_routing=record_routing, **kw)
-    return SpeculativeSampler(model, draft, k=r.speculative.k, **kw)
+    return SpeculativeSampler(model, r.speculative.draft, k=r.speculative.k, **kw)

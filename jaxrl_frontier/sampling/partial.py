@@ -35,7 +35,7 @@ from jaxrl_frontier.core.capabilities import Capabilities
 from jaxrl_frontier.core.serialize import array_from_text, array_to_text
 from jaxrl_frontier.sampling import ops
 from jaxrl_frontier.sampling import records as ro
-from jaxrl_frontier.sampling.continuous import ContinuousSampler, RowPlan, uniforms
+from jaxrl_frontier.sampling.continuous import SLOTS_LACK, ContinuousSampler, RowPlan, uniforms
 from jaxrl_frontier.sampling.params import Knobs, Plan, SamplingParams
 from jaxrl_frontier.sampling.sampler import as_key
 
@@ -98,7 +98,8 @@ class PartialSampler(ContinuousSampler):
 
     capabilities = Capabilities.all_but(  # it holds the next batch's rows between calls
         population="partial rollouts hold rows in the shared sampler: set "
-        "rollout.partial_budget to 0"
+        "rollout.partial_budget to 0",
+        **{k: v for k, v in SLOTS_LACK.items() if k != "partial_rows"},
     )
 
     def __init__(self, model, *, slots: int, budget: int, pad_id: int, mesh=None, **kw):

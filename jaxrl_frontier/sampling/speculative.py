@@ -75,6 +75,7 @@ class SpeculativeSampler(Sampler):
     capabilities = Capabilities.all_but(
         partial_rows="the rows start in its idle slots",
         environment="an environment's turns are sampled by the plain sampler",
+        routing_record="the experts are recorded by the plain sampler only",
     )
 
     def __init__(

@@ -85,27 +85,16 @@ def pack_spec(pack_tokens: int, *, grad_accum: int = 1, microbatch_tokens: int =
     return PackSpec(pack_tokens, micro_rows=rows, multiple=multiple)
 
 
-def check_packing(pack_tokens: int, *, row_len: int, share_prompt: bool, dropout_rate: float,
-                  critic: bool, pact: bool) -> None:  # fmt: skip
-    """ConfigError for what packed rows do not run with (`train.pack_tokens` > 0)."""
-    if not pack_tokens:
-        return
-    key = f"config key 'train.pack_tokens' = {pack_tokens}"
-    if pack_tokens < row_len:
+def check_packing(pack_tokens: int, *, row_len: int) -> None:
+    """ConfigError for packed rows (`train.pack_tokens` > 0) shorter than a row. What they do
+    not run with is declared by the parts that need padded rows (their `capabilities`:
+    `packed_rows`) and checked with the config (run/config/parts.py)."""
+    if pack_tokens and pack_tokens < row_len:
         raise ConfigError(
-            f"{key} is shorter than a row ({row_len} tokens: the longest prompt plus "
-            f"rollout.max_new_tokens); set it to at least {row_len}"
+            f"config key 'train.pack_tokens' = {pack_tokens} is shorter than a row ({row_len} "
+            f"tokens: the longest prompt plus rollout.max_new_tokens); set it to at least "
+            f"{row_len}"
         )
-    refused = {
-        "train.share_prompt_forward = True (a group's prompt once; packing removes the "
-        "padding instead: set train.share_prompt_forward = False)": share_prompt,
-        "rollout.dropout_rate > 0 (per-row MLP masks)": dropout_rate > 0,
-        "critic.kind (a value head on the padded rows' hidden states)": critic,
-        "pact (its expert traces run on padded rows)": pact,
-    }
-    for what, on in refused.items():
-        if on:
-            raise ConfigError(f"{key} does not run with {what}; set train.pack_tokens = 0")
 
 
 def bucket(n: int, multiple: int = 1) -> int:

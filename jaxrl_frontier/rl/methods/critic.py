@@ -35,6 +35,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from jaxrl_frontier.core.capabilities import Capabilities
 from jaxrl_frontier.core.registry import Registry
 from jaxrl_frontier.models.model_config import ModelConfig
 from jaxrl_frontier.models.transformer import Transformer
@@ -194,6 +195,10 @@ class ValueHead(nnx.Module):
     and a fresh head does not add noise to them.
     """
 
+    capabilities = Capabilities.all_but(
+        packed_rows="a value head on the padded rows' hidden states"
+    )
+
     def __init__(self, hidden_size: int, *, rngs: nnx.Rngs, stop_gradient: bool = False):
         del rngs  # zero init needs no randomness; kept for a uniform constructor
         self.w = nnx.Param(jnp.zeros((hidden_size,), jnp.float32))
@@ -217,6 +222,8 @@ class ValueHead(nnx.Module):
 class ValueModel(nnx.Module):
     """A separate small transformer with a value head (its own trunk, its own optimizer)."""
 
+    capabilities = Capabilities.all_but(packed_rows="its values on the padded rows")
+
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         self.trunk = Transformer(cfg, rngs=rngs)
         self.head = ValueHead(cfg.hidden_size, rngs=rngs)
@@ -228,13 +235,13 @@ class ValueModel(nnx.Module):
         return align_values(self.head(h))
 
 
-@CRITICS.register("head")
+@CRITICS.register("head", part=ValueHead)
 def make_value_head(policy_cfg: ModelConfig, *, rngs: nnx.Rngs, stop_gradient: bool = False):
     """A value head on the policy (`ValueHead` of the policy's hidden size)."""
     return ValueHead(policy_cfg.hidden_size, rngs=rngs, stop_gradient=stop_gradient)
 
 
-@CRITICS.register("model")
+@CRITICS.register("model", part=ValueModel)
 def make_value_model(
     policy_cfg: ModelConfig,
     *,

@@ -327,7 +327,11 @@ class PactProducer:
     local = False  # samples on the run's mesh (process-local rollouts: not a capability)
     _WRAPS = "its producer wraps the rollouts"
     capabilities = Capabilities.all_but(
-        partial_rows=_WRAPS, process_local=_WRAPS, free_running=_WRAPS, keeps_rows_in_flight=_WRAPS
+        partial_rows=_WRAPS,
+        process_local=_WRAPS,
+        free_running=_WRAPS,
+        keeps_rows_in_flight=_WRAPS,
+        packed_rows="its expert traces run on padded rows",
     )
 
     def __init__(

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from jaxrl_frontier.core import records
-from jaxrl_frontier.core.capabilities import Capabilities
+from jaxrl_frontier.core.capabilities import Capabilities, refusal
 from jaxrl_frontier.core.errors import ConfigError
 
 
@@ -40,12 +40,13 @@ class Need:
     """A feature the run needs of its parts: `subject`, the key that asks for it, as a
     refusal names it; `rows`, what else stands in its way (a rule between two keys, not a
     part), each "key (why)"; `headline`: the refusal's text before its rows (None: "config
-    key <subject> does not go with: ")."""
+    key <subject> does not go with: "); `tail`: its text after them (what to change)."""
 
     feature: str
     subject: str
     rows: tuple[str, ...] = ()
     headline: str | None = None
+    tail: str = ""
 
 
 LOCAL_HEADLINE = (
@@ -57,6 +58,7 @@ LOCAL_HEADLINE = (
 def parts_of(c) -> list[Part]:
     """The parts the config `c` composes, each from its choice (no instance built)."""
     from jaxrl_frontier.rl.ahead import FreeRunningRollouts, RolloutsAhead
+    from jaxrl_frontier.rl.methods.critic import CRITICS
     from jaxrl_frontier.rl.methods.pact import PactProducer
     from jaxrl_frontier.rl.produce.agent import AgentRolloutProducer
     from jaxrl_frontier.rl.produce.editors import EDITORS
@@ -82,6 +84,8 @@ def parts_of(c) -> list[Part]:
     parts.append(Part(f"env.name = {c.env.name!r}", producer.capabilities))
     if c.get("pact") is not None and c.pact.get("enabled", False):
         parts.append(Part("pact.enabled", PactProducer.capabilities))
+    if c.get("critic") is not None and c.critic.kind != "none":
+        parts.append(Part(f"critic.kind = {c.critic.kind!r}", CRITICS.capabilities(c.critic.kind)))
     parts.append(Part(f"data.source = {c.data.source!r}", SOURCES.capabilities(c.data.source)))
     for name in dict.fromkeys(r.editors):
         parts.append(Part(f"rollout.editors with {name!r}", EDITORS.capabilities(name)))
@@ -149,6 +153,27 @@ def _population(c, procs: int) -> Need | None:
     return Need("population", "population", tuple(rows), "config keys in a population: ")
 
 
+def _packed(c, procs: int) -> Need | None:
+    """Packed rows (`train.pack_tokens`): the parts that run on padded rows (a critic, PACT)
+    and the keys that need them (a group's shared prompt, Dropout-GRPO's per-row masks)."""
+    n = c.train.pack_tokens
+    if not n or c.mode != "rl":  # RL's update and log-prob passes
+        return None
+    rows = []
+    if c.train.share_prompt_forward:
+        rows.append(
+            "train.share_prompt_forward = True (a group's prompt once; packing removes the "
+            "padding instead: set train.share_prompt_forward = False)"
+        )
+    if c.rollout.dropout_rate > 0:
+        rows.append("rollout.dropout_rate > 0 (per-row MLP masks)")
+    head = f"config key 'train.pack_tokens' = {n} does not run with "
+    return Need("packed_rows", f"'train.pack_tokens' = {n}", tuple(rows), head, PACK_TAIL)
+
+
+PACK_TAIL = "; set train.pack_tokens = 0"
+
+
 def _process_local(c, procs: int) -> Need | None:
     if not (c.rollout.max_staleness and procs > 1):
         return None
@@ -168,6 +193,7 @@ MODES: list[Mode] = [
     Mode("stages", lambda c, procs: Need("stages", "stages") if tuple(c.stages) else None),
     Mode("environment", _environment),
     Mode("population", _population),
+    Mode("packed_rows", _packed),
 ]
 
 
@@ -184,29 +210,26 @@ def refusals(c, procs: int, only: tuple[str, ...] | None = None) -> list[str]:
     """Each refusal of the run `c` on `procs` processes (a message naming its keys), one per
     subject; `only`: just these features."""
     parts = parts_of(c)
-    groups: dict[str, tuple[str | None, list[str]]] = {}
+    groups: dict[str, tuple[str, str, list[str]]] = {}  # subject -> (head, tail, rows)
 
-    def add(subject, headline, row):
-        groups.setdefault(subject, (headline, []))[1].append(row)
+    def add(subject: str, row: str, headline: str | None = None, tail: str = ""):
+        head = headline or refusal(subject, [])
+        groups.setdefault(subject, (head, tail, []))[2].append(row)
 
     for need in needs_of(c, procs):
         if only is not None and need.feature not in only:
             continue
         for row in need.rows:
-            add(need.subject, need.headline, row)
+            add(need.subject, row, need.headline, need.tail)
         for part in parts:
             if part.capabilities.supports(need.feature):
                 continue
             why = part.capabilities.why_not(need.feature)
             if need.feature in RUN_WIDE:  # the part is the subject; the run's feature, the row
-                add(part.subject, None, f"{need.subject} ({why})")
+                add(part.subject, f"{need.subject} ({why})")
             else:
-                add(need.subject, need.headline, f"{part.key} ({why})")
-    out = []
-    for subject, (headline, rows) in groups.items():
-        head = headline or f"config key {subject} does not go with: "
-        out.append(head + "; ".join(rows))
-    return out
+                add(need.subject, f"{part.key} ({why})", need.headline, need.tail)
+    return [head + "; ".join(rows) + tail for head, tail, rows in groups.values()]
 
 
 def check_capabilities(c, procs: int, only: tuple[str, ...] | None = None) -> None:

@@ -1,5 +1,5 @@
-"""A run's parts declare what they support (core/capabilities.py); run/config/parts.py checks a run's
-needs against them once, naming each key whose part falls short.
+"""A run's parts declare what they support (core/capabilities.py); run/config/parts.py checks
+a run's needs against them once, naming each key whose part falls short.
 
 - each part's class is found from the config alone (registry lookups, nothing built);
 - the refusals of today's modes come from those declarations, one error naming every key;
@@ -174,3 +174,37 @@ def test_a_population_refuses_the_parts_that_lack_it():
     with pytest.raises(ConfigError, match="partial rollouts hold rows in the shared sampler"):
         parts.check_capabilities(c, procs=1, only=("population",))
     parts.check_capabilities(_config(continuous_slots=2), procs=1)  # no population: no need
+
+
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        (dict(share_prompt=True), "share_prompt_forward = False"),
+        (dict(dropout_rate=0.1), "dropout_rate"),
+        (dict(critic="head"), "critic"),
+        (dict(pact=True), "pact"),
+    ],
+)
+def test_packed_rows_refuse_what_runs_on_padded_rows(change, match):
+    c = _config(dropout_rate=change.get("dropout_rate", 0.0))
+    c.train.update(pack_tokens=16, share_prompt_forward=change.get("share_prompt", False))
+    c.critic.kind, c.pact.enabled = change.get("critic", "none"), change.get("pact", False)
+    assert parts.refusals(_config(), procs=1) == []
+    with pytest.raises(ConfigError, match=match) as e:
+        parts.check_capabilities(c, procs=1)
+    text = str(e.value)
+    assert text.startswith("config key 'train.pack_tokens' = 16 does not run with ")
+    assert text.endswith("; set train.pack_tokens = 0") and "\n" not in text
+    c.mode = "sft"  # packed rows are RL's: an SFT run asks nothing of them
+    assert parts.refusals(c, procs=1) == []
+
+
+def test_packed_rows_name_every_refused_key_in_one_line():
+    c = _config(dropout_rate=0.1)
+    c.train.pack_tokens, c.critic.kind = 16, "model"  # share_prompt_forward: on by default
+    assert parts.refusals(c, procs=1) == [
+        "config key 'train.pack_tokens' = 16 does not run with train.share_prompt_forward = "
+        "True (a group's prompt once; packing removes the padding instead: set "
+        "train.share_prompt_forward = False); rollout.dropout_rate > 0 (per-row MLP masks); "
+        "critic.kind = 'model' (its values on the padded rows); set train.pack_tokens = 0"
+    ]
