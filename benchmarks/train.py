@@ -75,8 +75,16 @@ TRAIN_MODELS = {
         num_kv_heads=4,
     ),
     "0.5b": common.QWEN2_5_0_5B,  # without qkv bias: for a GPU
+    "smollm2": dict(  # SmolLM2-135M-Instruct's shape (a GPU without the checkpoint's file)
+        vocab_size=49152,
+        hidden_size=576,
+        intermediate_size=1536,
+        num_layers=30,
+        num_heads=9,
+        num_kv_heads=3,
+    ),
 }
-DEFAULT_BATCH = {"tiny": 16, "25m": 4, "100m": 2, "0.5b": 16}
+DEFAULT_BATCH = {"tiny": 16, "25m": 4, "100m": 2, "0.5b": 16, "smollm2": 4}
 CHECKPOINT_BATCH = 4  # a checkpoint's shape not in DEFAULT_BATCH (--batches NAME=B sets it)
 VARIANTS = ("rl_plain", "rl_fused", "sft_fused", "rl_fused_remat")
 # a variant's "+name" suffixes -> ModelConfig options (the config keys model.scan_unroll and
