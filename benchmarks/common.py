@@ -81,6 +81,54 @@ def load_config(config_args: list[str], default: str):
     return values.config
 
 
+def checkpoint(config) -> dict | None:
+    """The checkpoint the config's policy is read from (`model.init = 'hf'`: `model.path`),
+    as `checkpoint_of` describes it, or None for a random model (`model.init` 'scratch')."""
+    if config.model.init == "scratch":
+        return None
+    if config.model.init != "hf":
+        raise SystemExit(
+            f"config key 'model.init' = {config.model.init!r}: a benchmark reads 'scratch' "
+            "(a random model) or 'hf' (model.path: a pretrained name, .gguf file or directory)"
+        )
+    return checkpoint_of(config.model.path)
+
+
+def checkpoint_of(path: str) -> dict:
+    """A checkpoint by pretrained name (`scripts/fetch_model.py`), .gguf file or Hugging Face
+    directory: its directory (`dir`: every side loads it), its `config.json` and the sha256
+    of each weight file (and of the GGUF file a fetched name was converted from), so a
+    figure names the exact weights. Imports neither jax nor torch."""
+    import hashlib
+
+    from jaxrl_frontier.models import pretrained
+
+    try:
+        where = Path(pretrained.local_path(path))
+    except FileNotFoundError as e:
+        raise SystemExit(str(e)) from None
+    if not (where / "config.json").is_file():
+        raise SystemExit(f"checkpoint {path!r}: no config.json in {where}")
+
+    def sha256(file: Path) -> str:
+        digest = hashlib.sha256()
+        with open(file, "rb") as f:
+            for block in iter(lambda: f.read(1 << 24), b""):
+                digest.update(block)
+        return digest.hexdigest()
+
+    out = dict(
+        path=path,
+        dir=str(where),
+        config=json.loads((where / "config.json").read_text()),
+        sha256={f.name: sha256(f) for f in sorted(where.glob("*.safetensors"))},
+    )
+    source = where.parent / "source.json"  # a fetched name: the GGUF file it came from
+    if path in pretrained.PRETRAINED and source.is_file():
+        out["gguf_sha256"] = json.loads(source.read_text()).get("sha256")
+    return out
+
+
 def config_text(config) -> dict:
     """A config as JSON-able nested dicts (what the benchmark ran, in its JSON)."""
     return json.loads(config.to_json_best_effort())

@@ -4,7 +4,7 @@
 # Every step has its own time limit, so one slow step cannot eat the others; each writes its
 # JSON and log under $OUT.
 #
-#   bash benchmarks/gpu_check.sh                      # versions,sampler,train,rl,tests (~8 min)
+#   bash benchmarks/gpu_check.sh                      # versions,sampler,smollm2,train,rl,tests (~10 min)
 #   bash benchmarks/gpu_check.sh versions,profile      # only these steps
 #   SMOKE=1 bash benchmarks/gpu_check.sh              # the same steps at CPU sizes (minutes)
 #
@@ -20,7 +20,7 @@
 # status is the number of failed steps.
 set -uo pipefail
 cd "$(dirname "$0")/.."  # the repository root: `python -m benchmarks.bench` from here
-STEPS=${1:-versions,sampler,train,rl,tests}
+STEPS=${1:-versions,sampler,smollm2,train,rl,tests}
 OUT=${OUT:-artifacts/gpu}
 PY=${PY:-python3}
 mkdir -p "$OUT"
@@ -35,6 +35,8 @@ if [ -n "${SMOKE:-}" ]; then  # CPU sizes: checks the script, not the machine
   SAMPLER="--config=benchmarks/configs/random_qwen2.py:tiny --config.rollout.max_new_tokens=16 --batches 16 --repeats 2 --roofline-batch 32 --roofline-new-tokens 8"
   TRAIN="--models 25m --batches 25m=2 --seq 128 --variants rl_fused,rl_fused+dpa --repeats 2 --memory-batch 0 --profile"
   PROFILE="--config=benchmarks/configs/random_qwen2.py:tiny --batches 16 --new-tokens 8 --repeats 2"
+  SMOLLM2="--config=benchmarks/configs/random_qwen2.py:tiny --config.rollout.max_new_tokens=8 --batches 16 --repeats 2 --roofline-batch 0 --memory-roofline-batch 16"
+  SMOLLM2_TRAIN="--models tiny --batches tiny=2 --seq 128 --variants rl_fused --repeats 2 --memory-batch 0"
   LIMIT=600
 else
   SAMPLER="--config=benchmarks/configs/random_qwen2.py:0.5b --batches 16,64,256 --repeats 3 --roofline-batch 256 --roofline-new-tokens 32 --peak-n 8192"
@@ -43,6 +45,9 @@ else
   # cuDNN's fused kernel) and unrolled layers, each profiled by kind of op
   TRAIN="--models 0.5b --batches 0.5b=8 --seq 1024 --dtype bfloat16 --variants rl_fused,rl_plain,rl_fused+dpa,rl_fused+cudnn,rl_fused+unroll --repeats 3 --matmul-n 8192 --memory-batch 0 --profile"
   PROFILE="--config=benchmarks/configs/random_qwen2.py:0.5b --batches 256 --new-tokens 32 --repeats 3"
+  # SmolLM2-135M's shape (random weights: the GPU has no checkpoint file), f32 then bf16
+  SMOLLM2="--config=benchmarks/configs/random_qwen2.py:smollm2 --batches 16,64 --repeats 3 --roofline-batch 0 --memory-roofline-batch 16"
+  SMOLLM2_TRAIN="--models smollm2 --batches smollm2=16 --seq 512 --variants rl_fused --repeats 3 --matmul-n 8192 --memory-batch 0 --profile"
   LIMIT=0
 fi
 
@@ -72,6 +77,10 @@ print(jax.devices())"
 # Decode tokens/s vs transformers generate (each in its own process; on the GPU when torch
 # sees one) and the roofline.
 step sampler 300 "$PY" -m benchmarks.bench sampler $SAMPLER --out "$OUT/sampler_0.5b_gpu.json"
+# The same at SmolLM2-135M's shape, f32 and bf16 weights, and its update's MFU (bf16).
+step smollm2 300 bash -c "'$PY' -m benchmarks.bench sampler $SMOLLM2 --out '$OUT/sampler_smollm2_f32_gpu.json' && \
+  '$PY' -m benchmarks.bench sampler $SMOLLM2 --config.model.dtype=bfloat16 --out '$OUT/sampler_smollm2_bf16_gpu.json' && \
+  '$PY' -m benchmarks.bench train $SMOLLM2_TRAIN --dtype bfloat16 --out '$OUT/train_smollm2_gpu.json'"
 # A decode step's kernels, from a device trace (decode_profile.py): launch- or kernel-bound?
 step profile 150 "$PY" -m benchmarks.bench profile $PROFILE --trace-dir /tmp/jaxrl_trace \
   --out "$OUT/profile_0.5b_gpu.json"

@@ -1,7 +1,8 @@
 """The TRL side of the rl benchmark, in its own process (benchmarks/peers.py).
 
 Request (JSON on stdin): model_dir (weights and tokenizer), vocab, prompts, group_size,
-prompt_len, new_tokens, beta, temperature, lr, warmup, steps, threads and
+prompt_len, new_tokens, beta, temperature, lr, warmup, steps, threads, task_prompts (a
+checkpoint's run: {texts, system}, formatted by the directory's chat template) and
 gradient_checkpointing: 'off' (the compared figure) or 'default' (GRPOConfig's own, recorded
 as `gradient_checkpointing`). Times `GRPOTrainer` optimizer steps with a callback from step
 begin to step end; the median after `warmup` steps.
@@ -25,30 +26,45 @@ def time_grpo(request: dict) -> dict:
     torch.manual_seed(0)
     n_steps = request["warmup"] + request["steps"]
     n_prompts = n_steps * request["prompts"]
-    # from the file itself: AutoTokenizer's object from this directory tokenizes
-    # `tokenizer(text=[...])`, TRL's call, to empty ids (transformers 5.24)
-    tokenizer = transformers.PreTrainedTokenizerFast(
-        tokenizer_file=f"{request['model_dir']}/tokenizer.json",
-        pad_token="<pad>",
-        eos_token="<eos>",
-        unk_token="<unk>",
-        padding_side="left",
-    )
-    rng = np.random.default_rng(0)
-    prompts = [  # exactly prompt_len words of one token each
-        " ".join(f"w{t}" for t in rng.integers(3, request["vocab"], request["prompt_len"]))
-        for _ in range(n_prompts)
-    ]
+    task = request.get("task_prompts")
+    if task:  # a checkpoint: its tokenizer and chat template, the task's prompts
+        tokenizer = transformers.AutoTokenizer.from_pretrained(
+            request["model_dir"], padding_side="left"
+        )
+        system = [{"role": "system", "content": task["system"]}] if task["system"] else []
+        prompts = [system + [{"role": "user", "content": t}] for t in task["texts"]]
+        prompts = (prompts * (n_prompts // len(prompts) + 1))[:n_prompts]
 
-    def reward(completions, **kwargs):  # cheap, like a verifier: count one word
-        return [float(c.count("w7")) for c in completions]
+        def reward(completions, **kwargs):  # cheap, like a verifier: find a digit
+            return [float(any(ch.isdigit() for ch in c[0]["content"])) for c in completions]
+
+    else:
+        # from the file itself: AutoTokenizer's object from this directory tokenizes
+        # `tokenizer(text=[...])`, TRL's call, to empty ids (transformers 5.24)
+        tokenizer = transformers.PreTrainedTokenizerFast(
+            tokenizer_file=f"{request['model_dir']}/tokenizer.json",
+            pad_token="<pad>",
+            eos_token="<eos>",
+            unk_token="<unk>",
+            padding_side="left",
+        )
+        rng = np.random.default_rng(0)
+        prompts = [  # exactly prompt_len words of one token each
+            " ".join(f"w{t}" for t in rng.integers(3, request["vocab"], request["prompt_len"]))
+            for _ in range(n_prompts)
+        ]
+
+        def reward(completions, **kwargs):  # cheap, like a verifier: count one word
+            return [float(c.count("w7")) for c in completions]
 
     model = transformers.AutoModelForCausalLM.from_pretrained(
         request["model_dir"], dtype=torch.float32
     )
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    if not task:
+        model.generation_config.pad_token_id = tokenizer.pad_token_id
+        model.generation_config.eos_token_id = tokenizer.eos_token_id
     step_times: list[float] = []
+    lengths: list[float] = []
 
     class Timer(transformers.TrainerCallback):
         def on_step_begin(self, *a, **kw):
@@ -56,6 +72,10 @@ def time_grpo(request: dict) -> dict:
 
         def on_step_end(self, *a, **kw):
             step_times.append(time.perf_counter() - self.t0)
+
+        def on_log(self, args, state, control, logs=None, **kw):
+            if logs and "completions/mean_length" in logs:
+                lengths.append(float(logs["completions/mean_length"]))
 
     with tempfile.TemporaryDirectory() as out:
         settings = dict(
@@ -71,7 +91,7 @@ def time_grpo(request: dict) -> dict:
             bf16=False,
             report_to=[],
             save_strategy="no",
-            logging_steps=10**6,
+            logging_steps=1,  # each step's completion lengths (`on_log`)
             disable_tqdm=True,
             dataloader_num_workers=0,
             seed=0,
@@ -97,7 +117,10 @@ def time_grpo(request: dict) -> dict:
         gradient_checkpointing=bool(config.gradient_checkpointing),
         gradient_checkpointing_setting=request["gradient_checkpointing"],
         trl=trl.__version__,
-        prompt_tokens=float(np.mean([len(tokenizer(p)["input_ids"]) for p in prompts])),
+        prompt_tokens=None
+        if task
+        else float(np.mean([len(tokenizer(p)["input_ids"]) for p in prompts])),
+        mean_completion_len=statistics.median(lengths[request["warmup"] :]) if lengths else None,
     )
 
 

@@ -21,6 +21,13 @@ with gradient checkpointing off; its default setting is reported beside it.
 Prompts: ours are the arithmetic task's (left-padded to `data.max_prompt_len`), TRL's
 `data.max_prompt_len` random words of one token each: the same prompt positions, and
 random weights make the contents irrelevant to the cost. Rewards are cheap on both sides.
+
+A checkpoint (`model.init = 'hf'`, e.g. `--config=configs/smollm2_reasoning.py`): both sides
+load its directory (weights, tokenizer, chat template; the JSON records the weights'
+sha256); ours trains on the config's task as a run would, TRL on the same task's first
+train prompts (the JAX child hands them over) as conversational prompts, formatted by the
+same chat template. Both stop a completion at EOS, so the completion lengths are recorded
+on both sides (`mean_completion_len`) beside the step times.
 """
 
 from __future__ import annotations
@@ -67,18 +74,36 @@ def save_tokenizer(path: str, vocab: int) -> None:
 # ----------------------------------------------------------------------------- ours (JAX)
 
 
+def task_prompts(config, n: int) -> dict:
+    """The first `n` train prompts of the config's task as its user messages (before the
+    chat template) and the system prompt: what the TRL side formats with the same template."""
+    from jaxrl_frontier.data.tasks import task_for
+    from jaxrl_frontier.run import build
+    from jaxrl_frontier.run.config import sections
+
+    task = task_for(sections.task_options(config), build.build_tokenizer(config))
+    texts = [task.prompt(task.example("train", i)) for i in range(n)]
+    return dict(texts=texts, system=config.task.system_prompt or None)
+
+
 def time_ours(request: dict) -> dict:
-    """The JAX child: save the random model, train warmup + steps steps, read the times."""
+    """The JAX child: save the random model (or keep the config's checkpoint), train warmup
+    + steps steps, read the times."""
     from benchmarks import sampler
     from jaxrl_frontier.models import hf
     from jaxrl_frontier.run import trainer
 
     config = common.load_config(request["config_args"], DEFAULT_CONFIG)
     model_dir, n = request["model_dir"], request["warmup"] + request["steps"]
-    hf.save(sampler.build_model(config), model_dir, dtype="float32")
-    config.model.update(init="hf", path=model_dir)
-    config.tokenizer.update(kind="hf", path=model_dir)
+    prompts = None
+    if request.get("checkpoint"):  # the config's own checkpoint, tokenizer and task
+        prompts = task_prompts(config, n * config.data.prompt_batch)
+    else:
+        hf.save(sampler.build_model(config), model_dir, dtype="float32")
+        config.model.update(init="hf", path=model_dir)
+        config.tokenizer.update(kind="hf", path=model_dir)
     config.train.update(steps=n, log_every=1, eval_every=10**6, checkpoint_every=10**6)
+    config.eval.at_start = False
     counter = common.CompileCounter()
     with tempfile.TemporaryDirectory() as workdir:
         t0 = time.time()
@@ -106,6 +131,7 @@ def time_ours(request: dict) -> dict:
         ),
         mean_completion_len=statistics.median(r["rollout/response_length"] for r in timed),
         threads="XLA CPU default (intra-op pool over all cores)",
+        task_prompts=prompts,
     )
 
 
@@ -134,10 +160,18 @@ def bench_rl(args) -> dict:
         warmup=args.warmup,
         processes="ours, and TRL at each thread count and checkpointing setting, each alone",
     )
-    with tempfile.TemporaryDirectory() as model_dir:
-        save_tokenizer(model_dir, config.model.vocab_size)
+    ckpt = common.checkpoint(config)
+    result["checkpoint"] = ckpt and {k: v for k, v in ckpt.items() if k != "config"}
+    with tempfile.TemporaryDirectory() as scratch:
+        model_dir = ckpt["dir"] if ckpt else scratch
+        if not ckpt:
+            save_tokenizer(model_dir, config.model.vocab_size)
         request = dict(
-            config_args=config_args, model_dir=model_dir, warmup=args.warmup, steps=args.steps
+            config_args=config_args,
+            model_dir=model_dir,
+            warmup=args.warmup,
+            steps=args.steps,
+            checkpoint=bool(ckpt),
         )
         result["ours"] = ours = peers.run_child("benchmarks.rl", request)
         result["device"], result["device_kind"] = ours["device"], ours["device_kind"]
@@ -145,7 +179,9 @@ def bench_rl(args) -> dict:
         if args.no_trl:
             result["trl_skipped"] = "--no-trl"
             return result
-        trl_request = dict(request, vocab=config.model.vocab_size, **shape)
+        trl_request = dict(
+            request, vocab=config.model.vocab_size, task_prompts=ours.pop("task_prompts"), **shape
+        )
         result["trl"] = {}
         for checkpointing in ("off", "default"):
             for threads in args.torch_threads:

@@ -4,6 +4,9 @@ weights, and the decode step against its FLOP roofline.
     python benchmarks/bench.py sampler --config=benchmarks/configs/random_qwen2.py:tiny
     python benchmarks/bench.py sampler --config=benchmarks/configs/random_qwen2.py:25m \\
         --batches 16,64 --repeats 3 --config.rollout.max_new_tokens=64
+    python benchmarks/bench.py sampler --config.model.init=hf \\
+        --config.model.path=smollm2-135m-instruct --batches 16,64 --repeats 3 \\
+        --config.rollout.max_new_tokens=128       # a pretrained checkpoint (fetch_model.py)
 
 The model, the prompt length (`data.max_prompt_len`), the completion length
 (`rollout.max_new_tokens`), the sampling settings (`rollout.temperature`, `top_k`, `top_p`,
@@ -12,7 +15,9 @@ training; the benchmark's own flags are the row counts, repeats and the roofline
 
 Three kinds of process, one after the other: this one (imports neither jax nor torch) draws
 the prompts; a JAX child builds the random model (`model.*`, seed `seed`), saves it as a
-Hugging Face directory, and times ours; a torch child per thread count (`--torch-threads`,
+Hugging Face directory, and times ours (with `model.init = 'hf'`, both sides load the
+checkpoint `model.path` names instead: a pretrained name, a .gguf file or a directory; the
+JSON records its files' sha256); a torch child per thread count (`--torch-threads`,
 default 1 and 2) loads that directory and times `generate` on the same prompts, lengths
 and sampling settings (no EOS: every row runs to the end on both sides). The speedup is
 ours over the faster thread count; both are in the JSON.
@@ -251,13 +256,17 @@ def roofline(model, config, rows: int, new_tokens: int, repeats: int, peak_n: in
 
 
 def time_ours(request: dict) -> dict:
-    """The JAX child: build and save the model, time ours at each row count, the roofline."""
+    """The JAX child: build and save the model (or load the checkpoint), time ours at each
+    row count, the rooflines."""
     from jaxrl_frontier.models import hf
 
     config = common.load_config(request["config_args"], DEFAULT_CONFIG)
     counter = common.CompileCounter()
-    model = build_model(config)
-    hf.save(model, request["hf_dir"], dtype="float32")
+    if request.get("checkpoint"):
+        model = hf.load(request["hf_dir"], dtype=config.model.dtype)
+    else:
+        model = build_model(config)
+        hf.save(model, request["hf_dir"], dtype="float32")
     new_tokens, out = config.rollout.max_new_tokens, {}
     for rows, tokens in request["prompts"].items():
         run, first = rollout(model, config, tokens, new_tokens)
@@ -304,22 +313,24 @@ def bench_sampler(args) -> dict:
     config_args = getattr(args, "config_args", [])
     config = common.load_config(config_args, DEFAULT_CONFIG)
     settings = sampling_settings(config)
-    shared = {
-        str(b): prompts(config.model.vocab_size, b, config.data.max_prompt_len)
-        for b in args.batches
-    }
+    ckpt = common.checkpoint(config)
+    vocab = ckpt["config"]["vocab_size"] if ckpt else config.model.vocab_size
+    shared = {str(b): prompts(vocab, b, config.data.max_prompt_len) for b in args.batches}
     result = dict(
         **common.machine_info(jax_device=False),
         config_args=config_args or [f"--config={DEFAULT_CONFIG}"],
         model=common.config_text(config.model),
+        checkpoint=ckpt and {k: v for k, v in ckpt.items() if k != "config"},
         settings=settings,
         repeats=args.repeats,
         processes="ours, and transformers at each thread count, each in its own process",
     )
-    with tempfile.TemporaryDirectory() as hf_dir:
+    with tempfile.TemporaryDirectory() as scratch:
+        hf_dir = ckpt["dir"] if ckpt else scratch
         request = dict(
             config_args=config_args,
             hf_dir=hf_dir,
+            checkpoint=bool(ckpt),
             prompts=shared,
             repeats=args.repeats,
             roofline_batch=args.roofline_batch,

@@ -75,8 +75,17 @@ TRAIN_MODELS = {
         num_kv_heads=4,
     ),
     "0.5b": common.QWEN2_5_0_5B,  # without qkv bias: for a GPU
+    "smollm2": dict(  # SmolLM2-135M-Instruct's shape (a GPU without the checkpoint's file)
+        vocab_size=49152,
+        hidden_size=576,
+        intermediate_size=1536,
+        num_layers=30,
+        num_heads=9,
+        num_kv_heads=3,
+    ),
 }
-DEFAULT_BATCH = {"tiny": 16, "25m": 4, "100m": 2, "0.5b": 16}
+DEFAULT_BATCH = {"tiny": 16, "25m": 4, "100m": 2, "0.5b": 16, "smollm2": 4}
+CHECKPOINT_BATCH = 4  # a checkpoint's shape not in DEFAULT_BATCH (--batches NAME=B sets it)
 VARIANTS = ("rl_plain", "rl_fused", "sft_fused", "rl_fused_remat")
 # a variant's "+name" suffixes -> ModelConfig options (the config keys model.scan_unroll and
 # model.attention)
@@ -109,8 +118,16 @@ median_time, matmul_peak = common.median_time, common.matmul_peak
 
 
 def model_config(name: str, dtype: str = "float32", remat: bool | str = False, **options):
+    """The shape `name` names: a `TRAIN_MODELS` entry, or a checkpoint (a pretrained name,
+    .gguf file or Hugging Face directory: its config.json's shape; the benchmark's weights
+    are random, an update's cost does not depend on their values)."""
     from jaxrl_frontier.models.model_config import ModelConfig
 
+    if name not in TRAIN_MODELS:
+        from jaxrl_frontier.models.architectures import config_from_hf
+
+        cfg = config_from_hf(common.checkpoint_of(name)["config"])
+        return cfg.replace(dtype=dtype, remat=remat, **options)
     return ModelConfig(
         **TRAIN_MODELS[name],
         tie_word_embeddings=True,
@@ -342,7 +359,12 @@ def add_mfu_arguments(p: argparse.ArgumentParser) -> None:
         choices=("tiny", "0.5b"),
         help="spread: the policy's shape (0.5b: Qwen2.5-0.5B's layers in bf16, with its MFU)",
     )
-    p.add_argument("--models", default="25m,100m", help=f"from {sorted(TRAIN_MODELS)}")
+    p.add_argument(
+        "--models",
+        default="25m,100m",
+        help=f"from {sorted(TRAIN_MODELS)}, or a checkpoint's shape (a pretrained name, e.g. "
+        "smollm2-135m-instruct, a .gguf file or a Hugging Face directory)",
+    )
     p.add_argument("--seq", type=int, default=256)
     p.add_argument(
         "--batches",
@@ -392,13 +414,13 @@ def bench_mfu(args) -> dict:
         steps, rows = {}, {}
         for variant in variants:
             steps[variant], rows[variant], cfg = prepare_train_step(
-                name, variant, batches[name], args.seq, args.dtype
+                name, variant, batches.get(name, CHECKPOINT_BATCH), args.seq, args.dtype
             )
             if steps[variant] is None:
                 print(f"[{name} {variant}] failed: {rows[variant]['error']}", file=sys.stderr)
         failed = {v: rows[v] for v in variants if steps[v] is None}
         variants = [v for v in variants if steps[v] is not None]
-        flops = train_step_flops(cfg, batches[name], args.seq)
+        flops = train_step_flops(cfg, batches.get(name, CHECKPOINT_BATCH), args.seq)
         peaks, times = [], {v: [] for v in variants}
         for _ in range(args.repeats):
             peaks.append(matmul_peak(args.matmul_n, repeats=3))
@@ -406,8 +428,9 @@ def bench_mfu(args) -> dict:
                 t0 = time.perf_counter()
                 steps[variant]()
                 times[variant].append(time.perf_counter() - t0)
+        shape = TRAIN_MODELS.get(name) or common.checkpoint_of(name)
         entry = dict(
-            config=TRAIN_MODELS[name],
+            config=shape,
             flops=flops,
             matmul_rounds=peaks,
             peak_gflops=statistics.median(p["peak_gflops"] for p in peaks),

@@ -94,6 +94,38 @@ def test_config_args_are_read_as_training_reads_them():
     assert config.model.qkv_bias  # the rest from benchmarks/configs/random_qwen2.py:tiny
 
 
+def test_a_checkpoint_is_named_by_its_weights_sha256(tmp_path):
+    import hashlib
+
+    from benchmarks import train
+
+    hf_config = dict(  # a Llama-shaped config.json, as a Hugging Face directory has it
+        architectures=["LlamaForCausalLM"],
+        model_type="llama",
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        rms_norm_eps=1e-5,
+        rope_theta=10000.0,
+        tie_word_embeddings=True,
+    )
+    (tmp_path / "config.json").write_text(json.dumps(hf_config))
+    (tmp_path / "model.safetensors").write_bytes(b"weights")
+    args = ["--config.model.init=hf", f"--config.model.path={tmp_path}"]
+    ckpt = common.checkpoint(common.load_config(args, sampler.DEFAULT_CONFIG))
+    assert ckpt["dir"] == str(tmp_path) and ckpt["config"]["vocab_size"] == 64
+    assert ckpt["sha256"] == {"model.safetensors": hashlib.sha256(b"weights").hexdigest()}
+    assert common.checkpoint(common.load_config([], sampler.DEFAULT_CONFIG)) is None  # random
+    cfg = train.model_config(str(tmp_path))  # the train benchmark at the checkpoint's shape
+    assert (cfg.num_layers, cfg.hidden_size, cfg.num_kv_heads, cfg.vocab_size) == (2, 32, 2, 64)
+    with pytest.raises(SystemExit, match="no config.json"):
+        common.checkpoint_of(str(tmp_path / "missing"))
+
+
 def test_targets_table_names_each_rows_machine():
     cpu = dict(cpu_model="AMD EPYC", cpu_count=2, vector_extensions=["AVX2"], device="cpu:0")
     assert targets.machine_of(cpu) == "AMD EPYC, 2 cores, AVX2"
