@@ -157,6 +157,7 @@ def bench_profile(args) -> dict:
         **common.machine_info(),
         config_args=config_args or [f"--config={sampler.DEFAULT_CONFIG}"],
         model=common.config_text(config.model),
+        checkpoint=(ckpt := common.checkpoint(config)) and {k: ckpt[k] for k in ("path", "sha256")},
         batches={b: profile_model(model, config, b, args) for b in args.batches},
     )
     for batch, row in result["batches"].items():

@@ -91,10 +91,17 @@ def prompts(vocab: int, rows: int, length: int) -> list[list[int]]:
 
 
 def build_model(config):
-    """The config's model with random weights (numpy-drawn: fast at any size)."""
+    """The config's model: with random weights (numpy-drawn: fast at any size), or the
+    checkpoint `model.path` names (`model.init = 'hf'`), its weights held in the compute
+    dtype `model.dtype` (a bf16 run reads bf16 weights, as a sampler's bf16 copy would)."""
     from jaxrl_frontier.models.random_init import random_model
     from jaxrl_frontier.run import build
 
+    if config.model.init == "hf":
+        from jaxrl_frontier.models import hf, pretrained
+
+        dtype = config.model.dtype
+        return hf.load(pretrained.local_path(config.model.path), dtype=dtype, param_dtype=dtype)
     if not config.model.vocab_size:
         raise SystemExit("config key 'model.vocab_size' must be set for a benchmark model")
     return random_model(build.model_config_from(config, None), seed=config.seed)
@@ -262,10 +269,8 @@ def time_ours(request: dict) -> dict:
 
     config = common.load_config(request["config_args"], DEFAULT_CONFIG)
     counter = common.CompileCounter()
-    if request.get("checkpoint"):
-        model = hf.load(request["hf_dir"], dtype=config.model.dtype)
-    else:
-        model = build_model(config)
+    model = build_model(config)
+    if not request.get("checkpoint"):  # the random model, for the peer to load
         hf.save(model, request["hf_dir"], dtype="float32")
     new_tokens, out = config.rollout.max_new_tokens, {}
     for rows, tokens in request["prompts"].items():
