@@ -22,6 +22,7 @@ FEATURES = {
     "environment": "episodes of a multi-turn environment (env.name)",
     "population": "members trained side by side in one process (population.*)",
     "packed_rows": "the update's rows packed without their padding (train.pack_tokens)",
+    "sequence_axis": "each row's positions split over mesh.sequence (context parallelism)",
     # asked of the sampler alone, where it is built (sampling/factory.py)
     "dropout_masks": "Dropout-GRPO's per-row MLP masks (rollout.dropout_rate)",
     "speculative_draft": "a draft's tokens verified by the policy (rollout.speculative.draft)",

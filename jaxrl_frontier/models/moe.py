@@ -39,6 +39,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxrl_frontier.core import sharding as shd
+from jaxrl_frontier.core.capabilities import Capabilities
 from jaxrl_frontier.core.errors import ConfigError
 from jaxrl_frontier.models.layers import dense, make_param
 from jaxrl_frontier.models.model_config import ModelConfig
@@ -355,6 +356,10 @@ class MoE(nnx.Module):
     `shared_expert_intermediate_size` Fs > 0 (Qwen2-MoE) also a shared expert every token
     goes through, `shared_gate`, `shared_up` [D, Fs], `shared_down` [Fs, D], scaled by
     sigmoid(x `shared_expert_gate` [D, 1])."""
+
+    capabilities = Capabilities.all_but(
+        sequence_axis="the expert-parallel dispatch takes whole rows"
+    )
 
     def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs, stack=()):
         d, e, f = cfg.hidden_size, cfg.num_experts, cfg.moe_intermediate_size

@@ -18,6 +18,7 @@ from jaxrl_frontier.core.errors import ConfigError
 from jaxrl_frontier.data.rewards.scorer import make_scorer
 from jaxrl_frontier.data.rewards.shaping import effective_reward_weights
 from jaxrl_frontier.data.tasks import chat
+from jaxrl_frontier.models.moe import MoE
 from jaxrl_frontier.objectives import losses
 from jaxrl_frontier.rl.learn import packing
 from jaxrl_frontier.rl.learn.forward import apply_hidden, make_logp_fn
@@ -108,8 +109,8 @@ def check_sequence_axis(config, *, completion_len: int, mesh, experts: int) -> N
     """ConfigError where the mesh's sequence axis (`mesh.sequence`, context parallelism)
     cannot split the update's rows: their length not a multiple of it (packed rows:
     `train.pack_tokens`; padded rows: a prompt bucket of the sampler, 16 * 2^j tokens, plus
-    the completion's `completion_len`), or a mixture-of-experts policy (its expert-parallel
-    dispatch takes whole rows)."""
+    the completion's `completion_len`), or a policy whose MLP lacks the `sequence_axis`
+    feature (a mixture of experts: `moe.MoE.capabilities`)."""
     s = sharding.sequence_size(mesh)
     if s == 1:
         return
@@ -127,10 +128,11 @@ def check_sequence_axis(config, *, completion_len: int, mesh, experts: int) -> N
             f"plus the completion's {completion_len} (rollout.max_new_tokens, or an "
             f"episode's width); use a power of two <= {buckets} dividing {completion_len}"
         )
-    if experts:
+    if experts and not MoE.capabilities.supports("sequence_axis"):
+        why = MoE.capabilities.why_not("sequence_axis")
         raise ConfigError(
             f"{key} does not run with a mixture-of-experts policy (model.num_experts = "
-            f"{experts}: the expert-parallel dispatch takes whole rows); set mesh.sequence = 1"
+            f"{experts}: {why}); set mesh.sequence = 1"
         )
 
 

@@ -57,6 +57,7 @@ LOCAL_HEADLINE = (
 
 def parts_of(c) -> list[Part]:
     """The parts the config `c` composes, each from its choice (no instance built)."""
+    from jaxrl_frontier.models.moe import MoE
     from jaxrl_frontier.rl.ahead import FreeRunningRollouts, RolloutsAhead
     from jaxrl_frontier.rl.methods.critic import CRITICS
     from jaxrl_frontier.rl.methods.pact import PactProducer
@@ -89,6 +90,8 @@ def parts_of(c) -> list[Part]:
     parts.append(Part(f"data.source = {c.data.source!r}", SOURCES.capabilities(c.data.source)))
     for name in dict.fromkeys(r.editors):
         parts.append(Part(f"rollout.editors with {name!r}", EDITORS.capabilities(name)))
+    if c.model.moe.num_experts:  # a scratch MoE (a checkpoint's experts: at build time)
+        parts.append(Part(f"model.moe.num_experts = {c.model.moe.num_experts}", MoE.capabilities))
     return parts
 
 
@@ -194,6 +197,14 @@ MODES: list[Mode] = [
     Mode("environment", _environment),
     Mode("population", _population),
     Mode("packed_rows", _packed),
+    Mode(
+        "sequence_axis",
+        lambda c, procs: (
+            Need("sequence_axis", f"'mesh.sequence' = {c.mesh.sequence}")
+            if c.mesh.sequence > 1
+            else None
+        ),
+    ),
 ]
 
 

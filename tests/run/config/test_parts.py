@@ -208,3 +208,14 @@ def test_packed_rows_name_every_refused_key_in_one_line():
         "train.share_prompt_forward = False); rollout.dropout_rate > 0 (per-row MLP masks); "
         "critic.kind = 'model' (its values on the padded rows); set train.pack_tokens = 0"
     ]
+
+
+def test_the_sequence_axis_refuses_a_mixture_of_experts():
+    c = _config()
+    c.mesh.sequence, c.model.moe.num_experts = 2, 4
+    assert parts.refusals(c, procs=1) == [
+        "config key 'mesh.sequence' = 2 does not go with: model.moe.num_experts = 4 (the "
+        "expert-parallel dispatch takes whole rows)"
+    ]
+    c.model.moe.num_experts = 0
+    assert parts.refusals(c, procs=1) == []
