@@ -372,12 +372,14 @@ RL = {
 }
 
 
-def get_config(name: str, overrides: dict | None = None) -> ml_collections.ConfigDict:
-    """configs/<name>.py:runlocal with dotted-key overrides."""
+def get_config(
+    name: str, overrides: dict | None = None, arg: str | None = "runlocal"
+) -> ml_collections.ConfigDict:
+    """configs/<name>.py:<arg> (runlocal; None: the full config) with dotted-key overrides."""
     spec = importlib.util.spec_from_file_location(name, os.path.join(REPO, "configs", f"{name}.py"))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    c = module.get_config("runlocal")
+    c = module.get_config(arg)
     for key, value in (overrides or {}).items():
         *parents, leaf = key.split(".")
         node = c
@@ -385,6 +387,16 @@ def get_config(name: str, overrides: dict | None = None) -> ml_collections.Confi
             node = node[p]
         node[leaf] = value
     return c
+
+
+def config_error(c, num_devices: int = 8) -> str:
+    """The ConfigError `validate(c, num_devices)` raises, as its message."""
+    from jaxrl_frontier.core.errors import ConfigError
+    from jaxrl_frontier.run.config import validate
+
+    with pytest.raises(ConfigError) as e:
+        validate(c, num_devices=num_devices)
+    return str(e.value)
 
 
 def read_metrics(workdir) -> list[dict]:

@@ -65,17 +65,13 @@ def parts_of(c) -> list[Part]:
     from jaxrl_frontier.rl.produce.editors import EDITORS
     from jaxrl_frontier.rl.produce.producer import RolloutProducer
     from jaxrl_frontier.rl.sources import SOURCES
-    from jaxrl_frontier.sampling.factory import sampler_class
+    from jaxrl_frontier.sampling.factory import sampler_class, sampler_key
     from jaxrl_frontier.sampling.rollout_section import RolloutSection
-    from jaxrl_frontier.sampling.speculative import SpeculativeSampler
 
     r = c.rollout
-    # the training rollouts' sampler
-    sampler = sampler_class(records.build(RolloutSection, r, "rollout"), partial=True)
-    key = f"rollout.continuous_slots = {r.continuous_slots}"
-    if sampler is SpeculativeSampler:
-        key = f"rollout.speculative.draft = {r.speculative.draft!r}"
-    parts = [Part(key, sampler.capabilities)]
+    rollout = records.build(RolloutSection, r, "rollout")
+    sampler = sampler_class(rollout, partial=True)  # the training rollouts' sampler
+    parts = [Part(sampler_key(rollout, sampler), sampler.capabilities)]
     if r.max_staleness and r.free_running_queue:
         key = f"rollout.free_running_queue = {r.free_running_queue}"
         parts.append(Part(key, FreeRunningRollouts.capabilities))

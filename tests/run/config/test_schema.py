@@ -3,12 +3,11 @@ of a config over them (unknown keys with the nearest name, wrong types, whole se
 registry and task kwargs restarted when a command line switches the entry, the unset
 placeholders. (The checks `validate` runs after resolving: test_config.py.)"""
 
-import importlib.util
 import os
-import pathlib
 
 import ml_collections
 import pytest
+from conftest import REPO, config_error, get_config
 
 from jaxrl_frontier.core.errors import ConfigError
 from jaxrl_frontier.run.config import presets, validate
@@ -20,21 +19,9 @@ from jaxrl_frontier.run.config.schema import (
     resolve,
 )
 
-REPO = str(pathlib.Path(__file__).resolve().parents[3])  # tests/run/config/ -> the repository
-
 
 def _grpo(arg="runlocal") -> ml_collections.ConfigDict:
-    path = os.path.join(REPO, "configs", "grpo_arith.py")
-    spec = importlib.util.spec_from_file_location("grpo_arith_cfg", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config(arg)
-
-
-def _error(c, num_devices=8) -> str:
-    with pytest.raises(ConfigError) as e:
-        validate(c, num_devices=num_devices)
-    return str(e.value)
+    return get_config("grpo_arith", arg=arg)
 
 
 def _command_line(*overrides, config="grpo_arith.py:runlocal"):
@@ -96,7 +83,7 @@ def test_unknown_nested_key_is_named_with_its_siblings():
         c.optimizer.lrr = 1.0  # the config is locked: a typo fails where it is written
     c = _grpo().to_dict()  # a plain dict (another source) through validate
     c["optimizer"]["lrr"] = 1.0
-    msg = _error(c)
+    msg = config_error(c)
     assert "'optimizer.lrr'" in msg
     for sibling in ("lr", "b1", "warmup_steps"):
         assert sibling in msg
@@ -108,17 +95,17 @@ def test_unknown_top_level_key():
         c.trainn = ml_collections.ConfigDict(dict(steps=3))
     c = _grpo().to_dict()
     c["trainn"] = dict(steps=3)
-    assert "'trainn'" in _error(c)
+    assert "'trainn'" in config_error(c)
 
 
 def test_wrong_type_names_key_and_types():
     c = _grpo().to_dict()
     c["eval"]["num_prompts"] = "4"
-    msg = _error(ml_collections.ConfigDict(c))
+    msg = config_error(ml_collections.ConfigDict(c))
     assert "'eval.num_prompts'" in msg and "str" in msg and "int" in msg
     c = _grpo().to_dict()
     c["train"]["recompute_old_logp"] = 1  # an int where a bool is expected
-    assert "'train.recompute_old_logp'" in _error(ml_collections.ConfigDict(c))
+    assert "'train.recompute_old_logp'" in config_error(ml_collections.ConfigDict(c))
 
 
 def test_resolve_keeps_section_defaults():
@@ -127,7 +114,7 @@ def test_resolve_keeps_section_defaults():
     r = resolve(c)
     assert (r.mesh.data, r.mesh.fsdp, r.mesh.tensor, r.mesh.num_devices) == (2, 1, 1, 0)
     validate(r, num_devices=2)
-    assert "'mesh'" in _error(r, num_devices=8)  # 2 fixed devices of 8, none taking the rest
+    assert "'mesh'" in config_error(r, num_devices=8)  # 2 fixed devices of 8, none taking the rest
 
 
 def test_switching_the_weight_restarts_its_kwargs_from_the_new_defaults(caplog):
@@ -243,5 +230,5 @@ def test_unset_is_none_and_settable_from_the_command_line():
     assert c.rollout.cache_dtype == "bfloat16" and c.distributed.num_processes == 2
     validate(c, num_devices=8)
     c.rollout.cache_dtype = "float16"
-    msg = _error(c)
+    msg = config_error(c)
     assert "'rollout.cache_dtype'" in msg and "None" in msg and "'bfloat16'" in msg

@@ -2,34 +2,20 @@
 values). (The schema's merge, its did-you-mean errors and the kwargs restarted by a
 switch of entry: test_schema.py.)"""
 
-import importlib.util
 import os
-import pathlib
 import subprocess
 import sys
 
 import ml_collections
 import pytest
+from conftest import REPO, config_error, get_config
 
-from jaxrl_frontier.core.errors import ConfigError
 from jaxrl_frontier.run import build
 from jaxrl_frontier.run.config import base_config, validate
 
-REPO = str(pathlib.Path(__file__).resolve().parents[3])  # tests/run/config/ -> the repository
-
 
 def _grpo(arg="runlocal") -> ml_collections.ConfigDict:
-    path = os.path.join(REPO, "configs", "grpo_arith.py")
-    spec = importlib.util.spec_from_file_location("grpo_arith_cfg", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config(arg)
-
-
-def _error(c, num_devices=8) -> str:
-    with pytest.raises(ConfigError) as e:
-        validate(c, num_devices=num_devices)
-    return str(e.value)
+    return get_config("grpo_arith", arg=arg)
 
 
 def test_base_and_grpo_configs_are_valid():
@@ -39,28 +25,30 @@ def test_base_and_grpo_configs_are_valid():
     # and the checks do reject: one bad key in each of them is an error naming it
     for c in (base_config(), _grpo(), _grpo(None)):
         c.rollout.top_p = 1.5
-        assert "'rollout.top_p' = 1.5" in _error(c)
+        assert "'rollout.top_p' = 1.5" in config_error(c)
 
 
 def test_bad_choice_lists_allowed_values():
     c = _grpo()
     c.model.dtype = "float16"
-    msg = _error(c)
+    msg = config_error(c)
     assert "'model.dtype'" in msg and "'float32'" in msg and "'bfloat16'" in msg
     c = _grpo()
     c.optimizer.schedule = "exp"
-    msg = _error(c)
+    msg = config_error(c)
     assert "'optimizer.schedule'" in msg and "'cosine'" in msg
 
 
 def test_attention_and_unroll_keys_are_checked():
     c = _grpo()
     c.model.attention = "flash"
-    msg = _error(c)
+    msg = config_error(c)
     assert "'model.attention'" in msg and "'dot_product'" in msg and "'cudnn'" in msg
     c = _grpo()
     c.model.attention = "cudnn"  # cuDNN's kernel takes bf16 / fp16 only
-    assert "'model.attention' = 'cudnn'" in _error(c) and "model.dtype = 'float32'" in _error(c)
+    assert "'model.attention' = 'cudnn'" in config_error(
+        c
+    ) and "model.dtype = 'float32'" in config_error(c)
     c.model.dtype = "bfloat16"
     validate(c, num_devices=8)
     c.model.scan_unroll = 0
@@ -68,26 +56,26 @@ def test_attention_and_unroll_keys_are_checked():
     assert (built.attention, built.scan_unroll, built.dtype) == ("cudnn", 0, "bfloat16")
     c = _grpo()
     c.model.scan_unroll = -1
-    assert "'model.scan_unroll'" in _error(c)
+    assert "'model.scan_unroll'" in config_error(c)
 
 
 def test_batch_not_divisible_by_minibatches():
     c = _grpo()  # 4 prompts x 4 completions = 16 rollouts
     c.train.minibatches = 3
-    msg = _error(c)
+    msg = config_error(c)
     assert "train.minibatches" in msg and "16" in msg
 
 
 def test_group_size_one_is_rejected_for_rl():
     c = _grpo()
     c.rollout.group_size = 1
-    assert "'rollout.group_size'" in _error(c)
+    assert "'rollout.group_size'" in config_error(c)
 
 
 def test_microbatch_not_divisible_by_batch_devices():
     c = _grpo()
     c.rollout.group_size = 3  # 12 rollouts in 2 minibatches of 6 over 8 data devices
-    msg = _error(c)
+    msg = config_error(c)
     assert "microbatch of 6" in msg and "8 devices" in msg and "mesh.data" in msg
     validate(c, num_devices=2)  # 6 / 2 is fine
 
@@ -95,11 +83,11 @@ def test_microbatch_not_divisible_by_batch_devices():
 def test_mesh_not_dividing_device_count():
     c = _grpo()
     c.mesh.data = 3
-    msg = _error(c)
+    msg = config_error(c)
     assert "'mesh'" in msg and "3" in msg
     c = _grpo()
     c.mesh.num_devices = 16
-    assert "'mesh.num_devices'" in _error(c)
+    assert "'mesh.num_devices'" in config_error(c)
     c = _grpo()
     c.mesh.update(data=2, fsdp=2, tensor=2)
     validate(c, num_devices=8)
@@ -108,7 +96,7 @@ def test_mesh_not_dividing_device_count():
 def test_unknown_weight_lists_known_ones():
     c = _grpo()
     c.objective.weight = "ppo_clipp"
-    msg = _error(c)
+    msg = config_error(c)
     assert "objective.weight" in msg
     for known in ("ppo_clip", "dppo", "cispo", "pg"):
         assert known in msg
@@ -117,23 +105,23 @@ def test_unknown_weight_lists_known_ones():
 def test_weight_kwarg_not_accepted():
     c = _grpo()
     c.objective.weight_kwargs.epsx = 0.1
-    msg = _error(c)
+    msg = config_error(c)
     assert "objective.weight_kwargs" in msg and "'epsx'" in msg and "eps_low" in msg
 
 
 def test_unknown_advantage_and_aggregation():
     c = _grpo()
     c.objective.advantage = "grpoo"
-    assert "objective.advantage" in _error(c)
+    assert "objective.advantage" in config_error(c)
     c = _grpo()
     c.objective.aggregation = "token_meen"
-    assert "objective.aggregation" in _error(c)
+    assert "objective.aggregation" in config_error(c)
 
 
 def test_reward_weight_names_checked_against_the_task():
     c = _grpo()
     c.objective.reward_weights = dict(correctnes=1.0)
-    msg = _error(c)
+    msg = config_error(c)
     assert "'objective.reward_weights.correctnes'" in msg and "correctness, format" in msg
     c = _grpo()
     c.objective.reward_weights = dict(correctness=1.0, format=0.5)
@@ -143,20 +131,20 @@ def test_reward_weight_names_checked_against_the_task():
 def test_task_kwargs_checked_against_the_task():
     c = _grpo()
     c.task.kwargs.max_digitz = 1
-    msg = _error(c)
+    msg = config_error(c)
     assert "'task.kwargs.max_digitz'" in msg and "max_digits" in msg
     c = _grpo()
     c.task.name = "arithmeticc"
-    assert "'task.name'" in _error(c)
+    assert "'task.name'" in config_error(c)
 
 
 def test_paths_required_for_non_scratch_init():
     c = _grpo()
     c.model.update(init="checkpoint", path="")
-    assert "'model.path'" in _error(c)
+    assert "'model.path'" in config_error(c)
     c = _grpo()
     c.teacher.init = "hf"
-    assert "'teacher.path'" in _error(c)
+    assert "'teacher.path'" in config_error(c)
 
 
 def test_cli_unknown_key_exits_nonzero_naming_it(tmp_path):
@@ -208,19 +196,19 @@ def test_kwarg_typos_are_still_errors():
             "--config.objective.weight=dppo", "--config.objective.weight_kwargs.delta_lw=0.1"
         )
     # a knob of another entry, without switching to it: unknown for the chosen one
-    msg = _error(_command_line("--config.objective.weight_kwargs.delta_low=0.1"))
+    msg = config_error(_command_line("--config.objective.weight_kwargs.delta_low=0.1"))
     assert "objective.weight_kwargs" in msg and "'delta_low'" in msg
     assert "'ppo_clip'" in msg and "eps_low, eps_high" in msg
     c = _command_line("--config.objective.weight=dppo")
     c.objective.weight_kwargs.epsx = 0.1  # a file adding a key the new entry does not take
-    msg = _error(c)
+    msg = config_error(c)
     assert "'epsx'" in msg and "delta_low" in msg
 
 
 def test_progress_cannot_be_the_training_advantage():
     c = _grpo()
     c.objective.advantage = "progress"
-    msg = _error(c)
+    msg = config_error(c)
     assert "'objective.advantage'" in msg and "'progress'" in msg
     assert "0 at step 0" in msg and "test-time" in msg
 
@@ -235,7 +223,7 @@ def test_tis_against_recomputed_behaviour_log_probs_is_refused(key, value):
     c.objective.weight = "tis"
     section, name = key.split(".")
     c[section][name] = value
-    msg = _error(c)
+    msg = config_error(c)
     assert "'objective.weight' = 'tis'" in msg and repr(key) in msg
     c[section][name] = False if key.startswith("train") else ()
     validate(c, num_devices=8)  # the sampler's own log-probs: accepted
@@ -244,7 +232,7 @@ def test_tis_against_recomputed_behaviour_log_probs_is_refused(key, value):
 def test_advantage_kwargs_supplied_from_the_batch_are_refused():
     c = _grpo().to_dict()
     c["objective"]["advantage_kwargs"]["reward_weights"] = [1.0, 0.5]
-    assert "'objective.advantage_kwargs.reward_weights'" in _error(c)
+    assert "'objective.advantage_kwargs.reward_weights'" in config_error(c)
 
 
 # ---------------------------------------------------------------- ranges (docs/reliability.md)
@@ -278,7 +266,7 @@ def test_out_of_range_values_name_the_key_and_the_range(key, value, allowed):
     c = _grpo()
     section, name = key.split(".")
     c[section][name] = value
-    msg = _error(c)
+    msg = config_error(c)
     assert msg.startswith(f"config key {key!r} = {value!r}; allowed: ")
     assert msg.endswith(allowed), msg
 
@@ -293,7 +281,7 @@ def test_in_range_edges_are_accepted():
         bad = _grpo()
         section, name = key.split(".")
         bad[section][name] = value
-        assert f"config key {key!r}" in _error(bad)
+        assert f"config key {key!r}" in config_error(bad)
 
 
 def test_every_range_key_exists_in_the_schema():
@@ -310,7 +298,7 @@ def test_every_range_key_exists_in_the_schema():
 def test_rewards_scorer_choices():
     c = _grpo()
     c.rewards.scorer = "remote"
-    assert _error(c) == (
+    assert config_error(c) == (
         "config key 'rewards.scorer' = 'remote'; allowed: 'auto', 'in_process', 'sandboxed'"
     )
 
@@ -335,11 +323,11 @@ def test_task_module_registers_a_user_task(tmp_path, user_task_name):
     )
     c = _grpo()
     c.task.name = "my_arith_from_test_config"
-    assert "my_arith_from_test_config" in _error(c)  # unknown without the module
+    assert "my_arith_from_test_config" in config_error(c)  # unknown without the module
     c.task.module = str(module)
     validate(c, num_devices=8)
     validate(c, num_devices=8)  # importing twice registers once
     c.task.module = str(tmp_path / "nope.py")
-    assert _error(c).startswith("config key 'task.module' = ")
+    assert config_error(c).startswith("config key 'task.module' = ")
     c.task.module = "no_such_module_xyz"
-    assert "No module named 'no_such_module_xyz'" in _error(c)
+    assert "No module named 'no_such_module_xyz'" in config_error(c)
