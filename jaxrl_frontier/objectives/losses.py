@@ -43,9 +43,11 @@ from jaxrl_frontier.objectives.schema import (  # noqa: F401
     RANGES,
     REGISTRIES,
     TRACED_KEYS,
+    ObjectiveSection,
     check_available,
     default_config,
     entry_defaults,
+    objective_of,
     required_fields,
     setting,
     term_on,
@@ -61,16 +63,17 @@ Array = jax.Array
 sg = jax.lax.stop_gradient
 
 
-def aggregation_denominator(cfg: Any, mask_bt: Array) -> Array:
+def aggregation_denominator(cfg: ObjectiveSection | Mapping[str, Any], mask_bt: Array) -> Array:
     """Z of the configured aggregation for `mask_bt` [B, T] (a scalar, a function of the mask).
 
     Compute it over a whole minibatch and pass it to `loss_fn(..., denominator=Z)` for each
     of its microbatches: the sum of the microbatch losses (and gradients) is then exactly the
     minibatch's.
     """
-    name = setting(cfg, "aggregation")
+    cfg = objective_of(cfg)
+    name = cfg.aggregation
     entry = AGGREGATIONS.get(name)
-    return entry.denominator(mask_bt.astype(jnp.float32), **setting(cfg, "aggregation_kwargs"))
+    return entry.denominator(mask_bt.astype(jnp.float32), **cfg.aggregation_kwargs)
 
 
 # ----------------------------------------------------------------------------- the loss
@@ -83,7 +86,7 @@ def _token_mean(x_bt: Array, mask_bt: Array) -> Array:
 def objective_loss(
     stats: TokenStats,
     adv: Array,
-    cfg: Any,
+    cfg: ObjectiveSection | Mapping[str, Any],
     *,
     logits: Array | None = None,
     teacher_logits: Array | None = None,
@@ -109,6 +112,7 @@ def objective_loss(
     own values or 0.2 for weights without them), approx_kl (k3 of old vs new: r - 1 - log r),
     kl_ref, weight_mean, ratio_mean, adv_mean.
     """
+    cfg = objective_of(cfg)
     validate_objective_config(cfg)
     present = {f for f in OPTIONAL_FIELDS if getattr(stats, f) is not None}
     present |= {"logits"} if logits is not None else set()
@@ -116,8 +120,8 @@ def objective_loss(
     check_available(cfg, present | {"logp", "old_logp", "mask"})
 
     m = stats.mask.astype(jnp.float32)
-    aggregate = AGGREGATIONS.get(setting(cfg, "aggregation"))
-    agg_kwargs = setting(cfg, "aggregation_kwargs")
+    aggregate = AGGREGATIONS.get(cfg.aggregation)
+    agg_kwargs = cfg.aggregation_kwargs
     Z = aggregate.denominator(m, **agg_kwargs) if denominator is None else denominator
 
     def agg(x_bt):  # N(x) / Z
@@ -125,12 +129,12 @@ def objective_loss(
 
     # Policy gradient: w held constant; exp(l - sg(l)) is 1 in value and grad l in gradient,
     # so the value reads -w A and the gradient is exactly -(1/Z) w A grad l.
-    weight_fn, weight_kwargs = WEIGHTS.get(setting(cfg, "weight")), setting(cfg, "weight_kwargs")
+    weight_fn, weight_kwargs = WEIGHTS.get(cfg.weight), cfg.weight_kwargs
     w = sg(weight_fn(stats, adv, **weight_kwargs))
     wA = jnp.where(m > 0, w * adv, 0.0)
     pg_bt = -sg(wA) * jnp.exp(stats.logp - sg(stats.logp))
     pg_loss = agg(pg_bt)
-    loss = setting(cfg, "pg_coef") * pg_loss
+    loss = cfg.pg_coef * pg_loss
     metrics = {"pg_loss": pg_loss}
     loss = _add_kl(loss, metrics, stats, cfg, agg)
     loss = _add_entropy(loss, metrics, cfg, agg, m, logits, entropy)
@@ -146,11 +150,11 @@ def _add_kl(loss, metrics: dict, stats: TokenStats, cfg, agg):
     if stats.ref_logp is None:
         return loss
     m = stats.mask.astype(jnp.float32)
-    kl_bt = kl_to_ref(stats, setting(cfg, "kl_estimator"))
+    kl_bt = kl_to_ref(stats, cfg.kl_estimator)
     metrics["kl_ref"] = _token_mean(kl_to_ref(stats, "k3"), m)
-    if term_on(cfg, "kl_coef") and not setting(cfg, "kl_in_reward"):
+    if term_on(cfg, "kl_coef") and not cfg.kl_in_reward:
         kl_loss = agg(kl_bt)
-        loss = loss + setting(cfg, "kl_coef") * kl_loss
+        loss = loss + cfg.kl_coef * kl_loss
         metrics["kl_loss"] = kl_loss
     return loss
 
@@ -162,7 +166,7 @@ def _add_entropy(loss, metrics: dict, cfg, agg, m, logits, entropy):
     ent_bt = token_entropy(logits) if entropy is None else entropy
     if term_on(cfg, "entropy_coef"):
         ent = agg(ent_bt)
-        loss = loss - setting(cfg, "entropy_coef") * ent
+        loss = loss - cfg.entropy_coef * ent
     metrics["entropy"] = _token_mean(ent_bt, m)
     return loss
 
@@ -170,7 +174,7 @@ def _add_entropy(loss, metrics: dict, cfg, agg, m, logits, entropy):
 def _add_distill(loss, metrics: dict, cfg, agg, inputs):
     """loss + distill_coef * agg(the distillation loss); inputs: (student logits, teacher
     logits, tokens, the per-token loss when computed elsewhere)."""
-    distill = setting(cfg, "distill")
+    distill = cfg.distill
     if not distill:
         return loss
     logits, teacher_logits, tokens, distill_bt = inputs
@@ -182,11 +186,11 @@ def _add_distill(loss, metrics: dict, cfg, agg, inputs):
         if distill == "cr_opd" and tokens is None:
             raise ObjectiveConfigError("config.objective: distill 'cr_opd' needs `tokens`")
         distill_bt = DISTILL_LOSSES.get(distill)(
-            logits, teacher_logits, tokens, **setting(cfg, "distill_kwargs")
+            logits, teacher_logits, tokens, **cfg.distill_kwargs
         )
     distill_loss = agg(distill_bt)
     metrics["distill_loss"] = distill_loss
-    return loss + setting(cfg, "distill_coef") * distill_loss
+    return loss + cfg.distill_coef * distill_loss
 
 
 def _diagnostics(stats: TokenStats, w, adv, m, hp: dict) -> dict[str, Array]:
@@ -218,14 +222,14 @@ def _chunked_stats(params, batch, cfg, apply_hidden_fn, chunking, teacher_hidden
     hidden states in chunks of positions (`chunked_token_stats`); chunking: (logprob_chunk,
     first_scored); packed rows: computed over the slots, then unpacked. See `loss_fn`."""
     logprob_chunk, first_scored = chunking
-    tokens, distill = batch["tokens"], setting(cfg, "distill")
+    tokens, distill = batch["tokens"], cfg.distill
     stat_tokens = tokens if packed is None else packed[0]
     hidden, w_out = apply_hidden_fn(params, stat_tokens, batch["attention_mask"])
     per_position = None
     if distill:
         per_position = functools.partial(
             DISTILL_LOSSES.get(distill).per_position,
-            **setting(cfg, "distill_kwargs"),
+            **cfg.distill_kwargs,
         )
     logp, entropy, distill_bt = chunked_token_stats(
         hidden,
@@ -247,7 +251,7 @@ def _chunked_stats(params, batch, cfg, apply_hidden_fn, chunking, teacher_hidden
 def loss_fn(
     params: Any,
     batch: Mapping[str, Array],
-    cfg: Any,
+    cfg: ObjectiveSection | Mapping[str, Any],
     *,
     apply_fn: Callable[[Any, Array, Array], Array],
     apply_hidden_fn: Callable[[Any, Array, Array], tuple[Array, Array]] | None = None,
@@ -281,8 +285,9 @@ def loss_fn(
     packed: (tokens [R, N], unpack [R, N] -> [B, T]) for packed rows: hidden states (and
     `teacher_hidden`) are [R, N, D], the statistics are computed over the slots and unpacked.
     """
+    cfg = objective_of(cfg)
     tokens = batch["tokens"]
-    distill = setting(cfg, "distill")
+    distill = cfg.distill
     teacher_logits = batch.get("teacher_logits")
     distill_bt = None
     if apply_hidden_fn is not None and (not distill or teacher_hidden is not None):

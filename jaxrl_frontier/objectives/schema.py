@@ -1,7 +1,8 @@
-"""The `config.objective` section: every key and its default (`DEFAULTS`), its choices and
-ranges, the registries its names select from, and its checks (unknown keys, registry names,
-an entry's keyword arguments, the inputs the configured loss needs). The loss that reads the
-section is losses.py; `setting` and `term_on` are how it reads a key.
+"""The `config.objective` section: `ObjectiveSection`, the typed, hashable record the loss,
+the advantages, the critic and the producers receive (`objective_of` builds it from a
+mapping); every key and its default (`DEFAULTS`), its choices and ranges, the registries its
+names select from, and its checks (unknown keys, registry names, an entry's keyword
+arguments, the inputs the configured loss needs). The loss that reads it is losses.py.
 
 Traced keys (`traced_keys`, `with_values`): the float coefficients and weight knobs a
 schedule or a controller moves step by step without compiling the update again.
@@ -52,6 +53,44 @@ class ObjectiveSection:
     advantage_kwargs: dict = records.key({}, "the advantage's keyword arguments")
     reward_weights: dict = records.key({}, "reward component -> weight ({}: correctness only)")
 
+    def __post_init__(self):
+        # Free-form blocks as plain dicts without None (None: the entry's own default, a
+        # command-line placeholder left unset), so equal settings make equal records.
+        for f in FREE_BLOCKS:
+            value = records.plain(getattr(self, f) or {})
+            object.__setattr__(self, f, {k: v for k, v in value.items() if v is not None})
+
+    def __hash__(self):  # a static argument of the jitted advantages
+        return hash(tuple(_frozen(getattr(self, f.name)) for f in dataclasses.fields(self)))
+
+
+# The section's free-form blocks: an entry's keyword arguments, the reward weights.
+FREE_BLOCKS = ("weight_kwargs", "aggregation_kwargs", "distill_kwargs", "advantage_kwargs",
+               "reward_weights")  # fmt: skip
+
+
+def _frozen(value: Any) -> Any:
+    """A hashable copy of a value of the section (dicts and lists nested in a block)."""
+    if isinstance(value, Mapping):
+        return tuple(sorted((k, _frozen(v)) for k, v in value.items()))
+    if isinstance(value, list | tuple):
+        return tuple(_frozen(v) for v in value)
+    return value
+
+
+def objective_of(given: Any) -> ObjectiveSection:
+    """The objective as its record: a record as it is; a mapping (a resolved
+    `config.objective`'s keys, a notebook's plain dict) built into one, keys not given at
+    their defaults. An undeclared key is an ObjectiveConfigError naming the allowed ones."""
+    if isinstance(given, ObjectiveSection):
+        return given
+    for key in given:
+        if key not in DEFAULTS:
+            raise ObjectiveConfigError(
+                f"config.objective: unknown key {key!r}; allowed keys: {', '.join(DEFAULTS)}"
+            )
+    return records.build(ObjectiveSection, given, "objective")
+
 
 # `config.objective`: every key and its default, as `ObjectiveSection` declares them.
 DEFAULTS: Mapping[str, Any] = records.defaults(ObjectiveSection)
@@ -91,21 +130,16 @@ def entry_defaults(fn: Callable) -> dict[str, Any]:
 
 
 def setting(cfg: Any, key: str) -> Any:
-    """cfg[key] or its default; a `*_kwargs` block as a plain dict without None values
-    (None = the entry's own default: command-line placeholders left unset)."""
-    value = cfg[key] if key in cfg else DEFAULTS[key]
-    if key.endswith("_kwargs"):
-        value = {} if value is None else value
-        value = value.to_dict() if hasattr(value, "to_dict") else value
-        return {k: v for k, v in value.items() if v is not None}
-    return value
+    """The value of `key` of an objective given as a record or a mapping (a `*_kwargs`
+    block without None values, a key not given at its default)."""
+    return getattr(objective_of(cfg), key)
 
 
 def term_on(cfg: Any, key: str) -> bool:
     """Whether the term of coefficient `key` is in the loss: a number when non-zero; a
     traced value (`with_values`: a scheduled or controlled coefficient) always, since the
     run was built for its largest value and a value that moves must not change the program."""
-    value = setting(cfg, key)
+    value = getattr(objective_of(cfg), key)
     return isinstance(value, jax.Array) or bool(value)
 
 
@@ -133,26 +167,28 @@ def value_of(cfg: Any, key: str) -> Any:
     """The configured value of a key of `traced_keys()`: cfg['kl_coef'], or for
     'weight_kwargs.eps_high' the block's value, else the chosen weight's default (None when
     the chosen weight has no such knob)."""
+    objective = objective_of(cfg)
     block, _, knob = key.partition(".")
     if not knob:
-        return setting(cfg, block)
+        return getattr(objective, block)
     entry = block.removesuffix("_kwargs")
-    defaults = entry_defaults(REGISTRIES[entry].get(setting(cfg, entry)))
-    return {**defaults, **setting(cfg, block)}.get(knob)
+    defaults = entry_defaults(REGISTRIES[entry].get(getattr(objective, entry)))
+    return {**defaults, **getattr(objective, block)}.get(knob)
 
 
-def with_values(cfg: Any, values: Mapping[str, Any]) -> dict[str, Any]:
-    """The objective `cfg` as a dict with the keys of `values` replaced: `values` maps a key
-    of `traced_keys()` ('kl_coef', 'weight_kwargs.eps_high') to its value this step (an f32
+def with_values(cfg: Any, values: Mapping[str, Any]) -> ObjectiveSection:
+    """The objective `cfg` with the keys of `values` replaced: `values` maps a key of
+    `traced_keys()` ('kl_coef', 'weight_kwargs.eps_high') to its value this step (an f32
     scalar, traced inside the update). Every other key keeps its configured value."""
-    out = dict(cfg.items())
+    objective = objective_of(cfg)
+    changes: dict[str, Any] = {}
     for key, value in values.items():
         block, _, knob = key.partition(".")
         if knob:
-            out[block] = {**setting(out, block), knob: value}
+            changes[block] = {**changes.get(block, getattr(objective, block)), knob: value}
         else:
-            out[block] = value
-    return out
+            changes[block] = value
+    return dataclasses.replace(objective, **changes)
 
 
 def _check_kwargs(fn: Callable, name: str, cfg_key: str, kwargs: Mapping[str, Any]) -> None:
@@ -167,40 +203,37 @@ def _check_kwargs(fn: Callable, name: str, cfg_key: str, kwargs: Mapping[str, An
 
 def required_fields(cfg: Any) -> dict[str, tuple[str, ...]]:
     """Which optional inputs the configured objective needs: {'what needs it': fields}."""
+    objective = objective_of(cfg)
     need: dict[str, tuple[str, ...]] = {}
-    weight = setting(cfg, "weight")
+    weight = objective.weight
     need[f"weight {weight!r}"] = getattr(WEIGHTS.get(weight), "requires", ())
-    if term_on(cfg, "kl_coef") and not setting(cfg, "kl_in_reward"):
+    if term_on(objective, "kl_coef") and not objective.kl_in_reward:
         need["kl_coef > 0"] = ("ref_logp",)
-    if setting(cfg, "distill"):
-        need[f"distill {setting(cfg, 'distill')!r}"] = ("teacher_logits",)
+    if objective.distill:
+        need[f"distill {objective.distill!r}"] = ("teacher_logits",)
     return need
 
 
 def validate_objective_config(cfg: Any, available: Iterable[str] | None = None) -> None:
-    """Check a `config.objective` (ConfigDict or mapping) before any tracing.
+    """Check an objective (its record, or a `config.objective` as a mapping) before any
+    tracing.
 
     Unknown top-level keys, unknown registry names (KeyError listing the known ones), kwargs
     an entry does not accept (naming the key and the allowed keys), and, when `available`
     (the batch keys / TokenStats fields at hand) is given, inputs the objective needs that
     are missing (naming the field and who needs it).
     """
-    keys = cfg.keys() if hasattr(cfg, "keys") else cfg
-    for key in keys:
-        if key not in DEFAULTS:
-            raise ObjectiveConfigError(
-                f"config.objective: unknown key {key!r}; allowed keys: {', '.join(DEFAULTS)}"
-            )
+    objective = objective_of(cfg)
     for cfg_key, registry in REGISTRIES.items():
-        name = setting(cfg, cfg_key)
+        name = getattr(objective, cfg_key)
         if not name:  # distill None or '' (off)
             continue
         fn = registry.get(name)
         kw_key = f"{cfg_key}_kwargs"
-        _check_kwargs(fn, name, kw_key, setting(cfg, kw_key))
-    KL_ESTIMATORS.get(setting(cfg, "kl_estimator"))
+        _check_kwargs(fn, name, kw_key, getattr(objective, kw_key))
+    KL_ESTIMATORS.get(objective.kl_estimator)
     if available is not None:
-        check_available(cfg, set(available))
+        check_available(objective, set(available))
 
 
 def check_available(cfg: Any, present: set[str]) -> None:

@@ -48,13 +48,6 @@ __all__ = [
 ]
 
 
-def _option(objective: Mapping[str, Any], key: str) -> Any:
-    value = objective.get(key, schema.DEFAULTS[key])
-    if key.endswith("_kwargs"):  # None = the entry's default (an unset placeholder)
-        return {k: v for k, v in dict(value or {}).items() if v is not None}
-    return value
-
-
 def reward_weight_vector(reward_weights: Mapping[str, float], reward_names: Sequence[str]) -> Array:
     """w [K] in `reward_names` order: the named weights (0 for the others), or, when
     `reward_weights` is empty, 1 on 'correctness' and 0 elsewhere."""
@@ -83,7 +76,7 @@ def kl_reward_tokens(stats: TokenStats, estimator: str) -> Array:
 
 
 def compute_advantages(
-    objective: Mapping[str, Any],
+    objective: schema.ObjectiveSection | Mapping[str, Any],
     rewards_pgk: Array,
     reward_names: Sequence[str],
     stats: TokenStats,
@@ -91,11 +84,12 @@ def compute_advantages(
     """-> (advantages [B, T] float32, 0 off stats.mask; sequence reward r_pg [P, G] after
     reward weights and kl_in_reward).
 
-    objective: `config.objective.to_dict()` (advantage, advantage_kwargs, reward_weights,
-    kl_in_reward, kl_coef, kl_estimator); rewards_pgk [P, G, K] in `reward_names` order;
+    objective: the objective's record (`schema.objective_of`; it reads advantage,
+    advantage_kwargs, reward_weights, kl_in_reward, kl_coef, kl_estimator); rewards_pgk [P, G, K] in `reward_names` order;
     stats: TokenStats [B, T] with B = P * G rows prompt-major, logp / old_logp the behaviour
     log-probs, ref_logp / teacher_logp as the entry needs them (None otherwise).
     """
+    objective = schema.objective_of(objective)
     P, G, K = rewards_pgk.shape
     if stats.mask.shape[0] != P * G:
         raise ValueError(
@@ -103,19 +97,19 @@ def compute_advantages(
         )
     mask = stats.mask.astype(jnp.float32)
     r_pgk = rewards_pgk.astype(jnp.float32)
-    w_k = reward_weight_vector(_option(objective, "reward_weights"), reward_names)
+    w_k = reward_weight_vector(objective.reward_weights, reward_names)
 
-    beta = float(_option(objective, "kl_coef")) if _option(objective, "kl_in_reward") else 0.0
-    neg_kl_bt = kl_reward_tokens(stats, _option(objective, "kl_estimator")) if beta else None
+    beta = float(objective.kl_coef) if objective.kl_in_reward else 0.0
+    neg_kl_bt = kl_reward_tokens(stats, objective.kl_estimator) if beta else None
     neg_kl_pg = None if neg_kl_bt is None else jnp.sum(neg_kl_bt, axis=1).reshape(P, G)
 
     r_pg = jnp.einsum("pgk,k->pg", r_pgk, w_k)
     if neg_kl_pg is not None:
         r_pg = r_pg + beta * neg_kl_pg
 
-    name = _option(objective, "advantage")
+    name = objective.advantage
     fn = adv_lib.ADVANTAGES.get(name)
-    kwargs = _option(objective, "advantage_kwargs")
+    kwargs = objective.advantage_kwargs
     inputs = _Inputs(r_pg, r_pgk, w_k, neg_kl_pg, neg_kl_bt, beta, stats, P, G)
     adv_bt = _BY_LEVEL[fn.level](fn, kwargs, inputs)
     return (adv_bt * mask).astype(jnp.float32), r_pg

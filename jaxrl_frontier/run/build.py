@@ -22,6 +22,7 @@ from jaxrl_frontier.models.transformer import Transformer
 from jaxrl_frontier.rl.learn.optimizer import build_optimizer
 from jaxrl_frontier.rl.learn.train_step import init_train_state, optimizer_memory_kind
 from jaxrl_frontier.run.config import sections
+from jaxrl_frontier.run.config.sections import objective_section  # noqa: F401 (users' name)
 
 
 def build_mesh(config) -> jax.sharding.Mesh:
@@ -218,15 +219,6 @@ def total_updates(config) -> int:
 
     c = config
     return stages.updates_over(c, stages.parse(c)) if c.mode == "rl" else c.train.steps
-
-
-def objective_section(objective) -> dict:
-    """The keys of `config.objective` the loss and the advantages read, as a plain dict."""
-    from jaxrl_frontier.objectives import losses
-
-    out = {k: v for k, v in objective.to_dict().items() if k in losses.DEFAULTS}
-    out["distill"] = out.get("distill") or None
-    return out
 
 
 # The keys that fix the learning-rate schedule: a resume must not silently change them.

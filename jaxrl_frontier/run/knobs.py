@@ -78,8 +78,15 @@ def _configured(c, key: str):
     """The configured (static) value of a knob key."""
     section, rest = key.split(".", 1)
     if section == "objective":
-        return losses.value_of(c.objective, rest)
+        return losses.value_of(_objective(c), rest)
     return c[section][rest]
+
+
+def _objective(c):
+    """The objective's record (sections imports the config's schema, which imports this)."""
+    from jaxrl_frontier.run.config.sections import objective_section
+
+    return objective_section(c.objective)
 
 
 def _in_range(value: float, bounds: tuple) -> bool:
@@ -275,7 +282,7 @@ def _check_key(c, where: str, key: str) -> None:
             + ", "
             + ", ".join(f"rollout.{k}" for k in TRACED_ROLLOUT_KEYS)
         )
-    if rest.startswith("weight_kwargs.") and losses.value_of(c.objective, rest) is None:
+    if rest.startswith("weight_kwargs.") and losses.value_of(_objective(c), rest) is None:
         raise ConfigError(
             f"config key {where!r}: the weight {c.objective.weight!r} has no knob "
             f"{rest.split('.', 1)[1]!r}"

@@ -20,6 +20,7 @@ from jaxrl_frontier.data.rewards.shaping import effective_reward_weights
 from jaxrl_frontier.data.tasks import chat
 from jaxrl_frontier.models.moe import MoE
 from jaxrl_frontier.objectives import losses
+from jaxrl_frontier.objectives.schema import ObjectiveSection
 from jaxrl_frontier.rl.learn import packing
 from jaxrl_frontier.rl.learn.forward import apply_hidden, make_logp_fn
 from jaxrl_frontier.rl.learn.learner import Learner, LearnerOptions, reshard_to, update_layout
@@ -33,7 +34,6 @@ from jaxrl_frontier.rl.produce.producer import RolloutProducer
 from jaxrl_frontier.rl.sources import SOURCES
 from jaxrl_frontier.rl.sources.teacher_answers import TeacherAnswers
 from jaxrl_frontier.rl.sources.utils import prompt_text
-from jaxrl_frontier.run.build import objective_section
 from jaxrl_frontier.run.config import sections
 from jaxrl_frontier.sampling import SamplingParams
 from jaxrl_frontier.sampling.records import DEFAULT_PROMPT_BUCKETS
@@ -76,20 +76,22 @@ class RunParts:
     knobs: Any = None  # the run's KnobPlan (run/knobs.py): keys that move as it trains
 
 
-def checked_objective(config, parts: RunParts) -> tuple[dict, list, list, bool]:
+def checked_objective(config, parts: RunParts) -> tuple[ObjectiveSection, list, list, bool]:
     """(objective, rollout editors, reward shapers, whether it reads the self-conditioned
     pass) of an RL config, the objective checked against the fields the run provides (a
     reference when `parts.reference`, a teacher's log-probs when `parts.teacher`): a
     ConfigError before anything is traced. The trainer checks each stage's config so too."""
     c = config
-    objective = objective_section(c.objective)
+    objective = sections.objective_section(c.objective)
     if parts.knobs:  # a moving key at its largest value: the structure every value runs in
         objective = parts.knobs.structural(objective)
     editors, shapers = build_editors(
         sections.editor_options(c), task=parts.task, tokenizer=parts.tokenizer
     )
     shaped = [n for s in shapers for n in s.reward_names]
-    objective["reward_weights"] = effective_reward_weights(objective.get("reward_weights"), shaped)
+    objective = dataclasses.replace(
+        objective, reward_weights=effective_reward_weights(objective.reward_weights, shaped)
+    )
     if c.train.collapse.stop and c.train.export != "best":
         raise ConfigError(
             "config key 'train.collapse.stop' rolls the peak forward through the export: "

@@ -60,8 +60,23 @@ def test_traced_keys_read_and_replace_the_configured_values():
     assert schema.value_of(cfg, "weight_kwargs.eps_high") == 0.28  # configured
     assert schema.value_of(cfg, "weight_kwargs.eps_low") == 0.2  # ppo_clip's own default
     out = schema.with_values(cfg, {"kl_coef": 0.5, "weight_kwargs.eps_low": 0.1})
-    assert out["kl_coef"] == 0.5 and out["weight_kwargs"] == {"eps_high": 0.28, "eps_low": 0.1}
+    assert out.kl_coef == 0.5 and out.weight_kwargs == {"eps_high": 0.28, "eps_low": 0.1}
     assert cfg["kl_coef"] == 0.05 and cfg["weight_kwargs"] == {"eps_high": 0.28}  # a copy
     # a term is on when its coefficient is non-zero; None in a kwargs block = the default
     assert schema.term_on(out, "kl_coef") and not schema.term_on(out, "entropy_coef")
     assert schema.setting({"distill_kwargs": {"top_k": None}}, "distill_kwargs") == {}
+
+
+def test_the_objective_is_a_typed_hashable_record():
+    given = {"weight": "ppo_clip", "weight_kwargs": {"eps_high": 0.28, "eps_low": None}}
+    objective = schema.objective_of(given)
+    assert isinstance(objective, schema.ObjectiveSection)
+    assert objective.weight_kwargs == {"eps_high": 0.28}  # an unset placeholder: the default
+    assert objective.kl_coef == schema.DEFAULTS["kl_coef"] and objective.distill is None
+    assert schema.objective_of(objective) is objective
+    # equal settings, equal records and hashes (a static argument of a jitted function)
+    same = schema.objective_of({"weight_kwargs": {"eps_high": 0.28}})
+    assert same == objective and hash(same) == hash(objective)
+    assert hash(schema.with_values(objective, {"kl_coef": 0.5})) != hash(objective)
+    with pytest.raises(ObjectiveConfigError, match=r"unknown key 'kl_coeff'.*kl_coef"):
+        schema.objective_of({"kl_coeff": 0.1})

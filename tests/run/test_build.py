@@ -124,19 +124,6 @@ def test_the_model_section_spells_the_model_config(model, family):
     assert build.model_config_from(c, tok).vocab_size == 512
 
 
-def test_the_objective_section_is_the_losses_keys_with_an_unset_distill_none():
-    from jaxrl_frontier.objectives import losses
-
-    c = _config()
-    section = build.objective_section(c.objective)
-    assert set(section) == set(losses.DEFAULTS)  # no `as_written`, no reward weights' extras
-    assert section["distill"] is None and section["kl_coef"] == c.objective.kl_coef
-    c.objective.distill = ""
-    assert build.objective_section(c.objective)["distill"] is None
-    c.objective.distill = "jsd"
-    assert build.objective_section(c.objective)["distill"] == "jsd"
-
-
 def test_total_updates_is_the_schedules_horizon():
     rl = _config(train=dict(steps=10, epochs=2, minibatches=3))
     assert build.total_updates(rl) == 10 * 2 * 3

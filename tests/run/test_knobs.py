@@ -4,6 +4,7 @@ of a loss built with that coefficient as a constant); moving values compile noth
 the first steps; a run cut mid-schedule and mid-controller resumes bitwise; the entropy
 controller acts in a runlocal run; the config errors name their keys."""
 
+import dataclasses
 import math
 
 import jax
@@ -97,7 +98,7 @@ def test_scheduled_kl_is_logged_at_every_step_and_the_loss_uses_it(tmp_path):
     for coef in (0.05, 0.5):
         trainer.step.learner.set_knobs({"kl_coef": coef})
         got_loss, got, _ = trainer.step.learner.gradient(exp)
-        objective = {**options.objective, "kl_coef": coef}
+        objective = dataclasses.replace(options.objective, kl_coef=coef)
         by_hand = rl_loss(trainer.roles.graphdef, objective, **layout)
         den = losses.aggregation_denominator(objective, batch["loss_mask"])
         want_loss, want, _ = microbatch_grads(by_hand, trainer.state.params, batch, 1, None, den)

@@ -35,7 +35,7 @@ def test_the_objective_is_checked_against_the_fields_the_run_provides():
     objective, editors, shapers, self_conditioned = rl_build.checked_objective(
         c, _parts(c, reference=True)
     )
-    assert objective["kl_coef"] == 0.1 and not editors and not shapers and not self_conditioned
+    assert objective.kl_coef == 0.1 and not editors and not shapers and not self_conditioned
     with pytest.raises(ConfigError, match="ref_logp"):
         rl_build.checked_objective(c, _parts(c, reference=False))
     c.objective.kl_coef = 0.0

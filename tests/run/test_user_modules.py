@@ -3,6 +3,7 @@
 config then names them like built-in entries: their defaults fill the kwargs blocks, the
 credit and the loss compute them, a run trains with them, a typo gets the close match."""
 
+import dataclasses
 import sys
 
 import jax
@@ -100,9 +101,8 @@ def test_credit_and_loss_compute_the_user_entries(user_module):
     np.testing.assert_allclose(np.asarray(adv), want, rtol=1e-6)
 
     def grad_of(weight):  # d loss / d logp: -m w A / Z, w = 1 for pg at the behaviour policy
-        cfg = {**objective, "weight": weight, "weight_kwargs": {}}
-        if weight == "user_scaled_pg":
-            cfg["weight_kwargs"] = {"scale": 0.5}
+        kwargs = {"scale": 0.5} if weight == "user_scaled_pg" else {}
+        cfg = dataclasses.replace(objective, weight=weight, weight_kwargs=kwargs)
         loss = lambda lp: objective_loss(stats.replace(logp=lp), adv, cfg)[0]
         return np.asarray(jax.grad(loss)(stats.logp))
 

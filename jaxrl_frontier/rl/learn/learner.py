@@ -107,7 +107,7 @@ def minibatch_order(key, rows: int, update_groups: int) -> np.ndarray:
 class LearnerOptions:
     """What one RL update does, fixed for the run.
 
-    objective: the `config.objective` section as a dict.  rows: B, the rows of a step's
+    objective: the objective's record (`objectives.schema`).  rows: B, the rows of a step's
     Experience; group_size: G; completion_len: Tn.  epochs x minibatches passes over the rows
     (`train.epochs`, `train.minibatches`), each minibatch in `grad_accum` microbatches
     (`optimizer.grad_accum`).  share_prompt: one prompt forward per group
@@ -122,7 +122,7 @@ class LearnerOptions:
     minibatches and epochs; see the module docstring).
     """
 
-    objective: dict
+    objective: losses.ObjectiveSection
     rows: int
     group_size: int
     completion_len: int
@@ -163,7 +163,7 @@ class Learner:
         log: Callable[[str], None] = print,
     ):
         o = options
-        objective, rows = o.objective, o.rows
+        objective, rows = losses.objective_of(o.objective), o.rows
         epochs, minibatches, grad_accum = o.epochs, o.minibatches, o.grad_accum
         self.options = options
         self.state = state
@@ -176,7 +176,7 @@ class Learner:
         self.pack, layout = self._layout(o, mesh, model_cfg, log)
         self.update_groups = layout["group_size"]
         self.teacher = teacher
-        uses_teacher = teacher is not None and bool(objective.get("distill"))
+        uses_teacher = teacher is not None and bool(objective.distill)
         self.frozen = {"teacher": teacher[1]} if uses_teacher else None
         loss_of = rl_loss(
             graphdef,

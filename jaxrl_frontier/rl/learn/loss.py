@@ -74,6 +74,7 @@ def rl_loss(
     `objective_cfg` (`losses.with_values`): schedules and controllers move them step by step
     as arguments of the one compiled update.
     """
+    objective_cfg = losses.objective_of(objective_cfg)
     logits_fn = apply_logits(graphdef, group_size, completion_len)
     routed = bool(model_cfg is not None and model_cfg.num_experts)  # MoE: the router's stats
     hidden_fn = None

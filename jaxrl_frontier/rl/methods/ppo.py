@@ -45,6 +45,7 @@ from flax import nnx
 from jaxrl_frontier.core import records, sharding
 from jaxrl_frontier.core.records import key
 from jaxrl_frontier.objectives import distillation
+from jaxrl_frontier.objectives.schema import ObjectiveSection
 from jaxrl_frontier.objectives.stats import TokenStats
 from jaxrl_frontier.rl.credit import reward_weight_vector
 from jaxrl_frontier.rl.experience import Experience
@@ -337,7 +338,7 @@ def critic_optimizer(options: CriticOptions) -> optax.GradientTransformation:
 
 
 def build_critic(
-    options: CriticOptions, policy, *, mesh, reward_names, objective: dict, layout: dict
+    options: CriticOptions, policy, *, mesh, reward_names, objective: ObjectiveSection, layout: dict
 ) -> Critic | None:
     """The run's critic from its `CriticOptions` (None when critic.kind = 'none')."""
     cc = options
@@ -353,7 +354,7 @@ def build_critic(
     module = critic_lib.make_critic(
         cc.kind, policy.cfg, rngs=nnx.Rngs(params=jax.random.key_data(key)), **kwargs
     )
-    beta = float(objective.get("kl_coef") or 0.0) if objective.get("kl_in_reward") else 0.0
+    beta = float(objective.kl_coef) if objective.kl_in_reward else 0.0
     return Critic(
         module,
         kind=cc.kind,
@@ -361,7 +362,7 @@ def build_critic(
         mesh=mesh,
         policy_graphdef=nnx.graphdef(policy),
         layout=layout,
-        reward_weights=reward_weight_vector(objective.get("reward_weights") or {}, reward_names),
+        reward_weights=reward_weight_vector(objective.reward_weights, reward_names),
         options=GAEOptions(
             gamma=cc.gamma,
             lam=cc.lam,
@@ -369,6 +370,6 @@ def build_critic(
             value_coef=cc.value_coef,
             whiten=cc.whiten,
             kl_coef_in_reward=beta,
-            kl_estimator=objective.get("kl_estimator", "k1"),
+            kl_estimator=objective.kl_estimator,
         ),
     )

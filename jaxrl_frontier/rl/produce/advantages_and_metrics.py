@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxrl_frontier.data.tasks.base import Example
+from jaxrl_frontier.objectives.schema import ObjectiveSection
 from jaxrl_frontier.objectives.stats import TokenStats
 from jaxrl_frontier.rl import credit, diagnostics
 from jaxrl_frontier.rl.experience import Experience, PromptResult
@@ -33,10 +34,10 @@ def correct_column(reward_names: Sequence[str]) -> int:
 
 @functools.partial(jax.jit, static_argnames=("objective", "reward_names", "group_size"))
 def advantages_and_metrics(
-    exp: Experience, objective, reward_names: tuple[str, ...], group_size: int
+    exp: Experience, objective: ObjectiveSection, reward_names: tuple[str, ...], group_size: int
 ) -> tuple[Array, Array, dict[str, Array]]:
     """Advantages [B, T], per-row sequence rewards [B] and the rollout's scalar metrics,
-    over the global batch."""
+    over the global batch (`objective`: a static argument, hashable as its record is)."""
     b, k = exp.rewards.shape
     stats = TokenStats(
         logp=exp.old_logp,
@@ -46,7 +47,7 @@ def advantages_and_metrics(
         teacher_logp=exp.teacher_logp,
     )
     adv, r_pg = credit.compute_advantages(
-        dict(objective), exp.rewards.reshape(b // group_size, group_size, k), reward_names, stats
+        objective, exp.rewards.reshape(b // group_size, group_size, k), reward_names, stats
     )
     lengths = jnp.sum(exp.loss_mask, axis=1)
     metrics = {f"reward/{n}": jnp.mean(exp.rewards[:, i]) for i, n in enumerate(reward_names)}
@@ -62,7 +63,7 @@ def advantages_and_metrics(
     )
     correct = exp.rewards[:, correct_column(reward_names)] > 0
     metrics.update(diagnostics.rollout_diagnostics(exp.old_logp, exp.loss_mask, r_pg, correct))
-    weighted = dict(objective).get("reward_weights") or {}
+    weighted = objective.reward_weights
     if sum(1 for v in weighted.values() if v) > 1:  # several rewards: how often they pull apart
         w_k = credit.reward_weight_vector(weighted, reward_names)
         r_pgk = exp.rewards.reshape(b // group_size, group_size, k)
@@ -71,24 +72,6 @@ def advantages_and_metrics(
         gap = (exp.old_logp - exp.teacher_logp) * exp.loss_mask
         metrics["opd/reverse_kl"] = jnp.sum(gap) / jnp.maximum(jnp.sum(exp.loss_mask), 1.0)
     return adv, r_pg.reshape(-1), metrics
-
-
-def _freeze(d: dict) -> tuple:
-    """A hashable copy of a (nested) config dict, for a static jit argument."""
-    return tuple(
-        sorted((k, _freeze(v) if isinstance(v, dict) else _hashable(v)) for k, v in d.items())
-    )
-
-
-def _hashable(v):
-    return tuple(v) if isinstance(v, list) else v
-
-
-class FrozenObjective(dict):
-    """The objective section as a hashable mapping (a static argument of the jitted step)."""
-
-    def __hash__(self):
-        return hash(_freeze(self))
 
 
 def prompt_results(

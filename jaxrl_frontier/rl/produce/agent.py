@@ -40,11 +40,11 @@ from jaxrl_frontier.data.envs.batch import EpisodeBatch
 from jaxrl_frontier.data.envs.task import ENV_REWARD_NAMES, EnvTask, section_get
 from jaxrl_frontier.data.envs.trajectory import pack
 from jaxrl_frontier.models.text import encode_prompts
+from jaxrl_frontier.objectives.schema import ObjectiveSection, objective_of
 from jaxrl_frontier.rl.experience import Experience
 from jaxrl_frontier.rl.methods import step_credit
 from jaxrl_frontier.rl.methods.critic import turn_rewards_to_tokens
 from jaxrl_frontier.rl.produce.advantages_and_metrics import (
-    FrozenObjective,
     advantages_and_metrics,
     prompt_results,
 )
@@ -215,7 +215,7 @@ class AgentRolloutProducer:
         mesh,
         env,
         sampling: SamplingParams,
-        objective: dict,
+        objective: ObjectiveSection,
         passes=(),
     ):
         if jax.process_count() > 1:
@@ -235,9 +235,10 @@ class AgentRolloutProducer:
         self.session = TurnSession(
             sampler, self.params, obs_tokens=int(env.obs_tokens), max_turns=int(env.max_turns)
         )
-        objective = dict(objective)
-        objective["reward_weights"] = dict(objective.get("reward_weights") or {"return": 1.0})
-        self.objective = FrozenObjective(objective)
+        objective = objective_of(objective)
+        self.objective = dataclasses.replace(
+            objective, reward_weights=objective.reward_weights or {"return": 1.0}
+        )
         self.passes = tuple(passes)
         self.reward_names = ENV_REWARD_NAMES
         self.completion_len = completion_width(env)

@@ -40,9 +40,9 @@ from jaxrl_frontier.core.distributed import allgather_json, sum_over_processes
 from jaxrl_frontier.data.rewards.scorer import RewardScorer
 from jaxrl_frontier.data.tasks.base import Example
 from jaxrl_frontier.models.text import decode, encode_prompts
+from jaxrl_frontier.objectives.schema import ObjectiveSection, objective_of
 from jaxrl_frontier.rl.experience import Experience, RolloutRows, ScoredRows
 from jaxrl_frontier.rl.produce.advantages_and_metrics import (
-    FrozenObjective,
     advantages_and_metrics,
     prompt_results,
 )
@@ -114,7 +114,7 @@ class RolloutProducer:
         mesh,
         sampling: SamplingParams,
         max_prompt_len: int,
-        objective: dict,
+        objective: ObjectiveSection,
         prompt_of: Callable[[Example], str],
         passes: Sequence[LogprobPass] = (),
         editors: Sequence[RolloutEditor] = (),
@@ -126,7 +126,7 @@ class RolloutProducer:
             teacher_answers  # ZPPO's BCQ references (rl/sources/teacher_answers.py)
         )
         self.mesh, self.sampling, self.max_prompt_len = mesh, sampling, max_prompt_len
-        self.objective = FrozenObjective(objective)
+        self.objective = objective_of(objective)
         self.prompt_of = prompt_of
         self.passes, self.editors = tuple(passes), tuple(editors)
         self.shapers = tuple(shapers)

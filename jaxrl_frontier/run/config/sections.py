@@ -21,6 +21,8 @@ from jaxrl_frontier.data.rewards.scorer import RewardOptions
 from jaxrl_frontier.data.rewards.shaping import effective_reward_weights, shaper_reward_names
 from jaxrl_frontier.data.tasks.options import TaskOptions
 from jaxrl_frontier.models import pretrained
+from jaxrl_frontier.objectives import schema
+from jaxrl_frontier.objectives.schema import ObjectiveSection
 from jaxrl_frontier.rl.learn.optimizer import OptimizerSection
 from jaxrl_frontier.rl.methods.pact import PactOptions
 from jaxrl_frontier.rl.methods.ppo import CriticOptions
@@ -76,6 +78,14 @@ def task_options(c) -> TaskOptions:
         truncate_prompts=bool(c.data.truncate_prompts),
         env=env_options(c),
     )
+
+
+def objective_section(objective) -> ObjectiveSection:
+    """The objective's record from a resolved `config.objective` (without `as_written`, the
+    file's own choices kept for the command line's restarts; an empty distill as None)."""
+    out = {k: v for k, v in objective.items() if k in schema.DEFAULTS}
+    out["distill"] = out.get("distill") or None
+    return schema.objective_of(out)
 
 
 def reward_options(c) -> RewardOptions:

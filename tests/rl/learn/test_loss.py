@@ -5,6 +5,7 @@ keys, and LoRA's loss over base + adapters; values by hand. (The loss over a mod
 the plain and per-row paths: test_perf_paths.py, test_shared_prompt.py, test_packing.py.)"""
 
 import types
+from dataclasses import replace
 
 import jax
 import jax.numpy as jnp
@@ -25,7 +26,7 @@ from jaxrl_frontier.run.config import base_config
 
 
 def _objective(**values):
-    return {**objective_section(base_config().objective), **values}
+    return replace(objective_section(base_config().objective), **values)
 
 
 def _stats(own=None):

@@ -3,6 +3,8 @@ gradient are the padded update's, for every registered weight, aggregation, KL e
 distillation loss, on rows of widely spread lengths; the cross-segment mask is what makes it
 so; a run compiles one program per bucket and no more."""
 
+from dataclasses import replace
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -136,11 +138,11 @@ def _entries():
     """One objective per registered weight, aggregation, KL estimator and distillation
     loss (the rest at their defaults), and the entropy bonus."""
     base = objective_section(config_lib.base_config().objective)
-    yield from ({**base, "weight": w} for w in WEIGHTS.names())
-    yield from ({**base, "aggregation": a} for a in AGGREGATIONS.names())
-    yield from ({**base, "kl_coef": 0.1, "kl_estimator": e} for e in KL_ESTIMATORS.names())
-    yield from ({**base, "distill": d} for d in DISTILL_LOSSES.names())
-    yield {**base, "entropy_coef": 0.05}
+    yield from (replace(base, weight=w) for w in WEIGHTS.names())
+    yield from (replace(base, aggregation=a) for a in AGGREGATIONS.names())
+    yield from (replace(base, kl_coef=0.1, kl_estimator=e) for e in KL_ESTIMATORS.names())
+    yield from (replace(base, distill=d) for d in DISTILL_LOSSES.names())
+    yield replace(base, entropy_coef=0.05)
 
 
 @pytest.fixture(scope="module")
@@ -153,7 +155,7 @@ def captured():
     base = objective_section(config_lib.base_config().objective)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(losses, "objective_loss", _capture)
-        loss_of = rl_loss(graphdef, {**base, "distill": "jsd"}, None, completion_len=TN,
+        loss_of = rl_loss(graphdef, replace(base, distill="jsd"), None, completion_len=TN,
                           teacher_graphdef=t_graphdef)  # fmt: skip
         frozen = {"teacher": t_params}
 
@@ -248,18 +250,18 @@ def test_token_budget_microbatches_sum_to_the_minibatch(captured):
     tokens = (pack["seg"] > 0).reshape(k, -1).sum(1)
     assert int(tokens[:used].max()) - int(tokens[:used].min()) <= N  # about equal
     base = objective_section(config_lib.base_config().objective)
-    aggregations = [{**base, "aggregation": a} for a in AGGREGATIONS.names()]
+    aggregations = [replace(base, aggregation=a) for a in AGGREGATIONS.names()]
     dr_grpo = dict(
         aggregation="seq_mean_token_sum_norm", aggregation_kwargs={"max_completion_len": 9}
     )
-    aggregations.append({**base, **dr_grpo})
+    aggregations.append(replace(base, **dr_grpo))
     for cfg in aggregations:
         objective = _objective(cfg)
         den = losses.aggregation_denominator(cfg, captured["batch"]["loss_mask"])
         full = _loss_and_grads(captured, objective, "padded", den)
         parts = [_loss_and_grads(captured, objective, ("micro", i), den) for i in range(k)]
         summed = (sum(p[0] for p in parts), jax.tree.map(lambda *g: sum(g), *(p[1] for p in parts)))
-        _assert_same(full, summed, cfg["aggregation"])
+        _assert_same(full, summed, cfg.aggregation)
 
 
 def test_packed_update_equals_padded_and_compiles_once_per_bucket(count_compiles):
@@ -270,7 +272,7 @@ def test_packed_update_equals_padded_and_compiles_once_per_bucket(count_compiles
     compiles nothing."""
     (graphdef, params), (t_graphdef, t_params) = _models()
     cfg = objective_section(config_lib.base_config().objective)
-    cfg.update(entropy_coef=0.05, distill="jsd", kl_coef=0.1)
+    cfg = replace(cfg, entropy_coef=0.05, distill="jsd", kl_coef=0.1)
     loss_of = rl_loss(graphdef, cfg, 7, completion_len=TN, teacher_graphdef=t_graphdef)
     mesh = sharding.make_mesh((1, 1, 1), jax.devices()[:1])
     frozen = {"teacher": jax.device_put(t_params, sharding.replicated(mesh))}

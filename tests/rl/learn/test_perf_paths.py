@@ -2,6 +2,8 @@
 (`token_stats_from_hidden`) against `token_logprobs` / `token_entropy` of the full logits,
 values and gradients; the trainer's fused loss against the logits loss; and block remat."""
 
+from dataclasses import replace
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -92,7 +94,7 @@ def _rl_batch(seed=0):
 def test_trainer_fused_rl_loss_equals_logits_loss(entropy_coef):
     graphdef, params = nnx.split(_tiny_model())
     objective = objective_section(config_lib.base_config().objective)
-    objective["entropy_coef"] = entropy_coef
+    objective = replace(objective, entropy_coef=entropy_coef)
     batch = _rl_batch()
     outs = []
     for chunk in (None, 5):

@@ -4,6 +4,7 @@ prompt runs once and its KV cache is repeated to the group's rows."""
 
 import collections
 import re
+from dataclasses import replace
 
 import jax
 import jax.numpy as jnp
@@ -98,7 +99,7 @@ def test_rl_loss_with_shared_prompt_equals_per_row(chunk, entropy_coef):
     shared-prompt loss that scores only the completion's positions."""
     graphdef, params = nnx.split(_model())
     objective = objective_section(config_lib.base_config().objective)
-    objective["entropy_coef"] = entropy_coef
+    objective = replace(objective, entropy_coef=entropy_coef)
     batch = _rl_batch(1)
     outs = []
     for layout in ({}, dict(group_size=N, completion_len=TN)):

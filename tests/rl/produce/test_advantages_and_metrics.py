@@ -6,9 +6,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jaxrl_frontier.objectives.schema import objective_of
 from jaxrl_frontier.rl.experience import Experience
 from jaxrl_frontier.rl.produce.advantages_and_metrics import (
-    FrozenObjective,
     advantages_and_metrics,
     correct_column,
     prompt_results,
@@ -44,7 +44,7 @@ def test_correctness_is_found_by_name():
 
 
 def test_grpo_advantages_and_the_rollout_metrics_by_hand():
-    objective = FrozenObjective({"advantage": "grpo"})  # correctness reward alone
+    objective = objective_of({"advantage": "grpo"})  # correctness reward alone
     adv, r, m = advantages_and_metrics(_experience(), objective, NAMES, 2)
     # group 0: rewards (1, 0), mean 1/2, unbiased std 1/sqrt(2): A = +-1/sqrt(2); group 1: 0
     a = 1 / np.sqrt(2)

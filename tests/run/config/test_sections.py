@@ -20,6 +20,7 @@ import textwrap
 
 import pytest
 
+from jaxrl_frontier.objectives import schema
 from jaxrl_frontier.run import config as config_lib
 from jaxrl_frontier.run.config import sections
 
@@ -232,3 +233,15 @@ def test_records_carry_what_spans_sections():
     c.rewards.scorer = "sandboxd"
     with pytest.raises(config_lib.ConfigError, match="rewards.scorer.*did you mean 'sandboxed'"):
         sections.reward_options(c)
+
+
+def test_the_objective_record_is_the_losses_keys_with_an_unset_distill_none():
+    c = config_lib.base_config()
+    c.objective.weight_kwargs = {"eps_high": 0.28}
+    objective = sections.objective_section(c.objective)  # `as_written` is not a loss key
+    assert isinstance(objective, schema.ObjectiveSection)
+    assert objective.distill is None and objective.weight_kwargs == {"eps_high": 0.28}
+    c.objective.distill = ""
+    assert sections.objective_section(c.objective).distill is None
+    c.objective.distill = "jsd"
+    assert sections.objective_section(c.objective).distill == "jsd"
