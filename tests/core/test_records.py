@@ -102,18 +102,20 @@ def test_every_config_key_has_one_declaration():
         RANGES,
         RECORD_SECTIONS,
         RUN_KEYS,
+        RUN_SECTIONS,
         base_config,
     )
 
     declared = {}  # dotted key -> (the record that declares it, its field)
-    for name, record in RECORD_SECTIONS.items():
+    for name, record in (RECORD_SECTIONS | RUN_SECTIONS).items():
         for key, f in records.flat_keys(name, record).items():
             assert key not in declared, f"{key}: declared twice"
             declared[key] = (record, f)
     # sections generated from the registries and run/'s own: the knobs a schedule or a
-    # controller may move, a population's (its keys and its varied knobs), the stages, and
-    # the objective's choices as the file wrote them
-    generated = ("schedules.", "controllers.", "population.", "stages", "objective.as_written")
+    # controller may move, a population's varied keys, the stages, and the objective's
+    # choices as the file wrote them
+    generated = ("schedules.", "controllers.", "population.vary.", "population.grid.", "stages")
+    generated += ("objective.as_written",)
     c = base_config()
     for key, value in _flat(c).items():
         if key.startswith(generated):

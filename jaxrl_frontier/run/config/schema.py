@@ -79,6 +79,10 @@ RECORD_SECTIONS: dict[str, type] = {
     "pact": PactOptions,
 }
 
+# The sections the composition root declares beside its own code (run/), with keys generated
+# from the registries beside theirs: `population.vary` and `population.grid`.
+RUN_SECTIONS: dict[str, type] = {"population": population_config.PopulationSection}
+
 # The config's own keys (the composition root's): key -> (default, doc).
 RUN_KEYS: dict[str, tuple[Any, str]] = {
     "seed": (0, "the run's seed (every stream folds it in)"),
@@ -149,13 +153,21 @@ def base_config() -> ml_collections.ConfigDict:
 # The allowed values and ranges of every key, from the records that declare them.
 CHOICES: dict[str, tuple] = {
     "mode": ("rl", "sft"),
-    **{k: v for n, r in RECORD_SECTIONS.items() for k, v in records.choices(n, r).items()},
+    **{
+        k: v
+        for n, r in (RECORD_SECTIONS | RUN_SECTIONS).items()
+        for k, v in records.choices(n, r).items()
+    },
 }
 # (low, high, low inclusive, high inclusive); None = open. The keys also checked for
 # consistency below (e.g. group_size >= 2 in RL) are here too.
 RANGES: dict[str, tuple] = {
     "seed": (0, None, True, None),
-    **{k: v for n, r in RECORD_SECTIONS.items() for k, v in records.ranges(n, r).items()},
+    **{
+        k: v
+        for n, r in (RECORD_SECTIONS | RUN_SECTIONS).items()
+        for k, v in records.ranges(n, r).items()
+    },
 }
 
 

@@ -20,50 +20,51 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-import ml_collections
 import numpy as np
 
+from jaxrl_frontier.core import records
 from jaxrl_frontier.core.errors import ConfigError
-
-
-def pbt_section() -> ml_collections.ConfigDict:
-    """`population.pbt`: every = 0 (off) or K steps (a multiple of train.eval_every)."""
-    return ml_collections.ConfigDict(
-        dict(every=0, metric="eval/pass@1_greedy", fraction=0.25, factors=(0.8, 1.25))
-    )
+from jaxrl_frontier.core.records import key
 
 
 @dataclasses.dataclass(frozen=True)
-class PBTOptions:
-    """`population.pbt` (module docstring), checked where built."""
+class PBTSection:
+    """`population.pbt` (module docstring)."""
 
-    every: int
-    metric: str
-    fraction: float
-    factors: tuple[float, ...]
-    seed: int
+    every: int = key(0, "a PBT step every K steps (0: off), a multiple of train.eval_every", low=0)
+    metric: str = key("eval/pass@1_greedy", "the members' ranking metric, higher is better")
+    fraction: float = key(
+        0.25, "the share of members that copy, and that are copied", low=0, low_open=True, high=0.5
+    )
+    factors: tuple = key((0.8, 1.25), "explore: a copied value times one of these, drawn")
+
+
+@dataclasses.dataclass(frozen=True)
+class PBTOptions(PBTSection):
+    """`population.pbt` with the run's seed (the draws' stream), checked where built."""
+
+    seed: int = 0
 
     @classmethod
     def from_config(cls, c) -> PBTOptions:
-        p = c.population.pbt
-        if p.every and p.every % c.train.eval_every:
+        try:
+            options = records.build(cls, c.population.pbt, "population.pbt", seed=int(c.seed))
+            records.check(options, "population.pbt")
+        except ValueError as e:  # a range, or a key the section does not declare
+            raise ConfigError(str(e)) from None
+        if options.every % c.train.eval_every:
             raise ConfigError(
-                f"config key 'population.pbt.every' = {p.every}: PBT ranks the members by "
-                f"the eval of its step; make it a multiple of train.eval_every "
+                f"config key 'population.pbt.every' = {options.every}: PBT ranks the members "
+                f"by the eval of its step; make it a multiple of train.eval_every "
                 f"({c.train.eval_every})"
             )
-        if not 0 < p.fraction <= 0.5:
-            raise ConfigError(
-                f"config key 'population.pbt.fraction' = {p.fraction}: the share of members "
-                "that copy (and that are copied) lies in (0, 0.5]"
-            )
-        factors = tuple(float(f) for f in p.factors)
+        factors = tuple(float(f) for f in options.factors)
         if not factors or min(factors) <= 0:
             raise ConfigError(
-                f"config key 'population.pbt.factors' = {p.factors}: positive factors, e.g. "
-                "(0.8, 1.25)"
+                f"config key 'population.pbt.factors' = {options.factors}: positive factors, "
+                "e.g. (0.8, 1.25)"
             )
-        return cls(int(p.every), str(p.metric), float(p.fraction), factors, int(c.seed))
+        return dataclasses.replace(options, factors=factors)
 
     def due(self, step: int, steps: int) -> bool:
         """A PBT step: a multiple of `every` before the run's last step."""

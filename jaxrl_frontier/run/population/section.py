@@ -24,40 +24,52 @@ from __future__ import annotations
 
 import ast
 import copy
+import dataclasses
 import itertools
 from typing import Any
 
 import ml_collections
 from ml_collections import config_dict
 
+from jaxrl_frontier.core import records
 from jaxrl_frontier.core.errors import ConfigError
 from jaxrl_frontier.run.config import parts
 from jaxrl_frontier.run.knobs import knob_section
 from jaxrl_frontier.run.population.batched_update import check_member_blocks
-from jaxrl_frontier.run.population.pbt import pbt_section
+from jaxrl_frontier.run.population.pbt import PBTSection
 
 SEED = "seed"
 LR = "optimizer.lr"  # a value of the optimizer state for every member (`optimizer.lr_in_state`)
 
 
+@dataclasses.dataclass(frozen=True)
+class PopulationSection:
+    """`population`'s own keys (module docstring). Beside them `population_section` generates
+    `vary` and `grid`: one unset entry per key a member may vary."""
+
+    size: int = records.key(
+        0, "members (0: one run, no population); alone, member i runs seed + i", low=0
+    )
+    same_prompts: bool = records.key(True, "every member draws the same prompts")
+    batched_update: bool = records.key(
+        False, "one vmapped update over the members' stacked states (batched_update.py)"
+    )
+    batched_sampling: bool = records.key(
+        False, "one vmapped rollout program over the members' weights (the plain sampler)"
+    )
+    lora: bool = records.key(
+        False, "N LoRA adapter sets on one frozen base, every member's rows in one forward"
+    )
+    pbt: PBTSection = records.section(PBTSection, "population-based training (pbt.py)")
+
+
 def population_section() -> ml_collections.ConfigDict:
-    """`population`: see the module docstring (size 0: one run, no population)."""
-    s = ml_collections.ConfigDict()
-    s.size = 0
+    """`population`: the keys `PopulationSection` declares, and `vary` and `grid`."""
+    from jaxrl_frontier.run.config.schema import section  # the schema imports this module
+
+    s = section(PopulationSection)
     s.vary = _keys_section()
     s.grid = _keys_section()
-    s.same_prompts = True
-    # one vmapped update over the members' stacked states (batched_update.py) in place of
-    # an update per member: equal up to the order of float reductions
-    s.batched_update = False
-    # one vmapped rollout program over the members' stacked weights (batched_sampling.py)
-    # in place of a sampler call per member: the plain sampler only, equal up to the order
-    # of float reductions
-    s.batched_sampling = False
-    # the multi-LoRA population: N adapter sets on one frozen base loaded from a file (held
-    # once), every member's rows in one forward (batched_update and batched_sampling on)
-    s.lora = False
-    s.pbt = pbt_section()  # population-based training (run/population/pbt.py)
     return s
 
 

@@ -6,6 +6,7 @@ import ml_collections
 import pytest
 
 from jaxrl_frontier.core.errors import ConfigError
+from jaxrl_frontier.run.config import schema
 from jaxrl_frontier.run.population import pbt
 
 
@@ -36,7 +37,7 @@ def test_the_plan_of_a_single_bottom_member_by_hand():
 
 def config(**pbt_keys):
     c = ml_collections.ConfigDict(dict(seed=3, train=dict(eval_every=2)))
-    c.population = dict(pbt=pbt.pbt_section())
+    c.population = dict(pbt=schema.section(pbt.PBTSection))
     c.population.pbt.update(pbt_keys)
     return c
 
