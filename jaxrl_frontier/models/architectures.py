@@ -303,10 +303,24 @@ for _arch in (
     ARCHITECTURES.register(_arch.name)(_arch)
 
 
+# Sequence classifiers (`Qwen2ForSequenceClassification`, a reward model): the causal
+# model's body with a score head in place of the LM head (`ModelConfig.num_labels`).
+CLASSIFIER = "ForSequenceClassification"
+# the classifier class transformers names for a model_type, where it is not the causal
+# model's name with the suffix swapped
+_CLASSIFIER_NAMES = {"gemma3_text": "Gemma3TextForSequenceClassification"}
+
+
+def is_classifier(hf: dict) -> bool:
+    """Whether a config.json dict is a sequence classifier's."""
+    return any(str(n).endswith(CLASSIFIER) for n in hf.get("architectures") or [])
+
+
 def architecture_for(hf: dict) -> Architecture:
-    """The registry entry for a config.json dict (by `architectures[0]`, else `model_type`)."""
+    """The registry entry for a config.json dict (by `architectures[0]`, else `model_type`;
+    a sequence classifier by its `model_type`: the causal model's body)."""
     names = hf.get("architectures") or []
-    if names:
+    if names and not is_classifier(hf):
         name = names[0]
     else:  # some exports omit `architectures`; fall back to model_type
         by_type = {}
@@ -331,10 +345,22 @@ def _architecture_for_family(family: str) -> Architecture:
 
 
 def config_from_hf(hf: dict) -> ModelConfig:
-    """A config.json dict -> ModelConfig (compute and parameter dtypes f32)."""
-    return architecture_for(hf).config_from_hf(hf)
+    """A config.json dict -> ModelConfig (compute and parameter dtypes f32; a sequence
+    classifier's `num_labels` from its `id2label`, else `num_labels`)."""
+    cfg = architecture_for(hf).config_from_hf(hf)
+    if not is_classifier(hf):
+        return cfg
+    labels = len(hf["id2label"]) if hf.get("id2label") else int(hf.get("num_labels", 2))
+    return cfg.replace(num_labels=labels)
 
 
 def config_to_hf(cfg: ModelConfig, torch_dtype: str | None = None) -> dict:
     """ModelConfig -> a config.json dict that transformers and vLLM load."""
-    return _architecture_for_family(cfg.family).config_to_hf(cfg, torch_dtype or cfg.param_dtype)
+    arch = _architecture_for_family(cfg.family)
+    hf = arch.config_to_hf(cfg, torch_dtype or cfg.param_dtype)
+    if cfg.num_labels:
+        name = arch.name.replace("ForCausalLM", CLASSIFIER)
+        hf["architectures"] = [_CLASSIFIER_NAMES.get(cfg.family, name)]
+        hf["id2label"] = {str(i): f"LABEL_{i}" for i in range(cfg.num_labels)}
+        hf["label2id"] = {f"LABEL_{i}": i for i in range(cfg.num_labels)}
+    return hf

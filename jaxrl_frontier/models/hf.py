@@ -194,8 +194,7 @@ def _read_model_config(path: str) -> tuple[Architecture, ModelConfig]:
     ModelFileError naming the file."""
     try:
         hf_config = read_config(path)
-        arch = architecture_for(hf_config)
-        return arch, arch.config_from_hf(hf_config)
+        return architecture_for(hf_config), config_from_hf(hf_config)
     except (KeyError, TypeError) as e:  # a config.json with missing or mistyped keys
         raise ModelFileError(f"{os.path.join(path, CONFIG_FILE)}: {e}") from None
     except ValueError as e:
@@ -231,7 +230,7 @@ def load(
     path = os.fspath(path)
     if gguf_file.is_gguf(path):  # dequantized tensor by tensor, in HF's names and layout
         ckpt = gguf_file.read(path)
-        cfg = architecture_for(ckpt.hf_config).config_from_hf(ckpt.hf_config)
+        cfg = config_from_hf(ckpt.hf_config)
         weight_map = dict.fromkeys(ckpt.tensor_names, os.path.basename(path))
         reader = contextlib.nullcontext(ckpt.tensor)
     else:

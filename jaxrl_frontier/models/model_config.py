@@ -36,6 +36,9 @@ class ModelConfig:
     rope_scaling: tuple[tuple[str, Any], ...] | None = None
     rms_norm_eps: float = 1e-6
     tie_word_embeddings: bool = False
+    # > 0: a sequence classifier (HF `*ForSequenceClassification`, a reward model): a score
+    # head [D, num_labels] read at each row's last real token in place of the LM head
+    num_labels: int = 0
     qkv_bias: bool = False  # Qwen2
     qk_norm: bool = False  # Qwen3
     max_position_embeddings: int = 4096

@@ -123,7 +123,10 @@ def tensor_specs(cfg: ModelConfig) -> list[TensorSpec]:
             ]
         specs += [dataclasses.replace(spec, layer=i) for spec in layer]
     specs.append(TensorSpec("model.norm.weight", ("final_norm", "weight"), (d,), (d,), False))
-    if not cfg.tie_word_embeddings:
+    if cfg.num_labels:  # a sequence classifier's score head
+        n = cfg.num_labels
+        specs.append(TensorSpec("score.weight", ("score",), (n, d), (d, n), True))
+    elif not cfg.tie_word_embeddings:
         specs.append(TensorSpec("lm_head.weight", ("lm_head",), (v, d), (d, v), True))
     return specs
 

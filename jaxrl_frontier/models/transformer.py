@@ -80,7 +80,9 @@ class Transformer(nnx.Module):
         mlp = moe.MoE if cfg.num_experts else None  # the dense MLP unless experts
         self.layers = Block(cfg, rngs, stack=(cfg.num_layers,), mlp=mlp)
         self.final_norm = rms_norm(cfg, cfg.hidden_size, rngs)
-        if not cfg.tie_word_embeddings:
+        if cfg.num_labels:  # a sequence classifier: its score head, no LM head
+            self.score = make_param(rngs, (cfg.hidden_size, cfg.num_labels), ("embed", None), pd)
+        elif not cfg.tie_word_embeddings:
             self.lm_head = make_param(
                 rngs, (cfg.hidden_size, cfg.vocab_size), ("embed", "vocab"), pd
             )
@@ -456,6 +458,17 @@ class Transformer(nnx.Module):
         z = jnp.einsum("...d,dv->...v", hidden, w, preferred_element_type=jnp.float32)
         cap = self.cfg.final_logit_softcap
         return z if cap is None else cap * jnp.tanh(z / cap)
+
+    def sequence_scores(self, tokens: jax.Array, attention_mask: jax.Array) -> jax.Array:
+        """A sequence classifier's scores f32 [B, num_labels]: the score head on the final
+        hidden state of each row's last real token (rows padded on either side), as
+        transformers' `*ForSequenceClassification` pools them."""
+        hidden, _ = self.hidden_states(tokens, attention_mask)
+        t = jnp.arange(tokens.shape[1])
+        last = jnp.argmax(t * (attention_mask > 0), axis=1)  # [B]
+        h = jnp.take_along_axis(hidden, last[:, None, None], axis=1)[:, 0]  # [B, D]
+        w = self.score[...].astype(self.cfg.compute_dtype)
+        return jnp.einsum("bd,dn->bn", h, w, preferred_element_type=jnp.float32)
 
     def init_cache(self, batch_size: int, max_len: int, dtype=None) -> KVCache:
         return init_cache(self.cfg, batch_size, max_len, dtype)

@@ -14,8 +14,10 @@ from flax import nnx
 
 from jaxrl_frontier.core import sharding
 from jaxrl_frontier.core.errors import ConfigError
+from jaxrl_frontier.data.rewards.reward_model import RewardModelRole
+from jaxrl_frontier.data.tasks.chat import ChatTemplate
 from jaxrl_frontier.models import hf, lora, pretrained
-from jaxrl_frontier.models.architectures import architecture_for
+from jaxrl_frontier.models.architectures import config_from_hf
 from jaxrl_frontier.models.model_config import ModelConfig
 from jaxrl_frontier.models.tokenizer import CharTokenizer, load_tokenizer
 from jaxrl_frontier.models.transformer import Transformer
@@ -147,10 +149,8 @@ def gemma_config_from(m, tokenizer) -> ModelConfig:
         attn_logit_softcapping=50.0 if m.family == "gemma2" else None,
         final_logit_softcapping=30.0 if m.family == "gemma2" else None,
     )
-    return (
-        architecture_for(hf_config)
-        .config_from_hf(hf_config)
-        .replace(dtype=m.dtype, remat=m.remat, attention=m.attention, scan_unroll=m.scan_unroll)
+    return config_from_hf(hf_config).replace(
+        dtype=m.dtype, remat=m.remat, attention=m.attention, scan_unroll=m.scan_unroll
     )
 
 
@@ -172,6 +172,28 @@ def build_model(init: str, path: str, config, tokenizer, mesh, key, dtype: str) 
         moe_capacity_factor=float(m.moe.capacity_factor),
     )
     return model
+
+
+def build_reward_model(config, tokenizer, mesh, key, policy_cfg) -> RewardModelRole | None:
+    """The reward model (`reward_model.*`), or None: a sequence classifier from a checkpoint
+    with its own tokenizer and chat template, or (init = 'random') a random one-label
+    classifier of the policy's shape reading the policy's tokenizer."""
+    r = config.reward_model
+    if r.init == "none":
+        return None
+    if r.init == "random":
+        cfg = policy_cfg.replace(num_labels=1, dtype=r.dtype)
+        model = sharding.shard_model(Transformer(cfg, rngs=nnx.Rngs(params=key)), mesh)
+        return RewardModelRole(model, tokenizer, None)
+    path = pretrained.local_path(r.path)
+    model = hf.load(path, mesh=mesh, dtype=r.dtype)
+    if not model.cfg.num_labels:
+        raise ConfigError(
+            f"config key 'reward_model.path' = {r.path!r}: {path} is a causal LM, not a "
+            "sequence classifier (its config.json names no *ForSequenceClassification)"
+        )
+    template = ChatTemplate.from_dir(path) if r.template == "chat" else None
+    return RewardModelRole(model, load_tokenizer(path), template)
 
 
 def attach_lora(policy: Transformer, config, mesh, key) -> Transformer:
