@@ -83,10 +83,8 @@ def _configured(c, key: str):
 
 
 def _objective(c):
-    """The objective's record (sections imports the config's schema, which imports this)."""
-    from jaxrl_frontier.run.config.sections import objective_section
-
-    return objective_section(c.objective)
+    """The objective's record, of its loss keys (not the file's own `as_written`)."""
+    return losses.objective_of({k: v for k, v in c.objective.items() if k in losses.DEFAULTS})
 
 
 def _in_range(value: float, bounds: tuple) -> bool:

@@ -24,6 +24,8 @@ from typing import Any
 
 import jax
 
+from jaxrl_frontier.data.rewards.reward_model import RewardModelScorer
+from jaxrl_frontier.data.tasks import chat
 from jaxrl_frontier.rl.batch_supply import BatchSupply, SupplyOptions
 from jaxrl_frontier.rl.experience import (
     Experience,
@@ -286,6 +288,18 @@ class RLStep:
         self.say(f"[rl] stage {index} from step {done + 1}: " + hooks_lib.fmt(overrides))
 
 
+def _reward_model(c, roles, task) -> RewardModelScorer | None:
+    """The reward model's scorer over the task's prompts (None without one)."""
+    if roles.reward_model is None:
+        return None
+    return RewardModelScorer(
+        roles.reward_model,
+        sections.record(c, "reward_model"),
+        prompt_of=lambda example: prompt_text(task, example),
+        question_of=lambda example: chat.question_of(task, example),
+    )
+
+
 @STEPS.register("rl")
 def rl_step(c, roles, ctx: StepContext) -> RLStep:
     """The RL step of config `c` (the launched one: its stages listed, none applied), over
@@ -302,6 +316,7 @@ def rl_step(c, roles, ctx: StepContext) -> RLStep:
         rollout_mesh=roles.rollout_mesh,
         base=roles.base_params,
         knobs=ctx.knobs,
+        reward_model=_reward_model(c, roles, ctx.task),
     )
     source = make_source(
         ctx.task,

@@ -175,7 +175,7 @@ def objective_recompute(tr, seen) -> float | None:
     if "knobs" in frozen:  # scheduled / controlled coefficients: this step's values
         cfg = losses.with_values(cfg, frozen["knobs"])
     batch = {k: jnp.asarray(v) for k, v in seen["batch"].items()}
-    if cfg.get("distill"):
+    if cfg.distill:
         teacher = nnx.merge(nnx.graphdef(tr.roles.teacher), frozen["teacher"])
         batch["teacher_logits"] = teacher(batch["tokens"], batch["attention_mask"])
     routing = batch.pop("routing", None)  # MoE routing replay: the rollout's experts
@@ -216,7 +216,10 @@ def test_runlocal_trains_two_steps(name, tmp_path, monkeypatch):
     if c.mode == "rl":
         total = series(rows, "reward/total")[2]
         weights = c.objective.reward_weights.to_dict() or {"correctness": 1.0}
-        assert 0.0 <= total <= sum(abs(w) for w in weights.values()) + 1e-6
+        if c.reward_model.init != "none":  # a score, not in [0, 1]: logged raw and as reward
+            assert math.isfinite(series(rows, "reward_model/score_std")[2])
+            total -= weights.pop("reward_model", 0.0) * series(rows, "reward/reward_model")[2]
+        assert -1e-6 <= total <= sum(abs(w) for w in weights.values()) + 1e-6
         assert series(rows, "reward/failed")[2] == 0.0
         assert math.isfinite(series(rows, "train/grad_norm")[2])
         if c.teacher.init != "none":

@@ -298,11 +298,21 @@ class ChatPrompts:
         bos = self.template.special_tokens.get("bos_token")
         return text[len(bos) :] if bos and text.startswith(bos) else text
 
+    def question(self, example) -> str:
+        """The task's own prompt, before the template (the user message)."""
+        return self._task.prompt(example)
+
     def __getattr__(self, name):  # everything else is the task's
         return getattr(self._task, name)
 
     def __repr__(self) -> str:
         return f"ChatPrompts({self._task!r}, template={self.template.name!r})"
+
+
+def question_of(task, example) -> str:
+    """An example's question as the user wrote it: the task's prompt without the chat
+    template a `ChatPrompts` task wraps it in."""
+    return task.question(example) if isinstance(task, ChatPrompts) else task.prompt(example)
 
 
 def template_for(options) -> ChatTemplate | None:

@@ -33,7 +33,6 @@ from collections.abc import Mapping
 from typing import Any
 
 import ml_collections
-from ml_collections import config_dict
 
 from jaxrl_frontier.core import records
 from jaxrl_frontier.core.defaults import MeshSection
@@ -41,6 +40,7 @@ from jaxrl_frontier.core.distributed import DistributedOptions
 from jaxrl_frontier.core.errors import ConfigError
 from jaxrl_frontier.core.registry import import_user_module
 from jaxrl_frontier.data.defaults import DataSection, EnvSection, TaskSection
+from jaxrl_frontier.data.rewards.reward_model import RewardModelSection
 from jaxrl_frontier.data.rewards.scorer import RewardOptions
 from jaxrl_frontier.models.defaults import ModelSection, TeacherSection, TokenizerSection
 from jaxrl_frontier.objectives import losses
@@ -49,6 +49,7 @@ from jaxrl_frontier.rl.learn.optimizer import OptimizerSection
 from jaxrl_frontier.rl.methods.pact import PactOptions
 from jaxrl_frontier.rl.methods.ppo import CriticSection
 from jaxrl_frontier.run import knobs
+from jaxrl_frontier.run.config.record_dicts import section
 from jaxrl_frontier.run.population import section as population_config
 from jaxrl_frontier.sampling.rollout_section import RolloutSection
 from jaxrl_frontier.train.defaults import TrainSection
@@ -77,6 +78,7 @@ RECORD_SECTIONS: dict[str, type] = {
     "metrics": MetricsOptions,
     "env": EnvSection,
     "pact": PactOptions,
+    "reward_model": RewardModelSection,
 }
 
 # The sections the composition root declares beside its own code (run/), with keys generated
@@ -169,23 +171,6 @@ RANGES: dict[str, tuple] = {
         for k, v in records.ranges(n, r).items()
     },
 }
-
-
-def section(record: type) -> ml_collections.ConfigDict:
-    """The config section a record declares (core/records.py): its keys at their defaults;
-    an unset key (None) a placeholder of its type, so the command line can set it."""
-    s = ml_collections.ConfigDict()
-    for f in records.keys_of(record):
-        default = records.default_of(f)
-        if records.subsection(f):
-            s[f.name] = section(records.subsection(f))
-        elif records.is_free(f):
-            s[f.name] = ml_collections.ConfigDict(default)
-        elif default is None:
-            s[f.name] = config_dict.placeholder(records.unset_type(record, f.name))
-        else:
-            s[f.name] = default
-    return s
 
 
 def resolve(config: Mapping | ml_collections.ConfigDict) -> ml_collections.ConfigDict:

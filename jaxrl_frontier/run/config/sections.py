@@ -93,8 +93,10 @@ def reward_options(c) -> RewardOptions:
 
 
 def shaped_rewards(c) -> list[str]:
-    """The reward components the rollout shapers append (`rollout.editors`, `overlong_cache`)."""
-    return shaper_reward_names(tuple(c.rollout.editors), c.rollout.overlong_cache)
+    """The reward components the rollout shapers append (`rollout.editors`, `overlong_cache`,
+    a reward model)."""
+    learned = c.reward_model.init != "none"
+    return shaper_reward_names(tuple(c.rollout.editors), c.rollout.overlong_cache, learned)
 
 
 def source_options(c) -> SourceOptions:

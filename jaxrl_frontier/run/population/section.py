@@ -34,6 +34,7 @@ from ml_collections import config_dict
 from jaxrl_frontier.core import records
 from jaxrl_frontier.core.errors import ConfigError
 from jaxrl_frontier.run.config import parts
+from jaxrl_frontier.run.config.record_dicts import section
 from jaxrl_frontier.run.knobs import knob_section
 from jaxrl_frontier.run.population.batched_update import check_member_blocks
 from jaxrl_frontier.run.population.pbt import PBTSection
@@ -65,8 +66,6 @@ class PopulationSection:
 
 def population_section() -> ml_collections.ConfigDict:
     """`population`: the keys `PopulationSection` declares, and `vary` and `grid`."""
-    from jaxrl_frontier.run.config.schema import section  # the schema imports this module
-
     s = section(PopulationSection)
     s.vary = _keys_section()
     s.grid = _keys_section()
