@@ -14,6 +14,7 @@ from flax import nnx
 
 from jaxrl_frontier.core import sharding
 from jaxrl_frontier.core.errors import ConfigError
+from jaxrl_frontier.data.rewards.judge import JudgeRole
 from jaxrl_frontier.data.rewards.reward_model import RewardModelRole
 from jaxrl_frontier.data.tasks.chat import ChatTemplate
 from jaxrl_frontier.models import hf, lora, pretrained
@@ -194,6 +195,29 @@ def build_reward_model(config, tokenizer, mesh, key, policy_cfg) -> RewardModelR
         )
     template = ChatTemplate.from_dir(path) if r.template == "chat" else None
     return RewardModelRole(model, load_tokenizer(path), template)
+
+
+def build_judge(config, tokenizer, mesh, key, policy_cfg) -> JudgeRole | None:
+    """The judge (`judge.*`), or None: a causal LM from a checkpoint with its own tokenizer
+    and chat template, or (init = 'random') a random LM of the policy's shape reading the
+    policy's tokenizer."""
+    j = config.judge
+    if j.init == "none":
+        return None
+    if j.init == "random":
+        cfg = policy_cfg.replace(dtype=j.dtype)
+        return JudgeRole(
+            sharding.shard_model(Transformer(cfg, rngs=nnx.Rngs(params=key)), mesh), tokenizer
+        )
+    path = pretrained.local_path(j.path)
+    model = hf.load(path, mesh=mesh, dtype=j.dtype)
+    if model.cfg.num_labels:
+        raise ConfigError(
+            f"config key 'judge.path' = {j.path!r}: {path} is a sequence classifier; a judge "
+            "is a causal LM (a classifier goes in reward_model.path)"
+        )
+    template = ChatTemplate.from_dir(path) if j.chat else None
+    return JudgeRole(model, load_tokenizer(path), template)
 
 
 def attach_lora(policy: Transformer, config, mesh, key) -> Transformer:

@@ -60,7 +60,7 @@ class RunParts:
     the sampler has devices of its own), the tokenizer and task, the policy module and, with
     LoRA, its frozen `base` weights (the train state then holds the adapters), the teacher
     module, whether a frozen reference exists, the sampler and the reward scorer (None: the
-    one `rewards.scorer` selects), the reward model's scorer (a reward shaper, or None); knobs: the `KnobPlan` of the keys that move during the run
+    one `rewards.scorer` selects), the learned reward terms' scorers (reward shapers); knobs: the `KnobPlan` of the keys that move during the run
     (None: none)."""
 
     mesh: Any
@@ -74,7 +74,7 @@ class RunParts:
     rollout_mesh: Any = None
     base: Any = None
     knobs: Any = None  # the run's KnobPlan (run/knobs.py): keys that move as it trains
-    reward_model: Any = None  # data/rewards/reward_model.RewardModelScorer
+    learned: tuple = ()  # the learned reward terms' scorers (a reward model's, a judge's)
 
 
 def checked_objective(config, parts: RunParts) -> tuple[ObjectiveSection, list, list, bool]:
@@ -89,7 +89,7 @@ def checked_objective(config, parts: RunParts) -> tuple[ObjectiveSection, list, 
     editors, shapers = build_editors(
         sections.editor_options(c), task=parts.task, tokenizer=parts.tokenizer
     )
-    shapers += [parts.reward_model] if parts.reward_model is not None else []
+    shapers += list(parts.learned)  # after the rollout's own, in LEARNED_REWARDS order
     shaped = [n for s in shapers for n in s.reward_names]
     objective = dataclasses.replace(
         objective, reward_weights=effective_reward_weights(objective.reward_weights, shaped)

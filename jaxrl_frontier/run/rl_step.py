@@ -24,6 +24,7 @@ from typing import Any
 
 import jax
 
+from jaxrl_frontier.data.rewards.judge import JudgeScorer, NextTokenProbs
 from jaxrl_frontier.data.rewards.reward_model import RewardModelScorer
 from jaxrl_frontier.data.tasks import chat
 from jaxrl_frontier.rl.batch_supply import BatchSupply, SupplyOptions
@@ -288,16 +289,25 @@ class RLStep:
         self.say(f"[rl] stage {index} from step {done + 1}: " + hooks_lib.fmt(overrides))
 
 
-def _reward_model(c, roles, task) -> RewardModelScorer | None:
-    """The reward model's scorer over the task's prompts (None without one)."""
-    if roles.reward_model is None:
-        return None
-    return RewardModelScorer(
-        roles.reward_model,
-        sections.record(c, "reward_model"),
-        prompt_of=lambda example: prompt_text(task, example),
-        question_of=lambda example: chat.question_of(task, example),
-    )
+def _learned_rewards(c, roles, task) -> tuple:
+    """The learned reward terms' scorers over the task's prompts: the reward model's, then
+    the judge's (data/rewards/shaping.LEARNED_REWARDS), each when configured."""
+    question_of = lambda example: chat.question_of(task, example)  # noqa: E731
+    out = []
+    if roles.reward_model is not None:
+        out.append(
+            RewardModelScorer(
+                roles.reward_model,
+                sections.record(c, "reward_model"),
+                prompt_of=lambda example: prompt_text(task, example),
+                question_of=question_of,
+            )
+        )
+    if roles.judge is not None:
+        options = sections.record(c, "judge")
+        probs = NextTokenProbs(roles.judge, options)
+        out.append(JudgeScorer(probs, roles.judge.tokenizer, options, question_of=question_of))
+    return tuple(out)
 
 
 @STEPS.register("rl")
@@ -316,7 +326,7 @@ def rl_step(c, roles, ctx: StepContext) -> RLStep:
         rollout_mesh=roles.rollout_mesh,
         base=roles.base_params,
         knobs=ctx.knobs,
-        reward_model=_reward_model(c, roles, ctx.task),
+        learned=_learned_rewards(c, roles, ctx.task),
     )
     source = make_source(
         ctx.task,

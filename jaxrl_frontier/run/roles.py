@@ -6,6 +6,7 @@ and the samplers, each with the mesh it lives on (`build_roles`).
     reference  `ref_params`: a frozen copy of the starting weights (None: no KL to it)
     teacher    a module of its own (`teacher`, `teacher_params`), or None
     reward model  a sequence classifier with its tokenizer (`reward_model`), or None
+    judge      a causal LM scoring completions with its tokenizer (`judge`), or None
     samplers   `sampler`: the evaluation's and, unless rollouts are process-local or keep
                rows in flight, the rollouts' too; `rollout_sampler`: the training rollouts'
 """
@@ -21,11 +22,13 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from jaxrl_frontier.core import sharding
+from jaxrl_frontier.data.rewards.judge import JudgeRole
 from jaxrl_frontier.data.rewards.reward_model import RewardModelRole
 from jaxrl_frontier.models import hf, lora
 from jaxrl_frontier.rl.learn.learner import reshard_to
 from jaxrl_frontier.run.build import (
     attach_lora,
+    build_judge,
     build_meshes,
     build_model,
     build_reward_model,
@@ -51,6 +54,7 @@ class Roles:
     sampler: Sampler
     rollout_sampler: Sampler
     reward_model: RewardModelRole | None = None
+    judge: JudgeRole | None = None
 
     def sharing(self, other: Roles, c: ml_collections.ConfigDict) -> Roles:
         """These roles of config `c` with `other`'s samplers (their compiled programs; the
@@ -68,6 +72,8 @@ class Roles:
             shared.update(teacher=other.teacher, teacher_params=other.teacher_params)
         if c.reward_model.init == "hf":
             shared.update(reward_model=other.reward_model)
+        if c.judge.init == "hf":
+            shared.update(judge=other.judge)
         return dataclasses.replace(self, **shared)
 
     def full_params(self, params):
@@ -101,6 +107,7 @@ def build_roles(
     teacher = build_teacher(c, tokenizer, mesh, k_teacher, policy.cfg)
     k_reward = jax.random.fold_in(k_teacher, 0x5C0E)  # its own stream: the others unchanged
     reward_model = build_reward_model(c, tokenizer, mesh, k_reward, policy.cfg)
+    judge = build_judge(c, tokenizer, mesh, jax.random.fold_in(k_reward, 1), policy.cfg)
     make = lambda on, partial=False: _sampler(c, policy, graphdef, mesh, on, tokenizer, partial)  # noqa: E731
     eval_mesh = rollout_mesh
     if jax.process_count() > 1 and sharding.is_process_local(rollout_mesh):
@@ -124,6 +131,7 @@ def build_roles(
         sampler=sampler,
         rollout_sampler=rollout_sampler,
         reward_model=reward_model,
+        judge=judge,
     )
     return roles, params
 

@@ -87,6 +87,40 @@ class RewardModelRole:
     template: ChatTemplate | None = None
 
 
+def in_static_batches(
+    forward, tokenizer, texts: Sequence[str], max_len: int, batch_size: int, add_bos=True
+) -> np.ndarray:
+    """forward(tokens [b, L], mask [b, L]) over `texts` tokenized to L = `max_len` (left-
+    padded; a longer text keeps its end), `batch_size` rows at a time (0: all at once; the
+    last batch padded with rows of one real token, dropped after): one compiled shape.
+    Returns the outputs' rows [N, ...] as numpy."""
+    n = len(texts)
+    tokens, mask = tokenizer.batch_encode(
+        list(texts), max_len=max_len, pad_to_multiple=max_len, truncate=True, add_bos=add_bos
+    )
+    size = batch_size or n
+    out = []
+    for start in range(0, n, size):
+        t, m = tokens[start : start + size], mask[start : start + size]
+        pad = size - len(t)
+        if pad:
+            t = np.concatenate([t, np.full((pad, max_len), tokenizer.pad_id, np.int32)])
+            m = np.concatenate([m, np.tile(np.eye(1, max_len, max_len - 1, np.int32), (pad, 1))])
+        out.append(np.asarray(forward(jnp.asarray(t), jnp.asarray(m))))
+    return np.concatenate(out)[:n]
+
+
+def with_learned_column(rewards, raw, name: str, normalize: str, group_size: int):
+    """(rewards [B, K] with the learned term's column appended: `raw` [B] normalized, the raw
+    scores' metrics `<name>/score_mean`, `_std`, `_min`, `_max`)."""
+    metrics = {
+        f"{name}/score_{stat}": float(fn(raw))
+        for stat, fn in (("mean", np.mean), ("std", np.std), ("min", np.min), ("max", np.max))
+    }
+    reward = normalized(raw, normalize, group_size)
+    return np.concatenate([np.asarray(rewards, np.float32), reward[:, None]], axis=1), metrics
+
+
 class RewardModelScorer:
     """The reward model as a reward shaper: `__call__(rows, rewards [B_l, K])` appends the
     `reward_model` column. rows: a rollout's rows (`examples` [P], `texts` [P * G],
@@ -142,32 +176,19 @@ class RewardModelScorer:
         return out
 
     def score(self, texts: Sequence[str]) -> np.ndarray:
-        """Raw scores [N] of `texts`, in batches of `batch_size` rows (the last padded to it:
-        one compiled shape)."""
-        n, length = len(texts), self.options.max_len
-        tokens, mask = self.tokenizer.batch_encode(
-            list(texts), max_len=length, pad_to_multiple=length, truncate=True,
-            add_bos=self.template is None,
-        )  # fmt: skip
-        size = self.options.batch_size or n
-        out = []
-        for start in range(0, n, size):
-            t, m = tokens[start : start + size], mask[start : start + size]
-            pad = size - len(t)
-            if pad:  # a row of one real token: scored, then dropped
-                t = np.concatenate([t, np.full((pad, length), self.tokenizer.pad_id, np.int32)])
-                m = np.concatenate([m, np.tile(np.eye(1, length, length - 1, np.int32), (pad, 1))])
-            out.append(np.asarray(self._scores(self.params, jnp.asarray(t), jnp.asarray(m))))
-        return np.concatenate(out)[:n]
+        """Raw scores [N] of `texts` (`in_static_batches`)."""
+        o = self.options
+        forward = lambda t, m: self._scores(self.params, t, m)  # noqa: E731
+        return in_static_batches(
+            forward, self.tokenizer, texts, o.max_len, o.batch_size, add_bos=self.template is None
+        )
 
     def __call__(self, rows, rewards: np.ndarray) -> np.ndarray:
         raw = self.score(self.texts(rows))
-        self._metrics = {
-            f"{REWARD_NAME}/score_{name}": float(fn(raw))
-            for name, fn in (("mean", np.mean), ("std", np.std), ("min", np.min), ("max", np.max))
-        }
-        reward = normalized(raw, self.options.normalize, rows.group_size)
-        return np.concatenate([np.asarray(rewards, np.float32), reward[:, None]], axis=1)
+        out, self._metrics = with_learned_column(
+            rewards, raw, REWARD_NAME, self.options.normalize, rows.group_size
+        )
+        return out
 
     def metrics(self) -> dict[str, Any]:
         return dict(self._metrics)

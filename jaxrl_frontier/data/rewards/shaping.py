@@ -3,19 +3,25 @@ append after the task's, and the weights the sequence reward gives them."""
 
 from __future__ import annotations
 
-from jaxrl_frontier.data.rewards.reward_model import REWARD_NAME
+from collections.abc import Sequence
+
+from jaxrl_frontier.data.rewards import judge, reward_model
+
+# the learned reward terms, by the config section that turns each on, in the order they
+# are appended: a reward model's score, then a judge's
+LEARNED_REWARDS = (reward_model.REWARD_NAME, judge.REWARD_NAME)
 
 # the reward components each shaper adds, by the config that turns it on (for config checks)
 SHAPER_REWARDS = {"dre": ("dre",), "overlong": ("overlong",)}
 
 
-def shaper_reward_names(editors, overlong_cache: int, reward_model: bool = False) -> list[str]:
+def shaper_reward_names(editors, overlong_cache: int, learned: Sequence[str] = ()) -> list[str]:
     """The reward components the configured shapers append (after the task's):
-    `rollout.editors` (names), `rollout.overlong_cache`, then a reward model's
-    (`reward_model.init`: data/rewards/reward_model.py)."""
+    `rollout.editors` (names), `rollout.overlong_cache`, then the learned terms in `learned`
+    (LEARNED_REWARDS names: a reward model's, a judge's)."""
     names = [n for e in dict.fromkeys(editors) for n in SHAPER_REWARDS.get(e, ())]
     names += list(SHAPER_REWARDS["overlong"]) if overlong_cache else []
-    return names + ([REWARD_NAME] if reward_model else [])
+    return names + [n for n in LEARNED_REWARDS if n in learned]
 
 
 def effective_reward_weights(reward_weights, shaped: list[str]) -> dict[str, float]:

@@ -40,6 +40,7 @@ from jaxrl_frontier.core.distributed import DistributedOptions
 from jaxrl_frontier.core.errors import ConfigError
 from jaxrl_frontier.core.registry import import_user_module
 from jaxrl_frontier.data.defaults import DataSection, EnvSection, TaskSection
+from jaxrl_frontier.data.rewards.judge import JudgeSection
 from jaxrl_frontier.data.rewards.reward_model import RewardModelSection
 from jaxrl_frontier.data.rewards.scorer import RewardOptions
 from jaxrl_frontier.models.defaults import ModelSection, TeacherSection, TokenizerSection
@@ -79,6 +80,7 @@ RECORD_SECTIONS: dict[str, type] = {
     "env": EnvSection,
     "pact": PactOptions,
     "reward_model": RewardModelSection,
+    "judge": JudgeSection,
 }
 
 # The sections the composition root declares beside its own code (run/), with keys generated

@@ -18,7 +18,11 @@ from jaxrl_frontier.core import records
 from jaxrl_frontier.core.distributed import DistributedOptions
 from jaxrl_frontier.data.defaults import EnvOptions
 from jaxrl_frontier.data.rewards.scorer import RewardOptions
-from jaxrl_frontier.data.rewards.shaping import effective_reward_weights, shaper_reward_names
+from jaxrl_frontier.data.rewards.shaping import (
+    LEARNED_REWARDS,
+    effective_reward_weights,
+    shaper_reward_names,
+)
 from jaxrl_frontier.data.tasks.options import TaskOptions
 from jaxrl_frontier.models import pretrained
 from jaxrl_frontier.objectives import schema
@@ -95,7 +99,7 @@ def reward_options(c) -> RewardOptions:
 def shaped_rewards(c) -> list[str]:
     """The reward components the rollout shapers append (`rollout.editors`, `overlong_cache`,
     a reward model)."""
-    learned = c.reward_model.init != "none"
+    learned = [name for name in LEARNED_REWARDS if c[name].init != "none"]
     return shaper_reward_names(tuple(c.rollout.editors), c.rollout.overlong_cache, learned)
 
 

@@ -1,0 +1,223 @@
+"""A generative judge: a causal LM reads each completion with its question (and the task's
+reference answer, when it has one) under a judge prompt, and its next-token distribution at
+the end of that prompt gives a score, the reward component `judge`:
+
+    z = the judge's logits after the judge prompt,  p = softmax(z)  (over the vocabulary)
+    'yes_prob'        s = P(yes) / (P(yes) + P(no)),  P(yes) = sum of p over the `yes`
+                      verdict tokens, P(no) over the `no` ones
+    'expected_score'  s = sum_k k p(k) / sum_k p(k)  over the labels k = 1 .. `scale`
+                      (each label one token of the judge's tokenizer)
+    'pairwise'        two completions a and b of one group, shown in both orders:
+                      P(a > b) = (P(yes | a first, b second) + 1 - P(yes | b first, a second)) / 2,
+                      so a judge's preference for a position cancels (a judge that only
+                      prefers the first position scores every pair 1/2); each completion's
+                      score is the mean of its P(wins) against its neighbours in the group
+                      (i against i + 1 and i - 1, cyclically; the other one when G = 2)
+
+The judge prompt is `prompt` with {question}, {completion}, {reference} ({first} and {second}
+pairwise) filled in, rendered as a user turn of the judge's chat template (`chat`) or as
+plain text. It is tokenized to `max_len` tokens (a longer one keeps its end, where the verdict
+is asked), left-padded to that one static shape: the forward compiles once, runs on the
+run's mesh, and reads only the last position's logits. The score is normalized as a reward
+model's is (none / batch / group) and logged raw (`judge/score_*`). A verdict sampled and
+parsed from generated text is not provided: the probabilities above give the same ranking
+without a decode and without parse failures.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jaxrl_frontier.core import records
+from jaxrl_frontier.core.records import key
+from jaxrl_frontier.data.rewards.reward_model import (
+    NORMALIZE,
+    in_static_batches,
+    with_learned_column,
+)
+from jaxrl_frontier.data.tasks.chat import ChatTemplate
+
+REWARD_NAME = "judge"
+MODES = ("yes_prob", "expected_score", "pairwise")
+
+DEFAULT_PROMPT = (
+    "Question: {question}\nReference answer: {reference}\nResponse: {completion}\n"
+    "Is the response correct and helpful? Answer yes or no."
+)
+PAIRWISE_PROMPT = (
+    "Question: {question}\nFirst response: {first}\nSecond response: {second}\n"
+    "Is the first response better than the second? Answer yes or no."
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class JudgeSection:
+    """`judge`: a causal LM scoring each completion (module docstring)."""
+
+    init: str = key(
+        "none",
+        "none | hf (a causal LM at `path`) | random (a random LM of the policy's shape and "
+        "tokenizer: runlocal checks)",
+        choices=("none", "hf", "random"),
+    )
+    path: str = key("", "its checkpoint: an HF directory or a registered model name")
+    mode: str = key("yes_prob", "yes_prob | expected_score | pairwise", choices=MODES)
+    prompt: str = key("", "the judge prompt ('': the mode's default; module docstring)")
+    chat: bool = key(True, "the prompt as a user turn of the judge's chat template")
+    yes: tuple = key(("yes", "Yes"), "the verdict strings read as yes (one token each)")
+    no: tuple = key(("no", "No"), "the verdict strings read as no (one token each)")
+    scale: int = key(9, "expected_score: the labels 1 .. scale (one token each)", low=2)
+    normalize: str = key("none", "none | batch | group, as the reward model's", choices=NORMALIZE)
+    max_len: int = key(512, "tokens a judge prompt holds (a longer one keeps its end)", low=1)
+    batch_size: int = key(0, "prompts one forward reads (0: all of a step's)", low=0)
+    dtype: str = key("float32", "its compute dtype", choices=("float32", "bfloat16"))
+
+    def __post_init__(self):
+        records.check(self, "judge")
+
+    @property
+    def text(self) -> str:
+        """The judge prompt this mode uses."""
+        return self.prompt or (PAIRWISE_PROMPT if self.mode == "pairwise" else DEFAULT_PROMPT)
+
+
+@dataclasses.dataclass(frozen=True)
+class JudgeRole:
+    """A judge as the run holds it: the causal LM (on the run's mesh), its tokenizer, and its
+    chat template (None: plain text)."""
+
+    model: Any
+    tokenizer: Any
+    template: ChatTemplate | None = None
+
+
+def single_token(tokenizer, text: str, what: str) -> int:
+    """The one token id of `text` (a ValueError naming the config key otherwise)."""
+    ids = tokenizer.encode(text)
+    if len(ids) != 1:
+        raise ValueError(
+            f"config key 'judge.{what}': {text!r} is {len(ids)} tokens of the judge's "
+            "tokenizer; each verdict must be one token"
+        )
+    return ids[0]
+
+
+class NextTokenProbs:
+    """The judge's next-token probabilities after each prompt: `__call__(prompts, ids)` ->
+    p [N, len(ids)] of the token ids `ids` (a softmax over the whole vocabulary at each
+    prompt's last position), in batches of `batch_size` prompts of `max_len` tokens."""
+
+    def __init__(self, role: JudgeRole, options: JudgeSection):
+        self.tokenizer, self.template, self.options = role.tokenizer, role.template, options
+        graphdef, self.params = nnx.split(role.model)
+
+        def probs(params, tokens, mask, ids):  # [N, L] -> [N, len(ids)]
+            model = nnx.merge(graphdef, params)
+            hidden, _ = model.hidden_states(tokens, mask)
+            logits = model.logits(hidden[:, -1])  # left-padded: the last real token
+            return jax.nn.softmax(logits, axis=-1)[:, ids]
+
+        self._probs = jax.jit(probs)
+
+    def text(self, prompt: str) -> str:
+        """The judge's input for a filled-in judge prompt."""
+        if self.template is None or not self.options.chat:
+            return prompt
+        bos = self.template.special_tokens.get("bos_token")
+        text = self.template.prompt(prompt)
+        return text[len(bos) :] if bos and text.startswith(bos) else text  # BOS added below
+
+    def __call__(self, prompts: Sequence[str], ids: Sequence[int]) -> np.ndarray:
+        o, ids = self.options, jnp.asarray(ids, jnp.int32)
+        forward = lambda t, m: self._probs(self.params, t, m, ids)  # noqa: E731
+        texts = [self.text(p) for p in prompts]
+        return in_static_batches(forward, self.tokenizer, texts, o.max_len, o.batch_size)
+
+
+def pairwise_scores(p_yes: Callable[[list[tuple[int, int]]], np.ndarray], g: int) -> np.ndarray:
+    """Each of a group's G completions' score (module docstring, 'pairwise') from
+    `p_yes(pairs)`: P(yes | first = i, second = j) [len(pairs)] of (i, j) pairs of the group."""
+    pairs = [(0, 1)] if g == 2 else [(i, (i + 1) % g) for i in range(g)]
+    both = p_yes(pairs + [(j, i) for i, j in pairs])
+    wins = (both[: len(pairs)] + 1.0 - both[len(pairs) :]) / 2.0  # P(i > j), both orders
+    total, count = np.zeros(g), np.zeros(g)
+    for (i, j), w in zip(pairs, wins):
+        total[i] += w
+        total[j] += 1.0 - w
+        count[i] += 1
+        count[j] += 1
+    return total / count
+
+
+class JudgeScorer:
+    """The judge as a reward shaper: `__call__(rows, rewards [B_l, K])` appends the `judge`
+    column (rows: `examples` [P], `texts` [P * G], `group_size`). `probs` (a `NextTokenProbs`,
+    or any function of (prompts, ids) -> [N, len(ids)]) reads the judge; `question_of` gives
+    an example's question."""
+
+    reward_names = (REWARD_NAME,)
+
+    def __init__(self, probs, tokenizer, options: JudgeSection, *, question_of):
+        self.probs, self.options, self.question_of = probs, options, question_of
+        o = options
+        if o.mode == "expected_score":
+            self.ids = [single_token(tokenizer, str(k), "scale") for k in range(1, o.scale + 1)]
+        else:
+            self.yes = [single_token(tokenizer, s, "yes") for s in o.yes]
+            self.no = [single_token(tokenizer, s, "no") for s in o.no]
+            self.ids = self.yes + self.no
+        self._metrics: dict[str, float] = {}
+
+    def fill(self, example, **texts) -> str:
+        """The judge prompt for one example and its completion(s)."""
+        reference = example.get("answer", "")
+        return self.options.text.format(
+            question=self.question_of(example), reference=reference, **texts
+        )
+
+    def verdicts(self, prompts: list[str]) -> np.ndarray:
+        """The score of each judge prompt [N]: P(yes) among the verdicts, or the expected
+        label."""
+        p = self.probs(prompts, self.ids)
+        if self.options.mode == "expected_score":
+            labels = np.arange(1, self.options.scale + 1)
+            return (p * labels).sum(1) / p.sum(1)
+        p_yes = p[:, : len(self.yes)].sum(1)
+        return p_yes / (p_yes + p[:, len(self.yes) :].sum(1))
+
+    def score(self, rows) -> np.ndarray:
+        """Raw scores [B_l] of the rows."""
+        g, texts = rows.group_size, list(rows.texts)
+        if self.options.mode != "pairwise":
+            return self.verdicts(
+                [self.fill(rows.examples[i // g], completion=t) for i, t in enumerate(texts)]
+            )
+        if g < 2:
+            raise ValueError("config key 'judge.mode' = 'pairwise' needs rollout.group_size >= 2")
+        out = []
+        for p, example in enumerate(rows.examples):
+            group = texts[p * g : (p + 1) * g]
+
+            def p_yes(pairs, example=example, group=group):
+                return self.verdicts(
+                    [self.fill(example, first=group[i], second=group[j]) for i, j in pairs]
+                )
+
+            out.append(pairwise_scores(p_yes, g))
+        return np.concatenate(out)
+
+    def __call__(self, rows, rewards: np.ndarray) -> np.ndarray:
+        out, self._metrics = with_learned_column(
+            rewards, self.score(rows), REWARD_NAME, self.options.normalize, rows.group_size
+        )
+        return out
+
+    def metrics(self) -> dict[str, Any]:
+        return dict(self._metrics)
