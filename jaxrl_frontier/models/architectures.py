@@ -318,7 +318,16 @@ class GptOssArchitecture(Architecture):
     omits take transformers' `GptOssConfig` defaults."""
 
     def config_from_hf(self, hf: dict) -> ModelConfig:
-        """config.json dict (transformers 4 or 5 style) -> ModelConfig."""
+        """config.json dict (transformers 4 or 5 style) -> ModelConfig; OpenAI's release
+        (experts in MXFP4 blocks) is refused, naming its `quantization_config`."""
+        if hf.get("quantization_config"):
+            method = dict(hf["quantization_config"]).get("quant_method")
+            raise ValueError(
+                f"config.json: quantization_config (quant_method={method!r}) is not supported: "
+                "the experts must be stored unquantized (gate_up_proj, down_proj); dequantize "
+                "the checkpoint first (transformers: Mxfp4Config(dequantize=True), then "
+                "save_pretrained)"
+            )
         hf = {**GPT_OSS_DEFAULTS, **{k: v for k, v in hf.items() if v is not None}}
         if not (hf.get("rope_parameters") or hf.get("rope_scaling")):
             hf["rope_parameters"] = GPT_OSS_ROPE  # transformers' default: YaRN 32x

@@ -225,6 +225,9 @@ def test_config_mapping_parameter_count_and_refused_attention(checkpoint, model)
     bare = hf.config_from_hf({**shapes, "architectures": ["GptOssForCausalLM"]})
     assert (bare.sliding_window, bare.swiglu_limit, bare.rope_theta) == (128, 7.0, 150000.0)
     assert dict(bare.rope_scaling)["factor"] == 32.0 and bare.o_bias and bare.attention_sinks
+    mxfp4 = {**shapes, "model_type": "gpt_oss", "quantization_config": {"quant_method": "mxfp4"}}
+    with pytest.raises(ValueError, match="quantization_config.*'mxfp4'.*dequantize"):
+        hf.config_from_hf(mxfp4)  # OpenAI's release: experts in MXFP4 blocks
     # jax.nn.dot_product_attention cannot take the sinks: refused, naming the key
     for impl in ("dot_product", "cudnn"):
         with pytest.raises(ConfigError, match="model.attention.*sinks"):
