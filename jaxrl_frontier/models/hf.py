@@ -208,6 +208,22 @@ def _read_model_config(path: str) -> tuple[Architecture, ModelConfig]:
         raise ModelFileError(f"{os.path.join(path, CONFIG_FILE)}: {msg}") from None
 
 
+def _open_checkpoint(path: str):
+    """(architecture, ModelConfig, {tensor name: file}, a context giving read(name) -> host
+    array) of a checkpoint directory or a `.gguf` file."""
+    if gguf_file.is_gguf(path):  # dequantized tensor by tensor, in HF's names and layout
+        ckpt = gguf_file.read(path)
+        arch = architecture_for(ckpt.hf_config)
+        cfg = arch.config_from_hf(ckpt.hf_config)
+        weight_map = dict.fromkeys(ckpt.tensor_names, os.path.basename(path))
+        return arch, cfg, weight_map, contextlib.nullcontext(ckpt.tensor)
+    arch, cfg = _read_model_config(path)
+    weight_map, stored = _weight_map(path), None
+    if getattr(arch, "multimodal", False):  # its language model's tensors only
+        weight_map, stored = _language_model_tensors(weight_map)
+    return arch, cfg, weight_map, _tensor_reader(path, weight_map, stored)
+
+
 def load(
     path: str | os.PathLike,
     *,
@@ -232,18 +248,7 @@ def load(
       the model; `model(tokens [B, T], attention_mask [B, T])` -> logits [B, T, V].
     """
     path = os.fspath(path)
-    if gguf_file.is_gguf(path):  # dequantized tensor by tensor, in HF's names and layout
-        ckpt = gguf_file.read(path)
-        arch = architecture_for(ckpt.hf_config)
-        cfg = arch.config_from_hf(ckpt.hf_config)
-        weight_map = dict.fromkeys(ckpt.tensor_names, os.path.basename(path))
-        reader = contextlib.nullcontext(ckpt.tensor)
-    else:
-        arch, cfg = _read_model_config(path)
-        weight_map, stored = _weight_map(path), None
-        if getattr(arch, "multimodal", False):  # its language model's tensors only
-            weight_map, stored = _language_model_tensors(weight_map)
-        reader = _tensor_reader(path, weight_map, stored)
+    arch, cfg, weight_map, reader = _open_checkpoint(path)
     cfg = cfg.replace(
         dtype=jnp.dtype(dtype or "float32").name,
         param_dtype=jnp.dtype(param_dtype or "float32").name,
