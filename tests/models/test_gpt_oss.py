@@ -10,8 +10,9 @@ Every parameter is redrawn (sinks, router and expert biases included) and `swigl
 transformers load -> the same logits; our sampler's greedy tokens (the decode with sinks
 over the sliding layer's ring cache) equal transformers' `generate`, and the routing it
 records is what the update's forward replays; the update's forward and gradient with the
-experts split over 8 fake devices (and with their width over `tensor`) equal one device's;
-the config mapping, the parameter count and the refused attention.
+experts split over 8 fake devices (and with their width over `tensor`) equal one device's,
+and so does the decode on the mesh; the config mapping, the parameter count and the
+refused attention.
 
 Tolerance: the logits' scale is ~7; an f32 value here passes through some hundreds of
 roundings of relative 6e-8 (two layers: norms, projections over 32 inputs, softmaxes over
@@ -194,7 +195,7 @@ def test_expert_parallel_update_equals_one_device(model, mesh_shape):
     """The update's form (grouped matmuls) split over 8 fake devices: 1 expert a device, or
     2 experts a device with their width split over `tensor` (the down projection's bias
     then added once, not once per width shard): the loss and every gradient equal one
-    device's."""
+    device's. On fsdp 8 the greedy decode (the CPU's dense form) equals one device's too."""
     mesh = sharding.make_mesh(mesh_shape)
     ragged = with_config(model, model.cfg.replace(moe_impl="ragged"))
     graphdef, state = nnx.split(ragged)
@@ -212,6 +213,21 @@ def test_expert_parallel_update_equals_one_device(model, mesh_shape):
         name = jax.tree_util.keystr(path)
         np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=1e-6, rtol=1e-5, err_msg=name)
         assert np.abs(np.asarray(a)).max() > 0, name  # every parameter gets a gradient
+    if mesh_shape[2] > 1:
+        return
+    # the decode on the mesh (fsdp: the layers scanned over stacked full caches, no rings)
+    params = SamplingParams(max_new_tokens=6, greedy=True)
+    prompts = np.asarray(tokens), np.asarray(mask)
+    one = Sampler(model, pad_id=0, prompt_buckets=(8,)).generate(
+        *prompts, params, jax.random.key(0)
+    )
+    spread = Sampler(
+        nnx.merge(nnx.graphdef(model), placed), pad_id=0, mesh=mesh, prompt_buckets=(8,)
+    )
+    assert not spread.ring_cache
+    eight = spread.generate(*prompts, params, jax.random.key(0))
+    np.testing.assert_array_equal(np.asarray(eight.completion_tokens), one.completion_tokens)
+    np.testing.assert_allclose(np.asarray(eight.policy_logp), one.policy_logp, atol=1e-5)
 
 
 def test_config_mapping_parameter_count_and_refused_attention(checkpoint, model):
