@@ -136,6 +136,15 @@ def test_logit_parity_both_expert_forms_and_round_trip(checkpoint, model, tmp_pa
     for a, b in zip(jax.tree.leaves(nnx.state(model)), jax.tree.leaves(nnx.state(again))):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
+    # a scratch model's unscaled RoPE is written so that transformers does not take its
+    # YaRN default: its export gives our logits there
+    plain = variants["no YaRN"]
+    hf.save(plain, tmp_path / "plain")
+    back = AutoModelForCausalLM.from_pretrained(tmp_path / "plain", attn_implementation="eager")
+    assert back.config.rope_parameters["rope_type"] == "default"
+    ours = run(plain)
+    assert rel_diff(hf_logits(back.eval(), tokens, mask), ours, mask) < REL_TOL
+
 
 PROMPTS = np.random.RandomState(1).randint(1, 128, size=(2, 6)).astype(np.int32)
 
