@@ -51,7 +51,7 @@ def measure(name, rules, patch, impl):
     tokens = sharding.shard_batch(rng.randint(0, 256, (ROWS, LENGTH)).astype(np.int32), mesh)
     original = moe.expert_parallel
     if patch:
-        moe.expert_parallel = lambda fn, x, e, g, *w: moe._flat(fn, x, e, g, *w, 0)
+        moe.expert_parallel = lambda fn, x, e, g, w, *_: (moe._flat(fn, x, e, g, w, 0), 0.0)
     try:
         step = step_fn(graphdef)
         mem = common.compiled_memory(step.lower(state, tokens).compile())

@@ -88,6 +88,16 @@ HF_CASES = {
             ),
         ),
     ),
+    # YaRN (Qwen3's and GPT-OSS's long-context RoPE): a ramp over the dims at this tiny
+    # original context, and the attention factor 0.1 ln 4 + 1 on cos and sin
+    "llama_rope_yarn": (
+        "LlamaConfig",
+        dict(
+            rope_scaling=dict(
+                rope_type="yarn", factor=4.0, original_max_position_embeddings=64, beta_fast=4.0
+            ),
+        ),
+    ),
     "llama_rope_linear_tied": (
         "LlamaConfig",
         dict(rope_scaling=dict(rope_type="linear", factor=2.0), tie_word_embeddings=True),

@@ -2,7 +2,9 @@
 `Architecture`) and the map between an HF config.json and `ModelConfig`, both directions.
 LlamaForCausalLM, Qwen2ForCausalLM and Qwen3ForCausalLM share tensor names; they differ in
 config fields (qkv bias, qk-norm). Gemma2ForCausalLM and Gemma3ForCausalLM
-(`GemmaArchitecture`) add the Gemma fields of `ModelConfig` and two norms per layer."""
+(`GemmaArchitecture`) add the Gemma fields of `ModelConfig` and two norms per layer;
+GptOssForCausalLM (`GptOssArchitecture`) the GPT-OSS fields, a mixture of experts whose
+tensors are fused per layer."""
 
 from __future__ import annotations
 
@@ -49,10 +51,10 @@ def _rope_from_hf(hf: dict) -> tuple[float, tuple[tuple[str, Any], ...] | None]:
     kind = scaling.get("rope_type", "default")
     if kind == "default":
         return theta, None
-    if kind not in ("linear", "llama3"):
+    if kind not in ("linear", "llama3", "yarn"):
         raise ValueError(
             f"config.json: rope_scaling type {kind!r} is not supported; supported: "
-            "default, linear, llama3"
+            "default, linear, llama3, yarn"
         )
     return theta, tuple(sorted(scaling.items()))
 
@@ -71,6 +73,9 @@ class Architecture:
     qk_norm: bool
     default_max_positions: int
     moe: bool = False  # every layer's MLP a mixture of experts (models/moe.py)
+    # how its checkpoints name the experts' tensors (`tensor_map.EXPERT_TENSORS`): one set
+    # per expert (Qwen-MoE), or a layer's experts fused (GPT-OSS)
+    expert_tensors: str = "per_expert"
 
     def config_from_hf(self, hf: dict) -> ModelConfig:
         """config.json dict -> ModelConfig (unsupported options raise, naming the key)."""
@@ -303,6 +308,128 @@ for _arch in (
     ARCHITECTURES.register(_arch.name)(_arch)
 
 
+@dataclasses.dataclass(frozen=True)
+class GptOssArchitecture(Architecture):
+    """GPT-OSS (gpt-oss-20b, gpt-oss-120b): biases on q, k, v and o (`attention_bias`),
+    attention sinks, layers alternating sliding (`sliding_window`) and full attention,
+    YaRN RoPE, and every layer's MLP a mixture of `num_local_experts` experts of width
+    `intermediate_size` with a biased router (softmax over the top-k logits) and biased
+    experts gated by the clamped SwiGLU (`swiglu_limit`, `swiglu_alpha`). Keys a config.json
+    omits take transformers' `GptOssConfig` defaults."""
+
+    def config_from_hf(self, hf: dict) -> ModelConfig:
+        """config.json dict (transformers 4 or 5 style) -> ModelConfig; OpenAI's release
+        (experts in MXFP4 blocks) is refused, naming its `quantization_config`."""
+        if hf.get("quantization_config"):
+            method = dict(hf["quantization_config"]).get("quant_method")
+            raise ValueError(
+                f"config.json: quantization_config (quant_method={method!r}) is not supported: "
+                "the experts must be stored unquantized (gate_up_proj, down_proj); dequantize "
+                "the checkpoint first (transformers: Mxfp4Config(dequantize=True), then "
+                "save_pretrained)"
+            )
+        hf = {**GPT_OSS_DEFAULTS, **{k: v for k, v in hf.items() if v is not None}}
+        if not (hf.get("rope_parameters") or hf.get("rope_scaling")):
+            hf["rope_parameters"] = GPT_OSS_ROPE  # transformers' default: YaRN 32x
+        if "rope_theta" not in hf and "rope_theta" not in hf.get("rope_parameters", {}):
+            hf["rope_parameters"] = {**hf["rope_parameters"], "rope_theta": GPT_OSS_THETA}
+        theta, scaling = _rope_from_hf(hf)
+        heads = int(_require(hf, "num_attention_heads"))
+        layers = int(_require(hf, "num_hidden_layers"))
+        width = int(_require(hf, "intermediate_size"))  # an expert's
+        bias = bool(hf["attention_bias"])
+        types = hf.get("layer_types") or [
+            "sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(layers)
+        ]  # transformers' default: layer 0 sliding, then alternating
+        return ModelConfig(
+            **_shape(hf, heads, int(hf.get("head_dim") or int(hf["hidden_size"]) // heads)),
+            num_layers=layers,
+            rope_theta=theta,
+            rope_scaling=scaling,
+            rms_norm_eps=float(hf["rms_norm_eps"]),
+            tie_word_embeddings=bool(hf["tie_word_embeddings"]),
+            qkv_bias=bias,
+            o_bias=bias,
+            max_position_embeddings=int(hf["max_position_embeddings"]),
+            family=self.model_type,
+            layer_types=tuple(types),
+            sliding_window=int(hf["sliding_window"]),
+            num_experts=int(_require(hf, "num_local_experts")),
+            num_experts_per_tok=int(hf["num_experts_per_tok"]),
+            moe_intermediate_size=width,
+            norm_topk_prob=True,  # softmax over the top-k logits = the renormalised top-k
+            attention_sinks=True,
+            expert_bias=True,
+            swiglu_limit=float(hf["swiglu_limit"]),
+            swiglu_alpha=float(hf["swiglu_alpha"]),
+        )
+
+    def config_to_hf(self, cfg: ModelConfig, torch_dtype: str) -> dict:
+        """ModelConfig -> config.json dict (GptOssConfig's keys; RoPE as transformers 5's
+        `rope_parameters`, which would otherwise default to YaRN 32x, and `rope_theta`)."""
+        if not (cfg.attention_sinks and cfg.expert_bias and cfg.num_experts):
+            raise ValueError(
+                "a GPT-OSS checkpoint has attention sinks and biased experts: this "
+                "ModelConfig (attention_sinks, expert_bias, num_experts) cannot be written as one"
+            )
+        scaling = dict(cfg.rope_scaling or {"rope_type": "default"})
+        return {
+            "architectures": [self.name],
+            "model_type": self.model_type,
+            "vocab_size": cfg.vocab_size,
+            "hidden_size": cfg.hidden_size,
+            "intermediate_size": cfg.moe_intermediate_size,  # an expert's width
+            "num_hidden_layers": cfg.num_layers,
+            "num_attention_heads": cfg.num_heads,
+            "num_key_value_heads": cfg.num_kv_heads,
+            "head_dim": cfg.resolved_head_dim,
+            "num_local_experts": cfg.num_experts,
+            "num_experts_per_tok": cfg.num_experts_per_tok,
+            "attention_bias": cfg.qkv_bias,
+            "sliding_window": cfg.sliding_window,
+            "layer_types": list(cfg.layer_types or ("full_attention",) * cfg.num_layers),
+            "swiglu_limit": cfg.swiglu_limit,
+            "swiglu_alpha": cfg.swiglu_alpha,
+            "rms_norm_eps": cfg.rms_norm_eps,
+            "rope_theta": cfg.rope_theta,
+            "rope_parameters": {**scaling, "rope_theta": cfg.rope_theta},
+            "max_position_embeddings": cfg.max_position_embeddings,
+            "tie_word_embeddings": cfg.tie_word_embeddings,
+            "attention_dropout": 0.0,
+            "output_router_logits": False,
+            "torch_dtype": torch_dtype,
+            "dtype": torch_dtype,
+        }
+
+
+GPT_OSS_THETA = 150000.0  # transformers' GptOssConfig.default_theta
+GPT_OSS_ROPE = dict(
+    rope_type="yarn",
+    factor=32.0,
+    beta_fast=32.0,
+    beta_slow=1.0,
+    truncate=False,
+    original_max_position_embeddings=4096,
+)
+# transformers' GptOssConfig defaults (the keys a config.json may omit)
+GPT_OSS_DEFAULTS = dict(
+    sliding_window=128,
+    tie_word_embeddings=False,
+    max_position_embeddings=131072,
+    rms_norm_eps=1e-5,
+    num_experts_per_tok=4,
+    swiglu_alpha=1.702,
+    swiglu_limit=7.0,
+    attention_bias=True,
+)
+
+ARCHITECTURES.register("GptOssForCausalLM")(
+    GptOssArchitecture(
+        "GptOssForCausalLM", "gpt_oss", "never", False, 131072, moe=True, expert_tensors="fused"
+    )
+)
+
+
 # Sequence classifiers (`Qwen2ForSequenceClassification`, a reward model): the causal
 # model's body with a score head in place of the LM head (`ModelConfig.num_labels`).
 CLASSIFIER = "ForSequenceClassification"
@@ -334,12 +461,13 @@ def architecture_for(hf: dict) -> Architecture:
     return ARCHITECTURES.get(name)
 
 
-def _architecture_for_family(family: str) -> Architecture:
+def architecture_of(cfg: ModelConfig) -> Architecture:
+    """The registry entry a `ModelConfig` is saved as (by `family`, the HF `model_type`)."""
     for name in ARCHITECTURES:
-        if ARCHITECTURES.get(name).model_type == family:
+        if ARCHITECTURES.get(name).model_type == cfg.family:
             return ARCHITECTURES.get(name)
     raise ValueError(
-        f"ModelConfig.family={family!r} has no HF architecture; known: "
+        f"ModelConfig.family={cfg.family!r} has no HF architecture; known: "
         f"{sorted(ARCHITECTURES.get(n).model_type for n in ARCHITECTURES)}"
     )
 
@@ -356,7 +484,7 @@ def config_from_hf(hf: dict) -> ModelConfig:
 
 def config_to_hf(cfg: ModelConfig, torch_dtype: str | None = None) -> dict:
     """ModelConfig -> a config.json dict that transformers and vLLM load."""
-    arch = _architecture_for_family(cfg.family)
+    arch = architecture_of(cfg)
     hf = arch.config_to_hf(cfg, torch_dtype or cfg.param_dtype)
     if cfg.num_labels:
         name = arch.name.replace("ForCausalLM", CLASSIFIER)

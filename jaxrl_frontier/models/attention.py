@@ -7,7 +7,11 @@ KV cache, and the masks as additive biases (causal, valid, and per segment for p
 block).
 
 Shapes: q [B, T, H, Dh]; k, v [B, S, K, Dh] ('bskd') or the cache's [B, K, S, Dh] ('bksd');
-bias [B, 1, 1, T, S] f32, 0 where a query may attend and -1e30 where not.
+bias [B, 1, 1, T, S] f32, 0 where a query may attend and -1e30 where not; sinks [H] f32.
+
+Attention sinks (GPT-OSS): a learned logit per query head joins each softmax's denominator
+and contributes no value, p_j = exp(s_j) / (exp(sink) + sum_i exp(s_i)) (`softmax_with_sink`):
+every path but `jax.nn.dot_product_attention`'s takes it (`SINK_IMPLS`).
 """
 
 from __future__ import annotations
@@ -37,8 +41,9 @@ def attention(q, k, v, attn_bias, kv_spec: str = "bskd", *, impl: str = "xla", *
     (`jax.nn.dot_product_attention`, XLA's implementation of the same math), 'cudnn' (its
     cuDNN fused kernel: a GPU, bf16 / fp16 compute only), 'ring' (`attend_ring`: ring
     attention over the mesh's `sequence` axis where attn_bias is a `RowMask`, else 'xla').
-    `scores`: `scale` (default Dh ** -0.5) and `softcap` (c: scores -> c * tanh(scores / c)
-    before the bias). attn_bias may be a `RowMask` (a forward over whole rows): the
+    `scores`: `scale` (default Dh ** -0.5), `softcap` (c: scores -> c * tanh(scores / c)
+    before the bias) and `sinks` ([H] f32: each head's sink logit, `softmax_with_sink`;
+    `SINK_IMPLS` only). attn_bias may be a `RowMask` (a forward over whole rows): the
     implementations other than 'ring' take its bias.
     """
     if impl not in ATTENTION:
@@ -62,11 +67,32 @@ def scaled_scores(scores, head_dim: int, scale=None, softcap=None):
     return scores
 
 
-def attend(q, k, v, attn_bias, kv_spec: str = "bskd", scale=None, softcap=None):
+def softmax_with_sink(scores, sinks=None):
+    """The softmax over the last axis of f32 scores [..., S]; with sinks (broadcastable to
+    scores[..., 0]: one logit per row) the sink joins the denominator as one more column,
+    dropped after (HF GPT-OSS's `eager_attention_forward`):
+
+        p_j = exp(s_j) / (exp(sink) + sum_i exp(s_i))
+
+    so a row's weights sum to less than 1, the rest going nowhere (no value)."""
+    if sinks is None:
+        return jax.nn.softmax(scores, axis=-1)
+    sink = jnp.broadcast_to(sinks, scores.shape[:-1])[..., None]
+    return jax.nn.softmax(jnp.concatenate([scores, sink], axis=-1), axis=-1)[..., :-1]
+
+
+def grouped_sinks(sinks, kv_heads: int):
+    """sinks [H] -> [K, G] f32: query head h = kv head h // G, member h % G (as q's grouping
+    [.., K, G, Dh] and HF's repeat_kv order)."""
+    return sinks.astype(jnp.float32).reshape(kv_heads, -1)
+
+
+def attend(q, k, v, attn_bias, kv_spec: str = "bskd", scale=None, softcap=None, sinks=None):
     """softmax(q k^T / sqrt(Dh) + bias) v with grouped-query heads; scores and softmax in f32.
 
     q [B, T, H, Dh]; k, v [B, S, K, Dh] (kv_spec 'bskd') or [B, K, S, Dh] ('bksd', the
-    cache's layout); attn_bias [B, 1, 1, T, S] additive. Returns [B, T, H, Dh], q's dtype.
+    cache's layout); attn_bias [B, 1, 1, T, S] additive; sinks None or [H] (each head's
+    sink logit in the softmax, `softmax_with_sink`). Returns [B, T, H, Dh], q's dtype.
     """
     b, t, h, hd = q.shape
     dt = q.dtype
@@ -76,21 +102,26 @@ def attend(q, k, v, attn_bias, kv_spec: str = "bskd", scale=None, softcap=None):
         f"btkgd,{kv_spec}->bkgts", q, k.astype(dt), preferred_element_type=jnp.float32
     )
     scores = scaled_scores(scores, hd, scale, softcap) + attn_bias
-    probs = jax.nn.softmax(scores, axis=-1).astype(dt)
+    sink = None if sinks is None else grouped_sinks(sinks, kvh)[:, :, None]  # [K, G, 1]
+    probs = softmax_with_sink(scores, sink).astype(dt)
     out = jnp.einsum(f"bkgts,{kv_spec}->btkgd", probs, v.astype(dt))
     return out.reshape(b, t, h, hd)
 
 
 def attend_dot_product(
-    q, k, v, attn_bias, kv_spec: str = "bskd", scale=None, softcap=None, implementation=None
-):
+    q, k, v, attn_bias, kv_spec: str = "bskd", scale=None, softcap=None, sinks=None,
+    implementation=None,
+):  # fmt: skip
     """`attend` by `jax.nn.dot_product_attention` (same shapes; implementation None: XLA's,
     scores and softmax in f32 as `attend`; 'cudnn': the fused cuDNN kernel, on a GPU). It
-    has no soft-capping: a `softcap` raises (use attention 'xla' or 'ring')."""
+    has no soft-capping and no sinks: a `softcap` or `sinks` raises (use attention 'xla' or
+    'ring')."""
     if softcap is not None:
         raise ValueError(
             "attention logit soft-capping (Gemma 2) runs only with model.attention='xla' or 'ring'"
         )
+    if sinks is not None:
+        raise ValueError(f"attention sinks (GPT-OSS) run only with model.attention in {SINK_IMPLS}")
     dt = q.dtype
     if kv_spec == "bksd":  # the cache's layout -> the [B, S, K, Dh] the call takes
         k, v = jnp.swapaxes(k, 1, 2), jnp.swapaxes(v, 1, 2)
@@ -102,11 +133,12 @@ def attend_dot_product(
     )
 
 
-def _attend_one_query(q, k, v, bias, scale=None, softcap=None):
+def _attend_one_query(q, k, v, bias, scale=None, softcap=None, sinks=None):
     """One decode step's attention as broadcast-multiply + reduce, in f32.
 
-    q [B, K, G, Dh] (query heads grouped by kv head); k, v: one layer's cache [B, K, S, Dh];
-    bias [B, S] additive. Returns f32 [B, K, G, Dh]. With one query per row, XLA:CPU runs
+    q [B, K, G, Dh] (query heads grouped by kv head); k, v: one layer's cache [B, K, S, Dh]
+    (or a sliding layer's ring of W slots); bias [B, S] additive; sinks None or [H]. Returns
+    f32 [B, K, G, Dh]. With one query per row, XLA:CPU runs
     the einsum form as B*K tiny batched dots (measured ~150 us per layer at B=16, S=144,
     ~1% of peak); as reductions they fuse into loops that read the cache in place.
     """
@@ -114,7 +146,7 @@ def _attend_one_query(q, k, v, bias, scale=None, softcap=None):
     qf = q.astype(f32)
     scores = jnp.sum(qf[:, :, :, None, :] * k[:, :, None].astype(f32), axis=-1)  # [B,K,G,S]
     scores = scaled_scores(scores, q.shape[-1], scale, softcap) + bias[:, None, None, :]
-    probs = jax.nn.softmax(scores, axis=-1)
+    probs = softmax_with_sink(scores, None if sinks is None else grouped_sinks(sinks, k.shape[1]))
     return jnp.sum(probs[..., None] * v[:, :, None].astype(f32), axis=3)  # [B, K, G, Dh]
 
 
@@ -160,25 +192,27 @@ def block_allowed(q_start, k_start, shape, k_valid, q_seg, k_seg, window) -> jax
     return allowed
 
 
-def attend_ring(q, k, v, attn_bias, kv_spec: str = "bskd", scale=None, softcap=None):
+def attend_ring(q, k, v, attn_bias, kv_spec: str = "bskd", scale=None, softcap=None, sinks=None):
     """`attend` as ring attention over the mesh's `sequence` axis (context parallelism)
     where attn_bias is a `RowMask` and q lies on a mesh with that axis (`ring_attention`);
     `attend` on the bias otherwise (a cache's or a shared prompt's bias, one device, or a
     sequence axis of 1), so 'ring' is 'xla' wherever no axis splits the positions."""
     if not isinstance(attn_bias, RowMask):
-        return attend(q, k, v, attn_bias, kv_spec, scale, softcap)
+        return attend(q, k, v, attn_bias, kv_spec, scale, softcap, sinks)
     mesh = shd.mesh_of(q)
     if shd.sequence_size(mesh) == 1:
-        return attend(q, k, v, attn_bias.bias(), kv_spec, scale, softcap)
+        return attend(q, k, v, attn_bias.bias(), kv_spec, scale, softcap, sinks)
     if kv_spec != "bskd" or k.shape[1] != q.shape[1]:
         raise ValueError(
             "model.attention='ring' takes a forward over whole rows (keys = the queries' own "
             f"positions, kv_spec 'bskd'); got q {q.shape}, k {k.shape} ({kv_spec!r})"
         )
-    return ring_attention(q, k, v, attn_bias, mesh, scale=scale, softcap=softcap)
+    return ring_attention(q, k, v, attn_bias, mesh, scale=scale, softcap=softcap, sinks=sinks)
 
 
-def ring_attention(q, k, v, mask: RowMask, mesh, *, scale=None, softcap=None) -> jax.Array:
+def ring_attention(
+    q, k, v, mask: RowMask, mesh, *, scale=None, softcap=None, sinks=None
+) -> jax.Array:
     """Ring attention (Liu et al., 2023) over `mesh`'s `sequence` axis of s devices: q [B,
     T, H, Dh], k, v [B, T, K, Dh] and the mask's [B, T] parts with T split in s blocks of
     T / s. Under `jax.shard_map` each device keeps its own queries and passes the K/V block
@@ -189,7 +223,10 @@ def ring_attention(q, k, v, mask: RowMask, mesh, *, scale=None, softcap=None) ->
     blocks the mask empties (later positions, keys past the window) are skipped by
     `lax.cond`. Rows split over the batch axes, heads over `tensor` (where it divides the
     kv heads). A query with no key to see (padding) gets 0, where 'xla' averages the row's
-    values; the model never reads those outputs. Returns [B, T, H, Dh], q's dtype."""
+    values; the model never reads those outputs. Attention sinks ([H], split over `tensor`
+    with the heads) join each query's denominator once: the online softmax starts from the
+    sink (running max = sink, sum = 1, no value), not once per block. Returns
+    [B, T, H, Dh], q's dtype."""
     s, (b, t, _, _), kvh = shd.sequence_size(mesh), q.shape, k.shape[2]
     if t % s:
         raise ValueError(
@@ -203,22 +240,25 @@ def ring_attention(q, k, v, mask: RowMask, mesh, *, scale=None, softcap=None) ->
     packed, windowed = mask.segment_ids is not None, mask.window is not None
     seg = mask.segment_ids if packed else mask.valid.astype(jnp.int32)  # unused unpacked
     window = jnp.asarray(mask.window if windowed else 0, jnp.int32)
+    sunk = sinks is not None
+    sinks = jnp.asarray(sinks if sunk else jnp.zeros(q.shape[2]), jnp.float32)  # unused: 0
     local = functools.partial(
-        _ring_local, size=s, scale=scale, softcap=softcap, packed=packed, windowed=windowed
-    )
+        _ring_local, size=s, score_options=dict(scale=scale, softcap=softcap), packed=packed,
+        windowed=windowed, sunk=sunk,
+    )  # fmt: skip
     return jax.shard_map(
         local,
         mesh=mesh,
-        in_specs=(qs, qs, qs, rows, rows, P()),
+        in_specs=(qs, qs, qs, rows, rows, P(), P(heads)),
         out_specs=qs,
         check_vma=False,
-    )(q, k, v, mask.valid, seg, window)
+    )(q, k, v, mask.valid, seg, window, sinks)
 
 
-def _ring_local(q, k, v, valid, seg, window, *, size, scale, softcap, packed, windowed):
+def _ring_local(q, k, v, valid, seg, window, sinks, *, size, score_options, packed, windowed, sunk):
     """One device's share of `ring_attention`: its queries q [b, n, H, Dh] (block i of the
     row, n = T / s), and the K/V block k, v [b, n, K, Dh], valid, seg [b, n] that start as
-    its own and arrive from device i - r at step r."""
+    its own and arrive from device i - r at step r; sinks [H] its heads' (used if `sunk`)."""
     i = jax.lax.axis_index(shd.SEQUENCE_AXIS)
     b, n, h, hd = q.shape
     kvh, dt = k.shape[2], q.dtype
@@ -232,7 +272,7 @@ def _ring_local(q, k, v, valid, seg, window, *, size, scale, softcap, packed, wi
         scores = jnp.einsum(
             "btkgd,bskd->bkgts", grouped, k_b.astype(dt), preferred_element_type=jnp.float32
         )
-        scores = scaled_scores(scores, hd, scale, softcap)
+        scores = scaled_scores(scores, hd, **score_options)
         allowed = block_allowed(
             i * n, src * n, (n, n), valid_b, q_seg, seg_b if packed else None,
             window if windowed else None,
@@ -253,6 +293,10 @@ def _ring_local(q, k, v, valid, seg, window, *, size, scale, softcap, packed, wi
         jnp.full(stats, _NEG_INF, jnp.float32),
         jnp.zeros(stats, jnp.float32),
     )
+    if sunk:  # the sink enters once, before any block: max = sink, sum = exp(0) = 1, no value
+        sink = jnp.broadcast_to(grouped_sinks(sinks, kvh)[:, :, None], stats)
+        held = jax.lax.stop_gradient(sink)  # the max carries no gradient (it cancels out)
+        carry = (carry[0], held, jnp.exp(sink - held))
     block = (k, v, valid, seg)
     ring = [(j, (j + 1) % size) for j in range(size)]  # device j sends to j + 1
     for r in range(size):
@@ -280,6 +324,7 @@ ATTENTION = {
     "ring": attend_ring,
 }
 ATTENTION_IMPLS = tuple(ATTENTION)
+SINK_IMPLS = ("xla", "ring")  # the implementations that take attention sinks
 
 
 def same_segment(segment_ids: jax.Array) -> jax.Array:

@@ -75,8 +75,9 @@ class ModelSection:
 
     family: the architecture of a scratch model: "" (llama, qwen2 with qkv_bias, qwen3 with
     qk_norm) | gemma2 | gemma3_text (Gemma's norms, GeGLU, embedding scale, soft-caps /
-    qk-norm, sliding-window layers: docs/models.md); a model read from a checkpoint keeps the
-    checkpoint's. remat: recompute in the backward pass (memory for FLOPs), per scanned
+    qk-norm, sliding-window layers: docs/models.md) | gpt_oss (attention sinks, biases,
+    sliding and full layers alternating, `moe` experts with biases and the clamped SwiGLU);
+    a model read from a checkpoint keeps the checkpoint's. remat: recompute in the backward pass (memory for FLOPs), per scanned
     block: none | full (keep only each block's input) | dots_saveable (keep the matmul
     outputs, recompute the rest). attention, of a forward over many tokens (prefill, update,
     scoring; a decode step's one query has its own): xla (einsums) | dot_product
@@ -106,10 +107,14 @@ class ModelSection:
     qk_norm: bool = key(False, "RMSNorm on q and k per head (qwen3)")
     max_position_embeddings: int = key(512, "the longest row", low=0, low_open=True)
     dtype: str = key("float32", "the compute dtype", choices=("float32", "bfloat16"))
-    family: str = key("", "a scratch model's architecture", choices=("", "gemma2", "gemma3_text"))
-    sliding_window: int = key(4096, "gemma: a sliding layer's last keys", low=0, low_open=True)
+    family: str = key(
+        "", "a scratch model's architecture", choices=("", "gemma2", "gemma3_text", "gpt_oss")
+    )
+    sliding_window: int = key(
+        4096, "gemma, gpt_oss: a sliding layer's last keys", low=0, low_open=True
+    )
     sliding_window_pattern: int = key(
-        0, "gemma: every this-th layer is global (0: the family's)", low=0
+        0, "gemma, gpt_oss: every this-th layer is global (0: the family's)", low=0
     )
     remat: str = key(
         "none", "recompute in the backward pass", choices=("none", "full", "dots_saveable")

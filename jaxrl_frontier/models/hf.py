@@ -6,11 +6,13 @@
 
 Supported architectures live in the `ARCHITECTURES` registry (HF `architectures[0]` ->
 `Architecture`): LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Gemma2ForCausalLM,
-Gemma3ForCausalLM, Qwen3MoeForCausalLM, Qwen2MoeForCausalLM. All share the tensor names of
-`model.layers.{i}...`; they differ in config fields (qkv bias, qk-norm, the Gemma fields),
-Gemma's two extra norms per layer and, for the mixtures of experts, the MLP's tensors
-(`mlp.gate.weight`, the router, and `mlp.experts.{e}.gate_proj/up_proj/down_proj.weight`,
-stacked into [L, E, ...] parameters; Qwen2-MoE's `mlp.shared_expert.*`).
+Gemma3ForCausalLM, Qwen3MoeForCausalLM, Qwen2MoeForCausalLM, GptOssForCausalLM. All share
+the tensor names of `model.layers.{i}...`; they differ in config fields (qkv bias, qk-norm,
+the Gemma fields, GPT-OSS's biases and sinks), Gemma's two extra norms per layer and, for
+the mixtures of experts, the MLP's tensors (`mlp.gate.weight`, the router, and
+`mlp.experts.{e}.gate_proj/up_proj/down_proj.weight`, stacked into [L, E, ...] parameters;
+Qwen2-MoE's `mlp.shared_expert.*`; GPT-OSS's `mlp.router.*` and a layer's experts fused in
+`mlp.experts.gate_up_proj` / `down_proj` and their biases).
 
 The tensor names and layouts, both ways: tensor_map.py.
 
@@ -51,11 +53,12 @@ from jaxrl_frontier.models.architectures import (
     ARCHITECTURES,
     Architecture,
     architecture_for,
+    architecture_of,
     config_from_hf,
     config_to_hf,
 )
 from jaxrl_frontier.models.model_config import ModelConfig
-from jaxrl_frontier.models.tensor_map import TensorSpec, tensor_specs
+from jaxrl_frontier.models.tensor_map import TensorSpec, hf_tensors, tensor_specs
 from jaxrl_frontier.models.transformer import Transformer
 
 CONFIG_FILE = "config.json"
@@ -204,6 +207,21 @@ def _read_model_config(path: str) -> tuple[Architecture, ModelConfig]:
         raise ModelFileError(f"{os.path.join(path, CONFIG_FILE)}: {msg}") from None
 
 
+def _open_checkpoint(path: str):
+    """(architecture, ModelConfig, {tensor name: file}, a context giving read(name) -> host
+    array) of a checkpoint directory or a `.gguf` file."""
+    if gguf_file.is_gguf(path):  # dequantized tensor by tensor, in HF's names and layout
+        ckpt = gguf_file.read(path)
+        arch, cfg = architecture_for(ckpt.hf_config), config_from_hf(ckpt.hf_config)
+        weight_map = dict.fromkeys(ckpt.tensor_names, os.path.basename(path))
+        return arch, cfg, weight_map, contextlib.nullcontext(ckpt.tensor)
+    arch, cfg = _read_model_config(path)
+    weight_map, stored = _weight_map(path), None
+    if getattr(arch, "multimodal", False):  # its language model's tensors only
+        weight_map, stored = _language_model_tensors(weight_map)
+    return arch, cfg, weight_map, _tensor_reader(path, weight_map, stored)
+
+
 def load(
     path: str | os.PathLike,
     *,
@@ -228,22 +246,12 @@ def load(
       the model; `model(tokens [B, T], attention_mask [B, T])` -> logits [B, T, V].
     """
     path = os.fspath(path)
-    if gguf_file.is_gguf(path):  # dequantized tensor by tensor, in HF's names and layout
-        ckpt = gguf_file.read(path)
-        cfg = config_from_hf(ckpt.hf_config)
-        weight_map = dict.fromkeys(ckpt.tensor_names, os.path.basename(path))
-        reader = contextlib.nullcontext(ckpt.tensor)
-    else:
-        arch, cfg = _read_model_config(path)
-        weight_map, stored = _weight_map(path), None
-        if getattr(arch, "multimodal", False):  # its language model's tensors only
-            weight_map, stored = _language_model_tensors(weight_map)
-        reader = _tensor_reader(path, weight_map, stored)
+    arch, cfg, weight_map, reader = _open_checkpoint(path)
     cfg = cfg.replace(
         dtype=jnp.dtype(dtype or "float32").name,
         param_dtype=jnp.dtype(param_dtype or "float32").name,
     )
-    specs = tensor_specs(cfg)
+    specs = tensor_specs(cfg, arch.expert_tensors)
     _check_tensor_names(path, specs, weight_map, cfg)
 
     # Abstract model: shapes and logical axes, no memory.
@@ -258,7 +266,7 @@ def load(
     default = SingleDeviceSharding(jax.devices()[0])
     pd = jnp.dtype(cfg.param_dtype)  # jnp: np.dtype does not know "bfloat16"
 
-    with reader as read:
+    with reader as read:  # (a fused tensor is read once per parameter it fills)
         for param_path, group in by_path.items():  # one parameter's tensors at a time
             hosts = []
             for spec in group:
@@ -355,19 +363,19 @@ def save(
     path = os.fspath(path)
     cfg = model.cfg
     out_dtype = np.dtype(jnp.dtype(dtype or cfg.param_dtype))
-    specs = tensor_specs(cfg)
+    tensors_in_order = hf_tensors(tensor_specs(cfg, architecture_of(cfg).expert_tensors))
     variables = dict(nnx.to_flat_state(nnx.state(model, nnx.Param)))
 
     # Plan the shard files from shapes alone (greedy, in HF tensor order).
     limit = _parse_size(max_shard_size)
-    groups: list[list[TensorSpec]] = [[]]
+    groups: list[list[tuple[str, list[TensorSpec]]]] = [[]]
     used = 0
-    for spec in specs:
-        nbytes = math.prod(spec.hf_shape) * out_dtype.itemsize
+    for name, parts in tensors_in_order:
+        nbytes = math.prod(parts[0].hf_shape) * out_dtype.itemsize
         if groups[-1] and used + nbytes > limit:
             groups.append([])
             used = 0
-        groups[-1].append(spec)
+        groups[-1].append((name, parts))
         used += nbytes
 
     writer = jax.process_index() == 0
@@ -386,14 +394,15 @@ def save(
     weight_map, total = {}, 0
     for file, group in zip(names, groups):
         tensors = {}
-        for spec in group:
-            w = variables[spec.path].get_value()
-            if spec.index:  # layer i's (expert e's) slice of the stacked parameter
-                w = _layer_slice(w, np.asarray(spec.index, np.int32))
-            w = _to_host(w)
-            tensors[spec.hf_name] = np.ascontiguousarray(spec.to_hf(w).astype(out_dtype))
-            weight_map[spec.hf_name] = file
-            total += tensors[spec.hf_name].nbytes
+        for name, parts in group:
+            tensor = np.empty(parts[0].hf_shape, out_dtype)
+            for spec in parts:  # the whole tensor, or each interleaved part of a fused one
+                w = variables[spec.path].get_value()
+                if spec.index:  # layer i's (expert e's) slice of the stacked parameter
+                    w = _layer_slice(w, np.asarray(spec.index, np.int32))
+                spec.write_hf(_to_host(w), tensor)
+            tensors[name], weight_map[name] = tensor, file
+            total += tensor.nbytes
         if writer:
             save_file(tensors, os.path.join(path, file), metadata={"format": "pt"})
         del tensors

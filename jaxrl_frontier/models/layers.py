@@ -1,9 +1,10 @@
-"""The decoder's parts (transformer.py assembles them, `ModelConfig` sets them): RoPE,
-the projections (`dense`, `project`: LoRA adapters run inside them), RMSNorm, the
-grouped-query attention layer (its projections; the attention itself, with its one
-selection point, is `models/attention.py`), the gated MLP (SwiGLU, or GeGLU by
-`ModelConfig.hidden_act`) and the pre-norm `Block` (with Gemma's extra norms around
-attention and MLP when `ModelConfig.sandwich_norms`).
+"""The decoder's parts (transformer.py assembles them, `ModelConfig` sets them): RoPE
+(with HF's linear, llama3 and YaRN scaling), the projections (`dense`, `project`: LoRA
+adapters run inside them), RMSNorm, the grouped-query attention layer (its projections,
+biases and GPT-OSS's sinks; the attention itself, with its one selection point, is
+`models/attention.py`), the gated MLP (SwiGLU, or GeGLU by `ModelConfig.hidden_act`) and
+the pre-norm `Block` (with Gemma's extra norms around attention and MLP when
+`ModelConfig.sandwich_norms`).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ def positions_from_mask(attention_mask: jax.Array) -> jax.Array:
 
 
 def rope_inv_freq(cfg: ModelConfig) -> jax.Array:
-    """[Dh/2] inverse frequencies, with HF's `linear` and `llama3` scaling."""
+    """[Dh/2] inverse frequencies, with HF's `linear`, `llama3` and `yarn` scaling."""
     hd = cfg.resolved_head_dim
     inv_freq = 1.0 / (cfg.rope_theta ** (jnp.arange(0, hd, 2, dtype=jnp.float32) / hd))
     scaling = dict(cfg.rope_scaling or ())
@@ -48,19 +49,78 @@ def rope_inv_freq(cfg: ModelConfig) -> jax.Array:
         smoothed = (1 - smooth) * scaled / factor + smooth * scaled
         medium = (wavelen >= old_len / high) & (wavelen <= old_len / low)
         return jnp.where(medium, smoothed, scaled)
+    if kind == "yarn":
+        return _yarn_inv_freq(inv_freq, scaling, cfg)
     raise ValueError(
-        f"rope_scaling type {kind!r} is not supported; supported: default, linear, llama3"
+        f"rope_scaling type {kind!r} is not supported; supported: default, linear, llama3, yarn"
     )
+
+
+def _yarn_factor(scaling: dict, cfg: ModelConfig) -> float:
+    """YaRN's context factor s (HF: `factor`, else max positions / original max positions)."""
+    factor = scaling.get("factor")
+    if factor is None:
+        return cfg.max_position_embeddings / scaling["original_max_position_embeddings"]
+    return float(factor)
+
+
+def _yarn_inv_freq(inv_freq: jax.Array, scaling: dict, cfg: ModelConfig) -> jax.Array:
+    """YaRN (Peng et al., 2023), as HF's `_compute_yarn_parameters`: each frequency blends
+    the interpolated theta_i / s and the original theta_i by a ramp over the dims,
+
+        theta_i' = theta_i / s * r_i + theta_i * (1 - r_i),   r_i = clip((i - lo) / (hi - lo), 0, 1)
+
+    lo, hi the dims that turn beta_fast and beta_slow times over the original context
+    (floored / ceiled unless `truncate` is false): the fast dims keep their frequency, the
+    slow ones are interpolated."""
+    if scaling.get("partial_rotary_factor", 1.0) != 1.0:
+        raise ValueError("rope_scaling 'yarn' with partial_rotary_factor != 1 is not supported")
+    dim, base = cfg.resolved_head_dim, cfg.rope_theta
+    old_len = scaling["original_max_position_embeddings"]
+    beta_fast, beta_slow = scaling.get("beta_fast") or 32, scaling.get("beta_slow") or 1
+
+    def dim_of(rotations):  # the dim whose wavelength fits `rotations` times in old_len
+        return dim * math.log(old_len / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low, high = dim_of(beta_fast), dim_of(beta_slow)
+    if scaling.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    high = high + 0.001 if low == high else high  # HF: no division by 0
+    ramp = jnp.clip((jnp.arange(dim // 2, dtype=jnp.float32) - low) / (high - low), 0, 1)
+    return inv_freq / _yarn_factor(scaling, cfg) * ramp + inv_freq * (1 - ramp)
+
+
+def rope_attention_scale(cfg: ModelConfig) -> float:
+    """The factor HF multiplies RoPE's cos and sin by (its `attention_factor`): 1, or with
+    YaRN `attention_factor` where set, else 0.1 ln(s) + 1 (the ratio of two such terms with
+    `mscale` and `mscale_all_dim`). Scaling both q and k, it sharpens the scores by its
+    square."""
+    scaling = dict(cfg.rope_scaling or ())
+    if scaling.get("rope_type", scaling.get("type")) != "yarn":
+        return 1.0
+    if scaling.get("attention_factor") is not None:
+        return float(scaling["attention_factor"])
+
+    def mscale(s, m=1.0):
+        return 1.0 if s <= 1 else 0.1 * m * math.log(s) + 1.0
+
+    s = _yarn_factor(scaling, cfg)
+    m, m_all = scaling.get("mscale"), scaling.get("mscale_all_dim")
+    return mscale(s, m) / mscale(s, m_all) if m and m_all else mscale(s)
 
 
 def layer_attention_inputs(cfg: ModelConfig) -> tuple[jax.Array, jax.Array]:
     """Each layer's (RoPE inverse frequencies [L, Dh/2] f32, window [L] int32): a sliding
-    layer's window and `rope_local_theta` base (unscaled, as HF's local rotary embedding),
-    a full layer's `rope_inv_freq(cfg)` and a window of 2**30 (no limit). Scanned over the
-    layers beside their weights, so layers of both kinds run in one program."""
+    layer's window and, where `rope_local_theta` is set (Gemma 3), that base unscaled (as
+    HF's local rotary embedding), else the full layers' RoPE (Gemma 2, GPT-OSS: one rotary
+    embedding); a full layer's `rope_inv_freq(cfg)` and a window of 2**30 (no limit).
+    Scanned over the layers beside their weights, so layers of both kinds run in one
+    program."""
     full = rope_inv_freq(cfg)
-    theta = cfg.rope_local_theta or cfg.rope_theta
-    local = rope_inv_freq(cfg.replace(rope_theta=theta, rope_scaling=None))
+    local = full
+    if cfg.rope_local_theta is not None:
+        local = rope_inv_freq(cfg.replace(rope_theta=cfg.rope_local_theta, rope_scaling=None))
     sliding = jnp.asarray(cfg.sliding_layers)
     inv_freq = jnp.where(sliding[:, None], local[None], full[None])
     window = jnp.where(sliding, cfg.sliding_window or 0, NO_WINDOW).astype(jnp.int32)
@@ -70,11 +130,14 @@ def layer_attention_inputs(cfg: ModelConfig) -> tuple[jax.Array, jax.Array]:
 NO_WINDOW = 2**30  # a full-attention layer's window in `layer_attention_inputs`
 
 
-def apply_rope(x: jax.Array, positions: jax.Array, inv_freq: jax.Array) -> jax.Array:
-    """x [..., H, Dh], positions [...] (e.g. [B, T]) -> x rotated (rotate-half convention)."""
+def apply_rope(
+    x: jax.Array, positions: jax.Array, inv_freq: jax.Array, scale: float = 1.0
+) -> jax.Array:
+    """x [..., H, Dh], positions [...] (e.g. [B, T]) -> x rotated (rotate-half convention),
+    times `scale` (YaRN's `rope_attention_scale`, folded into cos and sin as HF does)."""
     angles = positions[..., None].astype(jnp.float32) * inv_freq  # [..., Dh/2]
-    cos = jnp.cos(jnp.concatenate([angles, angles], -1))[..., None, :]
-    sin = jnp.sin(jnp.concatenate([angles, angles], -1))[..., None, :]
+    cos = scale * jnp.cos(jnp.concatenate([angles, angles], -1))[..., None, :]
+    sin = scale * jnp.sin(jnp.concatenate([angles, angles], -1))[..., None, :]
     x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
     rotated = jnp.concatenate([-x2, x1], axis=-1)
     return (x * cos + rotated * sin).astype(x.dtype)
@@ -165,13 +228,17 @@ class Attention(nnx.Module):
             self.q_bias = param((h, hd), ("heads", None), init="zeros")
             self.k_bias = param((k, hd), ("kv_heads", None), init="zeros")
             self.v_bias = param((k, hd), ("kv_heads", None), init="zeros")
+        if cfg.o_bias:
+            self.o_bias = param((d,), ("embed",), init="zeros")
+        if cfg.attention_sinks:  # one logit per query head, read in f32 (`attention.py`)
+            self.sinks = param((h,), ("heads",), init="zeros")
         if cfg.qk_norm:
             self.q_norm = rms_norm(cfg, hd, rngs, stack)
             self.k_norm = rms_norm(cfg, hd, rngs, stack)
 
     def project_qkv(self, x, positions, inv_freq):
         """x [..., D], positions [...] -> q [..., H, Dh], k and v [..., K, Dh], with the
-        biases, the q/k norms and RoPE applied (compute dtype)."""
+        biases, the q/k norms and RoPE (times YaRN's scale) applied (compute dtype)."""
         cfg, dt = self.cfg, self.cfg.compute_dtype
         q = project(self, "q_proj", x, dt)
         k = project(self, "k_proj", x, dt)
@@ -182,11 +249,18 @@ class Attention(nnx.Module):
             v = v + self.v_bias[...].astype(dt)
         if cfg.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
-        return apply_rope(q, positions, inv_freq), apply_rope(k, positions, inv_freq), v
+        scale = rope_attention_scale(cfg)
+        return (
+            apply_rope(q, positions, inv_freq, scale),
+            apply_rope(k, positions, inv_freq, scale),
+            v,
+        )
 
     def project_out(self, out):
-        """Attention output [..., H, Dh] -> [..., D]."""
-        return project(self, "o_proj", out, self.cfg.compute_dtype, contract=2)
+        """Attention output [..., H, Dh] -> [..., D] (plus the output bias where it has one)."""
+        dt = self.cfg.compute_dtype
+        y = project(self, "o_proj", out, dt, contract=2)
+        return y + self.o_bias[...].astype(dt) if self.cfg.o_bias else y
 
     def __call__(self, x, positions, inv_freq, attn_bias, kv=None):
         """x [B, T, D]; attn_bias [B, 1, 1, T, S] additive.
@@ -209,13 +283,16 @@ class Attention(nnx.Module):
         return self.project_out(out.astype(x.dtype)), new_kv
 
     def score_options(self) -> dict:
-        """`attention`'s keywords from the config: impl, and Gemma's scale and soft-cap
-        (absent for other families, so their scores are computed as before)."""
+        """`attention`'s keywords from the config: impl, Gemma's scale and soft-cap, GPT-OSS's
+        sinks [H] (each absent where the config has none, so the other families' scores are
+        computed as before)."""
         cfg, options = self.cfg, dict(impl=self.cfg.attention)
         if cfg.query_pre_attn_scalar is not None:
             options["scale"] = cfg.query_pre_attn_scalar**-0.5
         if cfg.attn_logit_softcap is not None:
             options["softcap"] = cfg.attn_logit_softcap
+        if cfg.attention_sinks:
+            options["sinks"] = self.sinks[...].astype(jnp.float32)
         return options
 
 

@@ -3,6 +3,10 @@ config.json), and the tables its string fields name: the gate activations, the r
 policies, the layer types and the MoE implementations. The layers (`layers.py`,
 `transformer.py`, `moe.py`), the caches and the checkpoint readers all read it; it reads
 none of them.
+
+A family is a choice of these fields, never a name the layers test: Gemma's are the block
+after `scan_unroll`, GPT-OSS's `o_bias`, `attention_sinks`, `expert_bias` and
+`swiglu_limit` (docs/models.md).
 """
 
 from __future__ import annotations
@@ -14,7 +18,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jaxrl_frontier.models.attention import ATTENTION_IMPLS
+from jaxrl_frontier.core.errors import ConfigError
+from jaxrl_frontier.models.attention import ATTENTION_IMPLS, SINK_IMPLS
 
 MOE_IMPLS = ("auto", "ragged", "dense")  # ModelConfig.moe_impl (models/moe.py: expert_impl)
 MOE_DISPATCH = ("gather", "all_to_all")  # ModelConfig.moe_dispatch (models/moe.py)
@@ -88,6 +93,16 @@ class ModelConfig:
     # its expert's device, at most C per device pair: `moe.all_to_all_capacity`)
     moe_dispatch: str = "gather"
     moe_capacity_factor: float = 0.0  # all_to_all: C = ceil(f tokens k / devices); 0 dropless
+    # ---- GPT-OSS (docs/models.md); the defaults are the other families' behaviour
+    o_bias: bool = False  # a bias on the attention output (with qkv_bias: HF attention_bias)
+    # a learned logit per query head that joins every softmax's denominator and adds no
+    # value (HF `sinks`): softmax over [scores, sink], the sink's column dropped
+    attention_sinks: bool = False
+    expert_bias: bool = False  # biases on the router and on the experts' three projections
+    # None: the experts' gate is silu(g) * u; c: GPT-OSS's clamped SwiGLU,
+    # (clip(u, -c, c) + 1) * g' * sigmoid(swiglu_alpha * g') with g' = min(g, c)
+    swiglu_limit: float | None = None
+    swiglu_alpha: float = 1.702
 
     def __post_init__(self):
         if self.num_heads % self.num_kv_heads:
@@ -133,6 +148,20 @@ class ModelConfig:
             raise ValueError(f"moe_dispatch={self.moe_dispatch!r}; allowed: {MOE_DISPATCH}")
         if self.moe_capacity_factor < 0:
             raise ValueError(f"moe_capacity_factor={self.moe_capacity_factor}; must be >= 0")
+        if self.attention_sinks and self.attention not in SINK_IMPLS:
+            raise ConfigError(
+                f"config key 'model.attention' = {self.attention!r}: this model has attention "
+                f"sinks (GPT-OSS), which jax.nn.dot_product_attention cannot add to its "
+                f"softmax; choose one of {SINK_IMPLS}"
+            )
+        if (
+            self.rope_local_theta is not None
+            and dict(self.rope_scaling or ()).get("rope_type") == "yarn"
+        ):
+            raise ValueError(
+                "rope_scaling type 'yarn' with rope_local_theta is not supported: YaRN scales "
+                "the rotated q and k of every layer, a sliding layer's local RoPE is unscaled"
+            )
 
     @property
     def sliding_layers(self) -> tuple[bool, ...]:
@@ -168,9 +197,12 @@ class ModelConfig:
             attn += hd * (self.num_heads + 2 * self.num_kv_heads)
         if self.qk_norm:
             attn += 2 * hd
+        attn += d * self.o_bias + self.num_heads * self.attention_sinks
         mlp = 3 * d * f
         if self.num_experts:  # the router and the experts instead
             mlp = d * self.num_experts * (1 + 3 * self.moe_intermediate_size)
+            # biases: the router's [E], the gate's and up's [E, F], the down's [E, D]
+            mlp += self.expert_bias * self.num_experts * (1 + 2 * self.moe_intermediate_size + d)
             mlp += (
                 d
                 * (1 + 3 * self.shared_expert_intermediate_size)

@@ -10,7 +10,11 @@ Layout conversion (HF Linear weights are [out, in]; ours are [in, out] split int
 
 A layer's tensors (`model.layers.{i}...`) fill one slice of a stacked [L, ...] parameter
 (`TensorSpec.layer`); a mixture of experts' `mlp.experts.{e}...` one slice of its [L, E, ...]
-parameter (`TensorSpec.expert`).
+parameter (`TensorSpec.expert`). GPT-OSS stores a layer's experts fused instead
+(`EXPERT_TENSORS` 'fused'): `mlp.experts.gate_up_proj` [E, D, 2F] already [in, out], its
+columns alternating gate, up, gate, up, ...; two specs read that one tensor
+(`TensorSpec.interleave`: the gate's columns 0::2, the up's 1::2), and a save writes both
+into it (`TensorSpec.write_hf`).
 """
 
 from __future__ import annotations
@@ -32,6 +36,8 @@ class TensorSpec:
     (`shape` is then one layer's); None for the embedding, final norm and head.
     expert: for an expert's tensor (`mlp.experts.{e}.*`), its index e along the expert axis
     that follows the layers axis (`shape` is then one expert's); None otherwise.
+    interleave: (j, n): the parameter is every n-th column of the HF tensor's last axis from
+    column j (`hf[..., j::n]`), another spec holding the others; None: the whole tensor.
     """
 
     hf_name: str
@@ -41,6 +47,7 @@ class TensorSpec:
     linear: bool
     layer: int | None = None
     expert: int | None = None
+    interleave: tuple[int, int] | None = None
 
     @property
     def index(self) -> tuple[int, ...]:
@@ -49,18 +56,53 @@ class TensorSpec:
             return ()
         return (self.layer,) + (() if self.expert is None else (self.expert,))
 
+    @property
+    def part_shape(self) -> tuple[int, ...]:
+        """The HF-layout shape of this spec's part of the tensor (`hf_shape` unless
+        interleaved: its last axis / n)."""
+        if self.interleave is None:
+            return self.hf_shape
+        return (*self.hf_shape[:-1], self.hf_shape[-1] // self.interleave[1])
+
     def to_ours(self, w: np.ndarray) -> np.ndarray:
         """HF array -> our layout (a view when possible: no copy of the tensor)."""
+        if self.interleave is not None:
+            j, n = self.interleave
+            w = w[..., j::n]
         return w.T.reshape(self.shape) if self.linear else w.reshape(self.shape)
 
     def to_hf(self, w: np.ndarray) -> np.ndarray:
+        """Our array -> its part of the HF tensor, in HF's layout (`part_shape`)."""
         if self.linear:
-            return w.reshape(self.hf_shape[::-1]).T
-        return w.reshape(self.hf_shape)
+            return w.reshape(self.part_shape[::-1]).T
+        return w.reshape(self.part_shape)
+
+    def write_hf(self, w: np.ndarray, out: np.ndarray) -> None:
+        """Write our array w into `out`, the HF tensor [hf_shape]: all of it, or its
+        interleaved columns."""
+        if self.interleave is None:
+            out[...] = self.to_hf(w)
+        else:
+            j, n = self.interleave
+            out[..., j::n] = self.to_hf(w)
 
 
-def tensor_specs(cfg: ModelConfig) -> list[TensorSpec]:
-    """Every tensor of an HF checkpoint of this config, in HF's order."""
+EXPERT_TENSORS = ("per_expert", "fused")  # `Architecture.expert_tensors` (architectures.py)
+
+
+def hf_tensors(specs: list[TensorSpec]) -> list[tuple[str, list[TensorSpec]]]:
+    """The specs grouped by HF tensor, in HF's order: [(name, the specs that fill it)]
+    (one spec a tensor, or the interleaved parts of a fused one)."""
+    grouped: dict[str, list[TensorSpec]] = {}
+    for spec in specs:
+        grouped.setdefault(spec.hf_name, []).append(spec)
+    return list(grouped.items())
+
+
+def tensor_specs(cfg: ModelConfig, expert_tensors: str = "per_expert") -> list[TensorSpec]:
+    """Every tensor of an HF checkpoint of this config, in HF's order (a fused tensor once a
+    part). expert_tensors (`EXPERT_TENSORS`, the architecture's): how the checkpoint names a
+    mixture of experts' tensors."""
     d, f, v = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
     h, k, hd = cfg.num_heads, cfg.num_kv_heads, cfg.resolved_head_dim
     specs = [TensorSpec("model.embed_tokens.weight", ("embed",), (v, d), (v, d), False)]
@@ -99,6 +141,12 @@ def tensor_specs(cfg: ModelConfig) -> list[TensorSpec]:
                     pre + "self_attn.v_proj.bias", (*at, "v_bias"), (k * hd,), (k, hd), False
                 ),
             ]
+        if cfg.o_bias:
+            layer.append(
+                TensorSpec(pre + "self_attn.o_proj.bias", (*at, "o_bias"), (d,), (d,), False)
+            )
+        if cfg.attention_sinks:
+            layer.append(TensorSpec(pre + "self_attn.sinks", (*at, "sinks"), (h,), (h,), False))
         if cfg.qk_norm:
             layer += [
                 TensorSpec(
@@ -114,7 +162,8 @@ def tensor_specs(cfg: ModelConfig) -> list[TensorSpec]:
             for hf_name, ours in _mlp_norms(cfg)
         ]
         if cfg.num_experts:
-            layer += _expert_specs(cfg, pre)
+            fused = expert_tensors == "fused"
+            layer += _fused_expert_specs(cfg, pre) if fused else _expert_specs(cfg, pre)
         else:
             layer += [
                 TensorSpec(pre + "mlp.gate_proj.weight", (*mlp, "gate_proj"), (f, d), (d, f), True),
@@ -174,4 +223,29 @@ def _expert_specs(cfg: ModelConfig, pre: str) -> list[TensorSpec]:
             TensorSpec(pre + "mlp.shared_expert_gate.weight", (*mlp, "shared_expert_gate"),
                        (1, d), (d, 1), True),
         ]  # fmt: skip
+    return specs
+
+
+def _fused_expert_specs(cfg: ModelConfig, pre: str) -> list[TensorSpec]:
+    """GPT-OSS's MLP tensors: the router `mlp.router.weight` [E, D] and `.bias` [E], and the
+    layer's experts fused, already [in, out]: `mlp.experts.gate_up_proj` [E, D, 2F] (gate
+    and up columns alternating) with `gate_up_proj_bias` [E, 2F], `down_proj` [E, F, D] with
+    `down_proj_bias` [E, D] (transformers' `GptOssExperts`, on disk as in memory)."""
+    d, e, f = cfg.hidden_size, cfg.num_experts, cfg.moe_intermediate_size
+    mlp, ex = ("layers", "mlp"), pre + "mlp.experts."
+    specs = [TensorSpec(pre + "mlp.router.weight", (*mlp, "router"), (e, d), (d, e), True)]
+    if cfg.expert_bias:
+        specs.append(TensorSpec(pre + "mlp.router.bias", (*mlp, "router_bias"), (e,), (e,), False))
+    for j, ours in enumerate(("expert_gate", "expert_up")):
+        spec = TensorSpec(ex + "gate_up_proj", (*mlp, ours), (e, d, 2 * f), (e, d, f), False)
+        specs.append(dataclasses.replace(spec, interleave=(j, 2)))
+    if cfg.expert_bias:
+        for j, ours in enumerate(("expert_gate_bias", "expert_up_bias")):
+            spec = TensorSpec(ex + "gate_up_proj_bias", (*mlp, ours), (e, 2 * f), (e, f), False)
+            specs.append(dataclasses.replace(spec, interleave=(j, 2)))
+    specs.append(TensorSpec(ex + "down_proj", (*mlp, "expert_down"), (e, f, d), (e, f, d), False))
+    if cfg.expert_bias:
+        specs.append(
+            TensorSpec(ex + "down_proj_bias", (*mlp, "expert_down_bias"), (e, d), (e, d), False)
+        )
     return specs

@@ -1,5 +1,5 @@
-"""A decoder-only transformer covering the Llama, Qwen2, Qwen3, Gemma 2 and Gemma 3 shapes,
-in Flax NNX.
+"""A decoder-only transformer covering the Llama, Qwen2, Qwen3, Gemma 2, Gemma 3 and GPT-OSS
+shapes (and the Qwen-MoE and GPT-OSS mixtures of experts, models/moe.py), in Flax NNX.
 
     x = embed(tokens)                    (Gemma: * sqrt(D))
     for each layer:  x = x + Attn(RMSNorm(x));  x = x + SwiGLU(RMSNorm(x))
@@ -14,7 +14,8 @@ in Flax NNX.
 
 - Attention: grouped-query (num_kv_heads divides num_heads), RoPE in the rotate-half
   convention of the Hugging Face implementations, optional qkv bias (Qwen2), optional
-  per-head RMSNorm of q and k before RoPE (Qwen3).
+  per-head RMSNorm of q and k before RoPE (Qwen3); GPT-OSS's output bias and attention
+  sinks (a learned logit per head in every softmax's denominator, models/attention.py).
 - Padding: prompts are left-padded; `attention_mask` is 1 on real tokens. Positions count
   real tokens only (`cumsum(mask) - 1`), so a left-padded prompt sees the same positions as
   the unpadded one and gets the same logits.

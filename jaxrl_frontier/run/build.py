@@ -96,8 +96,8 @@ def export_dir(path: str) -> str:
 
 def model_config_from(config, tokenizer) -> ModelConfig:
     m = config.model
-    if m.family:  # gemma2 | gemma3_text: the HF architecture's mapping of these shapes
-        return gemma_config_from(m, tokenizer)
+    if m.family:  # gemma2 | gemma3_text | gpt_oss: the HF architecture's mapping of these shapes
+        return family_config_from(m, tokenizer)
     experts = m.moe.num_experts
     family = "qwen2" if m.qkv_bias else ("qwen3" if m.qk_norm else "llama")
     return ModelConfig(
@@ -128,12 +128,12 @@ def model_config_from(config, tokenizer) -> ModelConfig:
     )
 
 
-def gemma_config_from(m, tokenizer) -> ModelConfig:
-    """A scratch Gemma 2 / 3 `ModelConfig` from the `model` section, through the HF
-    architecture's config mapping (`models.architectures.GemmaArchitecture`)."""
+def family_config_from(m, tokenizer) -> ModelConfig:
+    """A scratch model of `model.family` (Gemma 2 / 3, GPT-OSS) through its HF
+    architecture's config mapping (`models.architectures`): the section's shape written as
+    that family's config.json (`_FAMILY_KEYS`), then the training choices."""
     head_dim = m.head_dim or m.hidden_size // m.num_heads
-    hf_config = dict(
-        architectures=[{"gemma2": "Gemma2ForCausalLM"}.get(m.family, "Gemma3ForCausalLM")],
+    hf_config = dict(  # the family's keys last: they may override the shape's (GPT-OSS's width)
         vocab_size=m.vocab_size or tokenizer.vocab_size,
         hidden_size=m.hidden_size,
         intermediate_size=m.intermediate_size,
@@ -141,18 +141,57 @@ def gemma_config_from(m, tokenizer) -> ModelConfig:
         num_attention_heads=m.num_heads,
         num_key_value_heads=m.num_kv_heads,
         head_dim=head_dim,
-        query_pre_attn_scalar=head_dim,
         rope_theta=m.rope_theta,
         tie_word_embeddings=m.tie_word_embeddings,
         max_position_embeddings=m.max_position_embeddings,
         sliding_window=m.sliding_window,
-        sliding_window_pattern=m.sliding_window_pattern or None,
-        attn_logit_softcapping=50.0 if m.family == "gemma2" else None,
-        final_logit_softcapping=30.0 if m.family == "gemma2" else None,
     )
+    hf_config.update(_FAMILY_KEYS[m.family](m, head_dim))
     return config_from_hf(hf_config).replace(
-        dtype=m.dtype, remat=m.remat, attention=m.attention, scan_unroll=m.scan_unroll
+        dtype=m.dtype,
+        remat=m.remat,
+        attention=m.attention,
+        scan_unroll=m.scan_unroll,
+        moe_impl=m.moe.impl,
+        moe_dispatch=m.moe.dispatch,
+        moe_capacity_factor=float(m.moe.capacity_factor),
     )
+
+
+def _gemma_keys(m, head_dim: int) -> dict:
+    """Gemma 2 / 3's config.json keys beyond the shape: the query scale 1 / sqrt(head_dim),
+    the global-layer period, Gemma 2's soft-caps."""
+    gemma2 = m.family == "gemma2"
+    return dict(
+        architectures=["Gemma2ForCausalLM" if gemma2 else "Gemma3ForCausalLM"],
+        query_pre_attn_scalar=head_dim,
+        sliding_window_pattern=m.sliding_window_pattern or None,
+        attn_logit_softcapping=50.0 if gemma2 else None,
+        final_logit_softcapping=30.0 if gemma2 else None,
+    )
+
+
+def _gpt_oss_keys(m, head_dim: int) -> dict:
+    """GPT-OSS's config.json keys beyond the shape: the experts (`model.moe`: an expert's
+    width is GPT-OSS's intermediate_size), RoPE unscaled at `model.rope_theta` (no YaRN:
+    a scratch model has no original context to extend), every pattern-th layer full (0:
+    GPT-OSS's alternation, layer 0 sliding)."""
+    period = m.sliding_window_pattern or 2
+    return dict(
+        architectures=["GptOssForCausalLM"],
+        intermediate_size=m.moe.intermediate_size,
+        num_local_experts=m.moe.num_experts,
+        num_experts_per_tok=m.moe.num_experts_per_tok,
+        rope_parameters={"rope_type": "default", "rope_theta": m.rope_theta},
+        layer_types=[
+            "sliding_attention" if (i + 1) % period else "full_attention"
+            for i in range(m.num_layers)
+        ],
+    )
+
+
+# `model.family` -> its config.json keys beyond the shape (`family_config_from`)
+_FAMILY_KEYS = {"gemma2": _gemma_keys, "gemma3_text": _gemma_keys, "gpt_oss": _gpt_oss_keys}
 
 
 def build_model(init: str, path: str, config, tokenizer, mesh, key, dtype: str) -> Transformer:

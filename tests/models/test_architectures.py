@@ -75,8 +75,8 @@ def _llama3_overrides():
     "changes, message",
     [
         (
-            dict(rope_scaling={"rope_type": "yarn", "factor": 4.0}),
-            r"rope_scaling type 'yarn' is not supported",
+            dict(rope_scaling={"rope_type": "longrope", "factor": 4.0}),
+            r"rope_scaling type 'longrope' is not supported",
         ),
         (dict(attention_bias=True), r"attention_bias=True is not supported for LlamaForCausalLM"),
         (dict(hidden_act="gelu"), r"hidden_act='gelu'"),

@@ -21,8 +21,9 @@ def _inputs(seed=0):
     return q, k, v, allowed
 
 
-def _numpy_attention(q, k, v, allowed, scale=None, softcap=None):
-    """softmax(q k^T scale (soft-capped) + mask) v, head h reading kv head h // (H / K)."""
+def _numpy_attention(q, k, v, allowed, scale=None, softcap=None, sinks=None):
+    """softmax(q k^T scale (soft-capped) + mask) v, head h reading kv head h // (H / K);
+    with sinks [H], exp(sink_h) joins each of head h's denominators."""
     out = np.zeros_like(q)
     for b in range(B):
         for h in range(H):
@@ -31,8 +32,12 @@ def _numpy_attention(q, k, v, allowed, scale=None, softcap=None):
             if softcap is not None:
                 s = softcap * np.tanh(s / softcap)
             s = np.where(allowed[b], s, -np.inf)
-            p = np.exp(s - s.max(-1, keepdims=True))
-            out[b, :, h] = (p / p.sum(-1, keepdims=True)) @ v[b, :, kv]
+            m = s.max(-1, keepdims=True)
+            p = np.exp(s - m)
+            denominator = p.sum(-1, keepdims=True)
+            if sinks is not None:
+                denominator = denominator + np.exp(sinks[h] - m)
+            out[b, :, h] = (p / denominator) @ v[b, :, kv]
     return out
 
 
@@ -74,3 +79,23 @@ def test_segment_mask_and_bias_by_hand():
     assert bias.shape == (1, 1, 1, 4, 4) and bias.dtype == np.float32
     np.testing.assert_array_equal(bias[0, 0, 0] == 0.0, same.astype(bool))
     assert bias[0, 0, 0, 0, 2] == -1e30  # finite: a fully masked row gives a uniform softmax
+
+
+def test_attention_sinks_in_every_path_that_takes_them():
+    """GPT-OSS's sinks: 'xla' in both key layouts and the one-query decode step equal the
+    numpy loop with exp(sink) in each denominator (sinks far apart, so a head mixed up with
+    another fails); jax.nn.dot_product_attention refuses them."""
+    q, k, v, allowed = _inputs(2)
+    bias = attn.mask_to_bias(jnp.asarray(allowed))
+    sinks = np.asarray([-1.0, 0.5, 2.0, 4.0], np.float32)
+    want = _numpy_attention(q, k, v, allowed, sinks=sinks)
+    assert np.abs(want - _numpy_attention(q, k, v, allowed)).max() > 0.1  # the sinks matter
+    got = attn.attention(q, k, v, bias, impl="xla", sinks=jnp.asarray(sinks))
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-6)
+    kc, vc = k.swapaxes(1, 2), v.swapaxes(1, 2)
+    cache_layout = attn.attention(q, kc, vc, bias, "bksd", impl="xla", sinks=jnp.asarray(sinks))
+    np.testing.assert_allclose(np.asarray(cache_layout), want, rtol=1e-5, atol=1e-6)
+    one = attn.attention(q[:, :1], kc, vc, bias[:, :, :, :1], "bksd", sinks=jnp.asarray(sinks))
+    np.testing.assert_allclose(np.asarray(one), want[:, :1], rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="sinks.*model.attention"):
+        attn.attention(q, k, v, bias, impl="dot_product", sinks=jnp.asarray(sinks))

@@ -25,8 +25,8 @@ BASE = dict(
 
 
 def test_an_unsupported_rope_scaling_is_an_error():
-    with pytest.raises(ValueError, match=r"rope_scaling type 'yarn' is not supported"):
-        random_model(ModelConfig(**BASE).replace(rope_scaling=(("rope_type", "yarn"),)))(
+    with pytest.raises(ValueError, match=r"rope_scaling type 'dynamic' is not supported"):
+        random_model(ModelConfig(**BASE).replace(rope_scaling=(("rope_type", "dynamic"),)))(
             jnp.zeros((1, 2), jnp.int32)
         )
 

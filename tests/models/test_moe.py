@@ -205,7 +205,7 @@ def _dispatch_inputs(seed=0, rows=8, t=6, d=16, e=8, k=2, f=8):
     experts, gates = moe.top_k_gates(logits, k, norm=True)
     weights = [0.3 * jax.random.normal(keys[2 + i], shape) for i, shape in
                enumerate([(e, d, f), (e, d, f), (e, f, d)])]  # fmt: skip
-    return x, experts, gates, weights
+    return x, experts, gates, moe.ExpertWeights(*weights)
 
 
 def _kept_by_hand(experts, devices, local, capacity):
@@ -234,11 +234,10 @@ def test_all_to_all_dispatch_equals_one_device_and_drops_past_capacity(impl):
     mesh = sharding.make_mesh((1, 8, 1))
     x, experts, gates, weights = _dispatch_inputs()
     rows = sharding.shard_batch((x, experts, gates), mesh)
-    placed = [jax.device_put(w, sharding.NamedSharding(mesh, sharding.PartitionSpec("fsdp")))
-              for w in weights]  # fmt: skip
+    placed = jax.device_put(weights, sharding.NamedSharding(mesh, sharding.PartitionSpec("fsdp")))
 
     def run(dispatch, factor, x, experts, gates, weights):
-        return moe.expert_parallel(fn, x, experts, gates, *weights, dispatch, factor)[0]
+        return moe.expert_parallel(fn, x, experts, gates, weights, dispatch, factor)[0]
 
     def loss(dispatch, factor):
         def f(x, weights, experts, gates):
@@ -256,7 +255,7 @@ def test_all_to_all_dispatch_equals_one_device_and_drops_past_capacity(impl):
     assert 0 < kept.mean() < 1  # some assignments dropped, some kept
     a2a = jax.jit(functools.partial(moe.expert_parallel, fn, dispatch="all_to_all",
                                     capacity_factor=0.5))  # fmt: skip
-    dropped, count = a2a(*rows, *placed)
+    dropped, count = a2a(*rows, placed)
     by_hand = run("gather", 0.0, x, experts, jnp.where(kept, gates, 0.0), weights)
     np.testing.assert_allclose(np.asarray(dropped), np.asarray(by_hand), rtol=1e-5, atol=1e-6)
     assert float(count) == (~kept).sum()
@@ -270,12 +269,11 @@ def test_all_to_all_buffers_are_bounded_by_the_device_own_tokens():
     mesh = sharding.make_mesh((1, 8, 1))
     x, experts, gates, weights = _dispatch_inputs(rows=8, t=64, d=64, f=32)
     rows = sharding.shard_batch((x, experts, gates), mesh)
-    placed = [jax.device_put(w, sharding.NamedSharding(mesh, sharding.PartitionSpec("fsdp")))
-              for w in weights]  # fmt: skip
+    placed = jax.device_put(weights, sharding.NamedSharding(mesh, sharding.PartitionSpec("fsdp")))
 
     def temporaries(dispatch, factor):
         def f(x, weights):
-            y, _ = moe.expert_parallel(moe.experts_ragged, x, *rows[1:], *weights, dispatch, factor)
+            y, _ = moe.expert_parallel(moe.experts_ragged, x, *rows[1:], weights, dispatch, factor)
             return jnp.sum(y**2)
 
         program = jax.jit(jax.grad(f, argnums=(0, 1))).lower(rows[0], placed).compile()

@@ -4,7 +4,9 @@
 - its output and its gradient w.r.t. q, k, v equal 'xla' on the same mesh (f32, rtol 1e-5)
   at sequence 4 (alone, with fsdp 2, with tensor 2): causal with padding, packed rows
   (segment ids), a sliding window narrower than a block (skipped blocks), soft-capped
-  scores with a scale, grouped-query heads throughout;
+  scores with a scale, attention sinks (GPT-OSS: each joins its query's denominator once,
+  not once per block of the ring; with heads over `tensor`, each device's own heads'),
+  grouped-query heads throughout;
 - without a sequence axis it is 'xla' (no collective in the program, the same values);
 - a Gemma-2-shaped Transformer (sliding and full layers, soft-cap) with 'ring' on
   fsdp 2 x sequence 4 gives one device's hidden states and parameter gradient, on padded
@@ -58,7 +60,8 @@ def _inputs(mesh, case):
     return (put(q), put(k), put(v)), attn.RowMask(put(valid), seg, window)
 
 
-SCORES = {"softcap": dict(softcap=2.0, scale=0.3)}
+# per case, `attention`'s score options (sinks as a tuple: the programs are cached by them)
+SCORES = {"softcap": dict(softcap=2.0, scale=0.3), "sinks": dict(sinks=(-1.0, 0.5, 2.0, 4.0))}
 
 
 @functools.cache
@@ -67,8 +70,10 @@ def _program(impl, scores=()):
     the sum reads only queries that see a key (a padding query: 0 under 'ring', the row's
     mean value under 'xla', never read by the model)."""
 
+    options = {k: jnp.asarray(v) if isinstance(v, tuple) else v for k, v in scores}
+
     def loss(q, k, v, mask):
-        out = attn.attention(q, k, v, mask, impl=impl, **dict(scores))
+        out = attn.attention(q, k, v, mask, impl=impl, **options)
         seen = mask.bias()[:, 0, 0].max(-1) > -1  # [B, T]: the query sees some key
         weights = jnp.cos(jnp.arange(out.size, dtype=jnp.float32)).reshape(out.shape)
         return jnp.sum(jnp.where(seen[..., None, None], out * weights, 0.0)), out
@@ -85,8 +90,9 @@ def _program(impl, scores=()):
         (FSDP_SEQ, "packed"),
         (FSDP_SEQ, "window"),
         (FSDP_SEQ, "softcap"),
+        (SEQ_TENSOR, "sinks"),
     ],
-    ids=["seq4", "fsdp2_seq4", "seq4_tensor2", "packed", "window", "softcap"],
+    ids=["seq4", "fsdp2_seq4", "seq4_tensor2", "packed", "window", "softcap", "sinks"],
 )
 def test_ring_equals_xla_output_and_gradient(shape, case):
     mesh = _mesh(shape)

@@ -124,6 +124,32 @@ def test_the_model_section_spells_the_model_config(model, family):
     assert build.model_config_from(c, tok).vocab_size == 512
 
 
+def test_a_scratch_gpt_oss_through_its_architecture_mapping():
+    """`model.family = 'gpt_oss'`: the GPT-OSS fields, its layers alternating (or every
+    sliding_window_pattern-th full), the experts from `model.moe`, RoPE unscaled; its
+    config.json maps back to the same config. Without experts: a ConfigError at validation."""
+    from conftest import config_error
+
+    from jaxrl_frontier.models import hf
+
+    moe = dict(num_experts=4, num_experts_per_tok=2, intermediate_size=16, impl="ragged")
+    model = dict(family="gpt_oss", hidden_size=32, num_heads=4, num_kv_heads=2, num_layers=4)
+    c = _config(model=dict(model, sliding_window=8, rope_theta=5e4))
+    c.model.moe.update(moe)
+    cfg = build.model_config_from(c, CharTokenizer())
+    assert (cfg.family, cfg.num_experts, cfg.num_experts_per_tok) == ("gpt_oss", 4, 2)
+    assert (cfg.moe_intermediate_size, cfg.moe_impl, cfg.norm_topk_prob) == (16, "ragged", True)
+    assert cfg.attention_sinks and cfg.expert_bias and cfg.qkv_bias and cfg.o_bias
+    assert (cfg.swiglu_limit, cfg.sliding_window, cfg.rope_theta) == (7.0, 8, 5e4)
+    assert cfg.rope_scaling is None and cfg.sliding_layers == (True, False, True, False)
+    back = hf.config_from_hf(hf.config_to_hf(cfg))  # the training choices are not HF keys
+    assert back == cfg.replace(moe_impl="auto", remat=False)
+    c.model.sliding_window_pattern = 4
+    assert build.model_config_from(c, CharTokenizer()).sliding_layers == (True,) * 3 + (False,)
+    c.model.moe.num_experts = 0
+    assert "'model.family' = 'gpt_oss'" in config_error(c)
+
+
 def test_total_updates_is_the_schedules_horizon():
     rl = _config(train=dict(steps=10, epochs=2, minibatches=3))
     assert build.total_updates(rl) == 10 * 2 * 3

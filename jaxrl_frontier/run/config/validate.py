@@ -298,6 +298,11 @@ def _check_consistency(c: ml_collections.ConfigDict, num_devices: int | None) ->
     _positive(c, "train.epochs", "train.minibatches", "optimizer.grad_accum")
     if c.mode == "rl" and c.rollout.group_size < 2:
         raise ConfigError("config key 'rollout.group_size' must be >= 2 for group baselines")
+    if c.model.init == "scratch" and c.model.family == "gpt_oss" and not c.model.moe.num_experts:
+        raise ConfigError(
+            "config key 'model.family' = 'gpt_oss' is a mixture of experts: set "
+            "model.moe.num_experts > 0 (and model.moe.num_experts_per_tok, intermediate_size)"
+        )
     if c.model.attention == "cudnn" and c.model.dtype != "bfloat16":
         raise ConfigError(
             f"config key 'model.attention' = 'cudnn' runs cuDNN's fused attention, which takes "
