@@ -475,6 +475,15 @@ class Transformer(nnx.Module):
         return init_cache(self.cfg, batch_size, max_len, dtype)
 
 
+def reconfigured(model: Transformer, cfg: ModelConfig) -> Transformer:
+    """`model`'s parameters in a module built for `cfg`, which must describe the same
+    parameters: a choice of how it runs (remat, the attention or MoE implementation), not a
+    shape. Every layer holds its own copy of the config, so assigning `model.cfg` alone
+    would reach the top module and none of its layers."""
+    abstract = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
+    return nnx.merge(nnx.graphdef(abstract), nnx.state(model))
+
+
 def with_compute_weights(model: Transformer) -> Transformer:
     """The same model with every matrix parameter (ndim >= 2: projections, per-head biases,
     embeddings) already in `cfg.compute_dtype`; norm scales (1-D, read in f32) untouched.

@@ -21,7 +21,7 @@ from jaxrl_frontier.models import hf, lora, pretrained
 from jaxrl_frontier.models.architectures import config_from_hf
 from jaxrl_frontier.models.model_config import ModelConfig
 from jaxrl_frontier.models.tokenizer import CharTokenizer, load_tokenizer
-from jaxrl_frontier.models.transformer import Transformer
+from jaxrl_frontier.models.transformer import Transformer, reconfigured
 from jaxrl_frontier.rl.learn.optimizer import build_optimizer
 from jaxrl_frontier.rl.learn.train_step import init_train_state, optimizer_memory_kind
 from jaxrl_frontier.run.config import sections
@@ -203,7 +203,7 @@ def build_model(init: str, path: str, config, tokenizer, mesh, key, dtype: str) 
         return sharding.shard_model(model, mesh)
     model = hf.load(export_dir(path), mesh=mesh, dtype=dtype)
     m = config.model  # training choices, not part of the HF config
-    model.cfg = model.cfg.replace(
+    choices = model.cfg.replace(
         remat=m.remat,
         attention=m.attention,
         scan_unroll=m.scan_unroll,
@@ -211,7 +211,7 @@ def build_model(init: str, path: str, config, tokenizer, mesh, key, dtype: str) 
         moe_dispatch=m.moe.dispatch,
         moe_capacity_factor=float(m.moe.capacity_factor),
     )
-    return model
+    return reconfigured(model, choices)
 
 
 def build_reward_model(config, tokenizer, mesh, key, policy_cfg) -> RewardModelRole | None:

@@ -17,7 +17,7 @@ from conftest import hf_logits, left_padded_batch
 from flax import nnx
 
 from jaxrl_frontier.core import sharding
-from jaxrl_frontier.models import hf, moe
+from jaxrl_frontier.models import hf, moe, transformer
 from jaxrl_frontier.sampling import Sampler, SamplingParams
 
 HF_MOE = dict(
@@ -74,8 +74,8 @@ def test_hf_parity_both_forms_and_save_round_trip(checkpoint, model, tmp_path):
     ref = hf_logits(torch_model, tokens, mask)
     scale = float(np.abs(ref).max())
     for impl in moe.EXPERT_IMPLS:
-        m = nnx.merge(*nnx.split(model))
-        m.cfg = m.cfg.replace(moe_impl=impl)
+        m = transformer.reconfigured(model, model.cfg.replace(moe_impl=impl))
+        assert m.layers.mlp.cfg.moe_impl == impl  # the layers run it, not the top module only
         got = np.asarray(m(jnp.asarray(tokens), jnp.asarray(mask)))
         assert _max_diff(got, ref, mask) < 1e-5 * scale, impl
 
@@ -147,9 +147,7 @@ def test_expert_parallel_update_and_decode_equal_one_device(checkpoint, model):
     in the forward + gradient; the decode in the CPU default (dense), by both dispatches."""
     mesh = sharding.make_mesh((1, 8, 1))
     graphdef, state = nnx.split(model)
-    ragged_model = nnx.merge(graphdef, state)
-    ragged_model.cfg = model.cfg.replace(moe_impl="ragged")
-    ragged = nnx.graphdef(ragged_model)
+    ragged = nnx.graphdef(transformer.reconfigured(model, model.cfg.replace(moe_impl="ragged")))
     tokens, mask = map(jnp.asarray, left_padded_batch(batch=8, length=6))
     loss1, grads1 = _loss(ragged, tokens, mask)(state)
     sharded = jax.device_put(state, sharding.state_shardings(state, mesh))

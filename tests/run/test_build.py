@@ -171,3 +171,22 @@ def test_a_resume_with_another_schedule_names_the_keys():
     longer = _config(train=dict(steps=20), optimizer=dict(schedule="cosine"))
     with pytest.raises(ConfigError, match=r"\(10 -> 20 optimizer steps, the decay's horizon\)"):
         build.check_resume_schedule(cosine.to_dict(), longer)
+
+
+def test_a_checkpoints_run_choices_reach_its_layers(tmp_path):
+    """`model.init = 'hf'`: the config's training choices (here the MoE implementation and
+    remat) are those of every layer, not only of the top module."""
+    from conftest import random_model
+
+    from jaxrl_frontier.models import hf
+    from jaxrl_frontier.models.model_config import ModelConfig
+
+    cfg = ModelConfig(vocab_size=8, hidden_size=8, intermediate_size=8, num_layers=1,
+                      num_heads=2, num_kv_heads=1, family="qwen3_moe", qk_norm=True, num_experts=2,
+                      num_experts_per_tok=1, moe_intermediate_size=4)  # fmt: skip
+    hf.save(random_model(cfg), tmp_path)
+    c = _config(model=dict(init="hf", path=str(tmp_path), remat="full"))
+    c.model.moe.impl = "ragged"
+    model = build.build_model("hf", str(tmp_path), c, CharTokenizer(), None, None, "float32")
+    assert (model.cfg.remat, model.layers.mlp.cfg.moe_impl) == ("full", "ragged")
+    assert model.layers.attn.cfg.remat == "full"
