@@ -139,6 +139,10 @@ class TeacherSection:
     )
     path: str = key("", "its checkpoint")
     dtype: str = key("float32", "its compute dtype", choices=("float32", "bfloat16"))
+    # several teachers: a row's teacher is the one its example's tag names, the teacher at
+    # `path` for every other tag (rl/produce/passes.py, `teacher_pass`)
+    by_tag: dict = key({}, "several teachers: {tag: checkpoint}, by the example's tag")
+    tag_key: str = key("dataset", "the example field holding its tag (teacher.by_tag)")
 
     def __post_init__(self):
         records.check(self, "teacher")

@@ -273,18 +273,32 @@ def attach_lora(policy: Transformer, config, mesh, key) -> Transformer:
     return sharding.shard_model(policy, mesh)  # the adapters by their logical axes
 
 
-def build_teacher(config, tokenizer, mesh, key, policy_cfg) -> Transformer | None:
-    """The teacher (`teacher.*`), or None; it must share the policy's vocabulary."""
+def build_teacher(config, tokenizer, mesh, key, policy_cfg, path=None) -> Transformer | None:
+    """The teacher (`teacher.*`; `path`: another checkpoint than `teacher.path`, one of
+    `teacher.by_tag`'s), or None; it must share the policy's vocabulary."""
     t = config.teacher
     if t.init == "none":
         return None
-    teacher = build_model(t.init, t.path, config, tokenizer, mesh, key, t.dtype)
+    teacher = build_model(t.init, path or t.path, config, tokenizer, mesh, key, t.dtype)
     if teacher.cfg.vocab_size != policy_cfg.vocab_size:
         raise ConfigError(
             f"teacher vocab {teacher.cfg.vocab_size} != policy vocab {policy_cfg.vocab_size}: "
             "teacher and student must share a tokenizer"
         )
     return teacher
+
+
+def build_tagged_teachers(config, tokenizer, mesh, key, policy_cfg) -> tuple[tuple, dict]:
+    """Several teachers (`teacher.by_tag`): (the teachers beyond `teacher.path`'s, each
+    checkpoint loaded once, in order of first mention by sorted tag; {tag: its teacher's
+    index}, 0 the teacher at `teacher.path`, which also serves every tag not listed)."""
+    t, paths, index = config.teacher, [], {}
+    for tag, path in sorted(t.by_tag.items()):
+        if path != t.path and path not in paths:
+            paths.append(path)
+        index[str(tag)] = 0 if path == t.path else 1 + paths.index(path)
+    build = lambda p: build_teacher(config, tokenizer, mesh, key, policy_cfg, path=p)  # noqa: E731
+    return tuple(build(p) for p in paths), index
 
 
 def build_train_state(c, mesh, params, key) -> tuple:

@@ -30,7 +30,7 @@ from jaxrl_frontier.rl.methods.ppo import build_critic
 from jaxrl_frontier.rl.produce import agent as agent_rollout
 from jaxrl_frontier.rl.produce.editors import build_editors
 from jaxrl_frontier.rl.produce.passes import PASSES
-from jaxrl_frontier.rl.produce.producer import RolloutProducer
+from jaxrl_frontier.rl.produce.producer import RolloutProducer, TeacherLinks
 from jaxrl_frontier.rl.sources import SOURCES
 from jaxrl_frontier.rl.sources.teacher_answers import TeacherAnswers
 from jaxrl_frontier.rl.sources.utils import prompt_text
@@ -75,6 +75,8 @@ class RunParts:
     base: Any = None
     knobs: Any = None  # the run's KnobPlan (run/knobs.py): keys that move as it trains
     learned: tuple = ()  # the learned reward terms' scorers (a reward model's, a judge's)
+    tagged_teachers: tuple = ()  # several teachers: the others than `teacher` (teacher.by_tag)
+    teacher_index_of: Any = None  # and an example's teacher (rl/produce/producer.TeacherLinks)
 
 
 def checked_objective(config, parts: RunParts) -> tuple[ObjectiveSection, list, list, bool]:
@@ -180,6 +182,11 @@ def build_rl_stages(
     if parts.teacher is not None:
         teacher_pair = (nnx.graphdef(parts.teacher), nnx.state(parts.teacher))
         context["teacher_logp_fn"] = make_logp_fn(teacher_pair[0], **layout, pack=pack)
+        if parts.tagged_teachers:  # one log-prob forward per teacher, each row its own's
+            more = [
+                make_logp_fn(nnx.graphdef(t), **layout, pack=pack) for t in parts.tagged_teachers
+            ]
+            context["teacher_logp_fn"] = (context["teacher_logp_fn"], *more)
         names.append("teacher")
     learner = _learner(c, parts, graphdef, objective, layout, teacher_pair, tx=tx, state=state,
                        completion_len=tn, log=log)  # fmt: skip
@@ -303,6 +310,6 @@ def _producer(c, parts: RunParts, objective, passes, editors, shapers):
         passes=passes,
         editors=editors,
         shapers=shapers,
-        teacher_answers=teacher_answers,
+        teachers=TeacherLinks(teacher_answers, parts.teacher_index_of),
     )
     return wrap(producer, None, None)

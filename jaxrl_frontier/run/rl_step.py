@@ -210,7 +210,7 @@ class RLStep:
         weights) and the moving rollout keys at RL step `step` (default: the version)."""
         p, v = self.learner.rollout_params(copy), self.learner.version
         roles = self.roles
-        weights = dict(policy=p, reference=roles.ref_params, teacher=roles.teacher_params)
+        weights = dict(policy=p, reference=roles.ref_params, teacher=roles.teacher_weights)
         sampling = KnobPlan.split(self.knobs.values(v if step is None else step))[1]
         return Production(self.producer, weights, v, sampling, self.source)
 
@@ -289,6 +289,14 @@ class RLStep:
         self.say(f"[rl] stage {index} from step {done + 1}: " + hooks_lib.fmt(overrides))
 
 
+def _teacher_index_of(c, roles):
+    """Several teachers: an example's teacher, by its tag (`teacher.tag_key`); None with one."""
+    if not roles.tagged_teachers:
+        return None
+    tags, field = roles.teacher_tags, c.teacher.tag_key
+    return lambda example: tags.get(str(example.get(field)), 0)
+
+
 def _learned_rewards(c, roles, task) -> tuple:
     """The learned reward terms' scorers over the task's prompts: the reward model's, then
     the judge's (data/rewards/shaping.LEARNED_REWARDS), each when configured."""
@@ -327,6 +335,8 @@ def rl_step(c, roles, ctx: StepContext) -> RLStep:
         base=roles.base_params,
         knobs=ctx.knobs,
         learned=_learned_rewards(c, roles, ctx.task),
+        tagged_teachers=roles.tagged_teachers,
+        teacher_index_of=_teacher_index_of(c, roles),
     )
     source = make_source(
         ctx.task,

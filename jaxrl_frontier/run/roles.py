@@ -4,7 +4,8 @@ and the samplers, each with the mesh it lives on (`build_roles`).
     policy     the module the train state's params belong to (`graphdef`); with LoRA the
                state holds the adapters and `base_params` the frozen weights
     reference  `ref_params`: a frozen copy of the starting weights (None: no KL to it)
-    teacher    a module of its own (`teacher`, `teacher_params`), or None
+    teacher    a module of its own (`teacher`, `teacher_params`), or None; with several
+               (`teacher.by_tag`) the others in `tagged_teachers`, `teacher_tags` {tag: index}
     reward model  a sequence classifier with its tokenizer (`reward_model`), or None
     judge      a causal LM scoring completions with its tokenizer (`judge`), or None
     samplers   `sampler`: the evaluation's and, unless rollouts are process-local or keep
@@ -32,6 +33,7 @@ from jaxrl_frontier.run.build import (
     build_meshes,
     build_model,
     build_reward_model,
+    build_tagged_teachers,
     build_teacher,
 )
 from jaxrl_frontier.run.config import sections
@@ -55,6 +57,16 @@ class Roles:
     rollout_sampler: Sampler
     reward_model: RewardModelRole | None = None
     judge: JudgeRole | None = None
+    tagged_teachers: tuple = ()
+    teacher_tags: dict = dataclasses.field(default_factory=dict)
+
+    @property
+    def teacher_weights(self):
+        """The teacher role's weights: its params, or with several teachers a tuple of
+        theirs (the one at `teacher.path` first, then `tagged_teachers`)."""
+        if not self.tagged_teachers:
+            return self.teacher_params
+        return (self.teacher_params, *(nnx.state(t) for t in self.tagged_teachers))
 
     def sharing(self, other: Roles, c: ml_collections.ConfigDict) -> Roles:
         """These roles of config `c` with `other`'s samplers (their compiled programs; the
@@ -70,6 +82,7 @@ class Roles:
                 shared.update(ref_params=other.ref_params)
         if teacher:
             shared.update(teacher=other.teacher, teacher_params=other.teacher_params)
+            shared.update(tagged_teachers=other.tagged_teachers)
         if c.reward_model.init == "hf":
             shared.update(reward_model=other.reward_model)
         if c.judge.init == "hf":
@@ -105,6 +118,7 @@ def build_roles(
         policy, with_reference=c.mode == "rl" and kl_coef > 0
     )
     teacher = build_teacher(c, tokenizer, mesh, k_teacher, policy.cfg)
+    tagged, tags = build_tagged_teachers(c, tokenizer, mesh, k_teacher, policy.cfg)
     k_reward = jax.random.fold_in(k_teacher, 0x5C0E)  # its own stream: the others unchanged
     reward_model = build_reward_model(c, tokenizer, mesh, k_reward, policy.cfg)
     judge = build_judge(c, tokenizer, mesh, jax.random.fold_in(k_reward, 1), policy.cfg)
@@ -132,6 +146,8 @@ def build_roles(
         rollout_sampler=rollout_sampler,
         reward_model=reward_model,
         judge=judge,
+        tagged_teachers=tagged,
+        teacher_tags=tags,
     )
     return roles, params
 

@@ -124,11 +124,27 @@ def reference_pass(*, policy_logp_fn, mlp_masks=None, **_):
     return logprob_pass("ref_logp", "reference", policy_logp_fn, mlp_masks)
 
 
+# several teachers (`teacher.by_tag`): each row's teacher, an extra [B, T] (the row's index
+# into the teachers, on every position, so that slicing and packing carry it as any other)
+TEACHER_INDEX = "teacher_index"
+
+
 @PASSES.register("teacher")
 def teacher_pass(*, teacher_logp_fn, **_):
     """teacher_logp: the teacher on the student's own samples (OPD); an MoE teacher routes
-    with its own router (the recorded experts are the student's choices)."""
-    return logprob_pass("teacher_logp", "teacher", teacher_logp_fn)
+    with its own router (the recorded experts are the student's choices). Several teachers
+    (`teacher_logp_fn` a tuple, the role's weights a tuple in the same order): each runs over
+    the batch and each row keeps its own teacher's log-probs,
+        teacher_logp[b, t] = sum_k [teacher_index[b, t] = k] logp_k[b, t]."""
+    if not isinstance(teacher_logp_fn, tuple):
+        return logprob_pass("teacher_logp", "teacher", teacher_logp_fn)
+
+    def fn(weights, exp: Experience):
+        index = exp.extras[TEACHER_INDEX]
+        logps = [f(w, exp.tokens, exp.attention_mask) for f, w in zip(teacher_logp_fn, weights)]
+        return sum(jnp.where(index == k, logp, 0.0) for k, logp in enumerate(logps))
+
+    return LogprobPass("teacher_logp", "teacher", fn)
 
 
 @PASSES.register("self_conditioned")

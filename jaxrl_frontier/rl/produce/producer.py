@@ -47,7 +47,7 @@ from jaxrl_frontier.rl.produce.advantages_and_metrics import (
     prompt_results,
 )
 from jaxrl_frontier.rl.produce.editors import RewardShaper, RolloutEditor
-from jaxrl_frontier.rl.produce.passes import LogprobPass, run_passes
+from jaxrl_frontier.rl.produce.passes import TEACHER_INDEX, LogprobPass, run_passes
 from jaxrl_frontier.sampling import SamplingParams
 
 Array = jax.Array
@@ -100,6 +100,16 @@ class Drawn:
     sampler_stats: dict[str, float]
 
 
+@dataclasses.dataclass(frozen=True)
+class TeacherLinks:
+    """What the producer hands to the teachers' side: ZPPO's BCQ references (`answers`,
+    rl/sources/teacher_answers.py) and, with several teachers (`teacher.by_tag`), each
+    example's teacher (`index_of`: its index into the teachers, `passes.TEACHER_INDEX`)."""
+
+    answers: Any = None
+    index_of: Callable[[Example], int] | None = None
+
+
 class RolloutProducer:
     """Samples, decodes, edits, scores and annotates one batch of this process's prompts."""
 
@@ -119,12 +129,10 @@ class RolloutProducer:
         passes: Sequence[LogprobPass] = (),
         editors: Sequence[RolloutEditor] = (),
         shapers: Sequence[RewardShaper] = (),
-        teacher_answers=None,
+        teachers: TeacherLinks | None = None,
     ):
         self.sampler, self.tokenizer, self.scorer = sampler, tokenizer, scorer
-        self.teacher_answers = (
-            teacher_answers  # ZPPO's BCQ references (rl/sources/teacher_answers.py)
-        )
+        self.teachers = teachers or TeacherLinks()
         self.mesh, self.sampling, self.max_prompt_len = mesh, sampling, max_prompt_len
         self.objective = objective_of(objective)
         self.prompt_of = prompt_of
@@ -181,13 +189,13 @@ class RolloutProducer:
         source: the `PromptSource` the examples came from (or None). Its `select` chooses the
         groups (dynamic sampling draws more of its prompts through `next_batch()`), its
         `metrics()` are logged, and its `use_teacher` is handed the producer's
-        `teacher_answers` when the run has a teacher (ZPPO).
+        `teachers.answers` when the run has a teacher (ZPPO).
         sampling: {field: value} replacing fields of the producer's `SamplingParams` for
         this batch (a scheduled `rollout.temperature`); the sampler traces them (`Knobs`),
         so a new value compiles nothing."""
         params = dataclasses.replace(self.sampling, **(sampling or {}))
-        if self.teacher_answers is not None and source is not None:
-            source.use_teacher(self.teacher_answers)
+        if self.teachers.answers is not None and source is not None:
+            source.use_teacher(self.teachers.answers)
         t0 = time.perf_counter()
         self.sampler.update_weights(weights["policy"], version)
         draw = self._draw(examples, key, params)
@@ -308,4 +316,11 @@ class RolloutProducer:
         host["advantages"] = np.zeros_like(host["loss_mask"])
         if dropout_keys is not None:
             host["dropout_keys"] = np.asarray(dropout_keys)
-        return Experience(**sharding.shard_local_batch(host, self.mesh))
+        extras = {}
+        index_of = self.teachers.index_of
+        if index_of is not None:  # several teachers: each row's, on every position
+            index = np.repeat([index_of(e) for e in rows.examples], g).astype(np.float32)
+            extras[TEACHER_INDEX] = np.repeat(index[:, None], host["loss_mask"].shape[1], 1)
+        placed = sharding.shard_local_batch({**host, **extras}, self.mesh)
+        fields = {k: v for k, v in placed.items() if k not in extras}
+        return Experience(**fields, extras={k: placed[k] for k in extras})

@@ -248,6 +248,32 @@ def check_env_run(c: ml_collections.ConfigDict) -> tuple[str, ...]:
     return names
 
 
+def _check_teachers(c: ml_collections.ConfigDict) -> None:
+    """The teacher's checkpoint, and several teachers (`teacher.by_tag`): checkpoints, read
+    row by row by the sampled-token objectives only."""
+    t = c.teacher
+    if t.init in ("hf", "checkpoint") and not t.path:
+        raise ConfigError(f"config key 'teacher.path' is required when teacher.init={t.init!r}")
+    if not t.by_tag:
+        return
+    if t.init not in ("hf", "checkpoint"):
+        raise ConfigError(
+            f"config key 'teacher.by_tag' names checkpoints: set teacher.init = 'hf' or "
+            f"'checkpoint' (it is {t.init!r}) and teacher.path for the untagged rows"
+        )
+    if c.objective.distill:
+        raise ConfigError(
+            f"config key 'teacher.by_tag' does not go with objective.distill = "
+            f"{c.objective.distill!r}: a full-vocabulary distillation loss reads one teacher's "
+            "logits in the update; the sampled-token objectives (the 'opd' advantage, the "
+            "'iw_opd' weight) read each row's own teacher"
+        )
+    if c.env.name:
+        raise ConfigError(
+            "config key 'teacher.by_tag' does not go with env.name: episodes carry no tag"
+        )
+
+
 def _check_lora(c: ml_collections.ConfigDict) -> None:
     from jaxrl_frontier.models import lora
 
@@ -351,9 +377,6 @@ def _check_consistency(c: ml_collections.ConfigDict, num_devices: int | None) ->
         _check_lora(c)
     if c.model.init != "scratch" and not c.model.path:
         raise ConfigError(f"config key 'model.path' is required when model.init={c.model.init!r}")
-    if c.teacher.init in ("hf", "checkpoint") and not c.teacher.path:
-        raise ConfigError(
-            f"config key 'teacher.path' is required when teacher.init={c.teacher.init!r}"
-        )
+    _check_teachers(c)
     if c.tokenizer.kind == "hf" and not c.tokenizer.path:
         raise ConfigError("config key 'tokenizer.path' is required when tokenizer.kind='hf'")

@@ -15,7 +15,7 @@ from jaxrl_frontier.objectives import logprobs
 from jaxrl_frontier.rl.diagnostics import logp_mismatch
 from jaxrl_frontier.rl.experience import Experience
 from jaxrl_frontier.rl.learn.forward import make_logp_fn
-from jaxrl_frontier.rl.produce.passes import PASSES, run_passes
+from jaxrl_frontier.rl.produce.passes import PASSES, TEACHER_INDEX, run_passes
 from jaxrl_frontier.run import trainer as tr
 
 KEYS = ("rollout/logp_mismatch_max", "rollout/logp_mismatch_mean", "rollout/logp_mismatch_k3")
@@ -125,3 +125,24 @@ def test_self_conditioned_pass_equals_a_direct_forward_after_the_groups_solution
         assert np.abs(got[i, tp:][valid] - plain[valid]).max() > 1e-3  # the context matters
     np.testing.assert_array_equal(got[2:, tp:], np.asarray(exp.old_logp)[2:, tp:])
     assert np.abs(got[:, :tp]).max() == 0.0
+
+
+def test_several_teachers_each_row_scored_by_its_own():
+    """`teacher.by_tag`: with two teachers that differ, each row's teacher_logp is its own
+    teacher's log-probs (the rows' index in the TEACHER_INDEX extra), masked as one
+    teacher's are; with every row on teacher 0, the first teacher's exactly."""
+    cfg = ModelConfig(vocab_size=11, **SMALL_MODEL)
+    teachers = [random_model(cfg, seed=s) for s in (1, 2)]
+    logp_fn = make_logp_fn(nnx.graphdef(teachers[0]), None)
+    weights = tuple(nnx.state(t) for t in teachers)
+    tokens = jnp.asarray(np.random.RandomState(0).randint(1, 11, (4, 6)), jnp.int32)
+    mask = jnp.ones((4, 6), jnp.float32).at[:, :2].set(0.0)
+    exp = _experience(jnp.zeros((4, 6)), mask).replace(tokens=tokens)
+    own = [np.asarray(logp_fn(w, tokens, exp.attention_mask)) * np.asarray(mask) for w in weights]
+    assert np.abs(own[0] - own[1]).max() > 1e-2  # the teachers differ
+    p = PASSES.get("teacher")(teacher_logp_fn=(logp_fn, logp_fn))
+    for rows in ([0, 1, 1, 0], [0, 0, 0, 0]):
+        index = jnp.repeat(jnp.asarray(rows, jnp.float32)[:, None], 6, axis=1)
+        got, _ = run_passes([p], {"teacher": weights}, exp.replace(extras={TEACHER_INDEX: index}))
+        want = np.stack([own[k][b] for b, k in enumerate(rows)])
+        np.testing.assert_array_equal(np.asarray(got.teacher_logp), want)
