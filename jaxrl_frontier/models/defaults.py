@@ -142,6 +142,15 @@ class TeacherSection:
     # several teachers: a row's teacher is the one its example's tag names, the teacher at
     # `path` for every other tag (rl/produce/passes.py, `teacher_pass`)
     by_tag: dict = key({}, "several teachers: {tag: checkpoint}, by the example's tag")
+    tokenizer: str = key(
+        "policy",
+        "policy (it reads the student's tokens: one vocabulary) | own (its checkpoint's: "
+        "the completion re-tokenized, rl/produce/cross_tokenizer.py)",
+        choices=("policy", "own"),
+    )
+    token_ratio: float = key(
+        2.0, "tokenizer 'own': its completion budget per student token", low=0, low_open=True
+    )
     tag_key: str = key("dataset", "the example field holding its tag (teacher.by_tag)")
 
     def __post_init__(self):

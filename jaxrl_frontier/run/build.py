@@ -280,12 +280,19 @@ def build_teacher(config, tokenizer, mesh, key, policy_cfg, path=None) -> Transf
     if t.init == "none":
         return None
     teacher = build_model(t.init, path or t.path, config, tokenizer, mesh, key, t.dtype)
-    if teacher.cfg.vocab_size != policy_cfg.vocab_size:
+    if t.tokenizer == "policy" and teacher.cfg.vocab_size != policy_cfg.vocab_size:
         raise ConfigError(
             f"teacher vocab {teacher.cfg.vocab_size} != policy vocab {policy_cfg.vocab_size}: "
-            "teacher and student must share a tokenizer"
+            "teacher and student must share a tokenizer (or set teacher.tokenizer = 'own')"
         )
     return teacher
+
+
+def teacher_tokenizer(config):
+    """The teacher's own tokenizer (`teacher.tokenizer = 'own'`: its checkpoint's), or None
+    when it reads the student's tokens."""
+    t = config.teacher
+    return load_tokenizer(export_dir(t.path)) if t.tokenizer == "own" else None
 
 
 def build_tagged_teachers(config, tokenizer, mesh, key, policy_cfg) -> tuple[tuple, dict]:

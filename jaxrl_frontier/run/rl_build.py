@@ -28,6 +28,7 @@ from jaxrl_frontier.rl.learn.loss import dropout_masks
 from jaxrl_frontier.rl.methods import pact
 from jaxrl_frontier.rl.methods.ppo import build_critic
 from jaxrl_frontier.rl.produce import agent as agent_rollout
+from jaxrl_frontier.rl.produce import cross_tokenizer  # noqa: F401 (registers its pass)
 from jaxrl_frontier.rl.produce.editors import build_editors
 from jaxrl_frontier.rl.produce.passes import PASSES
 from jaxrl_frontier.rl.produce.producer import RolloutProducer, TeacherLinks
@@ -77,6 +78,7 @@ class RunParts:
     learned: tuple = ()  # the learned reward terms' scorers (a reward model's, a judge's)
     tagged_teachers: tuple = ()  # several teachers: the others than `teacher` (teacher.by_tag)
     teacher_index_of: Any = None  # and an example's teacher (rl/produce/producer.TeacherLinks)
+    teacher_tokenizer: Any = None  # the teacher's own tokenizer (rl/produce/cross_tokenizer.py)
 
 
 def checked_objective(config, parts: RunParts) -> tuple[ObjectiveSection, list, list, bool]:
@@ -182,17 +184,33 @@ def build_rl_stages(
     if parts.teacher is not None:
         teacher_pair = (nnx.graphdef(parts.teacher), nnx.state(parts.teacher))
         context["teacher_logp_fn"] = make_logp_fn(teacher_pair[0], **layout, pack=pack)
+        if parts.teacher_tokenizer is not None:  # its own tokens: the completion re-tokenized
+            context.update(_cross_tokenizer_context(c, parts, teacher_pair[0], tn))
         if parts.tagged_teachers:  # one log-prob forward per teacher, each row its own's
             more = [
                 make_logp_fn(nnx.graphdef(t), **layout, pack=pack) for t in parts.tagged_teachers
             ]
             context["teacher_logp_fn"] = (context["teacher_logp_fn"], *more)
-        names.append("teacher")
+        names.append("teacher" if parts.teacher_tokenizer is None else "cross_tokenizer_teacher")
     learner = _learner(c, parts, graphdef, objective, layout, teacher_pair, tx=tx, state=state,
                        completion_len=tn, log=log)  # fmt: skip
     passes = [PASSES.get(name)(**context) for name in names]
     producer = _producer(c, parts, objective, passes, editors, shapers)
     return learner, producer, logp_fn
+
+
+def _cross_tokenizer_context(c, parts: RunParts, teacher_graphdef, completion_len: int) -> dict:
+    """The cross-tokenizer teacher pass's context: the teacher's rows [prompt | completion]
+    at the prompt budget and `teacher.token_ratio` x the completion budget."""
+    budget = max(1, int(round(c.teacher.token_ratio * completion_len)))
+    return dict(
+        teacher_logp_fn=make_logp_fn(teacher_graphdef, completion_len=budget),
+        student_tokenizer=parts.tokenizer,
+        teacher_tokenizer=parts.teacher_tokenizer,
+        completion_len=completion_len,
+        prompt_len=c.data.max_prompt_len,
+        teacher_budget=budget,
+    )
 
 
 def _pass_context(c, parts: RunParts, graphdef, logp_fn, edited: bool, self_conditioned, tn):

@@ -336,6 +336,7 @@ def rl_step(c, roles, ctx: StepContext) -> RLStep:
         knobs=ctx.knobs,
         learned=_learned_rewards(c, roles, ctx.task),
         tagged_teachers=roles.tagged_teachers,
+        teacher_tokenizer=roles.teacher_tokenizer,
         teacher_index_of=_teacher_index_of(c, roles),
     )
     source = make_source(

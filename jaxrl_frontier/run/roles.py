@@ -35,6 +35,7 @@ from jaxrl_frontier.run.build import (
     build_reward_model,
     build_tagged_teachers,
     build_teacher,
+    teacher_tokenizer,
 )
 from jaxrl_frontier.run.config import sections
 from jaxrl_frontier.sampling import Sampler, make_sampler
@@ -59,6 +60,7 @@ class Roles:
     judge: JudgeRole | None = None
     tagged_teachers: tuple = ()
     teacher_tags: dict = dataclasses.field(default_factory=dict)
+    teacher_tokenizer: Any = None  # its own (`teacher.tokenizer = 'own'`), else None
 
     @property
     def teacher_weights(self):
@@ -83,6 +85,7 @@ class Roles:
         if teacher:
             shared.update(teacher=other.teacher, teacher_params=other.teacher_params)
             shared.update(tagged_teachers=other.tagged_teachers)
+            shared.update(teacher_tokenizer=other.teacher_tokenizer)
         if c.reward_model.init == "hf":
             shared.update(reward_model=other.reward_model)
         if c.judge.init == "hf":
@@ -148,6 +151,7 @@ def build_roles(
         judge=judge,
         tagged_teachers=tagged,
         teacher_tags=tags,
+        teacher_tokenizer=teacher_tokenizer(c),
     )
     return roles, params
 

@@ -336,13 +336,15 @@ def pretrained_rl(model: str, max_digits: int, arg: str | None) -> ml_collection
 
 
 def finish_pretrained(c: ml_collections.ConfigDict, arg: str | None) -> ml_collections.ConfigDict:
-    """`finish`, then, for `runlocal`, the real model again (the shrink swaps in a tiny one)
-    at short lengths: 2 steps, 16-token completions, a 4-prompt eval."""
+    """`finish`, then, for `runlocal`, the real model (and teacher) again (the shrink swaps
+    in tiny ones) at short lengths: 2 steps, 16-token completions, a 4-prompt eval."""
     shape = dict(hidden_size=c.model.hidden_size, intermediate_size=c.model.intermediate_size)
     init, path = c.model.init, c.model.path
+    teacher = dict(init=c.teacher.init, path=c.teacher.path)
     c = finish(c, arg)
     if arg == "runlocal":
         c.model.update(init=init, path=path, **shape)
+        c.teacher.update(teacher)  # a pretrained teacher too (the shrink makes a random one)
         c.rollout.max_new_tokens = 16
         c.train.update(steps=2, log_every=1, eval_every=2, checkpoint_every=2, rollout_log_every=1)
         c.eval.update(num_prompts=4, batch=4, pass_k=1)

@@ -254,6 +254,19 @@ def _check_teachers(c: ml_collections.ConfigDict) -> None:
     t = c.teacher
     if t.init in ("hf", "checkpoint") and not t.path:
         raise ConfigError(f"config key 'teacher.path' is required when teacher.init={t.init!r}")
+    if t.tokenizer == "own":
+        clashes = {
+            "objective.distill": c.objective.distill,  # a full-vocabulary loss: one vocabulary
+            "teacher.by_tag": dict(t.by_tag),
+            "teacher.init": t.init if t.init == "scratch" else None,
+        }
+        for key, value in clashes.items():
+            if value:
+                raise ConfigError(
+                    f"config key 'teacher.tokenizer' = 'own' does not go with {key} = "
+                    f"{value!r}: the re-tokenized path gives one checkpoint's sampled-token "
+                    "log-probs (a full-vocabulary loss needs one vocabulary)"
+                )
     if not t.by_tag:
         return
     if t.init not in ("hf", "checkpoint"):
