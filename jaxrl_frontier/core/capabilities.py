@@ -23,6 +23,8 @@ FEATURES = {
     "population": "members trained side by side in one process (population.*)",
     "packed_rows": "the update's rows packed without their padding (train.pack_tokens)",
     "sequence_axis": "each row's positions split over mesh.sequence (context parallelism)",
+    "several_teachers": "each row scored by the teacher its example's tag names (teacher.by_tag)",
+    "teacher_tokenizer": "a teacher reading the completion in its own tokens (teacher.tokenizer)",
     # asked of the sampler alone, where it is built (sampling/factory.py)
     "dropout_masks": "Dropout-GRPO's per-row MLP masks (rollout.dropout_rate)",
     "speculative_draft": "a draft's tokens verified by the policy (rollout.speculative.draft)",

@@ -64,11 +64,22 @@ def test_a_table_naming_only_the_main_teacher_is_the_single_teacher_run(checkpoi
     assert trainer.roles.tagged_teachers == () and trainer.step.producer.teachers.index_of is None
 
 
-def test_what_several_teachers_do_not_serve_is_refused(checkpoints):
+def test_what_several_teachers_and_a_teachers_own_tokenizer_do_not_serve_is_refused(
+    checkpoints,
+):
     a, b = checkpoints
     c = _config(a, {"1": b})
     c.objective.distill = "forward_kl"
-    assert "'teacher.by_tag' does not go with objective.distill" in config_error(c)
+    assert (
+        "config key 'teacher.by_tag' does not go with: objective.distill = 'forward_kl' "
+        "(a full-vocabulary loss reads one teacher's logits in the update)"
+    ) in config_error(c)
     c = _config(a, {"1": b})
     c.teacher.init = "scratch"
-    assert "'teacher.by_tag' names checkpoints" in config_error(c)
+    assert "teacher.init = 'scratch' (its tags name checkpoints" in config_error(c)
+    c = _config(a, {})
+    c.teacher.tokenizer = "own"
+    c.env.name = "frozenlake"
+    assert "'teacher.tokenizer' = 'own' does not go with: env.name = 'frozenlake'" in (
+        config_error(c)
+    )

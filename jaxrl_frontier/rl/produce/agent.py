@@ -204,6 +204,8 @@ class AgentRolloutProducer:
         keeps_rows_in_flight=_EPISODES,
         multi_process="environment rollouts run in one process",
         population="environment runs are not run as a population yet",
+        several_teachers="episodes carry no tag",
+        teacher_tokenizer="its rows are episodes of several turns",
     )
 
     def __init__(

@@ -179,6 +179,42 @@ def _process_local(c, procs: int) -> Need | None:
     return Need("process_local", "'rollout.max_staleness'", (), LOCAL_HEADLINE)
 
 
+def _distill_rows(c) -> list[str]:
+    """A full-vocabulary distillation loss, in the way of anything but one teacher that reads
+    the student's tokens: the update reads that teacher's logits over one vocabulary."""
+    if not c.objective.distill:
+        return []
+    why = "a full-vocabulary loss reads one teacher's logits in the update"
+    return [f"objective.distill = {c.objective.distill!r} ({why})"]
+
+
+def _several_teachers(c, procs: int) -> Need | None:
+    """Several teachers (`teacher.by_tag`): each row's own, for the sampled-token objectives."""
+    t = c.teacher
+    if not t.by_tag:
+        return None
+    rows = _distill_rows(c)
+    if t.init not in ("hf", "checkpoint"):
+        rows.append(f"teacher.init = {t.init!r} (its tags name checkpoints: 'hf' or 'checkpoint')")
+    return Need("several_teachers", "'teacher.by_tag'", tuple(rows))
+
+
+def _teacher_tokenizer(c, procs: int) -> Need | None:
+    """A teacher with its own tokenizer: one checkpoint's sampled-token log-probs, the rows
+    decoded on one process's host."""
+    t = c.teacher
+    if t.tokenizer != "own":
+        return None
+    rows = _distill_rows(c)
+    if t.by_tag:
+        rows.append("teacher.by_tag (one teacher re-tokenizes the rows)")
+    if t.init not in ("hf", "checkpoint"):
+        rows.append(f"teacher.init = {t.init!r} (its tokenizer comes with its checkpoint)")
+    if procs > 1:
+        rows.append(f"{procs} processes (the rows are decoded on one host)")
+    return Need("teacher_tokenizer", "'teacher.tokenizer' = 'own'", tuple(rows))
+
+
 # The run features a config may ask for; a new mode is one row here (and its feature in
 # core.capabilities.FEATURES) and one `capabilities` declaration on each part that lacks it.
 MODES: list[Mode] = [
@@ -201,6 +237,8 @@ MODES: list[Mode] = [
             else None
         ),
     ),
+    Mode("several_teachers", _several_teachers),
+    Mode("teacher_tokenizer", _teacher_tokenizer),
 ]
 
 

@@ -249,42 +249,11 @@ def check_env_run(c: ml_collections.ConfigDict) -> tuple[str, ...]:
 
 
 def _check_teachers(c: ml_collections.ConfigDict) -> None:
-    """The teacher's checkpoint, and several teachers (`teacher.by_tag`): checkpoints, read
-    row by row by the sampled-token objectives only."""
+    """The teacher's checkpoint (what several teachers and a teacher with its own tokenizer
+    do not go with is declared: run/config/parts.py)."""
     t = c.teacher
     if t.init in ("hf", "checkpoint") and not t.path:
         raise ConfigError(f"config key 'teacher.path' is required when teacher.init={t.init!r}")
-    if t.tokenizer == "own":
-        clashes = {
-            "objective.distill": c.objective.distill,  # a full-vocabulary loss: one vocabulary
-            "teacher.by_tag": dict(t.by_tag),
-            "teacher.init": t.init if t.init == "scratch" else None,
-        }
-        for key, value in clashes.items():
-            if value:
-                raise ConfigError(
-                    f"config key 'teacher.tokenizer' = 'own' does not go with {key} = "
-                    f"{value!r}: the re-tokenized path gives one checkpoint's sampled-token "
-                    "log-probs (a full-vocabulary loss needs one vocabulary)"
-                )
-    if not t.by_tag:
-        return
-    if t.init not in ("hf", "checkpoint"):
-        raise ConfigError(
-            f"config key 'teacher.by_tag' names checkpoints: set teacher.init = 'hf' or "
-            f"'checkpoint' (it is {t.init!r}) and teacher.path for the untagged rows"
-        )
-    if c.objective.distill:
-        raise ConfigError(
-            f"config key 'teacher.by_tag' does not go with objective.distill = "
-            f"{c.objective.distill!r}: a full-vocabulary distillation loss reads one teacher's "
-            "logits in the update; the sampled-token objectives (the 'opd' advantage, the "
-            "'iw_opd' weight) read each row's own teacher"
-        )
-    if c.env.name:
-        raise ConfigError(
-            "config key 'teacher.by_tag' does not go with env.name: episodes carry no tag"
-        )
 
 
 def _check_lora(c: ml_collections.ConfigDict) -> None:
