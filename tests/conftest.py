@@ -239,13 +239,21 @@ def build_hf_model(case: str, seed: int = 0):
     cls_name, extra = HF_CASES[case]
     config = getattr(transformers, cls_name)(**TINY, **extra, attn_implementation="eager")
     torch.manual_seed(seed)
-    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    return redrawn(transformers.AutoModelForCausalLM.from_config(config).eval(), 0.1, seed)
+
+
+def redrawn(model, scale: float, seed: int = 0):
+    """A transformers `model` with every parameter redrawn in place: norms around 1, the rest
+    N(0, scale^2). transformers initialises norms to 1 and biases to 0, which would leave
+    their mapping untested; redrawn, each parameter moves the outputs."""
+    import torch
+
+    torch.manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if "norm" in name:
-                p.copy_(1.0 + 0.2 * torch.randn_like(p))
-            else:
-                p.normal_(0.0, 0.1)
+            p.copy_(
+                1.0 + 0.2 * torch.randn_like(p) if "norm" in name else scale * torch.randn_like(p)
+            )
     return model
 
 

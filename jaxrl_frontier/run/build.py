@@ -147,8 +147,13 @@ def family_config_from(m, tokenizer) -> ModelConfig:
         sliding_window=m.sliding_window,
     )
     hf_config.update(_FAMILY_KEYS[m.family](m, head_dim))
-    return config_from_hf(hf_config).replace(
-        dtype=m.dtype,
+    return config_from_hf(hf_config).replace(dtype=m.dtype, **run_choices(m))
+
+
+def run_choices(m) -> dict:
+    """The `model` section's choices of how a model runs, not part of its HF config: remat,
+    the attention implementation, the scan's unroll, the experts' implementation."""
+    return dict(
         remat=m.remat,
         attention=m.attention,
         scan_unroll=m.scan_unroll,
@@ -202,16 +207,7 @@ def build_model(init: str, path: str, config, tokenizer, mesh, key, dtype: str) 
         )
         return sharding.shard_model(model, mesh)
     model = hf.load(export_dir(path), mesh=mesh, dtype=dtype)
-    m = config.model  # training choices, not part of the HF config
-    choices = model.cfg.replace(
-        remat=m.remat,
-        attention=m.attention,
-        scan_unroll=m.scan_unroll,
-        moe_impl=m.moe.impl,
-        moe_dispatch=m.moe.dispatch,
-        moe_capacity_factor=float(m.moe.capacity_factor),
-    )
-    return reconfigured(model, choices)
+    return reconfigured(model, model.cfg.replace(**run_choices(config.model)))
 
 
 def build_reward_model(config, tokenizer, mesh, key, policy_cfg) -> RewardModelRole | None:

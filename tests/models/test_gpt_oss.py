@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import hf_logits, left_padded_batch
+from conftest import hf_logits, left_padded_batch, redrawn
 from flax import nnx
 
 from jaxrl_frontier.core import sharding
@@ -54,17 +54,12 @@ REL_TOL = 1e-5  # max |ours - transformers| / max |logit| (module docstring)
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
     """(directory, torch model): the tiny random GPT-OSS saved by transformers."""
-    import torch
     import transformers
 
     config = transformers.GptOssConfig(
         **HF_GPT_OSS, attn_implementation="eager", experts_implementation="eager"
     )
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(config).eval()
-    with torch.no_grad():  # every parameter redrawn, so each one moves the logits
-        for name, p in model.named_parameters():
-            p.copy_(1.0 + 0.2 * torch.randn_like(p) if "norm" in name else 0.3 * p.normal_())
+    model = redrawn(transformers.AutoModelForCausalLM.from_config(config).eval(), 0.3)
     path = tmp_path_factory.mktemp("gpt_oss")
     model.save_pretrained(path)
     return path, model

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from conftest import hf_logits, left_padded_batch
+from conftest import hf_logits, left_padded_batch, redrawn
 from flax import nnx
 
 from jaxrl_frontier.core import sharding
@@ -39,15 +39,10 @@ HF_MOE = dict(
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
     """(directory, torch model): a random tiny Qwen3-MoE saved by transformers."""
-    import torch
     import transformers
 
     config = transformers.Qwen3MoeConfig(**HF_MOE, attn_implementation="eager")
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(config).eval()
-    with torch.no_grad():  # every parameter redrawn, so each one moves the logits
-        for name, p in model.named_parameters():
-            p.copy_(1.0 + 0.2 * torch.randn_like(p) if "norm" in name else 0.2 * p.normal_())
+    model = redrawn(transformers.AutoModelForCausalLM.from_config(config).eval(), 0.2)
     path = tmp_path_factory.mktemp("qwen3_moe")
     model.save_pretrained(path)
     return path, model
@@ -417,10 +412,7 @@ def test_qwen2_moe_shared_expert_parity_and_round_trip(tmp_path):
         **keep, shared_expert_intermediate_size=24, attn_implementation="eager"
     )
     torch.manual_seed(1)
-    ref_model = transformers.AutoModelForCausalLM.from_config(config).eval()
-    with torch.no_grad():
-        for name, p in ref_model.named_parameters():
-            p.copy_(1.0 + 0.2 * torch.randn_like(p) if "norm" in name else 0.2 * p.normal_())
+    ref_model = redrawn(transformers.AutoModelForCausalLM.from_config(config).eval(), 0.2, 1)
     ref_model.save_pretrained(tmp_path / "in")
     tokens, mask = left_padded_batch(length=10)
     ref = hf_logits(ref_model, tokens, mask)

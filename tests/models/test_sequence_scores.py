@@ -5,7 +5,7 @@ checkpoint written back loads in transformers with the same scores."""
 
 import numpy as np
 import pytest
-from conftest import TINY, hf_logits
+from conftest import TINY, hf_logits, redrawn
 
 from jaxrl_frontier.models import hf
 
@@ -30,21 +30,13 @@ REL_TOL = 1e-5  # max |ours - transformers| / max |score|, f32 sums over 64-wide
 def build_classifier(case: str, num_labels: int = 2):
     """A random tiny transformers sequence classifier (eval, f32, eager attention), every
     parameter redrawn (norms around 1) so each one moves the scores."""
-    import torch
     import transformers
 
     cls_name, extra = CASES[case]
     config = getattr(transformers, cls_name)(
         **{**TINY, **extra}, num_labels=num_labels, pad_token_id=PAD, attn_implementation="eager"
     )
-    torch.manual_seed(0)
-    model = transformers.AutoModelForSequenceClassification.from_config(config).eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            p.copy_(
-                1.0 + 0.2 * torch.randn_like(p) if "norm" in name else 0.1 * torch.randn_like(p)
-            )
-    return model
+    return redrawn(transformers.AutoModelForSequenceClassification.from_config(config).eval(), 0.1)
 
 
 def padded_rows(side: str):
