@@ -15,6 +15,7 @@ of every row's positions in the update and the log-prob passes.
   (tests/run/test_rl_build.py).
 """
 
+import dataclasses
 import functools
 import re
 
@@ -71,8 +72,7 @@ def models():
 
 def _objective():
     cfg = objective_section(config_lib.base_config().objective)
-    cfg.update(entropy_coef=0.05, distill="jsd", kl_coef=0.1)
-    return cfg
+    return dataclasses.replace(cfg, entropy_coef=0.05, distill="jsd", kl_coef=0.1)
 
 
 def _loss_and_grads(models, mesh, batch, chunk=16):
