@@ -107,6 +107,37 @@ def top_k_gates(logits: jax.Array, k: int, norm: bool, forced: jax.Array | None 
     return experts.astype(jnp.int32), gates
 
 
+def group_limited_gates(
+    logits, bias, k: int, n_group: int, topk_group: int, norm: bool, forced=None
+):
+    """DeepSeek-V3's router (arXiv 2412.19437 sec. 2.1.2; HF `DeepseekV3TopkRouter`):
+    logits f32 [..., E], bias [E] (the auxiliary-loss-free balancing bias, HF
+    `e_score_correction_bias`) -> (experts int32 [..., k], gates f32 [..., k]).
+
+        s = sigmoid(logits);  c = s + bias                    (c only chooses)
+        group score = sum of the 2 highest c in each of n_group groups of E / n_group
+        experts = top-k of c over the topk_group best groups' experts
+        gates = s at the experts (/ their sum + 1e-20 with `norm`)
+
+    forced [..., k]: routing replay, as `top_k_gates` (gates the current s there)."""
+    scores = jax.nn.sigmoid(logits)
+    choice = scores + bias.astype(jnp.float32)
+    e = scores.shape[-1]
+    grouped = choice.reshape(*choice.shape[:-1], n_group, e // n_group)
+    group_score = jax.lax.top_k(grouped, min(2, e // n_group))[0].sum(-1)  # [..., G]
+    best = jax.lax.top_k(group_score, topk_group)[1]
+    keep = jnp.any(jax.nn.one_hot(best, n_group, dtype=bool), axis=-2)  # [..., G]
+    choice = jnp.where(jnp.repeat(keep, e // n_group, axis=-1), choice, -jnp.inf)
+    experts = jax.lax.top_k(choice, k)[1]
+    if forced is not None:
+        recorded = jnp.all(forced >= 0, axis=-1, keepdims=True)
+        experts = jnp.where(recorded, forced.astype(jnp.int32), experts)
+    gates = jnp.take_along_axis(scores, experts, axis=-1)
+    if norm:
+        gates = gates / (jnp.sum(gates, axis=-1, keepdims=True) + 1e-20)
+    return experts.astype(jnp.int32), gates
+
+
 def router_stats(logits, experts, mask, num_experts: int, own=None, dropped=0.0) -> RouterStats:
     """The `RouterStats` of logits f32 [B, T, E] and chosen experts [B, T, k] over the
     tokens where mask [B, T] is 1 (None: all); own: the router's own top-k (None: experts);
@@ -430,19 +461,32 @@ class MoE(nnx.Module):
             self.shared_gate = param((d, fs), ("embed", "mlp"))
             self.shared_up = param((d, fs), ("embed", "mlp"))
             self.shared_down = param((fs, d), ("mlp", "embed"))
-            self.shared_expert_gate = param((d, 1), ("embed", None))
+            if cfg.shared_expert_gated:
+                self.shared_expert_gate = param((d, 1), ("embed", None))
+        if cfg.router_scoring == "sigmoid":  # DeepSeek-V3's balancing bias (HF buffer)
+            self.router_score_bias = param((e,), (None,), init="zeros")
 
     def shared_expert(self, x):
-        """Qwen2-MoE's shared expert: sigmoid(x w_g) * SwiGLU_shared(x); x [..., D]."""
+        """The shared expert SwiGLU_shared(x), x [..., D]; Qwen2-MoE's times its gate
+        sigmoid(x w_g) (`shared_expert_gated`), DeepSeek-V3's ungated."""
         dt = x.dtype
         h = jax.nn.silu(dense(x, self.shared_gate[...].astype(dt)))
         h = h * dense(x, self.shared_up[...].astype(dt))
-        gate = jax.nn.sigmoid(dense(x, self.shared_expert_gate[...].astype(dt)))
-        return gate * dense(h, self.shared_down[...].astype(dt))
+        y = dense(h, self.shared_down[...].astype(dt))
+        if not self.cfg.shared_expert_gated:
+            return y
+        return jax.nn.sigmoid(dense(x, self.shared_expert_gate[...].astype(dt))) * y
 
     def route(self, x, forced=None):
         """x [B, T, D] -> (router logits f32 [B, T, E], experts [B, T, k], gates f32)."""
         cfg = self.cfg
+        if cfg.router_scoring == "sigmoid":  # DeepSeek-V3: the logits in f32, as HF's
+            logits = dense(x.astype(jnp.float32), self.router[...].astype(jnp.float32))
+            experts, gates = group_limited_gates(
+                logits, self.router_score_bias[...], cfg.num_experts_per_tok, cfg.n_group,
+                cfg.topk_group, cfg.norm_topk_prob, forced,
+            )  # fmt: skip
+            return logits, experts, gates * cfg.routed_scaling_factor
         # the logits in the compute dtype, the softmax in f32: as transformers computes them
         logits = dense(x, self.router[...].astype(x.dtype))
         if cfg.expert_bias:
@@ -485,7 +529,7 @@ class MoE(nnx.Module):
             return y
         own = experts
         if route.experts is not None:  # replayed: the router's own choice too, for the metrics
-            own = jax.lax.top_k(logits, self.cfg.num_experts_per_tok)[1].astype(jnp.int32)
+            own = self.route(x)[1]
         stats = router_stats(logits, experts, route.mask, self.cfg.num_experts, own, dropped)
         return y, stats
 

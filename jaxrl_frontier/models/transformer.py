@@ -79,7 +79,10 @@ class Transformer(nnx.Module):
         self.cfg = cfg
         self.embed = make_param(rngs, (cfg.vocab_size, cfg.hidden_size), ("vocab", "embed"), pd)
         mlp = moe.MoE if cfg.num_experts else None  # the dense MLP unless experts
-        self.layers = Block(cfg, rngs, stack=(cfg.num_layers,), mlp=mlp)
+        k = cfg.first_k_dense_replace
+        if k:  # DeepSeek-V3: the first k layers' MLPs dense, in a stack of their own
+            self.dense_layers = Block(cfg, rngs, stack=(k,))
+        self.layers = Block(cfg, rngs, stack=(cfg.num_layers - k,), mlp=mlp)
         self.final_norm = rms_norm(cfg, cfg.hidden_size, rngs)
         if cfg.num_labels:  # a sequence classifier: its score head, no LM head
             self.score = make_param(rngs, (cfg.hidden_size, cfg.num_labels), ("embed", None), pd)
@@ -125,7 +128,21 @@ class Transformer(nnx.Module):
                 carry, y = body(self.layers[i], carry, jax.tree.map(lambda a: a[i], xs))
                 ys.append(y)
             return carry, jax.tree.map(lambda *a: jnp.stack(a), *ys)
-        graphdef, params = nnx.split(self.layers)
+        k = self.cfg.first_k_dense_replace
+        if not k:
+            return self._scan(self.layers, body, carry, xs, num, remat)
+        # DeepSeek-V3: the k dense layers' scan, then the MoE layers' (two layer shapes,
+        # two stacks: one scan cannot slice layers of different parameters)
+        if num <= k:
+            raise ValueError(f"a shallow model of {num} layers within the {k} dense ones")
+        part = lambda lo, hi: jax.tree.map(lambda a: a[lo:hi], xs)  # noqa: E731
+        carry, ys_dense = self._scan(self.dense_layers, body, carry, part(0, k), k, remat)
+        carry, ys = self._scan(self.layers, body, carry, part(k, num), num - k, remat)
+        return carry, jax.tree.map(lambda a, b: jnp.concatenate([a, b]), ys_dense, ys)
+
+    def _scan(self, layers, body, carry, xs, num, remat):
+        """`scan_layers` over one stack of layers (its first `num`)."""
+        graphdef, params = nnx.split(layers)
         if jax.tree.leaves(params)[0].shape[0] != num:  # a shallow draft: the first layers
             params = jax.tree.map(lambda a: a[:num], params)
 
@@ -293,6 +310,11 @@ class Transformer(nnx.Module):
         routed = routing is not None or router_stats
         if routed and not self.cfg.num_experts:
             raise ValueError("routing / router_stats: this model has no experts (num_experts=0)")
+        if routed and self.cfg.first_k_dense_replace:
+            raise NotImplementedError(
+                "routing replay / router stats with dense layers before the MoE layers "
+                "(first_k_dense_replace > 0, DeepSeek-V3) are not supported yet"
+            )
         forced = None if routing is None else jnp.moveaxis(routing, 2, 0)  # [L, B, T, k]
         return _Routing(routed, attention_mask, forced)
 
@@ -501,7 +523,8 @@ def with_compute_weights(model: Transformer) -> Transformer:
     graphdef, state = nnx.split(model)
 
     def needs_cast(path, w):
-        stacked = jax.tree_util.keystr(path[:1]) == "['layers']"  # a leading [L] axis
+        # a leading [L] axis
+        stacked = jax.tree_util.keystr(path[:1]) in ("['layers']", "['dense_layers']")
         matrix = w.ndim - stacked >= 2
         return matrix and jnp.issubdtype(w.dtype, jnp.floating) and w.dtype != dt
 
@@ -524,13 +547,19 @@ def unstack_layers(model: Transformer) -> Transformer:
     For forward passes only; a model already unstacked comes back as is."""
     if isinstance(model.layers, nnx.List):
         return model
-    graphdef, params = nnx.split(model.layers)
-    blocks = [
-        nnx.merge(graphdef, jax.tree.map(lambda a, i=i: a[i], params))
-        for i in range(model.cfg.num_layers)
-    ]
+    dense = model.cfg.first_k_dense_replace  # DeepSeek-V3's dense layers come first
+    stacks = ([model.dense_layers] if dense else []) + [model.layers]
+    blocks = []
+    for stack in stacks:
+        graphdef, params = nnx.split(stack)
+        num = jax.tree.leaves(params)[0].shape[0]
+        blocks += [
+            nnx.merge(graphdef, jax.tree.map(lambda a, i=i: a[i], params)) for i in range(num)
+        ]
     out = nnx.merge(*nnx.split(model))  # a shallow structural copy sharing the arrays
-    out.layers = nnx.List(blocks)
+    out.layers = nnx.List(blocks[: model.cfg.num_layers])
+    if dense:
+        del out.dense_layers
     return out
 
 

@@ -1,0 +1,172 @@
+"""DeepSeek-V3 against transformers' `DeepseekV3ForCausalLM` on the same tiny random weights.
+
+One tiny random model serves the file (built by transformers in f32 with its eager
+attention and eager experts): hidden 32, 3 layers (the first dense, `first_k_dense_replace`
+1, then two mixtures of experts), 4 heads of multi-head latent attention (q latent 24, kv
+latent 16, nope 8 + rope 8 per head, values 12, RoPE interleaved, YaRN 40x with DeepSeek's
+mscale), 8 routed experts of width 16 in 4 groups, 2 groups kept, top 2, one shared
+expert, routed_scaling_factor 2.5. Every parameter is redrawn, and so is the balancing
+bias `e_score_correction_bias` (a buffer), so each feature moves the logits. Checked: the
+logits on a left-padded batch in both expert forms, each DeepSeek feature moving them; save
+-> transformers load -> the same tensors and logits, and our loader reads them back; our
+sampler's greedy tokens equal transformers' `generate`.
+
+Tolerance: the logits' scale is O(1-10); an f32 value here passes through some hundreds of
+roundings of relative 6e-8 (three layers: norms, projections over at most 32 inputs,
+softmaxes over at most 13 columns, 2 experts + 1 shared), which puts ours and
+transformers' ~1e-6 of the scale apart; 1e-5 of the scale is the bound, and each variant
+below moves the logits by more than 100 times it.
+"""
+
+import jax
+import numpy as np
+import pytest
+from conftest import hf_logits, left_padded_batch
+from flax import nnx
+
+from jaxrl_frontier.models import hf, moe
+from jaxrl_frontier.models.transformer import Transformer
+from jaxrl_frontier.sampling import Sampler, SamplingParams
+
+HF_DEEPSEEK = dict(
+    vocab_size=128,
+    hidden_size=32,
+    intermediate_size=48,
+    moe_intermediate_size=16,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    num_key_value_heads=4,
+    n_shared_experts=1,
+    n_routed_experts=8,
+    kv_lora_rank=16,
+    q_lora_rank=24,
+    qk_rope_head_dim=8,
+    v_head_dim=12,
+    qk_nope_head_dim=8,
+    n_group=4,
+    topk_group=2,
+    num_experts_per_tok=2,
+    first_k_dense_replace=1,
+    routed_scaling_factor=2.5,
+    max_position_embeddings=2560,  # 40x the original 64 (YaRN)
+    eos_token_id=None,  # generate's 10 tokens all count (the default eos is token 1)
+    rope_parameters=dict(
+        rope_type="yarn",
+        rope_theta=10000.0,
+        factor=40.0,
+        beta_fast=32,
+        beta_slow=1,
+        mscale=1.0,
+        mscale_all_dim=1.0,
+        original_max_position_embeddings=64,
+    ),  # fmt: skip
+)
+REL_TOL = 1e-5  # max |ours - transformers| / max |logit| (module docstring)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    """(directory, torch model): the tiny random DeepSeek-V3 saved by transformers."""
+    import torch
+    import transformers
+
+    config = transformers.DeepseekV3Config(
+        **HF_DEEPSEEK, attn_implementation="eager", experts_implementation="eager"
+    )
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    with torch.no_grad():  # every parameter redrawn, so each one moves the logits
+        for name, p in model.named_parameters():
+            p.copy_(1.0 + 0.2 * torch.randn_like(p) if "norm" in name else 0.3 * p.normal_())
+        for layer in model.model.layers[1:]:  # the balancing bias: a buffer, not a parameter
+            layer.mlp.gate.e_score_correction_bias.normal_(0.0, 0.3)
+    path = tmp_path_factory.mktemp("deepseek_v3")
+    model.save_pretrained(path)
+    return path, model
+
+
+@pytest.fixture(scope="module")
+def model(checkpoint):
+    return hf.load(checkpoint[0])
+
+
+def with_config(model, cfg, **params):
+    """The model's weights under another config of the same shapes, with `params`
+    ({'mlp.router_score_bias': value}) replacing MoE layer parameters."""
+    abstract = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
+    state = nnx.state(nnx.clone(model))
+    for path, value in params.items():
+        var = state["layers"]
+        for part in path.split("."):
+            var = var[part]
+        var.set_value(np.full(var.get_value().shape, value, np.float32))
+    return nnx.merge(nnx.graphdef(abstract), state)
+
+
+def rel_diff(a, b, mask) -> float:
+    real = mask.astype(bool)
+    return float(np.abs(a - b)[real].max() / np.abs(b)[real].max())
+
+
+def test_logit_parity_both_expert_forms_and_round_trip(checkpoint, model, tmp_path):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    path, torch_model = checkpoint
+    cfg = model.cfg
+    assert (cfg.family, cfg.first_k_dense_replace, cfg.num_experts) == ("deepseek_v3", 1, 8)
+    assert (cfg.kv_lora_rank, cfg.q_lora_rank, cfg.rope_interleave) == (16, 24, True)
+    assert (cfg.n_group, cfg.topk_group, cfg.shared_expert_intermediate_size) == (4, 2, 16)
+    tokens, mask = left_padded_batch(length=12)
+    ref = hf_logits(torch_model, tokens, mask)
+    run = lambda m: np.asarray(jax.jit(lambda t, k: m(t, k))(tokens, mask))  # noqa: E731
+    for impl in moe.EXPERT_IMPLS:
+        diff = rel_diff(run(with_config(model, cfg.replace(moe_impl=impl))), ref, mask)
+        print(f"{impl}: max |logit diff| / max |logit| = {diff:.1e}")
+        assert diff < REL_TOL, impl
+
+    # each DeepSeek feature moves the logits: the test is not blind to any of them
+    variants = {
+        "no group limit": with_config(model, cfg.replace(topk_group=4)),
+        "no interleave": with_config(model, cfg.replace(rope_interleave=False)),
+        "no YaRN": with_config(model, cfg.replace(rope_scaling=None)),
+        "no scaling factor": with_config(model, cfg.replace(routed_scaling_factor=1.0)),
+        "no correction bias": with_config(model, cfg, **{"mlp.router_score_bias": 0.0}),
+        "no shared expert": with_config(model, cfg, **{"mlp.shared_down": 0.0}),
+    }
+    for name, other in variants.items():
+        diff = rel_diff(run(other), ref, mask)
+        print(f"{name}: {diff:.1e}")
+        assert diff > 100 * REL_TOL, name
+
+    # our save (sharded) -> transformers loads the same model; our loader reads it back
+    hf.save(model, tmp_path, max_shard_size="20KB")
+    back = AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation="eager").eval()
+    assert type(back).__name__ == "DeepseekV3ForCausalLM"
+    with torch.no_grad():
+        ours = dict(back.state_dict())
+        for name, a in torch_model.state_dict().items():
+            torch.testing.assert_close(ours[name], a, rtol=0, atol=0, msg=name)
+    assert rel_diff(hf_logits(back, tokens, mask), ref, mask) < REL_TOL
+    again = hf.load(tmp_path)
+    for a, b in zip(jax.tree.leaves(nnx.state(model)), jax.tree.leaves(nnx.state(again))):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+PROMPTS = np.random.RandomState(1).randint(1, 128, size=(2, 6)).astype(np.int32)
+
+
+def test_greedy_decode_equals_transformers(checkpoint, model):
+    """10 greedy tokens after prompts of 6 (the sampler pads them to 8), the decode over the
+    unstacked layers (the dense one, then the MoE ones) and their full per-head KV cache."""
+    import torch
+
+    sampler = Sampler(model, pad_id=0, prompt_buckets=(8,))
+    params = SamplingParams(max_new_tokens=10, greedy=True)
+    rollout = sampler.generate(PROMPTS, np.ones_like(PROMPTS), params, jax.random.key(0))
+    with torch.no_grad():
+        ref = checkpoint[1].generate(
+            torch.as_tensor(PROMPTS, dtype=torch.long), max_new_tokens=10, do_sample=False,
+            attention_mask=torch.ones(PROMPTS.shape, dtype=torch.long), pad_token_id=0,
+        )[:, 6:].numpy()  # fmt: skip
+    np.testing.assert_array_equal(np.asarray(rollout.completion_tokens), ref)
