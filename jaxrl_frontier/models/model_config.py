@@ -247,19 +247,26 @@ class ModelConfig:
         if self.qk_norm:
             attn += 2 * hd
         attn += d * self.o_bias + self.num_heads * self.attention_sinks
-        mlp = 3 * d * f
+        if self.kv_lora_rank:  # latent attention's projections and latent norms instead
+            h, r, rq, dv = self.num_heads, self.kv_lora_rank, self.q_lora_rank, self.v_head_dim
+            attn = (d * rq + rq + rq * h * hd) if rq else d * h * hd
+            attn += d * (r + self.qk_rope_head_dim) + r
+            attn += r * h * (self.qk_nope_head_dim + dv) + h * dv * d
+        dense_mlp = mlp = 3 * d * f
         if self.num_experts:  # the router and the experts instead
+            fs = self.shared_expert_intermediate_size
             mlp = d * self.num_experts * (1 + 3 * self.moe_intermediate_size)
             # biases: the router's [E], the gate's and up's [E, F], the down's [E, D]
             mlp += self.expert_bias * self.num_experts * (1 + 2 * self.moe_intermediate_size + d)
-            mlp += (
-                d
-                * (1 + 3 * self.shared_expert_intermediate_size)
-                * bool(self.shared_expert_intermediate_size)
-            )
-        layer = attn + mlp + (4 if self.sandwich_norms else 2) * d
+            mlp += (3 * d * fs + d * self.shared_expert_gated) * bool(fs)
+            mlp += self.num_experts * (self.router_scoring == "sigmoid")  # the balancing bias
+        norms = (4 if self.sandwich_norms else 2) * d
         emb = v * d * (1 if self.tie_word_embeddings else 2)
-        return self.num_layers * layer + emb + d
+        dense = self.first_k_dense_replace  # DeepSeek-V3's first layers: dense MLPs
+        layers = (self.num_layers - dense) * (attn + mlp + norms) + dense * (
+            attn + dense_mlp + norms
+        )
+        return layers + emb + d
 
 
 # ModelConfig.hidden_act (HF `hidden_act` / `hidden_activation`) -> the MLP's gate activation

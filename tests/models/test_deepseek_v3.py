@@ -19,11 +19,13 @@ below moves the logits by more than 100 times it.
 """
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 from conftest import hf_logits, left_padded_batch
 from flax import nnx
 
+from jaxrl_frontier.core import sharding
 from jaxrl_frontier.models import hf, moe
 from jaxrl_frontier.models.transformer import Transformer
 from jaxrl_frontier.sampling import Sampler, SamplingParams
@@ -170,3 +172,57 @@ def test_greedy_decode_equals_transformers(checkpoint, model):
             attention_mask=torch.ones(PROMPTS.shape, dtype=torch.long), pad_token_id=0,
         )[:, 6:].numpy()  # fmt: skip
     np.testing.assert_array_equal(np.asarray(rollout.completion_tokens), ref)
+
+
+def test_expert_parallel_update_equals_one_device(model):
+    """The update's form (grouped matmuls) with the experts split over 8 fake devices (one
+    expert a device; the dense layer's MLP FSDP-sharded): the loss and every gradient equal
+    one device's, and so does the greedy decode on the mesh."""
+    mesh = sharding.make_mesh((1, 8, 1))
+    ragged = with_config(model, model.cfg.replace(moe_impl="ragged"))
+    graphdef, state = nnx.split(ragged)
+    tokens, mask = map(jnp.asarray, left_padded_batch(batch=8, length=8))
+
+    @jax.jit
+    def loss_and_grads(params, tokens, mask):
+        return jax.value_and_grad(lambda p: jnp.mean(nnx.merge(graphdef, p)(tokens, mask) ** 2))(
+            params
+        )
+
+    loss1, grads1 = loss_and_grads(state, tokens, mask)
+    placed = jax.device_put(state, sharding.state_shardings(state, mesh))
+    experts = placed["layers"]["mlp"]["expert_down"].get_value()
+    assert experts.sharding.spec[1] == "fsdp"  # [L - 1, E, F, D]: the experts split
+    loss8, grads8 = loss_and_grads(placed, *sharding.shard_batch((tokens, mask), mesh))
+    # f32 sums in another order (psums over the devices): a few ulps of O(1) values
+    np.testing.assert_allclose(loss8, loss1, rtol=1e-6)
+    for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(grads1), jax.tree.leaves(grads8)):
+        name = jax.tree_util.keystr(path)
+        np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=1e-6, rtol=1e-5, err_msg=name)
+        if "router_score_bias" not in name:  # it only chooses experts: no gradient
+            assert np.abs(np.asarray(a)).max() > 0, name
+
+    params = SamplingParams(max_new_tokens=6, greedy=True)
+    prompts = np.asarray(tokens), np.asarray(mask)
+    one = Sampler(model, pad_id=0, prompt_buckets=(8,)).generate(
+        *prompts, params, jax.random.key(0)
+    )
+    spread = Sampler(
+        nnx.merge(nnx.graphdef(model), placed), pad_id=0, mesh=mesh, prompt_buckets=(8,)
+    )
+    eight = spread.generate(*prompts, params, jax.random.key(0))
+    np.testing.assert_array_equal(np.asarray(eight.completion_tokens), one.completion_tokens)
+    np.testing.assert_allclose(np.asarray(eight.policy_logp), one.policy_logp, atol=1e-5)
+
+
+def test_config_mapping_and_parameter_count(checkpoint, model):
+    torch_model = checkpoint[1]
+    cfg = model.cfg
+    assert hf.config_from_hf(hf.config_to_hf(cfg)) == cfg
+    n = sum(p.numel() for p in torch_model.parameters())
+    # ours also holds each MoE layer's balancing bias as a parameter (transformers: a buffer)
+    assert hf.count_params(model) == cfg.num_params() == n + 2 * cfg.num_experts
+    no_q_latent = hf.config_from_hf({**hf.config_to_hf(cfg), "q_lora_rank": None})
+    assert no_q_latent.q_lora_rank == 0 and no_q_latent.num_params() < cfg.num_params()
+    with pytest.raises(NotImplementedError, match="first_k_dense_replace"):
+        model.hidden_states(*map(jnp.asarray, left_padded_batch(length=4)), router_stats=True)
