@@ -321,11 +321,13 @@ class LatentAttention(Attention):
         k = [k_n, RoPE(k_r) for every head],  q = [q_n, RoPE(q_r)]
         out = softmax(q k^T * (Dn + Dr) ** -0.5 * yarn mscale^2) v  W_o
 
-    It runs as `Attention` with K = H heads of width Dh = Dn + Dr: `project_qkv` gives
-    full per-head keys and values padded with zeros from Dv to Dh (the padded columns of
-    the output are dropped by `project_out`), so the cache, the attention implementations
-    and the shared-prompt forward are the other families'. (The cache then holds H (Dh +
-    Dh) numbers per token and layer, not MLA's R + Dr: the latent cache is not built.)
+    A forward over whole rows (update, scoring) runs as `Attention` with K = H heads of
+    width Dh = Dn + Dr: `project_qkv` gives full per-head keys and values padded with zeros
+    from Dv to Dh (the padded columns of the output are dropped by `project_out`), so the
+    attention implementations and the shared-prompt forward are the other families'. A
+    forward over a cache (prefill, decode) caches only each token's latent and rope key
+    (R + Dr numbers per layer, against a full cache's 2 H Dh) and absorbs the
+    up-projection into the query and the output (`__call__`).
     `rope_interleave`: RoPE rotates the pairs (x0, x1), (x2, x3), ...; de-interleaving q_r
     and k_r alike ([x0, x2, .., x1, x3, ..]) makes that the rotate-half RoPE and leaves
     q_r . k_r unchanged.
@@ -349,28 +351,68 @@ class LatentAttention(Attention):
         self.kv_b_proj = param((r, h, cfg.qk_nope_head_dim + cfg.v_head_dim), (None, "heads", None))
         self.o_proj = param((h, cfg.v_head_dim, d), ("heads", None, "embed"))
 
-    def project_qkv(self, x, positions, inv_freq):
-        """x [..., D], positions [...] -> q, k, v [..., H, Dh] (v zero-padded from Dv)."""
+    def project_latent(self, x, positions, inv_freq):
+        """x [..., D], positions [...] -> (q_nope [..., H, Dn], q_rot [..., H, Dr] rotated,
+        the normed latent [..., R], the rotated rope key [..., 1, Dr])."""
         cfg, dt = self.cfg, self.cfg.compute_dtype
-        dn, dr, dv = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim
         if cfg.q_lora_rank:
             q = project(self, "q_b_proj", self.q_a_norm(project(self, "q_a_proj", x, dt)), dt)
         else:
             q = project(self, "q_proj", x, dt)
         latent, k_rot = jnp.split(project(self, "kv_a_proj", x, dt), [cfg.kv_lora_rank], -1)
-        kv = project(self, "kv_b_proj", self.kv_a_norm(latent), dt)  # [..., H, Dn + Dv]
-        k_nope, v = kv[..., :dn], kv[..., dn:]
-        q_nope, q_rot = q[..., :dn], q[..., dn:]
+        q_nope, q_rot = q[..., : cfg.qk_nope_head_dim], q[..., cfg.qk_nope_head_dim :]
         k_rot = k_rot[..., None, :]  # [..., 1, Dr]: one rope key for every head
         if cfg.rope_interleave:
             q_rot, k_rot = _deinterleave(q_rot), _deinterleave(k_rot)
         scale = rope_attention_scale(cfg)
         q_rot = apply_rope(q_rot, positions, inv_freq, scale)
         k_rot = apply_rope(k_rot, positions, inv_freq, scale)
+        return q_nope, q_rot, self.kv_a_norm(latent), k_rot
+
+    def project_qkv(self, x, positions, inv_freq):
+        """x [..., D], positions [...] -> q, k, v [..., H, Dh] (v zero-padded from Dv)."""
+        cfg, dt = self.cfg, self.cfg.compute_dtype
+        dn, dr, dv = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim
+        q_nope, q_rot, latent, k_rot = self.project_latent(x, positions, inv_freq)
+        kv = project(self, "kv_b_proj", latent, dt)  # [..., H, Dn + Dv]
+        k_nope, v = kv[..., :dn], kv[..., dn:]
         q = jnp.concatenate([q_nope, q_rot], -1)
         k = jnp.concatenate([k_nope, jnp.broadcast_to(k_rot, (*k_nope.shape[:-1], dr))], -1)
         v = jnp.pad(v, [(0, 0)] * (v.ndim - 1) + [(0, dn + dr - dv)])
         return q, k, v
+
+    def __call__(self, x, positions, inv_freq, attn_bias, kv=None):
+        """`Attention.__call__`; with a cache, kv = (latent cache [B, 1, S, R], rope-key
+        cache [B, 1, S, Dr], index): the T new tokens' latents and rope keys are written at
+        slots [index, index + T) and attended to with the up-projection absorbed
+        (DeepSeek-V2 sec. 2.1.2): W_kvb = [W_k [R, H, Dn], W_v [R, H, Dv]],
+
+            score_hts = (q_nope_h W_k,h^T) . c_s + q_rot_h . k_rot_s     ([R] and [Dr] dots)
+            out_h = (sum_s p_hts c_s) W_v,h                              [Dv]
+
+        so no per-head key or value is formed or cached: R + Dr numbers per token and
+        layer. Scores and softmax in f32, as `attention.attend`; the values are those of
+        the expanded form up to f32 rounding (summed in another order)."""
+        if kv is None:
+            return super().__call__(x, positions, inv_freq, attn_bias)
+        cfg, dt = self.cfg, self.cfg.compute_dtype
+        f32, dn = jnp.float32, cfg.qk_nope_head_dim
+        latent_cache, rope_cache, index = kv
+        q_nope, q_rot, latent, k_rot = self.project_latent(x, positions, inv_freq)
+        c = write_slots(latent_cache, latent[:, None].astype(latent_cache.dtype), index, axis=2)
+        k_rot = write_slots(rope_cache, jnp.swapaxes(k_rot, 1, 2).astype(rope_cache.dtype),
+                            index, axis=2)  # fmt: skip
+        w = self.kv_b_proj[...].astype(dt)  # [R, H, Dn + Dv]
+        q_abs = jnp.einsum("bthn,rhn->bthr", q_nope, w[..., :dn], preferred_element_type=f32)
+        scores = jnp.einsum("bthr,bsr->bhts", q_abs, c[:, 0].astype(f32))
+        scores += jnp.einsum(
+            "bthd,bsd->bhts", q_rot, k_rot[:, 0].astype(dt), preferred_element_type=f32
+        )
+        scores = scores * self.score_options()["scale"] + attn_bias[:, 0]  # [B, H, T, S]
+        probs = jax.nn.softmax(scores, axis=-1)
+        out_c = jnp.einsum("bhts,bsr->bthr", probs, c[:, 0].astype(f32))
+        out = jnp.einsum("bthr,rhv->bthv", out_c.astype(dt), w[..., dn:])
+        return project(self, "o_proj", out, dt, contract=2), (c, k_rot)
 
     def project_out(self, out):
         """Attention output [..., H, Dh] -> [..., D] through its first Dv columns."""

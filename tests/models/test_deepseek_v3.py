@@ -27,6 +27,7 @@ from flax import nnx
 
 from jaxrl_frontier.core import sharding
 from jaxrl_frontier.models import hf, moe
+from jaxrl_frontier.models.kv_cache import init_cache
 from jaxrl_frontier.models.transformer import Transformer
 from jaxrl_frontier.sampling import Sampler, SamplingParams
 
@@ -172,6 +173,21 @@ def test_greedy_decode_equals_transformers(checkpoint, model):
             attention_mask=torch.ones(PROMPTS.shape, dtype=torch.long), pad_token_id=0,
         )[:, 6:].numpy()  # fmt: skip
     np.testing.assert_array_equal(np.asarray(rollout.completion_tokens), ref)
+
+    # the absorbed decode's log-probs are the full forward's (the learner's) up to f32
+    # rounding, the cache holding R + Dr = 24 numbers per token and layer, not 2 H Dh = 128
+    seq = rollout.sequences()
+    logits = jax.jit(lambda t, m: model(t, m))(seq.tokens, seq.attention_mask)
+    logp = jax.nn.log_softmax(logits[:, 7:-1], -1)
+    full = np.take_along_axis(np.asarray(logp), np.asarray(seq.tokens)[:, 8:, None], -1)[..., 0]
+    np.testing.assert_allclose(np.asarray(rollout.policy_logp), full, atol=1e-5)
+    cfg = model.cfg
+    latent, dense = model.init_cache(2, 18), init_cache(cfg.replace(kv_lora_rank=0), 2, 18)
+    nbytes = lambda cache: sum(a.nbytes for a in cache.k + cache.v)  # noqa: E731
+    per_token = (cfg.kv_lora_rank + cfg.qk_rope_head_dim) * 4 * cfg.num_layers
+    assert nbytes(latent) == 2 * 18 * per_token
+    assert nbytes(dense) == 2 * 18 * 2 * cfg.num_heads * cfg.resolved_head_dim * 4 * cfg.num_layers
+    print(f"cache bytes per token: latent {nbytes(latent) // 36}, full {nbytes(dense) // 36}")
 
 
 def test_expert_parallel_update_equals_one_device(model):
