@@ -441,13 +441,16 @@ class MLP(nnx.Module):
         self.up_proj = param((d, f), ("embed", "mlp"))
         self.down_proj = param((f, d), ("mlp", "embed"))
 
-    def __call__(self, x, hidden_mask=None):
+    def __call__(self, x, hidden_mask=None, route=None):
+        """x [B, T, D] -> [B, T, D]; with a route (a dense layer of a mixture-of-experts
+        model, DeepSeek-V3's first layers, in a routed forward): (that, None), no router."""
         dt = self.dtype
         gate = project(self, "gate_proj", x, dt)
         h = self.act(gate) * project(self, "up_proj", x, dt)
         if hidden_mask is not None:  # [B, F] fixed dropout mask (Dropout-GRPO rollouts)
             h = h * hidden_mask[:, None, :].astype(dt)
-        return project(self, "down_proj", h, dt)
+        y = project(self, "down_proj", h, dt)
+        return y if route is None else (y, None)
 
 
 class Block(nnx.Module):

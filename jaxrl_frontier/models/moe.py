@@ -160,6 +160,18 @@ def router_stats(logits, experts, mask, num_experts: int, own=None, dropped=0.0)
     )
 
 
+def no_router_stats(shape, num_experts: int, k: int) -> RouterStats:
+    """The `RouterStats` of a layer without a router (a dense layer of an MoE model,
+    DeepSeek-V3's first layers) over tokens [B, T] (shape): no load, no tokens counted,
+    experts -1 (none: a replay leaves such a layer alone), and 0 assignments, which
+    `router_losses`, `router_metrics` and `routing_difference_share` read as "not an MoE
+    layer"."""
+    zeros = jnp.zeros((num_experts,), jnp.float32)
+    none = jnp.full((*shape, k), -1, jnp.int32)
+    nothing = jnp.zeros((), jnp.float32)
+    return RouterStats(zeros, zeros, nothing, nothing, nothing, none, none, nothing, nothing)
+
+
 # ----------------------------------------------------------------------------- experts
 
 
@@ -551,7 +563,17 @@ def router_losses(stats: RouterStats) -> dict[str, jax.Array]:
     f = stats.load / jnp.maximum(jnp.sum(stats.load, -1, keepdims=True), 1.0)
     p = stats.prob / tokens[:, None]
     balance = num_experts * jnp.sum(jax.lax.stop_gradient(f) * p, axis=-1)
-    return {"load_balance": jnp.mean(balance), "z": jnp.mean(stats.z / tokens)}
+    moe = _moe_layers(stats)  # the mean over the MoE layers (DeepSeek's dense ones: none)
+    return {"load_balance": _mean_over(balance, moe), "z": _mean_over(stats.z / tokens, moe)}
+
+
+def _moe_layers(stats: RouterStats) -> jax.Array:
+    """bool [L]: the layers with a router (`no_router_stats` makes none assignments)."""
+    return jnp.broadcast_to(stats.assigned, stats.tokens.shape) > 0
+
+
+def _mean_over(x, where):
+    return jnp.sum(jnp.where(where, x, 0.0)) / jnp.maximum(jnp.sum(where), 1)
 
 
 def router_metrics(stats: RouterStats) -> dict[str, jax.Array]:
@@ -560,10 +582,11 @@ def router_metrics(stats: RouterStats) -> dict[str, jax.Array]:
     per token (nats; log E is uniform), and the share of assignments the dispatch dropped."""
     mean = jnp.maximum(jnp.mean(stats.load, -1), 1e-9)  # [L]
     tokens = jnp.maximum(stats.tokens, 1.0)
+    moe = _moe_layers(stats)  # over the MoE layers only (DeepSeek's dense ones: none)
     return {
-        "moe/load_max": jnp.max(jnp.max(stats.load, -1) / mean),
-        "moe/load_min": jnp.min(jnp.min(stats.load, -1) / mean),
-        "moe/router_entropy": jnp.mean(stats.entropy / tokens),
+        "moe/load_max": jnp.max(jnp.where(moe, jnp.max(stats.load, -1) / mean, 0.0)),
+        "moe/load_min": jnp.min(jnp.where(moe, jnp.min(stats.load, -1) / mean, jnp.inf)),
+        "moe/router_entropy": _mean_over(stats.entropy / tokens, moe),
         # 'all_to_all' dispatch with a capacity factor: the share of assignments dropped
         "moe/dropped_share": jnp.sum(stats.dropped) / jnp.maximum(jnp.sum(stats.assigned), 1.0),
     }
@@ -575,7 +598,8 @@ def routing_difference_share(a, b, mask=None) -> jax.Array:
     where mask [B, T] is 1 (None: all). The order within the k does not matter."""
     differ = jnp.any(jnp.sort(a, -1) != jnp.sort(b, -1), axis=-1)  # [B, T, L]
     w = jnp.ones(a.shape[:2], jnp.float32) if mask is None else mask.astype(jnp.float32)
-    layers = a.shape[2]
+    # the layers with a router (a dense layer's experts are -1 everywhere: DeepSeek's first)
+    layers = jnp.sum(jnp.any(a >= 0, axis=(0, 1, 3)))
     return jnp.sum(differ * w[..., None]) / jnp.maximum(jnp.sum(w) * layers, 1.0)
 
 

@@ -204,7 +204,8 @@ class Transformer(nnx.Module):
         MoE models only: routing int [B, T, L, k] sends each token of layer l to the experts
         routing[:, :, l] (routing replay; gates from the current router); router_stats=True
         also returns the layers' `moe.RouterStats` stacked [L, ...] (their `experts`
-        [L, B, T, k]) over the real tokens: (hidden, cache, stats).
+        [L, B, T, k]) over the real tokens: (hidden, cache, stats). A dense layer of an MoE
+        model (DeepSeek-V3's first) ignores its routing and has `moe.no_router_stats`.
         """
         cfg = self.cfg
         if segment_ids is not None:
@@ -310,13 +311,8 @@ class Transformer(nnx.Module):
         routed = routing is not None or router_stats
         if routed and not self.cfg.num_experts:
             raise ValueError("routing / router_stats: this model has no experts (num_experts=0)")
-        if routed and self.cfg.first_k_dense_replace:
-            raise NotImplementedError(
-                "routing replay / router stats with dense layers before the MoE layers "
-                "(first_k_dense_replace > 0, DeepSeek-V3) are not supported yet"
-            )
         forced = None if routing is None else jnp.moveaxis(routing, 2, 0)  # [L, B, T, k]
-        return _Routing(routed, attention_mask, forced)
+        return _Routing(routed, attention_mask, forced, self.cfg)
 
     def _cached_layers(self, x, positions, real, attention, cache, mlp_mask, route):
         """The unstacked layers over a cache, each layer's cache updated in place: at slots
@@ -569,11 +565,19 @@ class _Routing:
     route(forced_l) -> the layer's `moe.Route` (None: a plain MLP call); stats(out) -> the
     layer's router stats from its output (None unless routed)."""
 
-    def __init__(self, routed: bool, attention_mask, forced):
-        self.routed, self.mask, self.forced = routed, attention_mask, forced
+    def __init__(self, routed: bool, attention_mask, forced, cfg: ModelConfig):
+        self.routed, self.mask, self.forced, self.cfg = routed, attention_mask, forced, cfg
 
     def __call__(self, forced_layer):
         return moe.Route(mask=self.mask, experts=forced_layer) if self.routed else None
 
     def stats(self, out):
-        return out[2] if self.routed else None
+        """The layer's stats; a dense layer of an MoE model (DeepSeek-V3's first layers)
+        gives none, and stands in the [L, ...] stack as `moe.no_router_stats`."""
+        if not self.routed:
+            return None
+        if out[2] is None:
+            return moe.no_router_stats(
+                self.mask.shape, self.cfg.num_experts, self.cfg.num_experts_per_tok
+            )
+        return out[2]

@@ -164,7 +164,7 @@ def test_greedy_decode_equals_transformers(checkpoint, model):
     unstacked layers (the dense one, then the MoE ones) and their full per-head KV cache."""
     import torch
 
-    sampler = Sampler(model, pad_id=0, prompt_buckets=(8,))
+    sampler = Sampler(model, pad_id=0, prompt_buckets=(8,), record_routing=True)
     params = SamplingParams(max_new_tokens=10, greedy=True)
     rollout = sampler.generate(PROMPTS, np.ones_like(PROMPTS), params, jax.random.key(0))
     with torch.no_grad():
@@ -189,11 +189,33 @@ def test_greedy_decode_equals_transformers(checkpoint, model):
     assert nbytes(dense) == 2 * 18 * 2 * cfg.num_heads * cfg.resolved_head_dim * 4 * cfg.num_layers
     print(f"cache bytes per token: latent {nbytes(latent) // 36}, full {nbytes(dense) // 36}")
 
+    # routing replay: the experts the sampler recorded (MoE layers 1, 2; the dense layer 0
+    # records none, -1) are the router's own in a full forward, and replayed ones are used
+    routing = np.asarray(rollout.routing)  # [B, 8 + 10, L, k], -1 where nothing was fed
+    assert (routing[:, :, 0] == -1).all()
+    recorded = (routing[:, :, 1:] >= 0).all((-2, -1))
+    graphdef, state = nnx.split(model)
+
+    @jax.jit
+    def experts_of(params, routing):
+        m = nnx.merge(graphdef, params)
+        stats = m.hidden_states(seq.tokens, seq.attention_mask, routing=routing, router_stats=True)
+        return jnp.moveaxis(stats[2].experts, 0, 2), jnp.moveaxis(stats[2].own, 0, 2)
+
+    own = np.asarray(experts_of(state, None)[0])
+    np.testing.assert_array_equal(own[recorded], routing[recorded])
+    flipped = np.where(recorded[:, :, None, None], (routing + 1) % 8, -1)
+    used, router = (np.asarray(a)[:, :, 1:] for a in experts_of(state, flipped))
+    np.testing.assert_array_equal(used[recorded], flipped[:, :, 1:][recorded])
+    np.testing.assert_array_equal(used[~recorded], router[~recorded])  # no record: its own
+    np.testing.assert_array_equal(router[:, :, 0], own[:, :, 1])  # layer 1's input: unmoved
+
 
 def test_expert_parallel_update_equals_one_device(model):
     """The update's form (grouped matmuls) with the experts split over 8 fake devices (one
-    expert a device; the dense layer's MLP FSDP-sharded): the loss and every gradient equal
-    one device's, and so does the greedy decode on the mesh."""
+    expert a device; the dense layer's MLP FSDP-sharded): the loss (with the router's
+    load-balancing term) and every gradient equal one device's, and so does the greedy
+    decode on the mesh."""
     mesh = sharding.make_mesh((1, 8, 1))
     ragged = with_config(model, model.cfg.replace(moe_impl="ragged"))
     graphdef, state = nnx.split(ragged)
@@ -201,9 +223,13 @@ def test_expert_parallel_update_equals_one_device(model):
 
     @jax.jit
     def loss_and_grads(params, tokens, mask):
-        return jax.value_and_grad(lambda p: jnp.mean(nnx.merge(graphdef, p)(tokens, mask) ** 2))(
-            params
-        )
+        def loss(params):  # mean squared logits + the load-balancing loss (MoE layers)
+            m = nnx.merge(graphdef, params)
+            hidden, _, stats = m.hidden_states(tokens, mask, router_stats=True)
+            balance = moe.router_losses(stats)["load_balance"]
+            return jnp.mean(m.logits(hidden) ** 2) + 0.5 * balance
+
+        return jax.value_and_grad(loss)(params)
 
     loss1, grads1 = loss_and_grads(state, tokens, mask)
     placed = jax.device_put(state, sharding.state_shardings(state, mesh))
@@ -240,5 +266,14 @@ def test_config_mapping_and_parameter_count(checkpoint, model):
     assert hf.count_params(model) == cfg.num_params() == n + 2 * cfg.num_experts
     no_q_latent = hf.config_from_hf({**hf.config_to_hf(cfg), "q_lora_rank": None})
     assert no_q_latent.q_lora_rank == 0 and no_q_latent.num_params() < cfg.num_params()
-    with pytest.raises(NotImplementedError, match="first_k_dense_replace"):
-        model.hidden_states(*map(jnp.asarray, left_padded_batch(length=4)), router_stats=True)
+    # the router's losses and metrics are over the 2 MoE layers, the dense one standing in
+    # the [L] stack with no router
+    _, _, stats = model.hidden_states(*map(jnp.asarray, left_padded_batch()), router_stats=True)
+    assert stats.load.shape == (3, 8) and float(stats.assigned[0]) == 0
+    moe_only = jax.tree.map(lambda a: a[1:], stats)
+    for name, value in {**moe.router_losses(stats), **moe.router_metrics(stats)}.items():
+        expected = {**moe.router_losses(moe_only), **moe.router_metrics(moe_only)}[name]
+        np.testing.assert_allclose(value, expected, rtol=1e-6, err_msg=name)
+    experts = jnp.moveaxis(stats.experts, 0, 2)
+    other = experts.at[:, :, 1].set((experts[:, :, 1] + 1) % 8)  # layer 1 differs everywhere
+    assert float(moe.routing_difference_share(experts, other)) == 0.5
