@@ -576,6 +576,19 @@ def _mean_over(x, where):
     return jnp.sum(jnp.where(where, x, 0.0)) / jnp.maximum(jnp.sum(where), 1)
 
 
+def balance_bias_update(bias: jax.Array, load: jax.Array, gamma: float) -> jax.Array:
+    """DeepSeek-V3's auxiliary-loss-free balancing (arXiv 2412.19437 sec. 2.1.2; Wang et
+    al., 2024): after each step, each expert's selection bias moves by gamma toward balance,
+
+        b_e <- b_e + gamma * sign(mean_e' load_e' - load_e)
+
+    bias [..., E] (`MoE.router_score_bias`, per layer), load [..., E] (the step's
+    assignments per expert, `RouterStats.load` summed over its microbatches). The bias only
+    chooses experts (`group_limited_gates`): the gates and the gradient do not see it."""
+    mean = jnp.mean(load, axis=-1, keepdims=True)
+    return bias + gamma * jnp.sign(mean - load).astype(bias.dtype)
+
+
 def router_metrics(stats: RouterStats) -> dict[str, jax.Array]:
     """Per-step routing metrics from stacked `RouterStats`: the busiest and idlest expert's
     load over the mean load (max over layers / min over layers), the mean router entropy

@@ -489,6 +489,17 @@ class Transformer(nnx.Module):
         w = self.score[...].astype(self.cfg.compute_dtype)
         return jnp.einsum("bd,dn->bn", h, w, preferred_element_type=jnp.float32)
 
+    def update_balance_bias(self, stats: moe.RouterStats, gamma: float) -> None:
+        """DeepSeek-V3's auxiliary-loss-free balancing step, in place: every MoE layer's
+        `router_score_bias` moved by `moe.balance_bias_update` from the step's loads
+        (`stats`: stacked [L, ...] router stats over all layers, summed over the step's
+        microbatches; the dense first layers' are skipped). Stacked layers only."""
+        if self.cfg.router_scoring != "sigmoid":
+            raise ValueError("update_balance_bias: the model's router has no selection bias")
+        bias = self.layers.mlp.router_score_bias
+        load = stats.load[self.cfg.first_k_dense_replace :]  # [L - k, E]
+        bias.set_value(moe.balance_bias_update(bias.get_value(), load, gamma))
+
     def init_cache(self, batch_size: int, max_len: int, dtype=None) -> KVCache:
         return init_cache(self.cfg, batch_size, max_len, dtype)
 
