@@ -309,11 +309,9 @@ def test_aux_loss_free_balancing_evens_the_load(model):
     assert before > 1.6 and busiest(stats) < 1.3
 
 
-def test_shared_prompt_forward_and_bf16_decode(model):
+def test_shared_prompt_forward(model):
     """The update's shared-prompt forward (each group's prompt run once, latent attention's
-    expanded heads attending to the group's prompt keys) equals the per-row forward; in
-    bf16 compute the latent-cache decode runs and its log-probs stay within bf16 rounding
-    of the f32 decode's."""
+    expanded heads attending to the group's prompt keys) equals the per-row forward."""
     rng = np.random.RandomState(5)
     prompt = np.repeat(rng.randint(1, 128, size=(2, 6)), 3, axis=0)  # 2 groups of 3 rows
     tokens = jnp.asarray(np.concatenate([prompt, rng.randint(1, 128, size=(6, 4))], 1))
@@ -328,14 +326,3 @@ def test_shared_prompt_forward_and_bf16_decode(model):
 
     shared, rows = map(np.asarray, both(state))
     np.testing.assert_allclose(shared, rows, atol=1e-5 * np.abs(rows).max())
-
-    params = SamplingParams(max_new_tokens=4, greedy=True)
-    f32 = Sampler(model, pad_id=0, prompt_buckets=(8,)).generate(
-        PROMPTS, np.ones_like(PROMPTS), params, jax.random.key(0)
-    )
-    bf16_model = with_config(model, model.cfg.replace(dtype="bfloat16"))
-    bf16 = Sampler(bf16_model, pad_id=0, prompt_buckets=(8,)).generate(
-        PROMPTS, np.ones_like(PROMPTS), params, jax.random.key(0)
-    )
-    first = np.asarray(bf16.policy_logp)[:, 0], np.asarray(f32.policy_logp)[:, 0]
-    np.testing.assert_allclose(*first, atol=0.1)  # the first token: the same context
