@@ -4,7 +4,8 @@ LlamaForCausalLM, Qwen2ForCausalLM and Qwen3ForCausalLM share tensor names; they
 config fields (qkv bias, qk-norm). Gemma2ForCausalLM and Gemma3ForCausalLM
 (`GemmaArchitecture`) add the Gemma fields of `ModelConfig` and two norms per layer;
 GptOssForCausalLM (`GptOssArchitecture`) the GPT-OSS fields, a mixture of experts whose
-tensors are fused per layer."""
+tensors are fused per layer; DeepseekV3ForCausalLM (`DeepseekV3Architecture`) latent
+attention, dense first layers and a sigmoid group-limited router."""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ none of them.
 
 A family is a choice of these fields, never a name the layers test: Gemma's are the block
 after `scan_unroll`, GPT-OSS's `o_bias`, `attention_sinks`, `expert_bias` and
-`swiglu_limit` (docs/models.md).
+`swiglu_limit`, DeepSeek-V3's the block after `swiglu_alpha` (docs/models.md).
 """
 
 from __future__ import annotations

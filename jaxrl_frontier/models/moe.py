@@ -10,6 +10,10 @@ glu is `swiglu` (silu(g) u) and there are no biases b, except for GPT-OSS: the b
 with `ModelConfig.expert_bias`, the clamped SwiGLU `clamped_swiglu` with `swiglu_limit`.
 Its router takes the softmax over the top-k logits, which is the renormalised top-k of the
 full softmax (`norm_topk_prob`): exp(l_i) / sum_j exp(l_j) over the k either way.
+DeepSeek-V3 (`ModelConfig.router_scoring = 'sigmoid'`) routes by sigmoid scores instead,
+its experts chosen by score plus a balancing bias within the best groups of experts and
+its gates times `routed_scaling_factor` (`group_limited_gates`; the bias moved by
+`balance_bias_update`), with ungated shared experts.
 
 The experts' weights are stacked over a leading expert axis (`ExpertWeights`: gate, up
 [E, D, F], down [E, F, D], logical axes `expert`, `embed`, `mlp`; their biases), and each

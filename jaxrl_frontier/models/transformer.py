@@ -1,5 +1,5 @@
-"""A decoder-only transformer covering the Llama, Qwen2, Qwen3, Gemma 2, Gemma 3 and GPT-OSS
-shapes (and the Qwen-MoE and GPT-OSS mixtures of experts, models/moe.py), in Flax NNX.
+"""A decoder-only transformer covering the Llama, Qwen2, Qwen3, Gemma 2, Gemma 3, GPT-OSS and
+DeepSeek-V3 shapes (and their mixtures of experts, models/moe.py), in Flax NNX.
 
     x = embed(tokens)                    (Gemma: * sqrt(D))
     for each layer:  x = x + Attn(RMSNorm(x));  x = x + SwiGLU(RMSNorm(x))
@@ -25,6 +25,9 @@ shapes (and the Qwen-MoE and GPT-OSS mixtures of experts, models/moe.py), in Fla
   one layer's shards at a time inside the loop instead of every layer's at once, so no
   device holds a full copy of the weights; the program is compiled once per layer shape,
   not once per layer. `ModelConfig.remat` wraps the scanned body in `jax.checkpoint`.
+  DeepSeek-V3's first `first_k_dense_replace` layers have a dense MLP where the others
+  have experts: two parameter shapes, so two stacks (`dense_layers`, then `layers`), each
+  scanned, the per-layer inputs split between them (`scan_layers`).
 - Rollouts run the layers unstacked (`unstack_layers`: L per-layer `Block`s, a Python
   loop): inside a decode loop, a scan's per-layer slices of the stacked weights are
   copies (XLA:CPU copied every layer's weights before its matmuls at every step: a 25M
