@@ -4,7 +4,8 @@ LlamaForCausalLM, Qwen2ForCausalLM and Qwen3ForCausalLM share tensor names; they
 config fields (qkv bias, qk-norm). Gemma2ForCausalLM and Gemma3ForCausalLM
 (`GemmaArchitecture`) add the Gemma fields of `ModelConfig` and two norms per layer;
 GptOssForCausalLM (`GptOssArchitecture`) the GPT-OSS fields, a mixture of experts whose
-tensors are fused per layer."""
+tensors are fused per layer; DeepseekV3ForCausalLM (`DeepseekV3Architecture`) latent
+attention, dense first layers and a sigmoid group-limited router."""
 
 from __future__ import annotations
 
@@ -427,6 +428,109 @@ ARCHITECTURES.register("GptOssForCausalLM")(
     GptOssArchitecture(
         "GptOssForCausalLM", "gpt_oss", "never", False, 131072, moe=True, expert_tensors="fused"
     )
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class DeepseekV3Architecture(Architecture):
+    """DeepSeek-V3 (and its R1 / V3.1 checkpoints): multi-head latent attention
+    (`kv_lora_rank`, `q_lora_rank`, `qk_nope_head_dim`, `qk_rope_head_dim`, `v_head_dim`,
+    `rope_interleave`), the first `first_k_dense_replace` layers dense, the others a mixture
+    of `n_routed_experts` with a sigmoid, group-limited router (`n_group`, `topk_group`,
+    `e_score_correction_bias`, `routed_scaling_factor`) and `n_shared_experts` ungated shared
+    experts. The multi-token-prediction layers (`num_nextn_predict_layers`) are not read,
+    as transformers does not."""
+
+    def config_from_hf(self, hf: dict) -> ModelConfig:
+        if hf.get("attention_bias", False):
+            raise ValueError("config.json: attention_bias=True is not supported for DeepSeek-V3")
+        if hf.get("hidden_act", "silu") != "silu":
+            raise ValueError(f"config.json: hidden_act={hf['hidden_act']!r}; only 'silu'")
+        if hf.get("quantization_config"):
+            raise ValueError(
+                "config.json: quantization_config (DeepSeek's FP8 release) is not supported: "
+                "dequantize the checkpoint to bf16 first"
+            )
+        theta, scaling = _rope_from_hf(hf)
+        heads = int(_require(hf, "num_attention_heads"))
+        nope, rope = int(_require(hf, "qk_nope_head_dim")), int(_require(hf, "qk_rope_head_dim"))
+        moe_width = int(_require(hf, "moe_intermediate_size"))
+        return ModelConfig(
+            **{**_shape(hf, heads, nope + rope), "num_kv_heads": heads},
+            num_layers=int(_require(hf, "num_hidden_layers")),
+            rope_theta=theta,
+            rope_scaling=scaling,
+            rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+            tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+            max_position_embeddings=int(hf.get("max_position_embeddings", 4096)),
+            family=self.model_type,
+            kv_lora_rank=int(_require(hf, "kv_lora_rank")),
+            q_lora_rank=int(hf.get("q_lora_rank") or 0),
+            qk_nope_head_dim=nope,
+            qk_rope_head_dim=rope,
+            v_head_dim=int(_require(hf, "v_head_dim")),
+            rope_interleave=bool(hf.get("rope_interleave", True)),
+            first_k_dense_replace=int(hf.get("first_k_dense_replace") or 0),
+            num_experts=int(_require(hf, "n_routed_experts")),
+            num_experts_per_tok=int(_require(hf, "num_experts_per_tok")),
+            moe_intermediate_size=moe_width,
+            norm_topk_prob=bool(hf.get("norm_topk_prob", True)),
+            shared_expert_intermediate_size=moe_width * int(hf.get("n_shared_experts") or 0),
+            shared_expert_gated=False,
+            router_scoring="sigmoid",
+            n_group=int(hf.get("n_group") or 1),
+            topk_group=int(hf.get("topk_group") or 1),
+            routed_scaling_factor=float(hf.get("routed_scaling_factor", 1.0)),
+        )
+
+    def config_to_hf(self, cfg: ModelConfig, torch_dtype: str) -> dict:
+        if not (cfg.kv_lora_rank and cfg.num_experts and cfg.router_scoring == "sigmoid"):
+            raise ValueError(
+                "a DeepSeek-V3 checkpoint has latent attention and a sigmoid-routed mixture "
+                "of experts: this ModelConfig cannot be written as one"
+            )
+        shared = cfg.shared_expert_intermediate_size // cfg.moe_intermediate_size
+        scaling = dict(cfg.rope_scaling or {"rope_type": "default"})
+        return {
+            "architectures": [self.name],
+            "model_type": self.model_type,
+            "vocab_size": cfg.vocab_size,
+            "hidden_size": cfg.hidden_size,
+            "intermediate_size": cfg.intermediate_size,
+            "moe_intermediate_size": cfg.moe_intermediate_size,
+            "num_hidden_layers": cfg.num_layers,
+            "num_attention_heads": cfg.num_heads,
+            "num_key_value_heads": cfg.num_kv_heads,
+            "kv_lora_rank": cfg.kv_lora_rank,
+            "q_lora_rank": cfg.q_lora_rank or None,
+            "qk_nope_head_dim": cfg.qk_nope_head_dim,
+            "qk_rope_head_dim": cfg.qk_rope_head_dim,
+            "v_head_dim": cfg.v_head_dim,
+            "rope_interleave": cfg.rope_interleave,
+            "first_k_dense_replace": cfg.first_k_dense_replace,
+            "n_routed_experts": cfg.num_experts,
+            "n_shared_experts": shared,
+            "num_experts_per_tok": cfg.num_experts_per_tok,
+            "n_group": cfg.n_group,
+            "topk_group": cfg.topk_group,
+            "norm_topk_prob": cfg.norm_topk_prob,
+            "routed_scaling_factor": cfg.routed_scaling_factor,
+            "hidden_act": "silu",
+            "attention_bias": False,
+            "rms_norm_eps": cfg.rms_norm_eps,
+            "rope_theta": cfg.rope_theta,
+            "rope_parameters": {**scaling, "rope_theta": cfg.rope_theta},
+            "max_position_embeddings": cfg.max_position_embeddings,
+            "tie_word_embeddings": cfg.tie_word_embeddings,
+            "attention_dropout": 0.0,
+            "num_nextn_predict_layers": 0,
+            "torch_dtype": torch_dtype,
+            "dtype": torch_dtype,
+        }
+
+
+ARCHITECTURES.register("DeepseekV3ForCausalLM")(
+    DeepseekV3Architecture("DeepseekV3ForCausalLM", "deepseek_v3", "never", False, 4096, moe=True)
 )
 
 

@@ -18,7 +18,9 @@ class KVCache:
     """Every layer's keys and values for incremental decoding.
 
     k, v:  tuples of L arrays [B, K, S, Dh] (K kv heads, S cache slots; see the module
-           docstring)
+           docstring); latent attention (`ModelConfig.kv_lora_rank` R > 0, DeepSeek): k
+           holds each token's normed latent [B, 1, S, R] and v its rotated rope key
+           [B, 1, S, Dr], shared by the heads (`layers.LatentAttention`)
     valid: [B, S] bool       slot holds a real (non-padding) token
     index: int32 []          next slot to write (the same for every row), or int32 [B]:
                              each row's own (continuous batching: rows start at other times)
@@ -56,10 +58,13 @@ def write_slots(buf: jax.Array, new: jax.Array, index, axis: int) -> jax.Array:
 def init_cache(cfg: ModelConfig, batch_size: int, max_len: int, dtype=None) -> KVCache:
     """An empty cache of `max_len` slots (prompt + generated tokens)."""
     dtype = dtype or cfg.compute_dtype
-    shape = (batch_size, cfg.num_kv_heads, max_len, cfg.resolved_head_dim)
+    k_shape = v_shape = (batch_size, cfg.num_kv_heads, max_len, cfg.resolved_head_dim)
+    if cfg.kv_lora_rank:  # latent attention: the normed latent and the rotated rope key
+        k_shape = (batch_size, 1, max_len, cfg.kv_lora_rank)
+        v_shape = (batch_size, 1, max_len, cfg.qk_rope_head_dim)
     return KVCache(
-        k=tuple(jnp.zeros(shape, dtype) for _ in range(cfg.num_layers)),
-        v=tuple(jnp.zeros(shape, dtype) for _ in range(cfg.num_layers)),
+        k=tuple(jnp.zeros(k_shape, dtype) for _ in range(cfg.num_layers)),
+        v=tuple(jnp.zeros(v_shape, dtype) for _ in range(cfg.num_layers)),
         valid=jnp.zeros((batch_size, max_len), bool),
         index=jnp.zeros((), jnp.int32),
     )

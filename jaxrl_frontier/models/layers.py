@@ -30,8 +30,9 @@ def positions_from_mask(attention_mask: jax.Array) -> jax.Array:
 
 
 def rope_inv_freq(cfg: ModelConfig) -> jax.Array:
-    """[Dh/2] inverse frequencies, with HF's `linear`, `llama3` and `yarn` scaling."""
-    hd = cfg.resolved_head_dim
+    """[Dr/2] inverse frequencies (Dr = `cfg.rope_dim`), with HF's `linear`, `llama3` and
+    `yarn` scaling."""
+    hd = cfg.rope_dim
     inv_freq = 1.0 / (cfg.rope_theta ** (jnp.arange(0, hd, 2, dtype=jnp.float32) / hd))
     scaling = dict(cfg.rope_scaling or ())
     kind = scaling.get("rope_type", scaling.get("type", "default"))
@@ -75,7 +76,7 @@ def _yarn_inv_freq(inv_freq: jax.Array, scaling: dict, cfg: ModelConfig) -> jax.
     slow ones are interpolated."""
     if scaling.get("partial_rotary_factor", 1.0) != 1.0:
         raise ValueError("rope_scaling 'yarn' with partial_rotary_factor != 1 is not supported")
-    dim, base = cfg.resolved_head_dim, cfg.rope_theta
+    dim, base = cfg.rope_dim, cfg.rope_theta
     old_len = scaling["original_max_position_embeddings"]
     beta_fast, beta_slow = scaling.get("beta_fast") or 32, scaling.get("beta_slow") or 1
 
@@ -296,6 +297,140 @@ class Attention(nnx.Module):
         return options
 
 
+def yarn_softmax_scale(cfg: ModelConfig) -> float:
+    """The factor latent attention multiplies its softmax scale by (HF `yarn_apply_mscale`):
+    with YaRN and `mscale_all_dim` m, (0.1 m ln(s) + 1) ** 2, else 1. DeepSeek scales every
+    dim of the score this way, the rotated ones also by `rope_attention_scale`."""
+    scaling = dict(cfg.rope_scaling or ())
+    m = scaling.get("mscale_all_dim")
+    if scaling.get("rope_type", "default") == "default" or not m:
+        return 1.0
+    s = float(scaling["factor"])
+    mscale = 1.0 if s <= 1 else 0.1 * m * math.log(s) + 1.0
+    return mscale * mscale
+
+
+class LatentAttention(Attention):
+    """Multi-head latent attention (MLA; DeepSeek-V2, arXiv 2405.04434; HF
+    `DeepseekV3Attention`), R = kv_lora_rank, Rq = q_lora_rank, Dn / Dr / Dv the nope, rope
+    and value head widths:
+
+        q = RMSNorm(x W_qa) W_qb                 [.., H, Dn + Dr]   (x W_q when Rq = 0)
+        c, k_r = split(x W_kva, [R, Dr])         latent [.., R], one rope key [.., Dr]
+        k_n, v = split(RMSNorm(c) W_kvb)         [.., H, Dn], [.., H, Dv]
+        k = [k_n, RoPE(k_r) for every head],  q = [q_n, RoPE(q_r)]
+        out = softmax(q k^T * (Dn + Dr) ** -0.5 * yarn mscale^2) v  W_o
+
+    A forward over whole rows (update, scoring) runs as `Attention` with K = H heads of
+    width Dh = Dn + Dr: `project_qkv` gives full per-head keys and values padded with zeros
+    from Dv to Dh (the padded columns of the output are dropped by `project_out`), so the
+    attention implementations and the shared-prompt forward are the other families'. A
+    forward over a cache (prefill, decode) caches only each token's latent and rope key
+    (R + Dr numbers per layer, against a full cache's 2 H Dh) and absorbs the
+    up-projection into the query and the output (`__call__`).
+    `rope_interleave`: RoPE rotates the pairs (x0, x1), (x2, x3), ...; de-interleaving q_r
+    and k_r alike ([x0, x2, .., x1, x3, ..]) makes that the rotate-half RoPE and leaves
+    q_r . k_r unchanged.
+    """
+
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs, stack=()):
+        d, h, hd = cfg.hidden_size, cfg.num_heads, cfg.resolved_head_dim
+        r, rq = cfg.kv_lora_rank, cfg.q_lora_rank
+        pd = jnp.dtype(cfg.param_dtype)
+        param = functools.partial(make_param, rngs, dtype=pd, stack=stack)
+        self.cfg = cfg
+        if rq:
+            self.q_a_proj = param((d, rq), ("embed", None))
+            # HF builds both latent norms with its default eps, 1e-6, not rms_norm_eps
+            self.q_a_norm = RMSNorm(rq, 1e-6, pd, rngs, stack)
+            self.q_b_proj = param((rq, h, hd), (None, "heads", None))
+        else:
+            self.q_proj = param((d, h, hd), ("embed", "heads", None))
+        self.kv_a_proj = param((d, r + cfg.qk_rope_head_dim), ("embed", None))
+        self.kv_a_norm = RMSNorm(r, 1e-6, pd, rngs, stack)
+        self.kv_b_proj = param((r, h, cfg.qk_nope_head_dim + cfg.v_head_dim), (None, "heads", None))
+        self.o_proj = param((h, cfg.v_head_dim, d), ("heads", None, "embed"))
+
+    def project_latent(self, x, positions, inv_freq):
+        """x [..., D], positions [...] -> (q_nope [..., H, Dn], q_rot [..., H, Dr] rotated,
+        the normed latent [..., R], the rotated rope key [..., 1, Dr])."""
+        cfg, dt = self.cfg, self.cfg.compute_dtype
+        if cfg.q_lora_rank:
+            q = project(self, "q_b_proj", self.q_a_norm(project(self, "q_a_proj", x, dt)), dt)
+        else:
+            q = project(self, "q_proj", x, dt)
+        latent, k_rot = jnp.split(project(self, "kv_a_proj", x, dt), [cfg.kv_lora_rank], -1)
+        q_nope, q_rot = q[..., : cfg.qk_nope_head_dim], q[..., cfg.qk_nope_head_dim :]
+        k_rot = k_rot[..., None, :]  # [..., 1, Dr]: one rope key for every head
+        if cfg.rope_interleave:
+            q_rot, k_rot = _deinterleave(q_rot), _deinterleave(k_rot)
+        scale = rope_attention_scale(cfg)
+        q_rot = apply_rope(q_rot, positions, inv_freq, scale)
+        k_rot = apply_rope(k_rot, positions, inv_freq, scale)
+        return q_nope, q_rot, self.kv_a_norm(latent), k_rot
+
+    def project_qkv(self, x, positions, inv_freq):
+        """x [..., D], positions [...] -> q, k, v [..., H, Dh] (v zero-padded from Dv)."""
+        cfg, dt = self.cfg, self.cfg.compute_dtype
+        dn, dr, dv = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim
+        q_nope, q_rot, latent, k_rot = self.project_latent(x, positions, inv_freq)
+        kv = project(self, "kv_b_proj", latent, dt)  # [..., H, Dn + Dv]
+        k_nope, v = kv[..., :dn], kv[..., dn:]
+        q = jnp.concatenate([q_nope, q_rot], -1)
+        k = jnp.concatenate([k_nope, jnp.broadcast_to(k_rot, (*k_nope.shape[:-1], dr))], -1)
+        v = jnp.pad(v, [(0, 0)] * (v.ndim - 1) + [(0, dn + dr - dv)])
+        return q, k, v
+
+    def __call__(self, x, positions, inv_freq, attn_bias, kv=None):
+        """`Attention.__call__`; with a cache, kv = (latent cache [B, 1, S, R], rope-key
+        cache [B, 1, S, Dr], index): the T new tokens' latents and rope keys are written at
+        slots [index, index + T) and attended to with the up-projection absorbed
+        (DeepSeek-V2 sec. 2.1.2): W_kvb = [W_k [R, H, Dn], W_v [R, H, Dv]],
+
+            score_hts = (q_nope_h W_k,h^T) . c_s + q_rot_h . k_rot_s     ([R] and [Dr] dots)
+            out_h = (sum_s p_hts c_s) W_v,h                              [Dv]
+
+        so no per-head key or value is formed or cached: R + Dr numbers per token and
+        layer. Scores and softmax in f32, as `attention.attend`; the values are those of
+        the expanded form up to f32 rounding (summed in another order)."""
+        if kv is None:
+            return super().__call__(x, positions, inv_freq, attn_bias)
+        cfg, dt = self.cfg, self.cfg.compute_dtype
+        f32, dn = jnp.float32, cfg.qk_nope_head_dim
+        latent_cache, rope_cache, index = kv
+        q_nope, q_rot, latent, k_rot = self.project_latent(x, positions, inv_freq)
+        c = write_slots(latent_cache, latent[:, None].astype(latent_cache.dtype), index, axis=2)
+        k_rot = write_slots(rope_cache, jnp.swapaxes(k_rot, 1, 2).astype(rope_cache.dtype),
+                            index, axis=2)  # fmt: skip
+        w = self.kv_b_proj[...].astype(dt)  # [R, H, Dn + Dv]
+        q_abs = jnp.einsum("bthn,rhn->bthr", q_nope, w[..., :dn], preferred_element_type=f32)
+        scores = jnp.einsum("bthr,bsr->bhts", q_abs, c[:, 0].astype(f32))
+        scores += jnp.einsum(
+            "bthd,bsd->bhts", q_rot, k_rot[:, 0].astype(dt), preferred_element_type=f32
+        )
+        scores = scores * self.score_options()["scale"] + attn_bias[:, 0]  # [B, H, T, S]
+        probs = jax.nn.softmax(scores, axis=-1)
+        out_c = jnp.einsum("bhts,bsr->bthr", probs, c[:, 0].astype(f32))
+        out = jnp.einsum("bthr,rhv->bthv", out_c.astype(dt), w[..., dn:])
+        return project(self, "o_proj", out, dt, contract=2), (c, k_rot)
+
+    def project_out(self, out):
+        """Attention output [..., H, Dh] -> [..., D] through its first Dv columns."""
+        dt = self.cfg.compute_dtype
+        return project(self, "o_proj", out[..., : self.cfg.v_head_dim], dt, contract=2)
+
+    def score_options(self) -> dict:
+        """impl and the softmax scale Dh ** -0.5 times YaRN's mscale^2 (`yarn_softmax_scale`)."""
+        cfg = self.cfg
+        scale = cfg.resolved_head_dim**-0.5 * yarn_softmax_scale(cfg)
+        return dict(impl=cfg.attention, scale=scale)
+
+
+def _deinterleave(x):
+    """[..., (x0, x1, x2, x3, ..)] -> [..., (x0, x2, .., x1, x3, ..)]."""
+    return jnp.concatenate([x[..., 0::2], x[..., 1::2]], -1)
+
+
 class MLP(nnx.Module):
     def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs, stack=()):
         d, f, pd = cfg.hidden_size, cfg.intermediate_size, jnp.dtype(cfg.param_dtype)
@@ -306,13 +441,16 @@ class MLP(nnx.Module):
         self.up_proj = param((d, f), ("embed", "mlp"))
         self.down_proj = param((f, d), ("mlp", "embed"))
 
-    def __call__(self, x, hidden_mask=None):
+    def __call__(self, x, hidden_mask=None, route=None):
+        """x [B, T, D] -> [B, T, D]; with a route (a dense layer of a mixture-of-experts
+        model, DeepSeek-V3's first layers, in a routed forward): (that, None), no router."""
         dt = self.dtype
         gate = project(self, "gate_proj", x, dt)
         h = self.act(gate) * project(self, "up_proj", x, dt)
         if hidden_mask is not None:  # [B, F] fixed dropout mask (Dropout-GRPO rollouts)
             h = h * hidden_mask[:, None, :].astype(dt)
-        return project(self, "down_proj", h, dt)
+        y = project(self, "down_proj", h, dt)
+        return y if route is None else (y, None)
 
 
 class Block(nnx.Module):
@@ -324,7 +462,7 @@ class Block(nnx.Module):
         """mlp: the MLP's class (`MLP` when None; `moe.MoE` for a mixture of experts)."""
         d = cfg.hidden_size
         self.input_norm = rms_norm(cfg, d, rngs, stack)
-        self.attn = Attention(cfg, rngs, stack)
+        self.attn = (LatentAttention if cfg.kv_lora_rank else Attention)(cfg, rngs, stack)
         self.post_attn_norm = rms_norm(cfg, d, rngs, stack)  # the MLP's input norm
         self.mlp = (mlp or MLP)(cfg, rngs, stack)
         if cfg.sandwich_norms:  # Gemma: norms on the attention's and the MLP's outputs

@@ -64,6 +64,11 @@ def add_adapters(model, *, rank: int, alpha: float, targets, key: jax.Array):
     caller re-places them with `sharding.shard_model`)."""
     if rank <= 0:
         raise ValueError(f"config key 'model.lora.rank' = {rank}: must be > 0")
+    if model.cfg.kv_lora_rank or model.cfg.first_k_dense_replace:
+        raise ValueError(
+            "config key 'model.lora': adapters on latent attention or on a model with dense "
+            "layers before its MoE layers (DeepSeek-V3) are not supported"
+        )
     layers = model.layers
     for i, name in enumerate(check_targets(targets)):
         sub, n_in = TARGETS[name]

@@ -6,7 +6,7 @@ none of them.
 
 A family is a choice of these fields, never a name the layers test: Gemma's are the block
 after `scan_unroll`, GPT-OSS's `o_bias`, `attention_sinks`, `expert_bias` and
-`swiglu_limit` (docs/models.md).
+`swiglu_limit`, DeepSeek-V3's the block after `swiglu_alpha` (docs/models.md).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from jaxrl_frontier.models.attention import ATTENTION_IMPLS, SINK_IMPLS
 
 MOE_IMPLS = ("auto", "ragged", "dense")  # ModelConfig.moe_impl (models/moe.py: expert_impl)
 MOE_DISPATCH = ("gather", "all_to_all")  # ModelConfig.moe_dispatch (models/moe.py)
+ROUTER_SCORING = ("softmax", "sigmoid")  # ModelConfig.router_scoring (models/moe.py)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,6 +104,26 @@ class ModelConfig:
     # (clip(u, -c, c) + 1) * g' * sigmoid(swiglu_alpha * g') with g' = min(g, c)
     swiglu_limit: float | None = None
     swiglu_alpha: float = 1.702
+    # ---- DeepSeek-V3 (docs/models.md); the defaults are the other families' behaviour
+    # multi-head latent attention (layers.LatentAttention) where kv_lora_rank > 0: keys and
+    # values up-projected per head from a normed latent of this width, plus one rope key
+    # shared by the heads; head_dim is then qk_nope_head_dim + qk_rope_head_dim (the score's
+    # width) and num_kv_heads = num_heads
+    kv_lora_rank: int = 0
+    q_lora_rank: int = 0  # > 0: q through a normed latent of this width (0: one q_proj)
+    qk_nope_head_dim: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
+    rope_interleave: bool = False  # RoPE pairs (x0, x1), (x2, x3), ... (HF rope_interleave)
+    # the first k layers keep the dense MLP (`Transformer.dense_layers`), the rest are MoE
+    first_k_dense_replace: int = 0
+    # the router: "softmax" (Qwen-MoE, GPT-OSS) | "sigmoid" (DeepSeek-V3: sigmoid scores,
+    # experts chosen by score + a correction bias, group-limited: moe.group_limited_gates)
+    router_scoring: str = "softmax"
+    n_group: int = 1
+    topk_group: int = 1
+    routed_scaling_factor: float = 1.0
+    shared_expert_gated: bool = True  # Qwen2-MoE's sigmoid gate on the shared expert
 
     def __post_init__(self):
         if self.num_heads % self.num_kv_heads:
@@ -142,6 +163,29 @@ class ModelConfig:
                 f"({self.num_experts_per_tok}) <= num_experts and moe_intermediate_size "
                 f"({self.moe_intermediate_size}) > 0"
             )
+        if self.router_scoring not in ROUTER_SCORING:
+            raise ValueError(f"router_scoring={self.router_scoring!r}; allowed: {ROUTER_SCORING}")
+        if self.num_experts % self.n_group or not 0 < self.topk_group <= self.n_group:
+            raise ValueError(
+                f"n_group={self.n_group} must divide num_experts={self.num_experts} and "
+                f"0 < topk_group={self.topk_group} <= n_group"
+            )
+        if self.kv_lora_rank and not (
+            self.num_kv_heads == self.num_heads
+            and self.resolved_head_dim == self.qk_nope_head_dim + self.qk_rope_head_dim
+            and self.v_head_dim <= self.resolved_head_dim
+        ):
+            raise ValueError(
+                "latent attention (kv_lora_rank > 0) needs num_kv_heads = num_heads, head_dim "
+                "= qk_nope_head_dim + qk_rope_head_dim and v_head_dim <= head_dim"
+            )
+        if not 0 <= self.first_k_dense_replace < self.num_layers or (
+            self.first_k_dense_replace and not self.num_experts
+        ):
+            raise ValueError(
+                f"first_k_dense_replace={self.first_k_dense_replace}: the dense layers before "
+                f"a mixture of experts' layers, 0 <= k < num_layers={self.num_layers}"
+            )
         if self.moe_impl not in MOE_IMPLS:
             raise ValueError(f"moe_impl={self.moe_impl!r}; allowed: {MOE_IMPLS}")
         if self.moe_dispatch not in MOE_DISPATCH:
@@ -175,6 +219,11 @@ class ModelConfig:
         return any(self.sliding_layers)
 
     @property
+    def rope_dim(self) -> int:
+        """The rotated width of a query or key head (latent attention: qk_rope_head_dim)."""
+        return self.qk_rope_head_dim if self.kv_lora_rank else self.resolved_head_dim
+
+    @property
     def resolved_head_dim(self) -> int:
         return self.head_dim or self.hidden_size // self.num_heads
 
@@ -198,19 +247,26 @@ class ModelConfig:
         if self.qk_norm:
             attn += 2 * hd
         attn += d * self.o_bias + self.num_heads * self.attention_sinks
-        mlp = 3 * d * f
+        if self.kv_lora_rank:  # latent attention's projections and latent norms instead
+            h, r, rq, dv = self.num_heads, self.kv_lora_rank, self.q_lora_rank, self.v_head_dim
+            attn = (d * rq + rq + rq * h * hd) if rq else d * h * hd
+            attn += d * (r + self.qk_rope_head_dim) + r
+            attn += r * h * (self.qk_nope_head_dim + dv) + h * dv * d
+        dense_mlp = mlp = 3 * d * f
         if self.num_experts:  # the router and the experts instead
+            fs = self.shared_expert_intermediate_size
             mlp = d * self.num_experts * (1 + 3 * self.moe_intermediate_size)
             # biases: the router's [E], the gate's and up's [E, F], the down's [E, D]
             mlp += self.expert_bias * self.num_experts * (1 + 2 * self.moe_intermediate_size + d)
-            mlp += (
-                d
-                * (1 + 3 * self.shared_expert_intermediate_size)
-                * bool(self.shared_expert_intermediate_size)
-            )
-        layer = attn + mlp + (4 if self.sandwich_norms else 2) * d
+            mlp += (3 * d * fs + d * self.shared_expert_gated) * bool(fs)
+            mlp += self.num_experts * (self.router_scoring == "sigmoid")  # the balancing bias
+        norms = (4 if self.sandwich_norms else 2) * d
         emb = v * d * (1 if self.tie_word_embeddings else 2)
-        return self.num_layers * layer + emb + d
+        dense = self.first_k_dense_replace  # DeepSeek-V3's first layers: dense MLPs
+        layers = (self.num_layers - dense) * (attn + mlp + norms) + dense * (
+            attn + dense_mlp + norms
+        )
+        return layers + emb + d
 
 
 # ModelConfig.hidden_act (HF `hidden_act` / `hidden_activation`) -> the MLP's gate activation

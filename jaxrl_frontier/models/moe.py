@@ -10,6 +10,10 @@ glu is `swiglu` (silu(g) u) and there are no biases b, except for GPT-OSS: the b
 with `ModelConfig.expert_bias`, the clamped SwiGLU `clamped_swiglu` with `swiglu_limit`.
 Its router takes the softmax over the top-k logits, which is the renormalised top-k of the
 full softmax (`norm_topk_prob`): exp(l_i) / sum_j exp(l_j) over the k either way.
+DeepSeek-V3 (`ModelConfig.router_scoring = 'sigmoid'`) routes by sigmoid scores instead,
+its experts chosen by score plus a balancing bias within the best groups of experts and
+its gates times `routed_scaling_factor` (`group_limited_gates`; the bias moved by
+`balance_bias_update`), with ungated shared experts.
 
 The experts' weights are stacked over a leading expert axis (`ExpertWeights`: gate, up
 [E, D, F], down [E, F, D], logical axes `expert`, `embed`, `mlp`; their biases), and each
@@ -107,6 +111,37 @@ def top_k_gates(logits: jax.Array, k: int, norm: bool, forced: jax.Array | None 
     return experts.astype(jnp.int32), gates
 
 
+def group_limited_gates(
+    logits, bias, k: int, n_group: int, topk_group: int, norm: bool, forced=None
+):
+    """DeepSeek-V3's router (arXiv 2412.19437 sec. 2.1.2; HF `DeepseekV3TopkRouter`):
+    logits f32 [..., E], bias [E] (the auxiliary-loss-free balancing bias, HF
+    `e_score_correction_bias`) -> (experts int32 [..., k], gates f32 [..., k]).
+
+        s = sigmoid(logits);  c = s + bias                    (c only chooses)
+        group score = sum of the 2 highest c in each of n_group groups of E / n_group
+        experts = top-k of c over the topk_group best groups' experts
+        gates = s at the experts (/ their sum + 1e-20 with `norm`)
+
+    forced [..., k]: routing replay, as `top_k_gates` (gates the current s there)."""
+    scores = jax.nn.sigmoid(logits)
+    choice = scores + bias.astype(jnp.float32)
+    e = scores.shape[-1]
+    grouped = choice.reshape(*choice.shape[:-1], n_group, e // n_group)
+    group_score = jax.lax.top_k(grouped, min(2, e // n_group))[0].sum(-1)  # [..., G]
+    best = jax.lax.top_k(group_score, topk_group)[1]
+    keep = jnp.any(jax.nn.one_hot(best, n_group, dtype=bool), axis=-2)  # [..., G]
+    choice = jnp.where(jnp.repeat(keep, e // n_group, axis=-1), choice, -jnp.inf)
+    experts = jax.lax.top_k(choice, k)[1]
+    if forced is not None:
+        recorded = jnp.all(forced >= 0, axis=-1, keepdims=True)
+        experts = jnp.where(recorded, forced.astype(jnp.int32), experts)
+    gates = jnp.take_along_axis(scores, experts, axis=-1)
+    if norm:
+        gates = gates / (jnp.sum(gates, axis=-1, keepdims=True) + 1e-20)
+    return experts.astype(jnp.int32), gates
+
+
 def router_stats(logits, experts, mask, num_experts: int, own=None, dropped=0.0) -> RouterStats:
     """The `RouterStats` of logits f32 [B, T, E] and chosen experts [B, T, k] over the
     tokens where mask [B, T] is 1 (None: all); own: the router's own top-k (None: experts);
@@ -127,6 +162,18 @@ def router_stats(logits, experts, mask, num_experts: int, own=None, dropped=0.0)
         dropped=jnp.asarray(dropped, jnp.float32),
         assigned=jnp.asarray(experts.size, jnp.float32),
     )
+
+
+def no_router_stats(shape, num_experts: int, k: int) -> RouterStats:
+    """The `RouterStats` of a layer without a router (a dense layer of an MoE model,
+    DeepSeek-V3's first layers) over tokens [B, T] (shape): no load, no tokens counted,
+    experts -1 (none: a replay leaves such a layer alone), and 0 assignments, which
+    `router_losses`, `router_metrics` and `routing_difference_share` read as "not an MoE
+    layer"."""
+    zeros = jnp.zeros((num_experts,), jnp.float32)
+    none = jnp.full((*shape, k), -1, jnp.int32)
+    nothing = jnp.zeros((), jnp.float32)
+    return RouterStats(zeros, zeros, nothing, nothing, nothing, none, none, nothing, nothing)
 
 
 # ----------------------------------------------------------------------------- experts
@@ -430,19 +477,32 @@ class MoE(nnx.Module):
             self.shared_gate = param((d, fs), ("embed", "mlp"))
             self.shared_up = param((d, fs), ("embed", "mlp"))
             self.shared_down = param((fs, d), ("mlp", "embed"))
-            self.shared_expert_gate = param((d, 1), ("embed", None))
+            if cfg.shared_expert_gated:
+                self.shared_expert_gate = param((d, 1), ("embed", None))
+        if cfg.router_scoring == "sigmoid":  # DeepSeek-V3's balancing bias (HF buffer)
+            self.router_score_bias = param((e,), (None,), init="zeros")
 
     def shared_expert(self, x):
-        """Qwen2-MoE's shared expert: sigmoid(x w_g) * SwiGLU_shared(x); x [..., D]."""
+        """The shared expert SwiGLU_shared(x), x [..., D]; Qwen2-MoE's times its gate
+        sigmoid(x w_g) (`shared_expert_gated`), DeepSeek-V3's ungated."""
         dt = x.dtype
         h = jax.nn.silu(dense(x, self.shared_gate[...].astype(dt)))
         h = h * dense(x, self.shared_up[...].astype(dt))
-        gate = jax.nn.sigmoid(dense(x, self.shared_expert_gate[...].astype(dt)))
-        return gate * dense(h, self.shared_down[...].astype(dt))
+        y = dense(h, self.shared_down[...].astype(dt))
+        if not self.cfg.shared_expert_gated:
+            return y
+        return jax.nn.sigmoid(dense(x, self.shared_expert_gate[...].astype(dt))) * y
 
     def route(self, x, forced=None):
         """x [B, T, D] -> (router logits f32 [B, T, E], experts [B, T, k], gates f32)."""
         cfg = self.cfg
+        if cfg.router_scoring == "sigmoid":  # DeepSeek-V3: the logits in f32, as HF's
+            logits = dense(x.astype(jnp.float32), self.router[...].astype(jnp.float32))
+            experts, gates = group_limited_gates(
+                logits, self.router_score_bias[...], cfg.num_experts_per_tok, cfg.n_group,
+                cfg.topk_group, cfg.norm_topk_prob, forced,
+            )  # fmt: skip
+            return logits, experts, gates * cfg.routed_scaling_factor
         # the logits in the compute dtype, the softmax in f32: as transformers computes them
         logits = dense(x, self.router[...].astype(x.dtype))
         if cfg.expert_bias:
@@ -485,7 +545,7 @@ class MoE(nnx.Module):
             return y
         own = experts
         if route.experts is not None:  # replayed: the router's own choice too, for the metrics
-            own = jax.lax.top_k(logits, self.cfg.num_experts_per_tok)[1].astype(jnp.int32)
+            own = self.route(x)[1]
         stats = router_stats(logits, experts, route.mask, self.cfg.num_experts, own, dropped)
         return y, stats
 
@@ -507,7 +567,30 @@ def router_losses(stats: RouterStats) -> dict[str, jax.Array]:
     f = stats.load / jnp.maximum(jnp.sum(stats.load, -1, keepdims=True), 1.0)
     p = stats.prob / tokens[:, None]
     balance = num_experts * jnp.sum(jax.lax.stop_gradient(f) * p, axis=-1)
-    return {"load_balance": jnp.mean(balance), "z": jnp.mean(stats.z / tokens)}
+    moe = _moe_layers(stats)  # the mean over the MoE layers (DeepSeek's dense ones: none)
+    return {"load_balance": _mean_over(balance, moe), "z": _mean_over(stats.z / tokens, moe)}
+
+
+def _moe_layers(stats: RouterStats) -> jax.Array:
+    """bool [L]: the layers with a router (`no_router_stats` makes none assignments)."""
+    return jnp.broadcast_to(stats.assigned, stats.tokens.shape) > 0
+
+
+def _mean_over(x, where):
+    return jnp.sum(jnp.where(where, x, 0.0)) / jnp.maximum(jnp.sum(where), 1)
+
+
+def balance_bias_update(bias: jax.Array, load: jax.Array, gamma: float) -> jax.Array:
+    """DeepSeek-V3's auxiliary-loss-free balancing (arXiv 2412.19437 sec. 2.1.2; Wang et
+    al., 2024): after each step, each expert's selection bias moves by gamma toward balance,
+
+        b_e <- b_e + gamma * sign(mean_e' load_e' - load_e)
+
+    bias [..., E] (`MoE.router_score_bias`, per layer), load [..., E] (the step's
+    assignments per expert, `RouterStats.load` summed over its microbatches). The bias only
+    chooses experts (`group_limited_gates`): the gates and the gradient do not see it."""
+    mean = jnp.mean(load, axis=-1, keepdims=True)
+    return bias + gamma * jnp.sign(mean - load).astype(bias.dtype)
 
 
 def router_metrics(stats: RouterStats) -> dict[str, jax.Array]:
@@ -516,10 +599,11 @@ def router_metrics(stats: RouterStats) -> dict[str, jax.Array]:
     per token (nats; log E is uniform), and the share of assignments the dispatch dropped."""
     mean = jnp.maximum(jnp.mean(stats.load, -1), 1e-9)  # [L]
     tokens = jnp.maximum(stats.tokens, 1.0)
+    moe = _moe_layers(stats)  # over the MoE layers only (DeepSeek's dense ones: none)
     return {
-        "moe/load_max": jnp.max(jnp.max(stats.load, -1) / mean),
-        "moe/load_min": jnp.min(jnp.min(stats.load, -1) / mean),
-        "moe/router_entropy": jnp.mean(stats.entropy / tokens),
+        "moe/load_max": jnp.max(jnp.where(moe, jnp.max(stats.load, -1) / mean, 0.0)),
+        "moe/load_min": jnp.min(jnp.where(moe, jnp.min(stats.load, -1) / mean, jnp.inf)),
+        "moe/router_entropy": _mean_over(stats.entropy / tokens, moe),
         # 'all_to_all' dispatch with a capacity factor: the share of assignments dropped
         "moe/dropped_share": jnp.sum(stats.dropped) / jnp.maximum(jnp.sum(stats.assigned), 1.0),
     }
@@ -531,7 +615,8 @@ def routing_difference_share(a, b, mask=None) -> jax.Array:
     where mask [B, T] is 1 (None: all). The order within the k does not matter."""
     differ = jnp.any(jnp.sort(a, -1) != jnp.sort(b, -1), axis=-1)  # [B, T, L]
     w = jnp.ones(a.shape[:2], jnp.float32) if mask is None else mask.astype(jnp.float32)
-    layers = a.shape[2]
+    # the layers with a router (a dense layer's experts are -1 everywhere: DeepSeek's first)
+    layers = jnp.sum(jnp.any(a >= 0, axis=(0, 1, 3)))
     return jnp.sum(differ * w[..., None]) / jnp.maximum(jnp.sum(w) * layers, 1.0)
 
 

@@ -54,7 +54,8 @@ def random_model(
         elif path not in done:  # the first stacked parameter: draw every layer's now
             stacked = [(p, v) for p, v in flat if p[0] == "layers"]
             host = {p: np.empty(v.get_value().shape, v.get_value().dtype) for p, v in stacked}
-            for i in range(cfg.num_layers):
+            # L layers, or L - k after DeepSeek's k dense ones (`Transformer.dense_layers`)
+            for i in range(next(iter(host.values())).shape[0]):
                 for p, a in host.items():
                     a[i] = draw(".".join(map(str, p)), a.shape[1:])
             for p, v in stacked:

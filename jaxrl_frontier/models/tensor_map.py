@@ -115,20 +115,26 @@ def tensor_specs(cfg: ModelConfig, expert_tensors: str = "per_expert") -> list[T
                 (d,),
                 (d,),
                 False,
-            ),
-            TensorSpec(
-                pre + "self_attn.q_proj.weight", (*at, "q_proj"), (h * hd, d), (d, h, hd), True
-            ),
-            TensorSpec(
-                pre + "self_attn.k_proj.weight", (*at, "k_proj"), (k * hd, d), (d, k, hd), True
-            ),
-            TensorSpec(
-                pre + "self_attn.v_proj.weight", (*at, "v_proj"), (k * hd, d), (d, k, hd), True
-            ),
-            TensorSpec(
-                pre + "self_attn.o_proj.weight", (*at, "o_proj"), (d, h * hd), (h, hd, d), True
-            ),
+            )
         ]
+        layer += (
+            _latent_attention_specs(cfg, pre)
+            if cfg.kv_lora_rank
+            else [
+                TensorSpec(
+                    pre + "self_attn.q_proj.weight", (*at, "q_proj"), (h * hd, d), (d, h, hd), True
+                ),
+                TensorSpec(
+                    pre + "self_attn.k_proj.weight", (*at, "k_proj"), (k * hd, d), (d, k, hd), True
+                ),
+                TensorSpec(
+                    pre + "self_attn.v_proj.weight", (*at, "v_proj"), (k * hd, d), (d, k, hd), True
+                ),
+                TensorSpec(
+                    pre + "self_attn.o_proj.weight", (*at, "o_proj"), (d, h * hd), (h, hd, d), True
+                ),
+            ]
+        )
         if cfg.qkv_bias:
             layer += [
                 TensorSpec(
@@ -161,7 +167,8 @@ def tensor_specs(cfg: ModelConfig, expert_tensors: str = "per_expert") -> list[T
             TensorSpec(pre + f"{hf_name}.weight", ("layers", ours, "weight"), (d,), (d,), False)
             for hf_name, ours in _mlp_norms(cfg)
         ]
-        if cfg.num_experts:
+        dense = i < cfg.first_k_dense_replace  # DeepSeek-V3's first layers: dense MLPs
+        if cfg.num_experts and not dense:
             fused = expert_tensors == "fused"
             layer += _fused_expert_specs(cfg, pre) if fused else _expert_specs(cfg, pre)
         else:
@@ -170,7 +177,17 @@ def tensor_specs(cfg: ModelConfig, expert_tensors: str = "per_expert") -> list[T
                 TensorSpec(pre + "mlp.up_proj.weight", (*mlp, "up_proj"), (f, d), (d, f), True),
                 TensorSpec(pre + "mlp.down_proj.weight", (*mlp, "down_proj"), (d, f), (f, d), True),
             ]
-        specs += [dataclasses.replace(spec, layer=i) for spec in layer]
+        if cfg.first_k_dense_replace:  # two stacks: `Transformer.dense_layers`, `layers`
+            stack, i_stack = (
+                ("dense_layers", i) if dense else ("layers", i - cfg.first_k_dense_replace)
+            )
+            layer = [
+                dataclasses.replace(spec, path=(stack, *spec.path[1:]), layer=i_stack)
+                for spec in layer
+            ]
+        else:
+            layer = [dataclasses.replace(spec, layer=i) for spec in layer]
+        specs += layer
     specs.append(TensorSpec("model.norm.weight", ("final_norm", "weight"), (d,), (d,), False))
     if cfg.num_labels:  # a sequence classifier's score head
         n = cfg.num_labels
@@ -194,6 +211,34 @@ def _mlp_norms(cfg: ModelConfig) -> list[tuple[str, str]]:
     ]
 
 
+def _latent_attention_specs(cfg: ModelConfig, pre: str) -> list[TensorSpec]:
+    """DeepSeek-V3's attention tensors (`layers.LatentAttention`): q_a_proj [Rq, D],
+    q_a_layernorm [Rq], q_b_proj [H (Dn + Dr), D] (or q_proj [H (Dn + Dr), D] without a q
+    latent), kv_a_proj_with_mqa [R + Dr, D], kv_a_layernorm [R], kv_b_proj [H (Dn + Dv), R]
+    and o_proj [D, H Dv]."""
+    d, h, hd, r, rq = (
+        cfg.hidden_size, cfg.num_heads, cfg.resolved_head_dim, cfg.kv_lora_rank, cfg.q_lora_rank
+    )  # fmt: skip
+    dkv, dv, dr = cfg.qk_nope_head_dim + cfg.v_head_dim, cfg.v_head_dim, cfg.qk_rope_head_dim
+    at, sa = ("layers", "attn"), pre + "self_attn."
+    if rq:
+        q = [
+            TensorSpec(sa + "q_a_proj.weight", (*at, "q_a_proj"), (rq, d), (d, rq), True),
+            TensorSpec(sa + "q_a_layernorm.weight", (*at, "q_a_norm", "weight"), (rq,), (rq,),
+                       False),
+            TensorSpec(sa + "q_b_proj.weight", (*at, "q_b_proj"), (h * hd, rq), (rq, h, hd), True),
+        ]  # fmt: skip
+    else:
+        q = [TensorSpec(sa + "q_proj.weight", (*at, "q_proj"), (h * hd, d), (d, h, hd), True)]
+    return q + [
+        TensorSpec(sa + "kv_a_proj_with_mqa.weight", (*at, "kv_a_proj"), (r + dr, d), (d, r + dr),
+                   True),
+        TensorSpec(sa + "kv_a_layernorm.weight", (*at, "kv_a_norm", "weight"), (r,), (r,), False),
+        TensorSpec(sa + "kv_b_proj.weight", (*at, "kv_b_proj"), (h * dkv, r), (r, h, dkv), True),
+        TensorSpec(sa + "o_proj.weight", (*at, "o_proj"), (d, h * dv), (h, dv, d), True),
+    ]  # fmt: skip
+
+
 def _expert_specs(cfg: ModelConfig, pre: str) -> list[TensorSpec]:
     """An MoE layer's MLP tensors: the router `mlp.gate.weight` [E, D] and, per expert e,
     `mlp.experts.{e}.gate_proj/up_proj/down_proj.weight` (transformers 5 fuses them in
@@ -213,16 +258,20 @@ def _expert_specs(cfg: ModelConfig, pre: str) -> list[TensorSpec]:
                 ex + "down_proj.weight", (*mlp, "expert_down"), (d, f), (f, d), True, None, j
             ),
         ]
+    if cfg.router_scoring == "sigmoid":  # DeepSeek-V3's balancing bias
+        specs.append(TensorSpec(pre + "mlp.gate.e_score_correction_bias",
+                                (*mlp, "router_score_bias"), (e,), (e,), False))  # fmt: skip
     fs = cfg.shared_expert_intermediate_size
-    if fs:  # Qwen2-MoE's shared expert and its sigmoid gate
-        sh = pre + "mlp.shared_expert."
+    if fs:  # Qwen2-MoE's shared expert and its sigmoid gate; DeepSeek-V3's shared_experts
+        sh = pre + ("mlp.shared_expert." if cfg.shared_expert_gated else "mlp.shared_experts.")
         specs += [
             TensorSpec(sh + "gate_proj.weight", (*mlp, "shared_gate"), (fs, d), (d, fs), True),
             TensorSpec(sh + "up_proj.weight", (*mlp, "shared_up"), (fs, d), (d, fs), True),
             TensorSpec(sh + "down_proj.weight", (*mlp, "shared_down"), (d, fs), (fs, d), True),
-            TensorSpec(pre + "mlp.shared_expert_gate.weight", (*mlp, "shared_expert_gate"),
-                       (1, d), (d, 1), True),
-        ]  # fmt: skip
+        ]
+        if cfg.shared_expert_gated:
+            specs.append(TensorSpec(pre + "mlp.shared_expert_gate.weight",
+                                    (*mlp, "shared_expert_gate"), (1, d), (d, 1), True))  # fmt: skip
     return specs
 
 

@@ -1,5 +1,5 @@
-"""A decoder-only transformer covering the Llama, Qwen2, Qwen3, Gemma 2, Gemma 3 and GPT-OSS
-shapes (and the Qwen-MoE and GPT-OSS mixtures of experts, models/moe.py), in Flax NNX.
+"""A decoder-only transformer covering the Llama, Qwen2, Qwen3, Gemma 2, Gemma 3, GPT-OSS and
+DeepSeek-V3 shapes (and their mixtures of experts, models/moe.py), in Flax NNX.
 
     x = embed(tokens)                    (Gemma: * sqrt(D))
     for each layer:  x = x + Attn(RMSNorm(x));  x = x + SwiGLU(RMSNorm(x))
@@ -25,6 +25,9 @@ shapes (and the Qwen-MoE and GPT-OSS mixtures of experts, models/moe.py), in Fla
   one layer's shards at a time inside the loop instead of every layer's at once, so no
   device holds a full copy of the weights; the program is compiled once per layer shape,
   not once per layer. `ModelConfig.remat` wraps the scanned body in `jax.checkpoint`.
+  DeepSeek-V3's first `first_k_dense_replace` layers have a dense MLP where the others
+  have experts: two parameter shapes, so two stacks (`dense_layers`, then `layers`), each
+  scanned, the per-layer inputs split between them (`scan_layers`).
 - Rollouts run the layers unstacked (`unstack_layers`: L per-layer `Block`s, a Python
   loop): inside a decode loop, a scan's per-layer slices of the stacked weights are
   copies (XLA:CPU copied every layer's weights before its matmuls at every step: a 25M
@@ -79,7 +82,10 @@ class Transformer(nnx.Module):
         self.cfg = cfg
         self.embed = make_param(rngs, (cfg.vocab_size, cfg.hidden_size), ("vocab", "embed"), pd)
         mlp = moe.MoE if cfg.num_experts else None  # the dense MLP unless experts
-        self.layers = Block(cfg, rngs, stack=(cfg.num_layers,), mlp=mlp)
+        k = cfg.first_k_dense_replace
+        if k:  # DeepSeek-V3: the first k layers' MLPs dense, in a stack of their own
+            self.dense_layers = Block(cfg, rngs, stack=(k,))
+        self.layers = Block(cfg, rngs, stack=(cfg.num_layers - k,), mlp=mlp)
         self.final_norm = rms_norm(cfg, cfg.hidden_size, rngs)
         if cfg.num_labels:  # a sequence classifier: its score head, no LM head
             self.score = make_param(rngs, (cfg.hidden_size, cfg.num_labels), ("embed", None), pd)
@@ -125,7 +131,21 @@ class Transformer(nnx.Module):
                 carry, y = body(self.layers[i], carry, jax.tree.map(lambda a: a[i], xs))
                 ys.append(y)
             return carry, jax.tree.map(lambda *a: jnp.stack(a), *ys)
-        graphdef, params = nnx.split(self.layers)
+        k = self.cfg.first_k_dense_replace
+        if not k:
+            return self._scan(self.layers, body, carry, xs, num, remat)
+        # DeepSeek-V3: the k dense layers' scan, then the MoE layers' (two layer shapes,
+        # two stacks: one scan cannot slice layers of different parameters)
+        if num <= k:
+            raise ValueError(f"a shallow model of {num} layers within the {k} dense ones")
+        part = lambda lo, hi: jax.tree.map(lambda a: a[lo:hi], xs)  # noqa: E731
+        carry, ys_dense = self._scan(self.dense_layers, body, carry, part(0, k), k, remat)
+        carry, ys = self._scan(self.layers, body, carry, part(k, num), num - k, remat)
+        return carry, jax.tree.map(lambda a, b: jnp.concatenate([a, b]), ys_dense, ys)
+
+    def _scan(self, layers, body, carry, xs, num, remat):
+        """`scan_layers` over one stack of layers (its first `num`)."""
+        graphdef, params = nnx.split(layers)
         if jax.tree.leaves(params)[0].shape[0] != num:  # a shallow draft: the first layers
             params = jax.tree.map(lambda a: a[:num], params)
 
@@ -187,7 +207,8 @@ class Transformer(nnx.Module):
         MoE models only: routing int [B, T, L, k] sends each token of layer l to the experts
         routing[:, :, l] (routing replay; gates from the current router); router_stats=True
         also returns the layers' `moe.RouterStats` stacked [L, ...] (their `experts`
-        [L, B, T, k]) over the real tokens: (hidden, cache, stats).
+        [L, B, T, k]) over the real tokens: (hidden, cache, stats). A dense layer of an MoE
+        model (DeepSeek-V3's first) ignores its routing and has `moe.no_router_stats`.
         """
         cfg = self.cfg
         if segment_ids is not None:
@@ -294,7 +315,7 @@ class Transformer(nnx.Module):
         if routed and not self.cfg.num_experts:
             raise ValueError("routing / router_stats: this model has no experts (num_experts=0)")
         forced = None if routing is None else jnp.moveaxis(routing, 2, 0)  # [L, B, T, k]
-        return _Routing(routed, attention_mask, forced)
+        return _Routing(routed, attention_mask, forced, self.cfg)
 
     def _cached_layers(self, x, positions, real, attention, cache, mlp_mask, route):
         """The unstacked layers over a cache, each layer's cache updated in place: at slots
@@ -471,6 +492,17 @@ class Transformer(nnx.Module):
         w = self.score[...].astype(self.cfg.compute_dtype)
         return jnp.einsum("bd,dn->bn", h, w, preferred_element_type=jnp.float32)
 
+    def update_balance_bias(self, stats: moe.RouterStats, gamma: float) -> None:
+        """DeepSeek-V3's auxiliary-loss-free balancing step, in place: every MoE layer's
+        `router_score_bias` moved by `moe.balance_bias_update` from the step's loads
+        (`stats`: stacked [L, ...] router stats over all layers, summed over the step's
+        microbatches; the dense first layers' are skipped). Stacked layers only."""
+        if self.cfg.router_scoring != "sigmoid":
+            raise ValueError("update_balance_bias: the model's router has no selection bias")
+        bias = self.layers.mlp.router_score_bias
+        load = stats.load[self.cfg.first_k_dense_replace :]  # [L - k, E]
+        bias.set_value(moe.balance_bias_update(bias.get_value(), load, gamma))
+
     def init_cache(self, batch_size: int, max_len: int, dtype=None) -> KVCache:
         return init_cache(self.cfg, batch_size, max_len, dtype)
 
@@ -501,7 +533,8 @@ def with_compute_weights(model: Transformer) -> Transformer:
     graphdef, state = nnx.split(model)
 
     def needs_cast(path, w):
-        stacked = jax.tree_util.keystr(path[:1]) == "['layers']"  # a leading [L] axis
+        # a leading [L] axis
+        stacked = jax.tree_util.keystr(path[:1]) in ("['layers']", "['dense_layers']")
         matrix = w.ndim - stacked >= 2
         return matrix and jnp.issubdtype(w.dtype, jnp.floating) and w.dtype != dt
 
@@ -524,13 +557,19 @@ def unstack_layers(model: Transformer) -> Transformer:
     For forward passes only; a model already unstacked comes back as is."""
     if isinstance(model.layers, nnx.List):
         return model
-    graphdef, params = nnx.split(model.layers)
-    blocks = [
-        nnx.merge(graphdef, jax.tree.map(lambda a, i=i: a[i], params))
-        for i in range(model.cfg.num_layers)
-    ]
+    dense = model.cfg.first_k_dense_replace  # DeepSeek-V3's dense layers come first
+    stacks = ([model.dense_layers] if dense else []) + [model.layers]
+    blocks = []
+    for stack in stacks:
+        graphdef, params = nnx.split(stack)
+        num = jax.tree.leaves(params)[0].shape[0]
+        blocks += [
+            nnx.merge(graphdef, jax.tree.map(lambda a, i=i: a[i], params)) for i in range(num)
+        ]
     out = nnx.merge(*nnx.split(model))  # a shallow structural copy sharing the arrays
-    out.layers = nnx.List(blocks)
+    out.layers = nnx.List(blocks[: model.cfg.num_layers])
+    if dense:
+        del out.dense_layers
     return out
 
 
@@ -540,11 +579,19 @@ class _Routing:
     route(forced_l) -> the layer's `moe.Route` (None: a plain MLP call); stats(out) -> the
     layer's router stats from its output (None unless routed)."""
 
-    def __init__(self, routed: bool, attention_mask, forced):
-        self.routed, self.mask, self.forced = routed, attention_mask, forced
+    def __init__(self, routed: bool, attention_mask, forced, cfg: ModelConfig):
+        self.routed, self.mask, self.forced, self.cfg = routed, attention_mask, forced, cfg
 
     def __call__(self, forced_layer):
         return moe.Route(mask=self.mask, experts=forced_layer) if self.routed else None
 
     def stats(self, out):
-        return out[2] if self.routed else None
+        """The layer's stats; a dense layer of an MoE model (DeepSeek-V3's first layers)
+        gives none, and stands in the [L, ...] stack as `moe.no_router_stats`."""
+        if not self.routed:
+            return None
+        if out[2] is None:
+            return moe.no_router_stats(
+                self.mask.shape, self.cfg.num_experts, self.cfg.num_experts_per_tok
+            )
+        return out[2]

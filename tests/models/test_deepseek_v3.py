@@ -1,0 +1,328 @@
+"""DeepSeek-V3 against transformers' `DeepseekV3ForCausalLM` on the same tiny random weights.
+
+One tiny random model serves the file (built by transformers in f32 with its eager
+attention and eager experts): hidden 32, 3 layers (the first dense, `first_k_dense_replace`
+1, then two mixtures of experts), 4 heads of multi-head latent attention (q latent 24, kv
+latent 16, nope 8 + rope 8 per head, values 12, RoPE interleaved, YaRN 40x with DeepSeek's
+mscale), 8 routed experts of width 16 in 4 groups, 2 groups kept, top 2, one shared
+expert, routed_scaling_factor 2.5. Every parameter is redrawn, and so is the balancing
+bias `e_score_correction_bias` (a buffer), so each feature moves the logits. Checked: the
+logits on a left-padded batch in both expert forms, each DeepSeek feature moving them; save
+-> transformers load -> the same tensors and logits, and our loader reads them back; our
+sampler's greedy tokens equal transformers' `generate`.
+
+Tolerance: the logits' scale is O(1-10); an f32 value here passes through some hundreds of
+roundings of relative 6e-8 (three layers: norms, projections over at most 32 inputs,
+softmaxes over at most 13 columns, 2 experts + 1 shared), which puts ours and
+transformers' ~1e-6 of the scale apart; 1e-5 of the scale is the bound, and each variant
+below moves the logits by more than 100 times it.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import hf_logits, left_padded_batch
+from flax import nnx
+
+from jaxrl_frontier.core import sharding
+from jaxrl_frontier.models import hf, moe
+from jaxrl_frontier.models.kv_cache import init_cache
+from jaxrl_frontier.models.transformer import Transformer
+from jaxrl_frontier.sampling import Sampler, SamplingParams
+
+HF_DEEPSEEK = dict(
+    vocab_size=128,
+    hidden_size=32,
+    intermediate_size=48,
+    moe_intermediate_size=16,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    num_key_value_heads=4,
+    n_shared_experts=1,
+    n_routed_experts=8,
+    kv_lora_rank=16,
+    q_lora_rank=24,
+    qk_rope_head_dim=8,
+    v_head_dim=12,
+    qk_nope_head_dim=8,
+    n_group=4,
+    topk_group=2,
+    num_experts_per_tok=2,
+    first_k_dense_replace=1,
+    routed_scaling_factor=2.5,
+    max_position_embeddings=2560,  # 40x the original 64 (YaRN)
+    eos_token_id=None,  # generate's 10 tokens all count (the default eos is token 1)
+    rope_parameters=dict(
+        rope_type="yarn",
+        rope_theta=10000.0,
+        factor=40.0,
+        beta_fast=32,
+        beta_slow=1,
+        mscale=1.0,
+        mscale_all_dim=1.0,
+        original_max_position_embeddings=64,
+    ),  # fmt: skip
+)
+REL_TOL = 1e-5  # max |ours - transformers| / max |logit| (module docstring)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    """(directory, torch model): the tiny random DeepSeek-V3 saved by transformers."""
+    import torch
+    import transformers
+
+    config = transformers.DeepseekV3Config(
+        **HF_DEEPSEEK, attn_implementation="eager", experts_implementation="eager"
+    )
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config).eval()
+    with torch.no_grad():  # every parameter redrawn, so each one moves the logits
+        for name, p in model.named_parameters():
+            p.copy_(1.0 + 0.2 * torch.randn_like(p) if "norm" in name else 0.3 * p.normal_())
+        for layer in model.model.layers[1:]:  # the balancing bias: a buffer, not a parameter
+            layer.mlp.gate.e_score_correction_bias.normal_(0.0, 0.3)
+    path = tmp_path_factory.mktemp("deepseek_v3")
+    model.save_pretrained(path)
+    return path, model
+
+
+@pytest.fixture(scope="module")
+def model(checkpoint):
+    return hf.load(checkpoint[0])
+
+
+def with_config(model, cfg, **params):
+    """The model's weights under another config of the same shapes, with `params`
+    ({'mlp.router_score_bias': value}) replacing MoE layer parameters."""
+    abstract = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
+    state = nnx.state(nnx.clone(model))
+    for path, value in params.items():
+        var = state["layers"]
+        for part in path.split("."):
+            var = var[part]
+        var.set_value(np.full(var.get_value().shape, value, np.float32))
+    return nnx.merge(nnx.graphdef(abstract), state)
+
+
+def rel_diff(a, b, mask) -> float:
+    real = mask.astype(bool)
+    return float(np.abs(a - b)[real].max() / np.abs(b)[real].max())
+
+
+def test_logit_parity_both_expert_forms_and_round_trip(checkpoint, model, tmp_path):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    path, torch_model = checkpoint
+    cfg = model.cfg
+    assert (cfg.family, cfg.first_k_dense_replace, cfg.num_experts) == ("deepseek_v3", 1, 8)
+    assert (cfg.kv_lora_rank, cfg.q_lora_rank, cfg.rope_interleave) == (16, 24, True)
+    assert (cfg.n_group, cfg.topk_group, cfg.shared_expert_intermediate_size) == (4, 2, 16)
+    tokens, mask = left_padded_batch(length=12)
+    ref = hf_logits(torch_model, tokens, mask)
+    run = lambda m: np.asarray(jax.jit(lambda t, k: m(t, k))(tokens, mask))  # noqa: E731
+    for impl in moe.EXPERT_IMPLS:
+        diff = rel_diff(run(with_config(model, cfg.replace(moe_impl=impl))), ref, mask)
+        print(f"{impl}: max |logit diff| / max |logit| = {diff:.1e}")
+        assert diff < REL_TOL, impl
+
+    # each DeepSeek feature moves the logits: the test is not blind to any of them
+    variants = {
+        "no group limit": with_config(model, cfg.replace(topk_group=4)),
+        "no interleave": with_config(model, cfg.replace(rope_interleave=False)),
+        "no YaRN": with_config(model, cfg.replace(rope_scaling=None)),
+        "no scaling factor": with_config(model, cfg.replace(routed_scaling_factor=1.0)),
+        "no correction bias": with_config(model, cfg, **{"mlp.router_score_bias": 0.0}),
+        "no shared expert": with_config(model, cfg, **{"mlp.shared_down": 0.0}),
+    }
+    for name, other in variants.items():
+        diff = rel_diff(run(other), ref, mask)
+        print(f"{name}: {diff:.1e}")
+        assert diff > 100 * REL_TOL, name
+
+    # our save (sharded) -> transformers loads the same model; our loader reads it back
+    hf.save(model, tmp_path, max_shard_size="20KB")
+    back = AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation="eager").eval()
+    assert type(back).__name__ == "DeepseekV3ForCausalLM"
+    with torch.no_grad():
+        ours = dict(back.state_dict())
+        for name, a in torch_model.state_dict().items():
+            torch.testing.assert_close(ours[name], a, rtol=0, atol=0, msg=name)
+    assert rel_diff(hf_logits(back, tokens, mask), ref, mask) < REL_TOL
+    again = hf.load(tmp_path)
+    for a, b in zip(jax.tree.leaves(nnx.state(model)), jax.tree.leaves(nnx.state(again))):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+PROMPTS = np.random.RandomState(1).randint(1, 128, size=(2, 6)).astype(np.int32)
+
+
+def test_greedy_decode_equals_transformers(checkpoint, model):
+    """10 greedy tokens after prompts of 6 (the sampler pads them to 8), the decode over the
+    unstacked layers (the dense one, then the MoE ones) and their full per-head KV cache."""
+    import torch
+
+    sampler = Sampler(model, pad_id=0, prompt_buckets=(8,), record_routing=True)
+    params = SamplingParams(max_new_tokens=10, greedy=True)
+    rollout = sampler.generate(PROMPTS, np.ones_like(PROMPTS), params, jax.random.key(0))
+    with torch.no_grad():
+        ref = checkpoint[1].generate(
+            torch.as_tensor(PROMPTS, dtype=torch.long), max_new_tokens=10, do_sample=False,
+            attention_mask=torch.ones(PROMPTS.shape, dtype=torch.long), pad_token_id=0,
+        )[:, 6:].numpy()  # fmt: skip
+    np.testing.assert_array_equal(np.asarray(rollout.completion_tokens), ref)
+
+    # the absorbed decode's log-probs are the full forward's (the learner's) up to f32
+    # rounding, the cache holding R + Dr = 24 numbers per token and layer, not 2 H Dh = 128
+    seq = rollout.sequences()
+    logits = jax.jit(lambda t, m: model(t, m))(seq.tokens, seq.attention_mask)
+    logp = jax.nn.log_softmax(logits[:, 7:-1], -1)
+    full = np.take_along_axis(np.asarray(logp), np.asarray(seq.tokens)[:, 8:, None], -1)[..., 0]
+    np.testing.assert_allclose(np.asarray(rollout.policy_logp), full, atol=1e-5)
+    cfg = model.cfg
+    latent, dense = model.init_cache(2, 18), init_cache(cfg.replace(kv_lora_rank=0), 2, 18)
+    nbytes = lambda cache: sum(a.nbytes for a in cache.k + cache.v)  # noqa: E731
+    per_token = (cfg.kv_lora_rank + cfg.qk_rope_head_dim) * 4 * cfg.num_layers
+    assert nbytes(latent) == 2 * 18 * per_token
+    assert nbytes(dense) == 2 * 18 * 2 * cfg.num_heads * cfg.resolved_head_dim * 4 * cfg.num_layers
+    print(f"cache bytes per token: latent {nbytes(latent) // 36}, full {nbytes(dense) // 36}")
+
+    # routing replay: the experts the sampler recorded (MoE layers 1, 2; the dense layer 0
+    # records none, -1) are the router's own in a full forward, and replayed ones are used
+    routing = np.asarray(rollout.routing)  # [B, 8 + 10, L, k], -1 where nothing was fed
+    assert (routing[:, :, 0] == -1).all()
+    recorded = (routing[:, :, 1:] >= 0).all((-2, -1))
+    graphdef, state = nnx.split(model)
+
+    @jax.jit
+    def experts_of(params, routing):
+        m = nnx.merge(graphdef, params)
+        stats = m.hidden_states(seq.tokens, seq.attention_mask, routing=routing, router_stats=True)
+        return jnp.moveaxis(stats[2].experts, 0, 2), jnp.moveaxis(stats[2].own, 0, 2)
+
+    own = np.asarray(experts_of(state, None)[0])
+    np.testing.assert_array_equal(own[recorded], routing[recorded])
+    flipped = np.where(recorded[:, :, None, None], (routing + 1) % 8, -1)
+    used, router = (np.asarray(a)[:, :, 1:] for a in experts_of(state, flipped))
+    np.testing.assert_array_equal(used[recorded], flipped[:, :, 1:][recorded])
+    np.testing.assert_array_equal(used[~recorded], router[~recorded])  # no record: its own
+    np.testing.assert_array_equal(router[:, :, 0], own[:, :, 1])  # layer 1's input: unmoved
+
+
+def test_expert_parallel_update_equals_one_device(model):
+    """The update's form (grouped matmuls) with the experts split over 8 fake devices (one
+    expert a device; the dense layer's MLP FSDP-sharded): the loss (with the router's
+    load-balancing term) and every gradient equal one device's, and so does the greedy
+    decode on the mesh."""
+    mesh = sharding.make_mesh((1, 8, 1))
+    ragged = with_config(model, model.cfg.replace(moe_impl="ragged"))
+    graphdef, state = nnx.split(ragged)
+    tokens, mask = map(jnp.asarray, left_padded_batch(batch=8, length=8))
+
+    @jax.jit
+    def loss_and_grads(params, tokens, mask):
+        def loss(params):  # mean squared logits + the load-balancing loss (MoE layers)
+            m = nnx.merge(graphdef, params)
+            hidden, _, stats = m.hidden_states(tokens, mask, router_stats=True)
+            balance = moe.router_losses(stats)["load_balance"]
+            return jnp.mean(m.logits(hidden) ** 2) + 0.5 * balance
+
+        return jax.value_and_grad(loss)(params)
+
+    loss1, grads1 = loss_and_grads(state, tokens, mask)
+    placed = jax.device_put(state, sharding.state_shardings(state, mesh))
+    experts = placed["layers"]["mlp"]["expert_down"].get_value()
+    assert experts.sharding.spec[1] == "fsdp"  # [L - 1, E, F, D]: the experts split
+    loss8, grads8 = loss_and_grads(placed, *sharding.shard_batch((tokens, mask), mesh))
+    # f32 sums in another order (psums over the devices): a few ulps of O(1) values
+    np.testing.assert_allclose(loss8, loss1, rtol=1e-6)
+    for (path, a), b in zip(jax.tree_util.tree_leaves_with_path(grads1), jax.tree.leaves(grads8)):
+        name = jax.tree_util.keystr(path)
+        np.testing.assert_allclose(np.asarray(b), np.asarray(a), atol=1e-6, rtol=1e-5, err_msg=name)
+        if "router_score_bias" not in name:  # it only chooses experts: no gradient
+            assert np.abs(np.asarray(a)).max() > 0, name
+
+    params = SamplingParams(max_new_tokens=6, greedy=True)
+    prompts = np.asarray(tokens), np.asarray(mask)
+    one = Sampler(model, pad_id=0, prompt_buckets=(8,)).generate(
+        *prompts, params, jax.random.key(0)
+    )
+    spread = Sampler(
+        nnx.merge(nnx.graphdef(model), placed), pad_id=0, mesh=mesh, prompt_buckets=(8,)
+    )
+    eight = spread.generate(*prompts, params, jax.random.key(0))
+    np.testing.assert_array_equal(np.asarray(eight.completion_tokens), one.completion_tokens)
+    np.testing.assert_allclose(np.asarray(eight.policy_logp), one.policy_logp, atol=1e-5)
+
+
+def test_config_mapping_and_parameter_count(checkpoint, model):
+    torch_model = checkpoint[1]
+    cfg = model.cfg
+    assert hf.config_from_hf(hf.config_to_hf(cfg)) == cfg
+    n = sum(p.numel() for p in torch_model.parameters())
+    # ours also holds each MoE layer's balancing bias as a parameter (transformers: a buffer)
+    assert hf.count_params(model) == cfg.num_params() == n + 2 * cfg.num_experts
+    no_q_latent = hf.config_from_hf({**hf.config_to_hf(cfg), "q_lora_rank": None})
+    assert no_q_latent.q_lora_rank == 0 and no_q_latent.num_params() < cfg.num_params()
+    # the router's losses and metrics are over the 2 MoE layers, the dense one standing in
+    # the [L] stack with no router
+    _, _, stats = model.hidden_states(*map(jnp.asarray, left_padded_batch()), router_stats=True)
+    assert stats.load.shape == (3, 8) and float(stats.assigned[0]) == 0
+    moe_only = jax.tree.map(lambda a: a[1:], stats)
+    for name, value in {**moe.router_losses(stats), **moe.router_metrics(stats)}.items():
+        expected = {**moe.router_losses(moe_only), **moe.router_metrics(moe_only)}[name]
+        np.testing.assert_allclose(value, expected, rtol=1e-6, err_msg=name)
+    experts = jnp.moveaxis(stats.experts, 0, 2)
+    other = experts.at[:, :, 1].set((experts[:, :, 1] + 1) % 8)  # layer 1 differs everywhere
+    assert float(moe.routing_difference_share(experts, other)) == 0.5
+
+
+def test_aux_loss_free_balancing_evens_the_load(model):
+    """b_e += gamma sign(mean load - load_e): the formula on a small load, then 30 steps on
+    one fixed batch of 256 tokens (gamma 0.02, the biases starting at 0) take the busiest
+    MoE expert's load over the mean from above 1.6 to below 1.3 (measured 1.78 -> 1.09)."""
+    bias, load = jnp.zeros((1, 4)), jnp.asarray([[0.0, 3.0, 1.0, 4.0]])  # mean 2
+    step = np.float32(0.1) * np.array([[1, -1, 1, -1]], np.float32)
+    np.testing.assert_array_equal(moe.balance_bias_update(bias, load, 0.1), step)
+
+    m = with_config(model, model.cfg, **{"mlp.router_score_bias": 0.0})
+    tokens = jnp.asarray(np.random.RandomState(3).randint(0, 128, size=(8, 32)), jnp.int32)
+    graphdef = nnx.graphdef(m)
+
+    @jax.jit
+    def loads(params):
+        stats = nnx.merge(graphdef, params).hidden_states(tokens, router_stats=True)[2]
+        return stats
+
+    def busiest(stats):  # max over the MoE layers of the busiest expert's load / mean
+        load = np.asarray(stats.load[1:])
+        return float((load.max(-1) / load.mean(-1)).max())
+
+    stats = loads(nnx.state(m))
+    before = busiest(stats)
+    for _ in range(30):
+        m.update_balance_bias(stats, gamma=0.02)
+        stats = loads(nnx.state(m))
+    print(f"busiest expert / mean load: {before:.2f} -> {busiest(stats):.2f}")
+    assert before > 1.6 and busiest(stats) < 1.3
+
+
+def test_shared_prompt_forward(model):
+    """The update's shared-prompt forward (each group's prompt run once, latent attention's
+    expanded heads attending to the group's prompt keys) equals the per-row forward."""
+    rng = np.random.RandomState(5)
+    prompt = np.repeat(rng.randint(1, 128, size=(2, 6)), 3, axis=0)  # 2 groups of 3 rows
+    tokens = jnp.asarray(np.concatenate([prompt, rng.randint(1, 128, size=(6, 4))], 1))
+    mask = jnp.ones_like(tokens)
+    graphdef, state = nnx.split(model)
+
+    @jax.jit
+    def both(params):
+        m = nnx.merge(graphdef, params)
+        shared = m.hidden_states_shared_prompt(tokens, mask, prompt_len=6, group_size=3)
+        return shared, m.hidden_states(tokens, mask)[0]
+
+    shared, rows = map(np.asarray, both(state))
+    np.testing.assert_allclose(shared, rows, atol=1e-5 * np.abs(rows).max())
