@@ -155,6 +155,25 @@ class ModelConfig:
                     f"sliding_window={self.sliding_window}; layer_types has sliding layers, "
                     "which need a window > 0"
                 )
+        self._check_experts_and_latent_attention()
+        if self.attention_sinks and self.attention not in SINK_IMPLS:
+            raise ConfigError(
+                f"config key 'model.attention' = {self.attention!r}: this model has attention "
+                f"sinks (GPT-OSS), which jax.nn.dot_product_attention cannot add to its "
+                f"softmax; choose one of {SINK_IMPLS}"
+            )
+        if (
+            self.rope_local_theta is not None
+            and dict(self.rope_scaling or ()).get("rope_type") == "yarn"
+        ):
+            raise ValueError(
+                "rope_scaling type 'yarn' with rope_local_theta is not supported: YaRN scales "
+                "the rotated q and k of every layer, a sliding layer's local RoPE is unscaled"
+            )
+
+    def _check_experts_and_latent_attention(self) -> None:
+        """A mixture of experts' fields: the top-k, the router, the expert groups, latent
+        attention's shapes (DeepSeek-V3) and the dense first layers, the implementation."""
         if self.num_experts and not (
             0 < self.num_experts_per_tok <= self.num_experts and self.moe_intermediate_size > 0
         ):
@@ -192,20 +211,6 @@ class ModelConfig:
             raise ValueError(f"moe_dispatch={self.moe_dispatch!r}; allowed: {MOE_DISPATCH}")
         if self.moe_capacity_factor < 0:
             raise ValueError(f"moe_capacity_factor={self.moe_capacity_factor}; must be >= 0")
-        if self.attention_sinks and self.attention not in SINK_IMPLS:
-            raise ConfigError(
-                f"config key 'model.attention' = {self.attention!r}: this model has attention "
-                f"sinks (GPT-OSS), which jax.nn.dot_product_attention cannot add to its "
-                f"softmax; choose one of {SINK_IMPLS}"
-            )
-        if (
-            self.rope_local_theta is not None
-            and dict(self.rope_scaling or ()).get("rope_type") == "yarn"
-        ):
-            raise ValueError(
-                "rope_scaling type 'yarn' with rope_local_theta is not supported: YaRN scales "
-                "the rotated q and k of every layer, a sliding layer's local RoPE is unscaled"
-            )
 
     @property
     def sliding_layers(self) -> tuple[bool, ...]:

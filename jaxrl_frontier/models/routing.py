@@ -227,6 +227,3 @@ def routing_difference_share(a, b, mask=None) -> jax.Array:
     # the layers with a router (a dense layer's experts are -1 everywhere: DeepSeek's first)
     layers = jnp.sum(jnp.any(a >= 0, axis=(0, 1, 3)))
     return jnp.sum(differ * w[..., None]) / jnp.maximum(jnp.sum(w) * layers, 1.0)
-
-
-# ----------------------------------------------------------------------------- HF config

@@ -103,91 +103,19 @@ def tensor_specs(cfg: ModelConfig, expert_tensors: str = "per_expert") -> list[T
     """Every tensor of an HF checkpoint of this config, in HF's order (a fused tensor once a
     part). expert_tensors (`EXPERT_TENSORS`, the architecture's): how the checkpoint names a
     mixture of experts' tensors."""
-    d, f, v = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
-    h, k, hd = cfg.num_heads, cfg.num_kv_heads, cfg.resolved_head_dim
+    d, v = cfg.hidden_size, cfg.vocab_size
     specs = [TensorSpec("model.embed_tokens.weight", ("embed",), (v, d), (v, d), False)]
     for i in range(cfg.num_layers):
-        pre, at = f"model.layers.{i}.", ("layers", "attn")
-        layer = [
-            TensorSpec(
-                pre + "input_layernorm.weight",
-                ("layers", "input_norm", "weight"),
-                (d,),
-                (d,),
-                False,
-            )
-        ]
-        layer += (
-            _latent_attention_specs(cfg, pre)
-            if cfg.kv_lora_rank
-            else [
-                TensorSpec(
-                    pre + "self_attn.q_proj.weight", (*at, "q_proj"), (h * hd, d), (d, h, hd), True
-                ),
-                TensorSpec(
-                    pre + "self_attn.k_proj.weight", (*at, "k_proj"), (k * hd, d), (d, k, hd), True
-                ),
-                TensorSpec(
-                    pre + "self_attn.v_proj.weight", (*at, "v_proj"), (k * hd, d), (d, k, hd), True
-                ),
-                TensorSpec(
-                    pre + "self_attn.o_proj.weight", (*at, "o_proj"), (d, h * hd), (h, hd, d), True
-                ),
-            ]
-        )
-        if cfg.qkv_bias:
-            layer += [
-                TensorSpec(
-                    pre + "self_attn.q_proj.bias", (*at, "q_bias"), (h * hd,), (h, hd), False
-                ),
-                TensorSpec(
-                    pre + "self_attn.k_proj.bias", (*at, "k_bias"), (k * hd,), (k, hd), False
-                ),
-                TensorSpec(
-                    pre + "self_attn.v_proj.bias", (*at, "v_bias"), (k * hd,), (k, hd), False
-                ),
-            ]
-        if cfg.o_bias:
-            layer.append(
-                TensorSpec(pre + "self_attn.o_proj.bias", (*at, "o_bias"), (d,), (d,), False)
-            )
-        if cfg.attention_sinks:
-            layer.append(TensorSpec(pre + "self_attn.sinks", (*at, "sinks"), (h,), (h,), False))
-        if cfg.qk_norm:
-            layer += [
-                TensorSpec(
-                    pre + "self_attn.q_norm.weight", (*at, "q_norm", "weight"), (hd,), (hd,), False
-                ),
-                TensorSpec(
-                    pre + "self_attn.k_norm.weight", (*at, "k_norm", "weight"), (hd,), (hd,), False
-                ),
-            ]
-        mlp = ("layers", "mlp")
+        pre = f"model.layers.{i}."
+        norm = ("layers", "input_norm", "weight")
+        layer = [TensorSpec(pre + "input_layernorm.weight", norm, (d,), (d,), False)]
+        layer += _attention_specs(cfg, pre)
         layer += [
             TensorSpec(pre + f"{hf_name}.weight", ("layers", ours, "weight"), (d,), (d,), False)
             for hf_name, ours in _mlp_norms(cfg)
         ]
-        dense = i < cfg.first_k_dense_replace  # DeepSeek-V3's first layers: dense MLPs
-        if cfg.num_experts and not dense:
-            fused = expert_tensors == "fused"
-            layer += _fused_expert_specs(cfg, pre) if fused else _expert_specs(cfg, pre)
-        else:
-            layer += [
-                TensorSpec(pre + "mlp.gate_proj.weight", (*mlp, "gate_proj"), (f, d), (d, f), True),
-                TensorSpec(pre + "mlp.up_proj.weight", (*mlp, "up_proj"), (f, d), (d, f), True),
-                TensorSpec(pre + "mlp.down_proj.weight", (*mlp, "down_proj"), (d, f), (f, d), True),
-            ]
-        if cfg.first_k_dense_replace:  # two stacks: `Transformer.dense_layers`, `layers`
-            stack, i_stack = (
-                ("dense_layers", i) if dense else ("layers", i - cfg.first_k_dense_replace)
-            )
-            layer = [
-                dataclasses.replace(spec, path=(stack, *spec.path[1:]), layer=i_stack)
-                for spec in layer
-            ]
-        else:
-            layer = [dataclasses.replace(spec, layer=i) for spec in layer]
-        specs += layer
+        layer += _mlp_specs(cfg, pre, i, expert_tensors)
+        specs += _stacked(cfg, layer, i)
     specs.append(TensorSpec("model.norm.weight", ("final_norm", "weight"), (d,), (d,), False))
     if cfg.num_labels:  # a sequence classifier's score head
         n = cfg.num_labels
@@ -195,6 +123,63 @@ def tensor_specs(cfg: ModelConfig, expert_tensors: str = "per_expert") -> list[T
     elif not cfg.tie_word_embeddings:
         specs.append(TensorSpec("lm_head.weight", ("lm_head",), (v, d), (d, v), True))
     return specs
+
+
+def _attention_specs(cfg: ModelConfig, pre: str) -> list[TensorSpec]:
+    """One layer's attention tensors: the projections (latent attention's own), their
+    biases, the sinks and the q/k norms the config declares."""
+    d, h, k, hd = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.resolved_head_dim
+    at, sa = ("layers", "attn"), pre + "self_attn."
+    if cfg.kv_lora_rank:
+        specs = _latent_attention_specs(cfg, pre)
+    else:
+        specs = [
+            TensorSpec(sa + "q_proj.weight", (*at, "q_proj"), (h * hd, d), (d, h, hd), True),
+            TensorSpec(sa + "k_proj.weight", (*at, "k_proj"), (k * hd, d), (d, k, hd), True),
+            TensorSpec(sa + "v_proj.weight", (*at, "v_proj"), (k * hd, d), (d, k, hd), True),
+            TensorSpec(sa + "o_proj.weight", (*at, "o_proj"), (d, h * hd), (h, hd, d), True),
+        ]
+    if cfg.qkv_bias:
+        specs += [
+            TensorSpec(sa + "q_proj.bias", (*at, "q_bias"), (h * hd,), (h, hd), False),
+            TensorSpec(sa + "k_proj.bias", (*at, "k_bias"), (k * hd,), (k, hd), False),
+            TensorSpec(sa + "v_proj.bias", (*at, "v_bias"), (k * hd,), (k, hd), False),
+        ]
+    if cfg.o_bias:
+        specs.append(TensorSpec(sa + "o_proj.bias", (*at, "o_bias"), (d,), (d,), False))
+    if cfg.attention_sinks:
+        specs.append(TensorSpec(sa + "sinks", (*at, "sinks"), (h,), (h,), False))
+    if cfg.qk_norm:
+        specs += [
+            TensorSpec(sa + "q_norm.weight", (*at, "q_norm", "weight"), (hd,), (hd,), False),
+            TensorSpec(sa + "k_norm.weight", (*at, "k_norm", "weight"), (hd,), (hd,), False),
+        ]
+    return specs
+
+
+def _mlp_specs(cfg: ModelConfig, pre: str, i: int, expert_tensors: str) -> list[TensorSpec]:
+    """Layer i's MLP tensors: its experts' (an MoE layer), or the dense MLP's (DeepSeek-V3's
+    first `first_k_dense_replace` layers are dense)."""
+    if cfg.num_experts and i >= cfg.first_k_dense_replace:
+        fused = expert_tensors == "fused"
+        return _fused_expert_specs(cfg, pre) if fused else _expert_specs(cfg, pre)
+    d, f, mlp = cfg.hidden_size, cfg.intermediate_size, ("layers", "mlp")
+    return [
+        TensorSpec(pre + "mlp.gate_proj.weight", (*mlp, "gate_proj"), (f, d), (d, f), True),
+        TensorSpec(pre + "mlp.up_proj.weight", (*mlp, "up_proj"), (f, d), (d, f), True),
+        TensorSpec(pre + "mlp.down_proj.weight", (*mlp, "down_proj"), (d, f), (f, d), True),
+    ]
+
+
+def _stacked(cfg: ModelConfig, layer: list[TensorSpec], i: int) -> list[TensorSpec]:
+    """Layer i's specs at their place in the stacked parameters: index i of `layers`, or,
+    with dense first layers (two stacks: `Transformer.dense_layers`, `layers`), its index in
+    its own stack."""
+    if not cfg.first_k_dense_replace:
+        return [dataclasses.replace(spec, layer=i) for spec in layer]
+    dense = i < cfg.first_k_dense_replace
+    stack, index = ("dense_layers", i) if dense else ("layers", i - cfg.first_k_dense_replace)
+    return [dataclasses.replace(s, path=(stack, *s.path[1:]), layer=index) for s in layer]
 
 
 def _mlp_norms(cfg: ModelConfig) -> list[tuple[str, str]]:

@@ -25,6 +25,11 @@ def _roles(tag, *, base=True, ref=True, teacher=True):
         teacher_params=mark("teacher_params") if teacher else None,
         sampler=mark("sampler"),
         rollout_sampler=mark("rollout_sampler"),
+        reward_model=mark("reward_model"),
+        judge=mark("judge"),
+        tagged_teachers=mark("tagged_teachers") if teacher else (),
+        teacher_tags={},
+        teacher_tokenizer=mark("teacher_tokenizer") if teacher else None,
     )
 
 
@@ -35,11 +40,13 @@ def _config(model="scratch", teacher="none"):
 
 
 OWN = ("mesh", "rollout_mesh", "tokenizer", "policy", "graphdef")
+# a teacher from a file, shared with what comes with it (several teachers, its tokenizer)
+TEACHER = ("teacher", "teacher_params", "tagged_teachers", "teacher_tokenizer")
 
 
 def _source(roles):
     """{field: the tag of the roles it came from}."""
-    return {k: v.split(".")[0] for k, v in vars(roles).items() if v is not None}
+    return {k: v.split(".")[0] for k, v in vars(roles).items() if isinstance(v, str)}
 
 
 @pytest.mark.parametrize(
@@ -47,7 +54,7 @@ def _source(roles):
     [
         ("scratch", "none", {"sampler", "rollout_sampler"}),
         ("scratch", "scratch", {"sampler", "rollout_sampler"}),
-        ("scratch", "checkpoint", {"sampler", "rollout_sampler", "teacher", "teacher_params"}),
+        ("scratch", "checkpoint", {"sampler", "rollout_sampler", *TEACHER}),
         ("checkpoint", "none", {"sampler", "rollout_sampler", "base_params", "ref_params"}),
     ],
 )
@@ -71,6 +78,15 @@ def test_frozen_weights_are_shared_only_where_both_hold_them():
     # neither holds a reference: the base shared, the reference None on both
     roles = _roles("mine", ref=False).sharing(_roles("first", ref=False), c)
     assert (roles.base_params, roles.ref_params) == ("first.base", None)
+
+
+def test_a_reward_model_and_a_judge_from_files_are_shared():
+    c = _config()
+    got = _source(_roles("mine").sharing(_roles("first"), c))
+    assert (got["reward_model"], got["judge"]) == ("mine", "mine")  # none configured: own
+    c.reward_model.init, c.judge.init = "hf", "hf"
+    got = _source(_roles("mine").sharing(_roles("first"), c))
+    assert (got["reward_model"], got["judge"]) == ("first", "first")
 
 
 def test_a_teacher_from_a_file_replaces_an_absent_one():

@@ -42,6 +42,14 @@ def dropout_masks(model_cfg, dropout_rate: float, keys_data):
     )
 
 
+def objective_at(objective, frozen):
+    """The objective with this step's scheduled or controlled values (`frozen['knobs']`, traced
+    arguments of the update: `losses.with_values`), or as configured."""
+    if frozen is not None and "knobs" in frozen:
+        return losses.with_values(objective, frozen["knobs"])
+    return objective
+
+
 def rl_loss(
     graphdef,
     objective_cfg,
@@ -85,15 +93,11 @@ def rl_loss(
 
     def loss_of(params, batch, denominator=None, frozen=None):
         batch = dict(batch)
-        cfg = objective_cfg  # with this step's scheduled / controlled values, traced
-        if frozen is not None and "knobs" in frozen:
-            cfg = losses.with_values(objective_cfg, frozen["knobs"])
+        cfg = objective_at(objective_cfg, frozen)
         if "pack" in batch:
             return packed_loss_of(params, batch, cfg, denominator, frozen)
-        mlp_mask, routing = None, batch.pop("routing", None)
-        keys = batch.pop("dropout_keys", None)
-        if dropout_rate > 0:
-            mlp_mask = dropout_masks(model_cfg, dropout_rate, keys)
+        routing, keys = batch.pop("routing", None), batch.pop("dropout_keys", None)
+        mlp_mask = dropout_masks(model_cfg, dropout_rate, keys) if dropout_rate > 0 else None
         kwargs = _loss_kwargs(batch, denominator, frozen, teacher_hidden_fn)
         seen = {}
 
