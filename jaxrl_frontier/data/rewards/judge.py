@@ -93,7 +93,7 @@ class JudgeRole:
     """A judge as the run holds it: the causal LM (on the run's mesh), its tokenizer, and its
     chat template (None: plain text)."""
 
-    model: Any
+    module: Any
     tokenizer: Any
     template: ChatTemplate | None = None
 
@@ -116,7 +116,7 @@ class NextTokenProbs:
 
     def __init__(self, role: JudgeRole, options: JudgeSection):
         self.tokenizer, self.template, self.options = role.tokenizer, role.template, options
-        graphdef, self.params = nnx.split(role.model)
+        graphdef, self.params = nnx.split(role.module)
 
         def probs(params, tokens, mask, ids):  # [N, L] -> [N, len(ids)]
             model = nnx.merge(graphdef, params)

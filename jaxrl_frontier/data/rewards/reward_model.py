@@ -82,7 +82,7 @@ class RewardModelRole:
     """A reward model as the run holds it: the classifier (`num_labels` > 0, on the run's
     mesh), its tokenizer, and its chat template (None: rows read as plain text)."""
 
-    model: Any
+    module: Any
     tokenizer: Any
     template: ChatTemplate | None = None
 
@@ -137,7 +137,7 @@ class RewardModelScorer:
         prompt_of: Callable[[dict], str],
         question_of: Callable[[dict], str],
     ):
-        model, tokenizer, template = role.model, role.tokenizer, role.template
+        model, tokenizer, template = role.module, role.tokenizer, role.template
         if options.template == "chat" and template is None:
             raise ValueError(
                 "config key 'reward_model.template' = 'chat': the reward model's directory "
