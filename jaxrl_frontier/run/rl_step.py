@@ -32,6 +32,7 @@ from jaxrl_frontier.rl.experience import (
     Experience,
     log_rollouts,
 )
+from jaxrl_frontier.rl.produce.judge_verdicts import SampledVerdicts
 from jaxrl_frontier.rl.produce.production import Production
 from jaxrl_frontier.rl.sources import make_source
 from jaxrl_frontier.rl.sources.utils import prompt_text
@@ -313,8 +314,12 @@ def _learned_rewards(c, roles, task) -> tuple:
         )
     if roles.judge is not None:
         options = sections.record(c, "judge")
-        probs = NextTokenProbs(roles.judge, options)
-        out.append(JudgeScorer(probs, roles.judge.tokenizer, options, question_of=question_of))
+        if options.mode == "sampled":  # its own Sampler over the judge, on the run's mesh
+            key = jax.random.fold_in(jax.random.key(c.seed), 0x7D6E)
+            read = SampledVerdicts(roles.judge, options, mesh=roles.mesh, key=key)
+        else:
+            read = NextTokenProbs(roles.judge, options)
+        out.append(JudgeScorer(read, roles.judge.tokenizer, options, question_of=question_of))
     return tuple(out)
 
 

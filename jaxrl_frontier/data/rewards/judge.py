@@ -19,14 +19,30 @@ pairwise) filled in, rendered as a user turn of the judge's chat template (`chat
 plain text. It is tokenized to `max_len` tokens (a longer one keeps its end, where the verdict
 is asked), left-padded to that one static shape: the forward compiles once, runs on the
 run's mesh, and reads only the last position's logits. The score is normalized as a reward
-model's is (none / batch / group) and logged raw (`judge/score_*`). A verdict sampled and
-parsed from generated text is not provided: the probabilities above give the same ranking
-without a decode and without parse failures.
+model's is (none / batch / group) and logged raw (`judge/score_*`).
+
+    'sampled'         the judge decodes a short verdict y (at most `max_verdict_tokens`
+                      tokens, at `verdict_temperature`, greedy at 0, up to its stop token) and
+                      s = parse(y): the first match of `verdict_pattern` in y (its first
+                      group, else the whole match), read as an integer k in 1 .. `scale`
+                      (s = k), or as one of the `yes` strings (s = 1) or `no` strings (s = 0);
+                      anything else (no match, a number out of range, another word) is a
+                      parse failure, scored `unparsed_score` and counted
+                      (`judge/parse_failures`, this step's); a rating read from the
+                      judge's own text, as in "Judging LLM-as-a-Judge with MT-Bench and
+                      Chatbot Arena" (Zheng et al., 2023)
+
+The probability modes read one forward's last position; the sampled mode costs a decode per
+completion (a prefill and up to `max_verdict_tokens` steps) and can fail to parse, but reads
+a verdict as the judge would write it (a reasoning judge, a free-form answer). Its decode is
+the project's jitted `Sampler` over the judge (rl/produce/judge_verdicts.py: data/ does not
+import sampling/), compiled once at the static shape [batch, `max_len`].
 """
 
 from __future__ import annotations
 
 import dataclasses
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -45,7 +61,9 @@ from jaxrl_frontier.data.rewards.reward_model import (
 from jaxrl_frontier.data.tasks.chat import ChatTemplate
 
 REWARD_NAME = "judge"
-MODES = ("yes_prob", "expected_score", "pairwise")
+MODES = ("yes_prob", "expected_score", "pairwise", "sampled")
+# the sampled mode's default parse: the first number, or a yes / no word, standing alone
+VERDICT_PATTERN = r"\b(\d+|[Yy]es|YES|[Nn]o|NO)\b"
 
 DEFAULT_PROMPT = (
     "Question: {question}\nReference answer: {reference}\nResponse: {completion}\n"
@@ -68,12 +86,23 @@ class JudgeSection:
         choices=("none", "hf", "random"),
     )
     path: str = key("", "its checkpoint: an HF directory or a registered model name")
-    mode: str = key("yes_prob", "yes_prob | expected_score | pairwise", choices=MODES)
+    mode: str = key(
+        "yes_prob", "yes_prob | expected_score | pairwise | sampled (a decoded, parsed verdict)",
+        choices=MODES,
+    )  # fmt: skip
     prompt: str = key("", "the judge prompt ('': the mode's default; module docstring)")
     chat: bool = key(True, "the prompt as a user turn of the judge's chat template")
-    yes: tuple = key(("yes", "Yes"), "the verdict strings read as yes (one token each)")
-    no: tuple = key(("no", "No"), "the verdict strings read as no (one token each)")
-    scale: int = key(9, "expected_score: the labels 1 .. scale (one token each)", low=2)
+    yes: tuple = key(
+        ("yes", "Yes"), "the verdict strings read as yes (one token each, but sampled)"
+    )
+    no: tuple = key(("no", "No"), "the verdict strings read as no (one token each, but sampled)")
+    scale: int = key(9, "expected_score, sampled: the labels 1 .. scale", low=2)
+    max_verdict_tokens: int = key(8, "sampled: a verdict's tokens at most (stop included)", low=1)
+    verdict_temperature: float = key(0.0, "sampled: the verdict's temperature (0: greedy)", low=0.0)
+    verdict_pattern: str = key(
+        VERDICT_PATTERN, "sampled: the regex whose first match is the verdict (module docstring)"
+    )
+    unparsed_score: float = key(0.0, "sampled: the score of a verdict that does not parse")
     normalize: str = key("none", "none | batch | group, as the reward model's", choices=NORMALIZE)
     max_len: int = key(512, "tokens a judge prompt holds (a longer one keeps its end)", low=1)
     batch_size: int = key(0, "prompts one forward reads (0: all of a step's)", low=0)
@@ -81,6 +110,13 @@ class JudgeSection:
 
     def __post_init__(self):
         records.check(self, "judge")
+        try:
+            re.compile(self.verdict_pattern)
+        except re.error as e:
+            raise ValueError(
+                f"config key 'judge.verdict_pattern' = {self.verdict_pattern!r} is not a "
+                f"regular expression ({e})"
+            ) from None
 
     @property
     def text(self) -> str:
@@ -109,6 +145,16 @@ def single_token(tokenizer, text: str, what: str) -> int:
     return ids[0]
 
 
+def judge_input(template: ChatTemplate | None, options: JudgeSection, prompt: str) -> str:
+    """The judge's input text for a filled-in judge prompt: a user turn of its chat template
+    (`chat`; its BOS left to the tokenizer) or the plain prompt."""
+    if template is None or not options.chat:
+        return prompt
+    bos = template.special_tokens.get("bos_token")
+    text = template.prompt(prompt)
+    return text[len(bos) :] if bos and text.startswith(bos) else text  # BOS added on encode
+
+
 class NextTokenProbs:
     """The judge's next-token probabilities after each prompt: `__call__(prompts, ids)` ->
     p [N, len(ids)] of the token ids `ids` (a softmax over the whole vocabulary at each
@@ -127,18 +173,33 @@ class NextTokenProbs:
         self._probs = jax.jit(probs)
 
     def text(self, prompt: str) -> str:
-        """The judge's input for a filled-in judge prompt."""
-        if self.template is None or not self.options.chat:
-            return prompt
-        bos = self.template.special_tokens.get("bos_token")
-        text = self.template.prompt(prompt)
-        return text[len(bos) :] if bos and text.startswith(bos) else text  # BOS added below
+        """The judge's input for a filled-in judge prompt (`judge_input`)."""
+        return judge_input(self.template, self.options, prompt)
 
     def __call__(self, prompts: Sequence[str], ids: Sequence[int]) -> np.ndarray:
         o, ids = self.options, jnp.asarray(ids, jnp.int32)
         forward = lambda t, m: self._probs(self.params, t, m, ids)  # noqa: E731
         texts = [self.text(p) for p in prompts]
         return in_static_batches(forward, self.tokenizer, texts, o.max_len, o.batch_size)
+
+
+def parse_verdict(text: str, options: JudgeSection) -> float | None:
+    """A sampled verdict's score (module docstring, 'sampled'), or None when it does not
+    parse: the first match of `verdict_pattern` (its first group, else the whole match) as
+    an integer k in 1 .. `scale` -> k, a `yes` string -> 1, a `no` string -> 0."""
+    match = re.search(options.verdict_pattern, text)
+    if match is None:
+        return None
+    word = match.group(1) if match.re.groups else match.group(0)
+    word = (word or "").strip()
+    if word.isdigit():
+        k = int(word)
+        return float(k) if 1 <= k <= options.scale else None
+    if word in options.yes:
+        return 1.0
+    if word in options.no:
+        return 0.0
+    return None
 
 
 def pairwise_scores(p_yes: Callable[[list[tuple[int, int]]], np.ndarray], g: int) -> np.ndarray:
@@ -158,16 +219,20 @@ def pairwise_scores(p_yes: Callable[[list[tuple[int, int]]], np.ndarray], g: int
 
 class JudgeScorer:
     """The judge as a reward shaper: `__call__(rows, rewards [B_l, K])` appends the `judge`
-    column (rows: `examples` [P], `texts` [P * G], `group_size`). `probs` (a `NextTokenProbs`,
-    or any function of (prompts, ids) -> [N, len(ids)]) reads the judge; `question_of` gives
-    an example's question."""
+    column (rows: `examples` [P], `texts` [P * G], `group_size`). `probs` reads the judge: a
+    `NextTokenProbs`, or any function of (prompts, ids) -> [N, len(ids)]; in the sampled mode
+    a function of prompts -> their verdict texts [N] (rl/produce/judge_verdicts.py's
+    `SampledVerdicts`). `question_of` gives an example's question."""
 
     reward_names = (REWARD_NAME,)
 
     def __init__(self, probs, tokenizer, options: JudgeSection, *, question_of):
         self.probs, self.options, self.question_of = probs, options, question_of
         o = options
-        if o.mode == "expected_score":
+        self.parse_failures = 0  # the last call's (sampled)
+        if o.mode == "sampled":
+            self.ids = []  # verdicts are read as text: no one-token strings needed
+        elif o.mode == "expected_score":
             self.ids = [single_token(tokenizer, str(k), "scale") for k in range(1, o.scale + 1)]
         else:
             self.yes = [single_token(tokenizer, s, "yes") for s in o.yes]
@@ -183,8 +248,13 @@ class JudgeScorer:
         )
 
     def verdicts(self, prompts: list[str]) -> np.ndarray:
-        """The score of each judge prompt [N]: P(yes) among the verdicts, or the expected
-        label."""
+        """The score of each judge prompt [N]: P(yes) among the verdicts, the expected
+        label, or the sampled verdict parsed (`parse_verdict`; failures counted)."""
+        if self.options.mode == "sampled":
+            parsed = [parse_verdict(text, self.options) for text in self.probs(prompts)]
+            self.parse_failures += sum(s is None for s in parsed)
+            fallback = self.options.unparsed_score
+            return np.asarray([fallback if s is None else s for s in parsed], np.float64)
         p = self.probs(prompts, self.ids)
         if self.options.mode == "expected_score":
             labels = np.arange(1, self.options.scale + 1)
@@ -214,9 +284,12 @@ class JudgeScorer:
         return np.concatenate(out)
 
     def __call__(self, rows, rewards: np.ndarray) -> np.ndarray:
+        self.parse_failures = 0
         out, self._metrics = with_learned_column(
             rewards, self.score(rows), REWARD_NAME, self.options.normalize, rows.group_size
         )
+        if self.options.mode == "sampled":
+            self._metrics[f"{REWARD_NAME}/parse_failures"] = float(self.parse_failures)
         return out
 
     def metrics(self) -> dict[str, Any]:

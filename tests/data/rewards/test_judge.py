@@ -1,8 +1,10 @@
 """The generative judge (data/rewards/judge.py): its yes-probability and expected-score
 verdicts against a reference computed by hand from transformers' logits on the same judge
-prompts, and the pairwise mode, whose two orders cancel a judge's preference for the first
-position."""
+prompts, the pairwise mode, whose two orders cancel a judge's preference for the first
+position, and the sampled mode: the parse rule on hand-written verdicts, the greedy verdict
+tokens against transformers' `generate`, and the parse failures counted and scored."""
 
+import dataclasses
 import math
 import types
 
@@ -16,9 +18,11 @@ from jaxrl_frontier.data.rewards.judge import (
     JudgeSection,
     NextTokenProbs,
     pairwise_scores,
+    parse_verdict,
 )
 from jaxrl_frontier.models import hf
 from jaxrl_frontier.models.tokenizer import CharTokenizer
+from jaxrl_frontier.rl.produce.judge_verdicts import SampledVerdicts
 
 TOKENIZER = CharTokenizer()
 ROWS = types.SimpleNamespace(
@@ -118,3 +122,66 @@ def test_pairwise_scores_by_hand_for_two_completions():
     np.testing.assert_allclose(got, [0.8, 0.2])
     with pytest.raises(ValueError, match="judge.yes': 'yes' is 3 tokens"):
         JudgeScorer(None, TOKENIZER, JudgeSection(init="random"), question_of=QUESTION)
+
+
+SAMPLED = JudgeSection(**{**OPTIONS, "yes": ("yes", "Yes"), "no": ("no", "No")}, mode="sampled",
+                       prompt="{question}{completion}?", max_verdict_tokens=4, batch_size=3)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "text, want",
+    [
+        ("7", 7.0), (" 3/9, since", 3.0), ("Score: 9.", 9.0), ("yes", 1.0), ("No.", 0.0),
+        ("Yes, 2", 1.0), ("I'd say 4", 4.0), ("10", None), ("0", None), ("maybe", None),
+        ("nothing", None), ("", None), ("#$%", None),
+    ],
+)  # fmt: skip
+def test_parse_verdict_by_the_documented_rule(text, want):
+    assert parse_verdict(text, SAMPLED) == want
+
+
+def test_a_verdict_pattern_that_is_not_a_regex_names_the_key():
+    with pytest.raises(ValueError, match="judge.verdict_pattern' = '\\(' is not a regular"):
+        JudgeSection(verdict_pattern="(")
+    with pytest.raises(ValueError, match="judge.mode"):
+        JudgeSection(mode="sample")
+
+
+@pytest.fixture(scope="module")
+def verdicts(judge):
+    """One SampledVerdicts over our tiny judge (its programs compiled once for the module)."""
+    return SampledVerdicts(JudgeRole(judge[1], TOKENIZER), SAMPLED)
+
+
+def test_greedy_verdict_tokens_equal_transformers_generate(judge, verdicts):
+    import torch
+
+    torch_model, _ = judge
+    prompts = ["1+2=3?", "1+2=4?", "3+4=7?", "3+4=9?"]  # two batches of 3: the last padded
+    tokens, mask = verdicts.token_rows(prompts)
+    for row, prompt in enumerate(prompts):
+        ids = torch.as_tensor([[TOKENIZER.bos_id, *TOKENIZER.encode(prompt)]])
+        with torch.no_grad():
+            out = torch_model.generate(
+                ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=4,
+                eos_token_id=TOKENIZER.eos_id, pad_token_id=TOKENIZER.pad_id,
+            )  # fmt: skip
+        want = out[0, ids.shape[1] :].tolist()
+        got = tokens[row, : mask[row].sum()].tolist()
+        assert got == want, (prompt, got, want)
+
+
+def test_sampled_scores_count_and_score_the_parse_failures(verdicts):
+    texts = {"1+2=3?": "yes!", "1+2=4?": "12", "3+4=7?": "7", "3+4=9?": "huh"}
+    options = dataclasses.replace(SAMPLED, unparsed_score=-1.0)
+    scorer = JudgeScorer(lambda prompts: [texts[p] for p in prompts], TOKENIZER, options,
+                         question_of=QUESTION)  # fmt: skip
+    out = scorer(ROWS, np.zeros((4, 1), np.float32))
+    np.testing.assert_allclose(out[:, 1], [1.0, -1.0, 7.0, -1.0])
+    assert scorer.metrics()["judge/parse_failures"] == 2.0
+    # the tiny random judge's own verdicts: each parsed or counted, none lost
+    real = JudgeScorer(verdicts, TOKENIZER, SAMPLED, question_of=QUESTION)
+    scores = real.score(ROWS)
+    texts = verdicts(["1+2=3?", "1+2=4?", "3+4=7?", "3+4=9?"])
+    failed = sum(parse_verdict(t, SAMPLED) is None for t in texts)
+    assert real.parse_failures == failed and scores.shape == (4,)
