@@ -13,7 +13,7 @@ OUTPUT LAYER. Where logits come from hidden states, the output layer is a [D, V]
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import flax.struct
 import jax
@@ -129,8 +129,9 @@ def chunked_token_stats(
     entropy: bool = False,
     entropy_grad: bool = True,
     start: int = 1,
-    teacher_hidden: tuple[Array, Array] | None = None,
+    teacher_hidden: tuple | None = None,
     distill: Callable[..., Array] | None = None,
+    teacher_index: Array | None = None,
 ) -> tuple[Array, Array | None, Array | None]:
     """`token_stats_from_hidden`, plus a distillation loss from the teacher's hidden states.
 
@@ -138,6 +139,10 @@ def chunked_token_stats(
     distill = a per-position loss (`DISTILL_LOSSES.get(name).per_position` with its kwargs
     bound): each chunk computes the student's [chunk, V] and the teacher's [chunk, V] logits
     (the teacher's held constant) and the loss between them, so neither [B, T, V] exists.
+    Several teachers (`teacher.by_tag`, one vocabulary): teacher_hidden a tuple of K such
+    pairs and teacher_index [B, T] each position's teacher k; each chunk computes every
+    teacher's [chunk, V] logits and keeps each position's own (`select_teacher`), so the loss
+    at (b, t) is D(student, teacher_{index[b, t]}) exactly; K teacher logit blocks a chunk.
     -> (logp [B, T], entropy [B, T] or None, distill [B, T] or None), all aligned with the
     tokens (column t scores token t; columns before `start` are 0).
     """
@@ -154,10 +159,12 @@ def chunked_token_stats(
     w = w.astype(hidden_btd.dtype)
     xs = (chunked(layout.positions(hidden_btd)), chunked(layout.targets(tokens_bt)))
     if with_distill:
-        h_t, w_t = (sg(x) for x in teacher_hidden)
-        xs += (chunked(layout.positions(h_t)),)
-        w_t, cap_t = output_weights(w_t)
-        w_t = w_t.astype(h_t.dtype)
+        pairs = teacher_pairs(teacher_hidden)
+        xs += (tuple(chunked(layout.positions(sg(h_t))) for h_t, _ in pairs),)
+        w_ts = tuple(output_weights(sg(w_t)) for _, w_t in pairs)
+        w_ts = tuple((w_t.astype(h_t.dtype), cap) for (w_t, cap), (h_t, _) in zip(w_ts, pairs))
+        if len(pairs) > 1:
+            xs += (chunked(layout.positions(teacher_index)),)
 
     @jax.checkpoint
     def one(args):
@@ -172,9 +179,13 @@ def chunked_token_stats(
             ent = lh - jnp.sum(jnp.exp(zh - lh[:, None]) * zh, axis=-1)  # H = lse - E_p[z]
         dist = jnp.zeros_like(logp)
         if with_distill:
-            z_t = jnp.einsum("cd,dv->cv", args[2], w_t, preferred_element_type=jnp.float32)
-            z_t = cap_logits(sharding.constrain_vocab(z_t, w_t), cap_t)
-            dist = distill(z, z_t, y_c)
+            z_ts = [
+                cap_logits(sharding.constrain_vocab(
+                    jnp.einsum("cd,dv->cv", h_c, w_t, preferred_element_type=jnp.float32), w_t
+                ), cap_t)
+                for h_c, (w_t, cap_t) in zip(args[2], w_ts)
+            ]  # fmt: skip
+            dist = distill(z, select_teacher(z_ts, args[3] if len(z_ts) > 1 else None), y_c)
         return logp, ent, dist
 
     logp, ent, dist = jax.lax.map(one, xs)
@@ -184,6 +195,25 @@ def chunked_token_stats(
         aligned(ent) if entropy else None,
         aligned(dist) if with_distill else None,
     )
+
+
+def teacher_pairs(teacher_hidden) -> tuple:
+    """One teacher's (hidden, output layer) pair, or several teachers' tuple of them, as a
+    tuple of pairs."""
+    return tuple(teacher_hidden) if isinstance(teacher_hidden[0], tuple) else (teacher_hidden,)
+
+
+def select_teacher(logits: Sequence[Array], index: Array | None) -> Array:
+    """Each position's own teacher's logits: logits K x [..., V] (one per teacher), index
+    [...] (k, as a float or an int; None with one teacher) ->
+        z[..., v] = logits[index[...]][..., v]   (an index past K - 1 reads teacher 0)."""
+    z = logits[0]
+    if index is None:
+        return z
+    k_of = index.astype(jnp.int32)[..., None]
+    for k in range(1, len(logits)):
+        z = jnp.where(k_of == k, logits[k], z)
+    return z
 
 
 class PositionChunks:

@@ -31,6 +31,8 @@ from jaxrl_frontier.objectives.logprobs import (
     DEFAULT_LOGPROB_CHUNK,
     chunked_token_stats,
     output_logits,
+    select_teacher,
+    teacher_pairs,
     token_entropy,
     token_logprobs,
 )
@@ -217,10 +219,12 @@ def _unpacked(unpack, first_scored: int, t: int, *xs):
     return tuple(None if x is None else jnp.where(scored, unpack(x), 0.0) for x in xs)
 
 
-def _chunked_stats(params, batch, cfg, apply_hidden_fn, chunking, teacher_hidden, packed):
+def _chunked_stats(params, batch, cfg, apply_hidden_fn, chunking, teachers, packed):
     """(logp, entropy, the per-token distillation loss or None), each [B, T], from the final
     hidden states in chunks of positions (`chunked_token_stats`); chunking: (logprob_chunk,
-    first_scored); packed rows: computed over the slots, then unpacked. See `loss_fn`."""
+    first_scored); teachers: (teacher_hidden, teacher_index); packed rows: computed over the
+    slots, then unpacked. See `loss_fn`."""
+    teacher_hidden, teacher_index = teachers
     logprob_chunk, first_scored = chunking
     tokens, distill = batch["tokens"], cfg.distill
     stat_tokens = tokens if packed is None else packed[0]
@@ -241,11 +245,20 @@ def _chunked_stats(params, batch, cfg, apply_hidden_fn, chunking, teacher_hidden
         start=first_scored if packed is None else 1,
         teacher_hidden=teacher_hidden if distill else None,
         distill=per_position,
+        teacher_index=teacher_index,
     )
     if packed is not None:
         t = tokens.shape[1]
         return _unpacked(packed[1], first_scored, t, logp, entropy, distill_bt)
     return logp, entropy, distill_bt
+
+
+def _teacher_logits(teacher_hidden, teacher_index) -> Array:
+    """The teacher's [B, T, V] logits from its (hidden, output layer), held constant; several
+    teachers': each position's own teacher's (`logprobs.select_teacher` by teacher_index)."""
+    pairs = teacher_pairs(teacher_hidden)
+    every = [output_logits(sg(h), sg(w), "btd,dv->btv") for h, w in pairs]
+    return select_teacher(every, teacher_index if len(pairs) > 1 else None)
 
 
 def loss_fn(
@@ -257,9 +270,10 @@ def loss_fn(
     apply_hidden_fn: Callable[[Any, Array, Array], tuple[Array, Array]] | None = None,
     logprob_chunk: int = DEFAULT_LOGPROB_CHUNK,
     first_scored: int = 1,
-    teacher_hidden: tuple[Array, Array] | None = None,
+    teacher_hidden: tuple | None = None,
     denominator: Array | float | None = None,
     packed: tuple[Array, Callable[[Array], Array]] | None = None,
+    teacher_index: Array | None = None,
 ) -> tuple[Array, dict[str, Array]]:
     """The trainer's entry point: forward, token log-probs, then `objective_loss`.
 
@@ -272,8 +286,9 @@ def loss_fn(
     teacher_hidden: (teacher final hidden [B, T, D_t], teacher output layer [D_t, V]), held
     constant: a configured distillation loss (forward_kl, reverse_kl, jsd, cr_opd) is then
     computed chunk by chunk from the student's and the teacher's [chunk, V] logits
-    (`chunked_token_stats`), never from the whole batch's. Without apply_hidden_fn the
-    teacher's logits are formed in full from it.
+    (`chunked_token_stats`), never from the whole batch's (without apply_hidden_fn: in full).
+    Several teachers (`teacher.by_tag`, one vocabulary): K such pairs, and teacher_index
+    each position's k, laid out as the hidden states: D(student, teacher_{index[b, t]}).
     batch: tokens, attention_mask, loss_mask, old_logp, advantages (all [B, T]); optional
     ref_logp, teacher_logp, sc_logp, sc_kl [B, T] and teacher_logits [B, T, V] (the full-logits
     path of a distillation loss).
@@ -297,7 +312,7 @@ def loss_fn(
             cfg,
             apply_hidden_fn,
             (logprob_chunk, first_scored),
-            teacher_hidden,
+            (teacher_hidden, teacher_index),
             packed,
         )
         logits = None
@@ -305,8 +320,7 @@ def loss_fn(
         logits = apply_fn(params, tokens, batch["attention_mask"])
         logp, entropy = token_logprobs(logits, tokens), None
         if distill and teacher_hidden is not None:
-            h_t, w_t = (sg(x) for x in teacher_hidden)
-            teacher_logits = output_logits(h_t, w_t, "btd,dv->btv")
+            teacher_logits = _teacher_logits(teacher_hidden, teacher_index)
     stats = TokenStats(
         logp=logp,
         old_logp=batch["old_logp"],

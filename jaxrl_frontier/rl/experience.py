@@ -176,6 +176,10 @@ class ScoredRows:
 # Fields the update reads (besides the optional ones present): see `Experience.update_batch`.
 UPDATE_FIELDS = ("tokens", "attention_mask", "loss_mask", "old_logp", "advantages")
 OPTIONAL_FIELDS = ("ref_logp", "teacher_logp", "dropout_keys", "routing")
+# several teachers (`teacher.by_tag`): each row's teacher, an extra [B, T] (the row's index
+# into the teachers, on every position, so that slicing and packing carry it as any other);
+# the teacher pass and a full-vocabulary distillation loss read it
+TEACHER_INDEX = "teacher_index"
 
 
 @flax.struct.dataclass

@@ -191,12 +191,21 @@ def build_rl_stages(
                 make_logp_fn(nnx.graphdef(t), **layout, pack=pack) for t in parts.tagged_teachers
             ]
             context["teacher_logp_fn"] = (context["teacher_logp_fn"], *more)
+            teacher_pair = several_teachers(parts.teacher, parts.tagged_teachers)
         names.append("teacher" if parts.teacher_tokenizer is None else "cross_tokenizer_teacher")
     learner = _learner(c, parts, graphdef, objective, layout, teacher_pair, tx=tx, state=state,
                        completion_len=tn, log=log)  # fmt: skip
     passes = [PASSES.get(name)(**context) for name in names]
     producer = _producer(c, parts, objective, passes, editors, shapers)
     return learner, producer, logp_fn
+
+
+def several_teachers(teacher, tagged: tuple) -> tuple[tuple, tuple]:
+    """The update's teachers (`teacher.by_tag`, one vocabulary): (their graphdefs, their
+    weights), the teacher at `teacher.path` first, then `tagged` in the order of the rows'
+    `teacher_index`; a full-vocabulary loss runs each on every row (rl/learn/loss.py)."""
+    teachers = (teacher, *tagged)
+    return tuple(nnx.graphdef(t) for t in teachers), tuple(nnx.state(t) for t in teachers)
 
 
 def _cross_tokenizer_context(c, parts: RunParts, teacher_graphdef, completion_len: int) -> dict:

@@ -1,7 +1,7 @@
 """Several teachers (`teacher.by_tag`) through the trainer: each rollout row's teacher
 log-probs come from the teacher its example's tag names (two teachers that differ), a table
-naming only the main teacher builds today's single-teacher run, and the combinations it
-does not serve are refused, naming the keys."""
+naming only the main teacher builds today's single-teacher run, a full-vocabulary loss runs
+with several teachers, and the combinations it does not serve are refused, naming the keys."""
 
 import jax
 import numpy as np
@@ -68,11 +68,13 @@ def test_what_several_teachers_and_a_teachers_own_tokenizer_do_not_serve_is_refu
     checkpoints,
 ):
     a, b = checkpoints
-    c = _config(a, {"1": b})
+    c = _config(a, {})
+    c.teacher.tokenizer = "own"
     c.objective.distill = "forward_kl"
     assert (
-        "config key 'teacher.by_tag' does not go with: objective.distill = 'forward_kl' "
-        "(a full-vocabulary loss reads one teacher's logits in the update)"
+        "config key 'teacher.tokenizer' = 'own' does not go with: objective.distill = "
+        "'forward_kl' (a full-vocabulary loss reads the teachers' logits over the student's "
+        "vocabulary)"
     ) in config_error(c)
     c = _config(a, {"1": b})
     c.teacher.init = "scratch"
@@ -83,3 +85,17 @@ def test_what_several_teachers_and_a_teachers_own_tokenizer_do_not_serve_is_refu
     assert "'teacher.tokenizer' = 'own' does not go with: env.name = 'frozenlake'" in (
         config_error(c)
     )
+
+
+def test_a_full_vocabulary_loss_runs_with_several_teachers(checkpoints, tmp_path):
+    """`objective.distill` with two teachers of the policy's vocabulary: the update holds
+    both (the main one first) and each row's loss reads its own teacher's logits
+    (tests/rl/learn/test_several_teachers.py checks the terms by hand)."""
+    a, b = checkpoints
+    c = _config(a, {"1": b, "3": b})
+    c.objective.distill = "forward_kl"
+    trainer = tr.Trainer(c, str(tmp_path))
+    teachers = trainer.step.learner.frozen["teacher"]
+    assert isinstance(teachers, tuple) and len(teachers) == 2
+    scalars = trainer.step()(1.0)
+    assert np.isfinite(scalars["train/distill_loss"]) and scalars["train/distill_loss"] > 0

@@ -3,7 +3,12 @@
 The loss is `losses.loss_fn` over the policy: log-probs from the fused, chunked output layer,
 the rollout's Dropout-GRPO masks applied (the update runs the sub-network that sampled each
 row), and, for a full-vocabulary distillation loss, the teacher's hidden states computed per
-microbatch inside the update (never a [B, T, V] teacher tensor on the host). Packed rows
+microbatch inside the update (never a [B, T, V] teacher tensor on the host). Several
+teachers sharing the policy's vocabulary (`teacher.by_tag`): every teacher runs on every
+row of the microbatch (K teacher forwards, K teacher [chunk, V] logit blocks per chunk) and
+each row's loss reads its own teacher's logits, selected by the batch's `teacher_index`
+(rl/experience.TEACHER_INDEX): D(student, teacher_{index[b]}) at each position of row b.
+Packed rows
 (`packed_loss`), an MoE router's terms and replayed routing (`add_router_terms`), LoRA's
 frozen base (`with_base`) are parts of it.
 """
@@ -18,6 +23,7 @@ from flax import nnx
 
 from jaxrl_frontier.models import lora, moe
 from jaxrl_frontier.objectives import logprobs, losses
+from jaxrl_frontier.rl.experience import TEACHER_INDEX
 from jaxrl_frontier.rl.learn import packing
 from jaxrl_frontier.rl.learn.forward import (
     apply_hidden,
@@ -73,7 +79,9 @@ def rl_loss(
     prompt-major groups of [prompt | completion] rows. dropout_rate > 0: the batch carries
     `dropout_keys` [B, 2] and every policy forward runs under those rows' masks
     (`model_cfg` gives their shape). teacher_graphdef: `frozen['teacher']` holds its
-    weights, and a distillation loss reads its hidden states (no gradient).
+    weights, and a distillation loss reads its hidden states (no gradient); several
+    teachers: a tuple of graphdefs, `frozen['teacher']` a tuple of their weights in the same
+    order, and the batch's `teacher_index` [B, T] each row's (module docstring).
     capture_hidden: metrics['hidden'] holds the policy's final hidden states [B, T, D] of the
     loss's own forward (a value head reads them: `rl.ppo`), when that forward computes them.
     An MoE policy (`model_cfg.num_experts`; group_size 1): + `add_router_terms`; a batch's
@@ -88,7 +96,7 @@ def rl_loss(
     hidden_fn = None
     if logprob_chunk is not None or routed:
         hidden_fn = apply_hidden(graphdef, group_size, completion_len, router=routed)
-    teacher_hidden_fn = None if teacher_graphdef is None else apply_hidden(teacher_graphdef)
+    teacher_hidden_fn = None if teacher_graphdef is None else teachers_fn(teacher_graphdef)
     packed_loss_of = packed_loss(graphdef, logprob_chunk, completion_len, teacher_graphdef)
 
     def loss_of(params, batch, denominator=None, frozen=None):
@@ -129,9 +137,19 @@ def rl_loss(
     return loss_of
 
 
+def teachers_fn(teacher_graphdef, apply=apply_hidden):
+    """(weights, *inputs) -> the teacher's `apply(graphdef)` output (final hidden, output
+    layer); several teachers (a tuple of graphdefs): (a tuple of weights, *inputs) -> a
+    tuple of every teacher's, in order."""
+    if not isinstance(teacher_graphdef, tuple):
+        return apply(teacher_graphdef)
+    fns = tuple(apply(g) for g in teacher_graphdef)
+    return lambda weights, *inputs: tuple(f(w, *inputs) for f, w in zip(fns, weights))
+
+
 def _loss_kwargs(batch, denominator, frozen, teacher_hidden_fn) -> dict[str, Any]:
     """`losses.loss_fn`'s optional arguments: the minibatch's denominator, the teacher's
-    final hidden states (held constant)."""
+    final hidden states (held constant; several teachers: each's, and each row's index)."""
     kwargs: dict[str, Any] = {}
     if denominator is not None:
         kwargs["denominator"] = denominator
@@ -139,6 +157,8 @@ def _loss_kwargs(batch, denominator, frozen, teacher_hidden_fn) -> dict[str, Any
         kwargs["teacher_hidden"] = sg(
             teacher_hidden_fn(frozen["teacher"], batch["tokens"], batch["attention_mask"])
         )
+        if isinstance(frozen["teacher"], tuple):
+            kwargs["teacher_index"] = batch[TEACHER_INDEX]
     return kwargs
 
 
@@ -152,7 +172,9 @@ def packed_loss(graphdef, logprob_chunk, completion_len: int, teacher_graphdef=N
     they add nothing to any aggregation's numerator. Full logits (logprob_chunk None) are
     unpacked to [B, T, V]."""
     hidden_fn = apply_packed_hidden(graphdef)
-    teacher_fn = None if teacher_graphdef is None else apply_packed_hidden(teacher_graphdef)
+    teacher_fn = None
+    if teacher_graphdef is not None:
+        teacher_fn = teachers_fn(teacher_graphdef, apply_packed_hidden)
 
     def loss_of(params, batch, cfg, denominator, frozen):
         batch = dict(batch)
@@ -173,9 +195,8 @@ def packed_loss(graphdef, logprob_chunk, completion_len: int, teacher_graphdef=N
         if denominator is not None:
             kwargs["denominator"] = denominator
         if teacher_fn is not None and frozen is not None:
-            h_t, w_t = teacher_fn(frozen["teacher"], tokens, pk)
-            h_t = h_t if logprob_chunk is not None else unpack(h_t)
-            kwargs["teacher_hidden"] = sg((h_t, w_t))
+            kwargs.update(_packed_teachers(teacher_fn(frozen["teacher"], tokens, pk), batch,
+                                           pk, unpack if logprob_chunk is None else None))  # fmt: skip
         return losses.loss_fn(
             params,
             batch,
@@ -191,6 +212,22 @@ def packed_loss(graphdef, logprob_chunk, completion_len: int, teacher_graphdef=N
         )
 
     return loss_of
+
+
+def _packed_teachers(out, batch, pk, unpack) -> dict[str, Any]:
+    """`loss_fn`'s teacher arguments on packed rows from the teachers' packed forward `out`
+    ((hidden [R, N, D_t], output layer), or several teachers' tuple of them): the hidden
+    states on the slots, or (`unpack` given: the full-logits path) on the rows [B, T, D_t],
+    and with several teachers each slot's (or row's) teacher index."""
+    several = isinstance(out[0], tuple)
+    pairs = out if several else (out,)
+    if unpack is not None:
+        pairs = tuple((unpack(h), w) for h, w in pairs)
+    kwargs: dict[str, Any] = {"teacher_hidden": sg(pairs if several else pairs[0])}
+    if several:
+        index = batch[TEACHER_INDEX]
+        kwargs["teacher_index"] = index if unpack else packing.gather_packed(index, pk["src"])
+    return kwargs
 
 
 def router_terms(stats, objective) -> tuple[jax.Array, dict]:

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 
 from jaxrl_frontier.core.registry import Registry
 from jaxrl_frontier.rl.diagnostics import logp_mismatch
-from jaxrl_frontier.rl.experience import Experience
+from jaxrl_frontier.rl.experience import TEACHER_INDEX, Experience
 from jaxrl_frontier.rl.methods.self_conditioning import chunked_kl_and_logp, conditioned_rows
 
 Array = jax.Array
@@ -122,11 +122,6 @@ def reference_pass(*, policy_logp_fn, mlp_masks=None, **_):
     (the reference's experts picked by the policy's router), not the reference the KL
     penalty measures against."""
     return logprob_pass("ref_logp", "reference", policy_logp_fn, mlp_masks)
-
-
-# several teachers (`teacher.by_tag`): each row's teacher, an extra [B, T] (the row's index
-# into the teachers, on every position, so that slicing and packing carry it as any other)
-TEACHER_INDEX = "teacher_index"
 
 
 @PASSES.register("teacher")

@@ -180,20 +180,23 @@ def _process_local(c, procs: int) -> Need | None:
 
 
 def _distill_rows(c) -> list[str]:
-    """A full-vocabulary distillation loss, in the way of anything but one teacher that reads
-    the student's tokens: the update reads that teacher's logits over one vocabulary."""
+    """A full-vocabulary distillation loss, in the way of a teacher with its own tokenizer:
+    the update reads the teachers' logits over the student's vocabulary."""
     if not c.objective.distill:
         return []
-    why = "a full-vocabulary loss reads one teacher's logits in the update"
+    why = "a full-vocabulary loss reads the teachers' logits over the student's vocabulary"
     return [f"objective.distill = {c.objective.distill!r} ({why})"]
 
 
 def _several_teachers(c, procs: int) -> Need | None:
-    """Several teachers (`teacher.by_tag`): each row's own, for the sampled-token objectives."""
+    """Several teachers (`teacher.by_tag`): each row's own, for the sampled-token objectives
+    and, the teachers sharing the policy's vocabulary, for a full-vocabulary loss (each
+    teacher runs on every row in the update: rl/learn/loss.py); a teacher with its own
+    tokenizer is refused by `_teacher_tokenizer`."""
     t = c.teacher
     if not t.by_tag:
         return None
-    rows = _distill_rows(c)
+    rows = []
     if t.init not in ("hf", "checkpoint"):
         rows.append(f"teacher.init = {t.init!r} (its tags name checkpoints: 'hf' or 'checkpoint')")
     return Need("several_teachers", "'teacher.by_tag'", tuple(rows))
