@@ -92,10 +92,8 @@ class JudgeSection:
     )  # fmt: skip
     prompt: str = key("", "the judge prompt ('': the mode's default; module docstring)")
     chat: bool = key(True, "the prompt as a user turn of the judge's chat template")
-    yes: tuple = key(
-        ("yes", "Yes"), "the verdict strings read as yes (one token each, but sampled)"
-    )
-    no: tuple = key(("no", "No"), "the verdict strings read as no (one token each, but sampled)")
+    yes: tuple = key(("yes", "Yes"), "verdict strings read as yes (one token each; sampled: words)")
+    no: tuple = key(("no", "No"), "verdict strings read as no (one token each; sampled: words)")
     scale: int = key(9, "expected_score, sampled: the labels 1 .. scale", low=2)
     max_verdict_tokens: int = key(8, "sampled: a verdict's tokens at most (stop included)", low=1)
     verdict_temperature: float = key(0.0, "sampled: the verdict's temperature (0: greedy)", low=0.0)

@@ -48,6 +48,12 @@ class SampledVerdicts:
     randomness (call j draws from fold_in(key, j)); mesh: the judge's (None: one device)."""
 
     def __init__(self, role: JudgeRole, options: JudgeSection, *, mesh=None, key=None):
+        if jax.process_count() > 1:  # the Sampler reads its prompts as the global batch
+            raise ValueError(
+                "config key 'judge.mode' = 'sampled' decodes each process's own rows, which "
+                f"the sampler does not on {jax.process_count()} processes: run on one process"
+                " or use judge.mode = 'yes_prob' / 'expected_score'"
+            )
         self.role, self.options = role, options
         self.params = verdict_sampling(role, options)
         multiple = 1 if mesh is None else sharding.batch_size_multiple(mesh)
