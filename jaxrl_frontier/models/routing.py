@@ -242,14 +242,15 @@ def balance_biases(params, load: jax.Array, gamma) -> tuple:
 
 def check_bias_update(rate: float, router_scoring: str, lora: bool = False) -> None:
     """`model.moe.bias_update_rate` = rate > 0 needs a router with a balancing bias
-    (`router_scoring` 'sigmoid': DeepSeek-V3) in the trained weights (not LoRA's frozen
-    base); ConfigError otherwise."""
+    (`router_scoring` 'sigmoid': DeepSeek-V3; '': no router, a dense MLP) in the trained
+    weights (not LoRA's frozen base); ConfigError otherwise."""
     key = f"config key 'model.moe.bias_update_rate' = {rate}"
     if rate and router_scoring != "sigmoid":
+        has = f"a {router_scoring!r} router" if router_scoring else "a dense MLP (no router)"
         raise ConfigError(
             f"{key} moves the router's balancing bias (DeepSeek-V3's e_score_correction_bias)"
-            f": this policy's {router_scoring!r} router has none; set it to 0 or use "
-            "model.family = 'deepseek_v3'"
+            f": this policy has {has}, without one; set it to 0 or use model.family = "
+            "'deepseek_v3'"
         )
     if rate and lora:
         raise ConfigError(

@@ -249,7 +249,7 @@ class Learner:
         """R2's routing program (`forward.make_routing_fn`, in the update's microbatches), or
         None: another replay mode, or one update a step (its forward is the first)."""
         moe.check_routing_replay(o.routing_replay, model_cfg.num_experts if model_cfg else 0)
-        scoring = model_cfg.router_scoring if model_cfg and model_cfg.num_experts else "none"
+        scoring = model_cfg.router_scoring if model_cfg and model_cfg.num_experts else ""
         moe.check_bias_update(o.bias_update_rate, scoring, lora=self.base is not None)
         if o.routing_replay != "first_update" or o.epochs * o.minibatches == 1:
             return None

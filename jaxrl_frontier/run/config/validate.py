@@ -321,10 +321,9 @@ def _check_scratch_family(c: ml_collections.ConfigDict) -> None:
             f"mixture-of-experts layers: model.num_layers = {c.model.num_layers} must be >= 2"
         )
     if c.model.moe.bias_update_rate:
-        moe.check_bias_update(
-            c.model.moe.bias_update_rate,
-            "sigmoid" if c.model.family == "deepseek_v3" else "softmax",
-        )
+        scoring = "softmax" if c.model.moe.num_experts else ""  # "": a dense MLP
+        scoring = "sigmoid" if c.model.family == "deepseek_v3" else scoring
+        moe.check_bias_update(c.model.moe.bias_update_rate, scoring)
 
 
 def _check_consistency(c: ml_collections.ConfigDict, num_devices: int | None) -> None:
