@@ -13,6 +13,7 @@ asserted in tests.
     python benchmarks/bench.py train                  # train-step MFU (train.py)
     python benchmarks/bench.py train --workload spread  # padded vs packed rows
     python benchmarks/bench.py memory                 # the trainer's programs' bytes per device
+    python benchmarks/bench.py plan                   # frontier MoE shapes' memory, by formula
     python benchmarks/bench.py speculative            # speculative vs plain rollouts
     python benchmarks/bench.py profile                # a decode step's ops (decode_profile.py)
     python benchmarks/bench.py async                  # roles on devices, rollouts ahead
@@ -48,6 +49,7 @@ from benchmarks import (  # noqa: E402  (after the re-run as a module above)
     continuous,
     decode_profile,
     memory,
+    memory_plan,
     rl,
     sampler,
     speculative,
@@ -100,6 +102,7 @@ benchmark("sampler", sampler.add_arguments)(sampler.bench_sampler)
 benchmark("rl", rl.add_arguments)(rl.bench_rl)
 benchmark("train", train.add_mfu_arguments)(train_spread.bench_train)
 benchmark("memory", memory.add_arguments)(memory.bench_memory)
+benchmark("plan", memory_plan.add_arguments)(memory_plan.bench_plan)
 benchmark("speculative", speculative.add_arguments)(speculative.bench_speculative)
 benchmark("profile", decode_profile.add_arguments)(decode_profile.bench_profile)
 benchmark("async", async_rl.add_arguments)(async_rl.bench_async)

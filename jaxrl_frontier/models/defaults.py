@@ -38,7 +38,11 @@ class MoeSection:
     over devices): gather (every device gathers its expert group's tokens; dropless) |
     all_to_all (each assignment sent to its expert's device and back, at most
     ceil(capacity_factor tokens k / devices) a device pair, the rest dropped; capacity_factor
-    0: sized so none is)."""
+    0: sized so none is). bias_update_rate (a sigmoid router's balancing bias, DeepSeek-V3's
+    `e_score_correction_bias`; "Auxiliary-Loss-Free Load Balancing Strategy for
+    Mixture-of-Experts", Wang et al. 2024): u > 0 moves it after each optimizer step by
+    b_e <- b_e + u sign(mean load - load_e) from the minibatch's loads (no gradient, no
+    optimizer); 0 keeps it fixed."""
 
     num_experts: int = key(0, "experts a layer (0: the dense MLP)", low=0)
     num_experts_per_tok: int = key(2, "experts a token is routed to (k)", low=0, low_open=True)
@@ -52,6 +56,9 @@ class MoeSection:
     )
     dispatch: str = key("gather", "how tokens reach their experts", choices=MOE_DISPATCH)
     capacity_factor: float = key(0.0, "all_to_all's capacity (0: dropless)", low=0)
+    bias_update_rate: float = key(
+        0.0, "deepseek_v3: u, the balancing bias's step after each update (0: off)", low=0
+    )
 
 
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -76,7 +83,10 @@ class ModelSection:
     family: the architecture of a scratch model: "" (llama, qwen2 with qkv_bias, qwen3 with
     qk_norm) | gemma2 | gemma3_text (Gemma's norms, GeGLU, embedding scale, soft-caps /
     qk-norm, sliding-window layers: docs/models.md) | gpt_oss (attention sinks, biases,
-    sliding and full layers alternating, `moe` experts with biases and the clamped SwiGLU);
+    sliding and full layers alternating, `moe` experts with biases and the clamped SwiGLU) |
+    deepseek_v3 (multi-head latent attention, a dense first layer, then `moe`'s experts
+    behind a sigmoid router with a balancing bias, plus a shared expert: run/build.py
+    `_deepseek_v3_keys`);
     a model read from a checkpoint keeps the checkpoint's. remat: recompute in the backward pass (memory for FLOPs), per scanned
     block: none | full (keep only each block's input) | dots_saveable (keep the matmul
     outputs, recompute the rest). attention, of a forward over many tokens (prefill, update,
@@ -108,7 +118,9 @@ class ModelSection:
     max_position_embeddings: int = key(512, "the longest row", low=0, low_open=True)
     dtype: str = key("float32", "the compute dtype", choices=("float32", "bfloat16"))
     family: str = key(
-        "", "a scratch model's architecture", choices=("", "gemma2", "gemma3_text", "gpt_oss")
+        "",
+        "a scratch model's architecture",
+        choices=("", "gemma2", "gemma3_text", "gpt_oss", "deepseek_v3"),
     )
     sliding_window: int = key(
         4096, "gemma, gpt_oss: a sliding layer's last keys", low=0, low_open=True

@@ -51,12 +51,17 @@ from jaxrl_frontier.models.model_config import ModelConfig
 
 # the router's parts, read as `moe.<name>` as well (models/routing.py)
 from jaxrl_frontier.models.routing import (  # noqa: F401
+    LOAD_METRIC,
     ROUTING_REPLAY,
     Route,
     RouterStats,
     balance_bias_update,
+    balance_biases,
+    check_bias_update,
     check_routing_replay,
     group_limited_gates,
+    has_balance_bias,
+    is_balance_bias,
     no_router_stats,
     router_losses,
     router_metrics,

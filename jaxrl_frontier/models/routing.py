@@ -11,7 +11,9 @@ Routing replay: `Route.experts` [B, T, k] forces each token's experts (recorded 
 rollout, or in the first update epoch); the gates are recomputed from the current router at
 those experts, so the router still receives a gradient. `RouterStats` (per layer) feed the
 load-balancing loss, the router z-loss and the routing metrics (`router_losses`,
-`router_metrics`); `balance_bias_update` moves DeepSeek-V3's auxiliary-loss-free bias.
+`router_metrics`); `balance_bias_update` moves DeepSeek-V3's auxiliary-loss-free bias (`balance_biases`: every
+bias of a params tree, in the learner's update; `is_balance_bias`: the leaves no optimizer
+moves).
 """
 
 from __future__ import annotations
@@ -200,6 +202,61 @@ def balance_bias_update(bias: jax.Array, load: jax.Array, gamma: float) -> jax.A
     chooses experts (`group_limited_gates`): the gates and the gradient do not see it."""
     mean = jnp.mean(load, axis=-1, keepdims=True)
     return bias + gamma * jnp.sign(mean - load).astype(bias.dtype)
+
+
+# the balancing bias's parameter name (`MoE.router_score_bias`, HF `e_score_correction_bias`)
+# and the update's per-layer load [L, E] the loss reports for it (`add_router_terms`)
+BIAS_NAME = "router_score_bias"
+LOAD_METRIC = "moe/expert_load"
+
+
+def is_balance_bias(path) -> bool:
+    """A params-tree path (`jax.tree_util` keys) that leads to a balancing bias: a leaf no
+    optimizer moves (`balance_biases` does)."""
+    return any(getattr(k, "key", None) == BIAS_NAME for k in path)
+
+
+def has_balance_bias(params) -> bool:
+    """The params tree holds a balancing bias (a DeepSeek-V3 policy)."""
+    return any(is_balance_bias(p) for p, _ in jax.tree_util.tree_flatten_with_path(params)[0])
+
+
+def balance_biases(params, load: jax.Array, gamma) -> tuple:
+    """(params with every balancing bias moved by `balance_bias_update`, max |b| over them
+    after the move: f32 []). load [L, E]: the step's assignments per expert of all L layers
+    (`RouterStats.load` stacked, dense layers first, their rows 0); a bias leaf [n, E] holds
+    the last n layers' (the MoE stack after DeepSeek-V3's `first_k_dense_replace` dense
+    layers), so it moves by load[L - n:]. gamma: u, the bias update speed."""
+    moved = []
+
+    def move(path, leaf):
+        if not is_balance_bias(path):
+            return leaf
+        new = balance_bias_update(leaf, load[load.shape[0] - leaf.shape[0] :], gamma)
+        moved.append(jnp.max(jnp.abs(new)).astype(jnp.float32))
+        return new
+
+    params = jax.tree_util.tree_map_with_path(move, params)
+    return params, jnp.max(jnp.stack(moved)) if moved else jnp.zeros((), jnp.float32)
+
+
+def check_bias_update(rate: float, router_scoring: str, lora: bool = False) -> None:
+    """`model.moe.bias_update_rate` = rate > 0 needs a router with a balancing bias
+    (`router_scoring` 'sigmoid': DeepSeek-V3; '': no router, a dense MLP) in the trained
+    weights (not LoRA's frozen base); ConfigError otherwise."""
+    key = f"config key 'model.moe.bias_update_rate' = {rate}"
+    if rate and router_scoring != "sigmoid":
+        has = f"a {router_scoring!r} router" if router_scoring else "a dense MLP (no router)"
+        raise ConfigError(
+            f"{key} moves the router's balancing bias (DeepSeek-V3's e_score_correction_bias)"
+            f": this policy has {has}, without one; set it to 0 or use model.family = "
+            "'deepseek_v3'"
+        )
+    if rate and lora:
+        raise ConfigError(
+            f"{key}: with LoRA (model.lora.rank > 0) the bias is in the frozen base, which the "
+            "update does not change; set it to 0"
+        )
 
 
 def router_metrics(stats: RouterStats) -> dict[str, jax.Array]:

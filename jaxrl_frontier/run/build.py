@@ -17,7 +17,7 @@ from jaxrl_frontier.core.errors import ConfigError
 from jaxrl_frontier.data.rewards.judge import JudgeRole
 from jaxrl_frontier.data.rewards.reward_model import RewardModelRole
 from jaxrl_frontier.data.tasks.chat import ChatTemplate
-from jaxrl_frontier.models import hf, lora, pretrained
+from jaxrl_frontier.models import hf, lora, moe, pretrained
 from jaxrl_frontier.models.architectures import config_from_hf
 from jaxrl_frontier.models.model_config import ModelConfig
 from jaxrl_frontier.models.tokenizer import CharTokenizer, load_tokenizer
@@ -96,7 +96,7 @@ def export_dir(path: str) -> str:
 
 def model_config_from(config, tokenizer) -> ModelConfig:
     m = config.model
-    if m.family:  # gemma2 | gemma3_text | gpt_oss: the HF architecture's mapping of these shapes
+    if m.family:  # gemma2 | gemma3_text | gpt_oss | deepseek_v3: the HF architecture's mapping
         return family_config_from(m, tokenizer)
     experts = m.moe.num_experts
     family = "qwen2" if m.qkv_bias else ("qwen3" if m.qk_norm else "llama")
@@ -129,7 +129,7 @@ def model_config_from(config, tokenizer) -> ModelConfig:
 
 
 def family_config_from(m, tokenizer) -> ModelConfig:
-    """A scratch model of `model.family` (Gemma 2 / 3, GPT-OSS) through its HF
+    """A scratch model of `model.family` (Gemma 2 / 3, GPT-OSS, DeepSeek-V3) through its HF
     architecture's config mapping (`models.architectures`): the section's shape written as
     that family's config.json (`_FAMILY_KEYS`), then the training choices."""
     head_dim = m.head_dim or m.hidden_size // m.num_heads
@@ -195,8 +195,46 @@ def _gpt_oss_keys(m, head_dim: int) -> dict:
     )
 
 
+def _deepseek_v3_keys(m, head_dim: int) -> dict:
+    """DeepSeek-V3's config.json keys beyond the shape, in its proportions (arXiv 2412.19437
+    sec. 4.2: heads of 128 nope + 64 rope dims, values 128, a kv latent of 512 = 4 x 128):
+    of the score width h = head_dim, qk_rope_head_dim r = 2 floor(h / 6) (a third, even),
+    qk_nope_head_dim = v_head_dim = h - r, kv_lora_rank 4 (h - r); q through one q_proj
+    (q_lora_rank 0, as DeepSeek-V2-Lite). The first layer dense (of `model.intermediate_size`;
+    V3: 3 of 61), the rest `model.moe`'s experts plus one shared expert, gates x 2.5; E >= 8
+    experts routed within the best 2 of 4 groups (V3: 4 of 8), fewer over all. RoPE
+    interleaved, unscaled at `model.rope_theta`."""
+    rope = 2 * (head_dim // 6)
+    experts = m.moe.num_experts
+    groups = 4 if experts >= 8 and experts % 4 == 0 else 1
+    return dict(
+        architectures=["DeepseekV3ForCausalLM"],
+        qk_rope_head_dim=rope,
+        qk_nope_head_dim=head_dim - rope,
+        v_head_dim=head_dim - rope,
+        kv_lora_rank=4 * (head_dim - rope),
+        q_lora_rank=None,
+        first_k_dense_replace=1,
+        n_routed_experts=experts,
+        n_shared_experts=1,
+        num_experts_per_tok=m.moe.num_experts_per_tok,
+        moe_intermediate_size=m.moe.intermediate_size,
+        norm_topk_prob=m.moe.norm_topk_prob,
+        n_group=groups,
+        topk_group=max(1, groups // 2),
+        routed_scaling_factor=2.5,
+        rope_interleave=True,
+        rope_parameters={"rope_type": "default", "rope_theta": m.rope_theta},
+    )
+
+
 # `model.family` -> its config.json keys beyond the shape (`family_config_from`)
-_FAMILY_KEYS = {"gemma2": _gemma_keys, "gemma3_text": _gemma_keys, "gpt_oss": _gpt_oss_keys}
+_FAMILY_KEYS = {
+    "gemma2": _gemma_keys,
+    "gemma3_text": _gemma_keys,
+    "gpt_oss": _gpt_oss_keys,
+    "deepseek_v3": _deepseek_v3_keys,
+}
 
 
 def build_model(init: str, path: str, config, tokenizer, mesh, key, dtype: str) -> Transformer:
@@ -307,8 +345,10 @@ def build_tagged_teachers(config, tokenizer, mesh, key, policy_cfg) -> tuple[tup
 def build_train_state(c, mesh, params, key) -> tuple:
     """(tx, state, its shardings): the optimizer of config `c` over its total updates and the
     train state of `params` placed on `mesh` (the optimizer state in host memory with
-    `train.offload_optimizer`)."""
-    tx = build_optimizer(sections.optimizer_section(c), total_updates(c))
+    `train.offload_optimizer`). An MoE router's balancing bias (DeepSeek-V3) is left out of
+    the optimizer: the update moves it by its own rule (`moe.balance_biases`)."""
+    fixed = moe.is_balance_bias if moe.has_balance_bias(params) else None
+    tx = build_optimizer(sections.optimizer_section(c), total_updates(c), fixed=fixed)
     offload = optimizer_memory_kind(c.train.offload_optimizer, mesh)
     state = init_train_state(tx, params, mesh, key, memory_kind=offload)
     return tx, state, jax.tree.map(lambda x: x.sharding, state)

@@ -280,6 +280,7 @@ def _learner(
         pack_tokens=c.train.pack_tokens,
         microbatch_tokens=c.train.microbatch_tokens,
         routing_replay=c.model.moe.routing_replay,
+        bias_update_rate=float(c.model.moe.bias_update_rate),
     )
     pact_term = pact.loss_transform(sections.pact_options(c), graphdef)
     rollout_mesh, mesh = parts.rollout_mesh, parts.mesh

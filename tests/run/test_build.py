@@ -150,6 +150,38 @@ def test_a_scratch_gpt_oss_through_its_architecture_mapping():
     assert "'model.family' = 'gpt_oss'" in config_error(c)
 
 
+def test_a_scratch_deepseek_v3_in_its_proportions():
+    """`model.family = 'deepseek_v3'`: latent attention of the score width h = head_dim 48
+    (rope 16, nope = values 32, kv latent 128), a dense first layer, 8 experts in 4 groups
+    with 2 kept, one shared expert, a sigmoid router; its config.json maps back. ConfigErrors
+    at validation: no experts, one layer, a bias rate on a family without a bias."""
+    from conftest import config_error
+
+    from jaxrl_frontier.models import hf
+
+    model = dict(family="deepseek_v3", hidden_size=64, num_heads=4, num_layers=3, head_dim=48)
+    c = _config(model=model)
+    c.model.moe.update(num_experts=8, num_experts_per_tok=2, intermediate_size=16)
+    cfg = build.model_config_from(c, CharTokenizer())
+    assert (cfg.family, cfg.num_kv_heads, cfg.resolved_head_dim) == ("deepseek_v3", 4, 48)
+    assert (cfg.qk_rope_head_dim, cfg.qk_nope_head_dim, cfg.v_head_dim) == (16, 32, 32)
+    assert (cfg.kv_lora_rank, cfg.q_lora_rank, cfg.first_k_dense_replace) == (128, 0, 1)
+    assert (cfg.router_scoring, cfg.n_group, cfg.topk_group) == ("sigmoid", 4, 2)
+    assert (cfg.shared_expert_intermediate_size, cfg.shared_expert_gated) == (16, False)
+    assert cfg.routed_scaling_factor == 2.5 and cfg.rope_interleave
+    back = hf.config_from_hf(hf.config_to_hf(cfg))  # the training choices are not HF keys
+    assert back == cfg.replace(remat=False)
+    c.model.moe.num_experts = 4  # fewer than 8 experts: no groups
+    assert build.model_config_from(c, CharTokenizer()).n_group == 1
+    c.model.num_layers = 1
+    assert "'model.family' = 'deepseek_v3' has a dense first layer" in config_error(c)
+    c.model.moe.num_experts = 0
+    assert "'model.family' = 'deepseek_v3' is a mixture of experts" in config_error(c)
+    c = _config(model=dict(family="gpt_oss", num_layers=2))
+    c.model.moe.update(num_experts=4, bias_update_rate=0.01)
+    assert "'model.moe.bias_update_rate' = 0.01" in config_error(c)
+
+
 def test_total_updates_is_the_schedules_horizon():
     rl = _config(train=dict(steps=10, epochs=2, minibatches=3))
     assert build.total_updates(rl) == 10 * 2 * 3

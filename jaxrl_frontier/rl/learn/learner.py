@@ -119,7 +119,9 @@ class LearnerOptions:
     of that many slots, microbatches of about that many tokens (`rl.learn.packing`).
     routing_replay: an MoE policy's routing replay, 'none', 'rollout' (R3: the Experience's
     `routing`) or 'first_update' (R2: the step's first routing replayed by its later
-    minibatches and epochs; see the module docstring).
+    minibatches and epochs; see the module docstring). bias_update_rate: u > 0 moves a
+    DeepSeek-V3 router's balancing bias after each optimizer step (`model.moe.
+    bias_update_rate`, `train_step.balanced`).
     """
 
     objective: losses.ObjectiveSection
@@ -135,6 +137,7 @@ class LearnerOptions:
     pack_tokens: int = 0  # `train.pack_tokens`: > 0, the update runs on packed rows
     microbatch_tokens: int = 0  # `train.microbatch_tokens`: token-budget microbatches
     routing_replay: str = "none"  # `model.moe.routing_replay` (`moe.ROUTING_REPLAY`)
+    bias_update_rate: float = 0.0  # `model.moe.bias_update_rate` (0: the bias stays)
 
 
 class Learner:
@@ -246,6 +249,8 @@ class Learner:
         """R2's routing program (`forward.make_routing_fn`, in the update's microbatches), or
         None: another replay mode, or one update a step (its forward is the first)."""
         moe.check_routing_replay(o.routing_replay, model_cfg.num_experts if model_cfg else 0)
+        scoring = model_cfg.router_scoring if model_cfg and model_cfg.num_experts else ""
+        moe.check_bias_update(o.bias_update_rate, scoring, lora=self.base is not None)
         if o.routing_replay != "first_update" or o.epochs * o.minibatches == 1:
             return None
         chunks = o.minibatches * o.grad_accum
@@ -278,6 +283,8 @@ class Learner:
         else:  # the critic trained alongside the policy
             make = self.critic.make_update
         extra = {} if members is None else {"members": members}
+        if self.options.bias_update_rate:
+            extra["bias_update_rate"] = self.options.bias_update_rate
         return make(
             self._tx,
             self._loss_of,

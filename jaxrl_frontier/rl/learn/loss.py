@@ -249,14 +249,16 @@ def router_terms(stats, objective) -> tuple[jax.Array, dict]:
 
 def add_router_terms(loss, metrics, stats, routing, objective, loss_mask, denominator):
     """(loss + this microbatch's share of `router_terms`, metrics + the routing metrics,
-    with routing [B, T, L, k] replayed `moe/routing_diff_share`). The share is the
+    with routing [B, T, L, k] replayed `moe/routing_diff_share`, and `moe.LOAD_METRIC`: the
+    layers' loads [L, E] for the update's balancing step, `train_step.balanced`). The share is the
     microbatch's aggregation count over the minibatch's denominator (1 without one), so the
     microbatches' terms add up to the minibatch's."""
     share = 1.0
     if denominator is not None:
         share = losses.aggregation_denominator(objective, loss_mask) / denominator
     extra, router_metrics = router_terms(stats, objective)
-    metrics = {**metrics, **router_metrics}
+    # the per-layer load [L, E] the update's balancing step reads (and takes out of the metrics)
+    metrics = {**metrics, **router_metrics, moe.LOAD_METRIC: stats.load}
     if routing is not None:  # the rollout's experts against the update's router
         metrics["moe/routing_diff_share"] = replay_difference(stats, routing)
     return loss + share * extra, metrics

@@ -11,6 +11,7 @@ rounding of lr x schedule differs, so a run keeps the form it started with.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import jax
 import numpy as np
@@ -59,9 +60,14 @@ def learning_rate_schedule(
     return optax.join_schedules([optax.linear_schedule(0.0, lr, warmup), decay], [warmup])
 
 
-def build_optimizer(opt_cfg: OptimizerSection, total_updates: int) -> optax.GradientTransformation:
+def build_optimizer(
+    opt_cfg: OptimizerSection, total_updates: int, fixed: Callable | None = None
+) -> optax.GradientTransformation:
     """Clipping, then AdamW on `learning_rate_schedule` (its peak in the state with
-    `lr_in_state`)."""
+    `lr_in_state`). fixed(path) -> bool (a `jax.tree_util` key path of the params): the
+    leaves the optimizer leaves alone, no AdamW state, step or decay for them (0 updates:
+    `optax.set_to_zero`), e.g. an MoE router's balancing bias, which the update moves by
+    its own rule (`moe.balance_biases`)."""
     in_state = opt_cfg.lr_in_state
     adamw = optax.adamw(
         learning_rate_schedule(opt_cfg, total_updates, peak=1.0 if in_state else None),
@@ -70,6 +76,12 @@ def build_optimizer(opt_cfg: OptimizerSection, total_updates: int) -> optax.Grad
         eps=opt_cfg.eps,
         weight_decay=opt_cfg.weight_decay,
     )
+    if fixed is not None:
+        label = lambda path, _: "fixed" if fixed(path) else "train"  # noqa: E731
+        adamw = optax.multi_transform(
+            {"train": adamw, "fixed": optax.set_to_zero()},
+            lambda params: jax.tree_util.tree_map_with_path(label, params),
+        )
     parts = [optax.clip_by_global_norm(opt_cfg.max_grad_norm), adamw]
     if in_state:  # updates x lr, lr a value of the state (module docstring)
         parts.append(optax.inject_hyperparams(optax.scale)(step_size=opt_cfg.lr))

@@ -21,6 +21,7 @@ import optax
 
 from jaxrl_frontier.core import sharding
 from jaxrl_frontier.core.errors import ConfigError
+from jaxrl_frontier.models import routing
 
 # Metrics that are each microbatch's share of a minibatch total (summed, not averaged).
 ADDITIVE_METRICS = ("loss", "pg_loss", "kl_loss", "distill_loss", "nll")
@@ -87,12 +88,14 @@ def init_opt_state(tx: optax.GradientTransformation, params, mesh, memory_kind=N
     """
     abstract = jax.eval_shape(tx.init, params)
     placed = (lambda s: s) if memory_kind is None else (lambda s: s.with_memory_kind(memory_kind))
+    masked = lambda x: isinstance(x, optax.MaskedNode)  # noqa: E731  (a leaf tx leaves alone)
     out_shardings = optax.tree_map_params(
         tx,
-        lambda _, s: placed(s),
+        lambda a, s: a if masked(a) else placed(s),
         abstract,
         jax.tree.map(lambda x: x.sharding, params),
         transform_non_params=lambda _: sharding.replicated(mesh),
+        is_leaf=masked,
     )
     return jax.jit(tx.init, out_shardings=out_shardings)(params)
 
@@ -199,6 +202,7 @@ def make_update_fn(
     denominator_fn: Callable | None = None,
     frozen_sharding=None,
     members: dict | None = None,
+    bias_update_rate: float = 0.0,
 ):
     """Jitted `update(state, batch[, frozen]) -> (state, metrics)`; donates the old state.
 
@@ -215,6 +219,7 @@ def make_update_fn(
     it and every sharding gets a leading axis (`stacked`): on the mesh's population axis,
     with `vmap(spmd_axis_name=)` so the constraints inside (rows over data / fsdp, weights
     over fsdp / tensor) hold within each member's block of devices; replicated without one.
+    bias_update_rate: u > 0, an MoE router's balancing step after the optimizer's (`balanced`).
     """
     del graphdef  # the loss closes over it
     # an optimizer state offloaded to host memory (`init_opt_state`) comes to the device for
@@ -234,6 +239,7 @@ def make_update_fn(
             opt_state = jax.device_put(opt_state, device_opt)
         updates, new_opt = tx.update(grads, opt_state, state.params)
         new_params = optax.apply_updates(state.params, updates)
+        new_params, metrics = balanced(new_params, metrics, bias_update_rate)
         keep = lambda new, old: jax.tree.map(lambda n, o: jnp.where(finite, n, o), new, old)
         state = state.replace(
             params=keep(new_params, state.params),
@@ -265,6 +271,22 @@ def make_update_fn(
     return jax.jit(
         step, in_shardings=in_shardings, out_shardings=(state_sharding, None), donate_argnums=(0,)
     )
+
+
+def balanced(params, metrics: dict, rate: float) -> tuple[Any, dict]:
+    """(params, metrics) after DeepSeek-V3's auxiliary-loss-free balancing step ("Auxiliary-
+    Loss-Free Load Balancing Strategy for Mixture-of-Experts", Wang et al. 2024; arXiv
+    2412.19437 sec. 2.1.2): with rate u > 0 every balancing bias b [n, E] of the params moves
+    by b_e <- b_e + u sign(mean_e' load_e' - load_e) (`moe.balance_biases`), load [L, E] the
+    minibatch's assignments per expert (`moe.LOAD_METRIC`, the loss's router statistics,
+    its mean over the microbatches: the sign is the sum's), and `moe/bias_abs_max` max |b|
+    is logged. The load leaves the metrics either way (they are scalars)."""
+    metrics = dict(metrics)
+    load = metrics.pop(routing.LOAD_METRIC, None)
+    if load is None or not rate:
+        return params, metrics
+    params, bias_max = routing.balance_biases(params, load, rate)
+    return params, {**metrics, "moe/bias_abs_max": bias_max}
 
 
 def stacked(shardings):

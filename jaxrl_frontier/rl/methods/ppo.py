@@ -261,9 +261,11 @@ class Critic:
         *,
         denominator_fn,
         frozen_sharding=None,
+        bias_update_rate: float = 0.0,
     ):
         """Jitted `update(state, batch[, frozen]) -> (state, metrics)`, as
-        `train_step.make_update_fn`'s, with the critic trained alongside (donates the state)."""
+        `train_step.make_update_fn`'s, with the critic trained alongside (donates the state;
+        bias_update_rate: an MoE policy's balancing step, `train_step.balanced`)."""
 
         def denominators(batch):
             den = {"value": jnp.maximum(batch["loss_mask"].astype(jnp.float32).sum(), 1.0)}
@@ -280,6 +282,7 @@ class Critic:
             batch_sharding_tree,
             denominator_fn=denominators,
             frozen_sharding=frozen_sharding,
+            bias_update_rate=bias_update_rate,
         )
 
         def update(state, batch, *frozen):

@@ -19,6 +19,7 @@ from typing import Any
 import ml_collections
 
 from jaxrl_frontier.core.errors import ConfigError
+from jaxrl_frontier.models import moe
 from jaxrl_frontier.objectives import losses
 from jaxrl_frontier.objectives.advantages import ADVANTAGES
 from jaxrl_frontier.rl.produce.editors import EDITORS
@@ -301,16 +302,36 @@ def _check_devices(c: ml_collections.ConfigDict, num_devices: int, micro: int) -
         )
 
 
+def _check_scratch_family(c: ml_collections.ConfigDict) -> None:
+    """A scratch model's family has what it needs: GPT-OSS and DeepSeek-V3 experts,
+    DeepSeek-V3 a dense first layer before them; a balancing-bias step
+    (`model.moe.bias_update_rate`) a router with a bias (a checkpoint's family is checked
+    when the learner is built)."""
+    if c.model.init != "scratch":
+        return
+    moe_family = c.model.family in ("gpt_oss", "deepseek_v3")
+    if moe_family and not c.model.moe.num_experts:
+        raise ConfigError(
+            f"config key 'model.family' = {c.model.family!r} is a mixture of experts: set "
+            "model.moe.num_experts > 0 (and model.moe.num_experts_per_tok, intermediate_size)"
+        )
+    if c.model.family == "deepseek_v3" and c.model.num_layers < 2:
+        raise ConfigError(
+            "config key 'model.family' = 'deepseek_v3' has a dense first layer before its "
+            f"mixture-of-experts layers: model.num_layers = {c.model.num_layers} must be >= 2"
+        )
+    if c.model.moe.bias_update_rate:
+        scoring = "softmax" if c.model.moe.num_experts else ""  # "": a dense MLP
+        scoring = "sigmoid" if c.model.family == "deepseek_v3" else scoring
+        moe.check_bias_update(c.model.moe.bias_update_rate, scoring)
+
+
 def _check_consistency(c: ml_collections.ConfigDict, num_devices: int | None) -> None:
     _positive(c, "rollout.group_size", "rollout.max_new_tokens", "data.prompt_batch", "train.steps")
     _positive(c, "train.epochs", "train.minibatches", "optimizer.grad_accum")
     if c.mode == "rl" and c.rollout.group_size < 2:
         raise ConfigError("config key 'rollout.group_size' must be >= 2 for group baselines")
-    if c.model.init == "scratch" and c.model.family == "gpt_oss" and not c.model.moe.num_experts:
-        raise ConfigError(
-            "config key 'model.family' = 'gpt_oss' is a mixture of experts: set "
-            "model.moe.num_experts > 0 (and model.moe.num_experts_per_tok, intermediate_size)"
-        )
+    _check_scratch_family(c)
     if c.model.attention == "cudnn" and c.model.dtype != "bfloat16":
         raise ConfigError(
             f"config key 'model.attention' = 'cudnn' runs cuDNN's fused attention, which takes "
