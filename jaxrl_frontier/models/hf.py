@@ -58,6 +58,8 @@ from jaxrl_frontier.models.architectures import (
     config_to_hf,
 )
 from jaxrl_frontier.models.model_config import ModelConfig
+from jaxrl_frontier.models.hybrid import model_class
+from jaxrl_frontier.models.qwen3_5 import checkpoint_specs
 from jaxrl_frontier.models.tensor_map import TensorSpec, hf_tensors, tensor_specs
 from jaxrl_frontier.models.transformer import Transformer
 
@@ -251,11 +253,11 @@ def load(
         dtype=jnp.dtype(dtype or "float32").name,
         param_dtype=jnp.dtype(param_dtype or "float32").name,
     )
-    specs = tensor_specs(cfg, arch.expert_tensors)
+    specs = checkpoint_specs(cfg, arch.expert_tensors)
     _check_tensor_names(path, specs, weight_map, cfg)
 
     # Abstract model: shapes and logical axes, no memory.
-    abstract = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
+    abstract = nnx.eval_shape(lambda: model_class(cfg)(cfg, rngs=nnx.Rngs(0)))
     graphdef, state = nnx.split(abstract)
     if mesh is not None:
         shardings = dict(nnx.to_flat_state(state_shardings(state, mesh, rules)))
@@ -363,7 +365,7 @@ def save(
     path = os.fspath(path)
     cfg = model.cfg
     out_dtype = np.dtype(jnp.dtype(dtype or cfg.param_dtype))
-    tensors_in_order = hf_tensors(tensor_specs(cfg, architecture_of(cfg).expert_tensors))
+    tensors_in_order = hf_tensors(checkpoint_specs(cfg, architecture_of(cfg).expert_tensors))
     variables = dict(nnx.to_flat_state(nnx.state(model, nnx.Param)))
 
     # Plan the shard files from shapes alone (greedy, in HF tensor order).
