@@ -1,0 +1,186 @@
+"""Qwen3.5 (models/hybrid.py, models/qwen3_5.py) against transformers' `Qwen3_5ForCausalLM`
+and `Qwen3_5MoeForCausalLM` on the same tiny random weights.
+
+One tiny random model per variant (built by transformers in f32, eager attention, every
+parameter redrawn by `conftest.redrawn`): hidden 32, 4 layers (linear, full, linear, full),
+4 query / 2 kv heads of 16 (a quarter rotated), linear attention with 2 key heads of 8 and 4
+value heads of 8, a 4-tap conv; dense: MLP 48; MoE: 4 experts of 16, top 2, a gated shared
+expert of 24. Checked: the logits on a left-padded batch; save -> transformers load -> the
+same tensors and logits, and our loader reads them back; our `Sampler`'s greedy tokens
+equal transformers' `generate`, its log-probs the full forward's, and a linear layer's cache
+does not grow with the completion; the refusals (packed rows, remat, the other samplers).
+
+Tolerance: the logits' scale is O(1-10); an f32 value passes through some hundreds of
+roundings (norms, projections over at most 64 inputs, a delta rule summed in chunks by us
+and by transformers in another order), which puts ours and transformers' ~1e-6 of the
+scale apart: 1e-5 of the scale is the bound.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import hf_logits, left_padded_batch, redrawn
+from flax import nnx
+
+from jaxrl_frontier.models import hf
+from jaxrl_frontier.models.hybrid import HybridTransformer
+from jaxrl_frontier.models.transformer import reconfigured
+from jaxrl_frontier.sampling import Sampler, SamplingParams
+from jaxrl_frontier.sampling.continuous import ContinuousSampler
+from jaxrl_frontier.sampling.speculative import SpeculativeSampler
+
+HF_QWEN3_5 = dict(
+    vocab_size=128,
+    hidden_size=32,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    linear_num_key_heads=2,
+    linear_num_value_heads=4,
+    linear_key_head_dim=8,
+    linear_value_head_dim=8,
+    linear_conv_kernel_dim=4,
+    layer_types=["linear_attention", "full_attention"] * 2,
+    eos_token_id=None,  # generate's tokens all count
+)
+VARIANTS = {
+    "dense": ("Qwen3_5TextConfig", "Qwen3_5ForCausalLM", dict(intermediate_size=48)),
+    "moe": (
+        "Qwen3_5MoeTextConfig",
+        "Qwen3_5MoeForCausalLM",
+        dict(
+            num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16,
+            shared_expert_intermediate_size=24,
+        ),
+    ),  # fmt: skip
+}
+REL_TOL = 1e-5  # max |ours - transformers| / max |logit| (module docstring)
+
+
+@pytest.fixture(scope="module", params=sorted(VARIANTS))
+def checkpoint(request, tmp_path_factory):
+    """(variant, directory, torch model, our model): the tiny random Qwen3.5 saved by
+    transformers and loaded by `hf.load`."""
+    import transformers
+
+    config_cls, model_cls, extra = VARIANTS[request.param]
+    config = getattr(transformers, config_cls)(**HF_QWEN3_5, **extra)
+    config._attn_implementation = "eager"
+    model = redrawn(getattr(transformers, model_cls)(config).eval(), 0.1)
+    path = tmp_path_factory.mktemp(request.param)
+    model.save_pretrained(path)
+    return request.param, path, model, hf.load(path)
+
+
+def rel_diff(a, b, mask) -> float:
+    real = mask.astype(bool)
+    return float(np.abs(a - b)[real].max() / np.abs(b)[real].max())
+
+
+def test_logit_parity_and_round_trip(checkpoint, tmp_path):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    variant, path, torch_model, model = checkpoint
+    cfg = model.cfg
+    assert isinstance(model, HybridTransformer)
+    assert cfg.family == {"dense": "qwen3_5_text", "moe": "qwen3_5_moe_text"}[variant]
+    assert cfg.linear_layers == (True, False, True, False) and cfg.rope_dim == 4
+    assert cfg.num_experts == (4 if variant == "moe" else 0)
+    tokens, mask = left_padded_batch(length=12)
+    ref = hf_logits(torch_model, tokens, mask)
+    run = lambda m: np.asarray(jax.jit(lambda t, k: m(t, k))(tokens, mask))  # noqa: E731
+    diff = rel_diff(run(model), ref, mask)
+    print(f"{variant}: max |logit diff| / max |logit| = {diff:.1e}")
+    assert diff < REL_TOL
+    if variant == "dense":  # another chunk size: the same; full RoPE: moved (not blind to it)
+        assert rel_diff(run(reconfigured(model, cfg.replace(linear_chunk_size=5))), ref, mask) < (
+            REL_TOL
+        )
+        moved = rel_diff(run(reconfigured(model, cfg.replace(partial_rotary_factor=1.0))), ref, mask)
+        assert moved > 100 * REL_TOL
+
+    # our save (sharded) -> transformers loads the same model; our loader reads it back
+    hf.save(model, tmp_path, max_shard_size="20KB")
+    back = AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation="eager").eval()
+    assert type(back) is type(torch_model)
+    with torch.no_grad():
+        ours = dict(back.state_dict())
+        for name, a in torch_model.state_dict().items():
+            torch.testing.assert_close(ours[name], a, rtol=0, atol=0, msg=name)
+    assert rel_diff(hf_logits(back, tokens, mask), ref, mask) < REL_TOL
+    again = hf.load(tmp_path)
+    for a, b in zip(jax.tree.leaves(nnx.state(model)), jax.tree.leaves(nnx.state(again))):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+PROMPTS = np.random.RandomState(1).randint(1, 128, size=(2, 6)).astype(np.int32)
+
+
+def test_greedy_decode_equals_transformers(checkpoint):
+    """10 greedy tokens after prompts of 6 (the sampler left-pads them to 8): the prefill
+    runs the delta rule chunk-parallel, each decode step token by token from the cache's
+    conv and delta states."""
+    import torch
+
+    variant, _, torch_model, model = checkpoint
+    sampler = Sampler(model, pad_id=0, prompt_buckets=(8,), decode_phases=1)
+    params = SamplingParams(max_new_tokens=10, greedy=True)
+    rollout = sampler.generate(PROMPTS, np.ones_like(PROMPTS), params, jax.random.key(0))
+    with torch.no_grad():
+        ref = torch_model.generate(
+            torch.as_tensor(PROMPTS, dtype=torch.long), max_new_tokens=10, do_sample=False,
+            attention_mask=torch.ones(PROMPTS.shape, dtype=torch.long), pad_token_id=0,
+        )[:, 6:].numpy()  # fmt: skip
+    np.testing.assert_array_equal(np.asarray(rollout.completion_tokens), ref)
+
+    # the decode's log-probs are the full (chunk-parallel) forward's up to f32 rounding
+    seq = rollout.sequences()
+    logits = jax.jit(lambda t, m: model(t, m))(seq.tokens, seq.attention_mask)
+    logp = jax.nn.log_softmax(logits[:, 7:-1], -1)
+    full = np.take_along_axis(np.asarray(logp), np.asarray(seq.tokens)[:, 8:, None], -1)[..., 0]
+    np.testing.assert_allclose(np.asarray(rollout.policy_logp), full, atol=1e-4)
+
+
+def nbytes(a) -> int:
+    return int(np.prod(a.shape)) * a.dtype.itemsize
+
+
+def layer_bytes(cache, i: int) -> int:
+    """Layer i's cache bytes: keys, values and a linear layer's conv and delta states."""
+    parts = (cache.k[i], cache.v[i], cache.conv[i], cache.delta[i])
+    return sum(nbytes(a) for a in parts if a is not None)
+
+
+def test_linear_layer_cache_is_fixed_size(checkpoint):
+    """A linear layer's state (conv window + delta matrix) is the same size at 8 and at 512
+    slots; an attention layer's keys and values grow with the slots."""
+    model = checkpoint[3]
+    cfg = model.cfg
+    short, long = (jax.eval_shape(lambda n=n: model.init_cache(2, n)) for n in (8, 512))
+    for i, linear in enumerate(cfg.linear_layers):
+        if linear:
+            state = (cfg.linear_conv_kernel_dim - 1) * 64 + 4 * 8 * 8  # conv C = 64; Hv Dk Dv
+            assert layer_bytes(short, i) == layer_bytes(long, i) == 2 * 4 * state
+        else:
+            assert layer_bytes(long, i) == 64 * layer_bytes(short, i)
+    assert nbytes(long.k[0]) == 0  # a linear layer's k holds no slots
+
+
+def test_refusals(checkpoint):
+    """Packed rows, remat and the samplers that edit the cache per row refuse, naming why."""
+    if checkpoint[0] != "dense":
+        pytest.skip("one variant is enough")
+    model = checkpoint[3]
+    tokens = jnp.ones((1, 4), jnp.int32)
+    with pytest.raises(ValueError, match="packed rows"):
+        model.hidden_states(tokens, positions=jnp.zeros((1, 4), jnp.int32),
+                            segment_ids=jnp.ones((1, 4), jnp.int32))  # fmt: skip
+    with pytest.raises(ValueError, match="remat"):
+        reconfigured(model, model.cfg.replace(remat="full"))
+    with pytest.raises(ValueError, match="linear-attention layers"):
+        ContinuousSampler(model, slots=2, pad_id=0)
+    with pytest.raises(ValueError, match="linear-attention layers"):
+        SpeculativeSampler(model, 1, pad_id=0)
