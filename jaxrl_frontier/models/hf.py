@@ -57,8 +57,8 @@ from jaxrl_frontier.models.architectures import (
     config_from_hf,
     config_to_hf,
 )
-from jaxrl_frontier.models.model_config import ModelConfig
 from jaxrl_frontier.models.hybrid import model_class
+from jaxrl_frontier.models.model_config import ModelConfig
 from jaxrl_frontier.models.qwen3_5 import checkpoint_specs
 from jaxrl_frontier.models.tensor_map import TensorSpec, hf_tensors, tensor_specs
 from jaxrl_frontier.models.transformer import Transformer

@@ -119,4 +119,3 @@ class GatedDeltaNet(nnx.Module):
         o = self.norm(o.astype(dt)).astype(f32) * jax.nn.silu(z.astype(f32))
         out = project(self, "out_proj", o.astype(dt).reshape(b, t, hv * dv), dt)
         return out, (new_conv.astype(conv_state.dtype), new_delta)
-

@@ -287,6 +287,7 @@ class ModelConfig:
         if self.qk_norm:
             attn += 2 * hd
         attn += d * self.o_bias + self.num_heads * self.attention_sinks
+        attn += d * self.num_heads * hd * self.attn_output_gate  # Qwen3.5: a gate per head
         if self.kv_lora_rank:  # latent attention's projections and latent norms instead
             h, r, rq, dv = self.num_heads, self.kv_lora_rank, self.q_lora_rank, self.v_head_dim
             attn = (d * rq + rq + rq * h * hd) if rq else d * h * hd
@@ -306,7 +307,15 @@ class ModelConfig:
         layers = (self.num_layers - dense) * (attn + mlp + norms) + dense * (
             attn + dense_mlp + norms
         )
+        layers += sum(self.linear_layers) * (self._linear_attention_params() - attn)
         return layers + emb + d
+
+    def _linear_attention_params(self) -> int:
+        """A Gated DeltaNet layer's parameters (models/linear_attention.py): the q, k, v, z,
+        b, a projections, the conv, dt_bias, A_log, the gated norm and out_proj."""
+        d, hv, dv = self.hidden_size, self.linear_num_value_heads, self.linear_value_head_dim
+        ch = 2 * self.linear_num_key_heads * self.linear_key_head_dim + hv * dv
+        return d * ch + 2 * d * hv * dv + 2 * d * hv + self.linear_conv_kernel_dim * ch + 2 * hv + dv
 
 
 # ModelConfig.hidden_act (HF `hidden_act` / `hidden_activation`) -> the MLP's gate activation

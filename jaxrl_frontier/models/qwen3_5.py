@@ -63,7 +63,9 @@ class Qwen35Architecture:
                 num_experts_per_tok=int(_require(hf, "num_experts_per_tok")),
                 moe_intermediate_size=width,
                 norm_topk_prob=True,  # the router always renormalises its top k
-                shared_expert_intermediate_size=int(_require(hf, "shared_expert_intermediate_size")),
+                shared_expert_intermediate_size=int(
+                    _require(hf, "shared_expert_intermediate_size")
+                ),
             )
         return ModelConfig(
             vocab_size=int(_require(hf, "vocab_size")),

@@ -92,9 +92,7 @@ def test_masked_tokens_leave_the_state_unchanged():
     real[1, 5:7] = False  # a hole
     real[1, -2:] = False  # right padding
     m = jnp.asarray(real)[..., None]
-    o, s = jax.jit(chunk_gated_delta_rule, static_argnums=5)(
-        q, k, v, log_g * m, beta * m, 5, state
-    )
+    o, s = jax.jit(chunk_gated_delta_rule, static_argnums=5)(q, k, v, log_g * m, beta * m, 5, state)
     for row in range(B):
         keep = real[row]
         sub = [a[row : row + 1, keep] for a in (q, k, v, log_g, beta)]

@@ -51,7 +51,9 @@ VARIANTS = {
         "Qwen3_5MoeTextConfig",
         "Qwen3_5MoeForCausalLM",
         dict(
-            num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16,
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=16,
             shared_expert_intermediate_size=24,
         ),
     ),  # fmt: skip
@@ -163,6 +165,7 @@ def test_linear_layer_cache_is_fixed_size(checkpoint):
         else:
             assert layer_bytes(long, i) == 64 * layer_bytes(short, i)
     assert nbytes(long.k[0]) == 0  # a linear layer's k holds no slots
+    assert cfg.num_params() == hf.count_params(checkpoint[3])
 
 
 def test_refusals(checkpoint):
