@@ -315,7 +315,9 @@ class ModelConfig:
         b, a projections, the conv, dt_bias, A_log, the gated norm and out_proj."""
         d, hv, dv = self.hidden_size, self.linear_num_value_heads, self.linear_value_head_dim
         ch = 2 * self.linear_num_key_heads * self.linear_key_head_dim + hv * dv
-        return d * ch + 2 * d * hv * dv + 2 * d * hv + self.linear_conv_kernel_dim * ch + 2 * hv + dv
+        return (
+            d * ch + 2 * d * hv * dv + 2 * d * hv + self.linear_conv_kernel_dim * ch + 2 * hv + dv
+        )
 
 
 # ModelConfig.hidden_act (HF `hidden_act` / `hidden_activation`) -> the MLP's gate activation

@@ -13,8 +13,9 @@ A layer's tensors, by kind (HF [out, in] Linear weights, ours [in, out]):
 
 then `mlp.*` as Llama's, or the MoE's router, per-expert tensors, `mlp.shared_expert.*` and
 `mlp.shared_expert_gate.weight` (transformers 5 fuses the experts in memory and writes these
-per-expert names on disk, as for Qwen2-MoE). The multimodal `Qwen3_5ForConditionalGeneration`
-checkpoints are not read here (their text model is this one under a `text_config`).
+per-expert names on disk, as for Qwen2-MoE). The hub's multimodal
+`Qwen3_5(Moe)ForConditionalGeneration` checkpoints load as their language model (its
+`text_config`, its `model.language_model.*` tensors) and save back as the text model.
 """
 
 from __future__ import annotations
@@ -36,13 +37,29 @@ class Qwen35Architecture:
     moe: bool = False
     expert_tensors: str = "per_expert"
     default_max_positions: int = 32768
+    # Qwen3_5(Moe)ForConditionalGeneration (the hub's checkpoints): the language model's
+    # config is `text_config`, its tensors `model.language_model.*` (hf.py reads only
+    # those: not the vision tower nor the `mtp.*` layers); saved back as the text model
+    multimodal: bool = False
 
     def config_from_hf(self, hf: dict) -> ModelConfig:
         """config.json dict (transformers 5 style, `rope_parameters`) -> ModelConfig."""
+        if self.multimodal:
+            text = dict(_require(hf, "text_config"))
+            text.setdefault("tie_word_embeddings", hf.get("tie_word_embeddings", False))
+            causal = dataclasses.replace(
+                self, name=self.name.replace("ForConditionalGeneration", "ForCausalLM"),
+                model_type=self.model_type + "_text", multimodal=False,
+            )  # fmt: skip
+            return causal.config_from_hf(text)
         if hf.get("hidden_act", "silu") != "silu":
             raise ValueError(f"config.json: hidden_act={hf['hidden_act']!r}; only 'silu'")
         if hf.get("attention_bias", False):
             raise ValueError(f"config.json: attention_bias=True is not supported for {self.name}")
+        if not hf.get("attn_output_gate", True):
+            raise ValueError(
+                f"config.json: attn_output_gate=False is not supported for {self.name}"
+            )
         params = dict(hf.get("rope_parameters") or {})
         if params.get("rope_type", "default") != "default":
             raise ValueError(
@@ -155,6 +172,11 @@ def _require(hf: dict, key: str):
 QWEN3_5 = (
     Qwen35Architecture("Qwen3_5ForCausalLM", "qwen3_5_text"),
     Qwen35Architecture("Qwen3_5MoeForCausalLM", "qwen3_5_moe_text", moe=True),
+    # read only: saved back as the ForCausalLM of their language model
+    Qwen35Architecture("Qwen3_5ForConditionalGeneration", "qwen3_5", multimodal=True),
+    Qwen35Architecture(
+        "Qwen3_5MoeForConditionalGeneration", "qwen3_5_moe", moe=True, multimodal=True
+    ),
 )
 
 

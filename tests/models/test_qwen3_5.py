@@ -183,3 +183,30 @@ def test_refusals(checkpoint):
         ContinuousSampler(model, slots=2, pad_id=0)
     with pytest.raises(ValueError, match="linear-attention layers"):
         SpeculativeSampler(model, 1, pad_id=0)
+
+
+def test_multimodal_checkpoint_loads_its_language_model(checkpoint, tmp_path):
+    """A hub-style `Qwen3_5(Moe)ForConditionalGeneration` directory (the text config under
+    `text_config`, tensors under `model.language_model.`, a vision tower and `mtp.*` layers
+    beside them) loads as the same language model."""
+    import json
+
+    from safetensors.numpy import load_file, save_file
+
+    variant, path, _, model, _ = checkpoint
+    text = json.loads((path / "config.json").read_text())
+    name = {"dense": "Qwen3_5ForConditionalGeneration", "moe": "Qwen3_5MoeForConditionalGeneration"}
+    config = {"architectures": [name[variant]], "model_type": text["model_type"][: -len("_text")],
+              "text_config": text, "vision_config": {"depth": 1}}  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    tensors = {
+        n.replace("model.", "model.language_model.", 1) if n.startswith("model.") else n: a
+        for n, a in load_file(path / "model.safetensors").items()
+    }
+    extra = np.zeros((2, 2), np.float32)
+    save_file({**tensors, "model.visual.proj.weight": extra, "mtp.fc.weight": extra},
+              tmp_path / "model.safetensors")  # fmt: skip
+    loaded = hf.load(tmp_path)
+    assert loaded.cfg == model.cfg
+    for a, b in zip(jax.tree.leaves(nnx.state(model)), jax.tree.leaves(nnx.state(loaded))):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
