@@ -14,9 +14,10 @@ The layer's decode state is fixed in size (`LinearState`): the conv's last Kc - 
 [B, Kc - 1, C] and the delta rule's matrix [B, Hv, Dk, Dv] (f32), whatever the length.
 
 Padding: a masked token's input is zeroed (as transformers), its beta and log g set to 0,
-so it leaves the delta state exactly as it was, and the conv state carried out of a
-forward holds the last Kc - 1 *real* inputs; a left-padded prompt from an empty state
-thus gives the unpadded prompt's outputs and state. Packed rows (several sequences per
+so it leaves the delta state exactly as it was, and the conv runs over each row's real
+inputs only (`causal_conv`: a masked token is skipped, not read as a zero), its state the
+last Kc - 1 real inputs: a row with padding anywhere (left, right, a hole, a padded chunk
+appended to a cache) gives the real tokens alone's outputs and state. Packed rows (several sequences per
 row) are not supported: the state would have to restart at each segment (`hybrid.py`
 refuses `segment_ids`).
 """
@@ -39,25 +40,25 @@ from jaxrl_frontier.models.layers import RMSNorm, make_param, project
 from jaxrl_frontier.models.model_config import ModelConfig
 
 
-def causal_conv(x, w, prev):
-    """The causal depthwise conv: x [B, T, C], w [Kc, C], prev [B, Kc - 1, C] the inputs
-    before x -> out [B, T, C], out_t = sum_j w_j x_{t - Kc + 1 + j} (prev's inputs first)."""
-    kc, t = w.shape[0], x.shape[1]
-    full = jnp.concatenate([prev.astype(x.dtype), x], axis=1)  # [B, Kc - 1 + T, C]
-    return sum(full[:, j : j + t] * w[j] for j in range(kc))
-
-
-def last_real_inputs(prev, x, real):
-    """The conv state after x: the last Kc - 1 real inputs of [prev, x] (prev [B, Kc - 1, C]
-    all counted real, x [B, T, C], real [B, T] bool) -> [B, Kc - 1, C]."""
-    keep = prev.shape[1]
-    if keep == 0:
-        return prev
-    full = jnp.concatenate([prev, x.astype(prev.dtype)], axis=1)
-    flags = jnp.concatenate([jnp.ones(prev.shape[:2], bool), real], axis=1)
-    order = jnp.where(flags, jnp.arange(full.shape[1]), -1)
-    idx = jnp.sort(order, axis=1)[:, -keep:]  # the last Kc - 1 real slots, in order
-    return jnp.take_along_axis(full, idx[:, :, None], axis=1)
+def causal_conv(x, w, prev, real):
+    """The causal depthwise conv over each row's real inputs: x [B, T, C], w [Kc, C], prev
+    [B, Kc - 1, C] the (real) inputs before x, real [B, T] bool. A real token's output is
+    sum_j w_j u_{r - Kc + 1 + j}, u the row's real inputs in order (prev's first) and r its
+    own rank among them: masked tokens are skipped, not read as zeros (the outputs at masked
+    tokens are unused). -> (out [B, T, C], the conv state after x: the last Kc - 1 real
+    inputs [B, Kc - 1, C])."""
+    kc, (b, t, _) = w.shape[0], x.shape
+    keep = kc - 1
+    full = jnp.concatenate([prev.astype(x.dtype), x], axis=1)  # [B, L, C], L = Kc - 1 + T
+    flags = jnp.concatenate([jnp.ones((b, keep), bool), real], axis=1)
+    slots = jnp.arange(keep + t)
+    order = jnp.argsort(jnp.where(flags, slots, keep + t + slots), axis=1)  # reals first
+    compact = jnp.take_along_axis(full, order[:, :, None], axis=1)
+    conv = sum(compact[:, j : j + t] * w[j] for j in range(kc))  # at ranks Kc - 1 + [0, T)
+    rank = jnp.cumsum(flags, axis=1)[:, keep:] - 1  # [B, T], >= Kc - 1
+    out = jnp.take_along_axis(conv, (rank - keep)[:, :, None], axis=1)
+    last = jnp.sum(flags, axis=1, keepdims=True) - keep + jnp.arange(keep)  # [B, Kc - 1]
+    return out, jnp.take_along_axis(compact, last[:, :, None], axis=1)
 
 
 class GatedDeltaNet(nnx.Module):
@@ -97,8 +98,8 @@ class GatedDeltaNet(nnx.Module):
             state = init_linear_state(cfg, b, dt)
         conv_state, delta_state = state
         qkv = project(self, "in_proj_qkv", x, dt)
-        mixed = jax.nn.silu(causal_conv(qkv, self.conv[...].astype(dt), conv_state))
-        new_conv = last_real_inputs(conv_state, qkv, real)
+        mixed, new_conv = causal_conv(qkv, self.conv[...].astype(dt), conv_state, real)
+        mixed = jax.nn.silu(mixed)
         q, k, v = jnp.split(mixed, [hk * dk, 2 * hk * dk], axis=-1)
         q = l2norm(q.reshape(b, t, hk, dk)) * dk**-0.5
         k = l2norm(k.reshape(b, t, hk, dk))

@@ -130,8 +130,8 @@ def layer():
 
 
 def test_layer_padding_and_decode_continue_the_forward(layer):
-    """A left-padded row gives the unpadded row's outputs and (conv, delta) state; right
-    padding leaves the state of the real tokens; one-token recurrent steps from a prefix's
+    """A row padded on the left, on the right or inside gives the unpadded row's outputs
+    (at its real tokens) and (conv, delta) state; one-token recurrent steps from a prefix's
     state give the full forward's outputs."""
     x = jnp.asarray(np.random.RandomState(5).randn(1, 9, 16), jnp.float32)
     run = jax.jit(lambda x, real, state=None, rec=False: layer(x, real, state, rec),
@@ -148,6 +148,12 @@ def test_layer_padding_and_decode_continue_the_forward(layer):
     np.testing.assert_allclose(out_r[:, :9], out, atol=TOL)
     np.testing.assert_allclose(conv_r, conv, atol=TOL)
     np.testing.assert_allclose(delta_r, delta, atol=TOL)
+
+    hole = jnp.concatenate([x[:, :4], pad + 2.0, x[:, 4:]], 1)  # 3 masked tokens inside
+    out_h, (conv_h, delta_h) = run(hole, jnp.asarray([[True] * 4 + [False] * 3 + [True] * 5]))
+    np.testing.assert_allclose(jnp.concatenate([out_h[:, :4], out_h[:, 7:]], 1), out, atol=TOL)
+    np.testing.assert_allclose(conv_h, conv, atol=TOL)
+    np.testing.assert_allclose(delta_h, delta, atol=TOL)
 
     one = jnp.ones((1, 1), bool)
     _, state = run(x[:, :5], jnp.ones((1, 5), bool), init_linear_state(CFG, 1))
