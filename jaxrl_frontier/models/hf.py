@@ -6,8 +6,10 @@
 
 Supported architectures live in the `ARCHITECTURES` registry (HF `architectures[0]` ->
 `Architecture`): LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Gemma2ForCausalLM,
-Gemma3ForCausalLM, Qwen3MoeForCausalLM, Qwen2MoeForCausalLM, GptOssForCausalLM. All share
-the tensor names of `model.layers.{i}...`; they differ in config fields (qkv bias, qk-norm,
+Gemma3ForCausalLM, Qwen3MoeForCausalLM, Qwen2MoeForCausalLM, GptOssForCausalLM,
+DeepseekV3ForCausalLM, Qwen3_5ForCausalLM and Qwen3_5MoeForCausalLM (hybrid: per-layer
+parameters, models/qwen3_5.py names their tensors). All share the tensor names of
+`model.layers.{i}...`; they differ in config fields (qkv bias, qk-norm,
 the Gemma fields, GPT-OSS's biases and sinks), Gemma's two extra norms per layer and, for
 the mixtures of experts, the MLP's tensors (`mlp.gate.weight`, the router, and
 `mlp.experts.{e}.gate_proj/up_proj/down_proj.weight`, stacked into [L, E, ...] parameters;

@@ -144,6 +144,9 @@ def test_greedy_decode_equals_transformers(checkpoint):
     logp = jax.nn.log_softmax(logits[:, 7:-1], -1)
     full = np.take_along_axis(np.asarray(logp), np.asarray(seq.tokens)[:, 8:, None], -1)[..., 0]
     np.testing.assert_allclose(np.asarray(rollout.policy_logp), full, atol=1e-4)
+    # and the full forward's greedy tokens over the rollout are the decode's
+    greedy = np.argmax(np.asarray(logits[:, 7:-1]), -1)
+    np.testing.assert_array_equal(greedy, np.asarray(seq.tokens)[:, 8:])
 
 
 def nbytes(a) -> int:
