@@ -15,6 +15,7 @@ from typing import Any
 from jaxrl_frontier.core.registry import Registry
 from jaxrl_frontier.models import moe
 from jaxrl_frontier.models.model_config import ModelConfig
+from jaxrl_frontier.models.qwen3_5 import QWEN3_5  # Qwen3.5 (hybrid): its own module
 
 ARCHITECTURES = Registry("Hugging Face architecture")
 
@@ -155,6 +156,7 @@ for _arch in (
     Architecture("Qwen3ForCausalLM", "qwen3", "never", True, 32768),
     Architecture("Qwen3MoeForCausalLM", "qwen3_moe", "never", True, 32768, moe=True),
     Architecture("Qwen2MoeForCausalLM", "qwen2_moe", "always", False, 32768, moe=True),
+    *QWEN3_5,
 ):
     ARCHITECTURES.register(_arch.name)(_arch)
 

@@ -6,8 +6,10 @@
 
 Supported architectures live in the `ARCHITECTURES` registry (HF `architectures[0]` ->
 `Architecture`): LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Gemma2ForCausalLM,
-Gemma3ForCausalLM, Qwen3MoeForCausalLM, Qwen2MoeForCausalLM, GptOssForCausalLM. All share
-the tensor names of `model.layers.{i}...`; they differ in config fields (qkv bias, qk-norm,
+Gemma3ForCausalLM, Qwen3MoeForCausalLM, Qwen2MoeForCausalLM, GptOssForCausalLM,
+DeepseekV3ForCausalLM, Qwen3_5ForCausalLM and Qwen3_5MoeForCausalLM (hybrid: per-layer
+parameters, models/qwen3_5.py names their tensors). All share the tensor names of
+`model.layers.{i}...`; they differ in config fields (qkv bias, qk-norm,
 the Gemma fields, GPT-OSS's biases and sinks), Gemma's two extra norms per layer and, for
 the mixtures of experts, the MLP's tensors (`mlp.gate.weight`, the router, and
 `mlp.experts.{e}.gate_proj/up_proj/down_proj.weight`, stacked into [L, E, ...] parameters;
@@ -57,7 +59,9 @@ from jaxrl_frontier.models.architectures import (
     config_from_hf,
     config_to_hf,
 )
+from jaxrl_frontier.models.hybrid import model_class
 from jaxrl_frontier.models.model_config import ModelConfig
+from jaxrl_frontier.models.qwen3_5 import checkpoint_specs
 from jaxrl_frontier.models.tensor_map import TensorSpec, hf_tensors, tensor_specs
 from jaxrl_frontier.models.transformer import Transformer
 
@@ -251,11 +255,11 @@ def load(
         dtype=jnp.dtype(dtype or "float32").name,
         param_dtype=jnp.dtype(param_dtype or "float32").name,
     )
-    specs = tensor_specs(cfg, arch.expert_tensors)
+    specs = checkpoint_specs(cfg, arch.expert_tensors)
     _check_tensor_names(path, specs, weight_map, cfg)
 
     # Abstract model: shapes and logical axes, no memory.
-    abstract = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
+    abstract = nnx.eval_shape(lambda: model_class(cfg)(cfg, rngs=nnx.Rngs(0)))
     graphdef, state = nnx.split(abstract)
     if mesh is not None:
         shardings = dict(nnx.to_flat_state(state_shardings(state, mesh, rules)))
@@ -363,7 +367,7 @@ def save(
     path = os.fspath(path)
     cfg = model.cfg
     out_dtype = np.dtype(jnp.dtype(dtype or cfg.param_dtype))
-    tensors_in_order = hf_tensors(tensor_specs(cfg, architecture_of(cfg).expert_tensors))
+    tensors_in_order = hf_tensors(checkpoint_specs(cfg, architecture_of(cfg).expert_tensors))
     variables = dict(nnx.to_flat_state(nnx.state(model, nnx.Param)))
 
     # Plan the shard files from shapes alone (greedy, in HF tensor order).

@@ -34,6 +34,12 @@ class KVCache:
     # whether k[i], v[i] are rings of W slots (static; () = no rings)
     ring_valid: jax.Array | None = None
     ring_layers: tuple[bool, ...] = flax.struct.field(pytree_node=False, default=())
+    # linear-attention layers (Qwen3.5, `ModelConfig.linear_layers`): per layer, None for
+    # an attention layer, else its fixed-size state (models/linear_attention.py): conv
+    # [B, Kc - 1, C] (the last Kc - 1 conv inputs) and delta [B, Hv, Dk, Dv] f32 (the
+    # delta rule's matrix); such a layer's k[i], v[i] hold no slots' data ([B, 1, S, 0])
+    conv: tuple | None = None
+    delta: tuple | None = None
 
     @property
     def max_len(self) -> int:
@@ -62,9 +68,30 @@ def init_cache(cfg: ModelConfig, batch_size: int, max_len: int, dtype=None) -> K
     if cfg.kv_lora_rank:  # latent attention: the normed latent and the rotated rope key
         k_shape = (batch_size, 1, max_len, cfg.kv_lora_rank)
         v_shape = (batch_size, 1, max_len, cfg.qk_rope_head_dim)
-    return KVCache(
-        k=tuple(jnp.zeros(k_shape, dtype) for _ in range(cfg.num_layers)),
-        v=tuple(jnp.zeros(v_shape, dtype) for _ in range(cfg.num_layers)),
+    linear = cfg.linear_layers
+    empty = (batch_size, 1, max_len, 0)  # a linear layer's: no per-slot data
+    cache = KVCache(
+        k=tuple(jnp.zeros(empty if lin else k_shape, dtype) for lin in linear),
+        v=tuple(jnp.zeros(empty if lin else v_shape, dtype) for lin in linear),
         valid=jnp.zeros((batch_size, max_len), bool),
         index=jnp.zeros((), jnp.int32),
     )
+    if not any(linear):
+        return cache
+    states = [init_linear_state(cfg, batch_size, dtype) if lin else (None, None) for lin in linear]
+    return cache.replace(conv=tuple(s[0] for s in states), delta=tuple(s[1] for s in states))
+
+
+def linear_dims(cfg: ModelConfig) -> tuple[int, int, int, int, int]:
+    """(Hk, Dk, Hv, Dv, conv channels C = 2 Hk Dk + Hv Dv) of a linear-attention layer."""
+    hk, dk = cfg.linear_num_key_heads, cfg.linear_key_head_dim
+    hv, dv = cfg.linear_num_value_heads, cfg.linear_value_head_dim
+    return hk, dk, hv, dv, 2 * hk * dk + hv * dv
+
+
+def init_linear_state(cfg: ModelConfig, batch_size: int, dtype=None):
+    """A linear-attention layer's empty state: (conv [B, Kc - 1, C] in `dtype`, delta
+    [B, Hv, Dk, Dv] f32), zeros."""
+    _, dk, hv, dv, ch = linear_dims(cfg)
+    conv = jnp.zeros((batch_size, cfg.linear_conv_kernel_dim - 1, ch), dtype or cfg.compute_dtype)
+    return conv, jnp.zeros((batch_size, hv, dk, dv), jnp.float32)

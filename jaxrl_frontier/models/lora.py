@@ -64,10 +64,11 @@ def add_adapters(model, *, rank: int, alpha: float, targets, key: jax.Array):
     caller re-places them with `sharding.shard_model`)."""
     if rank <= 0:
         raise ValueError(f"config key 'model.lora.rank' = {rank}: must be > 0")
-    if model.cfg.kv_lora_rank or model.cfg.first_k_dense_replace:
+    if model.cfg.kv_lora_rank or model.cfg.first_k_dense_replace or any(model.cfg.linear_layers):
         raise ValueError(
-            "config key 'model.lora': adapters on latent attention or on a model with dense "
-            "layers before its MoE layers (DeepSeek-V3) are not supported"
+            "config key 'model.lora': adapters on latent attention, on a model with dense "
+            "layers before its MoE layers (DeepSeek-V3) or on a hybrid model's per-layer "
+            "(unstacked) linear- and full-attention layers (Qwen3.5) are not supported"
         )
     layers = model.layers
     for i, name in enumerate(check_targets(targets)):

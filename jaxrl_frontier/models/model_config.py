@@ -124,6 +124,19 @@ class ModelConfig:
     topk_group: int = 1
     routed_scaling_factor: float = 1.0
     shared_expert_gated: bool = True  # Qwen2-MoE's sigmoid gate on the shared expert
+    # ---- Qwen3.5 (docs/models.md; models/hybrid.py): layer_types "linear_attention" layers
+    # are Gated DeltaNet (models/linear_attention.py) with these heads and widths, a causal
+    # depthwise conv of linear_conv_kernel_dim taps, and the chunk-parallel delta rule's
+    # chunk (models/delta_rule.py); the full layers gate their output by sigmoid of a second
+    # half of q_proj (attn_output_gate) and rotate the first partial_rotary_factor of a head
+    linear_num_key_heads: int = 0
+    linear_num_value_heads: int = 0
+    linear_key_head_dim: int = 0
+    linear_value_head_dim: int = 0
+    linear_conv_kernel_dim: int = 4
+    linear_chunk_size: int = 64
+    partial_rotary_factor: float = 1.0
+    attn_output_gate: bool = False
 
     def __post_init__(self):
         if self.num_heads % self.num_kv_heads:
@@ -156,6 +169,19 @@ class ModelConfig:
                     "which need a window > 0"
                 )
         self._check_experts_and_latent_attention()
+        if any(self.linear_layers) and not (
+            self.linear_num_key_heads > 0
+            and self.linear_num_value_heads % self.linear_num_key_heads == 0
+            and self.linear_key_head_dim > 0
+            and self.linear_value_head_dim > 0
+            and self.linear_conv_kernel_dim >= 1
+            and self.linear_chunk_size >= 1
+        ):
+            raise ValueError(
+                "linear_attention layers need linear_num_key_heads > 0 dividing "
+                "linear_num_value_heads, key and value head dims > 0, a conv kernel >= 1 "
+                "and linear_chunk_size >= 1"
+            )
         if self.attention_sinks and self.attention not in SINK_IMPLS:
             raise ConfigError(
                 f"config key 'model.attention' = {self.attention!r}: this model has attention "
@@ -219,14 +245,23 @@ class ModelConfig:
         return tuple(t == "sliding_attention" for t in types)
 
     @property
+    def linear_layers(self) -> tuple[bool, ...]:
+        """Per layer: True for a linear-attention (Gated DeltaNet) layer (Qwen3.5)."""
+        types = self.layer_types or ("full_attention",) * self.num_layers
+        return tuple(t == "linear_attention" for t in types)
+
+    @property
     def per_layer_attention(self) -> bool:
         """Layers differ in window or RoPE base (then `layer_attention_inputs` is scanned)."""
         return any(self.sliding_layers)
 
     @property
     def rope_dim(self) -> int:
-        """The rotated width of a query or key head (latent attention: qk_rope_head_dim)."""
-        return self.qk_rope_head_dim if self.kv_lora_rank else self.resolved_head_dim
+        """The rotated width of a query or key head (latent attention: qk_rope_head_dim;
+        Qwen3.5: the first partial_rotary_factor of the head)."""
+        if self.kv_lora_rank:
+            return self.qk_rope_head_dim
+        return int(self.resolved_head_dim * self.partial_rotary_factor)
 
     @property
     def resolved_head_dim(self) -> int:
@@ -252,6 +287,7 @@ class ModelConfig:
         if self.qk_norm:
             attn += 2 * hd
         attn += d * self.o_bias + self.num_heads * self.attention_sinks
+        attn += d * self.num_heads * hd * self.attn_output_gate  # Qwen3.5: a gate per head
         if self.kv_lora_rank:  # latent attention's projections and latent norms instead
             h, r, rq, dv = self.num_heads, self.kv_lora_rank, self.q_lora_rank, self.v_head_dim
             attn = (d * rq + rq + rq * h * hd) if rq else d * h * hd
@@ -271,7 +307,17 @@ class ModelConfig:
         layers = (self.num_layers - dense) * (attn + mlp + norms) + dense * (
             attn + dense_mlp + norms
         )
+        layers += sum(self.linear_layers) * (self._linear_attention_params() - attn)
         return layers + emb + d
+
+    def _linear_attention_params(self) -> int:
+        """A Gated DeltaNet layer's parameters (models/linear_attention.py): the q, k, v, z,
+        b, a projections, the conv, dt_bias, A_log, the gated norm and out_proj."""
+        d, hv, dv = self.hidden_size, self.linear_num_value_heads, self.linear_value_head_dim
+        ch = 2 * self.linear_num_key_heads * self.linear_key_head_dim + hv * dv
+        return (
+            d * ch + 2 * d * hv * dv + 2 * d * hv + self.linear_conv_kernel_dim * ch + 2 * hv + dv
+        )
 
 
 # ModelConfig.hidden_act (HF `hidden_act` / `hidden_activation`) -> the MLP's gate activation
@@ -290,4 +336,5 @@ REMAT_POLICIES = {
     "dots_saveable": jax.checkpoint_policies.dots_saveable,
 }
 
-LAYER_TYPES = ("full_attention", "sliding_attention")  # HF `layer_types` values
+# HF `layer_types` values ("linear_attention": Qwen3.5's Gated DeltaNet layers)
+LAYER_TYPES = ("full_attention", "sliding_attention", "linear_attention")

@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jaxrl_frontier.models.hybrid import model_class
 from jaxrl_frontier.models.model_config import ModelConfig
 from jaxrl_frontier.models.transformer import Transformer
 
@@ -32,12 +33,14 @@ def random_model(
     legacy_rng: draw from `np.random.RandomState(seed)` instead of `default_rng(seed)`
       (the stream some tests were tuned on).
     """
-    model = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
+    model = nnx.eval_shape(lambda: model_class(cfg)(cfg, rngs=nnx.Rngs(0)))
+    per_layer = isinstance(model.layers, nnx.List)  # a hybrid model: no stacked arrays
     rng = np.random.RandomState(seed) if legacy_rng else np.random.default_rng(seed)
 
     def draw(name, shape):
-        if "norm" in name:
-            return (0.0 if cfg.norm_plus_one else 1.0) + norm_std * rng.standard_normal(shape)
+        if "norm" in name:  # (a linear-attention layer's gated norm scales by w)
+            plus_one = cfg.norm_plus_one and not name.endswith("attn.norm.weight")
+            return (0.0 if plus_one else 1.0) + norm_std * rng.standard_normal(shape)
         scale = head_std if head_std is not None and "lm_head" in name else std
         return scale * rng.standard_normal(shape)
 
@@ -48,7 +51,7 @@ def random_model(
     done = set()
     for path, var in flat:
         abstract = var.get_value()
-        if path[0] != "layers":
+        if path[0] != "layers" or per_layer:
             value = draw(".".join(map(str, path)), abstract.shape)
             var.set_value(jnp.asarray(value, abstract.dtype))
         elif path not in done:  # the first stacked parameter: draw every layer's now

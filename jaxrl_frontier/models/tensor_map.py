@@ -52,9 +52,9 @@ class TensorSpec:
     @property
     def index(self) -> tuple[int, ...]:
         """The tensor's place along the parameter's leading (layers[, experts]) axes."""
-        if self.layer is None:
-            return ()
-        return (self.layer,) + (() if self.expert is None else (self.expert,))
+        # (a per-layer parameter's expert, models/qwen3_5.py: expert alone)
+        layer = () if self.layer is None else (self.layer,)
+        return layer + (() if self.expert is None else (self.expert,))
 
     @property
     def part_shape(self) -> tuple[int, ...]:
@@ -162,7 +162,7 @@ def _mlp_specs(cfg: ModelConfig, pre: str, i: int, expert_tensors: str) -> list[
     first `first_k_dense_replace` layers are dense)."""
     if cfg.num_experts and i >= cfg.first_k_dense_replace:
         fused = expert_tensors == "fused"
-        return _fused_expert_specs(cfg, pre) if fused else _expert_specs(cfg, pre)
+        return _fused_expert_specs(cfg, pre) if fused else expert_specs(cfg, pre)
     d, f, mlp = cfg.hidden_size, cfg.intermediate_size, ("layers", "mlp")
     return [
         TensorSpec(pre + "mlp.gate_proj.weight", (*mlp, "gate_proj"), (f, d), (d, f), True),
@@ -224,7 +224,7 @@ def _latent_attention_specs(cfg: ModelConfig, pre: str) -> list[TensorSpec]:
     ]  # fmt: skip
 
 
-def _expert_specs(cfg: ModelConfig, pre: str) -> list[TensorSpec]:
+def expert_specs(cfg: ModelConfig, pre: str) -> list[TensorSpec]:
     """An MoE layer's MLP tensors: the router `mlp.gate.weight` [E, D] and, per expert e,
     `mlp.experts.{e}.gate_proj/up_proj/down_proj.weight` (transformers 5 fuses them in
     memory, `gate_up_proj` [E, 2F, D], but reads and writes these names on disk); Qwen2-MoE

@@ -512,7 +512,7 @@ def reconfigured(model: Transformer, cfg: ModelConfig) -> Transformer:
     parameters: a choice of how it runs (remat, the attention or MoE implementation), not a
     shape. Every layer holds its own copy of the config, so assigning `model.cfg` alone
     would reach the top module and none of its layers."""
-    abstract = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
+    abstract = nnx.eval_shape(lambda: type(model)(cfg, rngs=nnx.Rngs(0)))
     return nnx.merge(nnx.graphdef(abstract), nnx.state(model))
 
 
@@ -529,12 +529,12 @@ def with_compute_weights(model: Transformer) -> Transformer:
     memory while the calling program runs. A no-op model
     comes back when nothing needs a cast (f32 compute, or bf16 parameters).
     """
-    dt = model.cfg.compute_dtype
+    dt, un = model.cfg.compute_dtype, isinstance(model.layers, nnx.List)  # un: per layer
     graphdef, state = nnx.split(model)
 
     def needs_cast(path, w):
         # a leading [L] axis
-        stacked = jax.tree_util.keystr(path[:1]) in ("['layers']", "['dense_layers']")
+        stacked = jax.tree_util.keystr(path[:1]) in ("['layers']", "['dense_layers']") and not un
         matrix = w.ndim - stacked >= 2
         return matrix and jnp.issubdtype(w.dtype, jnp.floating) and w.dtype != dt
 

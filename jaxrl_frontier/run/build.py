@@ -19,6 +19,7 @@ from jaxrl_frontier.data.rewards.reward_model import RewardModelRole
 from jaxrl_frontier.data.tasks.chat import ChatTemplate
 from jaxrl_frontier.models import hf, lora, moe, pretrained
 from jaxrl_frontier.models.architectures import config_from_hf
+from jaxrl_frontier.models.hybrid import model_class
 from jaxrl_frontier.models.model_config import ModelConfig
 from jaxrl_frontier.models.tokenizer import CharTokenizer, load_tokenizer
 from jaxrl_frontier.models.transformer import Transformer, reconfigured
@@ -257,7 +258,7 @@ def build_reward_model(config, tokenizer, mesh, key, policy_cfg) -> RewardModelR
         return None
     if r.init == "random":
         cfg = policy_cfg.replace(num_labels=1, dtype=r.dtype)
-        model = sharding.shard_model(Transformer(cfg, rngs=nnx.Rngs(params=key)), mesh)
+        model = sharding.shard_model(model_class(cfg)(cfg, rngs=nnx.Rngs(params=key)), mesh)
         return RewardModelRole(model, tokenizer, None)
     path = pretrained.local_path(r.path)
     model = hf.load(path, mesh=mesh, dtype=r.dtype)
@@ -280,7 +281,8 @@ def build_judge(config, tokenizer, mesh, key, policy_cfg) -> JudgeRole | None:
     if j.init == "random":
         cfg = policy_cfg.replace(dtype=j.dtype)
         return JudgeRole(
-            sharding.shard_model(Transformer(cfg, rngs=nnx.Rngs(params=key)), mesh), tokenizer
+            sharding.shard_model(model_class(cfg)(cfg, rngs=nnx.Rngs(params=key)), mesh),
+            tokenizer,
         )
     path = pretrained.local_path(j.path)
     model = hf.load(path, mesh=mesh, dtype=j.dtype)

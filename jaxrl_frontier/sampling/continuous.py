@@ -35,6 +35,7 @@ from jax.sharding import PartitionSpec as P
 from jaxrl_frontier.core import sharding as shd
 from jaxrl_frontier.core.capabilities import Capabilities
 from jaxrl_frontier.core.xla_options import rollout_compiler_options
+from jaxrl_frontier.models.hybrid import HYBRID_SAMPLER_REFUSAL
 from jaxrl_frontier.models.kv_cache import KVCache
 from jaxrl_frontier.sampling import ops
 from jaxrl_frontier.sampling import records as ro
@@ -81,6 +82,8 @@ class ContinuousSampler(Sampler):
     capabilities = Capabilities.all_but(**SLOTS_LACK)
 
     def __init__(self, model, *, slots: int, pad_id: int, mesh=None, **kw):
+        if any(model.cfg.linear_layers):  # (partial rollouts too: a subclass)
+            raise ValueError(HYBRID_SAMPLER_REFUSAL.format(sampler=type(self).__name__))
         if mesh is not None and mesh.shape.get("tensor", 1) > 1:
             raise ValueError(
                 f"continuous batching (rollout.continuous_slots={slots}) splits rows, not "

@@ -220,6 +220,11 @@ class Sampler:
             ring_valid=None
             if cache.ring_valid is None
             else self.constrain(cache.ring_valid, ("batch", None)),
+            # linear-attention layers' states (Qwen3.5): rows over the batch axes
+            conv=jax.tree.map(lambda x: self.constrain(x, ("batch", None, None)), cache.conv),
+            delta=jax.tree.map(
+                lambda x: self.constrain(x, ("batch", None, None, None)), cache.delta
+            ),
         )
 
     def mlp_mask(self, key, num_rows: int, knobs: Knobs, use_dropout: bool):
@@ -261,8 +266,11 @@ class Sampler:
             )
 
         cache = cache.replace(
-            k=jax.tree.map(fit, cache.k), v=jax.tree.map(fit, cache.v), valid=fit(cache.valid)
-        )
+            k=jax.tree.map(fit, cache.k), v=jax.tree.map(fit, cache.v), valid=fit(cache.valid),
+            # linear layers' fixed-size states: the prompt's rows repeated, no slots
+            conv=jax.tree.map(lambda x: jnp.repeat(x, reps, 0), cache.conv),
+            delta=jax.tree.map(lambda x: jnp.repeat(x, reps, 0), cache.delta),
+        )  # fmt: skip
         lengths = jnp.repeat(jnp.sum(mask, axis=1, dtype=jnp.int32), reps)
         out = self.constrain_cache(cache), jnp.repeat(logits, reps, 0), lengths
         return out + ((routing,) if self.record_routing else ())

@@ -30,6 +30,7 @@ from jax.sharding import Mesh
 
 from jaxrl_frontier.core.capabilities import Capabilities
 from jaxrl_frontier.core.xla_options import rollout_compiler_options
+from jaxrl_frontier.models.hybrid import HYBRID_SAMPLER_REFUSAL
 from jaxrl_frontier.models.transformer import Transformer
 from jaxrl_frontier.sampling import ops
 from jaxrl_frontier.sampling.params import Knobs, Plan, SamplingParams
@@ -90,6 +91,10 @@ class SpeculativeSampler(Sampler):
         batch_buckets: Sequence[int] | None = None,
         cache_dtype: str | None = None,
     ):
+        if any(policy.cfg.linear_layers) or (
+            not isinstance(draft, int) and any(draft.cfg.linear_layers)
+        ):
+            raise ValueError(HYBRID_SAMPLER_REFUSAL.format(sampler="SpeculativeSampler"))
         if mesh is not None and mesh.size > 1:
             raise ValueError(
                 f"SpeculativeSampler (config key 'rollout.speculative') runs on one device, not "

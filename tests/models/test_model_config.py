@@ -39,7 +39,9 @@ def test_each_field_is_checked_against_its_table():
         ModelConfig(**BASE, layer_types=("sliding_attention",))
     with pytest.raises(ValueError, match="num_experts=4 needs 0 < num_experts_per_tok"):
         ModelConfig(**BASE, num_experts=4)
-    assert set(LAYER_TYPES) == {"full_attention", "sliding_attention"}
+    with pytest.raises(ValueError, match="linear_attention layers need linear_num_key_heads"):
+        ModelConfig(**BASE, layer_types=("linear_attention", "full_attention"))
+    assert set(LAYER_TYPES) == {"full_attention", "sliding_attention", "linear_attention"}
     assert {"silu", "gelu_pytorch_tanh"} <= set(ACTIVATIONS)
     assert {False, True, "none", "full", "dots_saveable"} == set(REMAT_POLICIES)
     assert (MOE_IMPLS, MOE_DISPATCH) == (("auto", "ragged", "dense"), ("gather", "all_to_all"))

@@ -37,8 +37,8 @@ from flax import nnx
 
 from jaxrl_frontier.core.capabilities import Capabilities
 from jaxrl_frontier.core.registry import Registry
+from jaxrl_frontier.models.hybrid import model_class
 from jaxrl_frontier.models.model_config import ModelConfig
-from jaxrl_frontier.models.transformer import Transformer
 
 Array = jax.Array
 
@@ -225,7 +225,7 @@ class ValueModel(nnx.Module):
     capabilities = Capabilities.all_but(packed_rows="its values on the padded rows")
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
-        self.trunk = Transformer(cfg, rngs=rngs)
+        self.trunk = model_class(cfg)(cfg, rngs=rngs)  # (a hybrid policy's: Qwen3.5)
         self.head = ValueHead(cfg.hidden_size, rngs=rngs)
 
     def values(self, tokens: Array, attention_mask: Array, hidden: Array | None = None) -> Array:

@@ -1,0 +1,122 @@
+"""Qwen3.5's linear-attention layer, Gated DeltaNet (Yang et al., 2024, "Gated Delta
+Networks: Improving Mamba2 with Delta Rule"; transformers' `Qwen3_5GatedDeltaNet`): a
+causal depthwise conv over the q, k, v projections, then the gated delta rule
+(`models/delta_rule.py`), a gated RMSNorm and the output projection.
+
+    qkv = silu(causal_conv1d(x W_qkv))        [B, T, 2 Hk Dk + Hv Dv], conv of Kc taps
+    q, k, v = split(qkv)                      [B, T, Hk, Dk], [B, T, Hk, Dk], [B, T, Hv, Dv]
+    q = l2norm(q) Dk^-0.5,  k = l2norm(k)     (key heads repeated to the Hv value heads)
+    beta = sigmoid(x W_b),  log g = -exp(A_log) softplus(x W_a + dt_bias)        [B, T, Hv]
+    o = gated_delta_rule(q, k, v, log g, beta)                                   [B, T, Hv, Dv]
+    out = (RMSNorm(o) w * silu(x W_z)) W_out                                     [B, T, D]
+
+The layer's decode state is fixed in size (`LinearState`): the conv's last Kc - 1 inputs
+[B, Kc - 1, C] and the delta rule's matrix [B, Hv, Dk, Dv] (f32), whatever the length.
+
+Padding: a masked token's input is zeroed (as transformers), its beta and log g set to 0,
+so it leaves the delta state exactly as it was, and the conv runs over each row's real
+inputs only (`causal_conv`: a masked token is skipped, not read as a zero), its state the
+last Kc - 1 real inputs: a row with padding anywhere (left, right, a hole, a padded chunk
+appended to a cache) gives the real tokens alone's outputs and state. Packed rows (several sequences per
+row) are not supported: the state would have to restart at each segment (`hybrid.py`
+refuses `segment_ids`).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jaxrl_frontier.models.delta_rule import (
+    chunk_gated_delta_rule,
+    l2norm,
+    recurrent_gated_delta_rule,
+)
+from jaxrl_frontier.models.kv_cache import init_linear_state, linear_dims
+from jaxrl_frontier.models.layers import RMSNorm, make_param, project
+from jaxrl_frontier.models.model_config import ModelConfig
+
+
+def causal_conv(x, w, prev, real):
+    """The causal depthwise conv over each row's real inputs: x [B, T, C], w [Kc, C], prev
+    [B, Kc - 1, C] the (real) inputs before x, real [B, T] bool. A real token's output is
+    sum_j w_j u_{r - Kc + 1 + j}, u the row's real inputs in order (prev's first) and r its
+    own rank among them: masked tokens are skipped, not read as zeros (the outputs at masked
+    tokens are unused). -> (out [B, T, C], the conv state after x: the last Kc - 1 real
+    inputs [B, Kc - 1, C])."""
+    kc, (b, t, _) = w.shape[0], x.shape
+    keep = kc - 1
+    full = jnp.concatenate([prev.astype(x.dtype), x], axis=1)  # [B, L, C], L = Kc - 1 + T
+    flags = jnp.concatenate([jnp.ones((b, keep), bool), real], axis=1)
+    slots = jnp.arange(keep + t)
+    order = jnp.argsort(jnp.where(flags, slots, keep + t + slots), axis=1)  # reals first
+    compact = jnp.take_along_axis(full, order[:, :, None], axis=1)
+    conv = sum(compact[:, j : j + t] * w[j] for j in range(kc))  # at ranks Kc - 1 + [0, T)
+    rank = jnp.cumsum(flags, axis=1)[:, keep:] - 1  # [B, T], >= Kc - 1
+    out = jnp.take_along_axis(conv, (rank - keep)[:, :, None], axis=1)
+    last = jnp.sum(flags, axis=1, keepdims=True) - keep + jnp.arange(keep)  # [B, Kc - 1]
+    return out, jnp.take_along_axis(compact, last[:, :, None], axis=1)
+
+
+class GatedDeltaNet(nnx.Module):
+    """One linear-attention layer's parameters (our layout, [in, out]): in_proj_qkv
+    [D, C], in_proj_z [D, Hv Dv], in_proj_b, in_proj_a [D, Hv], conv [Kc, C] (HF
+    conv1d.weight [C, 1, Kc]), dt_bias, A_log [Hv], norm [Dv] (plain w, not 1 + w),
+    out_proj [Hv Dv, D]."""
+
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
+        d = cfg.hidden_size
+        hk, dk, hv, dv, ch = linear_dims(cfg)
+        pd = jnp.dtype(cfg.param_dtype)
+        param = functools.partial(make_param, rngs, dtype=pd)
+        self.cfg = cfg
+        self.in_proj_qkv = param((d, ch), ("embed", None))
+        self.in_proj_z = param((d, hv * dv), ("embed", None))
+        self.in_proj_b = param((d, hv), ("embed", None))
+        self.in_proj_a = param((d, hv), ("embed", None))
+        self.conv = param((cfg.linear_conv_kernel_dim, ch), (None, None))
+        self.dt_bias = param((hv,), (None,), init="ones")
+        self.A_log = param((hv,), (None,), init="zeros")
+        self.norm = RMSNorm(dv, cfg.rms_norm_eps, pd, rngs)
+        self.out_proj = param((hv * dv, d), (None, "embed"))
+
+    def __call__(self, x, real, state=None, recurrent: bool = False):
+        """x [B, T, D] (normed), real [B, T] bool (None: all real), state None (empty) or
+        (conv [B, Kc - 1, C], delta [B, Hv, Dk, Dv]); recurrent: the token-by-token rule
+        instead of the chunk-parallel one (the decode's T = 1 step).
+        -> (out [B, T, D], the new (conv, delta) state)."""
+        cfg, dt = self.cfg, self.cfg.compute_dtype
+        hk, dk, hv, dv, ch = linear_dims(cfg)
+        b, t, _ = x.shape
+        if real is None:
+            real = jnp.ones((b, t), bool)
+        x = x * real[..., None].astype(x.dtype)
+        if state is None:
+            state = init_linear_state(cfg, b, dt)
+        conv_state, delta_state = state
+        qkv = project(self, "in_proj_qkv", x, dt)
+        mixed, new_conv = causal_conv(qkv, self.conv[...].astype(dt), conv_state, real)
+        mixed = jax.nn.silu(mixed)
+        q, k, v = jnp.split(mixed, [hk * dk, 2 * hk * dk], axis=-1)
+        q = l2norm(q.reshape(b, t, hk, dk)) * dk**-0.5
+        k = l2norm(k.reshape(b, t, hk, dk))
+        q, k = (jnp.repeat(a, hv // hk, axis=2) for a in (q, k))  # value head h: key h // G
+        v = v.reshape(b, t, hv, dv)
+        f32 = jnp.float32
+        beta = jax.nn.sigmoid(project(self, "in_proj_b", x, dt).astype(f32))
+        a = project(self, "in_proj_a", x, dt).astype(f32) + self.dt_bias[...].astype(f32)
+        log_g = -jnp.exp(self.A_log[...].astype(f32)) * jax.nn.softplus(a)
+        beta, log_g = (jnp.where(real[..., None], y, 0.0) for y in (beta, log_g))
+        if recurrent:
+            o, new_delta = recurrent_gated_delta_rule(q, k, v, log_g, beta, delta_state)
+        else:
+            o, new_delta = chunk_gated_delta_rule(
+                q, k, v, log_g, beta, cfg.linear_chunk_size, delta_state
+            )
+        z = project(self, "in_proj_z", x, dt).reshape(b, t, hv, dv)
+        o = self.norm(o.astype(dt)).astype(f32) * jax.nn.silu(z.astype(f32))
+        out = project(self, "out_proj", o.astype(dt).reshape(b, t, hv * dv), dt)
+        return out, (new_conv.astype(conv_state.dtype), new_delta)
