@@ -51,7 +51,8 @@ SPECIALS = {  # texts with the model's special tokens written out
 
 @pytest.fixture(scope="module", params=NAMES)
 def real(request):
-    """(name, converted dir, GGUF path, transformers model) of a fetched checkpoint."""
+    """(name, converted dir, GGUF path, transformers model, our model from the directory)
+    of a fetched checkpoint: each side loaded once for the module's tests."""
     import torch
     import transformers
 
@@ -61,7 +62,7 @@ def real(request):
     torch_model = transformers.AutoModelForCausalLM.from_pretrained(
         directory, dtype=torch.float32
     ).eval()
-    return name, directory, source["gguf"], torch_model
+    return name, directory, source["gguf"], torch_model, hf.load(directory)
 
 
 def reference_tokenizer(name, directory, gguf_path):
@@ -95,13 +96,12 @@ def prompt_batch(tokenizer, template):
 
 
 def test_logits_from_gguf_and_directory_match_transformers_and_survive_export(real, tmp_path):
-    name, directory, gguf_path, torch_model = real
+    name, directory, gguf_path, torch_model, from_dir = real
     tokenizer = load_tokenizer(directory)
     template = ChatTemplate.from_dir(directory)
     tokens, mask = prompt_batch(tokenizer, template)
     ref = hf_logits(torch_model, tokens, mask)
-    for source in (gguf_path, directory):
-        model = hf.load(source)
+    for source, model in ((gguf_path, hf.load(gguf_path)), (directory, from_dir)):
         ours = np.asarray(model(jnp.asarray(tokens), jnp.asarray(mask)))
         assert rel_diff(ours, ref, mask) < REL_TOL, source
         np.testing.assert_array_equal(ours.argmax(-1)[mask > 0], ref.argmax(-1)[mask > 0])
@@ -115,10 +115,9 @@ def test_logits_from_gguf_and_directory_match_transformers_and_survive_export(re
 def test_greedy_32_tokens_match_transformers(real):
     """Our sampler's 32 greedy tokens (no stop token) are transformers' argmax at every
     step, teacher-forced over prompt + our completion: transformers' greedy continuation."""
-    name, directory, _, torch_model = real
+    name, directory, _, torch_model, model = real
     tokenizer = load_tokenizer(directory)
     tokens, mask = prompt_batch(tokenizer, ChatTemplate.from_dir(directory))
-    model = hf.load(directory)
     sampler = Sampler(model, pad_id=tokenizer.pad_id, prompt_buckets=(tokens.shape[1],))
     ro = sampler.generate(
         tokens, mask, SamplingParams(max_new_tokens=32, greedy=True), jax.random.key(0)
@@ -131,7 +130,7 @@ def test_greedy_32_tokens_match_transformers(real):
 
 
 def test_tokenizer_and_chat_template_match_the_reference(real):
-    name, directory, gguf_path, _ = real
+    name, directory, gguf_path, _, _ = real
     ours = load_tokenizer(directory)
     ref = reference_tokenizer(name, directory, gguf_path)
     for text in [*TEXTS, SPECIALS[name]]:
@@ -157,7 +156,7 @@ def test_tokenizer_and_chat_template_match_the_reference(real):
 def test_gguf_vocabulary_checked_against_a_tokenizer(real, tmp_path):
     """A tokenizer.json whose ids differ from the GGUF's vocabulary is refused, naming the
     first id that differs."""
-    name, directory, gguf_path, _ = real
+    name, directory, gguf_path, _, _ = real
     spec = json.loads((directory / "tokenizer.json").read_text())
     vocab = spec["model"]["vocab"]
     if isinstance(vocab, list):  # a Unigram vocabulary: [[piece, score], ...]
