@@ -14,28 +14,13 @@ from typing import Any
 
 from jaxrl_frontier.core.registry import Registry
 from jaxrl_frontier.models import moe
+from jaxrl_frontier.models.hf_keys import require as _require
+from jaxrl_frontier.models.hf_keys import shape_from_hf as _shape
+from jaxrl_frontier.models.hf_keys import shared_to_hf
 from jaxrl_frontier.models.model_config import ModelConfig
 from jaxrl_frontier.models.qwen3_5 import QWEN3_5  # Qwen3.5 (hybrid): its own module
 
 ARCHITECTURES = Registry("Hugging Face architecture")
-
-
-def _shape(hf: dict, heads: int, head_dim: int) -> dict[str, int]:
-    """The `ModelConfig` shape fields every architecture reads alike from config.json."""
-    return dict(
-        vocab_size=int(_require(hf, "vocab_size")),
-        hidden_size=int(_require(hf, "hidden_size")),
-        intermediate_size=int(_require(hf, "intermediate_size")),
-        num_heads=heads,
-        num_kv_heads=int(hf.get("num_key_value_heads") or heads),
-        head_dim=head_dim,
-    )
-
-
-def _require(hf: dict, key: str):
-    if key not in hf:
-        raise ValueError(f"config.json: missing required key {key!r}")
-    return hf[key]
 
 
 def _rope_from_hf(hf: dict) -> tuple[float, tuple[tuple[str, Any], ...] | None]:
@@ -119,25 +104,12 @@ class Architecture:
     def config_to_hf(self, cfg: ModelConfig, torch_dtype: str) -> dict:
         """ModelConfig -> config.json dict, in the pre-5 key style every loader reads."""
         hf = {
-            "architectures": [self.name],
-            "model_type": self.model_type,
-            "vocab_size": cfg.vocab_size,
-            "hidden_size": cfg.hidden_size,
+            **shared_to_hf(self.name, self.model_type, cfg, torch_dtype),
             "intermediate_size": cfg.intermediate_size,
-            "num_hidden_layers": cfg.num_layers,
-            "num_attention_heads": cfg.num_heads,
-            "num_key_value_heads": cfg.num_kv_heads,
             "head_dim": cfg.resolved_head_dim,
             "hidden_act": "silu",
-            "rms_norm_eps": cfg.rms_norm_eps,
             "rope_theta": cfg.rope_theta,
             "rope_scaling": dict(cfg.rope_scaling) if cfg.rope_scaling else None,
-            "max_position_embeddings": cfg.max_position_embeddings,
-            "tie_word_embeddings": cfg.tie_word_embeddings,
-            "attention_dropout": 0.0,
-            # both spellings: transformers >= 5 reads `dtype`, older versions and vLLM `torch_dtype`
-            "torch_dtype": torch_dtype,
-            "dtype": torch_dtype,
         }
         if self.qkv_bias == "never":
             hf["attention_bias"] = False
@@ -377,14 +349,8 @@ class GptOssArchitecture(Architecture):
             )
         scaling = dict(cfg.rope_scaling or {"rope_type": "default"})
         return {
-            "architectures": [self.name],
-            "model_type": self.model_type,
-            "vocab_size": cfg.vocab_size,
-            "hidden_size": cfg.hidden_size,
+            **shared_to_hf(self.name, self.model_type, cfg, torch_dtype),
             "intermediate_size": cfg.moe_intermediate_size,  # an expert's width
-            "num_hidden_layers": cfg.num_layers,
-            "num_attention_heads": cfg.num_heads,
-            "num_key_value_heads": cfg.num_kv_heads,
             "head_dim": cfg.resolved_head_dim,
             "num_local_experts": cfg.num_experts,
             "num_experts_per_tok": cfg.num_experts_per_tok,
@@ -393,15 +359,9 @@ class GptOssArchitecture(Architecture):
             "layer_types": list(cfg.layer_types or ("full_attention",) * cfg.num_layers),
             "swiglu_limit": cfg.swiglu_limit,
             "swiglu_alpha": cfg.swiglu_alpha,
-            "rms_norm_eps": cfg.rms_norm_eps,
             "rope_theta": cfg.rope_theta,
             "rope_parameters": {**scaling, "rope_theta": cfg.rope_theta},
-            "max_position_embeddings": cfg.max_position_embeddings,
-            "tie_word_embeddings": cfg.tie_word_embeddings,
-            "attention_dropout": 0.0,
             "output_router_logits": False,
-            "torch_dtype": torch_dtype,
-            "dtype": torch_dtype,
         }
 
 
@@ -494,15 +454,9 @@ class DeepseekV3Architecture(Architecture):
         shared = cfg.shared_expert_intermediate_size // cfg.moe_intermediate_size
         scaling = dict(cfg.rope_scaling or {"rope_type": "default"})
         return {
-            "architectures": [self.name],
-            "model_type": self.model_type,
-            "vocab_size": cfg.vocab_size,
-            "hidden_size": cfg.hidden_size,
+            **shared_to_hf(self.name, self.model_type, cfg, torch_dtype),
             "intermediate_size": cfg.intermediate_size,
             "moe_intermediate_size": cfg.moe_intermediate_size,
-            "num_hidden_layers": cfg.num_layers,
-            "num_attention_heads": cfg.num_heads,
-            "num_key_value_heads": cfg.num_kv_heads,
             "kv_lora_rank": cfg.kv_lora_rank,
             "q_lora_rank": cfg.q_lora_rank or None,
             "qk_nope_head_dim": cfg.qk_nope_head_dim,
@@ -519,15 +473,9 @@ class DeepseekV3Architecture(Architecture):
             "routed_scaling_factor": cfg.routed_scaling_factor,
             "hidden_act": "silu",
             "attention_bias": False,
-            "rms_norm_eps": cfg.rms_norm_eps,
             "rope_theta": cfg.rope_theta,
             "rope_parameters": {**scaling, "rope_theta": cfg.rope_theta},
-            "max_position_embeddings": cfg.max_position_embeddings,
-            "tie_word_embeddings": cfg.tie_word_embeddings,
-            "attention_dropout": 0.0,
             "num_nextn_predict_layers": 0,
-            "torch_dtype": torch_dtype,
-            "dtype": torch_dtype,
         }
 
 

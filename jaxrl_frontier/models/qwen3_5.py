@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from jaxrl_frontier.models.hf_keys import require as _require
+from jaxrl_frontier.models.hf_keys import shared_to_hf
 from jaxrl_frontier.models.kv_cache import linear_dims
 from jaxrl_frontier.models.model_config import ModelConfig
 from jaxrl_frontier.models.tensor_map import TensorSpec, expert_specs, tensor_specs
@@ -122,33 +124,21 @@ class Qwen35Architecture:
                 "norms: this ModelConfig cannot be written as one"
             )
         hf = {
-            "architectures": [self.name],
-            "model_type": self.model_type,
-            "vocab_size": cfg.vocab_size,
-            "hidden_size": cfg.hidden_size,
-            "num_hidden_layers": cfg.num_layers,
-            "num_attention_heads": cfg.num_heads,
-            "num_key_value_heads": cfg.num_kv_heads,
+            **shared_to_hf(self.name, self.model_type, cfg, torch_dtype),
             "head_dim": cfg.resolved_head_dim,
             "hidden_act": "silu",
-            "rms_norm_eps": cfg.rms_norm_eps,
             "rope_parameters": {
                 "rope_type": "default",
                 "rope_theta": cfg.rope_theta,
                 "partial_rotary_factor": cfg.partial_rotary_factor,
             },
-            "max_position_embeddings": cfg.max_position_embeddings,
-            "tie_word_embeddings": cfg.tie_word_embeddings,
             "attention_bias": False,
-            "attention_dropout": 0.0,
             "layer_types": list(cfg.layer_types),
             "linear_num_key_heads": cfg.linear_num_key_heads,
             "linear_num_value_heads": cfg.linear_num_value_heads,
             "linear_key_head_dim": cfg.linear_key_head_dim,
             "linear_value_head_dim": cfg.linear_value_head_dim,
             "linear_conv_kernel_dim": cfg.linear_conv_kernel_dim,
-            "torch_dtype": torch_dtype,
-            "dtype": torch_dtype,
         }
         if self.moe:
             hf.update(
@@ -161,12 +151,6 @@ class Qwen35Architecture:
         else:
             hf["intermediate_size"] = cfg.intermediate_size
         return hf
-
-
-def _require(hf: dict, key: str):
-    if key not in hf:
-        raise ValueError(f"config.json: missing required key {key!r}")
-    return hf[key]
 
 
 QWEN3_5 = (
