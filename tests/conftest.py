@@ -303,6 +303,41 @@ def hf_logits(model, tokens, mask):
     return out.logits.float().numpy()
 
 
+def rel_diff(a, b, mask) -> float:
+    """max |a - b| / max |b| over the real (mask 1) positions: logits against a reference."""
+    import numpy as np
+
+    real = mask.astype(bool)
+    return float(np.abs(a - b)[real].max() / np.abs(b)[real].max())
+
+
+def assert_save_round_trip(model, torch_model, path, tokens, mask, tol: float, **save_kwargs):
+    """Our save (sharded into many files) loads into transformers as the same class with
+    bitwise the tensors of `torch_model` and its logits (within `tol` of their scale), and
+    back into ours with bitwise the same parameters. The transformers model read back."""
+    import jax
+    import numpy as np
+    import torch
+    from flax import nnx
+    from transformers import AutoModelForCausalLM
+
+    from jaxrl_frontier.models import hf
+
+    hf.save(model, path, max_shard_size="20KB", **save_kwargs)
+    back = AutoModelForCausalLM.from_pretrained(path, attn_implementation="eager").eval()
+    assert type(back) is type(torch_model)
+    with torch.no_grad():
+        ours = dict(back.state_dict())
+        for name, a in torch_model.state_dict().items():
+            torch.testing.assert_close(ours[name], a, rtol=0, atol=0, msg=name)
+    ref = hf_logits(torch_model, tokens, mask)
+    assert rel_diff(hf_logits(back, tokens, mask), ref, mask) < tol
+    again = hf.load(path)
+    for a, b in zip(jax.tree.leaves(nnx.state(model)), jax.tree.leaves(nnx.state(again))):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    return back
+
+
 def random_model(cfg, seed: int = 0):
     """A `Transformer` for `cfg` with every parameter random (norms around 1, biases
     nonzero, std 0.2), so logits are O(1) and each parameter matters.

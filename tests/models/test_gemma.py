@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import hf_logits, left_padded_batch
+from conftest import hf_logits, left_padded_batch, rel_diff
 from flax import nnx
 
 from jaxrl_frontier.models import hf
@@ -90,11 +90,6 @@ def with_config(model, cfg):
     """The model's weights under another config of the same shapes."""
     abstract = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
     return nnx.merge(nnx.graphdef(abstract), nnx.state(model))
-
-
-def rel_diff(a, b, mask) -> float:
-    real = mask.astype(bool)
-    return float(np.abs(a - b)[real].max() / np.abs(b)[real].max())
 
 
 @pytest.mark.parametrize("case", sorted(CASES))

@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import hf_logits, left_padded_batch, redrawn
+from conftest import hf_logits, left_padded_batch, redrawn, rel_diff
 from flax import nnx
 
 from jaxrl_frontier.core import sharding
@@ -81,11 +81,6 @@ def with_config(model, cfg, **params):
             var = var[part]
         var.set_value(jnp.full_like(var.get_value(), value))
     return nnx.merge(nnx.graphdef(abstract), state)
-
-
-def rel_diff(a, b, mask) -> float:
-    real = mask.astype(bool)
-    return float(np.abs(a - b)[real].max() / np.abs(b)[real].max())
 
 
 def test_logit_parity_both_expert_forms_and_round_trip(checkpoint, model, tmp_path):

@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import hf_logits
+from conftest import hf_logits, rel_diff
 
 from jaxrl_frontier.data.tasks.chat import ChatTemplate
 from jaxrl_frontier.models import gguf_file, hf, pretrained
@@ -77,11 +77,6 @@ def reference_tokenizer(name, directory, gguf_path):
     return transformers.AutoTokenizer.from_pretrained(
         os.path.dirname(gguf_path), gguf_file=os.path.basename(gguf_path)
     )
-
-
-def rel_diff(a, b, mask) -> float:
-    real = mask.astype(bool)
-    return float(np.abs(a - b)[real].max() / np.abs(b)[real].max())
 
 
 def prompt_batch(tokenizer, template):

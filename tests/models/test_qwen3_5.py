@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import hf_logits, left_padded_batch, redrawn
+from conftest import assert_save_round_trip, hf_logits, left_padded_batch, redrawn, rel_diff
 from flax import nnx
 
 from jaxrl_frontier.models import hf
@@ -83,14 +83,7 @@ def checkpoint(request, tmp_path_factory):
     return request.param, path, model, ours, lambda t, m: np.asarray(forward(state, t, m))
 
 
-def rel_diff(a, b, mask) -> float:
-    real = mask.astype(bool)
-    return float(np.abs(a - b)[real].max() / np.abs(b)[real].max())
-
-
 def test_logit_parity_and_round_trip(checkpoint, tmp_path):
-    import torch
-    from transformers import AutoModelForCausalLM
 
     variant, path, torch_model, model, forward = checkpoint
     cfg = model.cfg
@@ -104,18 +97,7 @@ def test_logit_parity_and_round_trip(checkpoint, tmp_path):
     print(f"{variant}: max |logit diff| / max |logit| = {diff:.1e}")
     assert diff < REL_TOL
 
-    # our save (sharded) -> transformers loads the same model; our loader reads it back
-    hf.save(model, tmp_path, max_shard_size="20KB")
-    back = AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation="eager").eval()
-    assert type(back) is type(torch_model)
-    with torch.no_grad():
-        ours = dict(back.state_dict())
-        for name, a in torch_model.state_dict().items():
-            torch.testing.assert_close(ours[name], a, rtol=0, atol=0, msg=name)
-    assert rel_diff(hf_logits(back, tokens, mask), ref, mask) < REL_TOL
-    again = hf.load(tmp_path)
-    for a, b in zip(jax.tree.leaves(nnx.state(model)), jax.tree.leaves(nnx.state(again))):
-        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert_save_round_trip(model, torch_model, tmp_path, tokens, mask, REL_TOL)
 
 
 PROMPTS = np.random.RandomState(1).randint(1, 128, size=(2, 6)).astype(np.int32)
