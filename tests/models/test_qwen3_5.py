@@ -178,8 +178,8 @@ def test_linear_layer_cache_is_fixed_size(checkpoint):
 
 
 def test_refusals(checkpoint):
-    """Packed rows, remat, LoRA and the samplers that edit the cache per row refuse, naming
-    why."""
+    """Packed rows, remat, LoRA, the samplers that edit the cache per row and a mesh's
+    sequence axis refuse, naming why."""
     if checkpoint[0] != "dense":
         pytest.skip("one variant is enough")
     model = checkpoint[3]
@@ -195,6 +195,14 @@ def test_refusals(checkpoint):
         ContinuousSampler(model, slots=2, pad_id=0)
     with pytest.raises(ValueError, match="linear-attention layers"):
         SpeculativeSampler(model, 1, pad_id=0)
+    # a sequence axis: refused (the recurrence runs along the whole row), not run whole
+    mesh = sharding.make_mesh({"fsdp": 4, "sequence": 2})
+    state = nnx.state(model)
+    placed = nnx.merge(
+        nnx.graphdef(model), jax.device_put(state, sharding.state_shardings(state, mesh))
+    )
+    with pytest.raises(ValueError, match="'mesh.sequence' = 2.*delta state and conv window"):
+        placed.hidden_states(jnp.ones((8, 4), jnp.int32))
 
 
 def test_multimodal_checkpoint_loads_its_language_model(checkpoint, tmp_path):
