@@ -84,7 +84,9 @@ class GatedDeltaNet(nnx.Module):
     """One linear-attention layer's parameters (our layout, [in, out]): in_proj_qkv
     [D, C], in_proj_z [D, Hv Dv], in_proj_b, in_proj_a [D, Hv], conv [Kc, C] (HF
     conv1d.weight [C, 1, Kc]), dt_bias, A_log [Hv], norm [Dv] (plain w, not 1 + w),
-    out_proj [Hv Dv, D]."""
+    out_proj [Hv Dv, D]. Tensor parallelism: the value-head axes (Hv, Hv Dv) carry the
+    logical name `heads` (over the mesh's `tensor` axis, as the attention layers' heads);
+    in_proj_qkv and conv (C mixes q, k and v) are split over `embed` / replicated."""
 
     capabilities = Capabilities.all_but(
         sequence_axis="its recurrent delta state and conv window run along the whole row: "
@@ -98,15 +100,17 @@ class GatedDeltaNet(nnx.Module):
         pd = jnp.dtype(cfg.param_dtype)
         param = functools.partial(make_param, rngs, dtype=pd)
         self.cfg = cfg
+        # the value heads' axis is `heads` (over `tensor`: Hv Dv splits at head boundaries
+        # where tensor divides Hv); q, k, v's C mixes three kinds, so its axis is unnamed
         self.in_proj_qkv = param((d, ch), ("embed", None))
-        self.in_proj_z = param((d, hv * dv), ("embed", None))
-        self.in_proj_b = param((d, hv), ("embed", None))
-        self.in_proj_a = param((d, hv), ("embed", None))
+        self.in_proj_z = param((d, hv * dv), ("embed", "heads"))
+        self.in_proj_b = param((d, hv), ("embed", "heads"))
+        self.in_proj_a = param((d, hv), ("embed", "heads"))
         self.conv = param((cfg.linear_conv_kernel_dim, ch), (None, None))
-        self.dt_bias = param((hv,), (None,), init="ones")
-        self.A_log = param((hv,), (None,), init="zeros")
+        self.dt_bias = param((hv,), ("heads",), init="ones")
+        self.A_log = param((hv,), ("heads",), init="zeros")
         self.norm = RMSNorm(dv, cfg.rms_norm_eps, pd, rngs)
-        self.out_proj = param((hv * dv, d), (None, "embed"))
+        self.out_proj = param((hv * dv, d), ("heads", "embed"))
 
     def __call__(self, x, real, state=None, recurrent: bool = False):
         """x [B, T, D] (normed), real [B, T] bool (None: all real), state None (empty) or
