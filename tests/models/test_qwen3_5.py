@@ -339,7 +339,8 @@ def test_expert_parallel_update_equals_one_device(checkpoint):
     4 experts: 1 a device over fsdp; the rows over both axes), replaying a routing: the
     loss (with the load-balancing term), the experts used and every gradient equal one
     device's, and so do the greedy decode's tokens on the mesh. (fsdp 4 x tensor 2, the
-    experts' width over tensor, hung here: docs/models.md, Qwen3.5 "Not yet".)
+    experts' width over tensor, hung twice under load and passed once alone: docs/models.md,
+    Qwen3.5 "Not yet".)
 
     Tolerance: the 8-device program is another f32 evaluation of the same sums (psums over
     the devices, other fusions: see the replay test for what a refusion alone moves), so
