@@ -86,7 +86,9 @@ class ModelSection:
     sliding and full layers alternating, `moe` experts with biases and the clamped SwiGLU) |
     deepseek_v3 (multi-head latent attention, a dense first layer, then `moe`'s experts
     behind a sigmoid router with a balancing bias, plus a shared expert: run/build.py
-    `_deepseek_v3_keys`);
+    `_deepseek_v3_keys`) | qwen3_5 (Gated DeltaNet linear-attention layers and every
+    sliding_window_pattern-th layer gated full attention; with `moe` experts, a gated shared
+    expert beside them: run/build.py `_qwen3_5_keys`);
     a model read from a checkpoint keeps the checkpoint's. remat: recompute in the backward pass (memory for FLOPs), per scanned
     block: none | full (keep only each block's input) | dots_saveable (keep the matmul
     outputs, recompute the rest). attention, of a forward over many tokens (prefill, update,
@@ -120,13 +122,13 @@ class ModelSection:
     family: str = key(
         "",
         "a scratch model's architecture",
-        choices=("", "gemma2", "gemma3_text", "gpt_oss", "deepseek_v3"),
+        choices=("", "gemma2", "gemma3_text", "gpt_oss", "deepseek_v3", "qwen3_5"),
     )
     sliding_window: int = key(
         4096, "gemma, gpt_oss: a sliding layer's last keys", low=0, low_open=True
     )
     sliding_window_pattern: int = key(
-        0, "gemma, gpt_oss: every this-th layer is global (0: the family's)", low=0
+        0, "gemma, gpt_oss, qwen3_5: every this-th layer is global (0: the family's)", low=0
     )
     remat: str = key(
         "none", "recompute in the backward pass", choices=("none", "full", "dots_saveable")

@@ -25,7 +25,9 @@ MLP masks (dense), routing replay and router stats (MoE), the shared-prompt forw
 the plain forward: its prompt is not shared), the plain `Sampler`. Refused, with the
 reason: packed rows (`segment_ids`: the recurrent state would have to restart at each
 segment), remat (no scanned body to checkpoint), the continuous, partial and speculative
-samplers (their per-row cache surgery has no recurrent state to carry).
+samplers (their per-row cache surgery has no recurrent state to carry), a full forward on
+a mesh with a sequence axis (`mesh.sequence` > 1, context parallelism: what a linear layer
+would need over the axis is in models/linear_attention.py).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from jaxrl_frontier.core import sharding as shd
 from jaxrl_frontier.models import moe
 from jaxrl_frontier.models.attention import attention, mask_to_bias
 from jaxrl_frontier.models.kv_cache import write_slots
@@ -171,6 +174,13 @@ class HybridTransformer(Transformer):
                 "packed rows (segment_ids, train.pack_tokens) are not supported by a hybrid "
                 "(linear-attention) model: its recurrent state would have to restart at "
                 "every segment; run the update unpacked"
+            )
+        if cache is None and shd.sequence_size(self.mesh()) > 1:
+            why = GatedDeltaNet.capabilities.why_not("sequence_axis")
+            raise ValueError(
+                f"context parallelism (config key 'mesh.sequence' = "
+                f"{shd.sequence_size(self.mesh())}, with or without model.attention = 'ring') "
+                f"does not run a hybrid (linear-attention) model: {why}; set mesh.sequence = 1"
             )
         if attention_mask is None:
             attention_mask = jnp.ones(tokens.shape, jnp.int32)

@@ -20,6 +20,24 @@ last Kc - 1 real inputs: a row with padding anywhere (left, right, a hole, a pad
 appended to a cache) gives the real tokens alone's outputs and state. Packed rows (several sequences per
 row) are not supported: the state would have to restart at each segment (`hybrid.py`
 refuses `segment_ids`).
+
+A sequence axis (context parallelism, `mesh.sequence`) is not supported either
+(`GatedDeltaNet.capabilities`). Attention splits a row's positions over s devices by
+passing K/V blocks around the axis (ring attention): every block's scores are independent
+and merge by a running logsumexp, in any order. This layer's output at t depends on the
+whole prefix through the recurrent state, so over the axis it would need, device j of s:
+
+    S_in(j) = S_out(j - 1)      the delta state [B, Hv, Dk, Dv] (f32) after shard j - 1's
+                                T / s positions: the chunk scan's carry passed shard to
+                                shard, a sequential dependency across the axis (s steps,
+                                or a two-pass scan: each shard's transition (its decay and
+                                rank-T/s update, an affine map of S) composed in a prefix
+                                scan over the devices, then each shard's outputs from its S_in)
+    conv_in(j) = the last Kc - 1 real inputs before shard j   [B, Kc - 1, C] (a shard of
+                                only padding passes its predecessor's window on)
+
+plus the padding's skips (`causal_conv` counts real inputs across the shard boundary).
+Neither is implemented: the rows run whole per device.
 """
 
 from __future__ import annotations
@@ -30,6 +48,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from jaxrl_frontier.core.capabilities import Capabilities
 from jaxrl_frontier.models.delta_rule import (
     chunk_gated_delta_rule,
     l2norm,
@@ -65,7 +84,15 @@ class GatedDeltaNet(nnx.Module):
     """One linear-attention layer's parameters (our layout, [in, out]): in_proj_qkv
     [D, C], in_proj_z [D, Hv Dv], in_proj_b, in_proj_a [D, Hv], conv [Kc, C] (HF
     conv1d.weight [C, 1, Kc]), dt_bias, A_log [Hv], norm [Dv] (plain w, not 1 + w),
-    out_proj [Hv Dv, D]."""
+    out_proj [Hv Dv, D]. Tensor parallelism: the value-head axes (Hv, Hv Dv) carry the
+    logical name `heads` (over the mesh's `tensor` axis, as the attention layers' heads);
+    in_proj_qkv and conv (C mixes q, k and v) are split over `embed` / replicated."""
+
+    capabilities = Capabilities.all_but(
+        sequence_axis="its recurrent delta state and conv window run along the whole row: "
+        "over the axis each shard would need the state and last Kc - 1 inputs of the shard "
+        "before it (models/linear_attention.py), which is not implemented"
+    )
 
     def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs):
         d = cfg.hidden_size
@@ -73,15 +100,17 @@ class GatedDeltaNet(nnx.Module):
         pd = jnp.dtype(cfg.param_dtype)
         param = functools.partial(make_param, rngs, dtype=pd)
         self.cfg = cfg
+        # the value heads' axis is `heads` (over `tensor`: Hv Dv splits at head boundaries
+        # where tensor divides Hv); q, k, v's C mixes three kinds, so its axis is unnamed
         self.in_proj_qkv = param((d, ch), ("embed", None))
-        self.in_proj_z = param((d, hv * dv), ("embed", None))
-        self.in_proj_b = param((d, hv), ("embed", None))
-        self.in_proj_a = param((d, hv), ("embed", None))
+        self.in_proj_z = param((d, hv * dv), ("embed", "heads"))
+        self.in_proj_b = param((d, hv), ("embed", "heads"))
+        self.in_proj_a = param((d, hv), ("embed", "heads"))
         self.conv = param((cfg.linear_conv_kernel_dim, ch), (None, None))
-        self.dt_bias = param((hv,), (None,), init="ones")
-        self.A_log = param((hv,), (None,), init="zeros")
+        self.dt_bias = param((hv,), ("heads",), init="ones")
+        self.A_log = param((hv,), ("heads",), init="zeros")
         self.norm = RMSNorm(dv, cfg.rms_norm_eps, pd, rngs)
-        self.out_proj = param((hv * dv, d), (None, "embed"))
+        self.out_proj = param((hv * dv, d), ("heads", "embed"))
 
     def __call__(self, x, real, state=None, recurrent: bool = False):
         """x [B, T, D] (normed), real [B, T] bool (None: all real), state None (empty) or

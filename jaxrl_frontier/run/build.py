@@ -97,7 +97,7 @@ def export_dir(path: str) -> str:
 
 def model_config_from(config, tokenizer) -> ModelConfig:
     m = config.model
-    if m.family:  # gemma2 | gemma3_text | gpt_oss | deepseek_v3: the HF architecture's mapping
+    if m.family:  # gemma2 | gemma3_text | gpt_oss | deepseek_v3 | qwen3_5: HF's mapping
         return family_config_from(m, tokenizer)
     experts = m.moe.num_experts
     family = "qwen2" if m.qkv_bias else ("qwen3" if m.qk_norm else "llama")
@@ -130,7 +130,7 @@ def model_config_from(config, tokenizer) -> ModelConfig:
 
 
 def family_config_from(m, tokenizer) -> ModelConfig:
-    """A scratch model of `model.family` (Gemma 2 / 3, GPT-OSS, DeepSeek-V3) through its HF
+    """A scratch model of `model.family` (Gemma 2 / 3, GPT-OSS, DeepSeek-V3, Qwen3.5) via its HF
     architecture's config mapping (`models.architectures`): the section's shape written as
     that family's config.json (`_FAMILY_KEYS`), then the training choices."""
     head_dim = m.head_dim or m.hidden_size // m.num_heads
@@ -229,21 +229,56 @@ def _deepseek_v3_keys(m, head_dim: int) -> dict:
     )
 
 
+def _qwen3_5_keys(m, head_dim: int) -> dict:
+    """Qwen3.5's config.json keys beyond the shape (models/qwen3_5.py): every pattern-th
+    layer full (gated) attention, the others Gated DeltaNet linear attention (0: Qwen3.5's
+    4, layers 3, 7, ...); a linear layer has `model.num_kv_heads` key heads and
+    `model.num_heads` value heads, each of head_dim (Qwen3.5: 16 and 32 of 128); a quarter
+    of an attention head rotated. With `model.moe.num_experts` > 0 the MoE
+    (`Qwen3_5MoeForCausalLM`): `model.moe`'s experts plus one gated shared expert of an
+    expert's width (Qwen3.5-35B-A3B: 512 and 512); else every MLP dense."""
+    period = m.sliding_window_pattern or 4
+    moe = bool(m.moe.num_experts)
+    keys = dict(
+        architectures=["Qwen3_5MoeForCausalLM" if moe else "Qwen3_5ForCausalLM"],
+        layer_types=[
+            "linear_attention" if (i + 1) % period else "full_attention"
+            for i in range(m.num_layers)
+        ],
+        linear_num_key_heads=m.num_kv_heads,
+        linear_num_value_heads=m.num_heads,
+        linear_key_head_dim=head_dim,
+        linear_value_head_dim=head_dim,
+        rope_parameters={
+            "rope_type": "default", "rope_theta": m.rope_theta, "partial_rotary_factor": 0.25
+        },
+    )  # fmt: skip
+    if moe:
+        keys.update(  # an MoE has no dense MLP: intermediate_size is the experts' (as HF)
+            intermediate_size=m.moe.intermediate_size,
+            num_experts=m.moe.num_experts,
+            num_experts_per_tok=m.moe.num_experts_per_tok,
+            moe_intermediate_size=m.moe.intermediate_size,
+            shared_expert_intermediate_size=m.moe.intermediate_size,
+        )
+    return keys
+
+
 # `model.family` -> its config.json keys beyond the shape (`family_config_from`)
 _FAMILY_KEYS = {
     "gemma2": _gemma_keys,
     "gemma3_text": _gemma_keys,
     "gpt_oss": _gpt_oss_keys,
     "deepseek_v3": _deepseek_v3_keys,
+    "qwen3_5": _qwen3_5_keys,
 }
 
 
 def build_model(init: str, path: str, config, tokenizer, mesh, key, dtype: str) -> Transformer:
     """The policy (or teacher): from scratch, a Hugging Face dir, or a workdir's export."""
     if init == "scratch":
-        model = Transformer(
-            model_config_from(config, tokenizer), rngs=nnx.Rngs(params=jax.random.key_data(key))
-        )
+        cfg = model_config_from(config, tokenizer)
+        model = model_class(cfg)(cfg, rngs=nnx.Rngs(params=jax.random.key_data(key)))
         return sharding.shard_model(model, mesh)
     model = hf.load(export_dir(path), mesh=mesh, dtype=dtype)
     return reconfigured(model, model.cfg.replace(**run_choices(config.model)))

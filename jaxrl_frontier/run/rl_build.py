@@ -18,6 +18,7 @@ from jaxrl_frontier.core.errors import ConfigError
 from jaxrl_frontier.data.rewards.scorer import make_scorer
 from jaxrl_frontier.data.rewards.shaping import effective_reward_weights
 from jaxrl_frontier.data.tasks import chat
+from jaxrl_frontier.models.linear_attention import GatedDeltaNet
 from jaxrl_frontier.models.moe import MoE
 from jaxrl_frontier.objectives import losses
 from jaxrl_frontier.objectives.schema import ObjectiveSection
@@ -113,12 +114,15 @@ def checked_objective(config, parts: RunParts) -> tuple[ObjectiveSection, list, 
     return objective, editors, shapers, self_conditioned
 
 
-def check_sequence_axis(config, *, completion_len: int, mesh, experts: int) -> None:
+def check_sequence_axis(
+    config, *, completion_len: int, mesh, experts: int, linear: bool = False
+) -> None:
     """ConfigError where the mesh's sequence axis (`mesh.sequence`, context parallelism)
     cannot split the update's rows: their length not a multiple of it (packed rows:
     `train.pack_tokens`; padded rows: a prompt bucket of the sampler, 16 * 2^j tokens, plus
-    the completion's `completion_len`), or a policy whose MLP lacks the `sequence_axis`
-    feature (a mixture of experts: `moe.MoE.capabilities`)."""
+    the completion's `completion_len`), or a policy whose MLP or mixer lacks the
+    `sequence_axis` feature (a mixture of experts: `moe.MoE.capabilities`; linear-attention
+    layers, `linear`: `linear_attention.GatedDeltaNet.capabilities`)."""
     s = sharding.sequence_size(mesh)
     if s == 1:
         return
@@ -141,6 +145,12 @@ def check_sequence_axis(config, *, completion_len: int, mesh, experts: int) -> N
         raise ConfigError(
             f"{key} does not run with a mixture-of-experts policy (model.num_experts = "
             f"{experts}: {why}); set mesh.sequence = 1"
+        )
+    if linear and not GatedDeltaNet.capabilities.supports("sequence_axis"):
+        why = GatedDeltaNet.capabilities.why_not("sequence_axis")
+        raise ConfigError(
+            f"{key} does not run with a hybrid policy (linear-attention layers, Qwen3.5: "
+            f"{why}); set mesh.sequence = 1"
         )
 
 
@@ -174,7 +184,11 @@ def build_rl_stages(
         share_prompt=c.train.share_prompt_forward,
         dropout_rate=c.rollout.dropout_rate,
     )
-    check_sequence_axis(c, completion_len=tn, mesh=parts.mesh, experts=parts.policy.cfg.num_experts)
+    policy_cfg = parts.policy.cfg
+    check_sequence_axis(
+        c, completion_len=tn, mesh=parts.mesh, experts=policy_cfg.num_experts,
+        linear=any(policy_cfg.linear_layers),
+    )  # fmt: skip
     pack = packed_rows(c, row_len=c.data.max_prompt_len + tn, mesh=parts.mesh)
     graphdef = nnx.graphdef(parts.policy)
     logp_fn = make_logp_fn(graphdef, **layout, pack=pack)

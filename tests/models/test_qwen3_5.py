@@ -25,7 +25,8 @@ import pytest
 from conftest import assert_save_round_trip, hf_logits, left_padded_batch, redrawn, rel_diff
 from flax import nnx
 
-from jaxrl_frontier.models import hf
+from jaxrl_frontier.core import sharding
+from jaxrl_frontier.models import hf, moe
 from jaxrl_frontier.models.hybrid import HybridTransformer
 from jaxrl_frontier.models.lora import add_adapters
 from jaxrl_frontier.models.transformer import reconfigured
@@ -159,8 +160,8 @@ def test_linear_layer_cache_is_fixed_size(checkpoint):
 
 
 def test_refusals(checkpoint):
-    """Packed rows, remat, LoRA and the samplers that edit the cache per row refuse, naming
-    why."""
+    """Packed rows, remat, LoRA, the samplers that edit the cache per row and a mesh's
+    sequence axis refuse, naming why."""
     if checkpoint[0] != "dense":
         pytest.skip("one variant is enough")
     model = checkpoint[3]
@@ -176,6 +177,14 @@ def test_refusals(checkpoint):
         ContinuousSampler(model, slots=2, pad_id=0)
     with pytest.raises(ValueError, match="linear-attention layers"):
         SpeculativeSampler(model, 1, pad_id=0)
+    # a sequence axis: refused (the recurrence runs along the whole row), not run whole
+    mesh = sharding.make_mesh({"fsdp": 4, "sequence": 2})
+    state = nnx.state(model)
+    placed = nnx.merge(
+        nnx.graphdef(model), jax.device_put(state, sharding.state_shardings(state, mesh))
+    )
+    with pytest.raises(ValueError, match="'mesh.sequence' = 2.*delta state and conv window"):
+        placed.hidden_states(jnp.ones((8, 4), jnp.int32))
 
 
 def test_multimodal_checkpoint_loads_its_language_model(checkpoint, tmp_path):
@@ -246,3 +255,141 @@ def test_update_gradient_equals_transformers(checkpoint):
     name = max(worst, key=worst.get)
     print(f"gradients: worst {name} {worst[name]:.1e} of its largest entry")
     assert worst[name] < 1e-4
+
+
+def _moe_only(checkpoint):
+    if checkpoint[0] != "moe":
+        pytest.skip("the MoE variant's test")
+    return checkpoint[3]
+
+
+def _loss(graphdef, tokens, mask, routing=None):
+    """Mean squared logits + the load-balancing loss, the experts replaying `routing`
+    (or routed by the router): a gradient through every parameter."""
+
+    def loss(params):
+        m = nnx.merge(graphdef, params)
+        hidden, _, stats = m.hidden_states(tokens, mask, routing=routing, router_stats=True)
+        balance = moe.router_losses(stats)["load_balance"]
+        return jnp.mean(m.logits(hidden) ** 2) + 0.5 * balance, stats.experts
+
+    return jax.jit(jax.value_and_grad(loss, has_aux=True))
+
+
+def test_routing_replay_routes_to_the_recorded_experts(checkpoint):
+    """As Qwen3-MoE's (tests/models/test_moe.py): replaying the model's own routing picks
+    the same experts with the same gates, so the same outputs; replaying others routes each
+    token there, with the current router's gates at them.
+
+    The same outputs: bitwise op by op (eager: checked by hand), within f32 rounding under
+    jit: the replayed and the unforced forwards are two programs, which XLA
+    fuses differently, and under the suite's fast-compile flags (LLVM -O0 and the elemental
+    emitters, tests/conftest.py) the two round differently: 9.3e-6 of a final hidden of
+    scale ~3 here (0 under XLA's default flags, or either flag alone). The replay itself
+    changes nothing: a layer's gates with its own experts forced are bitwise its own."""
+    model = _moe_only(checkpoint)
+    graphdef, state = nnx.split(model)
+    tokens, mask = map(jnp.asarray, left_padded_batch(batch=2, length=6))
+
+    @jax.jit
+    def forward(params, routing):
+        m = nnx.merge(graphdef, params)
+        return m.hidden_states(tokens, mask, routing=routing, router_stats=True)[::2]
+
+    plain, own = forward(state, None)
+    recorded = jnp.moveaxis(own.experts, 0, 2)  # [B, T, L, k]
+    again, stats = forward(state, recorded)
+    np.testing.assert_array_equal(stats.experts, own.experts)
+    assert float(jnp.abs(again - plain).max()) <= REL_TOL * float(jnp.abs(plain).max())
+    x = jax.random.normal(jax.random.key(0), (2, 6, model.cfg.hidden_size))
+    layer = model.layers[0].mlp
+    _, experts, gates = layer.route(x)
+    _, forced_experts, forced_gates = layer.route(x, experts)
+    np.testing.assert_array_equal(forced_experts, experts)
+    np.testing.assert_array_equal(forced_gates, gates)
+
+    forced = (recorded + 1) % model.cfg.num_experts  # other experts everywhere
+    moved, stats = forward(state, forced)
+    np.testing.assert_array_equal(jnp.moveaxis(stats.experts, 0, 2), forced)
+    np.testing.assert_array_equal(stats.own[0], own.experts[0])  # layer 0's input: unmoved
+    assert float(moe.routing_difference_share(forced, recorded, mask)) == 1.0
+    assert float(jnp.abs(moved - plain).max()) > 0.1
+
+
+def test_expert_parallel_update_equals_one_device(checkpoint):
+    """The update's form (grouped matmuls) on 8 fake devices, data 2 x fsdp 4 (the file's
+    4 experts: 1 a device over fsdp; the rows over both axes), replaying a routing: the
+    loss (with the load-balancing term), the experts used and every gradient equal one
+    device's, and so do the greedy decode's tokens on the mesh. (fsdp 4 x tensor 2, the
+    experts' width over tensor, hung twice under load and passed once alone: docs/models.md,
+    Qwen3.5 "Not yet".)
+
+    Tolerance: the 8-device program is another f32 evaluation of the same sums (psums over
+    the devices, other fusions: see the replay test for what a refusion alone moves), so
+    the parity's bounds apply: the loss within 1e-5 relative, each gradient tensor within
+    1e-4 of its largest entry (the gradient parity's bound)."""
+    model = _moe_only(checkpoint)
+    mesh = sharding.make_mesh((2, 4, 1))
+    ragged = nnx.graphdef(reconfigured(model, model.cfg.replace(moe_impl="ragged")))
+    state = nnx.state(model)
+    tokens, mask = map(jnp.asarray, left_padded_batch(batch=8, length=8))
+    cfg = model.cfg
+    routing = jax.random.randint(jax.random.key(1), (8, 8, cfg.num_layers, 2), 0, 2)
+    routing = jnp.concatenate([routing, routing + 2], axis=-1)[..., ::2]  # 2 distinct of 4
+    (loss1, experts1), grads1 = _loss(ragged, tokens, mask, routing)(state)
+    placed = jax.device_put(state, sharding.state_shardings(state, mesh))
+    down = placed["layers"][0]["mlp"]["expert_down"].get_value()  # [E, F, D]
+    assert down.sharding.spec[0] == "fsdp"  # [E, F, D]: the experts split
+    rows = sharding.shard_batch((tokens, mask, routing), mesh)
+    (loss8, experts8), grads8 = _loss(ragged, *rows)(placed)
+    np.testing.assert_array_equal(experts8, experts1)
+    np.testing.assert_array_equal(jnp.moveaxis(experts1, 0, 2), routing)
+    np.testing.assert_allclose(loss8, loss1, rtol=1e-5)
+    flat1, flat8 = nnx.to_flat_state(grads1), dict(nnx.to_flat_state(grads8))
+    for path, a in flat1:
+        a, b = np.asarray(a.get_value()), np.asarray(flat8[path].get_value())
+        assert np.abs(a).max() > 0, path  # every parameter gets a gradient
+        assert np.abs(b - a).max() <= 1e-4 * np.abs(a).max(), path
+
+    params = SamplingParams(max_new_tokens=6, greedy=True)
+    prompts = np.asarray(tokens), np.asarray(mask)
+    one = Sampler(model, pad_id=0, prompt_buckets=(8,)).generate(
+        *prompts, params, jax.random.key(0)
+    )
+    spread = Sampler(nnx.merge(nnx.graphdef(model), placed), pad_id=0, mesh=mesh,
+                     prompt_buckets=(8,))  # fmt: skip
+    eight = spread.generate(*prompts, params, jax.random.key(0))
+    np.testing.assert_array_equal(np.asarray(eight.completion_tokens), one.completion_tokens)
+    np.testing.assert_allclose(np.asarray(eight.policy_logp), one.policy_logp, atol=1e-5)
+
+
+def test_tensor_parallel_linear_heads_equal_one_device(checkpoint):
+    """The dense model on 8 fake devices, fsdp 4 x tensor 2: the linear layers' value-head
+    parameters split over `tensor` (2 of the 4 value heads a device), the attention heads
+    too; the update's kind of loss and every gradient equal one device's (the bounds of
+    `test_expert_parallel_update_equals_one_device`)."""
+    if checkpoint[0] != "dense":
+        pytest.skip("one variant is enough")
+    model = checkpoint[3]
+    mesh = sharding.make_mesh((1, 4, 2))
+    graphdef, state = nnx.split(model)
+    tokens, mask = map(jnp.asarray, left_padded_batch(batch=8, length=8))
+
+    @jax.jit
+    def loss_and_grads(params, tokens, mask):
+        loss = lambda p: jnp.mean(nnx.merge(graphdef, p)(tokens, mask) ** 2)  # noqa: E731
+        return jax.value_and_grad(loss)(params)
+
+    loss1, grads1 = loss_and_grads(state, tokens, mask)
+    placed = jax.device_put(state, sharding.state_shardings(state, mesh))
+    linear = placed["layers"][0]["attn"]
+    assert linear["out_proj"].get_value().sharding.spec[0] == "tensor"
+    assert linear["in_proj_z"].get_value().sharding.spec[1] == "tensor"
+    assert linear["A_log"].get_value().sharding.spec[0] == "tensor"
+    loss8, grads8 = loss_and_grads(placed, *sharding.shard_batch((tokens, mask), mesh))
+    np.testing.assert_allclose(loss8, loss1, rtol=1e-5)
+    flat8 = dict(nnx.to_flat_state(grads8))
+    for path, a in nnx.to_flat_state(grads1):
+        a, b = np.asarray(a.get_value()), np.asarray(flat8[path].get_value())
+        assert np.abs(a).max() > 0, path
+        assert np.abs(b - a).max() <= 1e-4 * np.abs(a).max(), path

@@ -182,6 +182,31 @@ def test_a_scratch_deepseek_v3_in_its_proportions():
     assert "'model.moe.bias_update_rate' = 0.01" in config_error(c)
 
 
+def test_a_scratch_qwen3_5_dense_and_moe():
+    """`model.family = 'qwen3_5'`: every sliding_window_pattern-th layer full attention (0:
+    every 4th), linear layers of num_kv_heads key / num_heads value heads of head_dim, a
+    quarter of a head rotated; with experts the MoE with a gated shared expert of an
+    expert's width; both map back from their config.json and build a HybridTransformer."""
+    from jaxrl_frontier.models import hf
+    from jaxrl_frontier.models.hybrid import model_class
+
+    model = dict(family="qwen3_5", hidden_size=32, num_heads=4, num_kv_heads=2, num_layers=4)
+    c = _config(model=dict(model, head_dim=8))
+    cfg = build.model_config_from(c, CharTokenizer())
+    assert cfg.family == "qwen3_5_text" and model_class(cfg).__name__ == "HybridTransformer"
+    assert cfg.linear_layers == (True, True, True, False) and cfg.rope_dim == 2
+    assert (cfg.linear_num_key_heads, cfg.linear_num_value_heads) == (2, 4)
+    assert (cfg.linear_key_head_dim, cfg.linear_value_head_dim, cfg.num_experts) == (8, 8, 0)
+    assert hf.config_from_hf(hf.config_to_hf(cfg)) == cfg.replace(remat=False)
+    c.model.sliding_window_pattern = 2
+    c.model.moe.update(num_experts=4, num_experts_per_tok=2, intermediate_size=16)
+    cfg = build.model_config_from(c, CharTokenizer())
+    assert cfg.family == "qwen3_5_moe_text" and cfg.linear_layers == (True, False) * 2
+    assert (cfg.num_experts, cfg.moe_intermediate_size) == (4, 16)
+    assert (cfg.shared_expert_intermediate_size, cfg.shared_expert_gated) == (16, True)
+    assert hf.config_from_hf(hf.config_to_hf(cfg)) == cfg.replace(remat=False)
+
+
 def test_total_updates_is_the_schedules_horizon():
     rl = _config(train=dict(steps=10, epochs=2, minibatches=3))
     assert build.total_updates(rl) == 10 * 2 * 3

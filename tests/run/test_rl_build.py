@@ -62,4 +62,6 @@ def test_rows_the_sequence_axis_does_not_divide_are_a_config_error():
     c.train.pack_tokens = 0
     with pytest.raises(ConfigError, match=r"mixture-of-experts"):
         check(4, experts=4)
+    with pytest.raises(ConfigError, match=r"'mesh.sequence' = 4 .* hybrid policy .* delta state"):
+        rl_build.check_sequence_axis(c, completion_len=4, mesh=mesh, experts=0, linear=True)
     rl_build.check_sequence_axis(c, completion_len=3, mesh=sharding.make_mesh((1, 8, 1)), experts=4)
