@@ -273,6 +273,28 @@ def hf_checkpoints(tmp_path_factory):
     return get
 
 
+@pytest.fixture(scope="module")
+def char_judge(tmp_path_factory):
+    """A judge for the judge tests: a tiny random transformers Llama over `CharTokenizer`'s
+    vocabulary (weights N(0, 0.3)), and ours loaded from its checkpoint."""
+    import torch
+    import transformers
+
+    from jaxrl_frontier.models import hf
+    from jaxrl_frontier.models.tokenizer import CharTokenizer
+
+    shape = {**TINY, "vocab_size": CharTokenizer().vocab_size}
+    config = transformers.LlamaConfig(**shape, attn_implementation="eager")
+    torch.manual_seed(0)
+    torch_model = transformers.LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        for p in torch_model.parameters():
+            p.normal_(0.0, 0.3)
+    path = tmp_path_factory.mktemp("judge")
+    torch_model.save_pretrained(path)
+    return torch_model, hf.load(path)
+
+
 def left_padded_batch(batch: int = 4, length: int = 12, vocab: int = 128, seed: int = 0):
     """(tokens, mask) int32 numpy [B, T]: row b has b*2 (mod T-1) left-padding slots."""
     import numpy as np

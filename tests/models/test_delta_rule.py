@@ -1,9 +1,7 @@
-"""The gated delta rule (models/delta_rule.py) and the Gated DeltaNet layer
-(models/linear_attention.py): the chunk-parallel form equals the token-by-token recurrence
-(outputs, final state and gradients) at chunk sizes that do and do not divide the length;
-masked tokens (log g = beta = 0) leave the state as it was; the layer's left-padded prompt
-gives the unpadded one's outputs and state, and its one-token decode steps continue the
-full forward.
+"""The gated delta rule (models/delta_rule.py): the chunk-parallel form equals the
+token-by-token recurrence (outputs, final state and gradients) at chunk sizes that do and do
+not divide the length; masked tokens (log g = beta = 0) leave the state as it was. (The
+Gated DeltaNet layer around it: tests/models/test_linear_attention.py.)
 
 Tolerance: f32 throughout, 12 tokens of unit-norm keys; the two forms sum the same terms in
 another order, ~1e-7 apart: 2e-6 is the bound.
@@ -13,7 +11,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax import nnx
 
 from jaxrl_frontier.models.delta_rule import (
     chunk_gated_delta_rule,
@@ -21,9 +18,6 @@ from jaxrl_frontier.models.delta_rule import (
     l2norm,
     recurrent_gated_delta_rule,
 )
-from jaxrl_frontier.models.kv_cache import init_linear_state
-from jaxrl_frontier.models.linear_attention import GatedDeltaNet
-from jaxrl_frontier.models.model_config import ModelConfig
 
 B, T, H, DK, DV = 2, 12, 3, 8, 6
 TOL = 2e-6
@@ -109,56 +103,3 @@ def test_one_step_is_the_recurrence():
     )
     np.testing.assert_allclose(o, o_ref[:, 0], atol=TOL)
     np.testing.assert_allclose(s, s_ref, atol=TOL)
-
-
-CFG = ModelConfig(
-    vocab_size=16, hidden_size=16, intermediate_size=16, num_layers=1, num_heads=2,
-    num_kv_heads=2, layer_types=("linear_attention",), linear_num_key_heads=2,
-    linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=4,
-    linear_conv_kernel_dim=3, linear_chunk_size=4,
-)  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def layer():
-    layer = nnx.eval_shape(lambda: GatedDeltaNet(CFG, nnx.Rngs(0)))
-    state = nnx.state(layer)
-    r = np.random.RandomState(0)
-    redrawn = jax.tree.map(lambda a: np.asarray(0.5 * r.randn(*a.shape), a.dtype), state)
-    nnx.update(layer, redrawn)
-    return layer
-
-
-def test_layer_padding_and_decode_continue_the_forward(layer):
-    """A row padded on the left, on the right or inside gives the unpadded row's outputs
-    (at its real tokens) and (conv, delta) state; one-token recurrent steps from a prefix's
-    state give the full forward's outputs."""
-    x = jnp.asarray(np.random.RandomState(5).randn(1, 9, 16), jnp.float32)
-    run = jax.jit(lambda x, real, state=None, rec=False: layer(x, real, state, rec),
-                  static_argnames="rec")  # fmt: skip
-    out, (conv, delta) = run(x, jnp.ones((1, 9), bool))
-    pad = jnp.zeros((1, 3, 16), jnp.float32)
-    left = jnp.concatenate([pad, x], 1)
-    out_l, (conv_l, delta_l) = run(left, jnp.asarray([[False] * 3 + [True] * 9]))
-    np.testing.assert_allclose(out_l[:, 3:], out, atol=TOL)
-    np.testing.assert_allclose(conv_l, conv, atol=TOL)
-    np.testing.assert_allclose(delta_l, delta, atol=TOL)
-    right = jnp.concatenate([x, pad + 1.0], 1)
-    out_r, (conv_r, delta_r) = run(right, jnp.asarray([[True] * 9 + [False] * 3]))
-    np.testing.assert_allclose(out_r[:, :9], out, atol=TOL)
-    np.testing.assert_allclose(conv_r, conv, atol=TOL)
-    np.testing.assert_allclose(delta_r, delta, atol=TOL)
-
-    hole = jnp.concatenate([x[:, :4], pad + 2.0, x[:, 4:]], 1)  # 3 masked tokens inside
-    out_h, (conv_h, delta_h) = run(hole, jnp.asarray([[True] * 4 + [False] * 3 + [True] * 5]))
-    np.testing.assert_allclose(jnp.concatenate([out_h[:, :4], out_h[:, 7:]], 1), out, atol=TOL)
-    np.testing.assert_allclose(conv_h, conv, atol=TOL)
-    np.testing.assert_allclose(delta_h, delta, atol=TOL)
-
-    one = jnp.ones((1, 1), bool)
-    _, state = run(x[:, :5], jnp.ones((1, 5), bool), init_linear_state(CFG, 1))
-    for t in range(5, 9):
-        o_t, state = run(x[:, t : t + 1], one, state, rec=True)
-        np.testing.assert_allclose(o_t[:, 0], out[:, t], atol=TOL)
-    np.testing.assert_allclose(state[1], delta, atol=TOL)
-    np.testing.assert_allclose(state[0], conv, atol=TOL)

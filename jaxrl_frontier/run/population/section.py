@@ -33,8 +33,6 @@ from ml_collections import config_dict
 
 from jaxrl_frontier.core import records
 from jaxrl_frontier.core.errors import ConfigError
-from jaxrl_frontier.run.config import parts
-from jaxrl_frontier.run.config.record_dicts import section
 from jaxrl_frontier.run.knobs import knob_section
 from jaxrl_frontier.run.population.batched_update import check_member_blocks
 from jaxrl_frontier.run.population.pbt import PBTSection
@@ -66,6 +64,10 @@ class PopulationSection:
 
 def population_section() -> ml_collections.ConfigDict:
     """`population`: the keys `PopulationSection` declares, and `vary` and `grid`."""
+    # (imported here: run.config's schema imports this module for `PopulationSection`, so a
+    # module-level import of run.config would be a cycle when this module is imported first)
+    from jaxrl_frontier.run.config.record_dicts import section
+
     s = section(PopulationSection)
     s.vary = _keys_section()
     s.grid = _keys_section()
@@ -187,7 +189,10 @@ def _check_runs(c, members: list[dict[str, Any]]) -> None:
             "config key 'population.vary.objective.kl_coef': every member's value must be > 0 "
             "(the members share the loaded reference model; compare against a small value)"
         )
-    # what the members' parts lack of a population, as they declare it (run/config/parts.py)
+    # what the members' parts lack of a population, as they declare it (run/config/parts.py;
+    # imported here, as in population_section)
+    from jaxrl_frontier.run.config import parts
+
     parts.check_capabilities(c, procs=1, only=("population",))
     if c.population.get("lora"):
         _check_lora(c)

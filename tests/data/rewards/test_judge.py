@@ -1,16 +1,15 @@
 """The generative judge (data/rewards/judge.py): its yes-probability and expected-score
 verdicts against a reference computed by hand from transformers' logits on the same judge
 prompts, the pairwise mode, whose two orders cancel a judge's preference for the first
-position, and the sampled mode: the parse rule on hand-written verdicts, the greedy verdict
-tokens against transformers' `generate`, and the parse failures counted and scored."""
+position, and the sampled mode's parse rule on hand-written verdicts (its decode:
+tests/rl/produce/test_judge_verdicts.py)."""
 
-import dataclasses
 import math
 import types
 
 import numpy as np
 import pytest
-from conftest import TINY, hf_logits
+from conftest import hf_logits
 
 from jaxrl_frontier.data.rewards.judge import (
     JudgeRole,
@@ -20,9 +19,7 @@ from jaxrl_frontier.data.rewards.judge import (
     pairwise_scores,
     parse_verdict,
 )
-from jaxrl_frontier.models import hf
 from jaxrl_frontier.models.tokenizer import CharTokenizer
-from jaxrl_frontier.rl.produce.judge_verdicts import SampledVerdicts
 
 TOKENIZER = CharTokenizer()
 ROWS = types.SimpleNamespace(
@@ -35,22 +32,8 @@ OPTIONS = dict(init="random", yes=("y",), no=("n",), chat=False, max_len=40)
 
 
 @pytest.fixture(scope="module")
-def judge(tmp_path_factory):
-    """A tiny random transformers Llama over the character vocabulary, and ours loaded from
-    its checkpoint."""
-    import torch
-    import transformers
-
-    shape = {**TINY, "vocab_size": TOKENIZER.vocab_size}
-    config = transformers.LlamaConfig(**shape, attn_implementation="eager")
-    torch.manual_seed(0)
-    torch_model = transformers.LlamaForCausalLM(config).eval()
-    with torch.no_grad():
-        for p in torch_model.parameters():
-            p.normal_(0.0, 0.3)
-    path = tmp_path_factory.mktemp("judge")
-    torch_model.save_pretrained(path)
-    return torch_model, hf.load(path)
+def judge(char_judge):
+    return char_judge
 
 
 def reference_probs(torch_model, prompts, ids):
@@ -145,43 +128,3 @@ def test_a_verdict_pattern_that_is_not_a_regex_names_the_key():
         JudgeSection(verdict_pattern="(")
     with pytest.raises(ValueError, match="judge.mode"):
         JudgeSection(mode="sample")
-
-
-@pytest.fixture(scope="module")
-def verdicts(judge):
-    """One SampledVerdicts over our tiny judge (its programs compiled once for the module)."""
-    return SampledVerdicts(JudgeRole(judge[1], TOKENIZER), SAMPLED)
-
-
-def test_greedy_verdict_tokens_equal_transformers_generate(judge, verdicts):
-    import torch
-
-    torch_model, _ = judge
-    prompts = ["1+2=3?", "1+2=4?", "3+4=7?", "3+4=9?"]  # two batches of 3: the last padded
-    tokens, mask = verdicts.token_rows(prompts)
-    for row, prompt in enumerate(prompts):
-        ids = torch.as_tensor([[TOKENIZER.bos_id, *TOKENIZER.encode(prompt)]])
-        with torch.no_grad():
-            out = torch_model.generate(
-                ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=4,
-                eos_token_id=TOKENIZER.eos_id, pad_token_id=TOKENIZER.pad_id,
-            )  # fmt: skip
-        want = out[0, ids.shape[1] :].tolist()
-        got = tokens[row, : mask[row].sum()].tolist()
-        assert got == want, (prompt, got, want)
-
-
-def test_sampled_scores_count_and_score_the_parse_failures(verdicts):
-    texts = {"1+2=3?": "yes!", "1+2=4?": "12", "3+4=7?": "7", "3+4=9?": "huh"}
-    options = dataclasses.replace(SAMPLED, unparsed_score=-1.0)
-    scorer = JudgeScorer(lambda prompts: [texts[p] for p in prompts], TOKENIZER, options,
-                         question_of=QUESTION)  # fmt: skip
-    out = scorer(ROWS, np.zeros((4, 1), np.float32))
-    np.testing.assert_allclose(out[:, 1], [1.0, -1.0, 7.0, -1.0])
-    assert scorer.metrics()["judge/parse_failures"] == 2.0
-    # the tiny random judge's own verdicts: each parsed or counted, none lost
-    real = JudgeScorer(verdicts, TOKENIZER, SAMPLED, question_of=QUESTION)
-    scores = real.score(ROWS)
-    texts = verdicts(["1+2=3?", "1+2=4?", "3+4=7?", "3+4=9?"])
-    failed = sum(parse_verdict(t, SAMPLED) is None for t in texts)
-    assert real.parse_failures == failed and scores.shape == (4,)
