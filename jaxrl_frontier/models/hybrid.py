@@ -209,7 +209,7 @@ class HybridTransformer(Transformer):
         bias, real). -> (x, (k, v, conv, delta) per-layer tuples, router stats per layer)."""
         positions, inv_freq, bias, real = mixing
         recurrent = cache is not None and x.shape[1] == 1
-        ks, vs, convs, deltas, stats = [], [], [], [], []
+        states, stats = [], []  # states: per layer (k, v, conv, delta)
         for i, layer in enumerate(self.layers):
             hidden_mask = None if mlp_mask is None else mlp_mask[i]
             forced = None if route.forced is None else route.forced[i]
@@ -224,11 +224,10 @@ class HybridTransformer(Transformer):
             stats.append(route.stats(out))
             if cache is None:
                 continue
-            k, v, conv, delta = (cache.k[i], cache.v[i], *new) if layer.linear else (
-                *new, None, None
-            )  # fmt: skip
-            ks.append(k), vs.append(v), convs.append(conv), deltas.append(delta)
-        return x, (tuple(ks), tuple(vs), tuple(convs), tuple(deltas)), stats
+            # a linear layer updates its (conv, delta) state and keeps its empty k, v; an
+            # attention layer the reverse
+            states.append((cache.k[i], cache.v[i], *new) if layer.linear else (*new, None, None))
+        return x, tuple(zip(*states)) if states else ((), (), (), ()), stats
 
     def hidden_states_shared_prompt(self, tokens, attention_mask, *, prompt_len, group_size,
                                     mlp_mask=None):  # fmt: skip
