@@ -19,6 +19,14 @@ CFG = ModelConfig(
     num_heads=4,
     num_kv_heads=2,
 )
+# the same shape with Qwen3.5's hybrid layers: a Gated DeltaNet layer (its decode state a conv
+# window and a delta-rule matrix per row) before a gated full-attention one
+HYBRID_CFG = CFG.replace(
+    layer_types=("linear_attention", "full_attention"), linear_num_key_heads=2,
+    linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=8,
+    linear_conv_kernel_dim=4, attn_output_gate=True, partial_rotary_factor=0.5, qk_norm=True,
+    norm_plus_one=True,
+)  # fmt: skip
 PAD = 0
 TN = 12  # max_new_tokens everywhere: one compiled decode length
 N = 2  # group size everywhere
@@ -33,6 +41,11 @@ def make_model(seed: int = 0) -> Transformer:
     sampling stays genuinely random.
     """
     return random_model(CFG, seed=seed, std=0.02, head_std=0.16, legacy_rng=True)
+
+
+def make_hybrid_model(seed: int = 0) -> Transformer:
+    """`make_model`'s draw for the hybrid shape (`HYBRID_CFG`): a `HybridTransformer`."""
+    return random_model(HYBRID_CFG, seed=seed, std=0.02, head_std=0.16, legacy_rng=True)
 
 
 def prompts(lengths, width=14, seed=0):

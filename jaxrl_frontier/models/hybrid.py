@@ -56,8 +56,9 @@ from jaxrl_frontier.models.transformer import Transformer
 
 HYBRID_SAMPLER_REFUSAL = (
     "this model has linear-attention layers (Qwen3.5's Gated DeltaNet), whose decode state "
-    "is a recurrent matrix and conv window per row, not KV slots; {sampler} edits the cache "
-    "per row or rolls it back and cannot carry that state: use the plain Sampler"
+    "is a recurrent matrix and conv window per row, not KV slots; {sampler} rolls the cache "
+    "back to the last accepted token, which such a state cannot undo: use the plain, "
+    "continuous or partial sampler"
 )
 
 

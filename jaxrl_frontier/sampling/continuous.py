@@ -35,7 +35,6 @@ from jax.sharding import PartitionSpec as P
 from jaxrl_frontier.core import sharding as shd
 from jaxrl_frontier.core.capabilities import Capabilities
 from jaxrl_frontier.core.xla_options import rollout_compiler_options
-from jaxrl_frontier.models.hybrid import HYBRID_SAMPLER_REFUSAL
 from jaxrl_frontier.models.kv_cache import KVCache
 from jaxrl_frontier.sampling import ops
 from jaxrl_frontier.sampling import records as ro
@@ -82,8 +81,6 @@ class ContinuousSampler(Sampler):
     capabilities = Capabilities.all_but(**SLOTS_LACK)
 
     def __init__(self, model, *, slots: int, pad_id: int, mesh=None, **kw):
-        if any(model.cfg.linear_layers):  # (partial rollouts too: a subclass)
-            raise ValueError(HYBRID_SAMPLER_REFUSAL.format(sampler=type(self).__name__))
         if mesh is not None and mesh.shape.get("tensor", 1) > 1:
             raise ValueError(
                 f"continuous batching (rollout.continuous_slots={slots}) splits rows, not "
@@ -325,6 +322,14 @@ class _SlotLoop:
             v=tuple(map(fill, s.cache.v, start_cache.v)),
             valid=fill(s.cache.valid, start_cache.valid),
         )
+        if start_cache.conv is not None:  # linear-attention layers: the row's own state
+            cache = cache.replace(**{
+                name: tuple(
+                    None if new is None else fill(old, new)
+                    for old, new in zip(getattr(s.cache, name), getattr(start_cache, name))
+                )
+                for name in ("conv", "delta")
+            })  # fmt: skip
         s = s.replace(
             cache=cache, row=jnp.where(take, new_row, s.row), t=jnp.where(take, t0, s.t),
             next_row=s.next_row + jnp.sum(take, dtype=jnp.int32),

@@ -31,7 +31,6 @@ from jaxrl_frontier.models.hybrid import HybridTransformer
 from jaxrl_frontier.models.lora import add_adapters
 from jaxrl_frontier.models.transformer import reconfigured
 from jaxrl_frontier.sampling import Sampler, SamplingParams
-from jaxrl_frontier.sampling.continuous import ContinuousSampler
 from jaxrl_frontier.sampling.speculative import SpeculativeSampler
 
 HF_QWEN3_5 = dict(
@@ -173,8 +172,6 @@ def test_refusals(checkpoint):
         reconfigured(model, model.cfg.replace(remat="full"))
     with pytest.raises(ValueError, match="Qwen3.5"):
         add_adapters(model, rank=2, alpha=4.0, targets=("q_proj",), key=jax.random.key(0))
-    with pytest.raises(ValueError, match="linear-attention layers"):
-        ContinuousSampler(model, slots=2, pad_id=0)
     with pytest.raises(ValueError, match="linear-attention layers"):
         SpeculativeSampler(model, 1, pad_id=0)
     # a sequence axis: refused (the recurrence runs along the whole row), not run whole

@@ -6,7 +6,7 @@ import jax
 import ml_collections
 import numpy as np
 import pytest
-from tiny_sampler import GREEDY, PAD, TN, N, make_model, prompts
+from tiny_sampler import GREEDY, PAD, TN, N, make_hybrid_model, make_model, prompts
 from tiny_sampler import first_devices_mesh as _mesh
 from tiny_sampler import placed as _placed
 
@@ -46,6 +46,25 @@ def test_same_tokens_as_static_batching(model, static, slots):
     assert lengths.min() < TN and (np.asarray(b.finish_reason) == 0).any()  # rows stopped early
     if slots == 1:  # one slot is never idle: steps = every row's tokens (padding rows too)
         assert cont.stats["slot_busy_share"] == 1.0
+
+
+def test_a_hybrid_models_rows_carry_their_linear_state_through_the_slots():
+    """Qwen3.5's hybrid layers: a slot that takes a row takes its prompt's conv window and
+    delta-rule matrix with its KV slots, and the tokens are the static decode's (3 slots
+    for 6 rows: every slot runs rows one after another). Log-probs: as above, the
+    recurrence's sums in the same order (one token a step on both sides)."""
+    model = make_hybrid_model()
+    tokens, mask = prompts([4, 14, 1], seed=4)
+    static = Sampler(model, pad_id=PAD, batch_buckets=(4,), decode_phases=1)
+    cont = ContinuousSampler(model, slots=3, pad_id=PAD, batch_buckets=(4,))
+    for params in (GREEDY, STOPS):
+        a, b = (s.generate(tokens, mask, params, jax.random.key(7)) for s in (static, cont))
+        for field in ("completion_tokens", "lengths", "finish_reason"):
+            np.testing.assert_array_equal(np.asarray(getattr(a, field)), getattr(b, field))
+        tol = 28 * np.finfo(np.float32).eps * 10
+        for field in ("policy_logp", "sample_logp"):
+            np.testing.assert_allclose(np.asarray(getattr(a, field)), getattr(b, field), atol=tol)
+    assert np.asarray(b.lengths).min() < TN  # rows stopped early: slots changed rows
 
 
 def test_slots_stay_busy_where_static_rows_idle(model):

@@ -20,7 +20,7 @@ import pytest
 from conftest import override, run_killed_after, run_trainer, small_rl_config
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the sampler tests beside it
-from tiny_sampler import PAD, TN, N, make_model, prompts  # noqa: E402
+from tiny_sampler import PAD, TN, N, make_hybrid_model, make_model, prompts  # noqa: E402
 
 from jaxrl_frontier.run import config as config_lib  # noqa: E402
 from jaxrl_frontier.sampling import ContinuousSampler, SamplingParams  # noqa: E402
@@ -75,6 +75,33 @@ def test_continued_rows_give_the_tokens_of_uncut_rows(model):
                 np.asarray(got.policy_version), np.where(begun > 0, i - 1, i)
             )
     assert partial.in_flight is None  # the last call began nothing
+
+
+def test_a_hybrid_models_continued_rows_give_the_tokens_of_uncut_rows():
+    """Qwen3.5's hybrid layers: a continued row's linear state comes from the re-prefill of
+    its prompt and held tokens (padded to a quarter of Tn: masked tokens leave the conv
+    window and the delta-rule matrix as they were), and the next batch's rows take their
+    prompts' states into the slots. Three calls equal the uncut continuous decode: tokens
+    exactly, log-probs as above (the chunk-parallel prefill against the token-by-token
+    recurrence: other sums of the same terms; 1.2e-6 measured)."""
+    model = make_hybrid_model()
+    batches = [prompts(lengths, seed=s) for s, lengths in enumerate(BATCHES[:3])]
+    keys = [jax.random.key(10 + i) for i in range(3)]
+    uncut = ContinuousSampler(model, slots=3, pad_id=PAD)
+    partial = PartialSampler(model, slots=3, budget=4, pad_id=PAD)
+    continued = 0
+    for got, batch, key in zip(_calls(partial, batches, keys), batches, keys):
+        want = uncut.generate(*batch, STOPS, key)
+        for field in ("completion_tokens", "lengths", "finish_reason"):
+            np.testing.assert_array_equal(
+                np.asarray(getattr(got, field)), np.asarray(getattr(want, field)), err_msg=field
+            )
+        for field in ("policy_logp", "sample_logp"):
+            np.testing.assert_allclose(
+                getattr(got, field), getattr(want, field), atol=30 * np.finfo(np.float32).eps * 10
+            )
+        continued += partial.stats["continued_rows"]
+    assert continued > 0  # rows were cut and continued
 
 
 def test_rows_in_flight_survive_state_and_restore(model):
