@@ -361,8 +361,10 @@ def assert_save_round_trip(model, torch_model, path, tokens, mask, tol: float, *
 
 
 def random_model(cfg, seed: int = 0):
-    """A `Transformer` for `cfg` with every parameter random (norms around 1, biases
-    nonzero, std 0.2), so logits are O(1) and each parameter matters.
+    """The model `cfg` builds (`hybrid.model_class`: a `Transformer`, or a
+    `HybridTransformer` where it has linear-attention layers) with every parameter random
+    (norms around 1, biases nonzero, std 0.2), so logits are O(1) and each parameter
+    matters.
 
     Built abstractly and filled from numpy: eager jax.random init would compile one kernel
     per parameter shape, which dominates the runtime of these tiny tests.
@@ -371,9 +373,9 @@ def random_model(cfg, seed: int = 0):
     import numpy as np
     from flax import nnx
 
-    from jaxrl_frontier.models.transformer import Transformer
+    from jaxrl_frontier.models.hybrid import model_class
 
-    graphdef, state = nnx.split(nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0))))
+    graphdef, state = nnx.split(nnx.eval_shape(lambda: model_class(cfg)(cfg, rngs=nnx.Rngs(0))))
     rng = np.random.RandomState(seed)
     for path, var in nnx.to_flat_state(state):
         base = 1.0 if "norm" in path else 0.0

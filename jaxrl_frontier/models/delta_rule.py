@@ -20,6 +20,12 @@ Shapes: q, k [B, T, H, Dk]; v [B, T, H, Dv]; log_g, beta [B, T, H] (H the value 
 callers repeat grouped key heads first); state [B, H, Dk, Dv]. Everything runs in f32.
 A token with log_g = 0 and beta = 0 leaves the state exactly unchanged (S_t = S_{t-1}):
 that is how padding is masked (`linear_attention.GatedDeltaNet`).
+
+Packed rows (`segment` [B, T] int, several sequences per row): a token whose segment differs
+from the token before it starts from the zero state (S_{t-1} := 0), so each sequence's
+outputs and state are its own alone's. In the chunked form no decay crosses a segment
+boundary: D_ij = 0 between segments, the chunk's incoming state reaches only the tokens of
+its own segment, and only the last token's segment writes the outgoing state.
 """
 
 from __future__ import annotations
@@ -51,22 +57,38 @@ def delta_rule_step(state, q, k, v, log_g, beta):
     return jnp.einsum("bhkv,bhk->bhv", state, q), state
 
 
-def recurrent_gated_delta_rule(q, k, v, log_g, beta, initial_state=None):
-    """The gated delta rule token by token (module docstring). -> (o [B, T, H, Dv] f32,
-    final state [B, H, Dk, Dv] f32)."""
+def segment_starts(segment, t: int) -> jax.Array:
+    """bool [B, T]: the token's segment differs from the token before it (False at t = 0:
+    the first token continues the initial state). None segment: no starts."""
+    if segment is None:
+        return None
+    return jnp.concatenate(
+        [jnp.zeros_like(segment[:, :1], bool), segment[:, 1:] != segment[:, :-1]], axis=1
+    )
+
+
+def recurrent_gated_delta_rule(q, k, v, log_g, beta, initial_state=None, segment=None):
+    """The gated delta rule token by token (module docstring; `segment` [B, T]: packed
+    rows, the state zeroed where a segment starts). -> (o [B, T, H, Dv] f32, final state
+    [B, H, Dk, Dv] f32)."""
     q, k, v, log_g, beta = (a.astype(F32) for a in (q, k, v, log_g, beta))
     state = _zero_state(q, v) if initial_state is None else initial_state.astype(F32)
+    starts = segment_starts(segment, q.shape[1])
+    keep = jnp.ones(q.shape[:2], F32) if starts is None else 1.0 - starts.astype(F32)
 
     def step(s, xs):
-        o, s = delta_rule_step(s, *xs)
+        *xs, keep_t = xs
+        o, s = delta_rule_step(s * keep_t[:, None, None, None], *xs)
         return s, o
 
-    xs = tuple(jnp.moveaxis(a, 1, 0) for a in (q, k, v, log_g, beta))
+    xs = tuple(jnp.moveaxis(a, 1, 0) for a in (q, k, v, log_g, beta, keep))
     state, o = jax.lax.scan(step, state, xs)
     return jnp.moveaxis(o, 0, 1), state
 
 
-def chunk_gated_delta_rule(q, k, v, log_g, beta, chunk_size: int = 64, initial_state=None):
+def chunk_gated_delta_rule(
+    q, k, v, log_g, beta, chunk_size: int = 64, initial_state=None, segment=None
+):
     """The gated delta rule, chunk-parallel (as transformers' `torch_chunk_gated_delta_rule`).
 
     Per chunk of C tokens with in-chunk cumulative log decay c_i (position i), decays
@@ -79,7 +101,11 @@ def chunk_gated_delta_rule(q, k, v, log_g, beta, chunk_size: int = 64, initial_s
 
     S the state at the chunk's start ([Dk, Dv]); the chunks are scanned in order. The tail
     is padded to a whole chunk with tokens of log_g = beta = 0 and k = 0, which change
-    nothing. -> (o [B, T, H, Dv] f32, final state [B, H, Dk, Dv] f32)."""
+    nothing. Packed rows (`segment` [B, T]): D_ij also 0 unless i and j share a segment,
+    exp(c_i) 0 unless token i is in the segment of the token before the chunk (S's), and
+    exp(c_C - c_j) 0 unless token j is in the chunk's last token's (as is exp(c_C) unless
+    that is S's): the products of the recurrence's zeroed states, without an infinite log
+    decay. -> (o [B, T, H, Dv] f32, final state [B, H, Dk, Dv] f32)."""
     b, t, h, dk = q.shape
     dv = v.shape[-1]
     c = int(chunk_size)
@@ -97,20 +123,22 @@ def chunk_gated_delta_rule(q, k, v, log_g, beta, chunk_size: int = 64, initial_s
     q, k, v, log_g, beta = map(chunks, (q, k, v, log_g, beta))
     cum = jnp.cumsum(log_g, axis=-1)  # [B, H, N, C]
     lower = jnp.tril(jnp.ones((c, c), bool))
-    diff = jnp.where(lower, cum[..., :, None] - cum[..., None, :], -jnp.inf)
-    decay = jnp.exp(diff)  # D_ij, 0 above the diagonal
+    same, from_start, to_end, through = _segment_masks(segment, b, t, pad, n, c)
+    diff = jnp.where(lower & same, cum[..., :, None] - cum[..., None, :], -jnp.inf)
+    decay = jnp.exp(diff)  # D_ij, 0 above the diagonal (and across segments)
     k_beta = k * beta[..., None]
     strict = jnp.tril(jnp.ones((c, c), bool), -1)
     a = jnp.where(strict, jnp.einsum("...id,...jd->...ij", k_beta, k) * decay, 0.0)
     a = a + jnp.eye(c, dtype=F32)
-    rhs = jnp.concatenate([v * beta[..., None], k_beta * jnp.exp(cum)[..., None]], axis=-1)
+    start_decay = jnp.exp(cum) * from_start  # exp(c_i), 0 where S's segment has ended
+    rhs = jnp.concatenate([v * beta[..., None], k_beta * start_decay[..., None]], axis=-1)
     solved = jax.lax.linalg.triangular_solve(a, rhs, left_side=True, lower=True,
                                              unit_diagonal=True)  # fmt: skip
     u, w = solved[..., :dv], solved[..., dv:]
     attn = jnp.einsum("...id,...jd->...ij", q, k) * decay
-    q_dec = q * jnp.exp(cum)[..., None]
-    k_dec = k * jnp.exp(cum[..., -1:] - cum)[..., None]
-    chunk_decay = jnp.exp(cum[..., -1])[..., None, None]  # [B, H, N, 1, 1]
+    q_dec = q * start_decay[..., None]
+    k_dec = k * (jnp.exp(cum[..., -1:] - cum) * to_end)[..., None]
+    chunk_decay = (jnp.exp(cum[..., -1]) * through)[..., None, None]  # [B, H, N, 1, 1]
 
     def step(s, xs):  # s [B, H, Dk, Dv]; xs: one chunk's [B, H, C, ...]
         u_i, w_i, q_i, k_i, attn_i, decay_i = xs
@@ -123,3 +151,23 @@ def chunk_gated_delta_rule(q, k, v, log_g, beta, chunk_size: int = 64, initial_s
     state, o = jax.lax.scan(step, state, xs)  # o [N, B, H, C, Dv]
     o = jnp.moveaxis(o, 0, 2).reshape(b, h, n * c, dv)[:, :, :t]
     return jnp.moveaxis(o, 1, 2), state
+
+
+def _segment_masks(segment, b: int, t: int, pad: int, n: int, c: int):
+    """The chunked form's segment masks (`chunk_gated_delta_rule`), each broadcasting
+    against [B, H, N, C(, C)]: same [.., C, C] (i and j share a segment), from_start [.., C]
+    (token i is in the segment of the token before its chunk), to_end [.., C] (token j is in
+    the chunk's last token's), through [..] (the chunk's last token is in the segment of the
+    token before it: S carries through). All True without segments."""
+    if segment is None:
+        return True, 1.0, 1.0, 1.0
+    runs = jnp.cumsum(segment_starts(segment, t), axis=1)  # a new id wherever the id changes
+    seg = jnp.pad(runs, [(0, 0), (0, pad)], mode="edge").reshape(b, 1, n, c)
+    # the token before each chunk: the previous chunk's last (chunk 0: its own first, whose
+    # segment the initial state belongs to)
+    before = jnp.concatenate([seg[..., :1, :1], seg[..., :-1, -1:]], axis=2)  # [B, 1, N, 1]
+    same = seg[..., :, None] == seg[..., None, :]
+    from_start = (seg == before).astype(F32)
+    to_end = (seg == seg[..., -1:]).astype(F32)
+    through = (seg[..., -1] == before[..., 0]).astype(F32)
+    return same, from_start, to_end, through

@@ -20,14 +20,14 @@ Its `KVCache` holds each layer kind's own state: an attention layer's keys and v
 `KVCache.delta`; its k, v hold no slots' data), so that part of the cache does not grow with
 the completion.
 
-Supported: the plain forward, log-probs and updates (left or right padding), Dropout-GRPO
-MLP masks (dense), routing replay and router stats (MoE), the shared-prompt forward (run as
-the plain forward: its prompt is not shared), the plain `Sampler`. Refused, with the
-reason: packed rows (`segment_ids`: the recurrent state would have to restart at each
-segment), remat (no scanned body to checkpoint), the continuous, partial and speculative
-samplers (their per-row cache surgery has no recurrent state to carry), a full forward on
-a mesh with a sequence axis (`mesh.sequence` > 1, context parallelism: what a linear layer
-would need over the axis is in models/linear_attention.py).
+Supported: the plain forward, log-probs and updates (left or right padding), packed rows
+(`segment_ids`: each sequence's conv window and delta state restart at its first token),
+Dropout-GRPO MLP masks (dense), routing replay and router stats (MoE), the shared-prompt
+forward (run as the plain forward: its prompt is not shared), the plain, continuous and
+partial samplers. Refused, with the reason: remat (no scanned body to checkpoint), the
+speculative sampler (its rollback cannot undo a recurrent state), a full forward on a mesh
+with a sequence axis (`mesh.sequence` > 1, context parallelism: what a linear layer would
+need over the axis is in models/linear_attention.py).
 """
 
 from __future__ import annotations
@@ -119,8 +119,8 @@ class HybridBlock(nnx.Module):
 
     def __call__(self, x, mixer_args, hidden_mask=None, route=None):
         """x [B, T, D]; mixer_args: the mixer's arguments after its input ((real, state,
-        recurrent) or (positions, inv_freq, attn_bias, kv)). -> (x, the mixer's new state
-        or kv, router stats or None)."""
+        recurrent, segment) or (positions, inv_freq, attn_bias, kv)). -> (x, the mixer's new
+        state or kv, router stats or None)."""
         a, new_state = self.attn(self.input_norm(x), *mixer_args)
         x = x + a
         h = self.post_attn_norm(x)
@@ -169,13 +169,13 @@ class HybridTransformer(Transformer):
         """`Transformer.hidden_states` over the hybrid layers: (final-normed hidden [B, T,
         D], the updated cache or None[, router stats [L, ...]]). A cache's linear layers
         read and write their `conv` / `delta` state, a one-token step (T = 1) by the
-        recurrence, longer inputs chunk-parallel. segment_ids (packed rows) are refused."""
+        recurrence, longer inputs chunk-parallel. segment_ids (packed rows, no cache): the
+        attention layers attend within a segment, the linear layers restart their conv
+        window and delta state at each (`linear_attention.GatedDeltaNet`)."""
         if segment_ids is not None:
-            raise ValueError(
-                "packed rows (segment_ids, train.pack_tokens) are not supported by a hybrid "
-                "(linear-attention) model: its recurrent state would have to restart at "
-                "every segment; run the update unpacked"
-            )
+            if cache is not None or positions is None:
+                raise ValueError("hidden_states: segment_ids need positions and no cache")
+            attention_mask = segment_ids > 0
         if cache is None and shd.sequence_size(self.mesh()) > 1:
             why = GatedDeltaNet.capabilities.why_not("sequence_axis")
             raise ValueError(
@@ -188,8 +188,8 @@ class HybridTransformer(Transformer):
         if positions is None:
             positions = positions_from_mask(attention_mask)
         real = attention_mask.astype(bool)
-        key_valid, _, allowed = self._visible(real, cache, None)
-        mixing = (positions, rope_inv_freq(self.cfg), mask_to_bias(allowed), real)
+        key_valid, _, allowed = self._visible(real, cache, segment_ids)
+        mixing = (positions, rope_inv_freq(self.cfg), mask_to_bias(allowed), real, segment_ids)
         route = self._router(attention_mask, routing, router_stats)
         x = self.constrain_rows(self.embed_tokens(tokens))
         x, states, stats = self._layer_loop(x, mixing, cache, mlp_mask, route)
@@ -207,8 +207,9 @@ class HybridTransformer(Transformer):
 
     def _layer_loop(self, x, mixing, cache, mlp_mask, route):
         """The layers in order over x [B, T, D]; mixing: (positions, inv_freq, attention
-        bias, real). -> (x, (k, v, conv, delta) per-layer tuples, router stats per layer)."""
-        positions, inv_freq, bias, real = mixing
+        bias, real, segment ids or None). -> (x, (k, v, conv, delta) per-layer tuples, router
+        stats per layer)."""
+        positions, inv_freq, bias, real, segment_ids = mixing
         recurrent = cache is not None and x.shape[1] == 1
         states, stats = [], []  # states: per layer (k, v, conv, delta)
         for i, layer in enumerate(self.layers):
@@ -216,7 +217,7 @@ class HybridTransformer(Transformer):
             forced = None if route.forced is None else route.forced[i]
             if layer.linear:
                 state = None if cache is None else (cache.conv[i], cache.delta[i])
-                args = (real, state, recurrent)
+                args = (real, state, recurrent, segment_ids)
             else:
                 kv = None if cache is None else (cache.k[i], cache.v[i], cache.index)
                 args = (positions, inv_freq, bias, kv)

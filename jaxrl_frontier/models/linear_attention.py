@@ -17,9 +17,9 @@ Padding: a masked token's input is zeroed (as transformers), its beta and log g 
 so it leaves the delta state exactly as it was, and the conv runs over each row's real
 inputs only (`causal_conv`: a masked token is skipped, not read as a zero), its state the
 last Kc - 1 real inputs: a row with padding anywhere (left, right, a hole, a padded chunk
-appended to a cache) gives the real tokens alone's outputs and state. Packed rows (several sequences per
-row) are not supported: the state would have to restart at each segment (`hybrid.py`
-refuses `segment_ids`).
+appended to a cache) gives the real tokens alone's outputs and state. Packed rows (several
+sequences per row, `segment`): each sequence's conv reads only its own inputs and its delta
+state starts from zero (`delta_rule.py`), so each gives its outputs alone.
 
 A sequence axis (context parallelism, `mesh.sequence`) is not supported either
 (`GatedDeltaNet.capabilities`). Attention splits a row's positions over s devices by
@@ -53,19 +53,22 @@ from jaxrl_frontier.models.delta_rule import (
     chunk_gated_delta_rule,
     l2norm,
     recurrent_gated_delta_rule,
+    segment_starts,
 )
 from jaxrl_frontier.models.kv_cache import init_linear_state, linear_dims
 from jaxrl_frontier.models.layers import RMSNorm, make_param, project
 from jaxrl_frontier.models.model_config import ModelConfig
 
 
-def causal_conv(x, w, prev, real):
+def causal_conv(x, w, prev, real, segment=None):
     """The causal depthwise conv over each row's real inputs: x [B, T, C], w [Kc, C], prev
     [B, Kc - 1, C] the (real) inputs before x, real [B, T] bool. A real token's output is
     sum_j w_j u_{r - Kc + 1 + j}, u the row's real inputs in order (prev's first) and r its
     own rank among them: masked tokens are skipped, not read as zeros (the outputs at masked
-    tokens are unused). -> (out [B, T, C], the conv state after x: the last Kc - 1 real
-    inputs [B, Kc - 1, C])."""
+    tokens are unused). Packed rows (`segment` [B, T] int): a tap reads an input of the
+    token's own segment only (prev belongs to the first token's), as if each sequence ran
+    alone. -> (out [B, T, C], the conv state after x: the last Kc - 1 real inputs
+    [B, Kc - 1, C])."""
     kc, (b, t, _) = w.shape[0], x.shape
     keep = kc - 1
     full = jnp.concatenate([prev.astype(x.dtype), x], axis=1)  # [B, L, C], L = Kc - 1 + T
@@ -73,7 +76,14 @@ def causal_conv(x, w, prev, real):
     slots = jnp.arange(keep + t)
     order = jnp.argsort(jnp.where(flags, slots, keep + t + slots), axis=1)  # reals first
     compact = jnp.take_along_axis(full, order[:, :, None], axis=1)
-    conv = sum(compact[:, j : j + t] * w[j] for j in range(kc))  # at ranks Kc - 1 + [0, T)
+    taps = [compact[:, j : j + t] for j in range(kc)]  # at ranks Kc - 1 + [0, T)
+    if segment is not None:  # a tap from another sequence reads nothing
+        runs = jnp.cumsum(segment_starts(segment, t), axis=1)
+        runs = jnp.concatenate([jnp.repeat(runs[:, :1], keep, axis=1), runs], axis=1)
+        runs = jnp.take_along_axis(runs, order, axis=1)  # each compact input's sequence
+        own = runs[:, keep:]  # the token at rank Kc - 1 + i: its sequence
+        taps = [x * (runs[:, j : j + t] == own)[..., None] for j, x in enumerate(taps)]
+    conv = sum(x * w[j] for j, x in enumerate(taps))
     rank = jnp.cumsum(flags, axis=1)[:, keep:] - 1  # [B, T], >= Kc - 1
     out = jnp.take_along_axis(conv, (rank - keep)[:, :, None], axis=1)
     last = jnp.sum(flags, axis=1, keepdims=True) - keep + jnp.arange(keep)  # [B, Kc - 1]
@@ -112,10 +122,11 @@ class GatedDeltaNet(nnx.Module):
         self.norm = RMSNorm(dv, cfg.rms_norm_eps, pd, rngs)
         self.out_proj = param((hv * dv, d), ("heads", "embed"))
 
-    def __call__(self, x, real, state=None, recurrent: bool = False):
+    def __call__(self, x, real, state=None, recurrent: bool = False, segment=None):
         """x [B, T, D] (normed), real [B, T] bool (None: all real), state None (empty) or
         (conv [B, Kc - 1, C], delta [B, Hv, Dk, Dv]); recurrent: the token-by-token rule
-        instead of the chunk-parallel one (the decode's T = 1 step).
+        instead of the chunk-parallel one (the decode's T = 1 step); segment [B, T] int:
+        packed rows, each sequence's conv window and delta state its own.
         -> (out [B, T, D], the new (conv, delta) state)."""
         cfg, dt = self.cfg, self.cfg.compute_dtype
         hk, dk, hv, dv, ch = linear_dims(cfg)
@@ -127,7 +138,7 @@ class GatedDeltaNet(nnx.Module):
             state = init_linear_state(cfg, b, dt)
         conv_state, delta_state = state
         qkv = project(self, "in_proj_qkv", x, dt)
-        mixed, new_conv = causal_conv(qkv, self.conv[...].astype(dt), conv_state, real)
+        mixed, new_conv = causal_conv(qkv, self.conv[...].astype(dt), conv_state, real, segment)
         mixed = jax.nn.silu(mixed)
         q, k, v = jnp.split(mixed, [hk * dk, 2 * hk * dk], axis=-1)
         q = l2norm(q.reshape(b, t, hk, dk)) * dk**-0.5
@@ -140,10 +151,10 @@ class GatedDeltaNet(nnx.Module):
         log_g = -jnp.exp(self.A_log[...].astype(f32)) * jax.nn.softplus(a)
         beta, log_g = (jnp.where(real[..., None], y, 0.0) for y in (beta, log_g))
         if recurrent:
-            o, new_delta = recurrent_gated_delta_rule(q, k, v, log_g, beta, delta_state)
+            o, new_delta = recurrent_gated_delta_rule(q, k, v, log_g, beta, delta_state, segment)
         else:
             o, new_delta = chunk_gated_delta_rule(
-                q, k, v, log_g, beta, cfg.linear_chunk_size, delta_state
+                q, k, v, log_g, beta, cfg.linear_chunk_size, delta_state, segment
             )
         z = project(self, "in_proj_z", x, dt).reshape(b, t, hv, dv)
         o = self.norm(o.astype(dt)).astype(f32) * jax.nn.silu(z.astype(f32))

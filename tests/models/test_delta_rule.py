@@ -103,3 +103,39 @@ def test_one_step_is_the_recurrence():
     )
     np.testing.assert_allclose(o, o_ref[:, 0], atol=TOL)
     np.testing.assert_allclose(s, s_ref, atol=TOL)
+
+
+# packed rows: row 0 holds sequences of 5, 4 and 3 tokens; row 1 one of 7 then 5 tokens of
+# padding (segment 0, log g = beta = 0)
+SEGMENTS = np.array([[1] * 5 + [2] * 4 + [3] * 3, [1] * 7 + [0] * 5], np.int32)
+
+
+@pytest.mark.parametrize("chunk", [4, 5])  # segments cross chunk boundaries in both
+def test_packed_segments_are_their_sequences_alone_with_gradients(chunk):
+    """With `segment`, each sequence of a packed row starts from the zero state: the chunked
+    rule equals the recurrence with resets (outputs, final state, gradients) and each
+    sequence run alone (outputs; the final state is the last segment's alone)."""
+    q, k, v, log_g, beta, state = inputs(4)
+    real = jnp.asarray(SEGMENTS > 0)[..., None]
+    log_g, beta = log_g * real, beta * real
+    seg = jnp.asarray(SEGMENTS)
+    zero = jnp.zeros_like(state)
+    (o_ref, s_ref), g_ref = loss_grad(
+        lambda *a: recurrent_gated_delta_rule(*a[:5], a[5], segment=seg)
+    )(q, k, v, log_g, beta, zero)
+    (o, s), g = loss_grad(lambda *a: chunk_gated_delta_rule(*a[:5], chunk, a[5], segment=seg))(
+        q, k, v, log_g, beta, zero
+    )
+    np.testing.assert_allclose(o, o_ref, atol=TOL)
+    np.testing.assert_allclose(s, s_ref, atol=TOL)
+    for name, a, b in zip(("q", "k", "v", "log_g", "beta", "state"), g, g_ref):
+        scale = float(jnp.abs(b).max())
+        np.testing.assert_allclose(a, b, atol=TOL * max(scale, 1.0), err_msg=name)
+    alone = jax.jit(recurrent_gated_delta_rule)
+    for row, segments in ((0, (1, 2, 3)), (1, (1,))):
+        for sid in segments:
+            cols = SEGMENTS[row] == sid
+            o_one, s_one = alone(*(x[row : row + 1, cols] for x in (q, k, v, log_g, beta)))
+            np.testing.assert_allclose(o[row : row + 1, cols], o_one, atol=TOL)
+        if row == 0:  # the last segment's own state
+            np.testing.assert_allclose(s[:1], s_one, atol=TOL)

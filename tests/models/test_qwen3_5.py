@@ -9,8 +9,8 @@ expert of 24. Checked: the logits on a left-padded batch; save -> transformers l
 same tensors and logits, and our loader reads them back; our `Sampler`'s greedy tokens
 equal transformers' `generate`, its log-probs the full forward's, and a linear layer's cache
 does not grow with the completion; the gradient of a log-prob loss equals transformers'
-autograd; a hub-style multimodal directory loads; the refusals (packed rows, remat, LoRA,
-the other samplers).
+autograd; a hub-style multimodal directory loads; a packed row gives each sequence's logits
+alone; the refusals (remat, LoRA, the speculative sampler, a sequence axis).
 
 Tolerance: the logits' scale is O(1-10); an f32 value passes through some hundreds of
 roundings (norms, projections over at most 64 inputs, a delta rule summed in chunks by us
@@ -158,16 +158,34 @@ def test_linear_layer_cache_is_fixed_size(checkpoint):
     assert cfg.num_params() == hf.count_params(checkpoint[3])
 
 
+def test_packed_row_gives_each_sequence_alone(checkpoint):
+    """Two sequences packed in one row (then padding): each one's logits are its own
+    forward's, within the parity bound (the linear layers restart their conv window and
+    delta state at the second; the attention layers attend within each)."""
+    if checkpoint[0] != "dense":
+        pytest.skip("one variant is enough (an MoE update is never packed)")
+    model = checkpoint[3]
+    vocab = model.cfg.vocab_size
+    a, b = (np.random.RandomState(s).randint(1, vocab, size=n) for s, n in ((1, 7), (2, 5)))
+    tokens = np.concatenate([a, b, [0, 0]])[None]
+    segments = np.array([[1] * 7 + [2] * 5 + [0] * 2])
+    positions = np.concatenate([np.arange(7), np.arange(5), [0, 0]])[None]
+    hidden, _ = model.hidden_states(
+        jnp.asarray(tokens), positions=jnp.asarray(positions), segment_ids=jnp.asarray(segments)
+    )
+    packed = np.asarray(model.logits(hidden))[0]
+    for sid, seq in ((1, a), (2, b)):
+        alone = np.asarray(model(jnp.asarray(seq[None]), jnp.ones((1, len(seq)), jnp.int32)))[0]
+        scale = np.abs(alone).max()
+        assert np.abs(packed[segments[0] == sid] - alone).max() < REL_TOL * scale, sid
+
+
 def test_refusals(checkpoint):
-    """Packed rows, remat, LoRA, the samplers that edit the cache per row and a mesh's
-    sequence axis refuse, naming why."""
+    """Remat, LoRA, the speculative sampler and a mesh's sequence axis refuse, naming
+    why."""
     if checkpoint[0] != "dense":
         pytest.skip("one variant is enough")
     model = checkpoint[3]
-    tokens = jnp.ones((1, 4), jnp.int32)
-    with pytest.raises(ValueError, match="packed rows"):
-        model.hidden_states(tokens, positions=jnp.zeros((1, 4), jnp.int32),
-                            segment_ids=jnp.ones((1, 4), jnp.int32))  # fmt: skip
     with pytest.raises(ValueError, match="remat"):
         reconfigured(model, model.cfg.replace(remat="full"))
     with pytest.raises(ValueError, match="Qwen3.5"):

@@ -322,8 +322,21 @@ def test_packed_update_equals_padded_and_compiles_once_per_bucket(count_compiles
     assert seen == []
 
 
-def test_packed_logprob_pass_equals_padded():
+# Qwen3.5's hybrid layers (a Gated DeltaNet layer, then gated full attention): a packed row's
+# linear layers restart their conv window and delta state at each sequence
+HYBRID = ModelConfig(
+    vocab_size=V, **SMALL_MODEL, layer_types=("linear_attention", "full_attention"),
+    linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=8,
+    linear_value_head_dim=8, linear_conv_kernel_dim=4, attn_output_gate=True,
+    partial_rotary_factor=0.5, qk_norm=True, norm_plus_one=True, head_dim=8,
+)  # fmt: skip
+
+
+@pytest.mark.parametrize("hybrid", [False, True], ids=["qwen2", "qwen3_5"])
+def test_packed_logprob_pass_equals_padded(hybrid):
     (graphdef, params), _ = _models()
+    if hybrid:
+        graphdef, params = nnx.split(random_model(HYBRID))
     batch = _batch(4)
     args = (params, batch["tokens"], batch["attention_mask"])
     spec = packing.pack_spec(N)
