@@ -9,7 +9,7 @@ import jax
 import numpy as np
 import pytest
 from flax import nnx
-from tiny_sampler import PAD, TN, make_model, prompts
+from tiny_sampler import PAD, TN, make_hybrid_model, make_model, prompts
 
 from jaxrl_frontier.run.population.batched_sampling import MemberRequest, MemberSampler
 from jaxrl_frontier.sampling import Sampler, SamplingParams
@@ -54,3 +54,25 @@ def test_each_member_gets_the_plain_samplers_rows():
     # a key none was prepared for (an extra draw): the plain sampler's rows
     extra = members.generate(r1.prompt_tokens, r1.prompt_mask, r1.params, jax.random.key(99))
     assert extra.completion_tokens.shape == got[1].completion_tokens.shape
+
+
+def test_hybrid_members_carry_their_linear_state():
+    """Qwen3.5's hybrid layers: the vmapped prefill and decode carry each member's conv
+    window and delta-rule matrix: each member's rows are the plain sampler's (tokens
+    exactly; log-probs to the bound above)."""
+    models = [make_hybrid_model(seed) for seed in (0, 1)]
+    sampler = Sampler(models[0], pad_id=PAD, decode_phases=1)
+    params = SamplingParams(max_new_tokens=TN, n=2, temperature=1.0)
+    reqs = [
+        MemberRequest(*prompts([5, 9, 3], seed=i), params, jax.random.key(20 + i), nnx.state(m), i)
+        for i, m in enumerate(models)
+    ]
+    members = MemberSampler(sampler)
+    members.prepare(reqs)
+    for r in reqs:
+        got = members.generate(r.prompt_tokens, r.prompt_mask, r.params, r.key)
+        sampler.update_weights(r.weights, r.version)
+        want = sampler.generate(r.prompt_tokens, r.prompt_mask, r.params, r.key)
+        np.testing.assert_array_equal(got.completion_tokens, want.completion_tokens)
+        np.testing.assert_allclose(got.policy_logp, want.policy_logp, rtol=0, atol=1e-5)
+    assert members.compiles == 1
