@@ -11,8 +11,9 @@ an output gate), each followed by a mixture of 8 experts (top 2, softmax router,
 chosen gates renormalised) plus a shared expert behind its sigmoid gate. Trained from
 scratch with a shaped reward (format and length besides correctness), so a random
 policy's groups disagree from the first step; routing replay on (R3), the router's
-load-balancing loss at 0.001. The hybrid runs its layers in a Python loop (no remat); the
-sampler decodes the linear layers from their fixed-size state.
+load-balancing loss at 0.001. The hybrid runs its layers in a Python loop (`model.remat`
+checkpoints each layer on its own); the sampler decodes the linear layers from their
+fixed-size state.
 `runlocal`: 2 layers (linear, then full attention), 4 experts, heads of 8.
 """
 

@@ -24,13 +24,16 @@ Supported: the plain forward, log-probs and updates (left or right padding), pac
 (`segment_ids`: each sequence's conv window and delta state restart at its first token),
 Dropout-GRPO MLP masks (dense), routing replay and router stats (MoE), the shared-prompt
 forward (run as the plain forward: its prompt is not shared), the plain, continuous and
-partial samplers. Refused, with the reason: remat (no scanned body to checkpoint), the
-speculative sampler (its rollback cannot undo a recurrent state), a full forward on a mesh
-with a sequence axis (`mesh.sequence` > 1, context parallelism: what a linear layer would
-need over the axis is in models/linear_attention.py).
+partial samplers, remat (`model.remat`: each layer's forward in a `jax.checkpoint` of its
+own, the loop being a Python one). Refused, with the reason: the speculative sampler (its
+rollback cannot undo a recurrent state), a full forward on a mesh with a sequence axis
+(`mesh.sequence` > 1, context parallelism: what a linear layer would need over the axis is
+in models/linear_attention.py).
 """
 
 from __future__ import annotations
+
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -51,7 +54,7 @@ from jaxrl_frontier.models.layers import (
     rope_inv_freq,
 )
 from jaxrl_frontier.models.linear_attention import GatedDeltaNet
-from jaxrl_frontier.models.model_config import ModelConfig
+from jaxrl_frontier.models.model_config import REMAT_POLICIES, ModelConfig
 from jaxrl_frontier.models.transformer import Transformer
 
 HYBRID_SAMPLER_REFUSAL = (
@@ -135,11 +138,6 @@ class HybridTransformer(Transformer):
     in every method but its layers' loop (`hidden_states`)."""
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
-        if cfg.remat not in (False, "none"):
-            raise ValueError(
-                f"model.remat={cfg.remat!r}: a hybrid (linear-attention) model runs its layers "
-                "in a Python loop, with no scanned body to checkpoint; set remat to false"
-            )
         if cfg.first_k_dense_replace:
             raise ValueError("a hybrid model has no dense first layers (first_k_dense_replace)")
         pd = jnp.dtype(cfg.param_dtype)
@@ -221,7 +219,18 @@ class HybridTransformer(Transformer):
             else:
                 kv = None if cache is None else (cache.k[i], cache.v[i], cache.index)
                 args = (positions, inv_freq, bias, kv)
-            out = layer(self.constrain_rows(x), args, hidden_mask, route(forced))
+            call = functools.partial(_call_layer, args=args, hidden_mask=hidden_mask,
+                                     route=route(forced))  # fmt: skip
+            if cache is None and REMAT_POLICIES[self.cfg.remat] is not None:
+                # a training forward: the layer's activations recomputed in the backward
+                graphdef, params = nnx.split(layer)
+                remat = jax.checkpoint(
+                    lambda p, h: call(nnx.merge(graphdef, p), h),
+                    policy=REMAT_POLICIES[self.cfg.remat],
+                )
+                out = remat(params, self.constrain_rows(x))
+            else:
+                out = call(layer, self.constrain_rows(x))
             x, new = out[0], out[1]
             stats.append(route.stats(out))
             if cache is None:
@@ -240,6 +249,11 @@ class HybridTransformer(Transformer):
         if mlp_mask is not None:
             raise ValueError("hidden_states_shared_prompt: mlp_mask is not supported")
         return self.hidden_states(tokens, attention_mask)[0]
+
+
+def _call_layer(layer: HybridBlock, x, *, args, hidden_mask, route):
+    """One layer's forward (`HybridBlock.__call__`) with its mixer's arguments bound."""
+    return layer(x, args, hidden_mask, route)
 
 
 def model_class(cfg: ModelConfig) -> type[Transformer]:

@@ -10,7 +10,8 @@ same tensors and logits, and our loader reads them back; our `Sampler`'s greedy 
 equal transformers' `generate`, its log-probs the full forward's, and a linear layer's cache
 does not grow with the completion; the gradient of a log-prob loss equals transformers'
 autograd; a hub-style multimodal directory loads; a packed row gives each sequence's logits
-alone; the refusals (remat, LoRA, the speculative sampler, a sequence axis).
+alone; the gradient with each layer rematerialized; the refusals (LoRA, the speculative
+sampler, a sequence axis).
 
 Tolerance: the logits' scale is O(1-10); an f32 value passes through some hundreds of
 roundings (norms, projections over at most 64 inputs, a delta rule summed in chunks by us
@@ -181,13 +182,10 @@ def test_packed_row_gives_each_sequence_alone(checkpoint):
 
 
 def test_refusals(checkpoint):
-    """Remat, LoRA, the speculative sampler and a mesh's sequence axis refuse, naming
-    why."""
+    """LoRA, the speculative sampler and a mesh's sequence axis refuse, naming why."""
     if checkpoint[0] != "dense":
         pytest.skip("one variant is enough")
     model = checkpoint[3]
-    with pytest.raises(ValueError, match="remat"):
-        reconfigured(model, model.cfg.replace(remat="full"))
     with pytest.raises(ValueError, match="Qwen3.5"):
         add_adapters(model, rank=2, alpha=4.0, targets=("q_proj",), key=jax.random.key(0))
     with pytest.raises(ValueError, match="linear-attention layers"):
@@ -255,21 +253,26 @@ def test_update_gradient_equals_transformers(checkpoint):
     (picked * torch.as_tensor(weight)).sum().backward()
     ref = {n: p.grad.numpy() for n, p in torch_model.named_parameters()}
 
-    graphdef, state = nnx.split(model)
+    # and with each layer rematerialized (model.remat = 'full': its activations recomputed
+    # in the backward, one jax.checkpoint per layer of the Python loop): the same gradient
+    for remat in ("none", "full"):
+        graphdef, state = nnx.split(reconfigured(model, model.cfg.replace(remat=remat)))
 
-    def loss(state):
-        lp = jax.nn.log_softmax(nnx.merge(graphdef, state)(tokens, mask)[:, :-1], -1)
-        return jnp.sum(jnp.take_along_axis(lp, tokens[:, 1:, None], -1)[..., 0] * weight)
+        def loss(state, graphdef=graphdef):
+            lp = jax.nn.log_softmax(nnx.merge(graphdef, state)(tokens, mask)[:, :-1], -1)
+            return jnp.sum(jnp.take_along_axis(lp, tokens[:, 1:, None], -1)[..., 0] * weight)
 
-    grads = dict(nnx.to_flat_state(jax.jit(jax.grad(loss))(state)))
-    worst = {}  # per tensor: max |ours - transformers| / max |transformers|
-    for spec in hybrid_tensor_specs(model.cfg):
-        ours = spec.to_hf(np.asarray(grads[spec.path].get_value()))
-        theirs = ref[spec.hf_name]
-        worst[spec.hf_name] = np.abs(ours - theirs).max() / max(np.abs(theirs).max(), 1e-30)
-    name = max(worst, key=worst.get)
-    print(f"gradients: worst {name} {worst[name]:.1e} of its largest entry")
-    assert worst[name] < 1e-4
+        checkpoints = str(jax.make_jaxpr(loss)(state)).count("remat2[")  # jax.checkpoint
+        assert checkpoints == (len(model.layers) if remat == "full" else 0), checkpoints
+        grads = dict(nnx.to_flat_state(jax.jit(jax.grad(loss))(state)))
+        worst = {}  # per tensor: max |ours - transformers| / max |transformers|
+        for spec in hybrid_tensor_specs(model.cfg):
+            ours = spec.to_hf(np.asarray(grads[spec.path].get_value()))
+            theirs = ref[spec.hf_name]
+            worst[spec.hf_name] = np.abs(ours - theirs).max() / max(np.abs(theirs).max(), 1e-30)
+        name = max(worst, key=worst.get)
+        print(f"gradients (remat {remat}): worst {name} {worst[name]:.1e} of its largest entry")
+        assert worst[name] < 1e-4
 
 
 def _moe_only(checkpoint):
