@@ -69,7 +69,8 @@ class LoraSection:
     """`model.lora`: LoRA (models/lora.py, Hu et al. 2021). rank > 0 trains rank-r adapters on
     the `targets` projections beside the frozen weights (RL): y = x W + (alpha / rank) x A B.
     Only the adapters and their optimizer state are trained and checkpointed; the reference
-    policy is the frozen base; the export merges them into the weights."""
+    policy is the frozen base; the export merges them into the weights. A hybrid model
+    (Qwen3.5) also takes its linear layers' `in_proj_qkv`, `in_proj_z` and `out_proj`."""
 
     rank: int = key(0, "the adapters' rank (0: no adapters)", low=0)
     alpha: float = key(16.0, "the adapters' scale numerator", low=0, low_open=True)

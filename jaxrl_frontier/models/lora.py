@@ -5,9 +5,11 @@
 A is drawn as PEFT draws it (uniform in +-1/sqrt(fan_in)), B is zero, so the adapted model
 starts equal to its base. Each targeted weight `name` of `Transformer.layers` (stacked
 [L, *in, *out]) gets `name_lora_a` [L, *in, r] and `name_lora_b` [L, r, *out], both
-`nnx.LoRAParam`s stacked over the layers like the weight, with the weight's logical axes on
-their in / out dims (so the FSDP and tensor rules shard them as they shard the weight; the
-rank axis is replicated), and the module the static scale `lora_scale = alpha / r`.
+`nnx.LoRAParam`s stacked over the layers like the weight (a hybrid model's per-layer
+weights [*in, *out]: each layer its own [*in, r] and [r, *out]), with the weight's logical
+axes on their in / out dims (so the FSDP and tensor rules shard them as they shard the
+weight; the rank axis is replicated), and the module the static scale
+`lora_scale = alpha / r`.
 
 The adapters run inside the model's forward (`transformer.project`), unmerged: the update,
 the log-prob passes and the sampler's decode all see base + adapters with no merge per
@@ -40,6 +42,13 @@ TARGETS: dict[str, tuple[str, int]] = {
     "up_proj": ("mlp", 1),
     "down_proj": ("mlp", 1),
 }
+# a hybrid model's linear-attention projections (Qwen3.5's Gated DeltaNet), targets too
+LINEAR_ATTENTION_TARGETS: dict[str, tuple[str, int]] = {
+    "in_proj_qkv": ("attn", 1),
+    "in_proj_z": ("attn", 1),
+    "out_proj": ("attn", 1),
+}
+_EVERY_TARGET = {**TARGETS, **LINEAR_ATTENTION_TARGETS}
 ADAPTERS = nnx.LoRAParam  # the filter of adapter variables
 BASE = nnx.All(nnx.Param, nnx.Not(nnx.LoRAParam))  # the frozen weights
 
@@ -47,52 +56,68 @@ BASE = nnx.All(nnx.Param, nnx.Not(nnx.LoRAParam))  # the frozen weights
 def check_targets(targets) -> tuple[str, ...]:
     """The target names as a tuple; a ValueError naming `model.lora.targets` otherwise."""
     targets = tuple(targets)
-    unknown = [t for t in targets if t not in TARGETS]
+    unknown = [t for t in targets if t not in _EVERY_TARGET]
     if unknown or not targets:
         raise ValueError(
             f"config key 'model.lora.targets' = {targets!r}: unknown {unknown or 'empty'}; "
-            f"allowed: a non-empty subset of {tuple(TARGETS)}"
+            f"allowed: a non-empty subset of {tuple(_EVERY_TARGET)}"
         )
     return targets
 
 
+def target_modules(model, sub: str) -> list[tuple[nnx.Module, int]]:
+    """(module, leading dims) of every `sub` ('attn' or 'mlp') of the model's layers: one
+    module stacked over the layers ([L, ...] weights, 1 leading dim), or, for a hybrid
+    model's per-layer list (`hybrid.HybridTransformer`), each layer's own (0)."""
+    if isinstance(model.layers, nnx.List):
+        return [(getattr(layer, sub), 0) for layer in model.layers]
+    return [(getattr(model.layers, sub), 1)]
+
+
 def add_adapters(model, *, rank: int, alpha: float, targets, key: jax.Array):
     """Attach rank-`rank` adapters to `targets` of `model.layers` (in place); returns model.
+    A hybrid model's layers each get their own where they hold the target (q_proj on the
+    full-attention layers, in_proj_qkv on the linear ones, the MLP's on every layer).
 
     A is uniform in +-1/sqrt(fan_in) (PEFT's kaiming_uniform(a=sqrt(5))), B zeros, both in
     the weight's dtype and placed with the weight's sharding's mesh and logical axes (the
     caller re-places them with `sharding.shard_model`)."""
     if rank <= 0:
         raise ValueError(f"config key 'model.lora.rank' = {rank}: must be > 0")
-    if model.cfg.kv_lora_rank or model.cfg.first_k_dense_replace or any(model.cfg.linear_layers):
+    if model.cfg.kv_lora_rank or model.cfg.first_k_dense_replace:
         raise ValueError(
-            "config key 'model.lora': adapters on latent attention, on a model with dense "
-            "layers before its MoE layers (DeepSeek-V3) or on a hybrid model's per-layer "
-            "(unstacked) linear- and full-attention layers (Qwen3.5) are not supported"
+            "config key 'model.lora': adapters on latent attention or on a model with dense "
+            "layers before its MoE layers (DeepSeek-V3) are not supported"
         )
-    layers = model.layers
     for i, name in enumerate(check_targets(targets)):
-        sub, n_in = TARGETS[name]
-        module = getattr(layers, sub)
-        if not hasattr(module, name):  # a mixture of experts' MLP: no dense projections
+        sub, n_in = _EVERY_TARGET[name]
+        found = [(m, lead) for m, lead in target_modules(model, sub) if hasattr(m, name)]
+        if not found:  # a mixture of experts' MLP: no dense projections
+            kinds = sorted({type(m).__name__ for m, _ in target_modules(model, sub)})
             raise ValueError(
                 f"config key 'model.lora.targets' names {name!r}, which this model's "
-                f"{type(module).__name__} MLP does not have (adapters on the experts are not "
-                "supported); target the attention projections (q_proj, k_proj, v_proj, o_proj)"
+                f"{'/'.join(kinds)} does not have (adapters on the experts are not supported); "
+                "target the attention projections (q_proj, k_proj, v_proj, o_proj, or a "
+                "hybrid's in_proj_qkv, in_proj_z, out_proj)"
             )
-        w = getattr(module, name)
-        shape, axes = w.get_value().shape, w.get_metadata().get("logical_axes")
-        lead, ins, outs = shape[:1], shape[1 : 1 + n_in], shape[1 + n_in :]
-        ax_lead, ax_in, ax_out = axes[:1], axes[1 : 1 + n_in], axes[1 + n_in :]
-        bound = 1.0 / np.sqrt(np.prod(ins))
-        a = jax.random.uniform(
-            jax.random.fold_in(key, i), (*lead, *ins, rank), w.dtype, -bound, bound
-        )
-        b = jnp.zeros((*lead, rank, *outs), w.dtype)
-        setattr(module, f"{name}_lora_a", ADAPTERS(a, logical_axes=(*ax_lead, *ax_in, None)))
-        setattr(module, f"{name}_lora_b", ADAPTERS(b, logical_axes=(*ax_lead, None, *ax_out)))
-        module.lora_scale = float(alpha) / rank
+        for j, (module, lead) in enumerate(found):  # (per layer, its own draw)
+            k = jax.random.fold_in(key, i)
+            _attach(module, name, n_in, lead, rank, k if lead else jax.random.fold_in(k, j))
+            module.lora_scale = float(alpha) / rank
     return model
+
+
+def _attach(module, name: str, n_in: int, lead: int, rank: int, key: jax.Array) -> None:
+    """`name_lora_a` [*lead, *in, r] and `name_lora_b` [*lead, r, *out] on `module`."""
+    w = getattr(module, name)
+    shape, axes = w.get_value().shape, w.get_metadata().get("logical_axes")
+    cut = lead + n_in
+    ins, outs, ax_lead = shape[lead:cut], shape[cut:], axes[:lead]
+    bound = 1.0 / np.sqrt(np.prod(ins))
+    a = jax.random.uniform(key, (*shape[:lead], *ins, rank), w.dtype, -bound, bound)
+    b = jnp.zeros((*shape[:lead], rank, *outs), w.dtype)
+    setattr(module, f"{name}_lora_a", ADAPTERS(a, logical_axes=(*ax_lead, *axes[lead:cut], None)))
+    setattr(module, f"{name}_lora_b", ADAPTERS(b, logical_axes=(*ax_lead, None, *axes[cut:])))
 
 
 def has_adapters(model_or_state) -> bool:
@@ -143,11 +168,13 @@ def trained_and_frozen(policy, *, with_reference: bool):
 
 
 def delta(a: jax.Array, b: jax.Array, n_in: int, scale: float) -> jax.Array:
-    """(alpha / r) A B, f32, in the weight's [L, *in, *out] shape; a [L, *in, r], b [L, r, *out]."""
-    lead, ins, outs = a.shape[:1], a.shape[1 : 1 + n_in], b.shape[2:]
+    """(alpha / r) A B, f32, in the weight's [*lead, *in, *out] shape; a [*lead, *in, r],
+    b [*lead, r, *out] (lead: [L] for stacked layers, none for one layer's)."""
+    lead = a.shape[: a.ndim - n_in - 1]
+    ins, outs = a.shape[len(lead) : -1], b.shape[len(lead) + 1 :]
     a2 = a.astype(jnp.float32).reshape(*lead, -1, a.shape[-1])
-    b2 = b.astype(jnp.float32).reshape(*lead, b.shape[1], -1)
-    return scale * jnp.einsum("lir,lro->lio", a2, b2).reshape(*lead, *ins, *outs)
+    b2 = b.astype(jnp.float32).reshape(*lead, b.shape[len(lead)], -1)
+    return scale * jnp.einsum("...ir,...ro->...io", a2, b2).reshape(*lead, *ins, *outs)
 
 
 def merged(model):
@@ -156,21 +183,21 @@ def merged(model):
     graphdef, state = nnx.split(model)
     # new variables on the same arrays (a plain merge would share `model`'s variables)
     out = nnx.merge(graphdef, jax.tree.map(lambda x: x, state))
-    for name, (sub, n_in) in TARGETS.items():
-        module = getattr(out.layers, sub)
-        a = getattr(module, f"{name}_lora_a", None)
-        if a is None:
-            continue
-        b = getattr(module, f"{name}_lora_b")
-        w = getattr(module, name)
-        d = delta(a.get_value(), b.get_value(), n_in, module.lora_scale)
-        w.set_value((w.get_value().astype(jnp.float32) + d).astype(w.dtype))
-        delattr(module, f"{name}_lora_a")
-        delattr(module, f"{name}_lora_b")
-    for sub in {s for s, _ in TARGETS.values()}:
-        module = getattr(out.layers, sub)
-        if hasattr(module, "lora_scale"):
-            delattr(module, "lora_scale")
+    for name, (sub, n_in) in _EVERY_TARGET.items():
+        for module, _ in target_modules(out, sub):
+            a = getattr(module, f"{name}_lora_a", None)
+            if a is None:
+                continue
+            b = getattr(module, f"{name}_lora_b")
+            w = getattr(module, name)
+            d = delta(a.get_value(), b.get_value(), n_in, module.lora_scale)
+            w.set_value((w.get_value().astype(jnp.float32) + d).astype(w.dtype))
+            delattr(module, f"{name}_lora_a")
+            delattr(module, f"{name}_lora_b")
+    for sub in {s for s, _ in _EVERY_TARGET.values()}:
+        for module, _ in target_modules(out, sub):
+            if hasattr(module, "lora_scale"):
+                delattr(module, "lora_scale")
     return out
 
 

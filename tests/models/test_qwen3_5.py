@@ -10,8 +10,8 @@ same tensors and logits, and our loader reads them back; our `Sampler`'s greedy 
 equal transformers' `generate`, its log-probs the full forward's, and a linear layer's cache
 does not grow with the completion; the gradient of a log-prob loss equals transformers'
 autograd; a hub-style multimodal directory loads; a packed row gives each sequence's logits
-alone; the gradient with each layer rematerialized; the refusals (LoRA, the speculative
-sampler, a sequence axis).
+alone; the gradient with each layer rematerialized; LoRA on each layer kind and its
+merged export; the refusals (the speculative sampler, a sequence axis).
 
 Tolerance: the logits' scale is O(1-10); an f32 value passes through some hundreds of
 roundings (norms, projections over at most 64 inputs, a delta rule summed in chunks by us
@@ -29,7 +29,6 @@ from flax import nnx
 from jaxrl_frontier.core import sharding
 from jaxrl_frontier.models import hf, moe
 from jaxrl_frontier.models.hybrid import HybridTransformer
-from jaxrl_frontier.models.lora import add_adapters
 from jaxrl_frontier.models.transformer import reconfigured
 from jaxrl_frontier.sampling import Sampler, SamplingParams
 from jaxrl_frontier.sampling.speculative import SpeculativeSampler
@@ -181,13 +180,50 @@ def test_packed_row_gives_each_sequence_alone(checkpoint):
         assert np.abs(packed[segments[0] == sid] - alone).max() < REL_TOL * scale, sid
 
 
+def test_lora_on_each_layer_kind_and_its_merged_export(checkpoint, tmp_path):
+    """Adapters on a full-attention layer's q_proj and o_proj, a linear layer's in_proj_qkv
+    and out_proj, every MLP's gate_proj: each layer holds its own where it has the weight
+    (unstacked); with B = 0 the logits are the base's bitwise; with random B the unmerged
+    forward equals the merged copy's, which saves and loads into transformers with the
+    same logits (the parity bound)."""
+    from transformers import AutoModelForCausalLM
+
+    from jaxrl_frontier.models import lora
+
+    if checkpoint[0] != "dense":
+        pytest.skip("one variant is enough (the experts take no adapters)")
+    _, _, _, base, _ = checkpoint
+    targets = ("q_proj", "o_proj", "in_proj_qkv", "out_proj", "gate_proj")
+    graphdef, state = nnx.split(base)
+    model = nnx.merge(graphdef, jax.tree.map(jnp.copy, state))
+    lora.add_adapters(model, rank=2, alpha=4.0, targets=targets, key=jax.random.key(0))
+    have = [sorted(n[: -len("_lora_a")] for n in vars(layer.attn) if n.endswith("_lora_a"))
+            for layer in model.layers]  # fmt: skip
+    assert have == [["in_proj_qkv", "out_proj"], ["o_proj", "q_proj"], ["in_proj_qkv", "out_proj"]]
+    assert all(hasattr(layer.mlp, "gate_proj_lora_a") for layer in model.layers)
+    tokens, mask = left_padded_batch(batch=2, length=18)
+    np.testing.assert_array_equal(np.asarray(model(tokens, mask)), np.asarray(base(tokens, mask)))
+    adapters, _ = lora.split(nnx.state(model))
+    rng = np.random.RandomState(5)
+    for path, var in nnx.to_flat_state(adapters):
+        if str(path[-1]).endswith("_lora_b"):
+            var.set_value(jnp.asarray(rng.randn(*var.get_value().shape) * 0.1, jnp.float32))
+    nnx.update(model, adapters)
+    adapted = np.asarray(model(tokens, mask))
+    assert rel_diff(adapted, np.asarray(base(tokens, mask)), mask) > 1e-3  # the adapters act
+    merged = lora.merged(model)
+    assert not lora.has_adapters(merged)
+    assert rel_diff(np.asarray(merged(tokens, mask)), adapted, mask) < REL_TOL
+    hf.save(merged, tmp_path)
+    back = AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation="eager").eval()
+    assert rel_diff(hf_logits(back, tokens, mask), adapted, mask) < REL_TOL
+
+
 def test_refusals(checkpoint):
-    """LoRA, the speculative sampler and a mesh's sequence axis refuse, naming why."""
+    """The speculative sampler and a mesh's sequence axis refuse, naming why."""
     if checkpoint[0] != "dense":
         pytest.skip("one variant is enough")
     model = checkpoint[3]
-    with pytest.raises(ValueError, match="Qwen3.5"):
-        add_adapters(model, rank=2, alpha=4.0, targets=("q_proj",), key=jax.random.key(0))
     with pytest.raises(ValueError, match="linear-attention layers"):
         SpeculativeSampler(model, 1, pad_id=0)
     # a sequence axis: refused (the recurrence runs along the whole row), not run whole
