@@ -125,7 +125,7 @@ def _reader_class():
     """gguf's `GGUFReader` over a plain ndarray view of its memory map. The reader slices
     its map once or twice per array element of the metadata (Gemma 3's 262k-token
     vocabulary: about 3 million slices), and each slice of an `np.memmap` pays the subclass's
-    bookkeeping: 3x the time of the same slices of a plain view (35 s against 11 s for
+    bookkeeping: 3x the time of the same slices of a plain view (33 s against 11 s for
     Gemma-3-270M's header here). The view keeps the map open and copies nothing."""
 
     class Reader(_gguf().GGUFReader):
