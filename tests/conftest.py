@@ -273,6 +273,19 @@ def hf_checkpoints(tmp_path_factory):
     return get
 
 
+# what the judge tests score: two prompts of a group of 2, their four completions, and the
+# question each prompt's example asks (`JudgeScorer(question_of=...)`)
+JUDGE_ROWS = dict(
+    examples=({"q": "1+2=", "answer": 3}, {"q": "3+4=", "answer": 7}),
+    texts=("3", "4", "7", "9"),
+    group_size=2,
+)
+
+
+def judge_question(example: dict) -> str:
+    return example["q"]
+
+
 @pytest.fixture(scope="module")
 def char_judge(tmp_path_factory):
     """A judge for the judge tests: a tiny random transformers Llama over `CharTokenizer`'s

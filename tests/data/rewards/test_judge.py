@@ -9,7 +9,7 @@ import types
 
 import numpy as np
 import pytest
-from conftest import hf_logits
+from conftest import JUDGE_ROWS, hf_logits, judge_question
 
 from jaxrl_frontier.data.rewards.judge import (
     JudgeRole,
@@ -22,12 +22,8 @@ from jaxrl_frontier.data.rewards.judge import (
 from jaxrl_frontier.models.tokenizer import CharTokenizer
 
 TOKENIZER = CharTokenizer()
-ROWS = types.SimpleNamespace(
-    examples=({"q": "1+2=", "answer": 3}, {"q": "3+4=", "answer": 7}),
-    texts=("3", "4", "7", "9"),
-    group_size=2,
-)
-QUESTION = lambda example: example["q"]  # noqa: E731
+ROWS = types.SimpleNamespace(**JUDGE_ROWS)
+QUESTION = judge_question
 OPTIONS = dict(init="random", yes=("y",), no=("n",), chat=False, max_len=40)
 
 

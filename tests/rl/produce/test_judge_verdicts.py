@@ -8,18 +8,15 @@ import types
 
 import numpy as np
 import pytest
+from conftest import JUDGE_ROWS, judge_question
 
 from jaxrl_frontier.data.rewards.judge import JudgeRole, JudgeScorer, JudgeSection, parse_verdict
 from jaxrl_frontier.models.tokenizer import CharTokenizer
 from jaxrl_frontier.rl.produce.judge_verdicts import SampledVerdicts
 
 TOKENIZER = CharTokenizer()
-ROWS = types.SimpleNamespace(
-    examples=({"q": "1+2=", "answer": 3}, {"q": "3+4=", "answer": 7}),
-    texts=("3", "4", "7", "9"),
-    group_size=2,
-)
-QUESTION = lambda example: example["q"]  # noqa: E731
+ROWS = types.SimpleNamespace(**JUDGE_ROWS)
+QUESTION = judge_question
 SAMPLED = JudgeSection(init="random", chat=False, max_len=40, mode="sampled",
                        prompt="{question}{completion}?", max_verdict_tokens=4, batch_size=3)  # fmt: skip
 
