@@ -57,14 +57,18 @@ def delta_rule_step(state, q, k, v, log_g, beta):
     return jnp.einsum("bhkv,bhk->bhv", state, q), state
 
 
-def segment_starts(segment, t: int) -> jax.Array:
-    """bool [B, T]: the token's segment differs from the token before it (False at t = 0:
-    the first token continues the initial state). None segment: no starts."""
-    if segment is None:
-        return None
+def segment_starts(segment) -> jax.Array:
+    """bool [B, T]: the token's segment id [B, T] differs from the token before it (False at
+    t = 0: the first token continues the initial state)."""
     return jnp.concatenate(
         [jnp.zeros_like(segment[:, :1], bool), segment[:, 1:] != segment[:, :-1]], axis=1
     )
+
+
+def segment_runs(segment) -> jax.Array:
+    """int [B, T]: a new id wherever the segment id changes (each contiguous run its own,
+    whatever ids the caller used)."""
+    return jnp.cumsum(segment_starts(segment), axis=1)
 
 
 def recurrent_gated_delta_rule(q, k, v, log_g, beta, initial_state=None, segment=None):
@@ -73,16 +77,18 @@ def recurrent_gated_delta_rule(q, k, v, log_g, beta, initial_state=None, segment
     [B, H, Dk, Dv] f32)."""
     q, k, v, log_g, beta = (a.astype(F32) for a in (q, k, v, log_g, beta))
     state = _zero_state(q, v) if initial_state is None else initial_state.astype(F32)
-    starts = segment_starts(segment, q.shape[1])
-    keep = jnp.ones(q.shape[:2], F32) if starts is None else 1.0 - starts.astype(F32)
+    inputs = (q, k, v, log_g, beta)
+    if segment is not None:  # the state kept (1) or zeroed (0) before each token
+        inputs += (1.0 - segment_starts(segment).astype(F32),)
 
     def step(s, xs):
-        *xs, keep_t = xs
-        o, s = delta_rule_step(s * keep_t[:, None, None, None], *xs)
+        if segment is not None:
+            *xs, keep = xs
+            s = s * keep[:, None, None, None]
+        o, s = delta_rule_step(s, *xs)
         return s, o
 
-    xs = tuple(jnp.moveaxis(a, 1, 0) for a in (q, k, v, log_g, beta, keep))
-    state, o = jax.lax.scan(step, state, xs)
+    state, o = jax.lax.scan(step, state, tuple(jnp.moveaxis(a, 1, 0) for a in inputs))
     return jnp.moveaxis(o, 0, 1), state
 
 
@@ -123,7 +129,7 @@ def chunk_gated_delta_rule(
     q, k, v, log_g, beta = map(chunks, (q, k, v, log_g, beta))
     cum = jnp.cumsum(log_g, axis=-1)  # [B, H, N, C]
     lower = jnp.tril(jnp.ones((c, c), bool))
-    same, from_start, to_end, through = _segment_masks(segment, b, t, pad, n, c)
+    same, from_start, to_end, through = _segment_masks(segment, b, pad, n, c)
     diff = jnp.where(lower & same, cum[..., :, None] - cum[..., None, :], -jnp.inf)
     decay = jnp.exp(diff)  # D_ij, 0 above the diagonal (and across segments)
     k_beta = k * beta[..., None]
@@ -153,7 +159,7 @@ def chunk_gated_delta_rule(
     return jnp.moveaxis(o, 1, 2), state
 
 
-def _segment_masks(segment, b: int, t: int, pad: int, n: int, c: int):
+def _segment_masks(segment, b: int, pad: int, n: int, c: int):
     """The chunked form's segment masks (`chunk_gated_delta_rule`), each broadcasting
     against [B, H, N, C(, C)]: same [.., C, C] (i and j share a segment), from_start [.., C]
     (token i is in the segment of the token before its chunk), to_end [.., C] (token j is in
@@ -161,8 +167,7 @@ def _segment_masks(segment, b: int, t: int, pad: int, n: int, c: int):
     token before it: S carries through). All True without segments."""
     if segment is None:
         return True, 1.0, 1.0, 1.0
-    runs = jnp.cumsum(segment_starts(segment, t), axis=1)  # a new id wherever the id changes
-    seg = jnp.pad(runs, [(0, 0), (0, pad)], mode="edge").reshape(b, 1, n, c)
+    seg = jnp.pad(segment_runs(segment), [(0, 0), (0, pad)], mode="edge").reshape(b, 1, n, c)
     # the token before each chunk: the previous chunk's last (chunk 0: its own first, whose
     # segment the initial state belongs to)
     before = jnp.concatenate([seg[..., :1, :1], seg[..., :-1, -1:]], axis=2)  # [B, 1, N, 1]

@@ -33,8 +33,6 @@ in models/linear_attention.py).
 
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -209,6 +207,9 @@ class HybridTransformer(Transformer):
         stats per layer)."""
         positions, inv_freq, bias, real, segment_ids = mixing
         recurrent = cache is not None and x.shape[1] == 1
+        # a training (or scoring) forward: each layer a jax.checkpoint of its own (the loop
+        # is Python's, not a scan's body); never in the decode
+        remat = REMAT_POLICIES[self.cfg.remat] if cache is None else None
         states, stats = [], []  # states: per layer (k, v, conv, delta)
         for i, layer in enumerate(self.layers):
             hidden_mask = None if mlp_mask is None else mlp_mask[i]
@@ -219,18 +220,8 @@ class HybridTransformer(Transformer):
             else:
                 kv = None if cache is None else (cache.k[i], cache.v[i], cache.index)
                 args = (positions, inv_freq, bias, kv)
-            call = functools.partial(_call_layer, args=args, hidden_mask=hidden_mask,
-                                     route=route(forced))  # fmt: skip
-            if cache is None and REMAT_POLICIES[self.cfg.remat] is not None:
-                # a training forward: the layer's activations recomputed in the backward
-                graphdef, params = nnx.split(layer)
-                remat = jax.checkpoint(
-                    lambda p, h: call(nnx.merge(graphdef, p), h),
-                    policy=REMAT_POLICIES[self.cfg.remat],
-                )
-                out = remat(params, self.constrain_rows(x))
-            else:
-                out = call(layer, self.constrain_rows(x))
+            inputs = (self.constrain_rows(x), args, hidden_mask, route(forced))
+            out = layer(*inputs) if remat is None else _checkpointed(layer, remat, *inputs)
             x, new = out[0], out[1]
             stats.append(route.stats(out))
             if cache is None:
@@ -251,9 +242,12 @@ class HybridTransformer(Transformer):
         return self.hidden_states(tokens, attention_mask)[0]
 
 
-def _call_layer(layer: HybridBlock, x, *, args, hidden_mask, route):
-    """One layer's forward (`HybridBlock.__call__`) with its mixer's arguments bound."""
-    return layer(x, args, hidden_mask, route)
+def _checkpointed(layer: HybridBlock, policy, x, *rest):
+    """`layer(x, *rest)` as one `jax.checkpoint` (its activations recomputed in the
+    backward); `rest` is closed over, so it may hold Python values (the mixer's flags)."""
+    graphdef, params = nnx.split(layer)
+    run = jax.checkpoint(lambda p, h: nnx.merge(graphdef, p)(h, *rest), policy=policy)
+    return run(params, x)
 
 
 def model_class(cfg: ModelConfig) -> type[Transformer]:

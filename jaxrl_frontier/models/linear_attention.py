@@ -53,7 +53,7 @@ from jaxrl_frontier.models.delta_rule import (
     chunk_gated_delta_rule,
     l2norm,
     recurrent_gated_delta_rule,
-    segment_starts,
+    segment_runs,
 )
 from jaxrl_frontier.models.kv_cache import init_linear_state, linear_dims
 from jaxrl_frontier.models.layers import RMSNorm, make_param, project
@@ -78,7 +78,7 @@ def causal_conv(x, w, prev, real, segment=None):
     compact = jnp.take_along_axis(full, order[:, :, None], axis=1)
     taps = [compact[:, j : j + t] for j in range(kc)]  # at ranks Kc - 1 + [0, T)
     if segment is not None:  # a tap from another sequence reads nothing
-        runs = jnp.cumsum(segment_starts(segment, t), axis=1)
+        runs = segment_runs(segment)
         runs = jnp.concatenate([jnp.repeat(runs[:, :1], keep, axis=1), runs], axis=1)
         runs = jnp.take_along_axis(runs, order, axis=1)  # each compact input's sequence
         own = runs[:, keep:]  # the token at rank Kc - 1 + i: its sequence

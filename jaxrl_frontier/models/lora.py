@@ -100,8 +100,8 @@ def add_adapters(model, *, rank: int, alpha: float, targets, key: jax.Array):
                 "target the attention projections (q_proj, k_proj, v_proj, o_proj, or a "
                 "hybrid's in_proj_qkv, in_proj_z, out_proj)"
             )
+        k = jax.random.fold_in(key, i)
         for j, (module, lead) in enumerate(found):  # (per layer, its own draw)
-            k = jax.random.fold_in(key, i)
             _attach(module, name, n_in, lead, rank, k if lead else jax.random.fold_in(k, j))
             module.lora_scale = float(alpha) / rank
     return model

@@ -321,15 +321,10 @@ class _SlotLoop:
             k=tuple(map(fill, s.cache.k, start_cache.k)),
             v=tuple(map(fill, s.cache.v, start_cache.v)),
             valid=fill(s.cache.valid, start_cache.valid),
+            # linear-attention layers' own state (None elsewhere: no leaves to fill)
+            conv=jax.tree.map(fill, s.cache.conv, start_cache.conv),
+            delta=jax.tree.map(fill, s.cache.delta, start_cache.delta),
         )
-        if start_cache.conv is not None:  # linear-attention layers: the row's own state
-            cache = cache.replace(**{
-                name: tuple(
-                    None if new is None else fill(old, new)
-                    for old, new in zip(getattr(s.cache, name), getattr(start_cache, name))
-                )
-                for name in ("conv", "delta")
-            })  # fmt: skip
         s = s.replace(
             cache=cache, row=jnp.where(take, new_row, s.row), t=jnp.where(take, t0, s.t),
             next_row=s.next_row + jnp.sum(take, dtype=jnp.int32),

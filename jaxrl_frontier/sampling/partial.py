@@ -344,12 +344,10 @@ class PartialSampler(ContinuousSampler):
                 k=tuple(cat(fit(x, 2), y) for x, y in zip(cache.k, nxt_cache.k, strict=True)),
                 v=tuple(cat(fit(x, 2), y) for x, y in zip(cache.v, nxt_cache.v, strict=True)),
                 valid=cat(fit(cache.valid, 1), nxt_cache.valid),
+                # linear-attention layers' fixed-size state (None elsewhere: no leaves)
+                conv=jax.tree.map(cat, cache.conv, nxt_cache.conv),
+                delta=jax.tree.map(cat, cache.delta, nxt_cache.delta),
             )  # fmt: skip
-            if cache.conv is not None:  # linear-attention layers: fixed-size, no slots
-                both = lambda xs, ys: tuple(x if x is None else cat(x, y) for x, y in zip(xs, ys))  # noqa: E731
-                start_cache = start_cache.replace(
-                    conv=both(cache.conv, nxt_cache.conv), delta=both(cache.delta, nxt_cache.delta)
-                )
             s = self.slot_decode(
                 self.decode_model(state), start_cache, cat(logits, nxt_logits), rows,
                 cat(u_cur, u_nxt), buffers, plan, knobs,
