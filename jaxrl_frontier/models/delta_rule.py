@@ -71,10 +71,12 @@ def segment_runs(segment) -> jax.Array:
     return jnp.cumsum(segment_starts(segment), axis=1)
 
 
-def recurrent_gated_delta_rule(q, k, v, log_g, beta, initial_state=None, segment=None):
+def recurrent_gated_delta_rule(
+    q, k, v, log_g, beta, initial_state=None, segment=None, every_state: bool = False
+):
     """The gated delta rule token by token (module docstring; `segment` [B, T]: packed
     rows, the state zeroed where a segment starts). -> (o [B, T, H, Dv] f32, final state
-    [B, H, Dk, Dv] f32)."""
+    [B, H, Dk, Dv] f32, or every_state: the state after each token [B, T, H, Dk, Dv])."""
     q, k, v, log_g, beta = (a.astype(F32) for a in (q, k, v, log_g, beta))
     state = _zero_state(q, v) if initial_state is None else initial_state.astype(F32)
     inputs = (q, k, v, log_g, beta)
@@ -86,10 +88,12 @@ def recurrent_gated_delta_rule(q, k, v, log_g, beta, initial_state=None, segment
             *xs, keep = xs
             s = s * keep[:, None, None, None]
         o, s = delta_rule_step(s, *xs)
-        return s, o
+        return s, (o, s) if every_state else o
 
-    state, o = jax.lax.scan(step, state, tuple(jnp.moveaxis(a, 1, 0) for a in inputs))
-    return jnp.moveaxis(o, 0, 1), state
+    state, ys = jax.lax.scan(step, state, tuple(jnp.moveaxis(a, 1, 0) for a in inputs))
+    if every_state:
+        return jnp.moveaxis(ys[0], 0, 1), jnp.moveaxis(ys[1], 0, 1)
+    return jnp.moveaxis(ys, 0, 1), state
 
 
 def chunk_gated_delta_rule(

@@ -24,11 +24,12 @@ Supported: the plain forward, log-probs and updates (left or right padding), pac
 (`segment_ids`: each sequence's conv window and delta state restart at its first token),
 Dropout-GRPO MLP masks (dense), routing replay and router stats (MoE), the shared-prompt
 forward (run as the plain forward: its prompt is not shared), the plain, continuous and
-partial samplers, remat (`model.remat`: each layer's forward in a `jax.checkpoint` of its
-own, the loop being a Python one). Refused, with the reason: the speculative sampler (its
-rollback cannot undo a recurrent state), a full forward on a mesh with a sequence axis
-(`mesh.sequence` > 1, context parallelism: what a linear layer would need over the axis is
-in models/linear_attention.py).
+partial samplers, the speculative sampler (a verify forward keeps each linear layer's
+state after every token, `KVCache.keep_steps`, and the round keeps its last accepted
+token's), remat (`model.remat`: each layer's forward in a `jax.checkpoint` of its own, the
+loop being a Python one). Refused, with the reason: a full forward on a mesh with a
+sequence axis (`mesh.sequence` > 1, context parallelism: what a linear layer would need
+over the axis is in models/linear_attention.py).
 """
 
 from __future__ import annotations
@@ -54,13 +55,6 @@ from jaxrl_frontier.models.layers import (
 from jaxrl_frontier.models.linear_attention import GatedDeltaNet
 from jaxrl_frontier.models.model_config import REMAT_POLICIES, ModelConfig
 from jaxrl_frontier.models.transformer import Transformer
-
-HYBRID_SAMPLER_REFUSAL = (
-    "this model has linear-attention layers (Qwen3.5's Gated DeltaNet), whose decode state "
-    "is a recurrent matrix and conv window per row, not KV slots; {sampler} rolls the cache "
-    "back to the last accepted token, which such a state cannot undo: use the plain, "
-    "continuous or partial sampler"
-)
 
 
 def partial_rope(x, positions, inv_freq, rope_dim: int):
@@ -120,8 +114,8 @@ class HybridBlock(nnx.Module):
 
     def __call__(self, x, mixer_args, hidden_mask=None, route=None):
         """x [B, T, D]; mixer_args: the mixer's arguments after its input ((real, state,
-        recurrent, segment) or (positions, inv_freq, attn_bias, kv)). -> (x, the mixer's new
-        state or kv, router stats or None)."""
+        recurrent, segment, every_step) or (positions, inv_freq, attn_bias, kv)).
+        -> (x, the mixer's new state or kv, router stats or None)."""
         a, new_state = self.attn(self.input_norm(x), *mixer_args)
         x = x + a
         h = self.post_attn_norm(x)
@@ -206,17 +200,22 @@ class HybridTransformer(Transformer):
         bias, real, segment ids or None). -> (x, (k, v, conv, delta) per-layer tuples, router
         stats per layer)."""
         positions, inv_freq, bias, real, segment_ids = mixing
-        recurrent = cache is not None and x.shape[1] == 1
+        # token by token: a decode step, and a speculative verify that keeps every step
+        keep_steps = cache is not None and cache.keep_steps
+        recurrent = cache is not None and (x.shape[1] == 1 or keep_steps)
         # a training (or scoring) forward: each layer a jax.checkpoint of its own (the loop
         # is Python's, not a scan's body); never in the decode
         remat = REMAT_POLICIES[self.cfg.remat] if cache is None else None
         states, stats = [], []  # states: per layer (k, v, conv, delta)
-        for i, layer in enumerate(self.layers):
+        # the config's layers: a shallow draft (sampling/speculative.py) holds the
+        # policy's whole list and runs its first cfg.num_layers
+        for i in range(self.cfg.num_layers):
+            layer = self.layers[i]
             hidden_mask = None if mlp_mask is None else mlp_mask[i]
             forced = None if route.forced is None else route.forced[i]
             if layer.linear:
                 state = None if cache is None else (cache.conv[i], cache.delta[i])
-                args = (real, state, recurrent, segment_ids)
+                args = (real, state, recurrent, segment_ids, keep_steps)
             else:
                 kv = None if cache is None else (cache.k[i], cache.v[i], cache.index)
                 args = (positions, inv_freq, bias, kv)

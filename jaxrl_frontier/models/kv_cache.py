@@ -40,6 +40,18 @@ class KVCache:
     # delta rule's matrix); such a layer's k[i], v[i] hold no slots' data ([B, 1, S, 0])
     conv: tuple | None = None
     delta: tuple | None = None
+    # a forward over T tokens keeps each linear layer's state after every one of them
+    # (conv [B, T, Kc - 1, C], delta [B, T, Hv, Dk, Dv], by the token-by-token rule), so that
+    # a speculative round can keep the state after its last accepted token (`at_step`)
+    keep_steps: bool = flax.struct.field(pytree_node=False, default=False)
+
+    def at_step(self, step: jax.Array) -> KVCache:
+        """A `keep_steps` cache's linear states after token `step` [B] (int32, per row) of
+        its last forward, as a plain cache; attention layers' slots are kept as written
+        (a later write rewrites the rejected ones before any query reads them)."""
+        pick = lambda x: jnp.take_along_axis(x, step.reshape((-1,) + (1,) * (x.ndim - 1)), 1)[:, 0]
+        conv, delta = jax.tree.map(pick, (self.conv, self.delta))
+        return self.replace(conv=conv, delta=delta, keep_steps=False)
 
     @property
     def max_len(self) -> int:

@@ -60,7 +60,7 @@ from jaxrl_frontier.models.layers import RMSNorm, make_param, project
 from jaxrl_frontier.models.model_config import ModelConfig
 
 
-def causal_conv(x, w, prev, real, segment=None):
+def causal_conv(x, w, prev, real, segment=None, every_step: bool = False):
     """The causal depthwise conv over each row's real inputs: x [B, T, C], w [Kc, C], prev
     [B, Kc - 1, C] the (real) inputs before x, real [B, T] bool. A real token's output is
     sum_j w_j u_{r - Kc + 1 + j}, u the row's real inputs in order (prev's first) and r its
@@ -68,7 +68,7 @@ def causal_conv(x, w, prev, real, segment=None):
     tokens are unused). Packed rows (`segment` [B, T] int): a tap reads an input of the
     token's own segment only (prev belongs to the first token's), as if each sequence ran
     alone. -> (out [B, T, C], the conv state after x: the last Kc - 1 real inputs
-    [B, Kc - 1, C])."""
+    [B, Kc - 1, C]; every_step: the state after each token [B, T, Kc - 1, C])."""
     kc, (b, t, _) = w.shape[0], x.shape
     keep = kc - 1
     full = jnp.concatenate([prev.astype(x.dtype), x], axis=1)  # [B, L, C], L = Kc - 1 + T
@@ -86,8 +86,10 @@ def causal_conv(x, w, prev, real, segment=None):
     conv = sum(x * w[j] for j, x in enumerate(taps))
     rank = jnp.cumsum(flags, axis=1)[:, keep:] - 1  # [B, T], >= Kc - 1
     out = jnp.take_along_axis(conv, (rank - keep)[:, :, None], axis=1)
-    last = jnp.sum(flags, axis=1, keepdims=True) - keep + jnp.arange(keep)  # [B, Kc - 1]
-    return out, jnp.take_along_axis(compact, last[:, :, None], axis=1)
+    # the window once n real inputs of x are in: compact ranks n .. n + Kc - 2
+    window = jax.vmap(lambda c, n: c[n[..., None] + jnp.arange(keep)])
+    seen = jnp.cumsum(real, axis=1) if every_step else jnp.sum(real, axis=1)
+    return out, window(compact, seen)
 
 
 class GatedDeltaNet(nnx.Module):
@@ -122,11 +124,15 @@ class GatedDeltaNet(nnx.Module):
         self.norm = RMSNorm(dv, cfg.rms_norm_eps, pd, rngs)
         self.out_proj = param((hv * dv, d), ("heads", "embed"))
 
-    def __call__(self, x, real, state=None, recurrent: bool = False, segment=None):
+    def __call__(
+        self, x, real, state=None, recurrent: bool = False, segment=None, every_step=False
+    ):
         """x [B, T, D] (normed), real [B, T] bool (None: all real), state None (empty) or
         (conv [B, Kc - 1, C], delta [B, Hv, Dk, Dv]); recurrent: the token-by-token rule
         instead of the chunk-parallel one (the decode's T = 1 step); segment [B, T] int:
-        packed rows, each sequence's conv window and delta state its own.
+        packed rows, each sequence's conv window and delta state its own; every_step (with
+        recurrent): the state after each token, ([B, T, Kc - 1, C], [B, T, Hv, Dk, Dv]),
+        for a speculative round to keep its last accepted token's.
         -> (out [B, T, D], the new (conv, delta) state)."""
         cfg, dt = self.cfg, self.cfg.compute_dtype
         hk, dk, hv, dv, ch = linear_dims(cfg)
@@ -138,7 +144,8 @@ class GatedDeltaNet(nnx.Module):
             state = init_linear_state(cfg, b, dt)
         conv_state, delta_state = state
         qkv = project(self, "in_proj_qkv", x, dt)
-        mixed, new_conv = causal_conv(qkv, self.conv[...].astype(dt), conv_state, real, segment)
+        conv_w = self.conv[...].astype(dt)
+        mixed, new_conv = causal_conv(qkv, conv_w, conv_state, real, segment, every_step)
         mixed = jax.nn.silu(mixed)
         q, k, v = jnp.split(mixed, [hk * dk, 2 * hk * dk], axis=-1)
         q = l2norm(q.reshape(b, t, hk, dk)) * dk**-0.5
@@ -151,7 +158,9 @@ class GatedDeltaNet(nnx.Module):
         log_g = -jnp.exp(self.A_log[...].astype(f32)) * jax.nn.softplus(a)
         beta, log_g = (jnp.where(real[..., None], y, 0.0) for y in (beta, log_g))
         if recurrent:
-            o, new_delta = recurrent_gated_delta_rule(q, k, v, log_g, beta, delta_state, segment)
+            o, new_delta = recurrent_gated_delta_rule(
+                q, k, v, log_g, beta, delta_state, segment, every_step
+            )
         else:
             o, new_delta = chunk_gated_delta_rule(
                 q, k, v, log_g, beta, cfg.linear_chunk_size, delta_state, segment

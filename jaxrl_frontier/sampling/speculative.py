@@ -11,7 +11,13 @@ emitted, not yet in the policy's cache):
     emit      d_1..d_a, t                                       (1 .. k+1 tokens)
 
 p, q: both models' sampling distributions, so the tokens follow the `Sampler`'s (greedy:
-the point-mass case). A `Sampler` subclass on its pieces; the model runs under `jax.vmap`
+the point-mass case). Linear-attention layers (Qwen3.5's Gated DeltaNet) hold a recurrent
+state that a rejected draft cannot be taken out of: the verify forward keeps each such
+layer's state after every one of its k + 1 tokens (`KVCache.keep_steps`, by the
+token-by-token rule; the weights are still read once) and the round keeps the state after
+its last accepted token; the draft keeps its proposals' states the same way.
+
+A `Sampler` subclass on its pieces; the model runs under `jax.vmap`
 over rows with per-row cache slots (`forward_rows`; stale slots of rejected drafts are
 rewritten before they are read), so one device only, and no Dropout-GRPO masks. It pays
 where a (k+1)-token forward costs about a one-token one (an accelerator), not on a CPU.
@@ -30,7 +36,7 @@ from jax.sharding import Mesh
 
 from jaxrl_frontier.core.capabilities import Capabilities
 from jaxrl_frontier.core.xla_options import rollout_compiler_options
-from jaxrl_frontier.models.hybrid import HYBRID_SAMPLER_REFUSAL
+from jaxrl_frontier.models.hybrid import model_class
 from jaxrl_frontier.models.transformer import Transformer
 from jaxrl_frontier.sampling import ops
 from jaxrl_frontier.sampling.params import Knobs, Plan, SamplingParams
@@ -45,7 +51,7 @@ def shallow_draft(model: Transformer, num_layers: int) -> Transformer:
     if not 1 <= num_layers <= cfg.num_layers:
         raise ValueError(f"num_layers={num_layers}; must be in [1, {cfg.num_layers}]")
     shallow = cfg.replace(num_layers=num_layers)
-    draft = nnx.eval_shape(lambda: Transformer(shallow, rngs=nnx.Rngs(0)))
+    draft = nnx.eval_shape(lambda: model_class(shallow)(shallow, rngs=nnx.Rngs(0)))
     draft.embed, draft.layers, draft.final_norm = model.embed, model.layers, model.final_norm
     if not cfg.tie_word_embeddings:
         draft.lm_head = model.lm_head
@@ -91,10 +97,6 @@ class SpeculativeSampler(Sampler):
         batch_buckets: Sequence[int] | None = None,
         cache_dtype: str | None = None,
     ):
-        if any(policy.cfg.linear_layers) or (
-            not isinstance(draft, int) and any(draft.cfg.linear_layers)
-        ):
-            raise ValueError(HYBRID_SAMPLER_REFUSAL.format(sampler="SpeculativeSampler"))
         if mesh is not None and mesh.size > 1:
             raise ValueError(
                 f"SpeculativeSampler (config key 'rollout.speculative') runs on one device, not "
@@ -152,7 +154,8 @@ class SpeculativeSampler(Sampler):
             pos, slot = prompt_len + n - 1, tp + n - 1  # position and slot of x_n
             # -- draft: k proposals; the first call feeds [x_{n-1}, x_n]
             pair = (jnp.stack([s.prev, s.token], 1), jnp.stack([pos - 1, pos], 1))
-            logits, d_cache = forward_rows(draft, *pair, d_cache, slot - 1)
+            logits, d_cache = forward_rows(draft, *pair, d_cache.replace(keep_steps=True), slot - 1)
+            pair_states = (d_cache.conv, d_cache.delta)  # after x_{n-1}, after x_n
             q1 = ops.sampling_logits(logits[:, 1], plan, knobs)
             d1 = pick(q1, u[:, 0])
 
@@ -161,20 +164,32 @@ class SpeculativeSampler(Sampler):
                 logits, d_cache = forward_rows(draft, tok[:, None], at, d_cache, slot + i)
                 q = ops.sampling_logits(logits[:, 0], plan, knobs)
                 nxt = pick(q, jax.lax.dynamic_index_in_dim(u, i, 1, False))
-                return (d_cache, nxt), (nxt, q)
+                return (d_cache, nxt), (nxt, q, (d_cache.conv, d_cache.delta))
 
-            (d_cache, _), (ds, qs) = jax.lax.scan(draft_step, (d_cache, d1), jnp.arange(1, k))
+            carry = (d_cache.at_step(jnp.ones_like(n)), d1)
+            (d_cache, _), (ds, qs, step_states) = jax.lax.scan(draft_step, carry, jnp.arange(1, k))
             drafts = jnp.concatenate([d1[:, None], jnp.moveaxis(ds, 0, 1)], 1)  # [B, k]
             q_logits = jnp.concatenate([q1[:, None], jnp.moveaxis(qs, 0, 1)], 1)  # [B, k, V]
 
             # -- verify: one policy forward over [x_n, d_1, .., d_k]
             verify = jnp.concatenate([s.token[:, None], drafts], 1)  # [B, k+1]
             positions = pos[:, None] + jnp.arange(k + 1)
-            p_raw, p_cache = forward_rows(policy, verify, positions, p_cache, slot)
+            p_raw, p_cache = forward_rows(
+                policy, verify, positions, p_cache.replace(keep_steps=True), slot
+            )
             p_logits = ops.sampling_logits(p_raw, plan, knobs)  # [B, k+1, V]
 
             # -- accept the longest prefix, then one corrected (or bonus) token
             a, t = _accept(p_logits, q_logits, drafts, u, k, plan.greedy)
+            # linear layers keep the state after x_n, d_1..d_a (the policy's, which the
+            # next round continues from t) and after x_{n-1}, x_n, d_1..d_{a-1} (the
+            # draft's, which the next round re-feeds its last two tokens)
+            p_cache = p_cache.at_step(a)
+            drafted = jax.tree.map(
+                lambda p, d: jnp.concatenate([p, jnp.moveaxis(d, 0, 1)], 1),
+                pair_states, step_states,
+            )  # fmt: skip
+            d_cache = d_cache.replace(conv=drafted[0], delta=drafted[1], keep_steps=True).at_step(a)
 
             # -- emit d_1..d_a, t; cut at the first stop token and at max_new_tokens
             emitted, keep, stops, count = _emitted(drafts, a, t, live, tn - n, knobs.stop_ids, pad)
@@ -221,7 +236,10 @@ class SpeculativeSampler(Sampler):
         states = (self.weights(), self.proposer.weights())
         prefill = dict(n=plan.n, use_dropout=False, slots=plan.max_new_tokens + self.k)
         p_cache, logits0, lengths = self.prefill(states[0], *prompts, key, knobs, **prefill)
-        d_cache, _, _ = self.proposer.prefill(states[1], *prompts, key, knobs, **prefill)
+        # the draft's cache stops before the prompt's last token: each round feeds the
+        # draft its last two tokens (a linear layer's state must not count one twice)
+        before_last = (prompts[0], prompts[1].at[:, -1].set(0))
+        d_cache, _, _ = self.proposer.prefill(states[1], *before_last, key, knobs, **prefill)
         version = np.int32(self.policy_version if policy_version is None else policy_version)
         rollout, self.stats, _ = self.speculate(
             states, (p_cache, d_cache), logits0, lengths, prompts, key, knobs, version, plan=plan

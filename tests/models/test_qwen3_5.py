@@ -11,7 +11,7 @@ equal transformers' `generate`, its log-probs the full forward's, and a linear l
 does not grow with the completion; the gradient of a log-prob loss equals transformers'
 autograd; a hub-style multimodal directory loads; a packed row gives each sequence's logits
 alone; the gradient with each layer rematerialized; LoRA on each layer kind and its
-merged export; the refusals (the speculative sampler, a sequence axis).
+merged export; the refusal of a sequence axis.
 
 Tolerance: the logits' scale is O(1-10); an f32 value passes through some hundreds of
 roundings (norms, projections over at most 64 inputs, a delta rule summed in chunks by us
@@ -31,7 +31,6 @@ from jaxrl_frontier.models import hf, moe
 from jaxrl_frontier.models.hybrid import HybridTransformer
 from jaxrl_frontier.models.transformer import reconfigured
 from jaxrl_frontier.sampling import Sampler, SamplingParams
-from jaxrl_frontier.sampling.speculative import SpeculativeSampler
 
 HF_QWEN3_5 = dict(
     vocab_size=128,
@@ -219,13 +218,11 @@ def test_lora_on_each_layer_kind_and_its_merged_export(checkpoint, tmp_path):
     assert rel_diff(hf_logits(back, tokens, mask), adapted, mask) < REL_TOL
 
 
-def test_refusals(checkpoint):
-    """The speculative sampler and a mesh's sequence axis refuse, naming why."""
+def test_sequence_axis_is_refused(checkpoint):
+    """A mesh's sequence axis refuses, naming why."""
     if checkpoint[0] != "dense":
         pytest.skip("one variant is enough")
     model = checkpoint[3]
-    with pytest.raises(ValueError, match="linear-attention layers"):
-        SpeculativeSampler(model, 1, pad_id=0)
     # a sequence axis: refused (the recurrence runs along the whole row), not run whole
     mesh = sharding.make_mesh({"fsdp": 4, "sequence": 2})
     state = nnx.state(model)

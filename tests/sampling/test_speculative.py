@@ -285,3 +285,105 @@ def test_config_turns_speculative_rollouts_on(tmp_path):
     assert 0.0 <= rate <= 1.0
     off = dict(speculative=dict(draft=None, k=4), cache_dtype=None)
     assert type(make_sampler(trainer.roles.policy, off, pad_id=0)) is Sampler
+
+
+# -- a hybrid policy (Qwen3.5's layers): its linear layers' recurrent state per round
+
+
+# a Gated DeltaNet layer before a gated full-attention one, with this file's sharp weights
+# (the linear layers' state moves the logits well beyond rounding)
+HYBRID_CFG = CFG.replace(
+    layer_types=("linear_attention", "full_attention"), linear_num_key_heads=2,
+    linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=8,
+    linear_conv_kernel_dim=4, attn_output_gate=True, partial_rotary_factor=0.5, qk_norm=True,
+    norm_plus_one=True,
+)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def hybrid():
+    return make_model(0, HYBRID_CFG)
+
+
+def hybrid_prompts():
+    tokens = np.array([[0, 0, 0, 0, 0, 3, 1, 4], [0, 0, 2, 7, 1, 5, 6, 2], [0] * 7 + [6]])
+    return tokens.astype(np.int32), (tokens != 0).astype(np.int32)
+
+
+def greedy_accepted(policy_tokens, draft, tokens, mask, n: int, k: int, tn: int) -> int:
+    """What greedy speculative rounds accept in all, draft proposals made by full forwards
+    of the draft on each row's whole prefix (no cache): a reference for the draft's cached
+    state. policy_tokens [B, >= tn + k]: the policy's greedy tokens (B = P * n rows)."""
+    fwd = jax.jit(lambda t, m: draft(t, m)[:, -1])  # right padding: one shape per length
+    accepted = 0
+    for row, target in enumerate(policy_tokens):
+        prompt = tokens[row // n][mask[row // n] == 1]
+        done = 1  # the prefill emitted target[0]
+        while done < tn:
+            seq = list(prompt) + list(target[:done])
+            for i in range(k):
+                d = int(np.argmax(fwd(jnp.asarray([seq]), jnp.ones((1, len(seq)), jnp.int32))))
+                if d != target[done + i]:
+                    break
+                seq.append(d)
+            else:
+                i = k
+            accepted, done = accepted + i, done + i + 1
+    return accepted
+
+
+def test_hybrid_greedy_equals_normal_sampler_and_the_draft_keeps_its_state(hybrid):
+    """Greedy speculative rollouts of a hybrid policy (a shallow draft: its linear layer
+    alone) equal the plain sampler's token for token: the policy's linear state is the one
+    after the last accepted token. The drafts accepted equal a draft that re-reads each
+    row's whole prefix every round: the draft's state is right too (a draft that counted a
+    token twice would propose other tokens)."""
+    tokens, mask = hybrid_prompts()
+    k, tn = 3, 12
+    plain = Sampler(hybrid, pad_id=PAD, prompt_buckets=(TP,))
+    longer = SamplingParams(max_new_tokens=tn + k, n=2, greedy=True)
+    ref = jax.device_get(plain.generate(tokens, mask, longer, jax.random.key(0)))
+    draft = shallow_draft(hybrid, 1)
+    spec = SpeculativeSampler(hybrid, draft, pad_id=PAD, k=k, prompt_buckets=(TP,))
+    params = SamplingParams(max_new_tokens=tn, n=2, greedy=True)
+    ro = jax.device_get(spec.generate(tokens, mask, params, jax.random.key(1)))
+    np.testing.assert_array_equal(ro.completion_tokens, ref.completion_tokens[:, :tn])
+    np.testing.assert_allclose(ro.policy_logp, ref.policy_logp[:, :tn], atol=1e-5)
+    stats = jax.device_get(spec.stats)
+    want = greedy_accepted(ref.completion_tokens, draft, tokens, mask, 2, k, tn)
+    print(f"drafts accepted {int(stats['draft_tokens_accepted'])} (reference {want}), {stats}")
+    assert 0 < want < int(stats["draft_tokens_proposed"])  # some rounds reject
+    assert int(stats["draft_tokens_accepted"]) == want
+
+
+@pytest.fixture(scope="module")
+def hybrid_spec(hybrid):
+    """A hybrid speculative sampler with its own hybrid draft, and its sampled params."""
+    draft = make_model(1, HYBRID_CFG)
+    spec = SpeculativeSampler(hybrid, draft, pad_id=PAD, k=3, prompt_buckets=(TP,))
+    return spec, SamplingParams(max_new_tokens=12, n=4, temperature=1.0)
+
+
+def test_hybrid_sampled_logps_match_teacher_forcing(hybrid, hybrid_spec):
+    """Sampled rounds that reject: every emitted token's policy log-prob equals a full
+    forward's over the finished sequence (a linear state left at a rejected draft would
+    change the tokens after it)."""
+    spec, params = hybrid_spec
+    ro = jax.device_get(spec.generate(*hybrid_prompts(), params, jax.random.key(3)))
+    stats = jax.device_get(spec.stats)
+    assert 0.1 < float(stats["acceptance_rate"]) < 0.9, stats
+    seq = ro.sequences()
+    logits = np.asarray(hybrid(jnp.asarray(seq.tokens), jnp.asarray(seq.attention_mask)))
+    next_logp = np.take_along_axis(log_softmax_np(logits[:, :-1]), seq.tokens[:, 1:, None], -1)
+    expected = np.concatenate([np.zeros((len(logits), 1)), next_logp[..., 0]], 1)
+    np.testing.assert_allclose(seq.old_logp, expected * seq.loss_mask, atol=1e-5)
+
+
+def test_hybrid_draft_equal_to_policy_is_always_accepted(hybrid, hybrid_spec):
+    """The policy as its own draft: p = q at every proposal only if the draft's linear
+    state is the policy's at every round (its first round's prefill included)."""
+    spec, params = hybrid_spec
+    same = SpeculativeSampler(hybrid, hybrid, pad_id=PAD, k=3, prompt_buckets=(TP,))
+    same.generate(*hybrid_prompts(), params, jax.random.key(4))
+    stats = jax.device_get(same.stats)
+    assert float(stats["acceptance_rate"]) == 1.0 and int(stats["rounds"]) == 3, stats
