@@ -17,6 +17,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jaxrl_frontier.models.attention import attention
+from jaxrl_frontier.models import lora
 from jaxrl_frontier.models.kv_cache import write_slots
 from jaxrl_frontier.models.model_config import ACTIVATIONS, ModelConfig
 
@@ -178,6 +179,18 @@ def project(module: nnx.Module, name: str, x: jax.Array, dt, contract: int = 1) 
     h = dense(x, a[...].astype(dt), contract)  # [..., r]
     b = getattr(module, f"{name}_lora_b")[...].astype(dt)
     return y + dense(h, b * jnp.asarray(module.lora_scale, dt))
+
+
+def folded_weight(module: nnx.Module, name: str, dt) -> jax.Array:
+    """The module's weight `name` [*in, *out] with its adapter folded in, W + (alpha / r) A B
+    (`lora.delta`; one input dim), where it holds one: for a product that needs the matrix
+    itself rather than x W (the latent attention's absorbed decode)."""
+    w = getattr(module, name)[...]
+    a = getattr(module, f"{name}_lora_a", None)
+    if a is not None:
+        b = getattr(module, f"{name}_lora_b")[...]
+        w = w.astype(jnp.float32) + lora.delta(a[...], b, 1, module.lora_scale)
+    return w.astype(dt)
 
 
 def make_param(rngs: nnx.Rngs, shape, axes, dtype, init="normal", stack=()) -> nnx.Param:
@@ -402,7 +415,7 @@ class LatentAttention(Attention):
         c = write_slots(latent_cache, latent[:, None].astype(latent_cache.dtype), index, axis=2)
         k_rot = write_slots(rope_cache, jnp.swapaxes(k_rot, 1, 2).astype(rope_cache.dtype),
                             index, axis=2)  # fmt: skip
-        w = self.kv_b_proj[...].astype(dt)  # [R, H, Dn + Dv]
+        w = folded_weight(self, "kv_b_proj", dt)  # [R, H, Dn + Dv], with its adapter
         q_abs = jnp.einsum("bthn,rhn->bthr", q_nope, w[..., :dn], preferred_element_type=f32)
         scores = jnp.einsum("bthr,bsr->bhts", q_abs, c[:, 0].astype(f32))
         scores += jnp.einsum(

@@ -48,7 +48,16 @@ LINEAR_ATTENTION_TARGETS: dict[str, tuple[str, int]] = {
     "in_proj_z": ("attn", 1),
     "out_proj": ("attn", 1),
 }
-_EVERY_TARGET = {**TARGETS, **LINEAR_ATTENTION_TARGETS}
+# DeepSeek-V3's latent attention (`layers.LatentAttention`; q_proj, o_proj above): the q
+# latent's down and up projections, the kv latent's (HF kv_a_proj_with_mqa, with the rope
+# key) and its up-projection, which the absorbed decode folds into the query and output
+LATENT_ATTENTION_TARGETS: dict[str, tuple[str, int]] = {
+    "q_a_proj": ("attn", 1),
+    "q_b_proj": ("attn", 1),
+    "kv_a_proj": ("attn", 1),
+    "kv_b_proj": ("attn", 1),
+}
+_EVERY_TARGET = {**TARGETS, **LINEAR_ATTENTION_TARGETS, **LATENT_ATTENTION_TARGETS}
 ADAPTERS = nnx.LoRAParam  # the filter of adapter variables
 BASE = nnx.All(nnx.Param, nnx.Not(nnx.LoRAParam))  # the frozen weights
 
@@ -67,28 +76,27 @@ def check_targets(targets) -> tuple[str, ...]:
 
 def target_modules(model, sub: str) -> list[tuple[nnx.Module, int]]:
     """(module, leading dims) of every `sub` ('attn' or 'mlp') of the model's layers: one
-    module stacked over the layers ([L, ...] weights, 1 leading dim), or, for a hybrid
-    model's per-layer list (`hybrid.HybridTransformer`), each layer's own (0)."""
+    module per stack of layers ([L, ...] weights, 1 leading dim: `layers`, and DeepSeek-V3's
+    dense first layers `dense_layers` before it), or, for a per-layer list (a hybrid model's,
+    `hybrid.HybridTransformer`, or unstacked layers), each layer's own (0)."""
     if isinstance(model.layers, nnx.List):
         return [(getattr(layer, sub), 0) for layer in model.layers]
-    return [(getattr(model.layers, sub), 1)]
+    stacks = [model.dense_layers] if model.cfg.first_k_dense_replace else []
+    return [(getattr(stack, sub), 1) for stack in stacks + [model.layers]]
 
 
 def add_adapters(model, *, rank: int, alpha: float, targets, key: jax.Array):
     """Attach rank-`rank` adapters to `targets` of `model.layers` (in place); returns model.
     A hybrid model's layers each get their own where they hold the target (q_proj on the
-    full-attention layers, in_proj_qkv on the linear ones, the MLP's on every layer).
+    full-attention layers, in_proj_qkv on the linear ones, the MLP's on every layer);
+    DeepSeek-V3's dense first layers and its MoE layers each stack theirs (the MLP targets
+    on the dense layers only: the experts take none).
 
     A is uniform in +-1/sqrt(fan_in) (PEFT's kaiming_uniform(a=sqrt(5))), B zeros, both in
     the weight's dtype and placed with the weight's sharding's mesh and logical axes (the
     caller re-places them with `sharding.shard_model`)."""
     if rank <= 0:
         raise ValueError(f"config key 'model.lora.rank' = {rank}: must be > 0")
-    if model.cfg.kv_lora_rank or model.cfg.first_k_dense_replace:
-        raise ValueError(
-            "config key 'model.lora': adapters on latent attention or on a model with dense "
-            "layers before its MoE layers (DeepSeek-V3) are not supported"
-        )
     for i, name in enumerate(check_targets(targets)):
         sub, n_in = _EVERY_TARGET[name]
         found = [(m, lead) for m, lead in target_modules(model, sub) if hasattr(m, name)]
@@ -97,8 +105,9 @@ def add_adapters(model, *, rank: int, alpha: float, targets, key: jax.Array):
             raise ValueError(
                 f"config key 'model.lora.targets' names {name!r}, which this model's "
                 f"{'/'.join(kinds)} does not have (adapters on the experts are not supported); "
-                "target the attention projections (q_proj, k_proj, v_proj, o_proj, or a "
-                "hybrid's in_proj_qkv, in_proj_z, out_proj)"
+                "target the attention projections (q_proj, k_proj, v_proj, o_proj; a "
+                "hybrid's in_proj_qkv, in_proj_z, out_proj; a latent attention's q_a_proj, "
+                "q_b_proj, kv_a_proj, kv_b_proj)"
             )
         k = jax.random.fold_in(key, i)
         for j, (module, lead) in enumerate(found):  # (per layer, its own draw)

@@ -193,6 +193,53 @@ def test_greedy_decode_equals_transformers(checkpoint, model):
     np.testing.assert_array_equal(router[:, :, 0], own[:, :, 1])  # layer 1's input: unmoved
 
 
+def test_lora_on_latent_attention_decodes_and_exports(checkpoint, model, tmp_path):
+    """Adapters on each latent-attention projection of every layer (q_a_proj, q_b_proj,
+    kv_a_proj, kv_b_proj, o_proj) and on the dense first layer's gate_proj (the experts take
+    none): with B = 0 the logits are the base's bitwise; with random B the unmerged forward
+    equals the merged copy's, which saves and loads into transformers with the same logits
+    (the parity bound); the absorbed decode, kv_b_proj's adapter folded into the query and
+    the output, gives the full forward's greedy tokens and log-probs."""
+    from transformers import AutoModelForCausalLM
+
+    from jaxrl_frontier.models import lora
+
+    targets = ("q_a_proj", "q_b_proj", "kv_a_proj", "kv_b_proj", "o_proj", "gate_proj")
+    graphdef, state = nnx.split(model)
+    adapted_model = nnx.merge(graphdef, jax.tree.map(jnp.copy, state))
+    lora.add_adapters(adapted_model, rank=2, alpha=4.0, targets=targets, key=jax.random.key(0))
+    stacks = (adapted_model.dense_layers, adapted_model.layers)
+    assert all(hasattr(s.attn, f"{t}_lora_a") for s in stacks for t in targets[:5])
+    assert [hasattr(s.mlp, "gate_proj_lora_a") for s in stacks] == [True, False]
+    tokens, mask = left_padded_batch(length=12)
+    run = jax.jit(lambda m, t, k: m(t, k))
+    base = np.asarray(run(model, tokens, mask))
+    np.testing.assert_array_equal(np.asarray(run(adapted_model, tokens, mask)), base)
+    adapters, _ = lora.split(nnx.state(adapted_model))
+    rng = np.random.RandomState(5)
+    for path, var in nnx.to_flat_state(adapters):
+        if str(path[-1]).endswith("_lora_b"):
+            var.set_value(jnp.asarray(rng.randn(*var.get_value().shape) * 0.1, jnp.float32))
+    nnx.update(adapted_model, adapters)
+    adapted = np.asarray(run(adapted_model, tokens, mask))
+    assert rel_diff(adapted, base, mask) > 100 * REL_TOL  # the adapters act
+    merged = lora.merged(adapted_model)
+    assert not lora.has_adapters(merged)
+    assert rel_diff(np.asarray(run(merged, tokens, mask)), adapted, mask) < REL_TOL
+    hf.save(merged, tmp_path)
+    back = AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation="eager").eval()
+    assert rel_diff(hf_logits(back, tokens, mask), adapted, mask) < REL_TOL
+
+    sampler = Sampler(adapted_model, pad_id=0, prompt_buckets=(8,))
+    params = SamplingParams(max_new_tokens=10, greedy=True)
+    rollout = sampler.generate(PROMPTS, np.ones_like(PROMPTS), params, jax.random.key(0))
+    seq = rollout.sequences()
+    logp = jax.nn.log_softmax(run(adapted_model, seq.tokens, seq.attention_mask)[:, 7:-1], -1)
+    np.testing.assert_array_equal(np.argmax(logp, -1), np.asarray(rollout.completion_tokens))
+    full = np.take_along_axis(np.asarray(logp), np.asarray(seq.tokens)[:, 8:, None], -1)[..., 0]
+    np.testing.assert_allclose(np.asarray(rollout.policy_logp), full, atol=1e-5)
+
+
 def test_expert_parallel_update_equals_one_device(model):
     """The update's form (grouped matmuls) with the experts split over 8 fake devices (one
     expert a device; the dense layer's MLP FSDP-sharded): the loss (with the router's
