@@ -16,8 +16,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jaxrl_frontier.models.attention import attention
 from jaxrl_frontier.models import lora
+from jaxrl_frontier.models.attention import attention
 from jaxrl_frontier.models.kv_cache import write_slots
 from jaxrl_frontier.models.model_config import ACTIVATIONS, ModelConfig
 
