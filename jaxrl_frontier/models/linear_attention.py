@@ -87,9 +87,11 @@ def causal_conv(x, w, prev, real, segment=None, every_step: bool = False):
     rank = jnp.cumsum(flags, axis=1)[:, keep:] - 1  # [B, T], >= Kc - 1
     out = jnp.take_along_axis(conv, (rank - keep)[:, :, None], axis=1)
     # the window once n real inputs of x are in: compact ranks n .. n + Kc - 2
-    window = jax.vmap(lambda c, n: c[n[..., None] + jnp.arange(keep)])
-    seen = jnp.cumsum(real, axis=1) if every_step else jnp.sum(real, axis=1)
-    return out, window(compact, seen)
+    seen = jnp.cumsum(real, axis=1) if every_step else jnp.sum(real, axis=1, keepdims=True)
+    ranks = (seen[..., None] + jnp.arange(keep)).reshape(b, -1)  # [B, (T or 1) (Kc - 1)]
+    window = jnp.take_along_axis(compact, ranks[..., None], axis=1)
+    window = window.reshape(b, -1, keep, window.shape[-1])  # [B, T or 1, Kc - 1, C]
+    return out, window if every_step else window[:, 0]
 
 
 class GatedDeltaNet(nnx.Module):

@@ -100,14 +100,16 @@ def add_adapters(model, *, rank: int, alpha: float, targets, key: jax.Array):
     for i, name in enumerate(check_targets(targets)):
         sub, n_in = _EVERY_TARGET[name]
         found = [(m, lead) for m, lead in target_modules(model, sub) if hasattr(m, name)]
-        if not found:  # a mixture of experts' MLP: no dense projections
+        if not found:  # e.g. k_proj of a latent attention, gate_proj of an MoE's MLP
             kinds = sorted({type(m).__name__ for m, _ in target_modules(model, sub)})
+            have = tuple(
+                t for t, (s, _) in _EVERY_TARGET.items()
+                if any(hasattr(m, t) for m, _ in target_modules(model, s))
+            )  # fmt: skip
             raise ValueError(
                 f"config key 'model.lora.targets' names {name!r}, which this model's "
-                f"{'/'.join(kinds)} does not have (adapters on the experts are not supported); "
-                "target the attention projections (q_proj, k_proj, v_proj, o_proj; a "
-                "hybrid's in_proj_qkv, in_proj_z, out_proj; a latent attention's q_a_proj, "
-                "q_b_proj, kv_a_proj, kv_b_proj)"
+                f"{'/'.join(kinds)} does not have; its targets: {have} (the experts of a "
+                "mixture take no adapters)"
             )
         k = jax.random.fold_in(key, i)
         for j, (module, lead) in enumerate(found):  # (per layer, its own draw)

@@ -153,23 +153,9 @@ class SpeculativeSampler(Sampler):
             u = jax.vmap(uniform)(streams)
             pos, slot = prompt_len + n - 1, tp + n - 1  # position and slot of x_n
             # -- draft: k proposals; the first call feeds [x_{n-1}, x_n]
-            pair = (jnp.stack([s.prev, s.token], 1), jnp.stack([pos - 1, pos], 1))
-            logits, d_cache = forward_rows(draft, *pair, d_cache.replace(keep_steps=True), slot - 1)
-            pair_states = (d_cache.conv, d_cache.delta)  # after x_{n-1}, after x_n
-            q1 = ops.sampling_logits(logits[:, 1], plan, knobs)
-            d1 = pick(q1, u[:, 0])
-
-            def draft_step(carry, i):  # d_i at slot + i, position pos + i -> d_{i+1}
-                (d_cache, tok), at = carry, (pos + i)[:, None]
-                logits, d_cache = forward_rows(draft, tok[:, None], at, d_cache, slot + i)
-                q = ops.sampling_logits(logits[:, 0], plan, knobs)
-                nxt = pick(q, jax.lax.dynamic_index_in_dim(u, i, 1, False))
-                return (d_cache, nxt), (nxt, q, (d_cache.conv, d_cache.delta))
-
-            carry = (d_cache.at_step(jnp.ones_like(n)), d1)
-            (d_cache, _), (ds, qs, step_states) = jax.lax.scan(draft_step, carry, jnp.arange(1, k))
-            drafts = jnp.concatenate([d1[:, None], jnp.moveaxis(ds, 0, 1)], 1)  # [B, k]
-            q_logits = jnp.concatenate([q1[:, None], jnp.moveaxis(qs, 0, 1)], 1)  # [B, k, V]
+            fed = (jnp.stack([s.prev, s.token], 1), pos, slot)
+            sampling = lambda z: ops.sampling_logits(z, plan, knobs)  # noqa: E731
+            drafts, q_logits, d_cache = _propose(draft, d_cache, fed, u, k, pick, sampling)
 
             # -- verify: one policy forward over [x_n, d_1, .., d_k]
             verify = jnp.concatenate([s.token[:, None], drafts], 1)  # [B, k+1]
@@ -184,12 +170,7 @@ class SpeculativeSampler(Sampler):
             # linear layers keep the state after x_n, d_1..d_a (the policy's, which the
             # next round continues from t) and after x_{n-1}, x_n, d_1..d_{a-1} (the
             # draft's, which the next round re-feeds its last two tokens)
-            p_cache = p_cache.at_step(a)
-            drafted = jax.tree.map(
-                lambda p, d: jnp.concatenate([p, jnp.moveaxis(d, 0, 1)], 1),
-                pair_states, step_states,
-            )  # fmt: skip
-            d_cache = d_cache.replace(conv=drafted[0], delta=drafted[1], keep_steps=True).at_step(a)
+            p_cache, d_cache = p_cache.at_step(a), d_cache.at_step(a)
 
             # -- emit d_1..d_a, t; cut at the first stop token and at max_new_tokens
             emitted, keep, stops, count = _emitted(drafts, a, t, live, tn - n, knobs.stop_ids, pad)
@@ -245,6 +226,36 @@ class SpeculativeSampler(Sampler):
             states, (p_cache, d_cache), logits0, lengths, prompts, key, knobs, version, plan=plan
         )
         return rollout.take_rows(num_prompts * plan.n)
+
+
+def _propose(draft, cache, fed, u, k: int, pick, sampling):
+    """One round's draft: fed = (tokens [B, 2]: x_{n-1}, x_n; pos [B]: x_n's position;
+    slot [B]: its cache slot), u [B, 2k+1] the round's uniforms, pick(q, u) -> a token per
+    row, sampling(logits) -> sampling logits. -> (d_1..d_k [B, k], their sampling logits
+    [B, k, V], the cache), the cache holding each linear layer's states after x_{n-1}, x_n,
+    d_1..d_{k-1} ([B, k + 1, ...], `KVCache.keep_steps`) for the round to keep its
+    accepted one (`KVCache.at_step`)."""
+    tokens, pos, slot = fed
+    positions = jnp.stack([pos - 1, pos], 1)
+    logits, cache = forward_rows(draft, tokens, positions, cache.replace(keep_steps=True), slot - 1)
+    fed_states = (cache.conv, cache.delta)  # after x_{n-1}, after x_n
+    q1 = sampling(logits[:, 1])
+    d1 = pick(q1, u[:, 0])
+
+    def draft_step(carry, i):  # d_i at slot + i, position pos + i -> d_{i+1}
+        (cache, tok), at = carry, (pos + i)[:, None]
+        logits, cache = forward_rows(draft, tok[:, None], at, cache, slot + i)
+        q = sampling(logits[:, 0])
+        nxt = pick(q, jax.lax.dynamic_index_in_dim(u, i, 1, False))
+        return (cache, nxt), (nxt, q, (cache.conv, cache.delta))
+
+    carry = (cache.at_step(jnp.ones_like(pos)), d1)
+    (cache, _), (ds, qs, step_states) = jax.lax.scan(draft_step, carry, jnp.arange(1, k))
+    drafts = jnp.concatenate([d1[:, None], jnp.moveaxis(ds, 0, 1)], 1)  # [B, k]
+    q_logits = jnp.concatenate([q1[:, None], jnp.moveaxis(qs, 0, 1)], 1)  # [B, k, V]
+    steps = lambda f, d: jnp.concatenate([f, jnp.moveaxis(d, 0, 1)], 1)  # noqa: E731
+    conv, delta = jax.tree.map(steps, fed_states, step_states)
+    return drafts, q_logits, cache.replace(conv=conv, delta=delta, keep_steps=True)
 
 
 def _round_stats(s: SpeculativeState, k: int, num_rows: int) -> dict:

@@ -211,6 +211,8 @@ def test_lora_on_latent_attention_decodes_and_exports(checkpoint, model, tmp_pat
     stacks = (adapted_model.dense_layers, adapted_model.layers)
     assert all(hasattr(s.attn, f"{t}_lora_a") for s in stacks for t in targets[:5])
     assert [hasattr(s.mlp, "gate_proj_lora_a") for s in stacks] == [True, False]
+    with pytest.raises(ValueError, match=r"'k_proj', which .*LatentAttention.*'kv_b_proj'"):
+        lora.add_adapters(model, rank=2, alpha=4.0, targets=("k_proj",), key=jax.random.key(0))
     tokens, mask = left_padded_batch(length=12)
     run = jax.jit(lambda m, t, k: m(t, k))
     base = np.asarray(run(model, tokens, mask))
