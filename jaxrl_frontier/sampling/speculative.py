@@ -48,11 +48,14 @@ def shallow_draft(model: Transformer, num_layers: int) -> Transformer:
     """The policy cut after `num_layers` blocks (early exit), on the policy's own variables
     (its config runs only the first layers): the policy's state paths, no extra memory."""
     cfg = model.cfg
-    if not 1 <= num_layers <= cfg.num_layers:
-        raise ValueError(f"num_layers={num_layers}; must be in [1, {cfg.num_layers}]")
+    low = cfg.first_k_dense_replace + 1  # DeepSeek-V3: its dense layers and an MoE one
+    if not low <= num_layers <= cfg.num_layers:
+        raise ValueError(f"num_layers={num_layers}; must be in [{low}, {cfg.num_layers}]")
     shallow = cfg.replace(num_layers=num_layers)
     draft = nnx.eval_shape(lambda: model_class(shallow)(shallow, rngs=nnx.Rngs(0)))
     draft.embed, draft.layers, draft.final_norm = model.embed, model.layers, model.final_norm
+    if cfg.first_k_dense_replace:  # DeepSeek-V3's dense first layers: a stack of their own
+        draft.dense_layers = model.dense_layers
     if not cfg.tie_word_embeddings:
         draft.lm_head = model.lm_head
     return draft
