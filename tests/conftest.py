@@ -242,6 +242,54 @@ def build_hf_model(case: str, seed: int = 0):
     return redrawn(transformers.AutoModelForCausalLM.from_config(config).eval(), 0.1, seed)
 
 
+def noisy_copy(model, scale: float = 0.3, seed: int = 1):
+    """Our `model` with every array moved by `scale` of its own std in Gaussian noise: a
+    draft the model accepts and rejects in turn."""
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    graphdef, state = nnx.split(model)
+    key = jax.random.key(seed)
+    noisy = lambda x: x + scale * jnp.std(x) * jax.random.normal(key, x.shape, x.dtype)  # noqa: E731
+    return nnx.merge(graphdef, jax.tree.map(noisy, state))
+
+
+def assert_row_samplers_match_plain(model, draft, prompts) -> None:
+    """Continuous batching (3 slots for 4 rows) and speculative rollouts (`draft`, k = 3)
+    give the plain sampler's greedy tokens, log-probs within 1e-5, the draft both accepted
+    and rejected. prompts [2, >= 3] int32: left-padded in a bucket of 8 as rows of 6 and 3
+    tokens, 10 new tokens each, 2 a prompt."""
+    import jax
+    import numpy as np
+
+    from jaxrl_frontier.sampling import (
+        ContinuousSampler,
+        Sampler,
+        SamplingParams,
+        SpeculativeSampler,
+    )
+
+    tokens = np.zeros((2, 8), np.int32)
+    tokens[0, 2:], tokens[1, 5:] = prompts[0, :6], prompts[1, :3]
+    mask = (tokens != 0).astype(np.int32)
+    params = SamplingParams(max_new_tokens=10, n=2, greedy=True)
+    samplers = {
+        "plain": Sampler(model, pad_id=0, prompt_buckets=(8,)),
+        "continuous": ContinuousSampler(model, slots=3, pad_id=0, prompt_buckets=(8,)),
+        "speculative": SpeculativeSampler(model, draft, pad_id=0, k=3, prompt_buckets=(8,)),
+    }
+    out = {n: s.generate(tokens, mask, params, jax.random.key(0)) for n, s in samplers.items()}
+    want, logp = (
+        np.asarray(getattr(out["plain"], f)) for f in ("completion_tokens", "policy_logp")
+    )
+    for name in ("continuous", "speculative"):
+        np.testing.assert_array_equal(np.asarray(out[name].completion_tokens), want, err_msg=name)
+        np.testing.assert_allclose(np.asarray(out[name].policy_logp), logp, atol=1e-5)
+    accepted = float(samplers["speculative"].stats["acceptance_rate"])
+    assert 0.0 < accepted < 1.0, accepted  # drafts were rejected and accepted
+
+
 def redrawn(model, scale: float, seed: int = 0):
     """A transformers `model` with every parameter redrawn in place: norms around 1, the rest
     N(0, scale^2). transformers initialises norms to 1 and biases to 0, which would leave

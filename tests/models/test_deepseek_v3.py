@@ -22,7 +22,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import assert_save_round_trip, hf_logits, left_padded_batch, rel_diff
+from conftest import (
+    assert_row_samplers_match_plain,
+    assert_save_round_trip,
+    hf_logits,
+    left_padded_batch,
+    rel_diff,
+)
 from flax import nnx
 
 from jaxrl_frontier.core import sharding
@@ -243,32 +249,13 @@ def test_lora_on_latent_attention_decodes_and_exports(checkpoint, model, tmp_pat
 
 
 def test_continuous_and_speculative_samplers_give_the_plain_decode(model):
-    """The latent cache through the samplers that move rows: continuous batching (3 slots
-    for 4 rows: slots take rows at their own cache positions) and speculative rollouts (the
-    policy's first 2 layers, the dense one and an MoE one, as the draft; rejected drafts'
-    latent slots rewritten) give the plain sampler's greedy tokens and log-probs."""
-    from jaxrl_frontier.sampling import ContinuousSampler, SpeculativeSampler, shallow_draft
+    """The latent cache through the samplers that move rows: continuous batching (slots
+    take rows at their own cache positions) and speculative rollouts (the policy's first 2
+    layers, the dense one and an MoE one, as the draft; rejected drafts' latent slots
+    rewritten) give the plain sampler's greedy tokens and log-probs."""
+    from jaxrl_frontier.sampling import shallow_draft
 
-    prompts = np.zeros((2, 8), np.int32)
-    prompts[0, 2:], prompts[1, 5:] = PROMPTS[0], PROMPTS[1, :3]
-    mask = (prompts != 0).astype(np.int32)
-    params = SamplingParams(max_new_tokens=10, n=2, greedy=True)
-    samplers = {
-        "plain": Sampler(model, pad_id=0, prompt_buckets=(8,)),
-        "continuous": ContinuousSampler(model, slots=3, pad_id=0, prompt_buckets=(8,)),
-        "speculative": SpeculativeSampler(
-            model, shallow_draft(model, 2), pad_id=0, k=3, prompt_buckets=(8,)
-        ),
-    }
-    out = {n: s.generate(prompts, mask, params, jax.random.key(0)) for n, s in samplers.items()}
-    want = np.asarray(out["plain"].completion_tokens)
-    for name in ("continuous", "speculative"):
-        np.testing.assert_array_equal(np.asarray(out[name].completion_tokens), want, err_msg=name)
-        np.testing.assert_allclose(
-            np.asarray(out[name].policy_logp), np.asarray(out["plain"].policy_logp), atol=1e-5
-        )
-    accepted = float(samplers["speculative"].stats["acceptance_rate"])
-    assert 0.0 < accepted < 1.0, accepted  # drafts were rejected and accepted
+    assert_row_samplers_match_plain(model, shallow_draft(model, 2), PROMPTS)
     with pytest.raises(ValueError, match=r"num_layers=1; must be in \[2, 3\]"):
         shallow_draft(model, 1)  # the dense layer alone: no MoE layer to stack
 

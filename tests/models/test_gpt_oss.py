@@ -25,7 +25,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import hf_logits, left_padded_batch, redrawn, rel_diff
+from conftest import (
+    assert_row_samplers_match_plain,
+    hf_logits,
+    left_padded_batch,
+    noisy_copy,
+    redrawn,
+    rel_diff,
+)
 from flax import nnx
 
 from jaxrl_frontier.core import sharding
@@ -175,6 +182,14 @@ def test_greedy_decode_equals_transformers_and_its_routing_replays(checkpoint, m
     np.testing.assert_array_equal(used[recorded], flipped[recorded])  # the replayed experts
     np.testing.assert_array_equal(used[~recorded], router[~recorded])  # no record: its own
     np.testing.assert_array_equal(router[:, :, 0], own[:, :, 0])  # layer 0's input: unmoved
+
+
+def test_continuous_and_speculative_samplers_give_the_plain_decode(model):
+    """Sinks and the sliding window through the samplers that move rows: continuous
+    batching and speculative rollouts (a noisy copy of the policy as the draft), both on
+    full caches, give the plain sampler's greedy tokens over its ring of 4 slots."""
+    assert Sampler(model, pad_id=0).ring_cache
+    assert_row_samplers_match_plain(model, noisy_copy(model), PROMPTS)
 
 
 def _loss(graphdef, tokens, mask):

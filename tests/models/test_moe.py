@@ -13,7 +13,13 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
-from conftest import hf_logits, left_padded_batch, redrawn
+from conftest import (
+    assert_row_samplers_match_plain,
+    hf_logits,
+    left_padded_batch,
+    noisy_copy,
+    redrawn,
+)
 from flax import nnx
 
 from jaxrl_frontier.core import sharding
@@ -105,6 +111,13 @@ def test_config_mapping_and_refused_options():
 
 PROMPTS = np.random.RandomState(1).randint(1, 128, size=(2, 6)).astype(np.int32)
 GREEDY = SamplingParams(max_new_tokens=8, greedy=True)
+
+
+def test_continuous_and_speculative_samplers_give_the_plain_decode(model):
+    """The experts through the samplers that move rows (no routing record): continuous
+    batching and speculative rollouts (a noisy copy of the policy as the draft) give the
+    plain sampler's greedy tokens and log-probs."""
+    assert_row_samplers_match_plain(model, noisy_copy(model), PROMPTS)
 
 
 @pytest.fixture(scope="module")
