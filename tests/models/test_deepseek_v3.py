@@ -248,9 +248,9 @@ def test_lora_on_latent_attention_decodes_and_exports(checkpoint, model, tmp_pat
     np.testing.assert_allclose(np.asarray(rollout.policy_logp), full, atol=1e-5)
 
 
-def test_continuous_and_speculative_samplers_give_the_plain_decode(model):
+def test_continuous_partial_and_speculative_samplers_give_the_plain_decode(model):
     """The latent cache through the samplers that move rows: continuous batching (slots
-    take rows at their own cache positions) and speculative rollouts (the policy's first 2
+    take rows at their own cache positions), partial rollouts and speculative rollouts (the policy's first 2
     layers, the dense one and an MoE one, as the draft; rejected drafts' latent slots
     rewritten) give the plain sampler's greedy tokens and log-probs."""
     from jaxrl_frontier.sampling import shallow_draft

@@ -184,9 +184,9 @@ def test_greedy_decode_equals_transformers_and_its_routing_replays(checkpoint, m
     np.testing.assert_array_equal(router[:, :, 0], own[:, :, 0])  # layer 0's input: unmoved
 
 
-def test_continuous_and_speculative_samplers_give_the_plain_decode(model):
+def test_continuous_partial_and_speculative_samplers_give_the_plain_decode(model):
     """Sinks and the sliding window through the samplers that move rows: continuous
-    batching and speculative rollouts (a noisy copy of the policy as the draft), both on
+    batching, partial and speculative rollouts (a noisy copy of the policy as the draft), both on
     full caches, give the plain sampler's greedy tokens over its ring of 4 slots."""
     assert Sampler(model, pad_id=0).ring_cache
     assert_row_samplers_match_plain(model, noisy_copy(model), PROMPTS)

@@ -113,9 +113,9 @@ PROMPTS = np.random.RandomState(1).randint(1, 128, size=(2, 6)).astype(np.int32)
 GREEDY = SamplingParams(max_new_tokens=8, greedy=True)
 
 
-def test_continuous_and_speculative_samplers_give_the_plain_decode(model):
+def test_continuous_partial_and_speculative_samplers_give_the_plain_decode(model):
     """The experts through the samplers that move rows (no routing record): continuous
-    batching and speculative rollouts (a noisy copy of the policy as the draft) give the
+    batching, partial rollouts and speculative rollouts (a noisy copy of the policy as the draft) give the
     plain sampler's greedy tokens and log-probs."""
     assert_row_samplers_match_plain(model, noisy_copy(model), PROMPTS)
 
