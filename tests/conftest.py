@@ -242,6 +242,23 @@ def build_hf_model(case: str, seed: int = 0):
     return redrawn(transformers.AutoModelForCausalLM.from_config(config).eval(), 0.1, seed)
 
 
+def randomize_adapters(model, scale: float = 0.1, seed: int = 5) -> None:
+    """Every LoRA B of `model` (in place) drawn N(0, scale^2), so the adapters act: at
+    their initial B = 0 the adapted model is its base."""
+    import jax.numpy as jnp
+    import numpy as np
+    from flax import nnx
+
+    from jaxrl_frontier.models import lora
+
+    adapters, _ = lora.split(nnx.state(model))
+    rng = np.random.RandomState(seed)
+    for path, var in nnx.to_flat_state(adapters):
+        if str(path[-1]).endswith("_lora_b"):
+            var.set_value(jnp.asarray(rng.randn(*var.get_value().shape) * scale, jnp.float32))
+    nnx.update(model, adapters)
+
+
 def noisy_copy(model, scale: float = 0.3, seed: int = 1):
     """Our `model` with every array moved by `scale` of its own std in Gaussian noise: a
     draft the model accepts and rejects in turn."""

@@ -21,12 +21,13 @@ CFG = ModelConfig(
 )
 # the same shape with Qwen3.5's hybrid layers: a Gated DeltaNet layer (its decode state a conv
 # window and a delta-rule matrix per row) before a gated full-attention one
-HYBRID_CFG = CFG.replace(
+HYBRID_LAYERS = dict(
     layer_types=("linear_attention", "full_attention"), linear_num_key_heads=2,
     linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=8,
     linear_conv_kernel_dim=4, attn_output_gate=True, partial_rotary_factor=0.5, qk_norm=True,
     norm_plus_one=True,
 )  # fmt: skip
+HYBRID_CFG = CFG.replace(**HYBRID_LAYERS)
 PAD = 0
 TN = 12  # max_new_tokens everywhere: one compiled decode length
 N = 2  # group size everywhere

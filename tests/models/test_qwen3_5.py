@@ -23,7 +23,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import assert_save_round_trip, hf_logits, left_padded_batch, redrawn, rel_diff
+from conftest import (
+    assert_save_round_trip,
+    hf_logits,
+    left_padded_batch,
+    randomize_adapters,
+    redrawn,
+    rel_diff,
+)
 from flax import nnx
 
 from jaxrl_frontier.core import sharding
@@ -202,12 +209,7 @@ def test_lora_on_each_layer_kind_and_its_merged_export(checkpoint, tmp_path):
     assert all(hasattr(layer.mlp, "gate_proj_lora_a") for layer in model.layers)
     tokens, mask = left_padded_batch(batch=2, length=18)
     np.testing.assert_array_equal(np.asarray(model(tokens, mask)), np.asarray(base(tokens, mask)))
-    adapters, _ = lora.split(nnx.state(model))
-    rng = np.random.RandomState(5)
-    for path, var in nnx.to_flat_state(adapters):
-        if str(path[-1]).endswith("_lora_b"):
-            var.set_value(jnp.asarray(rng.randn(*var.get_value().shape) * 0.1, jnp.float32))
-    nnx.update(model, adapters)
+    randomize_adapters(model)
     adapted = np.asarray(model(tokens, mask))
     assert rel_diff(adapted, np.asarray(base(tokens, mask)), mask) > 1e-3  # the adapters act
     merged = lora.merged(model)

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from tiny_sampler import HYBRID_LAYERS
 
 from jaxrl_frontier.core import sharding as shd
 from jaxrl_frontier.models.model_config import ModelConfig
@@ -290,14 +291,10 @@ def test_config_turns_speculative_rollouts_on(tmp_path):
 # -- a hybrid policy (Qwen3.5's layers): its linear layers' recurrent state per round
 
 
-# a Gated DeltaNet layer before a gated full-attention one, with this file's sharp weights
-# (the linear layers' state moves the logits well beyond rounding)
-HYBRID_CFG = CFG.replace(
-    layer_types=("linear_attention", "full_attention"), linear_num_key_heads=2,
-    linear_num_value_heads=4, linear_key_head_dim=8, linear_value_head_dim=8,
-    linear_conv_kernel_dim=4, attn_output_gate=True, partial_rotary_factor=0.5, qk_norm=True,
-    norm_plus_one=True,
-)  # fmt: skip
+# a Gated DeltaNet layer before a gated full-attention one (the sampler tests' hybrid
+# layers), with this file's sharp weights: the linear layers' state moves the logits well
+# beyond rounding
+HYBRID_CFG = CFG.replace(**HYBRID_LAYERS)
 
 
 @pytest.fixture(scope="module")
