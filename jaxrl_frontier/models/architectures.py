@@ -400,8 +400,9 @@ class DeepseekV3Architecture(Architecture):
     `rope_interleave`), the first `first_k_dense_replace` layers dense, the others a mixture
     of `n_routed_experts` with a sigmoid, group-limited router (`n_group`, `topk_group`,
     `e_score_correction_bias`, `routed_scaling_factor`) and `n_shared_experts` ungated shared
-    experts. The multi-token-prediction layers (`num_nextn_predict_layers`) are not read,
-    as transformers does not."""
+    experts. The multi-token-prediction layers (`num_nextn_predict_layers`, after the
+    decoder layers) are not the policy's: `hf.load_mtp` reads one as a speculative draft
+    (models/multi_token.py); transformers reads none."""
 
     def config_from_hf(self, hf: dict) -> ModelConfig:
         if hf.get("attention_bias", False):

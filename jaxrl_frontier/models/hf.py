@@ -32,6 +32,7 @@ so each device receives only its own shard.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -61,6 +62,12 @@ from jaxrl_frontier.models.architectures import (
 )
 from jaxrl_frontier.models.hybrid import model_class
 from jaxrl_frontier.models.model_config import ModelConfig
+from jaxrl_frontier.models.multi_token import (
+    HF_COUNT_KEY,
+    MultiTokenPredictor,
+    mtp_tensor_specs,
+    shared_copies,
+)
 from jaxrl_frontier.models.qwen3_5 import checkpoint_specs
 from jaxrl_frontier.models.tensor_map import TensorSpec, hf_tensors, tensor_specs
 from jaxrl_frontier.models.transformer import Transformer
@@ -72,6 +79,14 @@ _SHARD_NAME = "model-{:05d}-of-{:05d}.safetensors"
 _SHARD_RE = re.compile(r"model-\d{5}-of-\d{5}\.safetensors")
 # Tensors some checkpoints carry that hold no parameters of ours (old Llama exports).
 _IGNORED = re.compile(r".*rotary_emb\.inv_freq$")
+_LAYER = re.compile(r"model\.layers\.(\d+)\.")
+
+
+def _layer_of(name: str) -> int:
+    """The layer index in a tensor's name (-1 for a tensor outside the layers)."""
+    m = _LAYER.match(name)
+    return -1 if m is None else int(m[1])
+
 
 # ----------------------------------------------------------------------------- reading
 
@@ -211,9 +226,10 @@ def _read_model_config(path: str) -> tuple[Architecture, ModelConfig]:
         raise ModelFileError(f"{os.path.join(path, CONFIG_FILE)}: {msg}") from None
 
 
-def _open_checkpoint(path: str):
+def _open_checkpoint(path: str, keep_mtp: bool = False):
     """(architecture, ModelConfig, {tensor name: file}, a context giving read(name) -> host
-    array) of a checkpoint directory or a `.gguf` file."""
+    array) of a checkpoint directory or a `.gguf` file; the tensors of its
+    multi-token-prediction modules (layers past `num_hidden_layers`) only with keep_mtp."""
     if gguf_file.is_gguf(path):  # dequantized tensor by tensor, in HF's names and layout
         ckpt = gguf_file.read(path)
         arch, cfg = architecture_for(ckpt.hf_config), config_from_hf(ckpt.hf_config)
@@ -223,6 +239,8 @@ def _open_checkpoint(path: str):
     weight_map, stored = _weight_map(path), None
     if getattr(arch, "multimodal", False):  # its language model's tensors only
         weight_map, stored = _language_model_tensors(weight_map)
+    if not keep_mtp and read_config(path).get(HF_COUNT_KEY):  # not the policy's tensors
+        weight_map = {n: f for n, f in weight_map.items() if _layer_of(n) < cfg.num_layers}
     return arch, cfg, weight_map, _tensor_reader(path, weight_map, stored)
 
 
@@ -257,9 +275,51 @@ def load(
     )
     specs = checkpoint_specs(cfg, arch.expert_tensors)
     _check_tensor_names(path, specs, weight_map, cfg)
-
-    # Abstract model: shapes and logical axes, no memory.
     abstract = nnx.eval_shape(lambda: model_class(cfg)(cfg, rngs=nnx.Rngs(0)))
+    with reader as read:
+        return _filled(abstract, specs, read, weight_map, mesh, rules)
+
+
+def load_mtp(
+    path: str | os.PathLike,
+    *,
+    index: int = 0,
+    mesh: Mesh | None = None,
+    dtype: Any = None,
+    param_dtype: Any = None,
+    rules=DEFAULT_RULES,
+) -> MultiTokenPredictor:
+    """The checkpoint's multi-token-prediction module `index` (models/multi_token.py: layer
+    `model.layers.{num_hidden_layers + index}`), placed and typed as `load` places the
+    policy; its embedding and head are the policy's, passed at every call."""
+    path = os.fspath(path)
+    arch, cfg, weight_map, reader = _open_checkpoint(path, keep_mtp=True)
+    count = int(read_config(path).get(HF_COUNT_KEY) or 0) if os.path.isdir(path) else 0
+    if not 0 <= index < count:
+        raise ModelFileError(
+            f"{os.path.join(path, CONFIG_FILE)}: {HF_COUNT_KEY} = {count}: the checkpoint has "
+            f"no multi-token-prediction module {index} (config key "
+            "'rollout.speculative.draft' = 'mtp' needs one)"
+        )
+    cfg = cfg.replace(
+        dtype=jnp.dtype(dtype or "float32").name,
+        param_dtype=jnp.dtype(param_dtype or "float32").name,
+    )
+    specs = mtp_tensor_specs(cfg, cfg.num_layers + index, arch.expert_tensors)
+    missing = [s.hf_name for s in specs if s.hf_name not in weight_map]
+    if missing:
+        raise ModelFileError(
+            f"{path}: {HF_COUNT_KEY} = {count}, but tensor {missing[0]!r} of its module "
+            f"{index} is missing"
+        )
+    abstract = nnx.eval_shape(lambda: MultiTokenPredictor(cfg, rngs=nnx.Rngs(0)))
+    with reader as read:
+        return _filled(abstract, specs, read, weight_map, mesh, rules)
+
+
+def _filled(abstract: nnx.Module, specs, read, weight_map, mesh, rules):
+    """`abstract` (built by `nnx.eval_shape`) with its parameters read by `specs`: one
+    parameter's tensors at a time, each device given only its own shard."""
     graphdef, state = nnx.split(abstract)
     if mesh is not None:
         shardings = dict(nnx.to_flat_state(state_shardings(state, mesh, rules)))
@@ -268,33 +328,32 @@ def load(
     for spec in specs:
         by_path.setdefault(spec.path, []).append(spec)
     default = SingleDeviceSharding(jax.devices()[0])
-    pd = jnp.dtype(cfg.param_dtype)  # jnp: np.dtype does not know "bfloat16"
+    pd = jnp.dtype(abstract.cfg.param_dtype)  # jnp: np.dtype does not know "bfloat16"
+    # (a fused tensor is read once per parameter it fills)
+    for param_path, group in by_path.items():  # one parameter's tensors at a time
+        hosts = []
+        for spec in group:
+            w = read(spec.hf_name)
+            if tuple(w.shape) != spec.hf_shape:
+                raise ValueError(
+                    f"tensor {spec.hf_name!r} in {weight_map[spec.hf_name]!r}: expected "
+                    f"shape {spec.hf_shape} (from config.json), found {tuple(w.shape)}"
+                )
+            hosts.append(spec.to_ours(w))  # a view of the host array
+        grid = _host_grid(group, hosts)  # [L] or [L, E] host arrays; None: unstacked
+        shape = group[0].shape if grid is None else (*grid.shape, *group[0].shape)
+        sharding = shardings[param_path].get_value() if mesh is not None else default
 
-    with reader as read:  # (a fused tensor is read once per parameter it fills)
-        for param_path, group in by_path.items():  # one parameter's tensors at a time
-            hosts = []
-            for spec in group:
-                w = read(spec.hf_name)
-                if tuple(w.shape) != spec.hf_shape:
-                    raise ValueError(
-                        f"tensor {spec.hf_name!r} in {weight_map[spec.hf_name]!r}: expected "
-                        f"shape {spec.hf_shape} (from config.json), found {tuple(w.shape)}"
-                    )
-                hosts.append(spec.to_ours(w))  # a view of the host array
-            grid = _host_grid(group, hosts)  # [L] or [L, E] host arrays; None: unstacked
-            shape = group[0].shape if grid is None else (*grid.shape, *group[0].shape)
-            sharding = shardings[param_path].get_value() if mesh is not None else default
+        def shard(idx, hosts=hosts, grid=grid):
+            """Each device's slice, copied (and cast) from the host arrays."""
+            if grid is None:
+                return np.asarray(hosts[0][idx], dtype=pd)
+            cells, rest = grid[idx[: grid.ndim]], idx[grid.ndim :]
+            parts = [np.asarray(h[rest], dtype=pd) for h in cells.reshape(-1)]
+            return np.stack(parts).reshape(*cells.shape, *parts[0].shape)
 
-            def shard(idx, hosts=hosts, grid=grid):
-                """Each device's slice, copied (and cast) from the host arrays."""
-                if grid is None:
-                    return np.asarray(hosts[0][idx], dtype=pd)
-                cells, rest = grid[idx[: grid.ndim]], idx[grid.ndim :]
-                parts = [np.asarray(h[rest], dtype=pd) for h in cells.reshape(-1)]
-                return np.stack(parts).reshape(*cells.shape, *parts[0].shape)
-
-            variables[param_path].set_value(jax.make_array_from_callback(shape, sharding, shard))
-            del hosts
+        variables[param_path].set_value(jax.make_array_from_callback(shape, sharding, shard))
+        del hosts
     return nnx.merge(graphdef, state)
 
 
@@ -325,6 +384,21 @@ def _parse_size(size: int | str) -> int:
     return int(float(m.group(1)) * mult[unit])
 
 
+def _shard_groups(tensors_in_order, limit: int, itemsize: int) -> list[list]:
+    """The shard files' tensors, planned from shapes alone: greedy in HF tensor order, each
+    file up to `limit` bytes (a larger tensor alone)."""
+    groups: list[list[tuple[str, list[TensorSpec]]]] = [[]]
+    used = 0
+    for name, parts in tensors_in_order:
+        nbytes = math.prod(parts[0].hf_shape) * itemsize
+        if groups[-1] and used + nbytes > limit:
+            groups.append([])
+            used = 0
+        groups[-1].append((name, parts))
+        used += nbytes
+    return groups
+
+
 def _to_host(x: jax.Array) -> np.ndarray:
     if isinstance(x, jax.Array) and not x.is_fully_addressable:  # multi-host: gather
         from jax.experimental import multihost_utils
@@ -349,6 +423,7 @@ def save(
     dtype: Any = None,
     max_shard_size: int | str = "5GB",
     base_config: dict | None = None,
+    mtp: MultiTokenPredictor | None = None,
 ) -> None:
     """Write `model` as an HF checkpoint: config.json plus model.safetensors, or
     model-0000i-of-0000n.safetensors and model.safetensors.index.json when the weights
@@ -359,6 +434,8 @@ def save(
         parameter dtype.
       base_config: an original config.json dict whose other keys (bos/eos ids, ...) are
         kept; the architecture fields are overwritten from `model.cfg`.
+      mtp: a multi-token-prediction module (`load_mtp`), written after the layers as
+        DeepSeek-V3's checkpoints hold one, with its copies of the embedding and head.
 
     Tensors are fetched to host one shard file at a time, a layer's tensors as their slice
     of the stacked parameters. With several processes every
@@ -367,20 +444,16 @@ def save(
     path = os.fspath(path)
     cfg = model.cfg
     out_dtype = np.dtype(jnp.dtype(dtype or cfg.param_dtype))
-    tensors_in_order = hf_tensors(checkpoint_specs(cfg, architecture_of(cfg).expert_tensors))
+    expert_tensors = architecture_of(cfg).expert_tensors
+    specs = checkpoint_specs(cfg, expert_tensors)
     variables = dict(nnx.to_flat_state(nnx.state(model, nnx.Param)))
+    if mtp is not None:  # its parameters under ("mtp", ...), the copies from the policy
+        specs = specs + _mtp_save_specs(cfg, specs, expert_tensors)
+        mtp_vars = nnx.to_flat_state(nnx.state(mtp, nnx.Param))
+        variables.update({("mtp", *p): v for p, v in mtp_vars})
+    tensors_in_order = hf_tensors(specs)
 
-    # Plan the shard files from shapes alone (greedy, in HF tensor order).
-    limit = _parse_size(max_shard_size)
-    groups: list[list[tuple[str, list[TensorSpec]]]] = [[]]
-    used = 0
-    for name, parts in tensors_in_order:
-        nbytes = math.prod(parts[0].hf_shape) * out_dtype.itemsize
-        if groups[-1] and used + nbytes > limit:
-            groups.append([])
-            used = 0
-        groups[-1].append((name, parts))
-        used += nbytes
+    groups = _shard_groups(tensors_in_order, _parse_size(max_shard_size), out_dtype.itemsize)
 
     writer = jax.process_index() == 0
     if writer:
@@ -420,8 +493,24 @@ def save(
     # Drop the transformers-5 rope spelling of the base: ours (rope_theta/rope_scaling) wins.
     hf.pop("rope_parameters", None)
     hf.update(config_to_hf(cfg, out_dtype.name))
+    hf[HF_COUNT_KEY] = int(mtp is not None)
     with open(os.path.join(path, CONFIG_FILE), "w") as fh:
         json.dump(hf, fh, indent=2, sort_keys=True)
+
+
+def _mtp_save_specs(cfg: ModelConfig, specs: list[TensorSpec], expert_tensors: str):
+    """The specs `save` writes an MTP module by: its own parameters' (paths under "mtp"),
+    then its copies of the policy's embedding and head (`specs`: the policy's)."""
+    index = cfg.num_layers
+    own = [
+        dataclasses.replace(spec, path=("mtp", *spec.path))
+        for spec in mtp_tensor_specs(cfg, index, expert_tensors)
+    ]
+    by_name = {spec.hf_name: spec for spec in specs}
+    embed = by_name["model.embed_tokens.weight"]
+    head = embed if cfg.tie_word_embeddings else by_name["lm_head.weight"]
+    names = shared_copies(index)
+    return own + [dataclasses.replace(spec, hf_name=n) for spec, n in zip((embed, head), names)]
 
 
 def count_params(model: Transformer) -> int:
@@ -439,6 +528,7 @@ __all__ = [
     "config_to_hf",
     "count_params",
     "load",
+    "load_mtp",
     "read_config",
     "save",
     "tensor_specs",

@@ -13,7 +13,7 @@ those experts, so the router still receives a gradient. `RouterStats` (per layer
 load-balancing loss, the router z-loss and the routing metrics (`router_losses`,
 `router_metrics`); `balance_bias_update` moves DeepSeek-V3's auxiliary-loss-free bias (`balance_biases`: every
 bias of a params tree, in the learner's update; `is_balance_bias`: the leaves no optimizer
-moves).
+moves). `LayerRouting`: a forward's routing, layer by layer (the model's forwards).
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxrl_frontier.core.errors import ConfigError
+from jaxrl_frontier.models.model_config import ModelConfig
 
 
 @dataclasses.dataclass(frozen=True)
@@ -284,3 +285,27 @@ def routing_difference_share(a, b, mask=None) -> jax.Array:
     # the layers with a router (a dense layer's experts are -1 everywhere: DeepSeek's first)
     layers = jnp.sum(jnp.any(a >= 0, axis=(0, 1, 3)))
     return jnp.sum(differ * w[..., None]) / jnp.maximum(jnp.sum(w) * layers, 1.0)
+
+
+class LayerRouting:
+    """An MoE forward's routing, for `Transformer.hidden_states`: `routed` (replayed experts
+    or router stats asked for), `forced` [L, B, T, k] replayed experts (or None);
+    route(forced_l) -> the layer's `Route` (None: a plain MLP call); stats(out) -> the
+    layer's router stats from its output (None unless routed)."""
+
+    def __init__(self, routed: bool, attention_mask, forced, cfg: ModelConfig):
+        self.routed, self.mask, self.forced, self.cfg = routed, attention_mask, forced, cfg
+
+    def __call__(self, forced_layer):
+        return Route(mask=self.mask, experts=forced_layer) if self.routed else None
+
+    def stats(self, out):
+        """The layer's stats; a dense layer of an MoE model (DeepSeek-V3's first layers)
+        gives none, and stands in the [L, ...] stack as `no_router_stats`."""
+        if not self.routed:
+            return None
+        if out[2] is None:
+            return no_router_stats(
+                self.mask.shape, self.cfg.num_experts, self.cfg.num_experts_per_tok
+            )
+        return out[2]

@@ -66,6 +66,7 @@ from jaxrl_frontier.models.layers import (
     shared_prompt_block,
 )
 from jaxrl_frontier.models.model_config import REMAT_POLICIES, ModelConfig
+from jaxrl_frontier.models.routing import LayerRouting
 
 # ----------------------------------------------------------------------------- model
 
@@ -198,6 +199,7 @@ class Transformer(nnx.Module):
         segment_ids=None,
         routing=None,
         router_stats: bool = False,
+        embeds=None,
     ):
         """Final-normed hidden states [B, T, D] (and the updated cache, or None).
 
@@ -209,6 +211,9 @@ class Transformer(nnx.Module):
         also returns the layers' `moe.RouterStats` stacked [L, ...] (their `experts`
         [L, B, T, k]) over the real tokens: (hidden, cache, stats). A dense layer of an MoE
         model (DeepSeek-V3's first) ignores its routing and has `moe.no_router_stats`.
+        embeds [B, T, D]: the first layer's input in place of the tokens' embeddings (a
+        multi-token-prediction module's, models/multi_token.py; `tokens` then give the
+        shape only).
         """
         cfg = self.cfg
         if segment_ids is not None:
@@ -229,7 +234,8 @@ class Transformer(nnx.Module):
         )
 
         if cache is None:  # a training (or scoring) forward: remat applies
-            x = self.constrain_rows(self.embed_tokens(tokens), positions=True)
+            x = self.embed_tokens(tokens) if embeds is None else embeds
+            x = self.constrain_rows(x, positions=True)
 
             def block(layer, x, inputs):
                 hidden_mask, info, forced = inputs
@@ -242,30 +248,16 @@ class Transformer(nnx.Module):
             x, stats = self.scan_layers(block, x, xs, remat=cfg.remat)
             return with_stats(x, None, stats)
 
-        x = self.constrain_rows(self.embed_tokens(tokens))
+        x = self.constrain_rows(self.embed_tokens(tokens) if embeds is None else embeds)
         if isinstance(self.layers, nnx.List):  # unstacked: each layer's cache in place
             x, new_cache, stats = self._cached_layers(
                 x, positions, real, (per_layer, layer_info), cache, mlp_mask, route
             )
             return with_stats(x, new_cache.replace(valid=key_valid, index=cache.index + t), stats)
-        if cache.ring_layers:
-            raise ValueError(
-                "a cache with sliding-window rings runs on the unstacked model "
-                "(transformer.unstack_layers), not the scanned one"
-            )
-
-        def cached_block(layer, x, inputs):
-            k, v, hidden_mask, info, forced = inputs
-            inv_freq, (attn_bias,) = per_layer(info)
-            kv, x = (k, v, cache.index), self.constrain_rows(x)
-            out = layer(x, positions, inv_freq, attn_bias, kv, hidden_mask, route(forced))
-            return out[0], (out[1], route.stats(out))
-
-        # the scan takes (and returns) the layers' caches stacked [L, ...]
-        xs = (jnp.stack(cache.k), jnp.stack(cache.v), mlp_mask, layer_info, route.forced)
-        x, ((k, v), stats) = self.scan_layers(cached_block, x, xs)
-        new_cache = cache.replace(k=tuple(k), v=tuple(v), valid=key_valid, index=cache.index + t)
-        return with_stats(x, new_cache, stats)
+        x, new_cache, stats = self._scanned_cache_layers(
+            x, positions, (per_layer, layer_info), cache, mlp_mask, route
+        )
+        return with_stats(x, new_cache.replace(valid=key_valid, index=cache.index + t), stats)
 
     def _row_mask(self, real, cache, segment_ids):
         """(key_valid [B, S], the mask as `attention_inputs` takes it: (distance, allowed))
@@ -309,13 +301,35 @@ class Transformer(nnx.Module):
             allowed = allowed & same_segment(segment_ids)
         return key_valid, distance, allowed
 
-    def _router(self, attention_mask, routing, router_stats: bool) -> _Routing:
+    def _router(self, attention_mask, routing, router_stats: bool) -> LayerRouting:
         """The layers' MoE routing for `hidden_states` (replayed experts, stats wanted)."""
         routed = routing is not None or router_stats
         if routed and not self.cfg.num_experts:
             raise ValueError("routing / router_stats: this model has no experts (num_experts=0)")
         forced = None if routing is None else jnp.moveaxis(routing, 2, 0)  # [L, B, T, k]
-        return _Routing(routed, attention_mask, forced, self.cfg)
+        return LayerRouting(routed, attention_mask, forced, self.cfg)
+
+    def _scanned_cache_layers(self, x, positions, attention, cache, mlp_mask, route):
+        """The stacked layers over a cache, under one scan that takes (and returns) the
+        layers' caches stacked [L, ...]: at slots [index, index + T). attention: as
+        `_cached_layers`. -> (x, the cache with new k, v, router stats [L, ...] or None)."""
+        if cache.ring_layers:
+            raise ValueError(
+                "a cache with sliding-window rings runs on the unstacked model "
+                "(transformer.unstack_layers), not the scanned one"
+            )
+        per_layer, layer_info = attention
+
+        def cached_block(layer, x, inputs):
+            k, v, hidden_mask, info, forced = inputs
+            inv_freq, (attn_bias,) = per_layer(info)
+            kv, x = (k, v, cache.index), self.constrain_rows(x)
+            out = layer(x, positions, inv_freq, attn_bias, kv, hidden_mask, route(forced))
+            return out[0], (out[1], route.stats(out))
+
+        xs = (jnp.stack(cache.k), jnp.stack(cache.v), mlp_mask, layer_info, route.forced)
+        x, ((k, v), stats) = self.scan_layers(cached_block, x, xs)
+        return x, cache.replace(k=tuple(k), v=tuple(v)), stats
 
     def _cached_layers(self, x, positions, real, attention, cache, mlp_mask, route):
         """The unstacked layers over a cache, each layer's cache updated in place: at slots
@@ -571,27 +585,3 @@ def unstack_layers(model: Transformer) -> Transformer:
     if dense:
         del out.dense_layers
     return out
-
-
-class _Routing:
-    """An MoE forward's routing, for `Transformer.hidden_states`: `routed` (replayed experts
-    or router stats asked for), `forced` [L, B, T, k] replayed experts (or None);
-    route(forced_l) -> the layer's `moe.Route` (None: a plain MLP call); stats(out) -> the
-    layer's router stats from its output (None unless routed)."""
-
-    def __init__(self, routed: bool, attention_mask, forced, cfg: ModelConfig):
-        self.routed, self.mask, self.forced, self.cfg = routed, attention_mask, forced, cfg
-
-    def __call__(self, forced_layer):
-        return moe.Route(mask=self.mask, experts=forced_layer) if self.routed else None
-
-    def stats(self, out):
-        """The layer's stats; a dense layer of an MoE model (DeepSeek-V3's first layers)
-        gives none, and stands in the [L, ...] stack as `moe.no_router_stats`."""
-        if not self.routed:
-            return None
-        if out[2] is None:
-            return moe.no_router_stats(
-                self.mask.shape, self.cfg.num_experts, self.cfg.num_experts_per_tok
-            )
-        return out[2]

@@ -31,6 +31,7 @@ from conftest import (
     rel_diff,
 )
 from flax import nnx
+from tiny_deepseek import hf_model
 
 from jaxrl_frontier.core import sharding
 from jaxrl_frontier.models import hf, moe
@@ -38,58 +39,13 @@ from jaxrl_frontier.models.kv_cache import init_cache
 from jaxrl_frontier.models.transformer import Transformer
 from jaxrl_frontier.sampling import Sampler, SamplingParams
 
-HF_DEEPSEEK = dict(
-    vocab_size=128,
-    hidden_size=32,
-    intermediate_size=48,
-    moe_intermediate_size=16,
-    num_hidden_layers=3,
-    num_attention_heads=4,
-    num_key_value_heads=4,
-    n_shared_experts=1,
-    n_routed_experts=8,
-    kv_lora_rank=16,
-    q_lora_rank=24,
-    qk_rope_head_dim=8,
-    v_head_dim=12,
-    qk_nope_head_dim=8,
-    n_group=4,
-    topk_group=2,
-    num_experts_per_tok=2,
-    first_k_dense_replace=1,
-    routed_scaling_factor=2.5,
-    max_position_embeddings=2560,  # 40x the original 64 (YaRN)
-    eos_token_id=None,  # generate's 10 tokens all count (the default eos is token 1)
-    rope_parameters=dict(
-        rope_type="yarn",
-        rope_theta=10000.0,
-        factor=40.0,
-        beta_fast=32,
-        beta_slow=1,
-        mscale=1.0,
-        mscale_all_dim=1.0,
-        original_max_position_embeddings=64,
-    ),  # fmt: skip
-)
 REL_TOL = 1e-5  # max |ours - transformers| / max |logit| (module docstring)
 
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
     """(directory, torch model): the tiny random DeepSeek-V3 saved by transformers."""
-    import torch
-    import transformers
-
-    config = transformers.DeepseekV3Config(
-        **HF_DEEPSEEK, attn_implementation="eager", experts_implementation="eager"
-    )
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(config).eval()
-    with torch.no_grad():  # every parameter redrawn, so each one moves the logits
-        for name, p in model.named_parameters():
-            p.copy_(1.0 + 0.2 * torch.randn_like(p) if "norm" in name else 0.3 * p.normal_())
-        for layer in model.model.layers[1:]:  # the balancing bias: a buffer, not a parameter
-            layer.mlp.gate.e_score_correction_bias.normal_(0.0, 0.3)
+    model = hf_model(seed=0)
     path = tmp_path_factory.mktemp("deepseek_v3")
     model.save_pretrained(path)
     return path, model
