@@ -88,10 +88,12 @@ def docs(record: type) -> dict[str, str]:
 
 def unset_type(record: type, name: str) -> type:
     """The type an unset (None) key of `record` takes when set: `int` of `int | None`, the
-    origin of a generic (`tuple` of `tuple[str, ...]`), `object` for `Any`."""
+    origin of a generic (`tuple` of `tuple[str, ...]`), `object` for `Any` or a union of
+    several (`int | str | None`: checked by the record itself)."""
     hint = typing.get_type_hints(record)[name]
     if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
-        hint = next(a for a in typing.get_args(hint) if a is not type(None))
+        options = [a for a in typing.get_args(hint) if a is not type(None)]
+        hint = options[0] if len(options) == 1 else object
     hint = typing.get_origin(hint) or hint
     return hint if isinstance(hint, type) else object
 

@@ -21,12 +21,14 @@ from jaxrl_frontier.models import hf, lora, moe, pretrained
 from jaxrl_frontier.models.architectures import config_from_hf
 from jaxrl_frontier.models.hybrid import model_class
 from jaxrl_frontier.models.model_config import ModelConfig
+from jaxrl_frontier.models.multi_token import MultiTokenPredictor
 from jaxrl_frontier.models.tokenizer import CharTokenizer, load_tokenizer
 from jaxrl_frontier.models.transformer import Transformer, reconfigured
 from jaxrl_frontier.rl.learn.optimizer import build_optimizer
 from jaxrl_frontier.rl.learn.train_step import init_train_state, optimizer_memory_kind
 from jaxrl_frontier.run.config import sections
 from jaxrl_frontier.run.config.sections import objective_section  # noqa: F401 (users' name)
+from jaxrl_frontier.sampling.rollout_section import MTP_DRAFT
 
 
 def build_mesh(config) -> jax.sharding.Mesh:
@@ -282,6 +284,19 @@ def build_model(init: str, path: str, config, tokenizer, mesh, key, dtype: str) 
         return sharding.shard_model(model, mesh)
     model = hf.load(export_dir(path), mesh=mesh, dtype=dtype)
     return reconfigured(model, model.cfg.replace(**run_choices(config.model)))
+
+
+def build_mtp_draft(config, mesh) -> MultiTokenPredictor | None:
+    """The policy checkpoint's multi-token-prediction module where the rollouts draft with
+    it (`rollout.speculative.draft = 'mtp'`), or None."""
+    if config.rollout.speculative.draft != MTP_DRAFT:
+        return None
+    if config.model.init != "hf":
+        raise ConfigError(
+            f"config key 'rollout.speculative.draft' = {MTP_DRAFT!r} reads the module from the "
+            f"policy's checkpoint: it needs model.init = 'hf' (got {config.model.init!r})"
+        )
+    return hf.load_mtp(export_dir(config.model.path), mesh=mesh, dtype=config.model.dtype)
 
 
 def build_reward_model(config, tokenizer, mesh, key, policy_cfg) -> RewardModelRole | None:

@@ -32,6 +32,7 @@ from jaxrl_frontier.run.build import (
     build_judge,
     build_meshes,
     build_model,
+    build_mtp_draft,
     build_reward_model,
     build_tagged_teachers,
     build_teacher,
@@ -61,6 +62,8 @@ class Roles:
     tagged_teachers: tuple = ()
     teacher_tags: dict = dataclasses.field(default_factory=dict)
     teacher_tokenizer: Any = None  # its own (`teacher.tokenizer = 'own'`), else None
+    # the checkpoint's multi-token-prediction module (`rollout.speculative.draft = 'mtp'`)
+    mtp: nnx.Module | None = None
 
     @property
     def teacher_weights(self):
@@ -104,7 +107,7 @@ class Roles:
         nnx.update(self.policy, sharding.host_copy(params))
         if write:
             merged = self.policy if self.base_params is None else lora.merged(self.policy)
-            hf.save(merged, path)
+            hf.save(merged, path, mtp=self.mtp)  # the module kept for the next run
             self.tokenizer.save(path)
 
 
@@ -125,7 +128,10 @@ def build_roles(
     k_reward = jax.random.fold_in(k_teacher, 0x5C0E)  # its own stream: the others unchanged
     reward_model = build_reward_model(c, tokenizer, mesh, k_reward, policy.cfg)
     judge = build_judge(c, tokenizer, mesh, jax.random.fold_in(k_reward, 1), policy.cfg)
-    make = lambda on, partial=False: _sampler(c, policy, graphdef, mesh, on, tokenizer, partial)  # noqa: E731
+    mtp = build_mtp_draft(c, rollout_mesh)
+    make = lambda on, partial=False: _sampler(
+        c, (policy, mtp), graphdef, mesh, on, tokenizer, partial
+    )  # noqa: E731
     eval_mesh = rollout_mesh
     if jax.process_count() > 1 and sharding.is_process_local(rollout_mesh):
         eval_mesh = mesh  # the eval's prompts span every host: the global mesh
@@ -152,12 +158,15 @@ def build_roles(
         tagged_teachers=tagged,
         teacher_tags=tags,
         teacher_tokenizer=teacher_tokenizer(c),
+        mtp=mtp,
     )
     return roles, params
 
 
-def _sampler(c, policy, graphdef, train_mesh, mesh, tokenizer, partial: bool) -> Sampler:
-    """The sampler `rollout.*` asks for, over the policy placed on `mesh`."""
+def _sampler(c, models, graphdef, train_mesh, mesh, tokenizer, partial: bool) -> Sampler:
+    """The sampler `rollout.*` asks for, over the policy placed on `mesh` (models: the
+    policy, the checkpoint's MTP module or None)."""
+    policy, mtp = models
     if mesh is not train_mesh:
         policy = nnx.merge(graphdef, reshard_to(mesh)(nnx.state(policy)))
     rollout = sections.rollout_section(c)
@@ -172,4 +181,5 @@ def _sampler(c, policy, graphdef, train_mesh, mesh, tokenizer, partial: bool) ->
         mesh=mesh,
         partial=partial,
         record_routing=c.model.moe.routing_replay == "rollout",  # MoE routing replay (R3)
+        mtp=mtp,
     )

@@ -9,10 +9,11 @@ from jax.sharding import Mesh
 
 from jaxrl_frontier.core import records
 from jaxrl_frontier.core.capabilities import refusal
+from jaxrl_frontier.models.multi_token import MultiTokenPredictor
 from jaxrl_frontier.models.transformer import Transformer
 from jaxrl_frontier.sampling.continuous import ContinuousSampler
 from jaxrl_frontier.sampling.partial import PartialSampler
-from jaxrl_frontier.sampling.rollout_section import RolloutSection
+from jaxrl_frontier.sampling.rollout_section import MTP_DRAFT, RolloutSection
 from jaxrl_frontier.sampling.sampler import Sampler
 from jaxrl_frontier.sampling.speculative import SpeculativeSampler
 
@@ -64,9 +65,11 @@ def make_sampler(
     mesh: Mesh | None = None,
     partial: bool = False,
     record_routing: bool = False,
+    mtp: MultiTokenPredictor | None = None,
 ):
     """The sampler config section `rollout` asks for: with `speculative.draft` set, a
-    `SpeculativeSampler` (draft: the policy's first layers); with `continuous_slots` > 0, a
+    `SpeculativeSampler` (draft: the policy's first layers, or with 'mtp' the module `mtp`,
+    `hf.load_mtp` of the policy's checkpoint); with `continuous_slots` > 0, a
     `ContinuousSampler` (continuous batching), or with `partial` and `partial_budget` > 0 a
     `PartialSampler` (the training rollouts' partial rollouts); else a `Sampler`.
     record_routing: an MoE policy's rollouts carry their experts (`Sampler`'s only). What
@@ -90,4 +93,12 @@ def make_sampler(
         return ContinuousSampler(model, slots=r.continuous_slots, **kw)
     if cls is Sampler:
         return Sampler(model, decode_phases=r.decode_phases, record_routing=record_routing, **kw)
-    return SpeculativeSampler(model, r.speculative.draft, k=r.speculative.k, **kw)
+    draft = r.speculative.draft
+    if draft == MTP_DRAFT:
+        if mtp is None:
+            raise ValueError(
+                f"config key 'rollout.speculative.draft' = {MTP_DRAFT!r}: no multi-token-"
+                "prediction module was loaded (it is read from the policy's checkpoint)"
+            )
+        draft = mtp
+    return SpeculativeSampler(model, draft, k=r.speculative.k, **kw)

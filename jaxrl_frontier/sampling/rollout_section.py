@@ -23,14 +23,29 @@ class RolloutMeshSection:
     tensor: int = key(1, "devices each matmul is split over")
 
 
+# `rollout.speculative.draft`: the checkpoint's multi-token-prediction module drafts
+MTP_DRAFT = "mtp"
+
+
 @dataclasses.dataclass(frozen=True)
 class SpeculativeSection:
-    """`rollout.speculative`: speculative rollouts (sampling/speculative.py, one device): the
-    policy's first `draft` layers propose k tokens a round, the policy verifies them in one
-    forward and rejection sampling keeps its distribution exactly."""
+    """`rollout.speculative`: speculative rollouts (sampling/speculative.py, one device): a
+    draft (the policy's first `draft` layers, or with 'mtp' the policy checkpoint's
+    multi-token-prediction module) proposes k tokens a round, the policy verifies them in
+    one forward and rejection sampling keeps its distribution exactly."""
 
-    draft: int | None = key(None, "the draft's layers (None: off, the plain sampler)")
+    draft: int | str | None = key(
+        None, "N: the policy's first N layers; 'mtp': its checkpoint's MTP module; None: off"
+    )
     k: int = key(4, "tokens proposed a round", low=0, low_open=True)
+
+    def __post_init__(self):
+        d = self.draft
+        if not (d is None or d == MTP_DRAFT or (type(d) is int and d >= 1)):
+            raise ValueError(
+                f"config key 'rollout.speculative.draft' = {d!r}; allowed: None (off), a "
+                f"number of the policy's layers >= 1, or {MTP_DRAFT!r}"
+            )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -164,21 +164,24 @@ class Sampler:
         """The jitted prefill or decode for matmuls of `rows` rows (XLA options per device)."""
         options = rollout_compiler_options(self.platform, rows // self.batch_multiple)
         if (name, options) not in self._jits:
-            statics = dict(prefill=("n", "use_dropout", "slots"), decode=("plan",))[name]
+            statics = dict(prefill=("n", "use_dropout", "slots", "hidden"), decode=("plan",))
             # a cache that grows between phases is a new buffer: nothing to donate
             # (nor with rings: the sliding layers' buffers change shape)
             one_cache = self.decode_phases == 1 and not self.ring_cache
             donate = ("cache",) if name == "decode" and one_cache else ()
             fn = getattr(self, f"{name}_body")
             self._jits[name, options] = jax.jit(
-                fn, static_argnames=statics, donate_argnames=donate, compiler_options=dict(options)
+                fn,
+                static_argnames=statics[name],
+                donate_argnames=donate,
+                compiler_options=dict(options),
             )
         return self._jits[name, options]
 
-    def prefill(self, state, tokens, mask, key, knobs, *, n: int, use_dropout: bool, slots: int):
-        """The prefill program (`prefill_body`) for these prompts [P, Tp]."""
-        run = self.program("prefill", tokens.size * (n if use_dropout else 1))
-        return run(state, tokens, mask, key, knobs, n=n, use_dropout=use_dropout, slots=slots)
+    def prefill(self, state, tokens, mask, key, knobs, **statics):
+        """The prefill program (`prefill_body`, its static keywords) for prompts [P, Tp]."""
+        run = self.program("prefill", tokens.size * (statics["n"] if statics["use_dropout"] else 1))
+        return run(state, tokens, mask, key, knobs, **statics)
 
     def decode(self, state, cache, *args, plan: Plan):
         """The decode program (`decode_body`) for this prefilled cache (its buffers donated)."""
@@ -237,11 +240,23 @@ class Sampler:
         return self.constrain(mask, (None, "batch", "mlp")), keys
 
     def prefill_body(
-        self, state, tokens, mask, key, knobs, *, n: int, use_dropout: bool, slots: int
+        self,
+        state,
+        tokens,
+        mask,
+        key,
+        knobs,
+        *,
+        n: int,
+        use_dropout: bool,
+        slots: int,
+        hidden: bool = False,
     ):
-        """Prompts [P, Tp] -> (cache [P*n, Tp + slots], last logits [P*n, V], lengths [P*n]).
-        A prompt runs once for its n rows, except under per-row dropout masks (the rows then
-        differ from the first layer on)."""
+        """Prompts [P, Tp] -> (cache [P*n, Tp + slots], last logits [P*n, V], lengths [P*n]),
+        then with `record_routing` the experts, with `hidden` the prompts' final-normed
+        hidden states [P, Tp, D] (a multi-token-prediction draft's input). A prompt runs
+        once for its n rows, except under per-row dropout masks (the rows then differ from
+        the first layer on)."""
         model = nnx.merge(self.graphdef, state)
         if use_dropout and n > 1:
             tokens, mask = jnp.repeat(tokens, n, axis=0), jnp.repeat(mask, n, axis=0)
@@ -251,29 +266,17 @@ class Sampler:
         out = model.hidden_states(
             tokens, mask, cache=cache, mlp_mask=mlp_mask, router_stats=self.record_routing
         )
-        hidden, cache = out[:2]
-        logits = model.logits(hidden[:, -1])  # left padding: column Tp-1 is the last token
+        states, cache = out[:2]
+        logits = model.logits(states[:, -1])  # left padding: column Tp-1 is the last token
         reps = 1 if use_dropout else n
         routing = None
         if self.record_routing:  # [P, Tp, L, k], -1 on padding
             routing = recorded_experts(out[2].experts, mask)
             routing = jnp.repeat(routing, reps, axis=0)
-
-        def fit(x):  # the prompt's rows repeated, the decode's slots added (axis 2 / 1)
-            return jnp.pad(
-                jnp.repeat(x, reps, 0),
-                [(0, slots * (a == min(x.ndim - 1, 2))) for a in range(x.ndim)],
-            )
-
-        cache = cache.replace(
-            k=jax.tree.map(fit, cache.k), v=jax.tree.map(fit, cache.v), valid=fit(cache.valid),
-            # linear layers' fixed-size states: the prompt's rows repeated, no slots
-            conv=jax.tree.map(lambda x: jnp.repeat(x, reps, 0), cache.conv),
-            delta=jax.tree.map(lambda x: jnp.repeat(x, reps, 0), cache.delta),
-        )  # fmt: skip
         lengths = jnp.repeat(jnp.sum(mask, axis=1, dtype=jnp.int32), reps)
-        out = self.constrain_cache(cache), jnp.repeat(logits, reps, 0), lengths
-        return out + ((routing,) if self.record_routing else ())
+        cache = self.constrain_cache(fitted(cache, reps, slots))
+        out = cache, jnp.repeat(logits, reps, 0), lengths
+        return out + ((routing,) if self.record_routing else ()) + ((states,) if hidden else ())
 
     def decode_model(self, state) -> Transformer:
         """The model a decode loop runs: weights cast once, layers split unless scanned."""
@@ -410,17 +413,48 @@ def grow_cache(cache: KVCache, size: int) -> KVCache:
     )
 
 
-def forward_rows(model: Transformer, tokens, positions, cache: KVCache, index):
+def fitted(cache: KVCache, reps: int, slots: int) -> KVCache:
+    """A prefilled cache for the decode: each prompt's row repeated `reps` times (its n
+    samples) and `slots` empty slots added; a linear layer's fixed-size state has no slots."""
+
+    def fit(x):  # axis 2 of a layer's [B, K, S, Dh], axis 1 of valid [B, S]
+        return jnp.pad(
+            jnp.repeat(x, reps, 0), [(0, slots * (a == min(x.ndim - 1, 2))) for a in range(x.ndim)]
+        )
+
+    repeat = lambda x: jnp.repeat(x, reps, 0)  # noqa: E731
+    return cache.replace(
+        k=jax.tree.map(fit, cache.k), v=jax.tree.map(fit, cache.v), valid=fit(cache.valid),
+        conv=jax.tree.map(repeat, cache.conv), delta=jax.tree.map(repeat, cache.delta),
+    )  # fmt: skip
+
+
+def per_row(call, cache: KVCache, index, *xs):
+    """call(*x, cache) -> (out, cache) on a batch of one, run for every row b (`jax.vmap`)
+    with its inputs x[b] ([B, ...] each) at its own cache slots from index_b (int32 [B]) ->
+    (out [B, ...], the cache; its `index` kept)."""
+
+    def one_row(row, *x):  # a batch of one: per layer [1, K, S, Dh]
+        row = jax.tree.map(lambda a: a[None], row).replace(index=row.index)
+        out, row = call(*(a[None] for a in x), row)
+        row = jax.tree.map(lambda a: a[0], row.replace(index=row.index[None]))
+        return jax.tree.map(lambda a: a[0], out), row
+
+    out, rows = jax.vmap(one_row)(cache.replace(index=index), *xs)
+    return out, rows.replace(index=cache.index)
+
+
+def forward_rows(model: Transformer, tokens, positions, cache: KVCache, index, hidden=False):
     """tokens, positions int32 [B, T] written at per-row slots [index_b, index_b + T) (index
-    int32 [B]) -> (logits f32 [B, T, V], the cache; its `index` kept)."""
+    int32 [B]) -> (logits f32 [B, T, V], the cache; its `index` kept); hidden=True: ((logits,
+    the final-normed hidden states [B, T, D]), the cache)."""
 
-    def one_row(tok, pos, row):  # a batch of one: per layer [1, K, S, Dh]
-        row = jax.tree.map(lambda x: x[None], row).replace(index=row.index)
-        logits, row = model(tok[None], None, positions=pos[None], cache=row)
-        return logits[0], jax.tree.map(lambda x: x[0], row.replace(index=row.index[None]))
+    def call(tok, pos, row):
+        states, row = model.hidden_states(tok, None, positions=pos, cache=row)
+        logits = model.logits(states)
+        return ((logits, states) if hidden else logits), row
 
-    logits, rows = jax.vmap(one_row)(tokens, positions, cache.replace(index=index))
-    return logits, rows.replace(index=cache.index)
+    return per_row(call, cache, index, tokens, positions)
 
 
 def as_key(key) -> jax.Array:

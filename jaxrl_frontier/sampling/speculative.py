@@ -36,9 +36,11 @@ from jax.sharding import Mesh
 
 from jaxrl_frontier.core.capabilities import Capabilities
 from jaxrl_frontier.core.xla_options import rollout_compiler_options
+from jaxrl_frontier.models import transformer as tfm
 from jaxrl_frontier.models.hybrid import model_class
+from jaxrl_frontier.models.multi_token import MultiTokenPredictor
 from jaxrl_frontier.models.transformer import Transformer
-from jaxrl_frontier.sampling import ops
+from jaxrl_frontier.sampling import mtp_draft, ops
 from jaxrl_frontier.sampling.params import Knobs, Plan, SamplingParams
 from jaxrl_frontier.sampling.records import DEFAULT_PROMPT_BUCKETS, Rollout, make_rollout
 from jaxrl_frontier.sampling.sampler import DecodeState, Sampler, as_key, forward_rows
@@ -61,6 +63,28 @@ def shallow_draft(model: Transformer, num_layers: int) -> Transformer:
     return draft
 
 
+def _picker(greedy: bool):
+    """pick(q_logits [B, V], u [B]) -> one token per row of sampling logits: the argmax, or
+    the draw of uniform u."""
+
+    def pick(q_logits, u):
+        argmax = jnp.argmax(q_logits, axis=-1).astype(jnp.int32)
+        return argmax if greedy else ops.inverse_cdf(q_logits, u)[0]
+
+    return pick
+
+
+def _check_draft(draft, cfg) -> None:
+    """A draft proposes in the policy's vocabulary; an MTP module reads its hidden states."""
+    if draft.cfg.vocab_size != cfg.vocab_size:
+        raise ValueError(f"draft vocab {draft.cfg.vocab_size} != {cfg.vocab_size}")
+    if isinstance(draft, MultiTokenPredictor) and draft.cfg.hidden_size != cfg.hidden_size:
+        raise ValueError(
+            f"multi-token-prediction module of width {draft.cfg.hidden_size}: the policy's "
+            f"hidden states are {cfg.hidden_size} wide (another checkpoint's module?)"
+        )
+
+
 def _write_rows(buf, values, start):
     """buf [B, W] <- values [B, m] at per-row columns [start_b, start_b + m)."""
     return jax.vmap(lambda b, x, s: jax.lax.dynamic_update_slice(b, x, (s,)))(buf, values, start)
@@ -69,18 +93,22 @@ def _write_rows(buf, values, start):
 @flax.struct.dataclass
 class SpeculativeState(DecodeState):
     """`DecodeState` over rounds (cache: the policy's and the draft's; token: x_n), with prev
-    int32 [B] (x_{n-1}), live_rounds (rows running, summed over rounds), accepted int32 []."""
+    int32 [B] (x_{n-1}), live_rounds (rows running, summed over rounds), accepted int32 [],
+    carried: a multi-token-prediction draft's input (`mtp_draft.Carried`; None otherwise)."""
 
     prev: jax.Array = None
     live_rounds: jax.Array = None
     accepted: jax.Array = None
+    carried: tuple | None = None
 
 
 class SpeculativeSampler(Sampler):
-    """A `Sampler` whose decode lets a `draft` (a `Transformer` of the same vocabulary, or N:
-    `shallow_draft(policy, N)`, following `update_weights`) propose `k` tokens per policy
-    forward; mesh: None or one device. `stats`: the last rollout's acceptance_rate,
-    tokens_per_policy_forward, rounds, policy_forwards, draft_tokens_proposed / _accepted."""
+    """A `Sampler` whose decode lets a `draft` (a `Transformer` of the same vocabulary; N:
+    `shallow_draft(policy, N)`, following `update_weights`; or the checkpoint's
+    `MultiTokenPredictor`, on the policy's embedding and head: sampling/mtp_draft.py)
+    propose `k` tokens per policy forward; mesh: None or one device. `stats`: the last
+    rollout's acceptance_rate, tokens_per_policy_forward, rounds, policy_forwards,
+    draft_tokens_proposed / _accepted."""
 
     capabilities = Capabilities.all_but(
         partial_rows="the rows start in its idle slots",
@@ -91,7 +119,7 @@ class SpeculativeSampler(Sampler):
     def __init__(
         self,
         policy: Transformer,
-        draft: Transformer | int,
+        draft: Transformer | MultiTokenPredictor | int,
         *,
         pad_id: int,
         k: int = 4,
@@ -110,11 +138,16 @@ class SpeculativeSampler(Sampler):
             raise ValueError(f"k={k}; must be >= 1")
         self.draft_follows_policy = isinstance(draft, int)
         draft = shallow_draft(policy, draft) if self.draft_follows_policy else draft
-        if draft.cfg.vocab_size != policy.cfg.vocab_size:
-            raise ValueError(f"draft vocab {draft.cfg.vocab_size} != {policy.cfg.vocab_size}")
+        _check_draft(draft, policy.cfg)
         kw = dict(pad_id=pad_id, prompt_buckets=prompt_buckets, batch_buckets=batch_buckets)
         super().__init__(policy, mesh=mesh, cache_dtype=cache_dtype, **kw)
-        self.proposer = Sampler(draft, mesh=mesh, cache_dtype=cache_dtype, **kw)
+        self.mtp = isinstance(draft, MultiTokenPredictor)
+        # a multi-token-prediction module runs inside the policy's programs (its input is
+        # the policy's hidden states); another draft has a sampler's prefill of its own
+        self.proposer = (
+            draft if self.mtp else Sampler(draft, mesh=mesh, cache_dtype=cache_dtype, **kw)
+        )
+        self.draft_graphdef = nnx.graphdef(draft) if self.mtp else None
         self.k, self.stats = int(k), {}
         self.stats_prefix = "rollout/speculative_"  # the stats' metric names
         kw = dict(compiler_options=dict(rollout_compiler_options(self.platform, 1)))
@@ -128,23 +161,49 @@ class SpeculativeSampler(Sampler):
         if self.draft_follows_policy:
             self.proposer.update_weights(model_or_state, version)
 
+    def draft_weights(self):
+        """The `nnx.State` the next `generate` drafts from."""
+        return nnx.state(self.proposer) if self.mtp else self.proposer.weights()
+
+    def draft_model(self, state):
+        """The draft a decode loop runs (as `Sampler.decode_model`)."""
+        if not self.mtp:
+            return self.proposer.decode_model(state)
+        mtp = nnx.merge(self.draft_graphdef, state)
+        return tfm.unstack_layers(tfm.with_compute_weights(mtp))
+
+    def _drafted(self, models, s: SpeculativeState, at, u, drafting):
+        """One round's proposals (d_1..d_k [B, k], their sampling logits [B, k, V], the
+        draft's cache): the MTP module's on the carried states, or the draft model's fed
+        [x_{n-1}, x_n]. models: (draft, policy); at: x_n's (position, slot) [B] each; u: the
+        round's uniforms; drafting: (pick, sampling) as `_propose` takes them."""
+        (draft, policy), d_cache = models, s.cache[1]
+        if self.mtp:
+            return mtp_draft.propose(draft, policy, d_cache, s.carried, at, u, self.k, *drafting)
+        fed = (jnp.stack([s.prev, s.token], 1), *at)
+        return _propose(draft, d_cache, fed, u, self.k, *drafting)
+
     def _speculate(
-        self, states, caches, logits0, prompt_len, prompts, key, knobs, version, *, plan
+        self, states, caches, logits0, prompt_len, prompts, key, knobs, version, hidden, *, plan
     ):
-        """Prefilled caches -> (`Rollout`, stats, final caches); see the module docstring."""
-        policy, draft = self.decode_model(states[0]), self.proposer.decode_model(states[1])
+        """Prefilled caches -> (`Rollout`, stats, final caches); see the module docstring.
+        caches: (the policy's, the draft's: None for a multi-token-prediction draft, whose
+        prefill runs here on `hidden`, the policy's states over the prompts [P, Tp, D])."""
+        policy, draft = self.decode_model(states[0]), self.draft_model(states[1])
         k, tn, pad = self.k, plan.max_new_tokens, self.pad_id
         num_rows, tp = logits0.shape[0], prompts[0].shape[1]
         first_keys, streams = ops.row_keys(key, num_rows, knobs.first_row)
-
-        def pick(q_logits, u):  # one token per row of sampling logits [B, V]
-            argmax = jnp.argmax(q_logits, axis=-1).astype(jnp.int32)
-            return argmax if plan.greedy else ops.inverse_cdf(q_logits, u)[0]
 
         u0 = jax.vmap(lambda kk: jax.random.uniform(kk, ()))(first_keys)
         # a round writes up to k + 1 columns from column n <= Tn - 1
         state = SpeculativeState.start(caches, num_rows, tn + k + 1, pad)
         state = state.emit(*ops.draw(logits0, u0, plan, knobs), knobs.stop_ids, pad)
+        if self.mtp:  # the module's prefill: the prompts' pairs, from the policy's states
+            shape = (plan.n, tn + k, k)
+            d_cache, carried = mtp_draft.prefill(
+                draft, policy, hidden, prompts, state.token, self.cache_dtype, shape
+            )
+            state = state.replace(cache=(caches[0], d_cache), carried=carried)
         prev = jnp.repeat(prompts[0][:, -1], plan.n)  # the first round's x_{n-1}
         state = state.replace(prev=prev, live_rounds=state.step * 0, accepted=state.step * 0)
 
@@ -155,16 +214,16 @@ class SpeculativeSampler(Sampler):
             uniform = lambda kk: jax.random.uniform(jax.random.fold_in(kk, s.step), (2 * k + 1,))
             u = jax.vmap(uniform)(streams)
             pos, slot = prompt_len + n - 1, tp + n - 1  # position and slot of x_n
-            # -- draft: k proposals; the first call feeds [x_{n-1}, x_n]
-            fed = (jnp.stack([s.prev, s.token], 1), pos, slot)
+            # -- draft: k proposals
             sampling = lambda z: ops.sampling_logits(z, plan, knobs)  # noqa: E731
-            drafts, q_logits, d_cache = _propose(draft, d_cache, fed, u, k, pick, sampling)
+            drafting = (_picker(plan.greedy), sampling)
+            drafts, q_logits, d_cache = self._drafted((draft, policy), s, (pos, slot), u, drafting)
 
             # -- verify: one policy forward over [x_n, d_1, .., d_k]
             verify = jnp.concatenate([s.token[:, None], drafts], 1)  # [B, k+1]
             positions = pos[:, None] + jnp.arange(k + 1)
-            p_raw, p_cache = forward_rows(
-                policy, verify, positions, p_cache.replace(keep_steps=True), slot
+            (p_raw, p_hidden), p_cache = forward_rows(
+                policy, verify, positions, p_cache.replace(keep_steps=True), slot, hidden=True
             )
             p_logits = ops.sampling_logits(p_raw, plan, knobs)  # [B, k+1, V]
 
@@ -173,7 +232,7 @@ class SpeculativeSampler(Sampler):
             # linear layers keep the state after x_n, d_1..d_a (the policy's, which the
             # next round continues from t) and after x_{n-1}, x_n, d_1..d_{a-1} (the
             # draft's, which the next round re-feeds its last two tokens)
-            p_cache, d_cache = p_cache.at_step(a), d_cache.at_step(a)
+            p_cache, d_cache = p_cache.at_step(a), d_cache if self.mtp else d_cache.at_step(a)
 
             # -- emit d_1..d_a, t; cut at the first stop token and at max_new_tokens
             emitted, keep, stops, count = _emitted(drafts, a, t, live, tn - n, knobs.stop_ids, pad)
@@ -192,6 +251,7 @@ class SpeculativeSampler(Sampler):
                 out=tuple(_write_rows(buf, x, n) for buf, x in zip(s.out, columns)),
                 live_rounds=s.live_rounds + jnp.sum(live, dtype=jnp.int32),
                 accepted=s.accepted + jnp.sum(jnp.where(live, a, 0)),
+                carried=_carried(p_hidden, emitted, a, count) if self.mtp else None,
             )
 
         running = lambda s: ~jnp.all(s.done | (s.lengths >= tn))
@@ -217,17 +277,25 @@ class SpeculativeSampler(Sampler):
         owner = "SpeculativeSampler"
         prompts, num_prompts = self.pad_prompts(prompt_tokens, prompt_mask, owner)
         plan, knobs, key = Plan.of(params), Knobs.of(params, first_row), as_key(key)
-        states = (self.weights(), self.proposer.weights())
+        states = (self.weights(), self.draft_weights())
         prefill = dict(n=plan.n, use_dropout=False, slots=plan.max_new_tokens + self.k)
-        p_cache, logits0, lengths = self.prefill(states[0], *prompts, key, knobs, **prefill)
-        # the draft's cache stops before the prompt's last token: each round feeds the
-        # draft its last two tokens (a linear layer's state must not count one twice)
-        before_last = (prompts[0], prompts[1].at[:, -1].set(0))
-        d_cache, _, _ = self.proposer.prefill(states[1], *before_last, key, knobs, **prefill)
+        if self.mtp:  # the module's prefill runs in the decode, on the prompts' states
+            p_cache, logits0, lengths, hidden = self.prefill(
+                states[0], *prompts, key, knobs, hidden=True, **prefill
+            )
+            d_cache = None
+        else:
+            p_cache, logits0, lengths = self.prefill(states[0], *prompts, key, knobs, **prefill)
+            hidden = None
+            # the draft's cache stops before the prompt's last token: each round feeds the
+            # draft its last two tokens (a linear layer's state must not count one twice)
+            before_last = (prompts[0], prompts[1].at[:, -1].set(0))
+            d_cache, _, _ = self.proposer.prefill(states[1], *before_last, key, knobs, **prefill)
         version = np.int32(self.policy_version if policy_version is None else policy_version)
         rollout, self.stats, _ = self.speculate(
-            states, (p_cache, d_cache), logits0, lengths, prompts, key, knobs, version, plan=plan
-        )
+            states, (p_cache, d_cache), logits0, lengths, prompts, key, knobs, version, hidden,
+            plan=plan,
+        )  # fmt: skip
         return rollout.take_rows(num_prompts * plan.n)
 
 
@@ -259,6 +327,13 @@ def _propose(draft, cache, fed, u, k: int, pick, sampling):
     steps = lambda f, d: jnp.concatenate([f, jnp.moveaxis(d, 0, 1)], 1)  # noqa: E731
     conv, delta = jax.tree.map(steps, fed_states, step_states)
     return drafts, q_logits, cache.replace(conv=conv, delta=delta, keep_steps=True)
+
+
+def _carried(p_hidden, emitted, a, count) -> mtp_draft.Carried:
+    """A multi-token-prediction draft's next catch-up input from the verify's hidden states
+    [B, k+1, D], the round's emitted tokens [B, k+1] and accepts [B] (a row that stopped
+    short of a + 1 tokens keeps its columns in range, unread)."""
+    return p_hidden, emitted, jnp.clip(a, 0, jnp.maximum(count - 1, 0))
 
 
 def _round_stats(s: SpeculativeState, k: int, num_rows: int) -> dict:

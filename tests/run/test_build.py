@@ -247,3 +247,20 @@ def test_a_checkpoints_run_choices_reach_its_layers(tmp_path):
     model = build.build_model("hf", str(tmp_path), c, CharTokenizer(), None, None, "float32")
     assert (model.cfg.remat, model.layers.mlp.cfg.moe_impl) == ("full", "ragged")
     assert model.layers.attn.cfg.remat == "full"
+
+
+def test_an_mtp_draft_is_read_from_the_policys_checkpoint():
+    """`rollout.speculative.draft = 'mtp'` with a policy not from a checkpoint is a config
+    error naming the keys; any other draft loads no module."""
+    from conftest import get_config
+
+    from jaxrl_frontier.run.build import build_mtp_draft
+
+    c = get_config("grpo_deepseek_v3_arith", {"rollout.speculative.draft": "mtp"})
+    with pytest.raises(
+        ConfigError,
+        match=r"'rollout.speculative.draft' = 'mtp' .* model.init = 'hf' \(got 'scratch'\)",
+    ):
+        build_mtp_draft(c, None)
+    c.rollout.speculative.draft = 2
+    assert build_mtp_draft(c, None) is None
