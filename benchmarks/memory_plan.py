@@ -29,7 +29,9 @@ Qwen3.5-397B-A17B is its model card's architecture table (hidden 4,096, 60 layer
 shared, 32 query / 2 kv heads of 256, linear attention 16 qk / 64 v heads of 128, vocabulary
 248,320) with transformers' Qwen3.5-MoE defaults where the card is silent (conv kernel 4,
 shared expert width = expert width, the gated q projection, untied embeddings); the
-multi-token-prediction layers and Qwen3.5's vision tower are left out.
+multi-token-prediction layers and Qwen3.5's vision tower are left out of P, and DeepSeek-V3's
+MTP module, which the speculative sampler can draft with, is counted on its own
+(`mtp_module`).
 """
 
 from __future__ import annotations
@@ -73,6 +75,18 @@ def deepseek_v3_params(s: dict = DEEPSEEK_V3) -> tuple[int, int]:
     total = rest + moe_layers * (attn + router + (e + s["shared_experts"]) * expert)
     active = rest + moe_layers * (attn + router + (s["experts_per_tok"] + 1) * expert)
     return total, active
+
+
+def deepseek_v3_mtp_params(s: dict = DEEPSEEK_V3) -> tuple[int, int]:
+    """(P, the parameters one token activates) of DeepSeek-V3's multi-token-prediction
+    module as the speculative sampler drafts with it (models/multi_token.py): one MoE layer
+    as above, its three norms (enorm, hnorm, shared_head.norm) and eh_proj [2 D, D]; the
+    embedding and head are the policy's, not counted again."""
+    d = s["hidden_size"]
+    one_layer = dict(s, num_layers=1, dense_layers=0, vocab_size=0)
+    total, active = deepseek_v3_params(one_layer)
+    own = 3 * d + 2 * d * d - d  # (the final norm is counted in the one layer's total)
+    return total + own, active + own
 
 
 def qwen3_5_params(s: dict = QWEN3_5_397B) -> tuple[int, int]:
@@ -164,7 +178,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def bench_plan(args) -> dict:
     """Frontier MoE shapes' state and decode cache per device, from formulas (no compile)."""
     tokens = [int(t) for t in args.tokens.split(",")]
+    mtp, mtp_active = deepseek_v3_mtp_params()
+    v3 = plan(deepseek_v3_params(), deepseek_v3_cache(), tokens)
+    v3["mtp_module"] = dict(params=mtp, active_params=mtp_active, bf16_bytes=BF16 * mtp)
     return {
-        "deepseek-v3": plan(deepseek_v3_params(), deepseek_v3_cache(), tokens),
+        "deepseek-v3": v3,
         "qwen3.5-397b-a17b": plan(qwen3_5_params(), qwen3_5_cache(), tokens),
     }

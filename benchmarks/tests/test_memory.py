@@ -46,8 +46,11 @@ def test_update_bytes_per_device_by_hand(tmp_path):
 def test_frontier_moe_plans_by_hand():
     """benchmarks/memory_plan.py against the counts by hand (docs/scaling.md, "Frontier MoE
     shapes"), and DeepSeek-V3's P against `ModelConfig.num_params` of the same config."""
+    from flax import nnx
+
     from benchmarks import memory_plan as mp
     from jaxrl_frontier.models import hf
+    from jaxrl_frontier.models.multi_token import MultiTokenPredictor
 
     # DeepSeek-V3: MLA 11,010,048 + 1,536 + 37,748,736 (q) + 4,128,768 + 512 + 16,777,216
     # (kv) + 117,440,512 (o) + 14,336 (norms) = 187,121,664 a layer; 3 dense MLPs of
@@ -65,7 +68,14 @@ def test_frontier_moe_plans_by_hand():
         qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128, n_routed_experts=256,
         n_shared_experts=1, num_experts_per_tok=8,
     )  # fmt: skip
-    assert hf.config_from_hf(hf_config).num_params() == total
+    cfg = hf.config_from_hf(hf_config)
+    assert cfg.num_params() == total
+    # its MTP module: one MoE layer, enorm, hnorm, shared_head.norm and eh_proj [2 D, D],
+    # against the module's own parameters at this shape (abstract: nothing allocated)
+    mtp, _ = mp.deepseek_v3_mtp_params()
+    assert mtp == attn + router + 257 * expert + 3 * 7_168 + 2 * 7_168**2 == 11_610_068_224
+    module = nnx.eval_shape(lambda: MultiTokenPredictor(cfg, rngs=nnx.Rngs(0)))
+    assert hf.count_params(module) == mtp
     cache = mp.deepseek_v3_cache()  # (512 + 64) x 2 x 61; 128 x (192 + 128) x 2 x 61
     assert (cache["per_token"], cache["llama_per_token"]) == (70_272, 4_997_120)
 
