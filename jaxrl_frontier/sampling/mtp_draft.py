@@ -64,7 +64,7 @@ def propose(mtp, policy, cache: KVCache, carried: Carried, at, u, k: int, pick, 
         call = lambda tok, prev, p, row: mtp(policy, tok, prev, positions=p, cache=row)  # noqa: E731
         return per_row(call, cache, index, tokens, previous, positions)
 
-    first = pos - 1 - a  # the catch-up's first position, and slot
+    first = pos - 1 - a  # the catch-up's first position (its first slot: slot - 1 - a)
     g, cache = run(y, h, first[:, None] + jnp.arange(k + 1), cache, slot - 1 - a)
     g1 = jnp.take_along_axis(g, a[:, None, None], 1)[:, 0]  # [B, D]
     q1 = sampling(policy.logits(g1))
