@@ -269,10 +269,7 @@ def load(
     """
     path = os.fspath(path)
     arch, cfg, weight_map, reader = _open_checkpoint(path)
-    cfg = cfg.replace(
-        dtype=jnp.dtype(dtype or "float32").name,
-        param_dtype=jnp.dtype(param_dtype or "float32").name,
-    )
+    cfg = _typed(cfg, dtype, param_dtype)
     specs = checkpoint_specs(cfg, arch.expert_tensors)
     _check_tensor_names(path, specs, weight_map, cfg)
     abstract = nnx.eval_shape(lambda: model_class(cfg)(cfg, rngs=nnx.Rngs(0)))
@@ -301,10 +298,7 @@ def load_mtp(
             f"no multi-token-prediction module {index} (config key "
             "'rollout.speculative.draft' = 'mtp' needs one)"
         )
-    cfg = cfg.replace(
-        dtype=jnp.dtype(dtype or "float32").name,
-        param_dtype=jnp.dtype(param_dtype or "float32").name,
-    )
+    cfg = _typed(cfg, dtype, param_dtype)
     specs = mtp_tensor_specs(cfg, cfg.num_layers + index, arch.expert_tensors)
     missing = [s.hf_name for s in specs if s.hf_name not in weight_map]
     if missing:
@@ -315,6 +309,14 @@ def load_mtp(
     abstract = nnx.eval_shape(lambda: MultiTokenPredictor(cfg, rngs=nnx.Rngs(0)))
     with reader as read:
         return _filled(abstract, specs, read, weight_map, mesh, rules)
+
+
+def _typed(cfg: ModelConfig, dtype, param_dtype) -> ModelConfig:
+    """The config with `load`'s compute and parameter dtypes (default float32 each)."""
+    return cfg.replace(
+        dtype=jnp.dtype(dtype or "float32").name,
+        param_dtype=jnp.dtype(param_dtype or "float32").name,
+    )
 
 
 def _filled(abstract: nnx.Module, specs, read, weight_map, mesh, rules):

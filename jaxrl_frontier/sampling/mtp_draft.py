@@ -36,12 +36,21 @@ Carried = tuple[jax.Array, jax.Array, jax.Array]
 
 
 def prefill(
-    mtp: MultiTokenPredictor, policy: Transformer, hidden, prompts, x_n, cache_dtype, shape
+    mtp: MultiTokenPredictor,
+    policy: Transformer,
+    hidden,
+    prompts,
+    x_n,
+    cache_dtype,
+    *,
+    n: int,
+    slots: int,
+    k: int,
 ) -> tuple[KVCache, Carried]:
     """hidden [P, Tp, D]: the policy's over the prompts (tokens, mask) [P, Tp], left-padded;
-    x_n [B = P*n]: each row's first token; shape: (n, slots, k) -> (the module's cache
-    [B, Tp + slots] holding the prompt's pairs, the first round's `Carried`)."""
-    (tokens, mask), (n, slots, k) = prompts, shape
+    x_n [B = P*n]: each row's first token -> (the module's cache [B, Tp + slots] holding the
+    prompt's pairs, the first round's `Carried` for rounds of k proposals)."""
+    tokens, mask = prompts
     # t_{j+1}; the last column's pair (the first token wrapped round) is rewritten by the
     # first round's catch-up before any query reads it
     follow = jnp.roll(tokens, -1, axis=1)

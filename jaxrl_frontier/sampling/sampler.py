@@ -178,9 +178,13 @@ class Sampler:
             )
         return self._jits[name, options]
 
-    def prefill(self, state, tokens, mask, key, knobs, **statics):
-        """The prefill program (`prefill_body`, its static keywords) for prompts [P, Tp]."""
-        run = self.program("prefill", tokens.size * (statics["n"] if statics["use_dropout"] else 1))
+    def prefill(
+        self, state, tokens, mask, key, knobs, *, n: int, use_dropout: bool, slots: int,
+        hidden: bool = False,
+    ):  # fmt: skip
+        """The prefill program (`prefill_body`) for these prompts [P, Tp]."""
+        run = self.program("prefill", tokens.size * (n if use_dropout else 1))
+        statics = dict(n=n, use_dropout=use_dropout, slots=slots, hidden=hidden)
         return run(state, tokens, mask, key, knobs, **statics)
 
     def decode(self, state, cache, *args, plan: Plan):

@@ -172,16 +172,16 @@ class SpeculativeSampler(Sampler):
         mtp = nnx.merge(self.draft_graphdef, state)
         return tfm.unstack_layers(tfm.with_compute_weights(mtp))
 
-    def _drafted(self, models, s: SpeculativeState, at, u, drafting):
+    def _drafted(self, draft, policy, s: SpeculativeState, at, u, pick, sampling):
         """One round's proposals (d_1..d_k [B, k], their sampling logits [B, k, V], the
         draft's cache): the MTP module's on the carried states, or the draft model's fed
-        [x_{n-1}, x_n]. models: (draft, policy); at: x_n's (position, slot) [B] each; u: the
-        round's uniforms; drafting: (pick, sampling) as `_propose` takes them."""
-        (draft, policy), d_cache = models, s.cache[1]
+        [x_{n-1}, x_n]. at: x_n's (position, slot) [B] each; u, pick, sampling: as
+        `_propose` takes them."""
+        d_cache, k = s.cache[1], self.k
         if self.mtp:
-            return mtp_draft.propose(draft, policy, d_cache, s.carried, at, u, self.k, *drafting)
+            return mtp_draft.propose(draft, policy, d_cache, s.carried, at, u, k, pick, sampling)
         fed = (jnp.stack([s.prev, s.token], 1), *at)
-        return _propose(draft, d_cache, fed, u, self.k, *drafting)
+        return _propose(draft, d_cache, fed, u, k, pick, sampling)
 
     def _speculate(
         self, states, caches, logits0, prompt_len, prompts, key, knobs, version, hidden, *, plan
@@ -199,10 +199,10 @@ class SpeculativeSampler(Sampler):
         state = SpeculativeState.start(caches, num_rows, tn + k + 1, pad)
         state = state.emit(*ops.draw(logits0, u0, plan, knobs), knobs.stop_ids, pad)
         if self.mtp:  # the module's prefill: the prompts' pairs, from the policy's states
-            shape = (plan.n, tn + k, k)
             d_cache, carried = mtp_draft.prefill(
-                draft, policy, hidden, prompts, state.token, self.cache_dtype, shape
-            )
+                draft, policy, hidden, prompts, state.token, self.cache_dtype, n=plan.n,
+                slots=tn + k, k=k,
+            )  # fmt: skip
             state = state.replace(cache=(caches[0], d_cache), carried=carried)
         prev = jnp.repeat(prompts[0][:, -1], plan.n)  # the first round's x_{n-1}
         state = state.replace(prev=prev, live_rounds=state.step * 0, accepted=state.step * 0)
@@ -216,8 +216,8 @@ class SpeculativeSampler(Sampler):
             pos, slot = prompt_len + n - 1, tp + n - 1  # position and slot of x_n
             # -- draft: k proposals
             sampling = lambda z: ops.sampling_logits(z, plan, knobs)  # noqa: E731
-            drafting = (_picker(plan.greedy), sampling)
-            drafts, q_logits, d_cache = self._drafted((draft, policy), s, (pos, slot), u, drafting)
+            pick, at = _picker(plan.greedy), (pos, slot)
+            drafts, q_logits, d_cache = self._drafted(draft, policy, s, at, u, pick, sampling)
 
             # -- verify: one policy forward over [x_n, d_1, .., d_k]
             verify = jnp.concatenate([s.token[:, None], drafts], 1)  # [B, k+1]

@@ -86,8 +86,9 @@ def argmax(q, u):
 def first_round(policy, mtp, x_n):
     """The prefill and the first round's proposals, greedy (x_n at position L_b, slot TP)."""
     hidden = policy.hidden_states(PROMPTS, MASK)[0]
-    shape = (1, 2 * K + 2, K)  # one row a prompt, the decode's slots, K
-    cache, carried = mtp_draft.prefill(mtp, policy, hidden, (PROMPTS, MASK), x_n, None, shape)
+    cache, carried = mtp_draft.prefill(
+        mtp, policy, hidden, (PROMPTS, MASK), x_n, None, n=1, slots=2 * K + 2, k=K
+    )
     at, u = (jnp.asarray(LENGTHS), jnp.full(2, TP)), jnp.zeros((2, 2 * K + 1))
     return mtp_draft.propose(mtp, policy, cache, carried, at, u, K, argmax, lambda z: z)
 
