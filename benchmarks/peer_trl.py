@@ -2,9 +2,9 @@
 
 Request (JSON on stdin): model_dir (weights and tokenizer), vocab, prompts, group_size,
 prompt_len, new_tokens, beta, temperature, lr, warmup, steps, threads, task_prompts (a
-checkpoint's run: {texts, system}, formatted by the directory's chat template) and
-gradient_checkpointing: 'off' (the compared figure) or 'default' (GRPOConfig's own, recorded
-as `gradient_checkpointing`). Times `GRPOTrainer` optimizer steps with a callback from step
+checkpoint's run: {texts, tokens}, the task's prompts already in the chat template, taken
+as plain text) and gradient_checkpointing: 'off' (the compared figure) or 'default'
+(GRPOConfig's own, recorded as `gradient_checkpointing`). Times `GRPOTrainer` optimizer steps with a callback from step
 begin to step end; the median after `warmup` steps.
 """
 
@@ -13,6 +13,14 @@ from __future__ import annotations
 import statistics
 import tempfile
 import time
+
+
+def checkpoint_prompts(task: dict, n: int) -> list[str]:
+    """A checkpoint run's n TRL prompts: the task's texts (`task_prompts` of benchmarks/rl.py),
+    already in the chat template, cycled. Plain text, not chat messages: TRL would wrap
+    messages in the template a second time (a second system turn, about 27 more tokens)."""
+    texts = task["texts"]
+    return (texts * (n // len(texts) + 1))[:n]
 
 
 def time_grpo(request: dict) -> dict:
@@ -27,16 +35,14 @@ def time_grpo(request: dict) -> dict:
     n_steps = request["warmup"] + request["steps"]
     n_prompts = n_steps * request["prompts"]
     task = request.get("task_prompts")
-    if task:  # a checkpoint: its tokenizer and chat template, the task's prompts
+    if task:  # a checkpoint: its tokenizer, the task's prompts already in its chat template
         tokenizer = transformers.AutoTokenizer.from_pretrained(
             request["model_dir"], padding_side="left"
         )
-        system = [{"role": "system", "content": task["system"]}] if task["system"] else []
-        prompts = [system + [{"role": "user", "content": t}] for t in task["texts"]]
-        prompts = (prompts * (n_prompts // len(prompts) + 1))[:n_prompts]
+        prompts = checkpoint_prompts(task, n_prompts)
 
         def reward(completions, **kwargs):  # cheap, like a verifier: find a digit
-            return [float(any(ch.isdigit() for ch in c[0]["content"])) for c in completions]
+            return [float(any(ch.isdigit() for ch in c)) for c in completions]
 
     else:
         # from the file itself: AutoTokenizer's object from this directory tokenizes
@@ -117,9 +123,10 @@ def time_grpo(request: dict) -> dict:
         gradient_checkpointing=bool(config.gradient_checkpointing),
         gradient_checkpointing_setting=request["gradient_checkpointing"],
         trl=trl.__version__,
-        prompt_tokens=None
-        if task
-        else float(np.mean([len(tokenizer(p)["input_ids"]) for p in prompts])),
+        # as TRL tokenizes a plain-text prompt (no special tokens added)
+        prompt_tokens=float(
+            np.mean([len(tokenizer(p, add_special_tokens=False)["input_ids"]) for p in prompts])
+        ),
         mean_completion_len=statistics.median(lengths[request["warmup"] :]) if lengths else None,
     )
 

@@ -25,9 +25,10 @@ random weights make the contents irrelevant to the cost. Rewards are cheap on bo
 A checkpoint (`model.init = 'hf'`, e.g. `--config=configs/smollm2_reasoning.py`): both sides
 load its directory (weights, tokenizer, chat template; the JSON records the weights'
 sha256); ours trains on the config's task as a run would, TRL on the same task's first
-train prompts (the JAX child hands them over) as conversational prompts, formatted by the
-same chat template. Both stop a completion at EOS, so the completion lengths are recorded
-on both sides (`mean_completion_len`) beside the step times.
+train prompts (the JAX child hands them over already in the chat template, as plain text:
+the same prompt tokens on both sides, `prompt_tokens`). Both stop a completion at EOS, so
+the completion lengths are recorded on both sides (`mean_completion_len`) beside the step
+times.
 """
 
 from __future__ import annotations
@@ -75,15 +76,19 @@ def save_tokenizer(path: str, vocab: int) -> None:
 
 
 def task_prompts(config, n: int) -> dict:
-    """The first `n` train prompts of the config's task as its user messages (before the
-    chat template) and the system prompt: what the TRL side formats with the same template."""
+    """The first `n` train prompts of the config's task as the run sees them: texts already
+    in the model's chat template (system message included), and their token counts under
+    the run's tokenizer. The TRL side takes the texts as plain-text prompts, so both sides
+    start from the same tokens (handing them over as chat messages would wrap them in the
+    template a second time: about 27 more prompt tokens a row for TRL)."""
     from jaxrl_frontier.data.tasks import task_for
     from jaxrl_frontier.run import build
     from jaxrl_frontier.run.config import sections
 
-    task = task_for(sections.task_options(config), build.build_tokenizer(config))
+    tokenizer = build.build_tokenizer(config)
+    task = task_for(sections.task_options(config), tokenizer)
     texts = [task.prompt(task.example("train", i)) for i in range(n)]
-    return dict(texts=texts, system=config.task.system_prompt or None)
+    return dict(texts=texts, tokens=[len(tokenizer.encode(t)) for t in texts])
 
 
 def time_ours(request: dict) -> dict:
@@ -132,6 +137,7 @@ def time_ours(request: dict) -> dict:
         mean_completion_len=statistics.median(r["rollout/response_length"] for r in timed),
         threads="XLA CPU default (intra-op pool over all cores)",
         task_prompts=prompts,
+        prompt_tokens=prompts and statistics.mean(prompts["tokens"]),
     )
 
 

@@ -297,6 +297,16 @@ def memory_rows(result: dict, source: str) -> list[Row]:
     return rows
 
 
+def _rl_work(ours: dict, trl: dict) -> str:
+    """'; prompts A vs B tokens, completions C vs D' (ours vs TRL's means), where both
+    sides recorded them: each side stops at EOS, so the work can differ."""
+    out = ""
+    for what, key in (("prompts", "prompt_tokens"), ("completions", "mean_completion_len")):
+        if ours.get(key) is not None and trl.get(key) is not None:
+            out += f"; {what} {ours[key]:.1f} vs {trl[key]:.1f} tokens"
+    return out
+
+
 @rows_of("rl")
 def rl_rows(result: dict, source: str) -> list[Row]:
     m, ours = machine_of(result), result["ours"]
@@ -320,7 +330,7 @@ def rl_rows(result: dict, source: str) -> list[Row]:
                 goal,
                 "{:g}x",
                 f"**{run['ours_speedup']:.2f}x** ({ours['seconds_per_step']:.3f} s vs "
-                f"{run['seconds_per_step']:.3f} s per step)"
+                f"{run['seconds_per_step']:.3f} s per step{_rl_work(ours, run)})"
                 + ("; the compared figure" if name == compared else ""),
                 source,
             )

@@ -126,6 +126,28 @@ def test_a_checkpoint_is_named_by_its_weights_sha256(tmp_path):
         common.checkpoint_of(str(tmp_path / "missing"))
 
 
+def test_both_rl_sides_start_from_the_same_prompt_tokens():
+    """A checkpoint's rl benchmark: the prompts the TRL child trains on tokenize, as TRL
+    tokenizes plain text, to the tokens our run's prompts are, one chat template each."""
+    import transformers
+
+    from benchmarks import peer_trl, rl
+    from jaxrl_frontier.models import pretrained
+    from jaxrl_frontier.run import build
+
+    pretrained.fetch("smollm2-135m-instruct", say=lambda _: None)
+    config = common.load_config(["--config=configs/smollm2_reasoning.py"], rl.DEFAULT_CONFIG)
+    task = rl.task_prompts(config, 3)
+    hf = transformers.AutoTokenizer.from_pretrained(pretrained.local_path(config.model.path))
+    ours = [build.build_tokenizer(config).encode(t) for t in task["texts"]]
+    theirs = [
+        hf(t, add_special_tokens=False)["input_ids"] for t in peer_trl.checkpoint_prompts(task, 5)
+    ]
+    assert [len(ids) for ids in ours] == task["tokens"]
+    assert theirs == ours + ours[:2]
+    assert all(t.count("<|im_start|>system") == 1 for t in task["texts"])
+
+
 def test_targets_table_names_each_rows_machine():
     cpu = dict(cpu_model="AMD EPYC", cpu_count=2, vector_extensions=["AVX2"], device="cpu:0")
     assert targets.machine_of(cpu) == "AMD EPYC, 2 cores, AVX2"
