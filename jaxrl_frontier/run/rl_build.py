@@ -119,7 +119,7 @@ def check_sequence_axis(
 ) -> None:
     """ConfigError where the mesh's sequence axis (`mesh.sequence`, context parallelism)
     cannot split the update's rows: their length not a multiple of it (packed rows:
-    `train.pack_tokens`; padded rows: a prompt bucket of the sampler, 16 * 2^j tokens, plus
+    `train.pack_tokens`; padded rows: a prompt bucket of the sampler (`DEFAULT_PROMPT_BUCKETS`), plus
     the completion's `completion_len`), or a policy whose MLP or mixer lacks the
     `sequence_axis` feature (a mixture of experts: `moe.MoE.capabilities`; linear-attention
     layers, `linear`: `linear_attention.GatedDeltaNet.capabilities`)."""
@@ -136,7 +136,7 @@ def check_sequence_axis(
     buckets = math.gcd(*DEFAULT_PROMPT_BUCKETS)  # every prompt bucket is a multiple of this
     if not packed and (buckets % s or completion_len % s):
         raise ConfigError(
-            f"{key} must divide the update's rows: a prompt bucket ({buckets} * 2^j tokens) "
+            f"{key} must divide the update's rows: a prompt bucket (multiples of {buckets}) "
             f"plus the completion's {completion_len} (rollout.max_new_tokens, or an "
             f"episode's width); use a power of two <= {buckets} dividing {completion_len}"
         )

@@ -12,7 +12,14 @@ import numpy as np
 
 from jaxrl_frontier.sampling.params import FinishReason
 
-DEFAULT_PROMPT_BUCKETS = (16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+# Prompt widths a sampler pads to (the update's rows take the same width): 16 * 2^j and,
+# from 48 on, 24 * 2^j between them. A prompt is then at most a third padding, not half as
+# with powers of two alone (an 84-token chat prompt: 96 positions, not 128, in the prefill
+# and in every update), for at most twice the compiled prompt shapes. Each is a multiple
+# of 16, which `mesh.sequence` must divide.
+DEFAULT_PROMPT_BUCKETS = (
+    16, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192
+)  # fmt: skip
 
 
 @flax.struct.dataclass

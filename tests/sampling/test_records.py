@@ -5,7 +5,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxrl_frontier.sampling.records import bucket, left_pad_prompts, make_rollout
+from jaxrl_frontier.sampling.records import (
+    DEFAULT_PROMPT_BUCKETS,
+    bucket,
+    left_pad_prompts,
+    make_rollout,
+)
 
 PAD = 9
 
@@ -30,6 +35,15 @@ def test_left_pad_prompts_into_the_smallest_bucket():
         )
     with pytest.raises(ValueError, match=r"must both be \[P, T\]"):
         left_pad_prompts(tokens[0], mask[0], pad_id=PAD, prompt_buckets=(8,))
+
+
+def test_default_prompt_buckets_leave_at_most_a_third_padding():
+    """From 33 tokens on, a prompt fills more than two thirds of its bucket (powers of two
+    alone leave up to half: 65 tokens in 128); every bucket a multiple of 16."""
+    assert all(b % 16 == 0 for b in DEFAULT_PROMPT_BUCKETS)
+    widths = {n: bucket(n, DEFAULT_PROMPT_BUCKETS, "x", "o", "S") for n in range(33, 8193)}
+    assert all(3 * n > 2 * w for n, w in widths.items())
+    assert (widths[84], widths[65], widths[97], widths[8192]) == (96, 96, 128, 8192)
 
 
 def test_a_rollout_as_rows_names_and_sequences():
