@@ -113,8 +113,10 @@ def time_grpo(request: dict) -> dict:
             processing_class=tokenizer,
             callbacks=[Timer()],
         )
+        generate_times = time_generation(trainer)
         trainer.train()
     timed = step_times[request["warmup"] :]
+    generation = generate_times[request["warmup"] :]
     return dict(
         seconds_per_step=statistics.median(timed),
         times=timed,
@@ -128,7 +130,27 @@ def time_grpo(request: dict) -> dict:
             np.mean([len(tokenizer(p, add_special_tokens=False)["input_ids"]) for p in prompts])
         ),
         mean_completion_len=statistics.median(lengths[request["warmup"] :]) if lengths else None,
+        # the rollout's share, as ours reports it (one generation a step here)
+        rollout_seconds=statistics.median(generation) if len(generation) == len(timed) else None,
     )
+
+
+def time_generation(trainer) -> list[float]:
+    """Each call's seconds of the trainer's generation (`GRPOTrainer._generate`, TRL 1.x:
+    sampling the completions; None of this where a TRL lacks it)."""
+    times: list[float] = []
+    generate = getattr(trainer, "_generate", None)
+    if generate is None:
+        return times
+
+    def timed(*args, **kwargs):
+        t0 = time.perf_counter()
+        out = generate(*args, **kwargs)
+        times.append(time.perf_counter() - t0)
+        return out
+
+    trainer._generate = timed
+    return times
 
 
 if __name__ == "__main__":

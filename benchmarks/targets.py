@@ -298,9 +298,12 @@ def memory_rows(result: dict, source: str) -> list[Row]:
 
 
 def _rl_work(ours: dict, trl: dict) -> str:
-    """'; prompts A vs B tokens, completions C vs D' (ours vs TRL's means), where both
-    sides recorded them: each side stops at EOS, so the work can differ."""
+    """'; rollout A vs B s; prompts C vs D tokens, completions E vs F' (ours vs TRL's medians
+    and means), where both sides recorded them: each side stops at EOS, so the work can
+    differ."""
     out = ""
+    if ours.get("rollout_seconds") and trl.get("rollout_seconds"):
+        out += f"; rollout {ours['rollout_seconds']:.2f} vs {trl['rollout_seconds']:.2f} s"
     for what, key in (("prompts", "prompt_tokens"), ("completions", "mean_completion_len")):
         if ours.get(key) is not None and trl.get(key) is not None:
             out += f"; {what} {ours[key]:.1f} vs {trl[key]:.1f} tokens"

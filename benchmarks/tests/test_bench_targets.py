@@ -106,7 +106,14 @@ def test_train_memory_rl_rows():
         "1_device": dict(total_bytes=719e6),
         "fsdp_8": dict(total_bytes=100e6),
     }
-    trl = dict(torch_threads=1, ours_speedup=1.5, seconds_per_step=0.6)  # 1.5x: met
+    trl = dict(
+        torch_threads=1,
+        ours_speedup=1.5,
+        seconds_per_step=0.6,
+        rollout_seconds=0.25,
+        prompt_tokens=81.75,
+        mean_completion_len=24.5,
+    )  # 1.5x: met
     rl = dict(
         benchmark="rl",
         device="cuda:0",
@@ -117,6 +124,8 @@ def test_train_memory_rl_rows():
         warmup=2,
         ours=dict(
             seconds_per_step=0.4,
+            rollout_seconds=0.125,
+            prompt_tokens=81.75,  # no completion length: left out of the row
             compiles_in_timed_steps=2,
             warmup_seconds=[12.2, 0.6],
         ),
@@ -137,6 +146,10 @@ def test_train_memory_rl_rows():
     gpu = [r for r in rows if r.source == "rl.json"]
     assert gpu[0].machine == "GPU cuda:0 (kind not recorded)" and gpu[0].met is True
     assert gpu[0].what.startswith("full GRPO step vs TRL `GRPOTrainer`, torch 1 thread(s)")
+    assert gpu[0].measured == (  # each side's rollout and prompt tokens beside the step
+        "**1.50x** (0.400 s vs 0.600 s per step; rollout 0.12 vs 0.25 s; prompts 81.8 vs "
+        "81.8 tokens); the compared figure"
+    )
     assert gpu[1].met is False and gpu[1].measured == "2"  # compiled in the timed steps
     assert gpu[2].met is None and gpu[2].value == 12.2 + 0.6 - 2 * 0.4
 
