@@ -18,7 +18,7 @@ import time
 def checkpoint_prompts(task: dict, n: int) -> list[str]:
     """A checkpoint run's n TRL prompts: the task's texts (`task_prompts` of benchmarks/rl.py),
     already in the chat template, cycled. Plain text, not chat messages: TRL would wrap
-    messages in the template a second time (a second system turn, about 27 more tokens)."""
+    messages in the template a second time (a second system turn, about 30 more tokens)."""
     texts = task["texts"]
     return (texts * (n // len(texts) + 1))[:n]
 

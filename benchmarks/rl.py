@@ -80,7 +80,7 @@ def task_prompts(config, n: int) -> dict:
     in the model's chat template (system message included), and their token counts under
     the run's tokenizer. The TRL side takes the texts as plain-text prompts, so both sides
     start from the same tokens (handing them over as chat messages would wrap them in the
-    template a second time: about 27 more prompt tokens a row for TRL)."""
+    template a second time: about 30 more prompt tokens a row for TRL)."""
     from jaxrl_frontier.data.tasks import task_for
     from jaxrl_frontier.run import build
     from jaxrl_frontier.run.config import sections
