@@ -4,8 +4,9 @@ Request (JSON on stdin): model_dir (weights and tokenizer), vocab, prompts, grou
 prompt_len, new_tokens, beta, temperature, lr, warmup, steps, threads, task_prompts (a
 checkpoint's run: {texts, tokens}, the task's prompts already in the chat template, taken
 as plain text) and gradient_checkpointing: 'off' (the compared figure) or 'default'
-(GRPOConfig's own, recorded as `gradient_checkpointing`). Times `GRPOTrainer` optimizer steps with a callback from step
-begin to step end; the median after `warmup` steps.
+(GRPOConfig's own, recorded as `gradient_checkpointing`). Times `GRPOTrainer` optimizer
+steps with a callback from step begin to step end, and each step's generation
+(`time_generation`); the medians after `warmup` steps.
 """
 
 from __future__ import annotations
@@ -136,8 +137,9 @@ def time_grpo(request: dict) -> dict:
 
 
 def time_generation(trainer) -> list[float]:
-    """Each call's seconds of the trainer's generation (`GRPOTrainer._generate`, TRL 1.x:
-    sampling the completions; None of this where a TRL lacks it)."""
+    """A list that fills with each call's seconds of the trainer's generation
+    (`GRPOTrainer._generate`, TRL 1.x: sampling the completions); it stays empty where a
+    TRL lacks that method, and the child then reports rollout_seconds None."""
     times: list[float] = []
     generate = getattr(trainer, "_generate", None)
     if generate is None:
