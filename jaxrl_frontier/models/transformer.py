@@ -482,11 +482,19 @@ class Transformer(nnx.Module):
         h_p, h_c = hidden[:, :tp], hidden[:, tp:].reshape(b, tn, -1)
         return jnp.concatenate([jnp.repeat(h_p, n, axis=0), h_c], axis=1)
 
+    def output_table(self) -> tuple[jax.Array, bool]:
+        """(the output projection as stored, vocab_major): the input embedding [V, D] and
+        True when tied, else lm_head [D, V] and False (`objectives.logprobs.OutputLayer`)."""
+        if self.cfg.tie_word_embeddings:
+            return self.embed[...], True
+        return self.lm_head[...], False
+
     def output_embedding(self) -> jax.Array:
         """[D, V] output projection (the transposed input embedding when tied). The logits
         are hidden @ W, soft-capped by `cfg.final_logit_softcap` where set (Gemma 2): a
         caller computing them itself applies it (`objectives.logprobs.OutputLayer`)."""
-        return self.embed[...].T if self.cfg.tie_word_embeddings else self.lm_head[...]
+        w, vocab_major = self.output_table()
+        return w.T if vocab_major else w
 
     def logits(self, hidden: jax.Array) -> jax.Array:
         """hidden [..., D] -> f32 logits [..., V] (soft-capped by `final_logit_softcap`)."""

@@ -7,8 +7,14 @@ t + 1. The functions here do the shift (logits at t - 1 predict token t) and put
 chunks of positions (`DEFAULT_LOGPROB_CHUNK`), so the [B, T, V] logits never exist at once.
 
 OUTPUT LAYER. Where logits come from hidden states, the output layer is a [D, V] array
-(logits h @ W), or an `OutputLayer` that also soft-caps them (Gemma 2: c tanh(h W / c));
-`output_logits` applies either.
+(logits h @ W), or an `OutputLayer`: the weights as the model stores them (a tied
+embedding [V, D] is not transposed) and a soft-cap where the model has one (Gemma 2:
+c tanh(h W / c)); `output_logits` applies either.
+
+CHUNKS. N predicting positions run in the fewest chunks of at most `chunk` positions,
+evened out (`even_chunk`): 384 positions in two chunks of 192, not 256 and a half-empty
+second one, whose padding the output matmul would compute three times (forward, the
+checkpoint's recompute, backward).
 """
 
 from __future__ import annotations
@@ -27,18 +33,31 @@ sg = jax.lax.stop_gradient
 
 @flax.struct.dataclass
 class OutputLayer:
-    """An output layer whose logits are soft-capped: softcap * tanh(h @ w / softcap)
-    (Gemma 2's final logit soft-cap). w [D, V]; softcap static."""
+    """The output layer as the model stores it, and its final logit soft-cap: logits
+    z = h @ W, soft-capped to softcap * tanh(z / softcap) where `softcap` is set (Gemma 2).
+    w is W [D, V], or with `vocab_major` its transpose [V, D]: a tied input embedding,
+    which `chunked_token_stats` contracts as it lies (handed E^T instead, XLA copied the
+    transposed table into the chunked loop at every update: 229 ms of a 1.8 s update at
+    SmolLM2-135M's shape, docs/performance.md). softcap and vocab_major are static."""
 
     w: Array
-    softcap: float = flax.struct.field(pytree_node=False)
+    softcap: float | None = flax.struct.field(pytree_node=False, default=None)
+    vocab_major: bool = flax.struct.field(pytree_node=False, default=False)
 
 
 def output_weights(w_out) -> tuple[Array, float | None]:
-    """(the [D, V] weights, the soft-cap or None) of a [D, V] array or an `OutputLayer`."""
+    """(W [D, V], the soft-cap or None) of a [D, V] array or an `OutputLayer`."""
     if isinstance(w_out, OutputLayer):
-        return w_out.w, w_out.softcap
+        return (w_out.w.T if w_out.vocab_major else w_out.w), w_out.softcap
     return w_out, None
+
+
+def output_contraction(w_out) -> tuple[Array, float | None, str]:
+    """(the weights as stored, the soft-cap or None, the einsum that takes hidden states
+    [C, D] and them to logits [C, V]) of a [D, V] array or an `OutputLayer`."""
+    if isinstance(w_out, OutputLayer) and w_out.vocab_major:
+        return w_out.w, w_out.softcap, "cd,vd->cv"
+    return *output_weights(w_out), "cd,dv->cv"
 
 
 def cap_logits(z: Array, softcap: float | None) -> Array:
@@ -155,21 +174,21 @@ def chunked_token_stats(
 
     layout = PositionChunks.of(hidden_btd, w_out_dv, chunk, start)
     chunked = layout.chunked
-    w, cap = output_weights(w_out_dv)
+    w, cap, spec = output_contraction(w_out_dv)
     w = w.astype(hidden_btd.dtype)
     xs = (chunked(layout.positions(hidden_btd)), chunked(layout.targets(tokens_bt)))
     if with_distill:
         pairs = teacher_pairs(teacher_hidden)
         xs += (tuple(chunked(layout.positions(sg(h_t))) for h_t, _ in pairs),)
-        w_ts = tuple(output_weights(sg(w_t)) for _, w_t in pairs)
-        w_ts = tuple((w_t.astype(h_t.dtype), cap) for (w_t, cap), (h_t, _) in zip(w_ts, pairs))
+        w_ts = tuple(output_contraction(sg(w_t)) for _, w_t in pairs)
+        w_ts = tuple((w_t.astype(h_t.dtype), *rest) for (w_t, *rest), (h_t, _) in zip(w_ts, pairs))
         if len(pairs) > 1:
             xs += (chunked(layout.positions(teacher_index)),)
 
     @jax.checkpoint
     def one(args):
         h_cd, y_c = args[:2]
-        z = jnp.einsum("cd,dv->cv", h_cd, w, preferred_element_type=jnp.float32)
+        z = jnp.einsum(spec, h_cd, w, preferred_element_type=jnp.float32)
         z = cap_logits(sharding.constrain_vocab(z, w), cap)  # vocab-parallel: w not gathered
         lse = jax.nn.logsumexp(z, axis=-1)
         logp = jnp.take_along_axis(z, y_c[:, None], axis=-1)[:, 0] - lse
@@ -181,9 +200,9 @@ def chunked_token_stats(
         if with_distill:
             z_ts = [
                 cap_logits(sharding.constrain_vocab(
-                    jnp.einsum("cd,dv->cv", h_c, w_t, preferred_element_type=jnp.float32), w_t
+                    jnp.einsum(spec_t, h_c, w_t, preferred_element_type=jnp.float32), w_t
                 ), cap_t)
-                for h_c, (w_t, cap_t) in zip(args[2], w_ts)
+                for h_c, (w_t, cap_t, spec_t) in zip(args[2], w_ts)
             ]  # fmt: skip
             dist = distill(z, select_teacher(z_ts, args[3] if len(z_ts) > 1 else None), y_c)
         return logp, ent, dist
@@ -216,12 +235,23 @@ def select_teacher(logits: Sequence[Array], index: Array | None) -> Array:
     return z
 
 
+def even_chunk(n: int, most: int) -> int:
+    """The chunk size that covers n positions in the fewest chunks of at most `most`, k =
+    ceil(n / most), evened out: ceil(n / k), rounded up to a multiple of 8 rows (the matmul
+    libraries' register blocking) where that stays within `most`; n itself for one chunk."""
+    most = max(1, min(most, n))
+    k = -(-n // most)
+    even = -(-n // k)
+    rounded = -(-even // 8) * 8
+    return rounded if k > 1 and rounded <= most else even
+
+
 class PositionChunks:
     """How `chunked_token_stats` cuts a batch's predicting positions into `lax.map` chunks,
     and puts the per-chunk results back [B, T] aligned with the tokens.
 
     Flat (`blocks` = 1): positions start - 1 .. T - 2 of every row (each predicts the next
-    token), flattened to [N] and cut into chunks of `chunk`. Blocked (`blocks` = s > 1, the
+    token), flattened to [N] and cut into chunks of at most `chunk` (`even_chunk`). Blocked (`blocks` = s > 1, the
     mesh's sequence axis: context parallelism, rows of positions split in s slices): every
     position of every row, [B, T] seen as [B, s, T / s]; chunk j takes positions
     [j c, (j + 1) c) of every row's every slice, so each device's chunk is its own
@@ -234,10 +264,10 @@ class PositionChunks:
         self.start, self.blocks = start, blocks
         if blocks == 1:
             self.n = self.b * (self.t - start)
-            self.chunk = max(1, min(chunk, self.n))
+            self.chunk = even_chunk(self.n, chunk)
         else:
             self.n = self.t // blocks  # each slice's positions
-            self.chunk = max(1, min(chunk // (self.b * blocks), self.n))
+            self.chunk = even_chunk(self.n, chunk // (self.b * blocks))
         self.pad = -self.n % self.chunk
 
     @classmethod

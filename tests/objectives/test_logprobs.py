@@ -3,6 +3,7 @@ score token t, column 0 is 0), the shifts, the soft-capped output layer, and the
 layout of the hidden-state path. The chunked path's values and gradients against the full
 logits: tests/rl/learn/test_perf_paths.py."""
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -11,6 +12,7 @@ from jaxrl_frontier.objectives.logprobs import (
     OutputLayer,
     PositionChunks,
     chunked_token_stats,
+    even_chunk,
     output_logits,
     shift_left,
     shift_right,
@@ -73,6 +75,38 @@ def test_position_chunks_put_every_result_back_on_its_token(blocks):
             back = layout.aligned(layout.chunked(layout.targets(tokens)))
             want = np.where(np.arange(4) >= start, np.asarray(tokens), 0)
             np.testing.assert_array_equal(back, want, err_msg=f"start {start} chunk {chunk}")
+
+
+def test_even_chunk_covers_n_in_the_fewest_chunks_evened_out():
+    # (n, at most) -> size: one chunk is n itself; k > 1 chunks of ceil(n / k), rounded up
+    # to 8 rows while that stays within the bound
+    cases = {(100, 256): 100, (384, 256): 192, (257, 256): 136, (520, 256): 176, (10, 3): 3}
+    for (n, most), size in cases.items():
+        assert even_chunk(n, most) == size, (n, most)
+        assert -(-n // size) == -(-n // min(most, n))  # never more chunks than the bound's
+    assert even_chunk(5, 0) == 1  # a bound under one row (context-parallel rows) is one
+
+
+def test_a_vocab_major_output_layer_scores_as_its_transpose_without_copying_it():
+    """A tied embedding E [V, D] as `OutputLayer(E, vocab_major=True)`: the same log-probs
+    and gradient (E's) as the [D, V] array E^T, over ragged chunks, and the compiled
+    gradient holds no [D, V] array (the transposed table a copy would make)."""
+    rng = np.random.default_rng(3)
+    d, v = 5, 24  # V, D distinct from every other dimension here (B 3, T 6, chunk 4)
+    h = jnp.asarray(rng.normal(size=(B, T, d)), jnp.float32)
+    e = jnp.asarray(rng.normal(size=(v, d)), jnp.float32)
+    tok = jnp.asarray(rng.integers(0, v, (B, T)), jnp.int32)
+
+    def loss(e, vocab_major):
+        w = OutputLayer(e, vocab_major=True) if vocab_major else e.T
+        return jnp.sum(chunked_token_stats(h, w, tok, 4, start=2)[0])
+
+    grads = [jax.value_and_grad(loss)(e, vm) for vm in (False, True)]
+    np.testing.assert_allclose(grads[1][0], grads[0][0], rtol=1e-6)
+    np.testing.assert_allclose(grads[1][1], grads[0][1], rtol=1e-5, atol=1e-6)
+    assert grads[1][0] != 0.0
+    hlo = jax.jit(jax.grad(loss), static_argnums=1).lower(e, True).compile().as_text()
+    assert f"f32[{d},{v}]" not in hlo and f"[{v},{d}]" in hlo
 
 
 def test_chunked_token_stats_refuses_a_bad_start_and_a_distill_without_teacher():

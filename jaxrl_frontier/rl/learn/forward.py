@@ -20,8 +20,8 @@ from jaxrl_frontier.sampling.sampler import recorded_experts
 
 
 def apply_hidden(graphdef, group_size: int = 1, completion_len: int = 0, router: bool = False):
-    """(params, tokens, mask, mlp_mask=None) -> (final hidden [B, T, D], output layer [D, V],
-    or a `logprobs.OutputLayer` with the model's final logit soft-cap).
+    """(params, tokens, mask, mlp_mask=None) -> (final hidden [B, T, D], the output layer: a
+    `logprobs.OutputLayer`, the weights as stored and the model's final logit soft-cap).
 
     router=True (a mixture-of-experts policy; no shared prompt): (params, tokens, mask,
     mlp_mask=None, routing=None) -> (hidden, output layer, the layers' `moe.RouterStats`),
@@ -51,12 +51,11 @@ def apply_hidden(graphdef, group_size: int = 1, completion_len: int = 0, router:
     return apply_hidden_fn
 
 
-def _output_layer(model):
-    """The output projection [D, V], or with a final logit soft-cap (Gemma 2) the
-    `logprobs.OutputLayer` that applies it."""
-    cap = model.cfg.final_logit_softcap
-    w_out = model.output_embedding()
-    return w_out if cap is None else logprobs.OutputLayer(w_out, cap)
+def _output_layer(model) -> logprobs.OutputLayer:
+    """The model's output layer as it stores it (a tied embedding [V, D], not transposed)
+    with its final logit soft-cap (Gemma 2), or None."""
+    w, vocab_major = model.output_table()
+    return logprobs.OutputLayer(w, model.cfg.final_logit_softcap, vocab_major=vocab_major)
 
 
 def _hidden_states(graphdef, group_size: int, completion_len: int):
@@ -107,11 +106,11 @@ def first_scored(tokens, completion_len: int) -> int:
 
 def apply_packed_hidden(graphdef):
     """(params, tokens [B, T], pack) -> (final hidden [R, N, D] over one microbatch's packed
-    slots, output layer [D, V]); pack: one microbatch's maps (`packing.plan_packing`)."""
+    slots, the `logprobs.OutputLayer`); pack: one microbatch's maps (`packing.plan_packing`)."""
 
     def apply_fn(params, tokens, pack):
         model = nnx.merge(graphdef, params)
-        return packing.packed_hidden(model, tokens, pack), model.output_embedding()
+        return packing.packed_hidden(model, tokens, pack), _output_layer(model)
 
     return apply_fn
 
