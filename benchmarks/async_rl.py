@@ -144,16 +144,8 @@ def _run(variant: str, args, workdir: str) -> dict:
     return out
 
 
-def _median_of_rounds(runs: list[dict]) -> dict:
-    """One variant's record over its rounds: each figure the median of the rounds' medians,
-    the rounds kept."""
-    if len(runs) == 1:
-        return runs[0]
-    keys = ("seconds_per_step", "rollout_seconds", "useful_tokens_per_second")
-    keys += ("rollout_useful_tokens_per_second",)
-    keys += ("finished_slot_step_share",)
-    out = {k: statistics.median(r[k] for r in runs) for k in keys if k in runs[0]}
-    return dict(runs[0], **out, rounds=runs)
+ROUND_KEYS = ("seconds_per_step", "rollout_seconds", "useful_tokens_per_second")
+ROUND_KEYS += ("rollout_useful_tokens_per_second", "finished_slot_step_share")
 
 
 def _spread_targets(v: dict) -> dict:
@@ -198,7 +190,7 @@ def bench_async(args) -> dict:
             )
     quiet.update(busy_share_after=peers.busy_share(), load_average_after=os.getloadavg())
     out["quiet"] = quiet
-    out["variants"] = {name: _median_of_rounds(r) for name, r in runs.items()}
+    out["variants"] = {name: common.median_of_rounds(r, ROUND_KEYS) for name, r in runs.items()}
     v = out["variants"]
     if args.workload == "spread":
         out["targets"] = _spread_targets(v)

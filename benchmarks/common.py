@@ -177,6 +177,15 @@ def median_time(fn, repeats: int) -> tuple[float, list[float]]:
     return statistics.median(times), times
 
 
+def median_of_rounds(runs: list[dict], keys: tuple[str, ...]) -> dict:
+    """One side's record over its rounds: the first round's, each of `keys` it holds the
+    median of the rounds' figures, the rounds kept (`rounds`); a single round as it is."""
+    if len(runs) == 1:
+        return runs[0]
+    out = {k: statistics.median(r[k] for r in runs) for k in keys if k in runs[0]}
+    return dict(runs[0], **out, rounds=runs)
+
+
 def decode_step_rounds(full, prefill, repeats: int, each_round=None):
     """Rounds for timing a decode step as (T(full) - T(prefill)) / (Tn - 1): a rollout of Tn
     >= 2 new tokens is the prefill (which samples the first token) plus Tn - 1 decode steps,

@@ -2,6 +2,7 @@
 
     python benchmarks/bench.py rl --config=benchmarks/configs/grpo_random_qwen2.py
     python benchmarks/bench.py rl --steps 8 --torch-threads 1,2 --config.data.prompt_batch=4
+    python benchmarks/bench.py rl --rounds 3 --torch-threads 2 --config=configs/smollm2_reasoning.py
 
 The shapes come from the config (`data.prompt_batch` prompts x `rollout.group_size`
 completions of `rollout.max_new_tokens` tokens, prompts of `data.max_prompt_len`
@@ -15,8 +16,13 @@ that directory): a step is the trainer's own (prompts, rollout, rewards, advanta
 update), its time `perf/step_seconds`. A TRL child per torch thread count and
 gradient-checkpointing setting loads the same directory and times `GRPOTrainer` optimizer
 steps (generate, reward, log-probs, loss, backward, AdamW) with a callback. The figure is
-the median after the warm-up steps; the compared TRL figure is its fastest thread count
-with gradient checkpointing off; its default setting is reported beside it.
+the median after the warm-up steps; the compared TRL figure is its fastest setting, the
+others reported beside it.
+
+Rounds (`--rounds R`): the sides run in turn R times (ours, then each TRL setting); each
+figure is the median of the rounds' and each ratio the median of the rounds' own ratios,
+so a drift of the machine's speed between rounds cancels (on the 2-core CPU here ours
+took 8.5 s a step in one sitting and 11.2 s in another an hour apart).
 
 Prompts: ours are the arithmetic task's (left-padded to `data.max_prompt_len`), TRL's
 `data.max_prompt_len` random words of one token each: the same prompt positions, and
@@ -51,6 +57,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warmup", type=int, default=2, help="first steps left out (>= 1: compiles)")
     p.add_argument("--torch-threads", type=common.ints, default=[1, 2])
     p.add_argument("--no-trl", action="store_true")
+    p.add_argument(
+        "--rounds", type=int, default=1, help="alternating rounds of every side (ratio: median)"
+    )
 
 
 SPECIAL = dict(pad_token="<pad>", eos_token="<eos>", unk_token="<unk>")  # ids 0, 1, 2
@@ -144,6 +153,40 @@ def time_ours(request: dict) -> dict:
 # ----------------------------------------------------------------------------- orchestration
 
 
+ROUND_KEYS = ("seconds_per_step", "rollout_seconds", "rollout_fraction")
+
+
+def one_round(request: dict, trl_request: dict, args) -> dict:
+    """One round: ours, then TRL at each checkpointing setting and thread count, each in
+    its own process -> {'ours': row, 'checkpointing_S/threads_N': row, ...}; TRL's rows
+    hold `ours_speedup`, this round's ratio (or 'trl_skipped', TRL's error)."""
+    ours = peers.run_child("benchmarks.rl", request)
+    print(f"[ours] {json.dumps(ours)}", file=sys.stderr)
+    prompts, out = ours.pop("task_prompts"), dict(ours=ours)
+    if args.no_trl:
+        return out
+    for checkpointing in ("off", "default"):
+        for threads in args.torch_threads:
+            req = dict(trl_request, task_prompts=prompts, gradient_checkpointing=checkpointing)
+            try:
+                row = peers.run_child("benchmarks.peer_trl", req, threads=threads)
+            except peers.ChildError as e:  # trl not installed: said in the JSON
+                return dict(ours=ours, trl_skipped=str(e)[-500:])
+            row["ours_speedup"] = row["seconds_per_step"] / ours["seconds_per_step"]
+            out[f"checkpointing_{checkpointing}/threads_{threads}"] = row
+            print(f"[trl {checkpointing} {threads}] {json.dumps(row)}", file=sys.stderr)
+    return out
+
+
+def trl_rounds(rounds: list[dict], name: str) -> dict:
+    """TRL setting `name` over the rounds: each figure the median of the rounds', and the
+    ratio to ours the median of the rounds' own ratios (each round's sides ran back to
+    back, so a drift of the machine's speed between rounds cancels in it)."""
+    row = common.median_of_rounds([r[name] for r in rounds], ROUND_KEYS)
+    row["ours_speedup"] = statistics.median(r[name]["ours_speedup"] for r in rounds)
+    return row
+
+
 def bench_rl(args) -> dict:
     """A full GRPO step: ours vs TRL `GRPOTrainer` (each in its own process), same weights."""
     config_args = getattr(args, "config_args", [])
@@ -164,7 +207,9 @@ def bench_rl(args) -> dict:
         **shape,
         steps=args.steps,
         warmup=args.warmup,
-        processes="ours, and TRL at each thread count and checkpointing setting, each alone",
+        rounds=args.rounds,
+        processes="ours, and TRL at each thread count and checkpointing setting, each alone, "
+        "in turn, each round",
     )
     ckpt = common.checkpoint(config)
     result["checkpoint"] = ckpt and {k: v for k, v in ckpt.items() if k != "config"}
@@ -179,27 +224,15 @@ def bench_rl(args) -> dict:
             steps=args.steps,
             checkpoint=bool(ckpt),
         )
-        result["ours"] = ours = peers.run_child("benchmarks.rl", request)
-        result["device"], result["device_kind"] = ours["device"], ours["device_kind"]
-        print(f"[ours] {json.dumps(ours)}", file=sys.stderr)
-        if args.no_trl:
-            result["trl_skipped"] = "--no-trl"
-            return result
-        trl_request = dict(
-            request, vocab=config.model.vocab_size, task_prompts=ours.pop("task_prompts"), **shape
-        )
-        result["trl"] = {}
-        for checkpointing in ("off", "default"):
-            for threads in args.torch_threads:
-                req = dict(trl_request, gradient_checkpointing=checkpointing)
-                try:
-                    row = peers.run_child("benchmarks.peer_trl", req, threads=threads)
-                except peers.ChildError as e:  # trl not installed: said in the JSON
-                    result["trl_skipped"] = str(e)[-500:]
-                    return result
-                row["ours_speedup"] = row["seconds_per_step"] / ours["seconds_per_step"]
-                result["trl"][f"checkpointing_{checkpointing}/threads_{threads}"] = row
-                print(f"[trl {checkpointing} {threads}] {json.dumps(row)}", file=sys.stderr)
+        trl_request = dict(request, vocab=config.model.vocab_size, **shape)
+        rounds = [one_round(request, trl_request, args) for _ in range(args.rounds)]
+    ours = result["ours"] = common.median_of_rounds([r.pop("ours") for r in rounds], ROUND_KEYS)
+    result["device"], result["device_kind"] = ours["device"], ours["device_kind"]
+    skipped = [r.pop("trl_skipped") for r in rounds if "trl_skipped" in r]
+    if args.no_trl or skipped:
+        result["trl_skipped"] = "--no-trl" if args.no_trl else skipped[0]
+        return result
+    result["trl"] = {name: trl_rounds(rounds, name) for name in rounds[0]}
     # compared with TRL's fastest setting, gradient checkpointing on or off, at any threads
     result["trl_compared"] = peers.best_of(result["trl"], "seconds_per_step", lower_is_better=True)
     return result

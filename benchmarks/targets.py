@@ -316,7 +316,7 @@ def rl_rows(result: dict, source: str) -> list[Row]:
     shape = f"{result['prompts']} prompts x {result['group_size']} x {result['new_tokens']} tokens"
     rows = []
     trl = result.get("trl") or {}
-    compared = result.get("trl_compared")
+    compared, rounds = result.get("trl_compared"), result.get("rounds", 1)
     for name, run in sorted(trl.items()):
         setting = (
             f"gradient checkpointing {'on' if run.get('gradient_checkpointing') else 'off'}"
@@ -334,6 +334,7 @@ def rl_rows(result: dict, source: str) -> list[Row]:
                 "{:g}x",
                 f"**{run['ours_speedup']:.2f}x** ({ours['seconds_per_step']:.3f} s vs "
                 f"{run['seconds_per_step']:.3f} s per step{_rl_work(ours, run)})"
+                + (f"; the median of {rounds} rounds' ratios" if rounds > 1 else "")
                 + ("; the compared figure" if name == compared else ""),
                 source,
             )

@@ -235,7 +235,7 @@ def test_async_spread_targets_by_hand():
     """bench.py async --workload spread: continuous over static on the rollout's useful
     tokens/s and the step's, and k = 1's step over max(static rollout, static update), where
     a static step is its rollout plus the rest (0.25 s + 0.75 s)."""
-    from benchmarks.async_rl import _median_of_rounds, _spread_targets
+    from benchmarks.async_rl import ROUND_KEYS, _spread_targets
 
     static = dict(
         seconds_per_step=1.0, rollout_seconds=0.25, useful_tokens_per_second=100.0,
@@ -252,4 +252,48 @@ def test_async_spread_targets_by_hand():
     k1 = t["k1_step_vs_max_rollout_update"]
     assert k1["ratio"] == pytest.approx(0.8 / 0.75) and k1["met"] is True
     rounds = [dict(static, seconds_per_step=s, finished_slot_step_share=0.5) for s in (1, 3, 2)]
-    assert _median_of_rounds(rounds)["seconds_per_step"] == 2
+    assert common.median_of_rounds(rounds, ROUND_KEYS)["seconds_per_step"] == 2
+
+
+def test_rl_rounds_alternate_the_sides_and_take_the_median_of_each_rounds_ratio(monkeypatch):
+    """bench.py rl --rounds 3: ours, then TRL at each setting, in turn each round. A TRL
+    setting's ratio is the median of the rounds' own ratios (TRL with checkpointing off:
+    3 s / 1 s, 4.5 s / 3 s, 5 s / 2 s -> 2.5), not the ratio of the medians (4.5 s / 2 s =
+    2.25), and each side's seconds are the median of its rounds'."""
+    import argparse
+
+    from benchmarks import rl
+
+    ours_s = iter([1.0, 3.0, 2.0])
+    trl_s = dict(off=iter([3.0, 4.5, 5.0]), default=iter([4.0, 6.0, 6.0]))
+    calls = []
+
+    def fake_child(module, request, threads=None):
+        if module == "benchmarks.rl":
+            calls.append("ours")
+            return dict(common.machine_info(jax_device=False), device="cpu:0",
+                        device_kind="cpu", seconds_per_step=next(ours_s),
+                        rollout_seconds=0.5, rollout_fraction=0.5, task_prompts=None)  # fmt: skip
+        assert request["task_prompts"] is None and threads == 1
+        calls.append(request["gradient_checkpointing"])
+        return dict(torch_threads=1, seconds_per_step=next(trl_s[calls[-1]]))
+
+    monkeypatch.setattr(peers, "run_child", fake_child)
+    args = argparse.Namespace(
+        config_args=TINY, steps=1, warmup=1, rounds=3, torch_threads=[1], no_trl=False
+    )
+    out = rl.bench_rl(args)
+    assert calls == ["ours", "off", "default"] * 3
+    off, default = (
+        out["trl"]["checkpointing_off/threads_1"],
+        out["trl"]["checkpointing_default/threads_1"],
+    )
+    assert off["ours_speedup"] == 2.5 and off["seconds_per_step"] == 4.5
+    assert default["ours_speedup"] == 3.0  # 4 / 1, 6 / 3, 6 / 2
+    assert out["ours"]["seconds_per_step"] == 2.0 and len(out["ours"]["rounds"]) == 3
+    assert out["trl_compared"] == "checkpointing_off/threads_1"
+    assert "task_prompts" not in out["ours"] and out["rounds"] == 3
+    rows = targets.targets({"rl.json": dict(benchmark="rl", **out)})
+    (row,) = [r for r in rows if r.met is not None]  # the compared setting's
+    assert row.value == 2.5 and row.measured.startswith("**2.50x** (2.000 s vs 4.500 s")
+    assert row.measured.endswith("; the median of 3 rounds' ratios; the compared figure")
