@@ -312,9 +312,11 @@ def test_shared_prompt_forward_with_sliding_windows():
 
 def test_gemma2_chunked_logprobs_apply_the_final_softcap(gemma):
     """The update's chunked log-probs (hidden states and the output layer, no [B, T, V]
-    logits) soft-cap the logits as `Transformer.logits` does: the full-logit log-probs."""
+    logits), on padded rows and on packed ones, soft-cap the logits as `Transformer.logits`
+    does: the full-logit log-probs."""
     from jaxrl_frontier.objectives.logprobs import OutputLayer
     from jaxrl_frontier.rl.learn.forward import apply_hidden, make_logp_fn
+    from jaxrl_frontier.rl.learn.packing import PackSpec
 
     _, _, model = gemma("gemma2")
     graphdef, state = nnx.split(model)
@@ -324,6 +326,11 @@ def test_gemma2_chunked_logprobs_apply_the_final_softcap(gemma):
     full = np.asarray(make_logp_fn(graphdef, None)(state, tokens, mask))
     real = np.asarray(mask)[:, 1:].astype(bool)
     np.testing.assert_allclose(chunked[:, 1:][real], full[:, 1:][real], atol=1e-5)
+    # packed rows (`train.pack_tokens`) soft-cap too: two rows of up to 12 tokens a slot row
+    # (a row's first token has no real predecessor there: scored 0, so compared from its 2nd)
+    packed = np.asarray(make_logp_fn(graphdef, 5, pack=PackSpec(24))(state, tokens, mask))
+    after = real & np.asarray(mask)[:, :-1].astype(bool)
+    np.testing.assert_allclose(packed[:, 1:][after], full[:, 1:][after], atol=1e-5)
     uncapped = with_config(model, model.cfg.replace(final_logit_softcap=None))
     graphdef_u, state_u = nnx.split(uncapped)
     other = np.asarray(make_logp_fn(graphdef_u, 5)(state_u, tokens, mask))
