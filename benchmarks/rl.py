@@ -22,7 +22,7 @@ others reported beside it.
 Rounds (`--rounds R`): the sides run in turn R times (ours, then each TRL setting); each
 figure is the median of the rounds' and each ratio the median of the rounds' own ratios,
 so a drift of the machine's speed between rounds cancels (on the 2-core CPU here ours
-took 8.5 s a step in one sitting and 11.2 s in another an hour apart).
+took 11.2 s a step in one run and 8.5 s in another 20 minutes later).
 
 Prompts: ours are the arithmetic task's (left-padded to `data.max_prompt_len`), TRL's
 `data.max_prompt_len` random words of one token each: the same prompt positions, and
