@@ -53,8 +53,8 @@ def output_weights(w_out) -> tuple[Array, float | None]:
 
 
 def output_contraction(w_out) -> tuple[Array, float | None, str]:
-    """(the weights as stored, the soft-cap or None, the einsum that takes hidden states
-    [C, D] and them to logits [C, V]) of a [D, V] array or an `OutputLayer`."""
+    """(the weights as stored, the soft-cap or None, the einsum of hidden states [C, D]
+    with those weights that gives logits [C, V]) of a [D, V] array or an `OutputLayer`."""
     if isinstance(w_out, OutputLayer) and w_out.vocab_major:
         return w_out.w, w_out.softcap, "cd,vd->cv"
     return *output_weights(w_out), "cd,dv->cv"
@@ -251,9 +251,9 @@ class PositionChunks:
     and puts the per-chunk results back [B, T] aligned with the tokens.
 
     Flat (`blocks` = 1): positions start - 1 .. T - 2 of every row (each predicts the next
-    token), flattened to [N] and cut into chunks of at most `chunk` (`even_chunk`). Blocked (`blocks` = s > 1, the
-    mesh's sequence axis: context parallelism, rows of positions split in s slices): every
-    position of every row, [B, T] seen as [B, s, T / s]; chunk j takes positions
+    token), flattened to [N] and cut into chunks of at most `chunk` (`even_chunk`).
+    Blocked (`blocks` = s > 1, the mesh's sequence axis: context parallelism, rows of
+    positions split in s slices): every position of every row, [B, T] seen as [B, s, T / s]; chunk j takes positions
     [j c, (j + 1) c) of every row's every slice, so each device's chunk is its own
     positions and no hidden state moves between devices; the results are shifted right by
     one at the end (position t - 1 predicts token t) and the columns before `start` zeroed.

@@ -53,7 +53,7 @@ def apply_hidden(graphdef, group_size: int = 1, completion_len: int = 0, router:
 
 def _output_layer(model) -> logprobs.OutputLayer:
     """The model's output layer as it stores it (a tied embedding [V, D], not transposed)
-    with its final logit soft-cap (Gemma 2), or None."""
+    and its final logit soft-cap (Gemma 2; None for a model without one)."""
     w, vocab_major = model.output_table()
     return logprobs.OutputLayer(w, model.cfg.final_logit_softcap, vocab_major=vocab_major)
 
