@@ -253,10 +253,11 @@ class PositionChunks:
     Flat (`blocks` = 1): positions start - 1 .. T - 2 of every row (each predicts the next
     token), flattened to [N] and cut into chunks of at most `chunk` (`even_chunk`).
     Blocked (`blocks` = s > 1, the mesh's sequence axis: context parallelism, rows of
-    positions split in s slices): every position of every row, [B, T] seen as [B, s, T / s]; chunk j takes positions
-    [j c, (j + 1) c) of every row's every slice, so each device's chunk is its own
-    positions and no hidden state moves between devices; the results are shifted right by
-    one at the end (position t - 1 predicts token t) and the columns before `start` zeroed.
+    positions split in s slices): every position of every row, [B, T] seen as [B, s, T / s];
+    chunk j takes positions [j c, (j + 1) c) of every row's every slice, so each device's
+    chunk is its own positions and no hidden state moves between devices; the results are
+    shifted right by one at the end (position t - 1 predicts token t) and the columns before
+    `start` zeroed.
     """
 
     def __init__(self, shape: tuple[int, int], chunk: int, start: int, blocks: int):
