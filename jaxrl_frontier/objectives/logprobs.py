@@ -15,6 +15,13 @@ CHUNKS. N predicting positions run in the fewest chunks of at most `chunk` posit
 evened out (`even_chunk`): 384 positions in two chunks of 192, not 256 and a half-empty
 second one, whose padding the output matmul would compute three times (forward, the
 checkpoint's recompute, backward).
+
+RECOMPUTE. The backward pass needs each chunk's [chunk, V] logits. Where all chunks' logits
+(student and teachers, f32) fit in `RECOMPUTE_ABOVE_BYTES`, they are kept from the forward
+pass; above it, each chunk runs under `jax.checkpoint` and its logits are computed again in
+the backward pass. The choice follows from static shapes: an RL batch at SmolLM2-135M's
+shape (384 positions x 49,152: 75 MB) keeps them and saves a quarter of the output layer's
+FLOPs; 8 rows of 4,096 tokens at a 152k vocabulary (20 GB) recompute.
 """
 
 from __future__ import annotations
@@ -102,6 +109,7 @@ def token_entropy(logits_btv: Array) -> Array:
 
 
 DEFAULT_LOGPROB_CHUNK = 256  # positions per chunk of the fused output layer (logits [chunk, V])
+RECOMPUTE_ABOVE_BYTES = 256 * 2**20  # all chunks' f32 logits above this: recomputed in backward
 
 
 def token_stats_from_hidden(
@@ -116,15 +124,16 @@ def token_stats_from_hidden(
 ) -> tuple[Array, Array | None]:
     """`token_logprobs` (and `token_entropy`) from final hidden states, never holding the
     [B, T, V] logits: the output layer, logsumexp and gather run over chunks of `chunk`
-    positions (`lax.map`), each chunk under `jax.checkpoint`, so the backward pass recomputes
-    one chunk's [chunk, V] logits at a time instead of storing all of them.
+    positions (`lax.map`). The backward pass keeps every chunk's [chunk, V] logits where they
+    fit in `RECOMPUTE_ABOVE_BYTES`; above it each chunk runs under `jax.checkpoint` and the
+    backward pass recomputes one chunk's logits at a time instead of storing all of them.
 
     hidden [B, T, D] (compute dtype), w_out [D, V] (or an `OutputLayer`), tokens [B, T] int
     -> (logp [B, T] f32,
     entropy [B, T] f32 or None), aligned with tokens like `token_logprobs` (column 0 is 0).
     Logits are accumulated in f32 as in `Transformer.logits`. `entropy_grad=False` holds the
-    entropy constant (a metric only). Cost: the output matmul runs once more in the backward
-    pass (8 instead of 6 * B * T * D * V FLOPs). start >= 1: only tokens [start, T) are
+    entropy constant (a metric only). Cost under the checkpoint: the output matmul runs once
+    more in the backward pass (8 instead of 6 * B * T * D * V FLOPs). start >= 1: only tokens [start, T) are
     scored, the columns before it are 0 (an RL batch's prompt, which the loss masks out).
     """
     logp, ent, _ = chunked_token_stats(
@@ -185,7 +194,6 @@ def chunked_token_stats(
         if len(pairs) > 1:
             xs += (chunked(layout.positions(teacher_index)),)
 
-    @jax.checkpoint
     def one(args):
         h_cd, y_c = args[:2]
         z = jnp.einsum(spec, h_cd, w, preferred_element_type=jnp.float32)
@@ -207,7 +215,10 @@ def chunked_token_stats(
             dist = distill(z, select_teacher(z_ts, args[3] if len(z_ts) > 1 else None), y_c)
         return logp, ent, dist
 
-    logp, ent, dist = jax.lax.map(one, xs)
+    vocab = output_weights(w_out_dv)[0].shape[1]
+    held = xs[1].size * vocab * 4 * (1 + (len(w_ts) if with_distill else 0))  # f32 logits, bytes
+    step = one if held <= RECOMPUTE_ABOVE_BYTES else jax.checkpoint(one)
+    logp, ent, dist = jax.lax.map(step, xs)
     aligned = layout.aligned
     return (
         aligned(logp),

@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from jaxrl_frontier.objectives import logprobs
 from jaxrl_frontier.objectives.logprobs import (
     OutputLayer,
     PositionChunks,
@@ -107,6 +108,31 @@ def test_a_vocab_major_output_layer_scores_as_its_transpose_without_copying_it()
     assert grads[1][0] != 0.0
     hlo = jax.jit(jax.grad(loss), static_argnums=1).lower(e, True).compile().as_text()
     assert f"f32[{d},{v}]" not in hlo and f"[{v},{d}]" in hlo
+
+
+def test_logits_within_the_byte_budget_are_kept_for_the_backward_pass(monkeypatch):
+    """Under `RECOMPUTE_ABOVE_BYTES` the gradient runs the output matmul 3 times (forward,
+    and the backward's two products); over it, each chunk is checkpointed and its logits
+    computed once more (4). Values and gradients agree either way."""
+    rng = np.random.default_rng(4)
+    d, v = 5, 24
+    h = jnp.asarray(rng.normal(size=(B, T, d)), jnp.float32)
+    w = jnp.asarray(rng.normal(size=(d, v)), jnp.float32)
+    tok = jnp.asarray(rng.integers(0, v, (B, T)), jnp.int32)
+
+    def loss(h, w):
+        return jnp.sum(chunked_token_stats(h, w, tok, 4, start=2)[0])
+
+    def grad_and_matmuls():
+        g = jax.value_and_grad(loss, argnums=(0, 1))
+        return g(h, w), str(jax.make_jaxpr(g)(h, w)).count("dot_general")
+
+    kept, kept_matmuls = grad_and_matmuls()  # 3 chunks x 4 x 24 x 4 bytes: 1,152 <= budget
+    monkeypatch.setattr(logprobs, "RECOMPUTE_ABOVE_BYTES", 1151)
+    recomputed, recomputed_matmuls = grad_and_matmuls()
+    assert (kept_matmuls, recomputed_matmuls) == (3, 4)
+    for a, b in zip(jax.tree.leaves(kept), jax.tree.leaves(recomputed)):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
 
 
 def test_chunked_token_stats_refuses_a_bad_start_and_a_distill_without_teacher():
