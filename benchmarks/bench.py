@@ -34,6 +34,13 @@ import os
 import sys
 from collections.abc import Callable
 
+if __name__ == "__main__":
+    from jaxrl_frontier.core import host_memory
+
+    # huge pages for the host buffers, before anything imports jax; every side's process
+    # (ours, transformers, TRL) inherits the same settings (core/host_memory.py)
+    host_memory.restart_with_huge_pages()
+
 if __name__ == "__main__" and not __package__:
     # Run as a file: run again as the module `benchmarks.bench` of this checkout, so the
     # benchmarks import each other as a package (the working directory stays the caller's).

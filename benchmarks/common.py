@@ -16,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+from jaxrl_frontier.core.host_memory import host_memory_info
 from jaxrl_frontier.core.machine import cpu_info
 
 REPO = Path(__file__).resolve().parents[1]
@@ -149,6 +150,7 @@ def machine_info(jax_device: bool = True) -> dict:
         python=platform.python_version(),
         versions=versions(),
         xla_flags=os.environ.get("XLA_FLAGS", ""),
+        host_memory=host_memory_info(),  # huge pages for every side alike (core/host_memory.py)
     )
     if jax_device:
         import jax

@@ -25,6 +25,7 @@ import sys
 from collections.abc import Iterable
 
 from benchmarks import common
+from jaxrl_frontier.core import host_memory
 
 JAX_SIDE = ("jax", "jaxlib", "flax")
 TORCH_SIDE = ("torch", "transformers", "trl", "accelerate")
@@ -83,14 +84,23 @@ def wait_for_quiet(
             )
 
 
-def run_child(module: str, request: dict, *, threads: int | None = None, timeout=1800) -> dict:
+def run_child(
+    module: str,
+    request: dict,
+    *,
+    threads: int | None = None,
+    huge_pages: bool = True,
+    timeout=1800,
+) -> dict:
     """`python -m module` with `request` on stdin -> the JSON dict on its last stdout line.
 
     threads: the intra-op threads of a torch child (OMP_NUM_THREADS and MKL_NUM_THREADS
-    too, so no pool starts wider). stderr passes through (progress lines)."""
+    too, so no pool starts wider). huge_pages False: the child's allocator as the machine
+    sets it (`host_memory.without_huge_pages`), else it inherits bench.py's huge pages. stderr
+    passes through (progress lines)."""
     # the child imports `benchmarks` from this checkout, whatever the working directory
     env = dict(
-        os.environ,
+        os.environ if huge_pages else host_memory.without_huge_pages(dict(os.environ)),
         PYTHONPATH=os.pathsep.join(filter(None, [str(common.REPO), os.environ.get("PYTHONPATH")])),
     )
     if threads is not None:

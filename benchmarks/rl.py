@@ -13,11 +13,12 @@ Each side in a process of its own (benchmarks/peers.py), one after the other. Th
 a Hugging Face directory; the JAX child adds the config's random model to it and trains
 `warmup + steps` steps with `trainer.train` (`model.init='hf'`, `tokenizer.kind='hf'` on
 that directory): a step is the trainer's own (prompts, rollout, rewards, advantages,
-update), its time `perf/step_seconds`. A TRL child per torch thread count and
-gradient-checkpointing setting loads the same directory and times `GRPOTrainer` optimizer
-steps (generate, reward, log-probs, loss, backward, AdamW) with a callback. The figure is
-the median after the warm-up steps; the compared TRL figure is its fastest setting, the
-others reported beside it.
+update), its time `perf/step_seconds`. A TRL child per torch thread count,
+gradient-checkpointing setting and host allocator (`--trl-pages`: the huge pages every side
+inherits from bench.py, jaxrl_frontier/core/host_memory.py, and the machine's default) loads
+the same directory and times `GRPOTrainer` optimizer steps (generate, reward, log-probs,
+loss, backward, AdamW) with a callback. The figure is the median after the warm-up steps;
+the compared TRL figure is its fastest setting, the others reported beside it.
 
 Rounds (`--rounds R`): the sides run in turn R times (ours, then each TRL setting); each
 figure is the median of the rounds' and each ratio the median of the rounds' own ratios,
@@ -60,6 +61,32 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--rounds", type=int, default=1, help="alternating rounds of every side (ratio: median)"
     )
+    p.add_argument(
+        "--trl-checkpointing",
+        type=choices_of("off", "default"),
+        default=["off", "default"],
+        help="TRL's gradient checkpointing settings timed: off, default (on), or both",
+    )
+    p.add_argument(
+        "--trl-pages",
+        type=choices_of("huge", "default"),
+        default=["huge", "default"],
+        help="TRL's host allocator, each timed: huge (the huge pages every side inherits from "
+        "bench.py), default (as the machine sets it); the compared figure is TRL's fastest",
+    )
+
+
+def choices_of(*allowed: str):
+    """An argparse type: a comma-separated list of `allowed` values."""
+
+    def parse(text: str) -> list[str]:
+        values = text.split(",")
+        bad = [v for v in values if v not in allowed]
+        if bad:
+            raise argparse.ArgumentTypeError(f"{bad} not among {list(allowed)}")
+        return values
+
+    return parse
 
 
 SPECIAL = dict(pad_token="<pad>", eos_token="<eos>", unk_token="<unk>")  # ids 0, 1, 2
@@ -165,16 +192,25 @@ def one_round(request: dict, trl_request: dict, args) -> dict:
     prompts, out = ours.pop("task_prompts"), dict(ours=ours)
     if args.no_trl:
         return out
-    for checkpointing in ("off", "default"):
-        for threads in args.torch_threads:
-            req = dict(trl_request, task_prompts=prompts, gradient_checkpointing=checkpointing)
-            try:
-                row = peers.run_child("benchmarks.peer_trl", req, threads=threads)
-            except peers.ChildError as e:  # trl not installed: said in the JSON
-                return dict(ours=ours, trl_skipped=str(e)[-500:])
-            row["ours_speedup"] = row["seconds_per_step"] / ours["seconds_per_step"]
-            out[f"checkpointing_{checkpointing}/threads_{threads}"] = row
-            print(f"[trl {checkpointing} {threads}] {json.dumps(row)}", file=sys.stderr)
+    settings = [
+        (checkpointing, threads, pages)
+        for checkpointing in args.trl_checkpointing
+        for threads in args.torch_threads
+        for pages in args.trl_pages
+    ]
+    for checkpointing, threads, pages in settings:
+        req = dict(trl_request, task_prompts=prompts, gradient_checkpointing=checkpointing)
+        try:
+            row = peers.run_child(
+                "benchmarks.peer_trl", req, threads=threads, huge_pages=pages == "huge"
+            )
+        except peers.ChildError as e:  # trl not installed: said in the JSON
+            return dict(ours=ours, trl_skipped=str(e)[-500:])
+        row["ours_speedup"] = row["seconds_per_step"] / ours["seconds_per_step"]
+        row["pages"] = pages
+        name = f"checkpointing_{checkpointing}/threads_{threads}"
+        out[name + ("" if pages == "huge" else "/default_pages")] = row
+        print(f"[trl {checkpointing} {threads} {pages}] {json.dumps(row)}", file=sys.stderr)
     return out
 
 

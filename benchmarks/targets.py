@@ -321,6 +321,9 @@ def rl_rows(result: dict, source: str) -> list[Row]:
         setting = (
             f"gradient checkpointing {'on' if run.get('gradient_checkpointing') else 'off'}"
             + (" (TRL's default)" if run.get("gradient_checkpointing_setting") == "default" else "")
+            + {"huge": ", huge pages", "default": ", the machine's default pages"}.get(
+                run.get("pages"), ""
+            )
         )
         speedup = REAL_RL_SPEEDUP if result.get("checkpoint") else RL_SPEEDUP
         goal = speedup if name == compared or compared is None else None

@@ -15,6 +15,8 @@ import logging
 import os
 import time
 
+from jaxrl_frontier.core import host_memory
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -45,6 +47,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0, help="config key seed of both stages")
     parser.add_argument("--runlocal", action="store_true", help="seconds-long smoke run")
     args = parser.parse_args()
+    host_memory.restart_with_huge_pages()  # huge pages for XLA:CPU's buffers (no jax yet)
     import jax  # after parsing: --help needs no jax
 
     from jaxrl_frontier.run import trainer

@@ -259,4 +259,7 @@ def main(argv=None) -> dict[str, float]:
 
 
 if __name__ == "__main__":
+    from jaxrl_frontier.core import host_memory
+
+    host_memory.restart_with_huge_pages()  # no device is touched before main()
     main()

@@ -268,22 +268,27 @@ def test_rl_rounds_alternate_the_sides_and_take_the_median_of_each_rounds_ratio(
     trl_s = dict(off=iter([3.0, 4.5, 5.0]), default=iter([4.0, 6.0, 6.0]))
     calls = []
 
-    def fake_child(module, request, threads=None):
+    def fake_child(module, request, threads=None, huge_pages=True):
         if module == "benchmarks.rl":
             calls.append("ours")
             return dict(common.machine_info(jax_device=False), device="cpu:0",
                         device_kind="cpu", seconds_per_step=next(ours_s),
                         rollout_seconds=0.5, rollout_fraction=0.5, task_prompts=None)  # fmt: skip
         assert request["task_prompts"] is None and threads == 1
-        calls.append(request["gradient_checkpointing"])
+        calls.append(request["gradient_checkpointing"] + ("" if huge_pages else "/default"))
+        if not huge_pages:  # TRL with the machine's pages: slower in every round here
+            return dict(torch_threads=1, seconds_per_step=10.0)
         return dict(torch_threads=1, seconds_per_step=next(trl_s[calls[-1]]))
 
     monkeypatch.setattr(peers, "run_child", fake_child)
     args = argparse.Namespace(
-        config_args=TINY, steps=1, warmup=1, rounds=3, torch_threads=[1], no_trl=False
-    )
+        config_args=TINY, steps=1, warmup=1, rounds=3, torch_threads=[1], no_trl=False,
+        trl_checkpointing=["off", "default"], trl_pages=["huge", "default"],
+    )  # fmt: skip
     out = rl.bench_rl(args)
-    assert calls == ["ours", "off", "default"] * 3
+    assert calls == ["ours", "off", "off/default", "default", "default/default"] * 3
+    slow = out["trl"]["checkpointing_off/threads_1/default_pages"]
+    assert slow["pages"] == "default" and slow["seconds_per_step"] == 10.0
     off, default = (
         out["trl"]["checkpointing_off/threads_1"],
         out["trl"]["checkpointing_default/threads_1"],

@@ -8,12 +8,17 @@ import json
 import logging
 import sys
 
+from jaxrl_frontier.core import host_memory
 from jaxrl_frontier.core.errors import ConfigError
 from jaxrl_frontier.run.config.flags import USAGE, parse, usage, wants_help
 
 
 def train_main(argv: list[str] | None = None) -> None:
-    """`scripts/train.py` / `jaxrl-train`: --config=FILE[:ARG] --workdir=DIR [--config.k=v ...]."""
+    """`scripts/train.py` / `jaxrl-train`: --config=FILE[:ARG] --workdir=DIR [--config.k=v ...].
+    From the command line (argv None) the process first restarts itself with huge pages for
+    its host buffers where the machine offers them (`core/host_memory.py`)."""
+    if argv is None:
+        host_memory.restart_with_huge_pages()
     argv = list(sys.argv if argv is None else argv)
     if wants_help(argv):
         print(usage())
