@@ -13,8 +13,8 @@ c tanh(h W / c)); `output_logits` applies either.
 
 CHUNKS. N predicting positions run in the fewest chunks of at most `chunk` positions,
 evened out (`even_chunk`): 384 positions in two chunks of 192, not 256 and a half-empty
-second one, whose padding the output matmul would compute three times (forward, the
-checkpoint's recompute, backward).
+second one, whose padding the output matmul would compute two or three times (forward,
+backward, and the checkpoint's recompute where there is one).
 
 RECOMPUTE. The backward pass needs each chunk's [chunk, V] logits. Where all chunks' logits
 (student and teachers, f32) fit in `RECOMPUTE_ABOVE_BYTES`, they are kept from the forward
@@ -133,8 +133,9 @@ def token_stats_from_hidden(
     entropy [B, T] f32 or None), aligned with tokens like `token_logprobs` (column 0 is 0).
     Logits are accumulated in f32 as in `Transformer.logits`. `entropy_grad=False` holds the
     entropy constant (a metric only). Cost under the checkpoint: the output matmul runs once
-    more in the backward pass (8 instead of 6 * B * T * D * V FLOPs). start >= 1: only tokens [start, T) are
-    scored, the columns before it are 0 (an RL batch's prompt, which the loss masks out).
+    more in the backward pass (8 instead of 6 * B * T * D * V FLOPs). start >= 1: only
+    tokens [start, T) are scored, the columns before it are 0 (an RL batch's prompt, which
+    the loss masks out).
     """
     logp, ent, _ = chunked_token_stats(
         hidden_btd,
