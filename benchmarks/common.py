@@ -7,6 +7,7 @@ process of its own.
 
 from __future__ import annotations
 
+import argparse
 import importlib.metadata
 import json
 import os
@@ -52,6 +53,19 @@ def ints(text: str) -> list[int]:
 
 
 # ----------------------------------------------------------------------------- config
+
+
+def choices_of(*allowed: str):
+    """An argparse type: a comma-separated list of `allowed` values."""
+
+    def parse(text: str) -> list[str]:
+        values = text.split(",")
+        bad = [v for v in values if v not in allowed]
+        if bad:
+            raise argparse.ArgumentTypeError(f"{bad} not among {list(allowed)}")
+        return values
+
+    return parse
 
 
 def split_config_args(argv: list[str]) -> tuple[list[str], list[str]]:
@@ -279,8 +293,6 @@ def write_json(result: dict, path: str | Path, *, echo: bool = True) -> dict:
 
 def standalone_main(name: str, doc: str, add_arguments, run, argv=None) -> dict:
     """`python -m benchmarks.<module> [--out PATH] [options]`: one benchmark, JSON written."""
-    import argparse
-
     parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--out", default=f"artifacts/{name}.json", help="JSON path")
     add_arguments(parser)

@@ -145,6 +145,24 @@ def best_of(runs: dict[str, dict], key: str, *, lower_is_better: bool) -> str:
     return pick(runs, key=lambda name: runs[name][key])
 
 
-def thread_runs(module: str, request: dict, threads: Iterable[int]) -> dict[str, dict]:
-    """The torch child once per thread count -> {'threads_N': result}."""
-    return {f"threads_{n}": run_child(module, request, threads=n) for n in threads}
+PAGES = ("huge", "default")  # a peer's host allocator: bench.py's huge pages, the machine's
+
+
+def setting_name(base: str, pages: str) -> str:
+    """A peer setting's name in the JSON: `base`, or `base/default_pages` for a run with the
+    machine's default pages."""
+    return base if pages == "huge" else f"{base}/default_pages"
+
+
+def thread_runs(
+    module: str, request: dict, threads: Iterable[int], pages: Iterable[str] = ("huge",)
+) -> dict[str, dict]:
+    """The torch child once per thread count and host allocator (`PAGES`) ->
+    {'threads_N' or 'threads_N/default_pages': result with its `pages`}."""
+    return {
+        setting_name(f"threads_{n}", p): dict(
+            run_child(module, request, threads=n, huge_pages=p == "huge"), pages=p
+        )
+        for n in threads
+        for p in pages
+    }

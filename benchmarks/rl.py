@@ -63,30 +63,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--trl-checkpointing",
-        type=choices_of("off", "default"),
+        type=common.choices_of("off", "default"),
         default=["off", "default"],
         help="TRL's gradient checkpointing settings timed: off, default (on), or both",
     )
     p.add_argument(
         "--trl-pages",
-        type=choices_of("huge", "default"),
+        type=common.choices_of(*peers.PAGES),
         default=["huge", "default"],
         help="TRL's host allocator, each timed: huge (the huge pages every side inherits from "
         "bench.py), default (as the machine sets it); the compared figure is TRL's fastest",
     )
-
-
-def choices_of(*allowed: str):
-    """An argparse type: a comma-separated list of `allowed` values."""
-
-    def parse(text: str) -> list[str]:
-        values = text.split(",")
-        bad = [v for v in values if v not in allowed]
-        if bad:
-            raise argparse.ArgumentTypeError(f"{bad} not among {list(allowed)}")
-        return values
-
-    return parse
 
 
 SPECIAL = dict(pad_token="<pad>", eos_token="<eos>", unk_token="<unk>")  # ids 0, 1, 2
@@ -208,8 +195,7 @@ def one_round(request: dict, trl_request: dict, args) -> dict:
             return dict(ours=ours, trl_skipped=str(e)[-500:])
         row["ours_speedup"] = row["seconds_per_step"] / ours["seconds_per_step"]
         row["pages"] = pages
-        name = f"checkpointing_{checkpointing}/threads_{threads}"
-        out[name + ("" if pages == "huge" else "/default_pages")] = row
+        out[peers.setting_name(f"checkpointing_{checkpointing}/threads_{threads}", pages)] = row
         print(f"[trl {checkpointing} {threads} {pages}] {json.dumps(row)}", file=sys.stderr)
     return out
 

@@ -18,9 +18,11 @@ the prompts; a JAX child builds the random model (`model.*`, seed `seed`), saves
 Hugging Face directory, and times ours (with `model.init = 'hf'`, both sides load the
 checkpoint `model.path` names instead: a pretrained name, a .gguf file or a directory; the
 JSON records its files' sha256); a torch child per thread count (`--torch-threads`,
-default 1 and 2) loads that directory and times `generate` on the same prompts, lengths
-and sampling settings (no EOS: every row runs to the end on both sides). The speedup is
-ours over the faster thread count; both are in the JSON.
+default 1 and 2) and host allocator (`--hf-pages`: the huge pages every side inherits from
+bench.py, jaxrl_frontier/core/host_memory.py, and the machine's default) loads that
+directory and times `generate` on the same prompts, lengths and sampling settings (no EOS:
+every row runs to the end on both sides). The speedup is ours over the fastest setting;
+all are in the JSON.
 
 Roofline: a decode step at `--roofline-batch` rows is timed as (T(Tn) - T(1)) / (Tn - 1)
 (a Tn-token rollout is the prefill plus Tn - 1 steps; a 1-token one is the prefill alone),
@@ -54,6 +56,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--torch-threads", type=common.ints, default=[1, 2])
     p.add_argument("--no-hf", action="store_true", help="skip transformers generate")
+    p.add_argument(
+        "--hf-pages",
+        type=common.choices_of(*peers.PAGES),
+        default=list(peers.PAGES),
+        help="transformers' host allocator, each timed: huge (the huge pages every side "
+        "inherits from bench.py), default (the machine's); compared: its fastest",
+    )
     p.add_argument("--roofline-batch", type=int, default=256, help="0: no roofline")
     p.add_argument("--roofline-new-tokens", type=int, default=32)
     p.add_argument(
@@ -328,7 +337,8 @@ def bench_sampler(args) -> dict:
         checkpoint=ckpt and {k: v for k, v in ckpt.items() if k != "config"},
         settings=settings,
         repeats=args.repeats,
-        processes="ours, and transformers at each thread count, each in its own process",
+        processes="ours, and transformers at each thread count and host allocator, each in "
+        "its own process",
     )
     with tempfile.TemporaryDirectory() as scratch:
         hf_dir = ckpt["dir"] if ckpt else scratch
@@ -354,7 +364,7 @@ def bench_sampler(args) -> dict:
                 **settings,
             )
             result["transformers"] = peers.thread_runs(
-                "benchmarks.peer_hf", hf_request, args.torch_threads
+                "benchmarks.peer_hf", hf_request, args.torch_threads, args.hf_pages
             )
     result["rows"] = compare(result)
     return result

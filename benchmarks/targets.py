@@ -128,15 +128,17 @@ def sampler_rows(result: dict, source: str) -> list[Row]:
         return legacy_sampler_rows(result, source)
     m, model, rows = machine_of(result), _model_label(result), []
     ours = result["ours"]
-    threads = {
-        name: run.get("torch_threads") for name, run in result.get("transformers", {}).items()
+    threads = {  # a setting's words: its thread count, and its pages where they were varied
+        name: f"{run.get('torch_threads')} thread(s)"
+        + (" with the machine's pages" if run.get("pages") == "default" else "")
+        for name, run in result.get("transformers", {}).items()
     }
     for batch, row in sorted(result["rows"].items(), key=lambda kv: int(kv[0])):
         if "speedup" not in row:
             continue
         best = row["transformers_best"]
         others = ", ".join(
-            f"{threads[k]} thread(s) {v:,.0f}" for k, v in row["transformers_tokens_per_s"].items()
+            f"{threads[k]} {v:,.0f}" for k, v in row["transformers_tokens_per_s"].items()
         )
         rows.append(
             at_least(
@@ -148,7 +150,7 @@ def sampler_rows(result: dict, source: str) -> list[Row]:
                 "{:g}x",
                 f"**{row['speedup']:.2f}x** ({row['ours_tokens_per_s']:,.0f} vs "
                 f"{row['transformers_tokens_per_s'][best]:,.0f} tokens/s at torch "
-                f"{threads[best]} thread(s); transformers: {others}; best over best "
+                f"{threads[best]}; transformers: {others}; best over best "
                 f"{row['speedup_best']:.2f}x)",
                 source,
             )

@@ -86,6 +86,44 @@ def test_compare_takes_the_faster_thread_count():
     assert peers.best_of(runs, "s", lower_is_better=True) == "b"
 
 
+def test_a_peer_runs_at_each_thread_count_and_host_allocator(monkeypatch):
+    """`thread_runs` with both `PAGES`: one child per (threads, pages), the machine's default
+    pages asked for by `huge_pages=False` and named `/default_pages`; the comparison takes
+    the fastest setting, whichever pages it ran with."""
+    calls = []
+
+    def fake_child(module, request, threads=None, huge_pages=True):
+        calls.append((threads, huge_pages))
+        tokens_per_s = 100.0 * threads + (0.0 if huge_pages else 50.0)
+        return dict(torch_threads=threads, batches={"16": dict(tokens_per_s=tokens_per_s,
+                    best_tokens_per_s=tokens_per_s)})  # fmt: skip
+
+    monkeypatch.setattr(peers, "run_child", fake_child)
+    runs = peers.thread_runs("benchmarks.peer_hf", {}, [1, 2], peers.PAGES)
+    assert calls == [(1, True), (1, False), (2, True), (2, False)]
+    assert list(runs) == ["threads_1", "threads_1/default_pages", "threads_2",
+                          "threads_2/default_pages"]  # fmt: skip
+    assert [r["pages"] for r in runs.values()] == ["huge", "default"] * 2
+    result = dict(
+        benchmark="sampler",
+        ours=dict(
+            batches={
+                "16": dict(tokens_per_s=500.0, best_tokens_per_s=500.0, compiles_in_timed_calls=0)
+            }
+        ),
+        transformers=runs,
+    )
+    result["rows"] = rows = sampler.compare(result)
+    assert rows["16"]["transformers_best"] == "threads_2/default_pages"
+    assert rows["16"]["speedup"] == 2.0  # 500 / 250
+    row = targets.targets({"s.json": result})[0]
+    assert row.measured.startswith(
+        "**2.00x** (500 vs 250 tokens/s at torch 2 thread(s) with the machine's pages; "
+        "transformers: 1 thread(s) 100, 1 thread(s) with the machine's pages 150, 2 thread(s)"
+        " 200, 2 thread(s) with the machine's pages 250;"
+    )
+
+
 def test_config_args_are_read_as_training_reads_them():
     config_args, rest = common.split_config_args(["--repeats", "2", *TINY[:2], "--no-hf"])
     assert config_args == TINY[:2] and rest == ["--repeats", "2", "--no-hf"]
