@@ -148,6 +148,17 @@ def best_of(runs: dict[str, dict], key: str, *, lower_is_better: bool) -> str:
 PAGES = ("huge", "default")  # a peer's host allocator: bench.py's huge pages, the machine's
 
 
+def add_pages_argument(p, flag: str, peer: str) -> None:
+    """`flag`: the peer's host allocators to time, a comma-separated list of `PAGES`."""
+    p.add_argument(
+        flag,
+        type=common.choices_of(*PAGES),
+        default=list(PAGES),
+        help=f"{peer}'s host allocator, each timed: huge (the huge pages every side inherits "
+        "from bench.py), default (as the machine sets it); the compared figure is the fastest",
+    )
+
+
 def setting_name(base: str, pages: str) -> str:
     """A peer setting's name in the JSON: `base`, or `base/default_pages` for a run with the
     machine's default pages."""

@@ -67,13 +67,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=["off", "default"],
         help="TRL's gradient checkpointing settings timed: off, default (on), or both",
     )
-    p.add_argument(
-        "--trl-pages",
-        type=common.choices_of(*peers.PAGES),
-        default=["huge", "default"],
-        help="TRL's host allocator, each timed: huge (the huge pages every side inherits from "
-        "bench.py), default (as the machine sets it); the compared figure is TRL's fastest",
-    )
+    peers.add_pages_argument(p, "--trl-pages", "TRL")
 
 
 SPECIAL = dict(pad_token="<pad>", eos_token="<eos>", unk_token="<unk>")  # ids 0, 1, 2
@@ -171,32 +165,25 @@ ROUND_KEYS = ("seconds_per_step", "rollout_seconds", "rollout_fraction")
 
 
 def one_round(request: dict, trl_request: dict, args) -> dict:
-    """One round: ours, then TRL at each checkpointing setting and thread count, each in
-    its own process -> {'ours': row, 'checkpointing_S/threads_N': row, ...}; TRL's rows
+    """One round: ours, then TRL at each checkpointing setting, thread count and host
+    allocator, each in its own process -> {'ours': row, 'checkpointing_S/threads_N': row,
+    'checkpointing_S/threads_N/default_pages': row, ...}; TRL's rows
     hold `ours_speedup`, this round's ratio (or 'trl_skipped', TRL's error)."""
     ours = peers.run_child("benchmarks.rl", request)
     print(f"[ours] {json.dumps(ours)}", file=sys.stderr)
     prompts, out = ours.pop("task_prompts"), dict(ours=ours)
     if args.no_trl:
         return out
-    settings = [
-        (checkpointing, threads, pages)
-        for checkpointing in args.trl_checkpointing
-        for threads in args.torch_threads
-        for pages in args.trl_pages
-    ]
-    for checkpointing, threads, pages in settings:
+    for checkpointing in args.trl_checkpointing:
         req = dict(trl_request, task_prompts=prompts, gradient_checkpointing=checkpointing)
         try:
-            row = peers.run_child(
-                "benchmarks.peer_trl", req, threads=threads, huge_pages=pages == "huge"
-            )
+            runs = peers.thread_runs("benchmarks.peer_trl", req, args.torch_threads, args.trl_pages)
         except peers.ChildError as e:  # trl not installed: said in the JSON
             return dict(ours=ours, trl_skipped=str(e)[-500:])
-        row["ours_speedup"] = row["seconds_per_step"] / ours["seconds_per_step"]
-        row["pages"] = pages
-        out[peers.setting_name(f"checkpointing_{checkpointing}/threads_{threads}", pages)] = row
-        print(f"[trl {checkpointing} {threads} {pages}] {json.dumps(row)}", file=sys.stderr)
+        for name, row in runs.items():
+            row["ours_speedup"] = row["seconds_per_step"] / ours["seconds_per_step"]
+            out[f"checkpointing_{checkpointing}/{name}"] = row
+            print(f"[trl checkpointing_{checkpointing}/{name}] {json.dumps(row)}", file=sys.stderr)
     return out
 
 

@@ -56,13 +56,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--torch-threads", type=common.ints, default=[1, 2])
     p.add_argument("--no-hf", action="store_true", help="skip transformers generate")
-    p.add_argument(
-        "--hf-pages",
-        type=common.choices_of(*peers.PAGES),
-        default=list(peers.PAGES),
-        help="transformers' host allocator, each timed: huge (the huge pages every side "
-        "inherits from bench.py), default (the machine's); compared: its fastest",
-    )
+    peers.add_pages_argument(p, "--hf-pages", "transformers")
     p.add_argument("--roofline-batch", type=int, default=256, help="0: no roofline")
     p.add_argument("--roofline-new-tokens", type=int, default=32)
     p.add_argument(

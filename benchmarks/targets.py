@@ -122,6 +122,13 @@ def _device(result: dict) -> str:
     return kind if kind else ("GPU " if device.startswith("cuda") else "") + device
 
 
+def _pages_words(run: dict) -> str:
+    """A peer run's host allocator in words where the JSON records it (`peers.PAGES`)."""
+    return {"huge": " (huge pages)", "default": " (the machine's default pages)"}.get(
+        run.get("pages"), ""
+    )
+
+
 @rows_of("sampler")
 def sampler_rows(result: dict, source: str) -> list[Row]:
     if "models" in result:  # the earlier in-process harness (one JSON, several models)
@@ -129,8 +136,7 @@ def sampler_rows(result: dict, source: str) -> list[Row]:
     m, model, rows = machine_of(result), _model_label(result), []
     ours = result["ours"]
     threads = {  # a setting's words: its thread count, and its pages where they were varied
-        name: f"{run.get('torch_threads')} thread(s)"
-        + (" with the machine's pages" if run.get("pages") == "default" else "")
+        name: f"{run.get('torch_threads')} thread(s)" + _pages_words(run)
         for name, run in result.get("transformers", {}).items()
     }
     for batch, row in sorted(result["rows"].items(), key=lambda kv: int(kv[0])):
@@ -323,9 +329,7 @@ def rl_rows(result: dict, source: str) -> list[Row]:
         setting = (
             f"gradient checkpointing {'on' if run.get('gradient_checkpointing') else 'off'}"
             + (" (TRL's default)" if run.get("gradient_checkpointing_setting") == "default" else "")
-            + {"huge": ", huge pages", "default": ", the machine's default pages"}.get(
-                run.get("pages"), ""
-            )
+            + _pages_words(run)
         )
         speedup = REAL_RL_SPEEDUP if result.get("checkpoint") else RL_SPEEDUP
         goal = speedup if name == compared or compared is None else None

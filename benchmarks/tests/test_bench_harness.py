@@ -118,9 +118,9 @@ def test_a_peer_runs_at_each_thread_count_and_host_allocator(monkeypatch):
     assert rows["16"]["speedup"] == 2.0  # 500 / 250
     row = targets.targets({"s.json": result})[0]
     assert row.measured.startswith(
-        "**2.00x** (500 vs 250 tokens/s at torch 2 thread(s) with the machine's pages; "
-        "transformers: 1 thread(s) 100, 1 thread(s) with the machine's pages 150, 2 thread(s)"
-        " 200, 2 thread(s) with the machine's pages 250;"
+        "**2.00x** (500 vs 250 tokens/s at torch 2 thread(s) (the machine's default pages); "
+        "transformers: 1 thread(s) (huge pages) 100, 1 thread(s) (the machine's default pages)"
+        " 150, 2 thread(s) (huge pages) 200, 2 thread(s) (the machine's default pages) 250;"
     )
 
 

@@ -90,12 +90,11 @@ def restart_with_huge_pages(argv: list[str] | None = None) -> None:
     os.execve(sys.executable, argv, env)
 
 
-def host_memory_info(environ: dict[str, str] | None = None) -> dict:
-    """What a benchmark's JSON records of the allocator settings it ran under."""
-    environ = dict(os.environ if environ is None else environ)
+def host_memory_info() -> dict:
+    """What a benchmark's JSON records of the allocator settings this process runs under."""
     return dict(
         transparent_hugepage=thp_mode(),
         glibc=".".join(map(str, glibc_version() or ())) or None,
-        glibc_tunables=environ.get("GLIBC_TUNABLES", ""),
-        thp_mem_alloc_enable=environ.get(TORCH_SWITCH, ""),
+        glibc_tunables=os.environ.get("GLIBC_TUNABLES", ""),
+        thp_mem_alloc_enable=os.environ.get(TORCH_SWITCH, ""),
     )
