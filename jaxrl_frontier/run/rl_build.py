@@ -42,8 +42,10 @@ from jaxrl_frontier.sampling.records import DEFAULT_PROMPT_BUCKETS
 
 
 def rollout_sampling(config, tokenizer) -> SamplingParams:
-    """The training rollouts' sampling settings (`rollout.*`)."""
+    """The training rollouts' sampling settings (`rollout.*`); `rollout.ignore_eos`: no stop
+    ids, every completion max_new_tokens long."""
     r = config.rollout
+    stops = () if r.ignore_eos else chat.stop_ids(sections.task_options(config), tokenizer)
     return SamplingParams(
         temperature=r.temperature,
         top_k=r.top_k,
@@ -51,7 +53,7 @@ def rollout_sampling(config, tokenizer) -> SamplingParams:
         min_p=r.min_p,
         n=r.group_size,
         max_new_tokens=r.max_new_tokens,
-        eos_ids=chat.stop_ids(sections.task_options(config), tokenizer),
+        eos_ids=stops,
         dropout_rate=r.dropout_rate,
     )
 

@@ -71,10 +71,15 @@ class RolloutSection:
     was sampled with; 0: off. Editors and shaping (rl/produce/editors.py): editor names in
     editing.EDITORS, e.g. ('dre',); DAPO's masking of completions cut off by the budget and
     its soft overlong penalty over the last overlong_cache tokens of max_new_tokens (0:
-    off); DRE's bonus."""
+    off); DRE's bonus. ignore_eos: no completion stops at a stop token (as vLLM's
+    `ignore_eos`): each is max_new_tokens long, so a benchmark's sides do the same work
+    (benchmarks/rl.py `--completions full`); a training run keeps it off."""
 
     group_size: int = key(8, "G completions per prompt", low=0, low_open=True)
     max_new_tokens: int = key(8, "a completion's tokens, at most", low=0, low_open=True)
+    ignore_eos: bool = key(
+        False, "run every completion to max_new_tokens, past EOS and the turn's end token"
+    )
     # > 0 (greedy decoding is its own flag)
     temperature: float = key(1.0, "the sampling temperature", low=0, low_open=True)
     top_k: int = key(0, "keep the k likeliest tokens (0: off)", low=0)

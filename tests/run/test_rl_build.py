@@ -27,6 +27,8 @@ def test_rollout_sampling_reads_the_rollout_section():
     p = rl_build.rollout_sampling(c, CharTokenizer())
     assert (p.temperature, p.top_k, p.top_p, p.n, p.max_new_tokens) == (0.7, 5, 0.9, 3, 6)
     assert p.eos_ids == (CharTokenizer().eos_id,)  # the plain template stops at EOS alone
+    c.rollout.ignore_eos = True  # every completion runs to max_new_tokens
+    assert rl_build.rollout_sampling(c, CharTokenizer()).all_stop_ids == ()
 
 
 def test_the_objective_is_checked_against_the_fields_the_run_provides():
