@@ -8,8 +8,16 @@ prefill's subtracted, and divided by the steps:
 - `per_step`: for each kind of op (a GPU kernel, or an XLA:CPU thunk, without its instance
   number), microseconds and calls per decode step, largest first;
 - `busy_us_per_step` against `wall_us_per_step` (untraced, median over rounds): how much of a
-  step the device spends in ops at all (summed over lanes: XLA:CPU's threads overlap). On a GPU, a step far longer than its kernels is bound
-  by launches and host work, not by the kernels; `ops_per_step` counts the launches.
+  step the device spends in ops at all (summed over lanes: XLA:CPU's threads overlap). On a
+  GPU, a step far longer than its kernels is bound by launches and host work, not by the
+  kernels; `ops_per_step` counts the launches. On XLA:CPU a dot the Eigen pool runs
+  records only its dispatch as an op event, its work runs in pool tasks the op sums miss:
+- `matmuls_alone`: the step's weight matmuls and nothing else (every layer's projections
+  and the output layer, `[B, in] x [in, out]` as the decode runs them, one program) timed
+  in the same rounds as the step, and the weights' bytes over that time: what the matmul
+  library alone takes at these rows, against the array-sum bandwidth of the same rounds
+  (`bandwidth_gbs`). A step close to its matmuls alone is bound by the matmul library's
+  speed at these shapes, not by the ops around them.
 
     python benchmarks/bench.py profile --config=benchmarks/configs/random_qwen2.py:0.5b \
         --batches 256                                                   # a GPU
@@ -21,12 +29,14 @@ The trace itself stays in --trace-dir (TensorBoard's profile plugin or ui.perfet
 from __future__ import annotations
 
 import collections
+import functools
 import gzip
 import json
 import re
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from benchmarks import common, sampler
@@ -124,7 +134,11 @@ def profile_model(model, config, batch: int, args) -> dict:
     tokens = sampler.prompts(model.cfg.vocab_size, batch, config.data.max_prompt_len)
     full, _ = sampler.rollout(model, config, tokens, tn)
     prefill, _ = sampler.rollout(model, config, tokens, 1)
-    t_full, t_prefill, _ = common.decode_step_rounds(full, prefill, args.repeats)
+    matmuls, weight_bytes = matmuls_alone(model, batch)
+    bandwidth = sampler.bandwidth_probe()
+    t_full, t_prefill, probes = common.decode_step_rounds(
+        full, prefill, args.repeats, each_round=lambda: (matmuls(), bandwidth())
+    )
     walls = [(f - p) / (tn - 1) for f, p in zip(t_full, t_prefill)]  # untraced step times
     root = Path(args.trace_dir or tempfile.mkdtemp(prefix="jaxrl_profile_"))
     events = {}
@@ -135,6 +149,7 @@ def profile_model(model, config, batch: int, args) -> dict:
     ops = per_step(events["full"], events["prefill"], tn - 1)
     busy = sum(row["us"] for row in ops.values())
     wall = statistics.median(walls) * 1e6
+    alone = statistics.median(m for m, _ in probes)
     return dict(
         batch=batch,
         new_tokens=tn,
@@ -142,10 +157,67 @@ def profile_model(model, config, batch: int, args) -> dict:
         busy_us_per_step=busy,
         busy_fraction=busy / wall if wall > 0 else None,
         ops_per_step=sum(row["calls"] for row in ops.values()),
+        matmuls_alone=dict(
+            us=alone * 1e6,
+            share_of_step=alone * 1e6 / wall if wall > 0 else None,
+            weight_bytes=weight_bytes,
+            weight_gbs=weight_bytes / alone / 1e9,
+            bandwidth_gbs=statistics.median(b for _, b in probes) / 1e9,
+        ),
         lanes=sorted({lane for lane, _, _ in events["full"]}),
         per_step=dict(list(ops.items())[: args.top]),
         trace_dir=str(root),
     )
+
+
+PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def matmuls_alone(model, batch: int):
+    """(run, bytes): run() times one call of a program holding only a decode step's weight
+    matmuls at `batch` rows (every layer's `PROJECTIONS` as [in, out] matrices, then the
+    output layer as stored, as the decode contracts it), compiled with the decode's options
+    at these rows, and returns its seconds (the median of 3 calls); bytes: the weights those
+    matmuls read."""
+    import jax
+    import jax.numpy as jnp
+    from flax import nnx
+
+    from jaxrl_frontier.core.xla_options import rollout_compiler_options
+    from jaxrl_frontier.models import transformer as tfm
+
+    dt, d = model.cfg.compute_dtype, model.cfg.hidden_size
+    mats = []
+    for block in tfm.unstack_layers(model).layers:
+        for path, var in nnx.to_flat_state(nnx.state(block, nnx.Param)):
+            if str(path[-1]) in PROJECTIONS:  # [D, ...] in, or [..., D] out
+                v = var.get_value()
+                mats.append(v.reshape(d, -1) if v.shape[0] == d else v.reshape(-1, d))
+    head, vocab_major = model.output_table()
+    mats = [m.astype(dt) for m in mats]
+    head = head.astype(dt)
+    xs = {n: jnp.ones((batch, n), dt) for n in {m.shape[0] for m in mats} | {d}}
+
+    # the decode's own compiler options at these rows (core/xla_options.py: the matmul library)
+    options = dict(rollout_compiler_options(jax.default_backend(), batch))
+
+    @functools.partial(jax.jit, compiler_options=options)
+    def step(mats, head, xs):
+        outs = [xs[m.shape[0]] @ m for m in mats]
+        spec = "bd,vd->bv" if vocab_major else "bd,dv->bv"
+        return outs, jnp.einsum(spec, xs[d], head, preferred_element_type=jnp.float32)
+
+    jax.block_until_ready(step(mats, head, xs))  # compile
+
+    def run() -> float:
+        times = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            jax.block_until_ready(step(mats, head, xs))
+            times.append(time.perf_counter() - t0)
+        return statistics.median(times)
+
+    return run, sum(m.nbytes for m in mats) + head.nbytes
 
 
 def bench_profile(args) -> dict:
@@ -164,7 +236,8 @@ def bench_profile(args) -> dict:
         top = list(row["per_step"].items())[:5]
         print(
             f"[{batch} rows] {row['wall_us_per_step']:.0f} us/step, ops busy "
-            f"{row['busy_us_per_step']:.0f} us in {row['ops_per_step']:.0f} ops; top: "
+            f"{row['busy_us_per_step']:.0f} us in {row['ops_per_step']:.0f} ops; matmuls alone "
+            f"{row['matmuls_alone']['us']:.0f} us; top: "
             f"{json.dumps(top)}",
             file=sys.stderr,
         )

@@ -4,9 +4,10 @@ Request (JSON on stdin): model_dir (weights and tokenizer), vocab, prompts, grou
 prompt_len, new_tokens, beta, temperature, lr, warmup, steps, threads, task_prompts (a
 checkpoint's run: {texts, tokens}, the task's prompts already in the chat template, taken
 as plain text) and gradient_checkpointing: 'off' (the compared figure) or 'default'
-(GRPOConfig's own, recorded as `gradient_checkpointing`). Times `GRPOTrainer` optimizer
-steps with a callback from step begin to step end, and each step's generation
-(`time_generation`); the medians after `warmup` steps.
+(GRPOConfig's own, recorded as `gradient_checkpointing`); min_new_tokens (optional): no
+completion ends before it (`--completions full`: EOS is not sampled before the budget).
+Times `GRPOTrainer` optimizer steps with a callback from step begin to step end, and each
+step's generation (`time_generation`); the medians after `warmup` steps.
 """
 
 from __future__ import annotations
@@ -103,6 +104,8 @@ def time_grpo(request: dict) -> dict:
             dataloader_num_workers=0,
             seed=0,
         )
+        if request.get("min_new_tokens"):
+            settings["generation_kwargs"] = dict(min_new_tokens=request["min_new_tokens"])
         if request["gradient_checkpointing"] == "off":
             settings["gradient_checkpointing"] = False
         config = trl.GRPOConfig(**settings)

@@ -35,7 +35,10 @@ sha256); ours trains on the config's task as a run would, TRL on the same task's
 train prompts (the JAX child hands them over already in the chat template, as plain text:
 the same prompt tokens on both sides, `prompt_tokens`). Both stop a completion at EOS, so
 the completion lengths are recorded on both sides (`mean_completion_len`) beside the step
-times.
+times; they differ by chance, and the side with the longer completions does more work.
+`--completions full` removes that: every completion runs to `rollout.max_new_tokens` on both
+sides (ours with `rollout.ignore_eos`, TRL with `min_new_tokens` at that length, which keeps
+EOS from being sampled), so both generate, score and train on the same number of tokens.
 """
 
 from __future__ import annotations
@@ -68,6 +71,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="TRL's gradient checkpointing settings timed: off, default (on), or both",
     )
     peers.add_pages_argument(p, "--trl-pages", "TRL")
+    p.add_argument(
+        "--completions",
+        choices=("eos", "full"),
+        default="eos",
+        help="eos: both sides stop a completion at EOS, as a run trains; full: every "
+        "completion runs to max_new_tokens on both sides (the same work)",
+    )
 
 
 SPECIAL = dict(pad_token="<pad>", eos_token="<eos>", unk_token="<unk>")  # ids 0, 1, 2
@@ -198,7 +208,9 @@ def trl_rounds(rounds: list[dict], name: str) -> dict:
 
 def bench_rl(args) -> dict:
     """A full GRPO step: ours vs TRL `GRPOTrainer` (each in its own process), same weights."""
-    config_args = getattr(args, "config_args", [])
+    config_args = list(getattr(args, "config_args", []))
+    if args.completions == "full":  # every completion max_new_tokens long (module docstring)
+        config_args.append("--config.rollout.ignore_eos=True")
     config = common.load_config(config_args, DEFAULT_CONFIG)
     shape = dict(
         prompts=config.data.prompt_batch,
@@ -217,6 +229,7 @@ def bench_rl(args) -> dict:
         steps=args.steps,
         warmup=args.warmup,
         rounds=args.rounds,
+        completions=args.completions,
         processes="ours, and TRL at each thread count and checkpointing setting, each alone, "
         "in turn, each round",
     )
@@ -234,6 +247,8 @@ def bench_rl(args) -> dict:
             checkpoint=bool(ckpt),
         )
         trl_request = dict(request, vocab=config.model.vocab_size, **shape)
+        if args.completions == "full":
+            trl_request["min_new_tokens"] = shape["new_tokens"]
         rounds = [one_round(request, trl_request, args) for _ in range(args.rounds)]
     ours = result["ours"] = common.median_of_rounds([r.pop("ours") for r in rounds], ROUND_KEYS)
     result["device"], result["device_kind"] = ours["device"], ours["device_kind"]

@@ -24,6 +24,12 @@ directory and times `generate` on the same prompts, lengths and sampling setting
 every row runs to the end on both sides). The speedup is ours over the fastest setting;
 all are in the JSON.
 
+Rounds (`--rounds R`): the sides run in turn R times (ours, then each transformers
+setting); each tokens/s is the median of the rounds', the compared setting the fastest by
+that median, and each speedup the median of the rounds' own ratios (`speedup_per_round`),
+so a drift of the machine's speed between rounds cancels. The rooflines run in the first
+round only (each times its own probe round-robin with the step).
+
 Roofline: a decode step at `--roofline-batch` rows is timed as (T(Tn) - T(1)) / (Tn - 1)
 (a Tn-token rollout is the prefill plus Tn - 1 steps; a 1-token one is the prefill alone),
 against 2 x the parameters touched per token + attention over the cache, at the FLOP/s of
@@ -40,6 +46,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import statistics
 import sys
 import tempfile
 import time
@@ -54,6 +61,9 @@ DEFAULT_CONFIG = "benchmarks/configs/random_qwen2.py:tiny"
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batches", type=common.ints, default=[16, 64, 256], help="rows")
     p.add_argument("--repeats", type=int, default=5)
+    p.add_argument(
+        "--rounds", type=int, default=1, help="alternating rounds of every side (ratio: median)"
+    )
     p.add_argument("--torch-threads", type=common.ints, default=[1, 2])
     p.add_argument("--no-hf", action="store_true", help="skip transformers generate")
     peers.add_pages_argument(p, "--hf-pages", "transformers")
@@ -347,39 +357,92 @@ def bench_sampler(args) -> dict:
             memory_roofline_batch=args.memory_roofline_batch,
             peak_n=args.peak_n,
         )
-        result["ours"] = ours = peers.run_child("benchmarks.sampler", request)
-        result["device"], result["device_kind"] = ours["device"], ours["device_kind"]
-        if not args.no_hf:
-            hf_request = dict(
-                hf_dir=hf_dir,
-                prompts=shared,
-                repeats=args.repeats,
-                dtype=config.model.dtype,
-                **settings,
+        hf_request = dict(
+            hf_dir=hf_dir, prompts=shared, repeats=args.repeats, dtype=config.model.dtype,
+            **settings,
+        )  # fmt: skip
+        rounds = [
+            one_round(request if i == 0 else dict(request, **NO_ROOFLINES), hf_request, args)
+            for i in range(args.rounds)
+        ]
+    result["rounds"] = args.rounds
+
+    def side(runs: list[dict], merged: dict) -> dict:  # the first round's, the rounds kept
+        return dict(common.median_of_rounds(runs, ()), batches=merged)
+
+    result["ours"] = ours = side([r["ours"] for r in rounds], merged_batches(rounds, "ours"))
+    result["device"], result["device_kind"] = ours["device"], ours["device_kind"]
+    if not args.no_hf:
+        result["transformers"] = {
+            name: side(
+                [r["transformers"][name] for r in rounds],
+                merged_batches(rounds, "transformers", name),
             )
-            result["transformers"] = peers.thread_runs(
-                "benchmarks.peer_hf", hf_request, args.torch_threads, args.hf_pages
-            )
-    result["rows"] = compare(result)
+            for name in rounds[0]["transformers"]
+        }
+    result["rows"] = compare(result, rounds)
     return result
 
 
-def compare(result: dict) -> dict:
-    """Per row count: ours over the faster transformers thread count (medians, and best
-    over best)."""
-    rows = {}
+NO_ROOFLINES = dict(roofline_batch=0, memory_roofline_batch=0)
+
+
+def one_round(request: dict, hf_request: dict, args) -> dict:
+    """One round: ours, then transformers at each thread count and host allocator, each in
+    its own process -> {'ours': record, 'transformers': {setting: record}}."""
+    out = dict(ours=peers.run_child("benchmarks.sampler", request), transformers={})
+    if not args.no_hf:
+        out["transformers"] = peers.thread_runs(
+            "benchmarks.peer_hf", hf_request, args.torch_threads, args.hf_pages
+        )
+    return out
+
+
+def merged_batches(rounds: list[dict], side: str, name: str | None = None) -> dict:
+    """One side's per-row-count records over the rounds: the median tokens/s and seconds, the
+    best call of any round, the compilations summed; one round as it is."""
+    runs = [r[side] if name is None else r[side][name] for r in rounds]
+    if len(runs) == 1:
+        return runs[0]["batches"]
+    out = {}
+    for b, first in runs[0]["batches"].items():
+        per = [run["batches"][b] for run in runs]
+        out[b] = dict(
+            first,
+            tokens_per_s=statistics.median(p["tokens_per_s"] for p in per),
+            best_tokens_per_s=max(p["best_tokens_per_s"] for p in per),
+            seconds=statistics.median(p["seconds"] for p in per),
+            tokens_per_s_per_round=[p["tokens_per_s"] for p in per],
+        )
+        if "compiles_in_timed_calls" in first:
+            out[b]["compiles_in_timed_calls"] = sum(p["compiles_in_timed_calls"] for p in per)
+    return out
+
+
+def compare(result: dict, rounds: list[dict] | None = None) -> dict:
+    """Per row count: ours over the fastest transformers setting by its median over the
+    rounds (None: `result` is the one round); the speedup the median of the rounds' own
+    ratios, best over best the best call of any round on each side."""
+    rounds, rows = rounds or [result], {}
     for b, ours in result["ours"]["batches"].items():
         row = dict(ours_tokens_per_s=ours["tokens_per_s"])
         hf = {name: run["batches"][b] for name, run in result.get("transformers", {}).items()}
         if hf:
             best = peers.best_of(hf, "tokens_per_s", lower_is_better=False)
+            ratios = [
+                r["ours"]["batches"][b]["tokens_per_s"]
+                / r["transformers"][best]["batches"][b]["tokens_per_s"]
+                for r in rounds
+            ]
             row.update(
                 transformers_tokens_per_s={k: v["tokens_per_s"] for k, v in hf.items()},
                 transformers_best=best,
-                speedup=ours["tokens_per_s"] / hf[best]["tokens_per_s"],
+                speedup=statistics.median(ratios),
                 speedup_best=ours["best_tokens_per_s"]
                 / max(v["best_tokens_per_s"] for v in hf.values()),
             )
+            if len(rounds) > 1:
+                row["speedup_per_round"] = ratios
         rows[b] = row
     return rows
 

@@ -134,7 +134,7 @@ def sampler_rows(result: dict, source: str) -> list[Row]:
     if "models" in result:  # the earlier in-process harness (one JSON, several models)
         return legacy_sampler_rows(result, source)
     m, model, rows = machine_of(result), _model_label(result), []
-    ours = result["ours"]
+    ours, rounds = result["ours"], result.get("rounds", 1)
     threads = {  # a setting's words: its thread count, and its pages where they were varied
         name: f"{run.get('torch_threads')} thread(s)" + _pages_words(run)
         for name, run in result.get("transformers", {}).items()
@@ -157,7 +157,9 @@ def sampler_rows(result: dict, source: str) -> list[Row]:
                 f"**{row['speedup']:.2f}x** ({row['ours_tokens_per_s']:,.0f} vs "
                 f"{row['transformers_tokens_per_s'][best]:,.0f} tokens/s at torch "
                 f"{threads[best]}; transformers: {others}; best over best "
-                f"{row['speedup_best']:.2f}x)",
+                f"{row['speedup_best']:.2f}x"
+                + (f"; the median of {rounds} rounds' ratios" if rounds > 1 else "")
+                + ")",
                 source,
             )
         )
@@ -322,6 +324,8 @@ def _rl_work(ours: dict, trl: dict) -> str:
 def rl_rows(result: dict, source: str) -> list[Row]:
     m, ours = machine_of(result), result["ours"]
     shape = f"{result['prompts']} prompts x {result['group_size']} x {result['new_tokens']} tokens"
+    if result.get("completions") == "full":  # bench.py rl --completions full
+        shape += " (every completion run to the budget on both sides)"
     rows = []
     trl = result.get("trl") or {}
     compared, rounds = result.get("trl_compared"), result.get("rounds", 1)
@@ -403,12 +407,24 @@ def profile_rows(result: dict, source: str) -> list[Row]:
                 f"decode step's ops (trace), {_model_label(result)}, {batch} rows",
                 f"ops {row['busy_us_per_step']:,.0f} us of a "
                 f"{row['wall_us_per_step']:,.0f} us step, {row['ops_per_step']:.0f} ops; "
-                f"largest `{top_name[:40]}` {top['us']:,.0f} us",
+                f"largest `{top_name[:40]}` {top['us']:,.0f} us"
+                + _matmuls_alone_words(row.get("matmuls_alone")),
                 source,
                 row["busy_fraction"],
             )
         )
     return rows
+
+
+def _matmuls_alone_words(alone: dict | None) -> str:
+    """'; the weight matmuls alone X us (Y% of the step), the weights read at A of B GB/s'."""
+    if not alone:
+        return ""
+    return (
+        f"; the weight matmuls alone {alone['us']:,.0f} us ({alone['share_of_step']:.0%} of "
+        f"the step), the weights read at {alone['weight_gbs']:.1f} of the array sum's "
+        f"{alone['bandwidth_gbs']:.1f} GB/s"
+    )
 
 
 @rows_of("async")

@@ -124,6 +124,47 @@ def test_a_peer_runs_at_each_thread_count_and_host_allocator(monkeypatch):
     )
 
 
+def test_sampler_rounds_alternate_the_sides_and_take_the_median_of_each_rounds_ratio(
+    monkeypatch,
+):
+    """bench.py sampler --rounds 3: ours, then transformers, in turn each round; the rooflines
+    in the first round only. The speedup is the median of the rounds' own ratios (600 / 200,
+    300 / 150, 450 / 300 -> 2.0), not the ratio of the medians (450 / 200 = 2.25)."""
+    import argparse
+
+    ours_tps, hf_tps, calls = iter([600.0, 300.0, 450.0]), iter([200.0, 150.0, 300.0]), []
+
+    def batch(tps, **extra):
+        return {"16": dict(tokens_per_s=tps, best_tokens_per_s=tps, seconds=1.0, **extra)}
+
+    def fake_child(module, request, threads=None, huge_pages=True):
+        if module == "benchmarks.sampler":
+            calls.append(("ours", request["roofline_batch"], request["memory_roofline_batch"]))
+            return dict(device="cpu:0", device_kind="cpu",
+                        batches=batch(next(ours_tps), compiles_in_timed_calls=0))  # fmt: skip
+        calls.append(("hf", threads))
+        return dict(torch_threads=threads, batches=batch(next(hf_tps)))
+
+    monkeypatch.setattr(peers, "run_child", fake_child)
+    args = argparse.Namespace(
+        config_args=TINY, batches=[16], repeats=1, rounds=3, torch_threads=[2], no_hf=False,
+        hf_pages=["huge"], roofline_batch=4, roofline_new_tokens=2, memory_roofline_batch=4,
+        peak_n=8,
+    )  # fmt: skip
+    out = sampler.bench_sampler(args)
+    assert calls == [("ours", 4, 4), ("hf", 2)] + [("ours", 0, 0), ("hf", 2)] * 2
+    row = out["rows"]["16"]
+    assert row["speedup"] == 2.0 and row["speedup_per_round"] == [3.0, 2.0, 1.5]
+    assert row["ours_tokens_per_s"] == 450.0 and row["transformers_tokens_per_s"] == {
+        "threads_2": 200.0
+    }
+    assert row["speedup_best"] == 600.0 / 300.0  # the best call of any round on each side
+    assert len(out["ours"]["rounds"]) == len(out["transformers"]["threads_2"]["rounds"]) == 3
+    measured = targets.targets({"s.json": dict(benchmark="sampler", **out)})[0].measured
+    assert measured.startswith("**2.00x** (450 vs 200 tokens/s")
+    assert measured.endswith("best over best 2.00x; the median of 3 rounds' ratios)")
+
+
 def test_config_args_are_read_as_training_reads_them():
     config_args, rest = common.split_config_args(["--repeats", "2", *TINY[:2], "--no-hf"])
     assert config_args == TINY[:2] and rest == ["--repeats", "2", "--no-hf"]
@@ -321,7 +362,7 @@ def test_rl_rounds_alternate_the_sides_and_take_the_median_of_each_rounds_ratio(
     monkeypatch.setattr(peers, "run_child", fake_child)
     args = argparse.Namespace(
         config_args=TINY, steps=1, warmup=1, rounds=3, torch_threads=[1], no_trl=False,
-        trl_checkpointing=["off", "default"], trl_pages=["huge", "default"],
+        trl_checkpointing=["off", "default"], trl_pages=["huge", "default"], completions="eos",
     )  # fmt: skip
     out = rl.bench_rl(args)
     assert calls == ["ours", "off", "off/default", "default", "default/default"] * 3
@@ -340,3 +381,36 @@ def test_rl_rounds_alternate_the_sides_and_take_the_median_of_each_rounds_ratio(
     (row,) = [r for r in rows if r.met is not None]  # the compared setting's
     assert row.value == 2.5 and row.measured.startswith("**2.50x** (2.000 s vs 4.500 s")
     assert row.measured.endswith("; the median of 3 rounds' ratios; the compared figure")
+
+
+def test_rl_full_completions_run_every_completion_to_the_budget_on_both_sides(monkeypatch):
+    """bench.py rl --completions full: ours trains with rollout.ignore_eos, TRL generates with
+    min_new_tokens = max_new_tokens (the same tokens on both sides); eos asks neither."""
+    import argparse
+
+    from benchmarks import rl
+
+    requests = {}
+
+    def fake_child(module, request, threads=None, huge_pages=True):
+        requests[module] = request
+        if module == "benchmarks.rl":
+            return dict(common.machine_info(jax_device=False), device="cpu:0",
+                        device_kind="cpu", seconds_per_step=1.0, rollout_seconds=0.5,
+                        rollout_fraction=0.5, task_prompts=None)  # fmt: skip
+        return dict(torch_threads=1, seconds_per_step=2.0)
+
+    monkeypatch.setattr(peers, "run_child", fake_child)
+    for completions in ("full", "eos"):
+        args = argparse.Namespace(
+            config_args=TINY, steps=1, warmup=1, rounds=1, torch_threads=[1], no_trl=False,
+            trl_checkpointing=["off"], trl_pages=["huge"], completions=completions,
+        )  # fmt: skip
+        out = rl.bench_rl(args)
+        ours, trl = requests["benchmarks.rl"], requests["benchmarks.peer_trl"]
+        full = completions == "full"
+        assert ("--config.rollout.ignore_eos=True" in ours["config_args"]) is full
+        assert trl.get("min_new_tokens") == (out["new_tokens"] if full else None)
+        assert out["completions"] == completions and args.config_args == TINY
+        (row,) = targets.targets({"rl.json": dict(benchmark="rl", **out)})
+        assert row.what.endswith("(every completion run to the budget on both sides)") is full

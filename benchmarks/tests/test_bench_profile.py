@@ -62,3 +62,43 @@ def test_a_real_cpu_trace_has_xla_ops(tmp_path):
 def test_missing_trace_names_the_directory(tmp_path):
     with pytest.raises(FileNotFoundError, match=str(tmp_path)):
         bench_profile.load_trace(tmp_path)
+
+
+def test_matmuls_alone_reads_every_projection_and_the_output_layer_once():
+    """The matmuls-alone program of a 2-layer model (D 32, 2 heads of 16, 1 KV head, F 64,
+    V 64): per layer q, o 32 x 32, k, v 32 x 16, gate, up, down 32 x 64 (9,216 weights; the
+    q/k/v biases are no matmul), and the 32 x 64 output layer: 2 x 9,216 + 2,048 f32
+    weights, 81,920 bytes."""
+    from benchmarks import common, sampler
+
+    config = common.load_config(TINY_PROFILE, sampler.DEFAULT_CONFIG)
+    run, weight_bytes = bench_profile.matmuls_alone(sampler.build_model(config), batch=3)
+    assert weight_bytes == (2 * 9216 + 2048) * 4
+    assert run() > 0
+
+
+TINY_PROFILE = [
+    "--config.model.vocab_size=64",
+    "--config.model.hidden_size=32",
+    "--config.model.intermediate_size=64",
+    "--config.model.num_heads=2",
+    "--config.model.num_kv_heads=1",
+    "--config.model.num_layers=2",
+]
+
+
+def test_the_profile_row_names_the_matmuls_alone_against_the_bandwidth():
+    from benchmarks import targets
+
+    row = dict(
+        busy_us_per_step=15_000.0, wall_us_per_step=60_000.0, ops_per_step=700.0,
+        busy_fraction=0.25, per_step={"ynn_fusion.3": dict(us=9_000.0, calls=30.0)},
+        matmuls_alone=dict(us=45_000.0, share_of_step=0.75, weight_gbs=12.0, bandwidth_gbs=27.0),
+    )  # fmt: skip
+    result = dict(benchmark="profile", batches={"8": row}, model=dict(path="m"))
+    (out,) = targets.targets({"p.json": result})
+    assert out.measured == (
+        "ops 15,000 us of a 60,000 us step, 700 ops; largest `ynn_fusion.3` 9,000 us; the "
+        "weight matmuls alone 45,000 us (75% of the step), the weights read at 12.0 of the "
+        "array sum's 27.0 GB/s"
+    )
