@@ -36,7 +36,6 @@ import re
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 from benchmarks import common, sampler
@@ -207,17 +206,9 @@ def matmuls_alone(model, batch: int):
         spec = "bd,vd->bv" if vocab_major else "bd,dv->bv"
         return outs, jnp.einsum(spec, xs[d], head, preferred_element_type=jnp.float32)
 
-    jax.block_until_ready(step(mats, head, xs))  # compile
-
-    def run() -> float:
-        times = []
-        for _ in range(3):
-            t0 = time.perf_counter()
-            jax.block_until_ready(step(mats, head, xs))
-            times.append(time.perf_counter() - t0)
-        return statistics.median(times)
-
-    return run, sum(m.nbytes for m in mats) + head.nbytes
+    call = lambda: jax.block_until_ready(step(mats, head, xs))  # noqa: E731
+    call()  # compile
+    return lambda: common.median_time(call, 3)[0], sum(m.nbytes for m in mats) + head.nbytes
 
 
 def bench_profile(args) -> dict:
