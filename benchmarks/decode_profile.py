@@ -183,11 +183,11 @@ def matmuls_alone(model, batch: int):
     from flax import nnx
 
     from jaxrl_frontier.core.xla_options import rollout_compiler_options
-    from jaxrl_frontier.models import transformer as tfm
+    from jaxrl_frontier.models import model_forms
 
     dt, d = model.cfg.compute_dtype, model.cfg.hidden_size
     mats = []
-    for block in tfm.unstack_layers(model).layers:
+    for block in model_forms.unstack_layers(model).layers:
         for path, var in nnx.to_flat_state(nnx.state(block, nnx.Param)):
             if str(path[-1]) in PROJECTIONS:  # [D, ...] in, or [..., D] out
                 v = var.get_value()

@@ -10,8 +10,9 @@ weights, and the decode step against its FLOP roofline.
 
 The model, the prompt length (`data.max_prompt_len`), the completion length
 (`rollout.max_new_tokens`), the sampling settings (`rollout.temperature`, `top_k`, `top_p`,
-`min_p`) and the KV-cache dtype (`rollout.cache_dtype`) come from the config, as in
-training; the benchmark's own flags are the row counts, repeats and the roofline's sizes.
+`min_p`), the KV-cache dtype (`rollout.cache_dtype`) and the sampler's compute dtype
+(`rollout.dtype`) come from the config, as in training; the benchmark's own flags are the
+row counts, repeats and the roofline's sizes.
 
 Three kinds of process, one after the other: this one (imports neither jax nor torch) draws
 the prompts; a JAX child builds the random model (`model.*`, seed `seed`), saves it as a
@@ -178,7 +179,8 @@ def memory_roofline(model, config, rows: int, repeats: int) -> dict:
         np.asarray, common.decode_step_rounds(full, prefill, repeats, each_round=probe)
     )
     cache_len = config.data.max_prompt_len + new_tokens / 2
-    bytes_ = decode_step_bytes(model.cfg, rows, cache_len, config.rollout.cache_dtype)
+    cfg = model.cfg.replace(dtype=config.rollout.dtype or model.cfg.dtype)  # the sampler's
+    bytes_ = decode_step_bytes(cfg, rows, cache_len, config.rollout.cache_dtype)
     steps = (t_full - t_prefill) / (new_tokens - 1)
     return dict(
         batch=rows,
@@ -206,7 +208,7 @@ def rollout(model, config, tokens, new_tokens: int):
     tokens = np.asarray(tokens, np.int32)
     sampler = Sampler(
         model, pad_id=0, prompt_buckets=(tokens.shape[1],), cache_dtype=r.cache_dtype,
-        decode_phases=r.decode_phases,
+        dtype=r.dtype, decode_phases=r.decode_phases,
     )  # fmt: skip
     params = SamplingParams(
         max_new_tokens=new_tokens,
@@ -302,7 +304,7 @@ def time_ours(request: dict) -> dict:
     result = dict(
         **common.machine_info(),
         params=model.cfg.num_params(),
-        dtype=model.cfg.dtype,
+        dtype=config.rollout.dtype or model.cfg.dtype,  # the sampler's compute dtype
         batches=out,
     )
     if request["roofline_batch"]:

@@ -10,7 +10,7 @@ mixture of experts with its gated shared expert (models/moe.py).
 RMSNorms scale by (1 + w) (`norm_plus_one`), the q/k norms of the attention layers too.
 
 `HybridTransformer` is a `Transformer` whose `layers` are L per-layer `HybridBlock`s (an
-`nnx.List`, as `transformer.unstack_layers` makes), run by a Python loop: the two kinds
+`nnx.List`, as `model_forms.unstack_layers` makes), run by a Python loop: the two kinds
 hold different parameters, so one scan over stacked layers cannot run them. Every forward
 (update, log-probs, prefill, decode) takes that loop; the full forwards run the delta rule
 chunk-parallel, a one-token decode step token by token.

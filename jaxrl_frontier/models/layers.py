@@ -448,7 +448,7 @@ class MLP(nnx.Module):
     def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs, stack=()):
         d, f, pd = cfg.hidden_size, cfg.intermediate_size, jnp.dtype(cfg.param_dtype)
         param = functools.partial(make_param, rngs, dtype=pd, stack=stack)
-        self.dtype = cfg.compute_dtype
+        self.cfg = cfg
         self.act = ACTIVATIONS[cfg.hidden_act]
         self.gate_proj = param((d, f), ("embed", "mlp"))
         self.up_proj = param((d, f), ("embed", "mlp"))
@@ -457,7 +457,7 @@ class MLP(nnx.Module):
     def __call__(self, x, hidden_mask=None, route=None):
         """x [B, T, D] -> [B, T, D]; with a route (a dense layer of a mixture-of-experts
         model, DeepSeek-V3's first layers, in a routed forward): (that, None), no router."""
-        dt = self.dtype
+        dt = self.cfg.compute_dtype
         gate = project(self, "gate_proj", x, dt)
         h = self.act(gate) * project(self, "up_proj", x, dt)
         if hidden_mask is not None:  # [B, F] fixed dropout mask (Dropout-GRPO rollouts)

@@ -21,9 +21,10 @@ from jaxrl_frontier.models import hf, lora, moe, pretrained
 from jaxrl_frontier.models.architectures import config_from_hf
 from jaxrl_frontier.models.hybrid import model_class
 from jaxrl_frontier.models.model_config import ModelConfig
+from jaxrl_frontier.models.model_forms import reconfigured
 from jaxrl_frontier.models.multi_token import MultiTokenPredictor
 from jaxrl_frontier.models.tokenizer import CharTokenizer, load_tokenizer
-from jaxrl_frontier.models.transformer import Transformer, reconfigured
+from jaxrl_frontier.models.transformer import Transformer
 from jaxrl_frontier.rl.learn.optimizer import build_optimizer
 from jaxrl_frontier.rl.learn.train_step import init_train_state, optimizer_memory_kind
 from jaxrl_frontier.run.config import sections

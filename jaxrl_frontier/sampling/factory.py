@@ -86,7 +86,7 @@ def make_sampler(
     for feature, key in asked_of_sampler(r, partial=partial, record_routing=record_routing).items():
         if not caps.supports(feature):
             raise ValueError(refusal(key, [f"{sampler_key(r, cls)} ({caps.why_not(feature)})"]))
-    kw = dict(pad_id=pad_id, mesh=mesh, cache_dtype=r.cache_dtype or None)
+    kw = dict(pad_id=pad_id, mesh=mesh, cache_dtype=r.cache_dtype or None, dtype=r.dtype or None)
     if cls is PartialSampler:
         return PartialSampler(model, slots=r.continuous_slots, budget=r.partial_budget, **kw)
     if cls is ContinuousSampler:

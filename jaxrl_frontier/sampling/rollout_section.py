@@ -73,7 +73,11 @@ class RolloutSection:
     its soft overlong penalty over the last overlong_cache tokens of max_new_tokens (0:
     off); DRE's bonus. ignore_eos: no completion stops at a stop token (as vLLM's
     `ignore_eos`): each is max_new_tokens long, so a benchmark's sides do the same work
-    (benchmarks/rl.py `--completions full`); a training run keeps it off."""
+    (benchmarks/rl.py `--completions full`); a training run keeps it off. dtype: the
+    sampler computes in it (rollouts and evaluation), its KV cache too unless cache_dtype
+    says otherwise; 'bfloat16' with model.dtype 'float32' samples from the weights rounded
+    to bf16 while the learner stays in f32, the gap the learner's log-probs see (its cost
+    in mismatch: docs/performance.md; `objective.weight = 'tis'` corrects it)."""
 
     group_size: int = key(8, "G completions per prompt", low=0, low_open=True)
     max_new_tokens: int = key(8, "a completion's tokens, at most", low=0, low_open=True)
@@ -100,6 +104,11 @@ class RolloutSection:
     cache_dtype: str | None = key(
         None,
         "the KV cache's dtype (None: the compute dtype)",
+        choices=(None, "float32", "bfloat16"),
+    )
+    dtype: str | None = key(
+        None,
+        "the sampler's compute dtype, its weights cast once a rollout (None: model.dtype)",
         choices=(None, "float32", "bfloat16"),
     )
     decode_phases: int = key(4, "phases of the decode, each its own cache size", low=1)

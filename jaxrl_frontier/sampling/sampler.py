@@ -28,7 +28,7 @@ from jax.sharding import Mesh, NamedSharding
 from jaxrl_frontier.core import sharding as shd
 from jaxrl_frontier.core.capabilities import Capabilities
 from jaxrl_frontier.core.xla_options import rollout_compiler_options
-from jaxrl_frontier.models import transformer as tfm
+from jaxrl_frontier.models import model_forms
 from jaxrl_frontier.models.kv_cache import KVCache
 from jaxrl_frontier.models.sliding_cache import to_ring
 from jaxrl_frontier.models.transformer import Transformer
@@ -37,6 +37,7 @@ from jaxrl_frontier.sampling import records as ro
 from jaxrl_frontier.sampling.params import Knobs, Plan, SamplingParams
 
 CACHE_DTYPES = (None, "float32", "bfloat16")
+COMPUTE_DTYPES = (None, "float32", "bfloat16")
 WINDOW_MULTIPLE = 8  # window sizes are rounded up to this many slots (vector-friendly)
 
 
@@ -95,6 +96,9 @@ class Sampler:
     first); mesh: rows over data x fsdp, heads over tensor; prompt_buckets / batch_buckets:
     prompt lengths / counts compiled for (None: the count rounded up to the batch devices);
     cache_dtype: of the KV cache (None: the compute dtype; 'bfloat16' halves it);
+    dtype: the sampler's compute dtype (None: the model's `cfg.dtype`); 'bfloat16' over f32
+    weights samples from the weights rounded to bf16, in bf16, while the learner stays in
+    f32 (`models.model_forms.with_compute_dtype`); its decode reads bf16 weights;
     decode_phases: the decode's cache sizes (`decode_windows`; 1: one cache of Tp + Tn
     slots for every step), each a trace of the step: more phases read less, compile
     longer; sliding_window_cache: a model's sliding-window layers (Gemma) decode from a ring
@@ -117,11 +121,16 @@ class Sampler:
         prompt_buckets: Sequence[int] = ro.DEFAULT_PROMPT_BUCKETS,
         batch_buckets: Sequence[int] | None = None,
         cache_dtype: str | None = None,
+        dtype: str | None = None,
         decode_phases: int = 4,
         sliding_window_cache: bool = True,
         record_routing: bool = False,
     ):
-        self.model, self.cfg, self.pad_id, self.mesh = model, model.cfg, int(pad_id), mesh
+        if dtype not in COMPUTE_DTYPES:
+            raise ValueError(f"dtype={dtype!r}; allowed: {COMPUTE_DTYPES}")
+        # the programs' module tree (its compute dtype); the weights stay the model's
+        computing = model if dtype is None else model_forms.with_compute_dtype(model, dtype)
+        self.model, self.cfg, self.pad_id, self.mesh = model, computing.cfg, int(pad_id), mesh
         if record_routing and not model.cfg.num_experts:
             raise ValueError("Sampler(record_routing=True): the model has no experts")
         self.record_routing = bool(record_routing)
@@ -140,7 +149,7 @@ class Sampler:
         self.cache_dtype = None if cache_dtype is None else jnp.dtype(cache_dtype)
         self.policy_version = 0
         self._state = None  # explicit weights from update_weights, else the model's own
-        self.graphdef = nnx.graphdef(model)
+        self.graphdef = nnx.graphdef(computing)
         devices = None if mesh is None else set(mesh.devices.flat)
         if devices and any(
             set(x.sharding.device_set) != devices for x in jax.tree.leaves(nnx.state(model))
@@ -284,8 +293,8 @@ class Sampler:
 
     def decode_model(self, state) -> Transformer:
         """The model a decode loop runs: weights cast once, layers split unless scanned."""
-        model = tfm.with_compute_weights(nnx.merge(self.graphdef, state))
-        return model if self.scan_decode else tfm.unstack_layers(model)
+        model = model_forms.with_compute_weights(nnx.merge(self.graphdef, state))
+        return model if self.scan_decode else model_forms.unstack_layers(model)
 
     def step_model(self, model: Transformer, token):
         """(model, token) for one step; scanned, the weights are tied to the step, so XLA

@@ -36,7 +36,7 @@ from jax.sharding import Mesh
 
 from jaxrl_frontier.core.capabilities import Capabilities
 from jaxrl_frontier.core.xla_options import rollout_compiler_options
-from jaxrl_frontier.models import transformer as tfm
+from jaxrl_frontier.models import model_forms
 from jaxrl_frontier.models.hybrid import model_class
 from jaxrl_frontier.models.multi_token import MultiTokenPredictor
 from jaxrl_frontier.models.transformer import Transformer
@@ -127,6 +127,7 @@ class SpeculativeSampler(Sampler):
         prompt_buckets: Sequence[int] = DEFAULT_PROMPT_BUCKETS,
         batch_buckets: Sequence[int] | None = None,
         cache_dtype: str | None = None,
+        dtype: str | None = None,
     ):
         if mesh is not None and mesh.size > 1:
             raise ValueError(
@@ -139,14 +140,15 @@ class SpeculativeSampler(Sampler):
         self.draft_follows_policy = isinstance(draft, int)
         draft = shallow_draft(policy, draft) if self.draft_follows_policy else draft
         _check_draft(draft, policy.cfg)
-        kw = dict(pad_id=pad_id, prompt_buckets=prompt_buckets, batch_buckets=batch_buckets)
-        super().__init__(policy, mesh=mesh, cache_dtype=cache_dtype, **kw)
+        kw = dict(pad_id=pad_id, prompt_buckets=prompt_buckets, batch_buckets=batch_buckets,
+                  cache_dtype=cache_dtype, dtype=dtype)  # fmt: skip
+        super().__init__(policy, mesh=mesh, **kw)
         self.mtp = isinstance(draft, MultiTokenPredictor)
         # a multi-token-prediction module runs inside the policy's programs (its input is
         # the policy's hidden states); another draft has a sampler's prefill of its own
-        self.proposer = (
-            draft if self.mtp else Sampler(draft, mesh=mesh, cache_dtype=cache_dtype, **kw)
-        )
+        self.proposer = draft if self.mtp else Sampler(draft, mesh=mesh, **kw)
+        if self.mtp and dtype is not None:  # the module computes in the sampler's dtype too
+            draft = model_forms.with_compute_dtype(draft, dtype)
         self.draft_graphdef = nnx.graphdef(draft) if self.mtp else None
         self.k, self.stats = int(k), {}
         self.stats_prefix = "rollout/speculative_"  # the stats' metric names
@@ -170,7 +172,7 @@ class SpeculativeSampler(Sampler):
         if not self.mtp:
             return self.proposer.decode_model(state)
         mtp = nnx.merge(self.draft_graphdef, state)
-        return tfm.unstack_layers(tfm.with_compute_weights(mtp))
+        return model_forms.unstack_layers(model_forms.with_compute_weights(mtp))
 
     def _drafted(self, draft, policy, s: SpeculativeState, at, u, pick, sampling):
         """One round's proposals (d_1..d_k [B, k], their sampling logits [B, k, V], the

@@ -15,7 +15,8 @@ from jaxrl_frontier.core import sharding
 from jaxrl_frontier.core.errors import ConfigError
 from jaxrl_frontier.models import hf, lora
 from jaxrl_frontier.models.model_config import ModelConfig
-from jaxrl_frontier.models.transformer import Transformer, unstack_layers
+from jaxrl_frontier.models.model_forms import unstack_layers
+from jaxrl_frontier.models.transformer import Transformer
 from jaxrl_frontier.rl.learn.loss import with_base
 from jaxrl_frontier.rl.learn.train_step import init_train_state
 from jaxrl_frontier.run.config import validate

@@ -23,7 +23,7 @@ from conftest import (
 from flax import nnx
 
 from jaxrl_frontier.core import sharding
-from jaxrl_frontier.models import hf, moe, transformer
+from jaxrl_frontier.models import hf, model_forms, moe
 from jaxrl_frontier.sampling import Sampler, SamplingParams
 
 HF_MOE = dict(
@@ -75,7 +75,7 @@ def test_hf_parity_both_forms_and_save_round_trip(checkpoint, model, tmp_path):
     ref = hf_logits(torch_model, tokens, mask)
     scale = float(np.abs(ref).max())
     for impl in moe.EXPERT_IMPLS:
-        m = transformer.reconfigured(model, model.cfg.replace(moe_impl=impl))
+        m = model_forms.reconfigured(model, model.cfg.replace(moe_impl=impl))
         assert m.layers.mlp.cfg.moe_impl == impl  # the layers run it, not the top module only
         got = np.asarray(m(jnp.asarray(tokens), jnp.asarray(mask)))
         assert _max_diff(got, ref, mask) < 1e-5 * scale, impl
@@ -155,7 +155,7 @@ def test_expert_parallel_update_and_decode_equal_one_device(checkpoint, model):
     in the forward + gradient; the decode in the CPU default (dense), by both dispatches."""
     mesh = sharding.make_mesh((1, 8, 1))
     graphdef, state = nnx.split(model)
-    ragged = nnx.graphdef(transformer.reconfigured(model, model.cfg.replace(moe_impl="ragged")))
+    ragged = nnx.graphdef(model_forms.reconfigured(model, model.cfg.replace(moe_impl="ragged")))
     tokens, mask = map(jnp.asarray, left_padded_batch(batch=8, length=6))
     loss1, grads1 = _loss(ragged, tokens, mask)(state)
     sharded = jax.device_put(state, sharding.state_shardings(state, mesh))
@@ -364,7 +364,7 @@ def _hand_forward(m, tokens, mask, forced):
     """The model's forward with each layer's MLP replaced by `_hand_moe` (Python loop)."""
     from jaxrl_frontier.models.attention import mask_to_bias
     from jaxrl_frontier.models.layers import positions_from_mask, rope_inv_freq
-    from jaxrl_frontier.models.transformer import unstack_layers
+    from jaxrl_frontier.models.model_forms import unstack_layers
 
     m = unstack_layers(m)
     t = tokens.shape[1]

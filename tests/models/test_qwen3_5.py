@@ -36,7 +36,7 @@ from flax import nnx
 from jaxrl_frontier.core import sharding
 from jaxrl_frontier.models import hf, moe
 from jaxrl_frontier.models.hybrid import HybridTransformer
-from jaxrl_frontier.models.transformer import reconfigured
+from jaxrl_frontier.models.model_forms import reconfigured
 from jaxrl_frontier.sampling import Sampler, SamplingParams
 
 HF_QWEN3_5 = dict(

@@ -41,6 +41,15 @@ def test_make_sampler_builds_the_class_sampler_class_names(model, rollout, parti
         assert sampler.slots == 2
 
 
+@pytest.mark.parametrize("rollout,partial,cls", CASES)
+def test_rollout_dtype_reaches_every_sampler_class(model, rollout, partial, cls):
+    """`rollout.dtype`: each class computes in it (a shallow draft too); the model is kept."""
+    sampler = make_sampler(model, {**rollout, "dtype": "bfloat16"}, pad_id=PAD, partial=partial)
+    assert sampler.cfg.dtype == "bfloat16" and model.cfg.dtype == "float32"
+    if cls is SpeculativeSampler:
+        assert sampler.proposer.cfg.dtype == "bfloat16"
+
+
 @pytest.mark.parametrize(
     "rollout,match",
     [

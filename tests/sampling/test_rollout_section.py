@@ -24,6 +24,7 @@ def test_a_section_given_in_part_keeps_the_other_defaults():
         ({"min_p": 1.0}, r"'rollout.min_p' = 1.0 must be in \[0, 1\)"),
         ({"speculative": {"k": 0}}, "'rollout.speculative.k' = 0 must be > 0"),
         ({"cache_dtype": "float16"}, "'rollout.cache_dtype' = 'float16'; allowed"),
+        ({"dtype": "float16"}, "'rollout.dtype' = 'float16'; allowed"),
         ({"temprature": 0.5}, "unknown config key 'rollout.temprature'.*'rollout.temperature'"),
     ],
 )

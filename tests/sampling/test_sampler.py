@@ -16,6 +16,7 @@ from flax import nnx
 from tiny_sampler import CFG, GREEDY, PAD, TN, N, make_model, prompts
 
 from jaxrl_frontier.core import sharding as shd
+from jaxrl_frontier.models import model_forms
 from jaxrl_frontier.sampling import (
     FinishReason,
     Knobs,
@@ -281,6 +282,28 @@ def test_bf16_cache_is_bf16_and_close(model, sampler, forward):
     assert err.size > 0 and err.max() < 5e-2, err.max()  # bf16 keys/values: ~3 significant digits
     with pytest.raises(ValueError, match="cache_dtype"):
         Sampler(model, pad_id=PAD, cache_dtype="float16")
+
+
+def test_sampler_dtype_samples_as_a_model_built_for_it(model, sampler):
+    """`dtype='bfloat16'` (config `rollout.dtype`) over f32 weights: bit for bit the rollout
+    of a sampler over a model built to compute in bf16 on those weights, in a bf16 cache,
+    and not the f32 sampler's; the model itself stays f32. A bad dtype is named."""
+    bf16 = Sampler(model, pad_id=PAD, batch_buckets=(4,), dtype="bfloat16")
+    built = Sampler(
+        model_forms.reconfigured(model, model.cfg.replace(dtype="bfloat16")), pad_id=PAD,
+        batch_buckets=(4,),
+    )  # fmt: skip
+    tokens, mask = prompts([3, 9, 14, 6])
+    params = SamplingParams(max_new_tokens=TN, n=N, temperature=1.0)
+    a, b, f32 = (
+        s.generate(tokens, mask, params, jax.random.key(5)) for s in (bf16, built, sampler)
+    )
+    for field in ("completion_tokens", "policy_logp", "sample_logp"):
+        np.testing.assert_array_equal(np.asarray(getattr(a, field)), np.asarray(getattr(b, field)))
+    assert not np.array_equal(np.asarray(a.policy_logp), np.asarray(f32.policy_logp))
+    assert model.cfg.dtype == "float32" and bf16.cfg.dtype == "bfloat16"
+    with pytest.raises(ValueError, match=r"dtype='float16'; allowed"):
+        Sampler(model, pad_id=PAD, dtype="float16")
 
 
 def test_decode_windows_by_hand():
