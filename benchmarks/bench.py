@@ -59,6 +59,7 @@ from benchmarks import (  # noqa: E402  (after the re-run as a module above)
     memory_plan,
     rl,
     sampler,
+    sampler_mismatch,
     speculative,
     train,
     train_spread,
@@ -115,6 +116,7 @@ benchmark("profile", decode_profile.add_arguments)(decode_profile.bench_profile)
 benchmark("async", async_rl.add_arguments)(async_rl.bench_async)
 benchmark("agents", agents.add_arguments)(agents.bench_agents)
 benchmark("continuous", continuous.add_arguments)(continuous.bench_continuous)
+benchmark("mismatch", sampler_mismatch.add_arguments)(sampler_mismatch.bench_mismatch)
 script(
     "before-after", "decode_before_after", "decode speed of two checkouts' Sampler, side by side"
 )

@@ -64,27 +64,17 @@ def test_missing_trace_names_the_directory(tmp_path):
         bench_profile.load_trace(tmp_path)
 
 
-def test_matmuls_alone_reads_every_projection_and_the_output_layer_once():
+def test_matmuls_alone_reads_every_projection_and_the_output_layer_once(tiny_model_args):
     """The matmuls-alone program of a 2-layer model (D 32, 2 heads of 16, 1 KV head, F 64,
     V 64): per layer q, o 32 x 32, k, v 32 x 16, gate, up, down 32 x 64 (9,216 weights; the
     q/k/v biases are no matmul), and the 32 x 64 output layer: 2 x 9,216 + 2,048 f32
     weights, 81,920 bytes."""
     from benchmarks import common, sampler
 
-    config = common.load_config(TINY_PROFILE, sampler.DEFAULT_CONFIG)
+    config = common.load_config(tiny_model_args, sampler.DEFAULT_CONFIG)
     run, weight_bytes = bench_profile.matmuls_alone(sampler.build_model(config), batch=3)
     assert weight_bytes == (2 * 9216 + 2048) * 4
     assert run() > 0
-
-
-TINY_PROFILE = [
-    "--config.model.vocab_size=64",
-    "--config.model.hidden_size=32",
-    "--config.model.intermediate_size=64",
-    "--config.model.num_heads=2",
-    "--config.model.num_kv_heads=1",
-    "--config.model.num_layers=2",
-]
 
 
 def test_the_profile_row_names_the_matmuls_alone_against_the_bandwidth():
