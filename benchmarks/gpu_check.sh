@@ -77,9 +77,11 @@ print(jax.devices())"
 # Decode tokens/s vs transformers generate (each in its own process; on the GPU when torch
 # sees one) and the roofline.
 step sampler 300 "$PY" -m benchmarks.bench sampler $SAMPLER --out "$OUT/sampler_0.5b_gpu.json"
-# The same at SmolLM2-135M's shape, f32 and bf16 weights, and its update's MFU (bf16).
-step smollm2 300 bash -c "'$PY' -m benchmarks.bench sampler $SMOLLM2 --out '$OUT/sampler_smollm2_f32_gpu.json' && \
+# The same at SmolLM2-135M's shape: f32, bf16 weights, the bf16 sampler beside f32 weights
+# (rollout.dtype), and its update's MFU (bf16).
+step smollm2 400 bash -c "'$PY' -m benchmarks.bench sampler $SMOLLM2 --out '$OUT/sampler_smollm2_f32_gpu.json' && \
   '$PY' -m benchmarks.bench sampler $SMOLLM2 --config.model.dtype=bfloat16 --out '$OUT/sampler_smollm2_bf16_gpu.json' && \
+  '$PY' -m benchmarks.bench sampler $SMOLLM2 --no-hf --config.rollout.dtype=bfloat16 --out '$OUT/sampler_smollm2_rollout_bf16_gpu.json' && \
   '$PY' -m benchmarks.bench train $SMOLLM2_TRAIN --dtype bfloat16 --out '$OUT/train_smollm2_gpu.json'"
 # A decode step's kernels, from a device trace (decode_profile.py): launch- or kernel-bound?
 step profile 150 "$PY" -m benchmarks.bench profile $PROFILE --trace-dir /tmp/jaxrl_trace \
