@@ -102,14 +102,16 @@ def machine_of(result: dict) -> str:
 
 def _model_label(result: dict) -> str:
     """'random_qwen2:tiny' from the JSON's `--config=benchmarks/configs/random_qwen2.py:tiny`;
-    a checkpoint's name ('smollm2-135m-instruct', with ' bf16' for bf16 weights)."""
+    a checkpoint's name ('smollm2-135m-instruct'); either with ' bf16' where our side ran in
+    bf16 (`model.dtype`, or the sampler's own `rollout.dtype`: `ours.dtype`)."""
+    dtype = (result.get("ours") or {}).get("dtype") or (result.get("model") or {}).get("dtype")
+    bf16 = " bf16" if dtype == "bfloat16" else ""
     if result.get("checkpoint"):
-        dtype = (result.get("model") or {}).get("dtype", "float32")
-        return result["checkpoint"]["path"] + (" bf16" if dtype == "bfloat16" else "")
+        return result["checkpoint"]["path"] + bf16
     for arg in result.get("config_args", []):
         if arg.startswith("--config="):
             path, _, variant = arg[len("--config=") :].partition(":")
-            return Path(path).stem + (f":{variant}" if variant else "")
+            return Path(path).stem + (f":{variant}" if variant else "") + bf16
     return "?"
 
 

@@ -88,6 +88,16 @@ def test_sampler_targets_are_judged_at_their_thresholds():
     assert '"16": 1' in rows[-1].measured
 
 
+def test_a_bf16_sampler_is_named_so_and_not_held_to_the_f32_memory_target():
+    """Our side in bf16 (`rollout.dtype` or `model.dtype`: `ours.dtype`): the label says so,
+    and its memory roofline row carries no target (the f32 figure is the one held to it)."""
+    result = _sampler({16: 2.0}, 2.0, memory=9.0)
+    result["ours"]["dtype"] = "bfloat16"
+    rows = bench_targets.targets({"s.json": result})
+    (memory,) = [r for r in rows if "memory roofline" in r.what]
+    assert "random_qwen2:m bf16, 16 rows" in memory.what and memory.met is None
+
+
 def test_train_memory_rl_rows():
     variant = dict(batch=2, seq=256, dtype="float32", mfu=0.699, mfu_best=0.71, achieved_gflops=70)
     train = dict(
