@@ -77,35 +77,23 @@ def learner_logprobs(model):
     return lambda tokens, mask: run(state, tokens, mask)
 
 
-def measure(config, prompt_ids: list[list[int]], setting: str, seed: int) -> dict:
-    """One setting's rollout of the prompts, scored by the learner (module docstring)."""
-    import jax
-
-    from jaxrl_frontier.models import hf, pretrained
-    from jaxrl_frontier.sampling import Sampler, SamplingParams
+def measure(model, learner, tokens, mask, params, setting: str, key) -> dict:
+    """One setting's rollout of the left-padded prompts tokens, mask [P, Tp] with the
+    `SamplingParams` params, scored by `learner` (`learner_logprobs(model)`); model: the
+    checkpoint loaded at the setting's `model.dtype` (module docstring)."""
+    from jaxrl_frontier.sampling import Sampler
 
     dtype, cache_dtype, sampler_dtype = SETTINGS[setting]
-    where = pretrained.local_path(config.model.path)
-    model = hf.load(where, dtype=dtype, param_dtype="float32")
-    width = max(map(len, prompt_ids))
-    tokens, mask = np.zeros((2, len(prompt_ids), width), np.int32)  # left-padded
-    for i, ids in enumerate(prompt_ids):
-        tokens[i, width - len(ids) :], mask[i, width - len(ids) :] = ids, 1
-    r = config.rollout
     sampler = Sampler(
-        model, pad_id=0, prompt_buckets=(width,), cache_dtype=cache_dtype, dtype=sampler_dtype
-    )
-    params = SamplingParams(
-        max_new_tokens=r.max_new_tokens, n=r.group_size, temperature=r.temperature
-    )
-    rollout = sampler.generate(tokens, mask, params, jax.random.key(seed))
-    seq = rollout.sequences()
-    learner = learner_logprobs(model)(seq.tokens, seq.attention_mask)
+        model, pad_id=0, prompt_buckets=(tokens.shape[1],), cache_dtype=cache_dtype,
+        dtype=sampler_dtype,
+    )  # fmt: skip
+    seq = sampler.generate(tokens, mask, params, key).sequences()
     return dict(
         model_dtype=dtype,
         cache_dtype=cache_dtype,
         sampler_dtype=sampler_dtype or dtype,
-        **mismatch(seq.old_logp, learner, seq.loss_mask),
+        **mismatch(seq.old_logp, learner(seq.tokens, seq.attention_mask), seq.loss_mask),
     )
 
 
@@ -119,22 +107,42 @@ def bench_mismatch(args) -> dict:
     unknown = sorted(set(settings) - set(SETTINGS))
     if unknown:
         raise SystemExit(f"mismatch: unknown settings {unknown}; allowed: {list(SETTINGS)}")
+    import jax
+
+    from jaxrl_frontier.models import hf, pretrained, text
     from jaxrl_frontier.run import build
+    from jaxrl_frontier.sampling import SamplingParams
 
     texts = rl.task_prompts(config, args.prompts)["texts"]
-    tokenizer = build.build_tokenizer(config)
-    prompt_ids = [tokenizer.encode(t) for t in texts]
+    # the prompts as the run encodes them: its tokenizer, left-padded to data.max_prompt_len
+    tokens, mask = text.encode_prompts(
+        build.build_tokenizer(config), texts, config.data.max_prompt_len
+    )
+    r = config.rollout
+    params = SamplingParams(
+        max_new_tokens=r.max_new_tokens, n=r.group_size, temperature=r.temperature
+    )
     result = dict(
         **common.machine_info(),
         config_args=config_args,
         checkpoint=common.checkpoint(config),
         prompts=len(texts),
-        group_size=config.rollout.group_size,
-        new_tokens=config.rollout.max_new_tokens,
-        temperature=config.rollout.temperature,
-        prompt_tokens=float(np.mean([len(i) for i in prompt_ids])),
+        group_size=r.group_size,
+        new_tokens=r.max_new_tokens,
+        temperature=r.temperature,
+        prompt_tokens=float(mask.sum(axis=1).mean()),
         method="d = log p_learner - log p_sampler over the completion tokens: max |d|, "
         "mean |d|, K3 = mean(e^d - 1 - d)",
+        settings={},
     )
-    result["settings"] = {s: measure(config, prompt_ids, s, args.seed) for s in settings}
+    loaded = {}  # model.dtype -> (the checkpoint, its learner forward): loaded, compiled once
+    for s in settings:
+        dtype = SETTINGS[s][0]
+        if dtype not in loaded:
+            model = hf.load(
+                pretrained.local_path(config.model.path), dtype=dtype, param_dtype="float32"
+            )
+            loaded[dtype] = (model, learner_logprobs(model))
+        key = jax.random.key(args.seed)
+        result["settings"][s] = measure(*loaded[dtype], tokens, mask, params, s, key)
     return result
